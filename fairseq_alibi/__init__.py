@@ -1,0 +1,10 @@
+"""ALiBi (Attention with Linear Biases) for stock fairseq.
+
+Importing the package registers its models with fairseq; fairseq does the same when given
+``--user-dir "$(python -m fairseq_alibi --user-dir)"``.
+"""
+
+from fairseq_alibi import compat  # noqa: F401  (torch >= 2.6 checkpoint loading)
+from fairseq_alibi.alibi import AlibiPositionalBias, alibi_bias, get_slopes  # noqa: F401
+from fairseq_alibi.version import __version__  # noqa: F401
+from fairseq_alibi import models  # noqa: F401  (registers the models)

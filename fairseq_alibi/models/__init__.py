@@ -1,0 +1,1 @@
+from fairseq_alibi.models import alibi_transformer_lm  # noqa: F401

@@ -1,0 +1,111 @@
+"""``alibi_transformer_lm``: fairseq's ``transformer_lm`` with ALiBi instead of position embeddings.
+
+Everything is stock ``transformer_lm`` (adaptive input/softmax, tied embeddings, layerdrop,
+pre/post-norm, activation checkpointing, fp16/bf16) except that the decoder has no position
+embeddings, every self-attention adds the causal ALiBi bias, and the model has no maximum
+length: a model trained at L evaluates and generates at any length.
+"""
+
+import copy
+import logging
+
+from fairseq.models import (
+    ARCH_CONFIG_REGISTRY,
+    ARCH_MODEL_INV_REGISTRY,
+    register_model,
+    register_model_architecture,
+)
+from fairseq.models.transformer import TransformerConfig, TransformerDecoder
+from fairseq.models.transformer_lm import (
+    TransformerLanguageModel,
+    TransformerLanguageModelConfig,
+)
+
+from fairseq_alibi.alibi import AlibiPositionalBias
+from fairseq_alibi.modules import AlibiTransformerDecoderLayer, wrap_layer
+
+logger = logging.getLogger(__name__)
+
+#: what ``max_positions()`` reports: ALiBi has no length limit, only memory does
+UNBOUNDED_POSITIONS = 1_000_000_000
+
+
+def reject_position_embeddings(state_dict, prefix, model_name):
+    """A clear error for checkpoints of models with position embeddings."""
+    stale = [k for k in state_dict if k.startswith(f"{prefix}.embed_positions.")]
+    if stale:
+        raise ValueError(
+            f"this checkpoint has position embeddings ({stale[0]}): it was trained by a stock "
+            f"model, not {model_name}. Load it with its own architecture, or convert it with "
+            f"`python -m fairseq_alibi.convert` before fine-tuning it as an ALiBi model"
+        )
+
+
+class AlibiTransformerDecoder(TransformerDecoder):
+    """Stock ``TransformerDecoder``: no position embeddings, ALiBi self-attention layers."""
+
+    def __init__(self, args, dictionary, embed_tokens, no_encoder_attn=True, **kwargs):
+        args.no_token_positional_embeddings = True  # the bias replaces them
+        super().__init__(args, dictionary, embed_tokens, no_encoder_attn, **kwargs)
+
+    def build_decoder_layer(self, args, no_encoder_attn=False):
+        cfg = TransformerConfig.from_namespace(args)
+        if not hasattr(self, "alibi"):  # one bias module for all layers, built with the first
+            self.alibi = AlibiPositionalBias(cfg.decoder.attention_heads, "causal")
+        layer = AlibiTransformerDecoderLayer(cfg, self.alibi, no_encoder_attn)
+        return wrap_layer(layer, cfg)
+
+    def buffered_future_mask(self, tensor):
+        return None  # causality is part of the causal ALiBi bias: no (T, T) mask to build
+
+    def max_positions(self):
+        return UNBOUNDED_POSITIONS
+
+    def upgrade_state_dict_named(self, state_dict, name):
+        reject_position_embeddings(state_dict, name, "alibi_transformer_lm")
+        if f"{name}.alibi.slopes" not in state_dict:
+            raise ValueError(
+                f"this checkpoint has no ALiBi slopes ({name}.alibi.slopes): it was not "
+                "written by alibi_transformer_lm. Use the architecture it was trained with"
+            )
+        return super().upgrade_state_dict_named(state_dict, name)
+
+
+@register_model("alibi_transformer_lm", dataclass=TransformerLanguageModelConfig)
+class AlibiTransformerLanguageModel(TransformerLanguageModel):
+    @classmethod
+    def hub_models(cls):
+        return {}
+
+    @classmethod
+    def build_model(cls, args, task):
+        # Let the stock model build the token embedding (plain, adaptive or character
+        # input) without any layers, then build the ALiBi decoder around that embedding.
+        embedding_args = copy.deepcopy(args)
+        embedding_args.decoder_layers, embedding_args.decoder_layers_to_keep = 0, None
+        embedding_args.no_token_positional_embeddings = True
+        embed_tokens = super().build_model(embedding_args, task).decoder.embed_tokens
+
+        if args.decoder_layers_to_keep:
+            args.decoder_layers = len(args.decoder_layers_to_keep.split(","))
+        decoder = AlibiTransformerDecoder(args, task.target_dictionary, embed_tokens)
+        return cls(decoder)
+
+
+def _mirror_stock_architectures():
+    """Register ``alibi_<arch>`` for every stock ``transformer_lm`` architecture.
+
+    ``alibi_transformer_lm`` (base), ``alibi_transformer_lm_wiki103`` (the paper's 16-layer,
+    1024-dim, 8-head adaptive-input model), ``alibi_transformer_lm_gpt``,
+    ``alibi_transformer_lm_gpt2_small``, ``alibi_transformer_lm_gpt2_medium``, ... each set the
+    same defaults as their stock namesake.
+    """
+    for arch in sorted(ARCH_MODEL_INV_REGISTRY["transformer_lm"]):
+        if arch == "transformer_lm":  # registered with the model, from the dataclass defaults
+            continue
+        register_model_architecture("alibi_transformer_lm", f"alibi_{arch}")(
+            ARCH_CONFIG_REGISTRY[arch]
+        )
+
+
+_mirror_stock_architectures()

@@ -1,0 +1,66 @@
+"""Stock fairseq transformer layers whose self-attention is :class:`AlibiMultiheadAttention`.
+
+Each layer overrides one hook, ``build_self_attention``; everything else (layer norms, FFN,
+dropout, residuals, quant-noise, pre/post-norm) is fairseq's own.
+"""
+
+from fairseq.distributed import fsdp_wrap
+from fairseq.modules.checkpoint_activations import checkpoint_wrapper
+from fairseq.modules.transformer_layer import (
+    TransformerDecoderLayerBase,
+    TransformerEncoderLayerBase,
+)
+
+from fairseq_alibi.modules.alibi_multihead_attention import AlibiMultiheadAttention
+
+
+def wrap_layer(layer, cfg):
+    """Activation checkpointing and FSDP wrapping exactly as fairseq's ``build_*_layer`` do."""
+    checkpoint = cfg.checkpoint_activations
+    if checkpoint:
+        layer = checkpoint_wrapper(layer, offload_to_cpu=cfg.offload_activations)
+    # when checkpointing, FSDP must always wrap the checkpointed layer, whatever its size
+    return fsdp_wrap(layer, min_num_params=cfg.min_params_to_wrap if not checkpoint else 0)
+
+
+def _keep_reference(layer, alibi):
+    # The parent builds its attention inside __init__, so the shared bias must be reachable
+    # before nn.Module.__init__ runs; a plain reference also keeps it out of the layer's
+    # state dict (the model owns it once).
+    object.__setattr__(layer, "alibi", alibi)
+
+
+class AlibiTransformerDecoderLayer(TransformerDecoderLayerBase):
+    def __init__(self, cfg, alibi, no_encoder_attn=False, **kwargs):
+        if cfg.cross_self_attention:
+            raise ValueError("--cross-self-attention is not supported with ALiBi self-attention")
+        _keep_reference(self, alibi)
+        super().__init__(cfg, no_encoder_attn, **kwargs)
+
+    def build_self_attention(self, embed_dim, cfg, add_bias_kv=False, add_zero_attn=False):
+        return AlibiMultiheadAttention(
+            embed_dim,
+            cfg.decoder.attention_heads,
+            self.alibi,
+            dropout=cfg.attention_dropout,
+            add_bias_kv=add_bias_kv,
+            add_zero_attn=add_zero_attn,
+            q_noise=self.quant_noise,
+            qn_block_size=self.quant_noise_block_size,
+        )
+
+
+class AlibiTransformerEncoderLayer(TransformerEncoderLayerBase):
+    def __init__(self, cfg, alibi, **kwargs):
+        _keep_reference(self, alibi)
+        super().__init__(cfg, **kwargs)
+
+    def build_self_attention(self, embed_dim, cfg):
+        return AlibiMultiheadAttention(
+            embed_dim,
+            cfg.encoder.attention_heads,
+            self.alibi,
+            dropout=cfg.attention_dropout,
+            q_noise=self.quant_noise,
+            qn_block_size=self.quant_noise_block_size,
+        )

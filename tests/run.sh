@@ -1,0 +1,8 @@
+#!/usr/bin/env bash
+# The whole test suite, from a fresh clone: sets up ./.venv if needed, then runs pytest.
+# Extra arguments go to pytest (e.g. `bash tests/run.sh -k decoding -x`).
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+source "$ROOT/examples/env.sh"
+cd "$ROOT"
+exec python -m pytest tests -q -p no:cacheprovider "$@"
