@@ -38,6 +38,9 @@ import torch
 #: the variants of :func:`alibi_bias`; ``none`` (learned positions, no bias) is a model option
 VARIANTS = ("causal", "symmetric", "one_sided", "offset", "asymmetric")
 
+#: attention implementations (``--alibi-attention``); ``auto`` picks the fastest correct one
+BACKENDS = ("auto", "sdpa", "flex", "flash", "naive")
+
 #: the variants an encoder may use (``none`` = stock learned position embeddings, no ALiBi)
 ENCODER_VARIANTS = ("symmetric", "one_sided", "offset", "asymmetric", "none")
 
@@ -158,7 +161,8 @@ class AlibiPositionalBias(torch.nn.Module):
     nothing is ever sized by a maximum length: an incremental decoding step builds ``(H, 1, k)``.
 
     ``slope_scale`` multiplies every slope at run time (slope interpolation at inference); it is
-    not saved, so it can be set at load time without touching the checkpoint.
+    not saved, so it can be set at load time without touching the checkpoint. ``backend`` is
+    the attention implementation the model's layers use (one of :data:`BACKENDS`).
     """
 
     def __init__(
@@ -167,12 +171,21 @@ class AlibiPositionalBias(torch.nn.Module):
         variant: str = "causal",
         future_slope_ratio: float = 1.0,
         learnable_future_slopes: bool = False,
+        backend: str = "auto",
+        slope_scale: float = 1.0,
     ):
         super().__init__()
         self.variant = check_variant(variant, num_heads)
+        if backend not in BACKENDS:
+            raise ValueError(
+                f"unknown ALiBi attention backend {backend!r}; choose one of: {', '.join(BACKENDS)}"
+            )
+        if not slope_scale > 0:
+            raise ValueError(f"the ALiBi slope scale must be positive, got {slope_scale}")
+        self.backend = backend
         self.num_heads = num_heads
         self.register_buffer("slopes", variant_slopes(num_heads, variant))
-        self.slope_scale = 1.0
+        self.slope_scale = float(slope_scale)
         self.future_slope_ratio = None
         if variant == "asymmetric":
             ratio = torch.full((num_heads,), float(future_slope_ratio))
@@ -191,7 +204,7 @@ class AlibiPositionalBias(torch.nn.Module):
         return out
 
     def extra_repr(self):
-        return f"num_heads={self.num_heads}, variant={self.variant}"
+        return f"num_heads={self.num_heads}, variant={self.variant}, backend={self.backend}"
 
     def forward(self, query_len: int, key_len: int, dtype: torch.dtype = torch.float32):
         learnable = isinstance(self.future_slope_ratio, torch.nn.Parameter)

@@ -8,6 +8,7 @@ length: a model trained at L evaluates and generates at any length.
 
 import copy
 import logging
+from dataclasses import dataclass, field
 
 from fairseq.models import (
     ARCH_CONFIG_REGISTRY,
@@ -21,7 +22,9 @@ from fairseq.models.transformer_lm import (
     TransformerLanguageModelConfig,
 )
 
-from fairseq_alibi.alibi import AlibiPositionalBias
+from fairseq.dataclass import ChoiceEnum
+
+from fairseq_alibi.alibi import BACKENDS, AlibiPositionalBias
 from fairseq_alibi.modules import AlibiTransformerDecoderLayer, wrap_layer
 
 logger = logging.getLogger(__name__)
@@ -41,6 +44,20 @@ def reject_position_embeddings(state_dict, prefix, model_name):
         )
 
 
+@dataclass
+class AlibiTransformerLanguageModelConfig(TransformerLanguageModelConfig):
+    alibi_attention: ChoiceEnum(BACKENDS) = field(
+        default="auto",
+        metadata={"help": "attention implementation; saved with the model, can be overridden "
+                  "at load time with --model-overrides \"{'alibi_attention': 'naive'}\""},
+    )
+    alibi_slope_scale: float = field(
+        default=1.0,
+        metadata={"help": "multiply every ALiBi slope by this at run time (slope "
+                  "interpolation: L_train / L_eval); a load-time override, 1.0 = as trained"},
+    )
+
+
 class AlibiTransformerDecoder(TransformerDecoder):
     """Stock ``TransformerDecoder``: no position embeddings, ALiBi self-attention layers."""
 
@@ -51,7 +68,12 @@ class AlibiTransformerDecoder(TransformerDecoder):
     def build_decoder_layer(self, args, no_encoder_attn=False):
         cfg = TransformerConfig.from_namespace(args)
         if not hasattr(self, "alibi"):  # one bias module for all layers, built with the first
-            self.alibi = AlibiPositionalBias(cfg.decoder.attention_heads, "causal")
+            self.alibi = AlibiPositionalBias(
+                cfg.decoder.attention_heads,
+                "causal",
+                backend=getattr(self.args, "alibi_attention", "auto"),
+                slope_scale=getattr(self.args, "alibi_slope_scale", 1.0),
+            )
         layer = AlibiTransformerDecoderLayer(cfg, self.alibi, no_encoder_attn)
         return wrap_layer(layer, cfg)
 
@@ -71,7 +93,7 @@ class AlibiTransformerDecoder(TransformerDecoder):
         return super().upgrade_state_dict_named(state_dict, name)
 
 
-@register_model("alibi_transformer_lm", dataclass=TransformerLanguageModelConfig)
+@register_model("alibi_transformer_lm", dataclass=AlibiTransformerLanguageModelConfig)
 class AlibiTransformerLanguageModel(TransformerLanguageModel):
     @classmethod
     def hub_models(cls):

@@ -109,7 +109,7 @@ class AlibiMultiheadAttention(MultiheadAttention):
             dropout_p = 0.0
 
         weights = None
-        if need_weights or before_softmax:
+        if need_weights or before_softmax or self.alibi.backend == "naive":
             # explicit path: fairseq callers asked for the attention probabilities
             scores = torch.matmul(q * self.scaling, k.transpose(-1, -2)) + mask
             if before_softmax:
