@@ -186,20 +186,22 @@ class AlibiPositionalBias(torch.nn.Module):
         self.num_heads = num_heads
         self.register_buffer("slopes", variant_slopes(num_heads, variant))
         self.slope_scale = float(slope_scale)
-        self.future_slope_ratio = None
+        # asymmetric only: forward slope = ratio x backward slope, per head (optionally learned)
+        ratio = None
         if variant == "asymmetric":
             ratio = torch.full((num_heads,), float(future_slope_ratio))
-            if learnable_future_slopes:
-                self.future_slope_ratio = torch.nn.Parameter(ratio)
-            else:
-                self.register_buffer("future_slope_ratio", ratio)
+        if ratio is not None and learnable_future_slopes:
+            self.future_slope_ratio = torch.nn.Parameter(ratio)
+        else:
+            self.register_buffer("future_slope_ratio", ratio)
         self._memo_key = None
         self._memo = None
 
     def _apply(self, fn, *args, **kwargs):
         # model.half() / .bfloat16() must not round the slopes: the bias is built in float32
+        exact = self.slopes.float()
         out = super()._apply(fn, *args, **kwargs)
-        self.slopes = self.slopes.float()
+        self.slopes = exact.to(self.slopes.device)
         self._memo_key = self._memo = None
         return out
 

@@ -87,8 +87,9 @@ class AlibiTransformerDecoder(TransformerDecoder):
         reject_position_embeddings(state_dict, name, "alibi_transformer_lm")
         if f"{name}.alibi.slopes" not in state_dict:
             raise ValueError(
-                f"this checkpoint has no ALiBi slopes ({name}.alibi.slopes): it was not "
-                "written by alibi_transformer_lm. Use the architecture it was trained with"
+                f"this checkpoint has no ALiBi slopes ({name}.alibi.slopes): it was written by "
+                "a stock model with position embeddings, not alibi_transformer_lm. Load it with "
+                "its own architecture, or convert it with `python -m fairseq_alibi.convert`"
             )
         return super().upgrade_state_dict_named(state_dict, name)
 

@@ -1,0 +1,136 @@
+"""Exact tests of the ALiBi math against the paper's reference code and literal values."""
+
+import math
+
+import pytest
+import torch
+
+from fairseq_alibi.alibi import (
+    AlibiPositionalBias,
+    alibi_bias,
+    check_variant,
+    get_slopes,
+    mask_value,
+)
+
+
+def reference_slopes(n):
+    """Verbatim logic of Press et al.'s get_slopes (ofirpress/attention_with_linear_biases)."""
+
+    def get_slopes_power_of_2(n):
+        start = 2 ** (-(2 ** -(math.log2(n) - 3)))
+        ratio = start
+        return [start * ratio**i for i in range(n)]
+
+    if math.log2(n).is_integer():
+        return get_slopes_power_of_2(n)
+    closest_power_of_2 = 2 ** math.floor(math.log2(n))
+    return (
+        get_slopes_power_of_2(closest_power_of_2)
+        + reference_slopes(2 * closest_power_of_2)[0::2][: n - closest_power_of_2]
+    )
+
+
+@pytest.mark.parametrize("heads", range(1, 65))
+def test_slopes_match_reference_formula(heads):
+    got = get_slopes(heads)
+    assert got.dtype == torch.float32 and got.shape == (heads,)
+    want = torch.tensor(reference_slopes(heads), dtype=torch.float32)
+    assert torch.equal(got, want)
+
+
+def test_slopes_literal_values():
+    assert get_slopes(8).tolist() == [1 / 2**k for k in range(1, 9)]
+    twelve = [1 / 2**k for k in range(1, 9)] + [2**-0.5, 2**-1.5, 2**-2.5, 2**-3.5]
+    assert torch.allclose(get_slopes(12), torch.tensor(twelve), rtol=0, atol=1e-7)
+
+
+@pytest.mark.parametrize("bad", [0, -1, 2.5, "8", True])
+def test_slopes_reject_bad_head_counts(bad):
+    with pytest.raises(ValueError, match="positive whole number"):
+        get_slopes(bad)
+
+
+def naive_causal_bias(slopes, q, k):
+    out = torch.empty(len(slopes), q, k, dtype=torch.float64)
+    for h, m in enumerate(slopes.tolist()):
+        for t in range(q):
+            i = k - q + t
+            for j in range(k):
+                out[h, t, j] = -m * (i - j) if j <= i else float("-inf")
+    return out
+
+
+@pytest.mark.parametrize("q,k", [(5, 5), (1, 7), (3, 9), (6, 6)])
+def test_causal_bias_is_relative_and_aligned_to_the_end_of_the_keys(q, k):
+    slopes = get_slopes(4)
+    got = alibi_bias(slopes, q, k, "causal")
+    want = naive_causal_bias(slopes, q, k)
+    visible = torch.isfinite(want)
+    assert got.shape == (4, q, k) and got.dtype == torch.float32
+    assert torch.equal(got[visible].double(), want[visible])
+    assert (got[~visible] == mask_value(torch.float32)).all()
+
+
+def test_kv_cache_rows_equal_the_full_matrix():
+    slopes = get_slopes(8)
+    full = alibi_bias(slopes, 12, 12)
+    for k in range(1, 13):
+        assert torch.equal(alibi_bias(slopes, 1, k), full[:, k - 1 : k, :k])
+
+
+def test_bias_depends_only_on_distance():
+    """No absolute position: the bias of positions s..s+n equals that of 0..n."""
+    slopes = get_slopes(8)
+    for variant in ("causal", "symmetric", "offset", "one_sided"):
+        long = alibi_bias(slopes, 40, 40, variant)
+        assert torch.equal(long[:, 25:35, 25:35], alibi_bias(slopes, 10, 10, variant))
+
+
+def test_no_row_trick_precision_at_long_lengths_in_half_precision():
+    """Neighbouring keys differ by exactly one slope far from the start, even in bf16/fp16."""
+    slopes = get_slopes(8)
+    for dtype in (torch.float16, torch.bfloat16, torch.float32):
+        row = alibi_bias(slopes, 1, 8001, "causal", dtype=dtype)[:, 0, :]
+        diffs = (row[:, -1].float() - row[:, -2].float())
+        assert torch.equal(diffs, slopes), dtype
+
+
+def test_half_precision_mask_is_finite():
+    b = alibi_bias(get_slopes(8), 4, 4, "causal", dtype=torch.float16)
+    assert torch.isfinite(b).all()
+
+
+def test_unknown_variant_is_a_clear_error():
+    with pytest.raises(ValueError, match="unknown ALiBi variant 'bidirectional'.*causal"):
+        alibi_bias(get_slopes(4), 2, 2, "bidirectional")
+    with pytest.raises(ValueError, match="even number of attention heads"):
+        check_variant("one_sided", 7)
+    with pytest.raises(ValueError, match="cannot exceed"):
+        alibi_bias(get_slopes(4), 3, 2)
+    with pytest.raises(ValueError, match="unknown ALiBi attention backend"):
+        AlibiPositionalBias(4, backend="cuda-magic")
+
+
+def test_shared_bias_is_memoised_and_never_sized_by_a_maximum_length():
+    alibi = AlibiPositionalBias(8)
+    first = alibi(16, 16)
+    assert alibi(16, 16) is first  # all layers of a forward share one tensor
+    step = alibi(1, 300)  # one decoding step: (H, 1, k), nothing of size (k, k)
+    assert step.shape == (8, 1, 300)
+    assert set(dict(alibi.named_buffers())) == {"slopes"}
+    assert alibi.slopes.numel() == 8
+
+
+def test_half_conversion_keeps_float32_slopes():
+    alibi = AlibiPositionalBias(12).half()
+    assert alibi.slopes.dtype == torch.float32
+    assert torch.equal(alibi.slopes, get_slopes(12))
+
+
+def test_slope_scale_multiplies_slopes_exactly():
+    plain, scaled = AlibiPositionalBias(8), AlibiPositionalBias(8, slope_scale=0.25)
+    assert torch.equal(scaled(6, 6), alibi_bias(get_slopes(8) * 0.25, 6, 6))
+    assert not torch.equal(scaled(6, 6), plain(6, 6))
+    with pytest.raises(ValueError, match="positive"):
+        AlibiPositionalBias(8, slope_scale=0)
