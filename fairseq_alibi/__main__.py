@@ -5,6 +5,11 @@ import os
 import sys
 
 
+def user_dir() -> str:
+    """The folder to pass to fairseq's ``--user-dir``: this package."""
+    return os.path.dirname(os.path.abspath(__file__))
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(
         prog="python -m fairseq_alibi",
@@ -14,13 +19,12 @@ def main(argv=None):
     parser.add_argument("--user-dir", action="store_true", help="print the --user-dir path")
     parser.add_argument("--version", action="store_true", help="print the package version")
     args = parser.parse_args(argv)
-    here = os.path.dirname(os.path.abspath(__file__))
     if args.version:
         from fairseq_alibi.version import __version__
 
         print(__version__)
     elif args.user_dir:
-        print(here)
+        print(user_dir())
     else:
         parser.print_help()
         return 2
