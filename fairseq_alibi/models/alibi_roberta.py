@@ -1,0 +1,370 @@
+"""``alibi_roberta``: fairseq's RoBERTa with an ALiBi encoder and, optionally, a CLAP head.
+
+Everything is stock ``roberta`` (masked_lm / sentence_prediction tasks and criteria,
+classification heads, layerdrop, ``--untie-weights-roberta``, spectral norm, fp16/bf16, the hub
+interface) except three build hooks of :class:`~fairseq.models.roberta.RobertaEncoder`:
+
+* ``build_encoder``: with an ALiBi variant, a ``TransformerEncoder`` without position embeddings
+  whose self-attention adds the bidirectional bias of ``--alibi-variant`` (see
+  :mod:`fairseq_alibi.alibi`); ``--alibi-variant none`` keeps the stock encoder and its
+  learned positions.
+* ``build_lm_head``: ``--mlm-head clap`` gives ``β · linear(x, normalize(W))``
+  (:class:`~fairseq_alibi.modules.clap_head.ClapHead`).
+* ``build_embedding``: L2-normalised inputs with the CLAP head, and a fixed zero ``<mask>``
+  embedding with ``--zero-mask-embedding``.
+
+The four configurations of the CLAP/ALiBi study are therefore flags of one model:
+baseline (``none``, ``roberta``), learned-clap (``none``, ``clap``), alibi (``offset``,
+``roberta``) and zero-clap (``offset``, ``clap``, ``--zero-mask-embedding``).
+
+ALiBi variants have no maximum length: ``max_positions()`` is unbounded, and the task's length
+filter (``--max-positions`` of sentence_prediction, ``--tokens-per-sample`` of masked_lm) is
+lifted so that long inputs are kept, unless ``--shorten-method`` asks to shorten them.
+"""
+
+import logging
+
+import torch
+from fairseq.models import register_model, register_model_architecture
+from fairseq.models.roberta import RobertaEncoder, RobertaModel
+from fairseq.models.roberta.model import base_architecture as roberta_base_architecture
+from fairseq.models.transformer import TransformerConfig, TransformerEncoder
+from fairseq.modules.transformer_sentence_encoder import init_bert_params
+from fairseq.utils import safe_getattr, safe_hasattr
+
+from fairseq_alibi.alibi import BACKENDS, ENCODER_VARIANTS, AlibiPositionalBias, check_variant
+from fairseq_alibi.models.alibi_transformer_lm import (
+    UNBOUNDED_POSITIONS,
+    reject_position_embeddings,
+)
+from fairseq_alibi.modules import AlibiTransformerEncoderLayer, wrap_layer
+from fairseq_alibi.modules.clap_head import ClapHead, EncoderTokenEmbedding
+
+logger = logging.getLogger(__name__)
+
+MLM_HEADS = ("roberta", "clap")
+
+#: what ``encoder.model_kind`` records, in order, so a checkpoint says how it was built
+KIND_FIELDS = ("alibi_variant", "mlm_head", "clap_normalize", "zero_mask_embedding")
+
+
+def _kind_of(args):
+    clap = args.mlm_head == "clap"
+    return (
+        ENCODER_VARIANTS.index(args.alibi_variant),
+        MLM_HEADS.index(args.mlm_head),
+        int(clap and not args.clap_no_normalize),
+        int(bool(args.zero_mask_embedding)),
+    )
+
+
+def _kind_flags(kind):
+    """The command-line flags that build a model of this kind."""
+    variant, head, clap_normalize, zero_mask = (int(v) for v in kind)
+    flags = [f"--alibi-variant {ENCODER_VARIANTS[variant]}", f"--mlm-head {MLM_HEADS[head]}"]
+    if MLM_HEADS[head] == "clap" and not clap_normalize:
+        flags.append("--clap-no-normalize")
+    if zero_mask:
+        flags.append("--zero-mask-embedding")
+    return " ".join(flags)
+
+
+def _check_options(args):
+    """Clear errors for option values and combinations that cannot work."""
+    check_variant(args.alibi_variant, args.encoder_attention_heads, allowed=ENCODER_VARIANTS)
+    if args.mlm_head not in MLM_HEADS:
+        raise ValueError(
+            f"unknown --mlm-head {args.mlm_head!r}; choose one of: {', '.join(MLM_HEADS)}"
+        )
+    if args.alibi_attention not in BACKENDS:
+        raise ValueError(
+            f"unknown --alibi-attention {args.alibi_attention!r}; "
+            f"choose one of: {', '.join(BACKENDS)}"
+        )
+    if args.alibi_variant != "asymmetric" and (
+        args.alibi_future_slope_ratio != 1.0 or args.alibi_learnable_future_slopes
+    ):
+        raise ValueError(
+            "--alibi-future-slope-ratio / --alibi-learnable-future-slopes set the forward slopes "
+            f"of --alibi-variant asymmetric; they do nothing with {args.alibi_variant!r}"
+        )
+    if not args.alibi_future_slope_ratio >= 0:
+        raise ValueError(
+            f"--alibi-future-slope-ratio must be >= 0 (forward slope = ratio × backward slope), "
+            f"got {args.alibi_future_slope_ratio}"
+        )
+    if args.mlm_head != "clap" and (args.clap_initial_beta != 1.0 or args.clap_no_normalize):
+        raise ValueError("--clap-initial-beta / --clap-no-normalize need --mlm-head clap")
+    if args.alibi_variant == "none" and (
+        args.alibi_attention != "auto" or args.alibi_slope_scale != 1.0
+    ):
+        logger.warning(
+            "--alibi-variant none has no ALiBi bias: --alibi-attention and --alibi-slope-scale "
+            "are ignored (stock attention and learned positions are used)"
+        )
+
+
+def _lift_task_length_limit(task):
+    """Let the task keep inputs of any length: the ALiBi encoder has no maximum.
+
+    fairseq drops (train) or refuses (valid) samples longer than
+    ``min(task.max_positions(), model.max_positions())``; sentence_prediction's
+    ``--max-positions`` and masked_lm's ``--tokens-per-sample`` only exist there because
+    learned position embeddings stop at that length. When ``--shorten-method`` asks to shorten
+    the inputs to that length instead, the task is left as configured.
+    """
+    limit = task.max_positions() if task is not None else None
+    if not isinstance(limit, int) or isinstance(limit, bool) or limit >= UNBOUNDED_POSITIONS:
+        return
+    if str(safe_getattr(getattr(task, "cfg", None), "shorten_method", "none")) != "none":
+        return
+    task.max_positions = lambda: UNBOUNDED_POSITIONS  # this task object only, never saved
+    logger.info(
+        f"ALiBi encoder: the task's length limit ({limit}) is lifted, longer inputs are kept"
+    )
+
+
+class AlibiTransformerEncoder(TransformerEncoder):
+    """Stock ``TransformerEncoder``: no position embeddings, ALiBi self-attention layers."""
+
+    def __init__(self, args, dictionary, embed_tokens, **kwargs):
+        args.no_token_positional_embeddings = True  # the bias replaces them
+        super().__init__(args, dictionary, embed_tokens, **kwargs)
+
+    def build_encoder_layer(self, args):
+        cfg = TransformerConfig.from_namespace(args)  # drops our fields: read them from args
+        if not hasattr(self, "alibi"):  # one bias module for all layers, built with the first
+            self.alibi = AlibiPositionalBias(
+                cfg.encoder.attention_heads,
+                self.args.alibi_variant,
+                future_slope_ratio=self.args.alibi_future_slope_ratio,
+                learnable_future_slopes=self.args.alibi_learnable_future_slopes,
+                backend=self.args.alibi_attention,
+                slope_scale=self.args.alibi_slope_scale,
+            )
+        layer = AlibiTransformerEncoderLayer(cfg, self.alibi, return_fc=self.return_fc)
+        return wrap_layer(layer, cfg)
+
+    def max_positions(self):
+        return UNBOUNDED_POSITIONS
+
+
+class AlibiRobertaEncoder(RobertaEncoder):
+    """``RobertaEncoder`` whose embedding, sentence encoder and LM head follow our flags."""
+
+    def __init__(self, args, dictionary):
+        super().__init__(args, dictionary)
+        # saved with the weights, so that a checkpoint of another kind gives a clear error
+        self.register_buffer("model_kind", torch.tensor(_kind_of(args), dtype=torch.long))
+
+    @property
+    def uses_alibi(self):
+        return self.args.alibi_variant != "none"
+
+    def build_embedding(self, vocab_size, embedding_dim, padding_idx):
+        zero_index = None
+        if self.args.zero_mask_embedding:
+            zero_index = self.dictionary.index("<mask>")
+            if zero_index == self.dictionary.unk():
+                raise ValueError(
+                    "--zero-mask-embedding: the dictionary has no <mask> symbol (tasks masked_lm "
+                    "and sentence_prediction add it); drop the flag or use one of those tasks"
+                )
+        normalize = self.args.mlm_head == "clap" and not self.args.clap_no_normalize
+        return EncoderTokenEmbedding(
+            vocab_size, embedding_dim, padding_idx, normalize=normalize, zero_index=zero_index
+        )
+
+    def build_encoder(self, args, dictionary, embed_tokens):
+        if not self.uses_alibi:
+            return super().build_encoder(args, dictionary, embed_tokens)
+        encoder = AlibiTransformerEncoder(args, dictionary, embed_tokens)
+        encoder.apply(init_bert_params)
+        return encoder
+
+    def build_lm_head(self, embed_dim, output_dim, activation_fn, weight):
+        if self.args.mlm_head != "clap":
+            return super().build_lm_head(embed_dim, output_dim, activation_fn, weight)
+        return ClapHead(
+            embed_dim,
+            output_dim,
+            weight,
+            initial_beta=self.args.clap_initial_beta,
+            normalize=not self.args.clap_no_normalize,
+        )
+
+    def max_positions(self):
+        return UNBOUNDED_POSITIONS if self.uses_alibi else super().max_positions()
+
+    def upgrade_state_dict_named(self, state_dict, name):
+        kind_key = f"{name}.model_kind"
+        encoder = f"{name}.sentence_encoder"
+        built = _kind_flags(self.model_kind)
+        if kind_key in state_dict:
+            saved = _kind_flags(state_dict[kind_key])
+            if saved != built:
+                raise ValueError(
+                    f"this checkpoint was trained as `{saved}`, but the model being built is "
+                    f"`{built}`; pass the checkpoint's flags ({saved})"
+                )
+        elif self.uses_alibi:  # not ours: a stock RoBERTa checkpoint, or another model
+            reject_position_embeddings(state_dict, encoder, "alibi_roberta")
+            raise ValueError(
+                f"this checkpoint has no {kind_key}: it was not written by alibi_roberta. "
+                "Use the architecture it was trained with"
+            )
+        elif self.args.mlm_head != "roberta" or self.args.zero_mask_embedding:
+            raise ValueError(
+                "this is a stock RoBERTa checkpoint (learned positions, RoBERTa LM head): load "
+                "it with --alibi-variant none --mlm-head roberta and without --zero-mask-embedding"
+            )
+        else:  # stock RoBERTa weights are an alibi_roberta `none` model
+            state_dict[kind_key] = self.model_kind.clone()
+        positions = state_dict.get(f"{encoder}.embed_positions.weight")
+        own = self.sentence_encoder.embed_positions
+        if positions is not None and own is not None and positions.shape != own.weight.shape:
+            raise ValueError(
+                f"this checkpoint learned {positions.shape[0] - own.padding_idx - 1} positions, "
+                f"the model being built {own.weight.shape[0] - own.padding_idx - 1}: pass "
+                f"--max-positions {positions.shape[0] - own.padding_idx - 1} (learned positions "
+                "cannot be extended; the ALiBi variants have no length limit)"
+            )
+        return super().upgrade_state_dict_named(state_dict, name)
+
+
+@register_model("alibi_roberta")
+class AlibiRobertaModel(RobertaModel):
+    """RoBERTa with ALiBi (``--alibi-variant``) and an optional CLAP head (``--mlm-head clap``)."""
+
+    @classmethod
+    def hub_models(cls):
+        return {}  # no downloads: from_pretrained() takes a local directory
+
+    @staticmethod
+    def add_args(parser):
+        RobertaModel.add_args(parser)
+        parser.add_argument(
+            "--alibi-variant", choices=ENCODER_VARIANTS,
+            help="bidirectional ALiBi bias: symmetric -m|i-j|; one_sided (half the heads look "
+            "back, half ahead); offset (default; future keys -m(j-i-0.5)); asymmetric (forward "
+            "slope = ratio x backward); none = stock learned position embeddings, no bias",
+        )
+        parser.add_argument(
+            "--alibi-future-slope-ratio", type=float, metavar="R",
+            help="asymmetric only: forward slope = R x backward slope, per head (default 1.0)",
+        )
+        parser.add_argument(
+            "--alibi-learnable-future-slopes", action="store_true",
+            help="asymmetric only: learn the forward/backward slope ratio of every head",
+        )
+        parser.add_argument(
+            "--alibi-attention", choices=BACKENDS,
+            help="attention implementation (default auto); can be overridden at load time",
+        )
+        parser.add_argument(
+            "--alibi-slope-scale", type=float, metavar="S",
+            help="multiply every ALiBi slope by S at run time (default 1.0 = as trained)",
+        )
+        parser.add_argument(
+            "--mlm-head", choices=MLM_HEADS,
+            help="masked-LM head: roberta (dense, GELU, layer norm, tied projection, bias) or "
+            "clap (beta * x . normalize(E)^T; inputs L2-normalised too)",
+        )
+        parser.add_argument(
+            "--clap-initial-beta", type=float, metavar="B",
+            help="initial value of the learned CLAP temperature beta (default 1.0)",
+        )
+        parser.add_argument(
+            "--clap-no-normalize", action="store_true",
+            help="CLAP head without the L2 normalisation (of the head weight and the inputs)",
+        )
+        parser.add_argument(
+            "--zero-mask-embedding", action="store_true",
+            help="the <mask> token embeds to a fixed zero vector instead of a learned one",
+        )
+
+    @classmethod
+    def build_model(cls, args, task):
+        from omegaconf import OmegaConf
+
+        if OmegaConf.is_config(args):
+            OmegaConf.set_struct(args, False)
+        alibi_roberta_architecture(args)
+        _check_options(args)
+        if not safe_hasattr(args, "max_positions"):  # as the stock model: sized by the task
+            if not safe_hasattr(args, "tokens_per_sample"):
+                args.tokens_per_sample = task.max_positions()
+            args.max_positions = args.tokens_per_sample
+        encoder = AlibiRobertaEncoder(args, task.source_dictionary)
+        if OmegaConf.is_config(args):
+            OmegaConf.set_struct(args, True)
+        if encoder.uses_alibi:
+            _lift_task_length_limit(task)
+        return cls(args, encoder)
+
+    def upgrade_state_dict_named(self, state_dict, name):
+        # The stock method sizes the checkpoint's classification heads from
+        # `out_proj.weight`, which a spectral-norm head (--spectral-norm-classification-head)
+        # saves as `out_proj.weight_orig`: show it under the expected name while it looks.
+        prefix = f"{name}." if name else ""
+        heads = f"{prefix}classification_heads."
+        shown = [
+            k[: -len("_orig")] for k in state_dict
+            if k.startswith(heads) and k.endswith(".out_proj.weight_orig")
+            and k[: -len("_orig")] not in state_dict
+        ]
+        for key in shown:
+            state_dict[key] = state_dict[f"{key}_orig"]
+        try:
+            super().upgrade_state_dict_named(state_dict, name)
+        finally:
+            for key in shown:
+                state_dict.pop(key, None)
+
+
+def _alibi_defaults(args):
+    args.alibi_variant = safe_getattr(args, "alibi_variant", "offset")
+    args.alibi_future_slope_ratio = float(safe_getattr(args, "alibi_future_slope_ratio", 1.0))
+    args.alibi_learnable_future_slopes = bool(
+        safe_getattr(args, "alibi_learnable_future_slopes", False)
+    )
+    args.alibi_attention = safe_getattr(args, "alibi_attention", "auto")
+    args.alibi_slope_scale = float(safe_getattr(args, "alibi_slope_scale", 1.0))
+    args.mlm_head = safe_getattr(args, "mlm_head", "roberta")
+    args.clap_initial_beta = float(safe_getattr(args, "clap_initial_beta", 1.0))
+    args.clap_no_normalize = bool(safe_getattr(args, "clap_no_normalize", False))
+    args.zero_mask_embedding = bool(safe_getattr(args, "zero_mask_embedding", False))
+
+
+@register_model_architecture("alibi_roberta", "alibi_roberta")
+def alibi_roberta_architecture(args):
+    """RoBERTa-base sizes (12 layers, 768 dims, 3072 FFN, 12 heads), offset ALiBi."""
+    _alibi_defaults(args)
+    roberta_base_architecture(args)
+
+
+@register_model_architecture("alibi_roberta", "alibi_roberta_base")
+def alibi_roberta_base_architecture(args):
+    alibi_roberta_architecture(args)
+
+
+def _default_sizes(args, layers, embed_dim, ffn_embed_dim, heads):
+    """Size defaults of an architecture; sizes given on the command line win."""
+    args.encoder_layers = safe_getattr(args, "encoder_layers", layers)
+    args.encoder_embed_dim = safe_getattr(args, "encoder_embed_dim", embed_dim)
+    args.encoder_ffn_embed_dim = safe_getattr(args, "encoder_ffn_embed_dim", ffn_embed_dim)
+    args.encoder_attention_heads = safe_getattr(args, "encoder_attention_heads", heads)
+
+
+@register_model_architecture("alibi_roberta", "alibi_roberta_large")
+def alibi_roberta_large_architecture(args):
+    """RoBERTa-large sizes: 24 layers, 1024 dims, 4096 FFN, 16 heads."""
+    _default_sizes(args, 24, 1024, 4096, 16)
+    alibi_roberta_architecture(args)
+
+
+@register_model_architecture("alibi_roberta", "alibi_roberta_small")
+def alibi_roberta_small_architecture(args):
+    """BERT-small sizes (Turc et al. 2019): 4 layers, 512 dims, 2048 FFN, 8 heads."""
+    _default_sizes(args, 4, 512, 2048, 8)
+    alibi_roberta_architecture(args)
