@@ -30,8 +30,36 @@ def _numpy_globals():
     return found
 
 
+def _distributed_resume_globals():
+    """What fairseq's trainer pickles when rank 0 sends a loaded checkpoint to the other ranks.
+
+    ``trainer.load_checkpoint`` reads the file on rank 0 only, turns its ``cfg`` into an
+    OmegaConf ``DictConfig``, and ``distributed_utils.broadcast_object`` sends it with
+    ``torch.save``; the other ranks ``torch.load`` it (``weights_only=True`` since torch 2.6),
+    so without these every distributed run fails to resume (``Unsupported global:
+    omegaconf.dictconfig.DictConfig``). Only data classes: config containers, their node and
+    metadata types, and fairseq's placeholder for the tensors sent separately.
+    """
+    import collections
+    import typing
+
+    from omegaconf import DictConfig, ListConfig
+    from omegaconf.base import ContainerMetadata, Metadata
+    from omegaconf.nodes import AnyNode
+
+    found = [DictConfig, ListConfig, AnyNode, Metadata, ContainerMetadata, typing.Any,
+             collections.defaultdict, dict, list, int]
+    try:
+        from fairseq.distributed.utils import _TensorPlaceholder
+
+        found.append(_TensorPlaceholder)
+    except ImportError:  # pragma: no cover - other fairseq versions
+        pass
+    return found
+
+
 #: classes that fairseq checkpoints hold besides tensors and containers
-SAFE_CHECKPOINT_GLOBALS = [argparse.Namespace] + _numpy_globals()
+SAFE_CHECKPOINT_GLOBALS = [argparse.Namespace] + _numpy_globals() + _distributed_resume_globals()
 
 
 def allow_fairseq_checkpoints():

@@ -1,0 +1,130 @@
+"""Tiny fairseq-train runs shared by the reliability tests (resume, distributed, bad inputs).
+
+Both models of the package are trained the same way: the causal LM (``language_modeling``) and
+the ALiBi encoder (``masked_lm``), at test dimensions, on the word-level corpus of the
+``tiny_lm_data`` fixture. Runs are deterministic (dropout is reseeded by fairseq at every
+update from ``--seed`` and the update number), so two runs can be compared bit for bit.
+"""
+
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+
+import torch
+
+from tests.conftest import BIN, run_cli
+
+COMMON = ["--cpu", "--num-workers", 0, "--no-progress-bar", "--log-format", "json",
+          "--log-interval", 1, "--seed", 1, "--optimizer", "adam", "--lr", 0.003,
+          "--lr-scheduler", "inverse_sqrt", "--warmup-updates", 5, "--disable-validation"]
+
+MODELS = {
+    "lm": ["--task", "language_modeling", "--arch", "alibi_transformer_lm",
+           "--decoder-layers", 2, "--decoder-embed-dim", 32, "--decoder-ffn-embed-dim", 64,
+           "--decoder-attention-heads", 4, "--tokens-per-sample", 16,
+           "--sample-break-mode", "none", "--max-tokens", 128],
+    "encoder": ["--task", "masked_lm", "--criterion", "masked_lm", "--arch", "alibi_roberta_base",
+                "--encoder-layers", 2, "--encoder-embed-dim", 32, "--encoder-ffn-embed-dim", 64,
+                "--encoder-attention-heads", 4, "--alibi-variant", "offset",
+                "--tokens-per-sample", 16, "--batch-size", 8],
+}
+
+
+def train_args(model, data, user_dir, save_dir, *extra):
+    return [data, "--user-dir", user_dir, *MODELS[model], *COMMON, "--save-dir", save_dir, *extra]
+
+
+def train(model, data, user_dir, save_dir, *extra, **kwargs):
+    """fairseq-train of ``model`` ("lm" or "encoder"); returns its output."""
+    return run_cli("fairseq-train", *train_args(model, data, user_dir, save_dir, *extra), **kwargs)
+
+
+def child_env(**extra):
+    return dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1",
+                **extra)
+
+
+def free_port() -> int:
+    """A TCP port of 127.0.0.1 that nothing listens on now (the OS picks it)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def distributed_flags(world_size, rank, port, ddp_backend="legacy_ddp"):
+    """The CPU recipe: every worker started by hand, rendezvous over TCP, gloo all-reduce."""
+    return ["--distributed-world-size", world_size, "--distributed-rank", rank,
+            "--distributed-no-spawn", "--distributed-init-method", f"tcp://127.0.0.1:{port}",
+            "--distributed-backend", "gloo", "--ddp-backend", ddp_backend]
+
+
+def train_distributed(model, data, user_dir, save_dir, *extra, world_size=2,
+                      ddp_backend="legacy_ddp", timeout=600):
+    """``world_size`` fairseq-train workers on this machine; returns rank 0's output."""
+    port = free_port()
+    procs = []
+    for rank in range(world_size):
+        args = train_args(model, data, user_dir, save_dir, *extra,
+                          *distributed_flags(world_size, rank, port, ddp_backend))
+        procs.append(subprocess.Popen(
+            [str(BIN / "fairseq-train")] + [str(a) for a in args], env=child_env(),
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    outputs = []
+    try:
+        for proc in procs:
+            outputs.append(proc.communicate(timeout=timeout)[0])
+    finally:
+        for proc in procs:  # never leave a worker behind when another one failed
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    for rank, (proc, out) in enumerate(zip(procs, outputs)):
+        assert proc.returncode == 0, f"worker {rank} failed ({proc.returncode}):\n{out[-5000:]}"
+    return outputs[0]
+
+
+def logged_losses(output):
+    """``[(num_updates, loss)]`` of every ``train_inner`` line fairseq printed (json format)."""
+    found = []
+    for line in output.splitlines():
+        if "| train_inner |" in line:
+            stats = json.loads(line.split("| train_inner |", 1)[1])
+            found.append((int(stats["num_updates"]), stats["loss"]))
+    return found
+
+
+def loaded_at(output):
+    """The update count of the checkpoint fairseq-train resumed from (None: started afresh)."""
+    found = re.search(r"Loaded checkpoint \S+ \(epoch \d+ @ (\d+) updates\)", output)
+    return int(found.group(1)) if found else None
+
+
+def load(path):
+    return torch.load(path, map_location="cpu", weights_only=False)
+
+
+def max_weight_difference(a, b):
+    """Largest absolute difference between the weights of two checkpoints (same keys)."""
+    assert a["model"].keys() == b["model"].keys()
+    return max((a["model"][k].double() - b["model"][k].double()).abs().max().item()
+               for k in a["model"] if a["model"][k].numel())
+
+
+def train_loss(state):
+    """The exact training loss meters a checkpoint holds: (last update, epoch average)."""
+    meters = {name: meter for _, name, _, meter in dict(state["extra_state"]["metrics"])["train"]}
+    loss = meters["loss"]
+    return float(loss["val"]), float(loss["sum"]) / float(loss["count"])
+
+
+def python_module(*args, expect_ok=True):
+    """``python -m ...`` in this environment; returns (exit code, combined output)."""
+    proc = subprocess.run([sys.executable, "-m", *[str(a) for a in args]], env=child_env(),
+                          capture_output=True, text=True, timeout=600)
+    out = proc.stdout + proc.stderr
+    if expect_ok:
+        assert proc.returncode == 0, out[-3000:]
+    return proc.returncode, out
