@@ -152,6 +152,125 @@ def alibi_bias(
     return bias.to(dtype)
 
 
+#: extra query/key columns of :func:`alibi_fold` (one past the last is free for a padding column)
+FOLD_COLUMNS = 4
+
+
+def split_slopes(slopes: torch.Tensor, max_abs_position: int):
+    """``m = m_hi + m_lo`` with ``m_hi·p`` exact in float32 for every ``|p| <= max_abs_position``.
+
+    ``m_hi`` keeps the top ``24 - bits(max_abs_position)`` significant bits of ``m`` (at least
+    one); ``m_lo = m - m_hi`` is exact too (the bits that remain). Only ``m_lo`` carries the
+    gradient of ``m`` (straight through), which is the whole gradient: see :func:`alibi_fold`.
+    """
+    slopes = slopes.float()
+    keep = max(1, 24 - int(max_abs_position).bit_length())
+    mantissa, exponent = torch.frexp(slopes.detach().double())
+    hi = torch.ldexp(torch.round(torch.ldexp(mantissa, torch.tensor(keep))), exponent - keep)
+    hi = hi.float()
+    return hi, slopes - hi
+
+
+def alibi_fold(slopes: torch.Tensor, query_positions: torch.Tensor, key_positions: torch.Tensor):
+    """The look-back bias ``-m·(i - j)`` as a dot product of 4 extra query and key columns.
+
+    Returns ``q_cols`` ``(H, Lq, 4)`` and ``k_cols`` ``(Lk, 4)``, float32, with
+    ``q_cols[h, t] · k_cols[s] = -m_h·(i_t - j_s)`` for every query position ``i_t`` and key
+    position ``j_s``. With ``c`` the centre of the positions and ``m = m_hi + m_lo``
+    (:func:`split_slopes`)::
+
+        q_cols[h, t] = [ m_hi,  -m_hi·(i_t - c),  m_lo,  -m_lo·(i_t - c) ]
+        k_cols[s]    = [ j_s - c,        1,       j_s - c,        1      ]
+
+    Appended *before* the scaled query and the key, these columns let an attention kernel
+    with a plain causal mask compute ``q·k/√d - m·(i - j)`` with no bias tensor at all: the
+    bias has rank 2 on the visible triangle. Summed in column order, the two ``m_hi`` products
+    are exact and cancel exactly, so the logit is as accurate as with a stored bias even far
+    from position 0 (a single ``m·j`` column, the "row trick", is not: it loses
+    ``ulp(m·L)``). The look-ahead half of the bidirectional variants uses the same columns on
+    time-reversed positions. The gradient of ``m`` flows through the ``m_lo`` columns and is
+    exact: ``d/dm`` of the dot product is ``(j - c) - (i - c) = -(i - j)``.
+    """
+    query_positions = query_positions.float()
+    key_positions = key_positions.float()
+    span = torch.cat([query_positions, key_positions])
+    if span.numel() == 0:
+        centre = 0.0
+    else:
+        centre = float(torch.floor((span.min() + span.max()) / 2))
+    q_rel = query_positions - centre
+    k_rel = key_positions - centre
+    hi, lo = split_slopes(slopes, int(span.sub(centre).abs().max()) if span.numel() else 0)
+    hi, lo = hi[:, None], lo[:, None]
+    q_cols = torch.stack(
+        [hi.expand(-1, q_rel.numel()), -hi * q_rel, lo.expand(-1, q_rel.numel()), -lo * q_rel],
+        dim=-1,
+    )
+    ones = torch.ones_like(k_rel)
+    k_cols = torch.stack([k_rel, ones, k_rel, ones], dim=-1)
+    return q_cols, k_cols
+
+
+def alibi_score_mod(
+    variant: str,
+    slopes: torch.Tensor,
+    future_slopes: Optional[torch.Tensor] = None,
+    query_offset: int = 0,
+    key_padding_mask: Optional[torch.Tensor] = None,
+):
+    """A ``flex_attention`` ``score_mod`` adding the ALiBi bias of ``variant`` to each logit.
+
+    ``score + bias_h(i, j)`` with ``i = query_offset + q_idx`` (queries aligned to the end of
+    the keys, as in :func:`alibi_bias`) and the values of the module's table for the visible
+    keys; keys a variant hides are the business of :func:`alibi_mask_mod`. Padded keys
+    (``key_padding_mask[b, j]`` True) get :func:`mask_value` of float32, so an all-padding row
+    stays finite.
+    """
+    check_variant(variant, slopes.shape[0])
+    if variant == "asymmetric" and future_slopes is None:
+        raise ValueError("the asymmetric ALiBi variant needs future_slopes")
+    masked = mask_value(torch.float32)
+
+    def score_mod(score, b, h, q_idx, kv_idx):
+        rel = (q_idx + query_offset - kv_idx).to(torch.float32)  # i - j
+        m = slopes[h]
+        if variant == "causal":
+            biased = score - m * rel
+        elif variant in ("symmetric", "one_sided"):
+            biased = score - m * rel.abs()
+        elif variant == "offset":
+            biased = torch.where(rel >= 0, score - m * rel, score + m * (rel + 0.5))
+        else:  # asymmetric
+            biased = torch.where(rel >= 0, score - m * rel, score + future_slopes[h] * rel)
+        if key_padding_mask is not None:
+            biased = torch.where(key_padding_mask[b, kv_idx], masked, biased)
+        return biased
+
+    return score_mod
+
+
+def alibi_mask_mod(variant: str, num_heads: int, query_offset: int = 0):
+    """A ``flex_attention`` ``mask_mod`` (True = visible) for the keys ``variant`` hides, or
+    ``None`` for the variants that see every key (symmetric, offset, asymmetric).
+
+    ``causal``: ``j <= i``; ``one_sided``: heads ``h < H/2`` see ``j <= i``, the others
+    ``j >= i``; with ``i = query_offset + q_idx`` as in :func:`alibi_score_mod`.
+    """
+    check_variant(variant, num_heads)
+    if variant == "causal":
+        def mask_mod(b, h, q_idx, kv_idx):
+            return q_idx + query_offset >= kv_idx
+        return mask_mod
+    if variant == "one_sided":
+        half = num_heads // 2
+
+        def mask_mod(b, h, q_idx, kv_idx):
+            i = q_idx + query_offset
+            return torch.where(h < half, i >= kv_idx, i <= kv_idx)
+        return mask_mod
+    return None
+
+
 class AlibiPositionalBias(torch.nn.Module):
     """One ALiBi bias per model, shared by all its attention layers.
 
@@ -208,16 +327,25 @@ class AlibiPositionalBias(torch.nn.Module):
     def extra_repr(self):
         return f"num_heads={self.num_heads}, variant={self.variant}, backend={self.backend}"
 
+    def head_slopes(self):
+        """``(slopes, future_slopes)``, float32 ``(H,)`` each, ``slope_scale`` applied.
+
+        ``future_slopes`` (``ratio·m``) is ``None`` except for ``asymmetric``; it carries the
+        gradient of a learnable ratio. Attention backends that never build the bias use these.
+        """
+        slopes = self.slopes.float() * self.slope_scale
+        future = None
+        if self.future_slope_ratio is not None:
+            future = slopes * self.future_slope_ratio.float()
+        return slopes, future
+
     def forward(self, query_len: int, key_len: int, dtype: torch.dtype = torch.float32):
         learnable = isinstance(self.future_slope_ratio, torch.nn.Parameter)
         version = self.future_slope_ratio._version if learnable else None
         key = (query_len, key_len, dtype, self.slopes.device, self.slope_scale, version)
         if key == self._memo_key and not (learnable and torch.is_grad_enabled()):
             return self._memo
-        slopes = self.slopes * self.slope_scale
-        future = None
-        if self.future_slope_ratio is not None:
-            future = slopes * self.future_slope_ratio.float()
+        slopes, future = self.head_slopes()
         bias = alibi_bias(slopes, query_len, key_len, self.variant, future, dtype)
         self._memo_key, self._memo = key, bias
         return bias

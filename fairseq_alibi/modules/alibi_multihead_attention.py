@@ -6,16 +6,20 @@ module owns the attention computation and asks the model's shared
 :class:`~fairseq_alibi.alibi.AlibiPositionalBias` for the bias. Projections, parameter names,
 the incremental-state layout (``prev_key``/``prev_value`` as ``(B, H, T, D)``) and beam
 reordering are the parent's, so checkpoints and fairseq's generators work unchanged.
+
+The attention itself is one of the backends of
+:mod:`~fairseq_alibi.modules.attention_backends`, chosen per call from the bias module's
+``backend`` (``--alibi-attention``): most need no bias tensor at all.
 """
 
 from typing import Dict, Optional, Tuple
 
 import torch
-import torch.nn.functional as F
 from fairseq.modules import MultiheadAttention
 from torch import Tensor
 
-from fairseq_alibi.alibi import AlibiPositionalBias, mask_value
+from fairseq_alibi.alibi import AlibiPositionalBias
+from fairseq_alibi.modules import attention_backends as backends
 
 
 class AlibiMultiheadAttention(MultiheadAttention):
@@ -36,29 +40,6 @@ class AlibiMultiheadAttention(MultiheadAttention):
             raise ValueError(f"ALiBi bias has {alibi.num_heads} heads, attention {num_heads}")
         super().__init__(embed_dim, num_heads, self_attention=True, **kwargs)
         object.__setattr__(self, "alibi", alibi)
-
-    def _bias_and_masks(
-        self,
-        bsz: int,
-        tgt_len: int,
-        src_len: int,
-        dtype: torch.dtype,
-        key_padding_mask: Optional[Tensor],
-        attn_mask: Optional[Tensor],
-    ) -> Tensor:
-        """``(1 or B, H, tgt, src)`` additive mask: the shared bias plus any fairseq masks."""
-        mask = self.alibi(tgt_len, src_len, dtype).unsqueeze(0)
-        if attn_mask is not None:  # fairseq's (tgt, src) mask: bool (True = masked) or float
-            if attn_mask.dtype == torch.bool:
-                mask = mask.masked_fill(attn_mask, mask_value(dtype))
-            else:
-                mask = mask + attn_mask.to(dtype).clamp(min=mask_value(dtype))
-        if key_padding_mask is not None:
-            # a (B, H, tgt, src) tensor only for batches that hold padding, as fairseq does too
-            mask = mask.masked_fill(
-                key_padding_mask.view(bsz, 1, 1, src_len).to(torch.bool), mask_value(dtype)
-            )
-        return mask
 
     def forward(
         self,
@@ -103,26 +84,47 @@ class AlibiMultiheadAttention(MultiheadAttention):
         src_len = k.size(2)
         if key_padding_mask is not None and key_padding_mask.dim() == 0:
             key_padding_mask = None
-        mask = self._bias_and_masks(bsz, tgt_len, src_len, q.dtype, key_padding_mask, attn_mask)
         dropout_p = self.dropout_module.p
         if not (self.training or self.dropout_module.apply_during_inference):
             dropout_p = 0.0
+        request = backends.Request(
+            device_type=q.device.type,
+            dtype=q.dtype,
+            variant=self.alibi.variant,
+            query_len=tgt_len,
+            key_len=src_len,
+            needs_grad=q.requires_grad or k.requires_grad or v.requires_grad,
+            need_weights=need_weights or before_softmax,
+            has_attn_mask=attn_mask is not None,
+            has_padding=key_padding_mask is not None,
+            dropout_p=dropout_p,
+        )
+        backend = backends.select_backend(self.alibi.backend, request)
 
         weights = None
-        if need_weights or before_softmax or self.alibi.backend == "naive":
-            # explicit path: fairseq callers asked for the attention probabilities
-            scores = torch.matmul(q * self.scaling, k.transpose(-1, -2)) + mask
-            if before_softmax:
+        if backend == "naive":
+            mask = backends.dense_mask(
+                self.alibi, bsz, tgt_len, src_len, q.dtype, key_padding_mask, attn_mask
+            )
+            if before_softmax:  # fairseq's raw-scores protocol: (B·H, T, S) scores and values
+                scores = torch.matmul(q * self.scaling, k.transpose(-1, -2)) + mask
                 return scores.view(bsz * H, tgt_len, src_len), v.reshape(bsz * H, src_len, D)
-            probs_float = torch.softmax(scores.float(), dim=-1)
-            probs = self.dropout_module(probs_float.type_as(q))
-            out = torch.matmul(probs, v)
-            weights = probs_float.view(bsz, H, tgt_len, src_len).transpose(1, 0)
-            if not need_head_weights:
-                weights = weights.mean(dim=0)
+            out, probs = backends.naive_attention(q, k, v, mask, self.scaling, self.dropout_module)
+            if need_weights:
+                weights = probs.view(bsz, H, tgt_len, src_len).transpose(1, 0)
+                if not need_head_weights:
+                    weights = weights.mean(dim=0)
+        elif backend == "sdpa":
+            out = backends.sdpa_attention(
+                q, k, v, self.alibi, key_padding_mask, attn_mask, dropout_p, self.scaling
+            )
+        elif backend == "flex":
+            out = backends.flex_attention(
+                q, k, v, self.alibi, key_padding_mask, attn_mask, self.scaling
+            )
         else:
-            out = F.scaled_dot_product_attention(
-                q, k, v, attn_mask=mask, dropout_p=dropout_p, scale=self.scaling
+            out = backends.flash_attention(
+                q, k, v, self.alibi, key_padding_mask, dropout_p, self.scaling
             )
 
         out = out.permute(2, 0, 1, 3).reshape(tgt_len, bsz, embed_dim)

@@ -1,0 +1,147 @@
+"""Timing, peak memory and Markdown tables shared by the benchmarks.
+
+Timing: every measured case runs once per *round*, the cases of a round one after the other,
+and a ratio is the median over rounds of the paired ratio ``case / baseline`` of the same round.
+Load from other processes shifts whole rounds, which the pairing cancels; the median drops
+rounds that a burst hit unevenly.
+
+Peak memory: the most bytes of tensor storage alive at once during one call, above what was
+alive when it started, from the allocation and free events of ``torch.profiler``
+(``profile_memory=True``) replayed in order. It counts every tensor the call creates through
+PyTorch's allocator (activations kept for backward, gradients, temporaries, a materialised
+bias), is exact and repeatable, and is not disturbed by other processes, by the allocator's
+caching or by the Python heap, unlike the resident set size. It is measured in its own run,
+never in a timed one.
+"""
+
+import datetime
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from typing import Callable, Dict, List, Optional
+
+import torch
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def machine() -> str:
+    """One line: CPU model, cores, torch, threads, and the load when it started."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            names = [l.split(":", 1)[1].strip() for l in f if l.startswith("model name")]
+        cpu = names[0] if names else cpu
+    except OSError:
+        pass
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"
+    return (
+        f"{cpu}, {os.cpu_count()} cores, {gpu}, torch {torch.__version__}, "
+        f"{torch.get_num_threads()} thread(s), load average {load:.1f} at start"
+    )
+
+
+def today() -> str:
+    return datetime.date.today().isoformat()
+
+
+def peak_bytes(fn: Callable[[], object]) -> int:
+    """Peak tensor bytes allocated by ``fn()`` above the level at its start (see module)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        fn()
+    events = [e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"]
+    events.sort(key=lambda e: e.start_ns())
+    live = peak = 0
+    for e in events:
+        live += e.nbytes()
+        peak = max(peak, live)
+    return peak
+
+
+def mib(n: Optional[float]) -> str:
+    return "–" if n is None else f"{n / 2**20:.0f}"
+
+
+class Rounds:
+    """Interleaved timing of named cases; ``ratio(case, base)`` = median of paired ratios."""
+
+    def __init__(self, cases: Dict[str, Callable[[], object]], rounds: int, warmup: int = 1):
+        self.times: Dict[str, List[float]] = {name: [] for name in cases}
+        for _ in range(warmup):
+            for fn in cases.values():
+                fn()
+        for _ in range(rounds):
+            for name, fn in cases.items():
+                start = time.perf_counter()
+                fn()
+                self.times[name].append(time.perf_counter() - start)
+
+    def median(self, name: str) -> float:
+        return statistics.median(self.times[name])
+
+    def ratio(self, name: str, base: str) -> float:
+        return statistics.median(a / b for a, b in zip(self.times[name], self.times[base]))
+
+
+def table(headers: List[str], rows: List[List[str]]) -> str:
+    lines = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def section(title: str, command: str, body: str, notes: str = "") -> str:
+    """A Markdown section with the command, machine and date the figures come from."""
+    parts = [
+        f"### {title}",
+        "",
+        f"Command: `{command}`  ",
+        f"Machine: {machine()}  ",
+        f"Date: {today()}",
+        "",
+        body,
+    ]
+    if notes:
+        parts += ["", notes]
+    return "\n".join(parts) + "\n"
+
+
+def fairseq_cli(tool: str, *args, threads: int = 1) -> str:
+    """Run a fairseq console script of this environment; returns stdout+stderr, raises on error."""
+    binary = os.path.join(os.path.dirname(sys.executable), tool)
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads),
+               PYTHONUNBUFFERED="1")
+    proc = subprocess.run([binary] + [str(a) for a in args], capture_output=True, text=True,
+                          env=env)
+    out = proc.stdout + proc.stderr
+    if proc.returncode != 0:
+        raise RuntimeError(f"{tool} failed ({proc.returncode}):\n{out[-4000:]}")
+    return out
+
+
+def user_dir() -> str:
+    out = subprocess.run([sys.executable, "-m", "fairseq_alibi", "--user-dir"], check=True,
+                         capture_output=True, text=True)
+    return out.stdout.strip().splitlines()[-1]
+
+
+def forward_call(fn, *inputs):
+    """``fn(*inputs)`` without autograd, as a case for :class:`Rounds` / :func:`peak_bytes`."""
+    def call():
+        with torch.no_grad():
+            fn(*inputs)
+    return call
+
+
+def backward_call(fn, leaves, grad, parameters=()):
+    """``fn(*leaves)`` then the gradients of ``leaves`` (and ``parameters``) for ``grad``."""
+    wrt = list(leaves) + list(parameters)
+
+    def call():
+        torch.autograd.grad(fn(*leaves), wrt, grad)
+    return call

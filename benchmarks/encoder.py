@@ -1,0 +1,160 @@
+"""Benchmark 4: what the bidirectional variants cost (does ``one_sided`` waste half its work?).
+
+Attention level (``B=4, H=8, D=64``, float32): every encoder variant through ``sdpa`` folded
+(the CPU default) and through ``sdpa`` with its ``(H, L, L)`` float mask, forward and
+forward+backward, against the stock encoder's unbiased bidirectional attention (the limit)
+and the unbiased causal one (half the work). Forward only, compiled ``flex_attention`` too.
+
+Model level: ``alibi_roberta`` training steps (``masked_lm`` criterion, Adam, fairseq's
+Trainer) per ``--alibi-variant``, against ``--alibi-variant none`` — stock RoBERTa attention
+with learned position embeddings.
+"""
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from benchmarks import train
+from benchmarks.common import Rounds, backward_call, forward_call, table
+from fairseq_alibi.alibi import AlibiPositionalBias
+from fairseq_alibi.modules import attention_backends as backends
+
+ENCODER_VARIANTS = ("symmetric", "one_sided", "offset", "asymmetric")
+
+
+def attention_table(quick, rounds, log):
+    torch.manual_seed(0)
+    B, H, D = (2, 4, 16) if quick else (4, 8, 64)
+    lengths = (64,) if quick else (512, 1024, 2048)
+    scale = 1 / math.sqrt(D)
+    rows = []
+    for L in lengths:
+        q, k, v = (torch.randn(B, H, L, D) for _ in range(3))
+        grad = torch.randn(B, H, L, D)
+        leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+        cases = {
+            "no bias, bidirectional": lambda q, k, v: F.scaled_dot_product_attention(
+                q, k, v, scale=scale),
+            "no bias, causal": lambda q, k, v: F.scaled_dot_product_attention(
+                q, k, v, is_causal=True, scale=scale),
+        }
+        flex = {}
+        for variant in ENCODER_VARIANTS:
+            alibi = AlibiPositionalBias(H, variant, future_slope_ratio=0.5)
+
+            def folded(q, k, v, alibi=alibi):
+                return backends.sdpa_attention(q, k, v, alibi, None, None, 0.0, scale)
+
+            def masked(q, k, v, alibi=alibi):
+                alibi._memo_key = None  # rebuilt per forward, as a model does once per batch
+                return F.scaled_dot_product_attention(q, k, v, attn_mask=alibi(L, L)[None],
+                                                      scale=scale)
+
+            def compiled_flex(q, k, v, alibi=alibi):
+                return backends.flex_attention(q, k, v, alibi, None, None, scale)
+
+            cases[f"{variant}, sdpa folded"] = folded
+            cases[f"{variant}, sdpa float mask"] = masked
+            if not quick:
+                flex[f"{variant}, flex compiled"] = compiled_flex
+        log(f"[encoder] L={L}")
+
+        tf = Rounds({n: forward_call(f, q, k, v) for n, f in {**cases, **flex}.items()}, rounds)
+        tb = Rounds({n: backward_call(f, leaves, grad) for n, f in cases.items()}, rounds)
+        base = "no bias, bidirectional"
+        for name in {**cases, **flex}:
+            backward = [f"{tb.median(name):.3f}", f"{tb.ratio(name, base):.2f}"] if name in cases \
+                else ["no CPU backward", "–"]
+            rows.append([L, name, f"{tf.median(name):.3f}", f"{tf.ratio(name, base):.2f}",
+                         *backward])
+    shape = f"B={B}, H={H}, D={D}, float32, {rounds} interleaved round(s), median"
+    return shape, table(["L", "attention", "forward s", "× bidirectional", "fwd+bwd s",
+                         "× bidirectional"], rows)
+
+
+def build_masked_lm(data, variant, length, dims):
+    from fairseq import options, tasks
+    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+    from fairseq.trainer import Trainer
+
+    import fairseq_alibi  # noqa: F401  (registers the models)
+
+    parser = options.get_training_parser()
+    args = options.parse_args_and_arch(parser, [
+        data, "--task", "masked_lm", "--arch", "alibi_roberta", "--alibi-variant", variant,
+        "--cpu", "--tokens-per-sample", str(length), "--criterion", "masked_lm",
+        "--optimizer", "adam", "--lr", "1e-4", "--clip-norm", "1.0", "--seed", "1", *dims,
+    ])
+    cfg = convert_namespace_to_omegaconf(args)
+    task = tasks.setup_task(cfg.task)
+    model = task.build_model(cfg.model)
+    return Trainer(cfg, task, model, task.build_criterion(cfg.criterion)), task
+
+
+def masked_batch(task, batch, length, seed, ratio=0.15):
+    gen = torch.Generator().manual_seed(seed)
+    d = task.source_dictionary
+    tokens = torch.randint(d.nspecial, len(d) - 1, (batch, length), generator=gen)
+    masked = torch.rand(batch, length, generator=gen) < ratio
+    masked[:, 0] = True  # at least one target per row
+    return {
+        "id": torch.arange(batch),
+        "nsentences": batch,
+        "ntokens": batch * length,
+        "net_input": {"src_tokens": tokens.masked_fill(masked, task.mask_idx),
+                      "src_lengths": torch.full((batch,), length)},
+        "target": tokens.masked_fill(~masked, d.pad()),
+    }
+
+
+def model_table(work, quick, rounds, log):
+    import os
+
+    from fairseq.models import MODEL_REGISTRY
+
+    import fairseq_alibi  # noqa: F401
+
+    if "alibi_roberta" not in MODEL_REGISTRY:
+        return None
+    if quick:
+        dims = ["--encoder-layers", "1", "--encoder-embed-dim", "32",
+                "--encoder-ffn-embed-dim", "64", "--encoder-attention-heads", "2"]
+        lengths, tokens_per_batch, vocab = (32,), 128, 100
+    else:
+        dims = ["--encoder-layers", "2", "--encoder-embed-dim", "256",
+                "--encoder-ffn-embed-dim", "1024", "--encoder-attention-heads", "4"]
+        lengths, tokens_per_batch, vocab = (512, 1024), 4096, 1000
+    data = train.write_dictionary(os.path.join(work, "encoder-dict"), vocab)
+    rows = []
+    for L in lengths:
+        batch = max(1, tokens_per_batch // L)
+        models = {v: build_masked_lm(data, v, L, dims) for v in ("none",) + ENCODER_VARIANTS}
+        samples = {v: masked_batch(task, batch, L, seed=0) for v, (_, task) in models.items()}
+
+        def step(v):
+            def call():
+                models[v][0].train_step([samples[v]])
+            return call
+
+        log(f"[encoder] alibi_roberta L={L}")
+        timed = Rounds({v: step(v) for v in models}, rounds, warmup=1 if quick else 2)
+        for v in models:
+            name = "none (stock: learned positions)" if v == "none" else v
+            rows.append([L, name, f"{batch * L / timed.median(v):,.0f}",
+                         f"{1 / timed.ratio(v, 'none'):.2f}"])
+    shape = (f"alibi_roberta, {' '.join(dims).replace('--encoder-', '')}, vocab {vocab}, "
+             f"{tokens_per_batch} tokens/batch, float32, {rounds} interleaved round(s), median")
+    return shape, table(["L", "--alibi-variant", "train tokens/s", "throughput × none"], rows)
+
+
+def run(work, quick=False, rounds=5, log=print):
+    rounds = 1 if quick else rounds
+    out = []
+    shape, body = attention_table(quick, rounds, log)
+    out.append(("Encoder variants, attention (" + shape + ")", body, ""))
+    found = model_table(work, quick, rounds, log)
+    if found is not None:
+        shape, body = found
+        out.append(("Encoder variants, masked-LM training (" + shape + ")", body, ""))
+    return out

@@ -1,0 +1,321 @@
+"""ALiBi inside PyTorch's fused CPU attention kernel, with no bias tensor (``sdpa`` backend).
+
+The look-back bias ``-m·(i - j)`` has rank 2 on the causal triangle, so
+:func:`~fairseq_alibi.alibi.alibi_fold` writes it as 4 extra query/key columns and the kernel
+runs with its built-in causal mask (it skips the blocks above the diagonal) instead of reading a
+dense ``(H, L, L)`` float mask::
+
+    [cols_q(i), q_i/√d, 0] · [cols_k(j), k_j, 0] = q_i·k_j/√d - m·(i - j)     (j <= i)
+
+The head size grows from ``D`` to ``D + 4`` (``+ 5`` with a key-padding column ``0`` or
+:func:`~fairseq_alibi.alibi.mask_value`), rounded up to a multiple of 8, where the kernel is
+fastest. Every variant is one or two such causal passes:
+
+==============  =================================================================
+``causal``      look-back pass, all heads
+``one_sided``   look-back pass for heads ``< H/2``, look-ahead pass (the same on
+                time-reversed sequences) for the others: half the work of a
+                bidirectional attention, like ``causal``
+``symmetric``   look-back pass ``j <= i`` + look-ahead pass ``j > i``, merged by their
+``offset``      log-sum-exps; ``offset`` adds ``0.5·m`` to the look-ahead log-sum-exp,
+``asymmetric``  ``asymmetric`` uses the future slopes in the look-ahead pass
+==============  =================================================================
+
+Merging two softmaxes over disjoint key sets is exact: with ``l = logaddexp(l₁, l₂)`` the
+output is ``e^(l₁-l)·o₁ + e^(l₂-l)·o₂``. The backward pass calls the kernel's own backward on
+each pass with the *merged* output and log-sum-exp, which gives exactly that pass's share of
+the full softmax gradient. Only ``q``, ``k``, ``v``, the output and the log-sum-exp are saved
+(the augmented copies are rebuilt), so training holds no more than the unbiased attention.
+
+The kernel is ``aten::_scaled_dot_product_flash_attention_for_cpu`` (what
+``scaled_dot_product_attention`` runs on the CPU); :func:`available` says whether this torch
+has it, and :func:`unsupported_reason` which requests it cannot serve (attention dropout, a
+KV cache, an extra ``attn_mask``, half precision, non-CPU tensors).
+"""
+
+from dataclasses import dataclass
+from typing import List, Optional
+
+import torch
+from torch import Tensor
+
+from fairseq_alibi.alibi import FOLD_COLUMNS, alibi_fold, mask_value
+
+_FORWARD = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+_BACKWARD = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu_backward", None)
+
+#: dtypes whose float32-exact fold columns the kernel reads as they are
+FOLD_DTYPES = (torch.float32, torch.float64)
+
+
+def available() -> bool:
+    return _FORWARD is not None and _BACKWARD is not None
+
+
+def unsupported_reason(device_type, dtype, query_len, key_len, dropout_p, has_attn_mask):
+    """``None`` if :func:`folded_attention` can serve the request, else why not."""
+    if not available():
+        return "this torch has no fused CPU attention kernel with a log-sum-exp"
+    if device_type != "cpu":
+        return "the folded kernel is the CPU one"
+    if dtype not in FOLD_DTYPES:
+        return f"the fold columns need float32 or float64 (got {dtype})"
+    if query_len != key_len:
+        return "a KV cache (incremental decoding) needs the bias for the new queries only"
+    if dropout_p > 0:
+        return "the fused CPU kernel has no attention dropout"
+    if has_attn_mask:
+        return "an extra attn_mask is not part of the fold"
+    return None
+
+
+@dataclass(frozen=True)
+class _Pass:
+    """One causal kernel call: which heads, and whether it is the look-ahead half."""
+
+    heads: slice
+    ahead: bool = False  # run on time-reversed sequences: sees j >= i instead of j <= i
+    strict: bool = False  # leave out the diagonal (the look-back pass has it)
+    future_slopes: bool = False  # asymmetric: the look-ahead slopes
+    lse_shift: float = 0.0  # times m, added to this pass's logits (offset: +0.5)
+
+
+def _passes(variant: str, num_heads: int) -> List[_Pass]:
+    every = slice(0, num_heads)
+    if variant == "causal":
+        return [_Pass(every)]
+    if variant == "one_sided":
+        half = num_heads // 2
+        return [_Pass(slice(0, half)), _Pass(slice(half, num_heads), ahead=True)]
+    ahead = _Pass(
+        every,
+        ahead=True,
+        strict=True,
+        future_slopes=variant == "asymmetric",
+        lse_shift=0.5 if variant == "offset" else 0.0,
+    )
+    return [_Pass(every), ahead]
+
+
+def _padded_head_dim(head_dim: int, columns: int) -> int:
+    # a multiple of 4: measured as fast as D + 1 and faster than a multiple of 8 (see docs)
+    return -(-(head_dim + columns) // 4) * 4
+
+
+class _Layout:
+    """Rows and fold columns of one pass, in its own time order.
+
+    The kernel multiplies the whole dot product by ``scale``, so the columns are built from
+    ``m / scale``: the fold stays exact (:func:`~fairseq_alibi.alibi.split_slopes` splits the
+    rounded ``m / scale``, a relative error of one float32 ulp in the slope, as a stored bias
+    has), and the queries are copied as they are, not scaled first.
+    """
+
+    def __init__(self, p, length, slopes, scale, key_padding_mask, head_dim):
+        self.p = p
+        self.length = length
+        # the look-ahead pass without its diagonal: reversed queries 1.. see reversed keys ..L-2
+        self.q_rows = slice(1, length) if p.strict else slice(0, length)
+        self.k_rows = slice(0, length - 1) if p.strict else slice(0, length)
+        positions = torch.arange(length, device=slopes.device)
+        self.q_cols, self.k_cols = alibi_fold(
+            slopes / scale, positions[self.q_rows], positions[self.k_rows]
+        )
+        self.pad_col = None
+        if key_padding_mask is not None:
+            pad = self.key_rows(key_padding_mask[:, None, :, None].to(torch.bool))
+            self.pad_col = torch.zeros(pad.shape, dtype=torch.float32, device=pad.device)
+            self.pad_col.masked_fill_(pad, mask_value(torch.float32))
+        self.columns = FOLD_COLUMNS + (self.pad_col is not None)
+        self.dim = _padded_head_dim(head_dim, self.columns)
+
+    @property
+    def empty(self):
+        return self.q_rows.stop <= self.q_rows.start
+
+    def orient(self, x: Tensor) -> Tensor:
+        """Original time order -> this pass's (dim 2)."""
+        return x.flip(2) if self.p.ahead else x
+
+    def query_rows(self, x: Tensor) -> Tensor:
+        return self.orient(x)[:, :, self.q_rows]
+
+    def key_rows(self, x: Tensor) -> Tensor:
+        return self.orient(x)[:, :, self.k_rows]
+
+    def _cat(self, x: Tensor, front: List[Tensor]) -> Tensor:
+        B, H, T, D = x.shape
+        parts = [f.to(x.dtype).expand(B, H, T, f.shape[-1]) for f in front] + [x]
+        spare = self.dim - self.columns - D
+        if spare:
+            parts.append(x.new_zeros(()).expand(B, H, T, spare))
+        return torch.cat(parts, dim=-1)
+
+    def queries(self, q: Tensor) -> Tensor:
+        """``[fold columns, (1), q, 0…]`` for this pass's query rows."""
+        front = [self.q_cols]
+        if self.pad_col is not None:
+            front.append(self.q_cols.new_ones(()).expand(*self.q_cols.shape[:-1], 1))
+        return self._cat(self.query_rows(q), front)
+
+    def keys(self, k: Tensor) -> Tensor:
+        """``[fold columns, (0 or mask value), k, 0…]`` for this pass's key rows."""
+        front = [self.k_cols] + ([self.pad_col] if self.pad_col is not None else [])
+        return self._cat(self.key_rows(k), front)
+
+    def values(self, x: Tensor) -> Tensor:
+        """``[x, 0…]`` with this pass's head size (values, outputs and their gradients)."""
+        B, H, T, D = x.shape
+        return torch.cat([x, x.new_zeros(()).expand(B, H, T, self.dim - D)], dim=-1)
+
+    def back(self, x: Tensor, rows: slice, fill: float = 0.0) -> Tensor:
+        """This pass's rows ``rows`` -> original time order, missing rows set to ``fill``."""
+        if rows.stop - rows.start != self.length:
+            full = x.new_full(x.shape[:2] + (self.length,) + x.shape[3:], fill)
+            full[:, :, rows] = x
+            x = full
+        return self.orient(x)
+
+
+def _lse_shift(p: _Pass, slopes: Tensor) -> Optional[Tensor]:
+    return None if not p.lse_shift else (p.lse_shift * slopes)[None, :, None]
+
+
+def _forward(q, k, v, slopes, future, key_padding_mask, variant, scale):
+    """``(out, lse)``; ``out`` has the memory layout of ``q`` (see :class:`FoldedAlibiAttention`)."""
+    B, H, L, D = q.shape
+    out = torch.empty_like(q)
+    lse = q.new_empty(B, H, L, dtype=torch.float32)
+    merged = None
+    for p in _passes(variant, H):
+        hs = p.heads
+        m = (future if p.future_slopes else slopes)[hs]
+        lay = _Layout(p, L, m, scale, key_padding_mask, D)
+        if lay.empty:  # a single position has no strict look-ahead keys
+            o = q.new_zeros(B, hs.stop - hs.start, 0, D)
+            l = q.new_zeros(B, hs.stop - hs.start, 0, dtype=torch.float32)
+        else:
+            o, l = _FORWARD(
+                lay.queries(q[:, hs]), lay.keys(k[:, hs]), lay.values(lay.key_rows(v[:, hs])),
+                0.0, True, scale=scale,
+            )
+            o = o[..., :D]
+        o = lay.back(o, lay.q_rows)
+        l = lay.back(l.float()[..., None], lay.q_rows, float("-inf"))[..., 0]
+        shift = _lse_shift(p, m)
+        l = l if shift is None else l + shift
+        if merged is None and hs == slice(0, H) and len(_passes(variant, H)) == 2:
+            merged = (o, l)  # the look-back half, merged with the look-ahead half next
+            continue
+        if merged is not None:
+            # a softmax over the two halves, not exp(l - logaddexp): an all-padding row holds
+            # mask_value in both, where logaddexp cannot add log 2 and the weights would sum to 2
+            (o1, l1), (o2, l2) = merged, (o, l)
+            top = torch.maximum(l1, l2)
+            w1, w2 = torch.exp(l1 - top), torch.exp(l2 - top)
+            total = w1 + w2
+            o = ((w1 / total)[..., None] * o1 + (w2 / total)[..., None] * o2).to(q.dtype)
+            l = top + torch.log(total)
+        out[:, hs] = o
+        lse[:, hs] = l
+    return out, lse
+
+
+class FoldedAlibiAttention(torch.autograd.Function):
+    """``softmax(QKᵀ·scale + ALiBi + padding) V`` for ``(B, H, L, D)`` tensors; see the module.
+
+    The output has the memory layout of ``q``: for fairseq's ``(T, B, H, D)`` projections the
+    ``(T, B, C)`` output is then a view, and the tensor saved here for backward is the very one
+    the output projection saves. Saved are ``q, k, v``, the output and the log-sum-exp, as
+    for the unbiased kernel; the augmented copies are rebuilt in backward.
+    """
+
+    @staticmethod
+    def forward(ctx, q, k, v, slopes, future, key_padding_mask, variant, scale):
+        out, lse = _forward(q, k, v, slopes, future, key_padding_mask, variant, scale)
+        ctx.save_for_backward(q, k, v, slopes, future, key_padding_mask, out, lse)
+        ctx.variant, ctx.scale = variant, scale
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        q, k, v, slopes, future, key_padding_mask, out, lse = ctx.saved_tensors
+        B, H, L, D = q.shape
+        grads = [None, None, None]  # q, k, v: set by the first pass over a head, then summed
+        grad_future = None
+        if future is not None and ctx.needs_input_grad[4]:
+            grad_future = torch.zeros_like(future)
+        grad_out = grad_out.to(q.dtype)
+        for p in _passes(ctx.variant, H):
+            hs = p.heads
+            m = (future if p.future_slopes else slopes)[hs].detach()
+            lay = _Layout(p, L, m, ctx.scale, key_padding_mask, D)
+            if lay.empty:
+                continue
+            shift = _lse_shift(p, m)
+            pass_lse = lse[:, hs] if shift is None else lse[:, hs] - shift
+            gq, gk, gv = _BACKWARD(
+                lay.values(lay.query_rows(grad_out[:, hs])),
+                lay.queries(q[:, hs]),
+                lay.keys(k[:, hs]),
+                lay.values(lay.key_rows(v[:, hs])),
+                lay.values(lay.query_rows(out[:, hs])),
+                lay.query_rows(pass_lse[..., None])[..., 0].contiguous(),
+                0.0, True, scale=ctx.scale,
+            )
+            c = lay.columns
+            found = (
+                lay.back(gq[..., c:c + D], lay.q_rows),
+                lay.back(gk[..., c:c + D], lay.k_rows),
+                lay.back(gv[..., :D], lay.k_rows),
+            )
+            for n, g in enumerate(found):
+                if hs == slice(0, H):
+                    grads[n] = g if grads[n] is None else grads[n] + g
+                else:
+                    if grads[n] is None:
+                        grads[n] = g.new_zeros(B, H, L, D)
+                    grads[n][:, hs] += g
+            if grad_future is not None and p.future_slopes:
+                # d/dm through the fold's own (differentiable) definition
+                with torch.enable_grad():
+                    m_leaf = m.requires_grad_()
+                    positions = torch.arange(L, device=m.device)
+                    q_cols, _ = alibi_fold(
+                        m_leaf / ctx.scale, positions[lay.q_rows], positions[lay.k_rows]
+                    )
+                    (g,) = torch.autograd.grad(
+                        q_cols, m_leaf, gq[..., :FOLD_COLUMNS].float().sum(0)
+                    )
+                grad_future[hs] += g
+        return grads[0], grads[1], grads[2], None, grad_future, None, None, None
+
+
+def folded_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    slopes: Tensor,
+    future_slopes: Optional[Tensor],
+    variant: str,
+    scale: float,
+    key_padding_mask: Optional[Tensor] = None,
+) -> Tensor:
+    """ALiBi attention of ``(B, H, L, D)`` queries/keys/values, no bias tensor; ``(B, H, L, D)``.
+
+    ``slopes``/``future_slopes`` as from :meth:`AlibiPositionalBias.head_slopes`;
+    ``key_padding_mask`` ``(B, L)``, True = padding. Check :func:`unsupported_reason` first.
+    """
+    slopes = slopes.to(q.device, torch.float32)
+    if future_slopes is not None:
+        future_slopes = future_slopes.to(q.device, torch.float32)
+    if key_padding_mask is not None:
+        key_padding_mask = key_padding_mask.to(torch.bool)
+    needs_grad = torch.is_grad_enabled() and any(
+        t is not None and t.requires_grad for t in (q, k, v, future_slopes)
+    )
+    if not needs_grad:
+        return _forward(q, k, v, slopes, future_slopes, key_padding_mask, variant, scale)[0]
+    return FoldedAlibiAttention.apply(
+        q, k, v, slopes, future_slopes, key_padding_mask, variant, scale
+    )
