@@ -15,6 +15,7 @@ import sys
 
 import torch
 
+import fairseq_alibi  # noqa: F401  (registers the models for the in-process builds)
 from tests.conftest import BIN, run_cli
 
 COMMON = ["--cpu", "--num-workers", 0, "--no-progress-bar", "--log-format", "json",
@@ -24,7 +25,8 @@ COMMON = ["--cpu", "--num-workers", 0, "--no-progress-bar", "--log-format", "jso
 MODELS = {
     "lm": ["--task", "language_modeling", "--arch", "alibi_transformer_lm",
            "--decoder-layers", 2, "--decoder-embed-dim", 32, "--decoder-ffn-embed-dim", 64,
-           "--decoder-attention-heads", 4, "--tokens-per-sample", 16,
+           "--decoder-attention-heads", 4, "--decoder-input-dim", 32, "--decoder-output-dim", 32,
+           "--tokens-per-sample", 16,
            "--sample-break-mode", "none", "--max-tokens", 128],
     "encoder": ["--task", "masked_lm", "--criterion", "masked_lm", "--arch", "alibi_roberta_base",
                 "--encoder-layers", 2, "--encoder-embed-dim", 32, "--encoder-ffn-embed-dim", 64,
@@ -100,6 +102,19 @@ def loaded_at(output):
     """The update count of the checkpoint fairseq-train resumed from (None: started afresh)."""
     found = re.search(r"Loaded checkpoint \S+ \(epoch \d+ @ (\d+) updates\)", output)
     return int(found.group(1)) if found else None
+
+
+def build_model(model, data, *extra):
+    """``(model, task)`` of ``model`` ("lm" or "encoder") built in this process, as fairseq-train
+    would from the same flags (``extra`` overrides them, e.g. ``--alibi-variant symmetric``)."""
+    from fairseq import options, tasks
+    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+
+    argv = [str(a) for a in [data, *MODELS[model], "--cpu", *extra]]
+    args = options.parse_args_and_arch(options.get_training_parser(), argv)
+    cfg = convert_namespace_to_omegaconf(args)
+    task = tasks.setup_task(cfg.task)
+    return task.build_model(cfg.model), task
 
 
 def load(path):

@@ -44,6 +44,25 @@ def reject_position_embeddings(state_dict, prefix, model_name):
         )
 
 
+def reject_other_dictionary(state_dict, key, dictionary):
+    """A clear error for a checkpoint trained with a dictionary of another size.
+
+    fairseq checkpoints hold no dictionary: the task reads ``dict.txt`` from the data directory
+    it is given, and a different one only shows as a size mismatch of the embedding
+    ``state_dict[key]`` (``(symbols, dim)``). A dictionary of the *same* size cannot be told
+    apart from the right one.
+    """
+    weight = state_dict.get(key)
+    if dictionary is None or weight is None or weight.dim() != 2:
+        return  # adaptive or character input: no single table to compare
+    if weight.size(0) != len(dictionary):
+        raise ValueError(
+            f"this checkpoint was trained with a dictionary of {weight.size(0)} symbols, but the "
+            f"data directory's dict.txt has {len(dictionary)}: give the data directory the model "
+            f"was trained with (or one binarized with its dict.txt, fairseq-preprocess --srcdict)"
+        )
+
+
 @dataclass
 class AlibiTransformerLanguageModelConfig(TransformerLanguageModelConfig):
     alibi_attention: ChoiceEnum(BACKENDS) = field(
@@ -85,6 +104,7 @@ class AlibiTransformerDecoder(TransformerDecoder):
 
     def upgrade_state_dict_named(self, state_dict, name):
         reject_position_embeddings(state_dict, name, "alibi_transformer_lm")
+        reject_other_dictionary(state_dict, f"{name}.embed_tokens.weight", self.dictionary)
         if f"{name}.alibi.slopes" not in state_dict:
             raise ValueError(
                 f"this checkpoint has no ALiBi slopes ({name}.alibi.slopes): it was written by "
