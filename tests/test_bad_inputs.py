@@ -13,7 +13,7 @@ import shutil
 import pytest
 import torch
 
-from tests.conftest import run_cli, write_tiny_corpus
+from tests.conftest import run_cli
 from tests.training_runs import build_model, train
 
 ENCODER_VARIANTS = ["symmetric", "one_sided", "offset", "asymmetric"]
@@ -159,28 +159,26 @@ def test_alibi_checkpoint_restored_into_stock_transformer_lm(lm_checkpoint, tiny
 def test_dictionary_that_does_not_match_the_checkpoint(lm_checkpoint, tmp_path):
     from fairseq import checkpoint_utils
 
-    other = tmp_path / "other"
-    write_tiny_corpus(other / "raw", seed=3, vocab=90)
-    run_cli("fairseq-preprocess", "--only-source", "--trainpref", other / "raw/train.txt",
-            "--destdir", other / "bin", "--workers", 1)
+    other = tmp_path / "other"  # a data directory binarized with another dictionary
+    other.mkdir()
+    (other / "dict.txt").write_text("".join(f"v{i} 1\n" for i in range(92)))  # + 4 specials
     with pytest.raises(ValueError, match=r"dictionary of 64 symbols, but the data directory's "
                                          r"dict.txt has 96: give the data directory the model"):
         checkpoint_utils.load_model_ensemble_and_task(
-            [str(lm_checkpoint)], arg_overrides={"data": str(other / "bin")})
+            [str(lm_checkpoint)], arg_overrides={"data": str(other)})
 
 
 def test_empty_training_file(lm_checkpoint, tmp_path, alibi_user_dir, tiny_lm_data):
     """fairseq binarizes an empty file ("0 sents") and fails to read it at the start of
     training; the checkpoints already in --save-dir are untouched."""
-    empty = tmp_path / "empty.txt"
-    empty.write_text("")
-    log = run_cli("fairseq-preprocess", "--only-source", "--trainpref", empty, "--srcdict",
-                  tiny_lm_data / "dict.txt", "--destdir", tmp_path / "empty_bin", "--workers", 1)
-    assert "0 sents, 0 tokens" in log
+    from fairseq.data import indexed_dataset
+
     data = tmp_path / "bin"  # the tiny corpus with an empty training split
     shutil.copytree(tiny_lm_data, data)
-    for ext in ("bin", "idx"):
-        shutil.copy(tmp_path / "empty_bin" / f"train.{ext}", data / f"train.{ext}")
+    # exactly what fairseq-preprocess writes for a file of no lines
+    builder = indexed_dataset.make_builder(str(data / "train.bin"), "mmap", vocab_size=64)
+    builder.finalize(str(data / "train.idx"))
+    assert (data / "train.bin").stat().st_size == 0
     save = tmp_path / "save"
     save.mkdir()
     shutil.copy(lm_checkpoint, save / "checkpoint_last.pt")
