@@ -136,3 +136,16 @@ def test_the_checkpoint_rank_0_sends_to_the_other_ranks_loads_safely(single_lm):
     payload.seek(0)
     received = torch.load(payload, map_location="cpu")  # what the other ranks do
     assert received["cfg"].model._name == "alibi_transformer_lm"
+
+
+def test_set_world_size_refuses_a_position_the_workers_cannot_split(single_lm, tmp_path):
+    from fairseq_alibi.checkpoints import CheckpointError
+
+    shutil.copy(single_lm[0] / "checkpoint_1_4.pt", tmp_path / "checkpoint_last.pt")
+    before = (tmp_path / "checkpoint_last.pt").read_bytes()
+    assert set_world_size(tmp_path, 1).startswith("nothing to do")
+    with pytest.raises(CheckpointError, match="after 8 batches of epoch 1, which 3 workers cannot "
+                                              "split evenly.*--reset-dataloader"):
+        set_world_size(tmp_path, 3)
+    assert (tmp_path / "checkpoint_last.pt").read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint_last.pt"]
