@@ -73,8 +73,6 @@ def test_zero_length_and_all_padding_rows(model, extra, tiny_lm_data):
         assert torch.allclose(out[:1], alone, atol=1e-5, rtol=0)
 
 
-@pytest.mark.xfail(strict=True, reason="AlibiMultiheadAttention reshapes with view(-1, bsz, ...)"
-                   ", ambiguous for a batch of 0 sequences; stock fairseq accepts it")
 def test_a_batch_of_no_sequences(tiny_lm_data):
     net, _ = build_model("lm", tiny_lm_data)
     with torch.no_grad():

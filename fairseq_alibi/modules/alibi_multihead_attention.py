@@ -61,7 +61,7 @@ class AlibiMultiheadAttention(MultiheadAttention):
         H, D = self.num_heads, self.head_dim
 
         def heads(x):  # (T, B, C) -> (B, H, T, D)
-            return x.contiguous().view(-1, bsz, H, D).permute(1, 2, 0, 3)
+            return x.contiguous().view(x.size(0), bsz, H, D).permute(1, 2, 0, 3)
 
         q, k, v = heads(self.q_proj(query)), heads(self.k_proj(query)), heads(self.v_proj(query))
 
