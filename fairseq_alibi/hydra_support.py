@@ -1,0 +1,39 @@
+"""What lets the shipped hydra configs find this plugin without a hard-coded path.
+
+``fairseq-hydra-train`` imports a ``--user-dir`` only from ``common.user_dir``, after the config
+is resolved. Every shipped config therefore holds::
+
+    common:
+      user_dir: ${fairseq_alibi.user_dir:}
+    hydra:
+      callbacks:
+        fairseq_alibi:
+          _target_: fairseq_alibi.hydra_support.RegisterFairseqAlibi
+
+Hydra instantiates its callbacks right after composing the config and before the job runs, by
+importing this module through its dotted name, which works for any installation of the package
+(editable or not). Importing it registers the models (``import fairseq_alibi``) and the OmegaConf
+resolver ``fairseq_alibi.user_dir``, which resolves to the package directory (what
+``python -m fairseq_alibi --user-dir`` prints). fairseq resolves the config before it imports
+the user dir, so ``common.user_dir`` holds the absolute path of *this* installation: it is what
+spawned distributed workers import, and what checkpoints record.
+
+Composing a config without running hydra's callbacks (``hydra.compose`` in a notebook, say)
+needs ``import fairseq_alibi.hydra_support`` first, or an explicit
+``common.user_dir=$(python -m fairseq_alibi --user-dir)``.
+"""
+
+from hydra.experimental.callback import Callback
+from omegaconf import OmegaConf
+
+import fairseq_alibi  # noqa: F401  (registers the models, so fairseq fills their defaults)
+from fairseq_alibi.__main__ import user_dir
+
+#: the resolver the shipped configs use for ``common.user_dir``
+USER_DIR_RESOLVER = "fairseq_alibi.user_dir"
+
+OmegaConf.register_new_resolver(USER_DIR_RESOLVER, user_dir, replace=True)
+
+
+class RegisterFairseqAlibi(Callback):
+    """Hydra callback whose only job is to get this module imported before the job starts."""
