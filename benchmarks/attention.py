@@ -5,7 +5,8 @@ the issue; projections would add the same time to every row):
 
 * ``no bias``: ``scaled_dot_product_attention(is_causal=True)`` — the limit;
 * ``sdpa (folded)``: this package's default on the CPU (``auto``), no bias tensor;
-* ``sdpa (float mask)``: the same kernel reading an ``(H, L, L)`` float mask;
+* ``sdpa (float mask)``: the same kernel reading the ``(H, L, L)`` float mask that a model
+  builds once per batch and shares between its layers;
 * ``original (B·H,L,L) mask``: Press et al.'s code, whose decoder keeps a materialised
   ``(B·H, L, L)`` causal + ALiBi mask (built once, sliced per batch) and hands it to fairseq's
   attention (which runs it through ``scaled_dot_product_attention`` as a float mask);
@@ -65,9 +66,9 @@ def methods(B, H, L, D, with_flex):
     bloom_bias = bloom_alibi(slopes, B, L)
     causal_mask = torch.ones(L, L, dtype=torch.bool).triu(1)
 
-    def dense_bias():
-        alibi._memo_key = None  # rebuilt per forward, as a model does once per batch
-        return alibi(L, L)[None]
+    # built once and shared by every layer in a model (AlibiPositionalBias memoises it)
+    dense = alibi(L, L)[None]
+    dense_bytes = dense.numel() * dense.element_size()
 
     found = {
         "no bias": (lambda q, k, v: F.scaled_dot_product_attention(
@@ -75,14 +76,14 @@ def methods(B, H, L, D, with_flex):
         "sdpa (folded)": (lambda q, k, v: backends.sdpa_attention(
             q, k, v, alibi, None, None, 0.0, scale), 0),
         "sdpa (float mask)": (lambda q, k, v: F.scaled_dot_product_attention(
-            q, k, v, attn_mask=dense_bias(), scale=scale), 0),
+            q, k, v, attn_mask=dense, scale=scale), dense_bytes),
         "original (B·H,L,L) mask": (lambda q, k, v: F.scaled_dot_product_attention(
             q, k, v, attn_mask=original.view(B, H, L, L), scale=scale),
             original.numel() * original.element_size()),
         "BLOOM baddbmm": (lambda q, k, v: bloom_attention(
             q, k, v, bloom_bias, causal_mask, scale), bloom_bias.numel() * 4),
         "naive": (lambda q, k, v: backends.naive_attention(
-            q, k, v, dense_bias(), scale, lambda p: p)[0], 0),
+            q, k, v, dense, scale, lambda p: p)[0], dense_bytes),
     }
     if with_flex:
         found["flex (compiled)"] = (lambda q, k, v: backends.flex_attention(

@@ -1,9 +1,11 @@
 """Benchmark 4: what the bidirectional variants cost (does ``one_sided`` waste half its work?).
 
-Attention level (``B=4, H=8, D=64``, float32): every encoder variant through ``sdpa`` folded
-(the CPU default) and through ``sdpa`` with its ``(H, L, L)`` float mask, forward and
-forward+backward, against the stock encoder's unbiased bidirectional attention (the limit)
-and the unbiased causal one (half the work). Forward only, compiled ``flex_attention`` too.
+Attention level (``B=4, H=8, D=64``, float32): every encoder variant folded into the fused
+kernel and with its ``(H, L, L)`` float mask (built once, as a model shares it between its
+layers), forward and forward+backward, against the stock encoder's unbiased bidirectional
+attention (the limit) and the unbiased causal one (half the work); forward only, compiled
+``flex_attention`` too. ``sdpa`` (what ``auto`` takes on the CPU) folds ``one_sided`` and uses
+the mask for the others while it fits ``attention_backends.DENSE_MASK_BUDGET``.
 
 Model level: ``alibi_roberta`` training steps (``masked_lm`` criterion, Adam, fairseq's
 Trainer) per ``--alibi-variant``, against ``--alibi-variant none`` — stock RoBERTa attention
@@ -19,6 +21,7 @@ from benchmarks import train
 from benchmarks.common import Rounds, backward_call, forward_call, table
 from fairseq_alibi.alibi import AlibiPositionalBias
 from fairseq_alibi.modules import attention_backends as backends
+from fairseq_alibi.modules.folded_attention import folded_attention
 
 ENCODER_VARIANTS = ("symmetric", "one_sided", "offset", "asymmetric")
 
@@ -43,13 +46,14 @@ def attention_table(quick, rounds, log):
         for variant in ENCODER_VARIANTS:
             alibi = AlibiPositionalBias(H, variant, future_slope_ratio=0.5)
 
-            def folded(q, k, v, alibi=alibi):
-                return backends.sdpa_attention(q, k, v, alibi, None, None, 0.0, scale)
+            slopes, future = alibi.head_slopes()
+            dense = alibi(L, L)[None]  # built once per batch, shared by a model's layers
 
-            def masked(q, k, v, alibi=alibi):
-                alibi._memo_key = None  # rebuilt per forward, as a model does once per batch
-                return F.scaled_dot_product_attention(q, k, v, attn_mask=alibi(L, L)[None],
-                                                      scale=scale)
+            def folded(q, k, v, variant=variant, slopes=slopes, future=future):
+                return folded_attention(q, k, v, slopes, future, variant, scale)
+
+            def masked(q, k, v, dense=dense):
+                return F.scaled_dot_product_attention(q, k, v, attn_mask=dense, scale=scale)
 
             def compiled_flex(q, k, v, alibi=alibi):
                 return backends.flex_attention(q, k, v, alibi, None, None, scale)

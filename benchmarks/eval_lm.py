@@ -84,7 +84,7 @@ def run(work, quick=False, rounds=3, threads=None, log=print):
     else:
         dims = ["--decoder-layers", "2", "--decoder-embed-dim", "256",
                 "--decoder-ffn-embed-dim", "1024", "--decoder-attention-heads", "4"]
-        length, vocab, test_tokens, steps = 256, 1000, 16384, 3
+        length, vocab, test_tokens, steps = 512, 1000, 16384, 3
     window = 4 * length
     root = os.path.join(work, "eval-lm")
     log(f"[eval] binarizing {test_tokens} test tokens")

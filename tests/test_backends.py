@@ -64,9 +64,32 @@ def valid_rows(pad, T, B):
     return ~pad.t()[:, :, None]
 
 
+@pytest.fixture(params=["folded", "chunked", "dense mask"])
+def formulation(request, monkeypatch):
+    """How sdpa computes: folded (every variant), folded a head at a time, or the dense mask.
+
+    Yields a list that records the formulation of every sdpa call, to check it was used.
+    """
+    calls = []
+    folded = backends.folded_attention.folded_attention
+
+    def spy(*args, **kwargs):
+        calls.append("folded")
+        return folded(*args, **kwargs)
+
+    monkeypatch.setattr(backends.folded_attention, "folded_attention", spy)
+    if request.param == "dense mask":
+        monkeypatch.setattr(backends, "folds", lambda *args: False)
+    else:
+        monkeypatch.setattr(backends, "DENSE_MASK_BUDGET", 0)  # fold the merged variants too
+    if request.param == "chunked":
+        monkeypatch.setattr(backends.folded_attention, "CHUNK_BYTES", 1)  # a call per head
+    return request.param, calls
+
+
 @pytest.mark.parametrize("padded", [False, True], ids=["dense", "padded"])
 @pytest.mark.parametrize("variant", VARIANTS)
-def test_sdpa_values_and_gradients_match_naive(variant, padded):
+def test_sdpa_values_and_gradients_match_naive(variant, padded, formulation):
     attn = make_attention(variant, learnable=variant == "asymmetric")
     T, B = 23, 3
     x = torch.randn(T, B, 32)
@@ -80,9 +103,25 @@ def test_sdpa_values_and_gradients_match_naive(variant, padded):
     for backend in ("naive", "sdpa"):
         out = run(attn, backend, x, pad, train=True)
         results[backend] = (out * keep, torch.autograd.grad(out, params, grad))
+    name, calls = formulation
+    assert calls == ([] if name == "dense mask" else ["folded"])
     torch.testing.assert_close(results["sdpa"][0], results["naive"][0], **TOL)
     for got, want in zip(results["sdpa"][1], results["naive"][1]):
         torch.testing.assert_close(got, want, **TOL)
+
+
+def test_sdpa_folds_causal_always_and_bidirectional_variants_beyond_the_mask_budget():
+    q = torch.zeros(2, 8, 64, 16)
+    for variant in VARIANTS:
+        merged = variant in ("symmetric", "offset", "asymmetric")
+        assert backends.folds(q, 64, variant, None, None, 0.0) is not merged
+    long = torch.zeros(1, 8, 4096, 16)  # (8, 4096, 4096) float32 = 512 MiB of mask
+    assert backends.folds(long, 4096, "symmetric", None, None, 0.0)
+    # what cannot be folded: dropout, an extra attn_mask, a KV cache, half precision
+    assert not backends.folds(q, 64, "causal", None, None, 0.1)
+    assert not backends.folds(q, 64, "causal", None, torch.zeros(64, 64), 0.0)
+    assert not backends.folds(q, 65, "causal", None, None, 0.0)
+    assert not backends.folds(q.bfloat16(), 64, "causal", None, None, 0.0)
 
 
 @pytest.mark.parametrize("padded", [False, True], ids=["dense", "padded"])

@@ -5,10 +5,11 @@ and ``(B, H, S, D)`` keys/values (queries aligned to the end of the keys, as in 
 
 =========  ===================================================================================
 ``sdpa``   PyTorch's fused kernel. On the CPU (float32/64, no attention dropout, no KV cache)
-           the bias is folded into 4 extra query/key columns and the kernel runs with its
-           causal mask: no bias tensor (:mod:`~fairseq_alibi.modules.folded_attention`).
-           Otherwise ``scaled_dot_product_attention`` with the ``(H, T, S)`` bias as a float
-           mask.
+           ``causal`` and ``one_sided`` fold the bias into 4 extra query/key columns and the
+           kernel runs with its causal mask: no bias tensor
+           (:mod:`~fairseq_alibi.modules.folded_attention`). Otherwise, and for the
+           bidirectional variants while their dense mask fits :data:`DENSE_MASK_BUDGET`,
+           ``scaled_dot_product_attention`` with the ``(H, T, S)`` bias as a float mask.
 ``flex``   ``torch.nn.attention.flex_attention``: the bias is a ``score_mod``, the hidden keys
            a block ``mask_mod`` (skipped blocks), padding a ``score_mod`` term; compiled for
            full sequences, eager for decoding steps. Every variant. PyTorch has no CPU
@@ -168,14 +169,29 @@ def naive_attention(q, k, v, mask, scale, dropout: Callable[[Tensor], Tensor]):
     return out, probs
 
 
+#: sdpa runs the bidirectional variants with their dense float mask up to this size (faster on
+#: the CPU, measured: docs/benchmarks.md) and folded beyond it, so memory stays bounded
+DENSE_MASK_BUDGET = 256 * 2**20
+
+
+def folds(q, key_len, variant, key_padding_mask, attn_mask, dropout_p) -> bool:
+    """Whether :func:`sdpa_attention` folds the bias into the kernel for this call."""
+    B, H, T, _ = q.shape
+    if folded_attention.unsupported_reason(
+        q.device.type, q.dtype, T, key_len, dropout_p, attn_mask is not None
+    ):
+        return False
+    if variant not in folded_attention.MERGED_VARIANTS:
+        return True  # causal, one_sided: one causal call, faster than the mask and no tensor
+    rows = B if key_padding_mask is not None else 1  # padding makes the mask (B, H, T, S)
+    return rows * H * T * key_len * q.element_size() > DENSE_MASK_BUDGET
+
+
 def sdpa_attention(q, k, v, alibi, key_padding_mask, attn_mask, dropout_p, scale):
-    """Folded into the fused CPU kernel where it can be, else SDPA with the dense mask."""
+    """Folded into the fused CPU kernel (:func:`folds`), else SDPA with the dense mask."""
     B, H, T, D = q.shape
     S = k.size(2)
-    why_not = folded_attention.unsupported_reason(
-        q.device.type, q.dtype, T, S, dropout_p, attn_mask is not None
-    )
-    if why_not is None:
+    if folds(q, S, alibi.variant, key_padding_mask, attn_mask, dropout_p):
         slopes, future = alibi.head_slopes()
         return folded_attention.folded_attention(
             q, k, v, slopes, future, alibi.variant, scale, key_padding_mask

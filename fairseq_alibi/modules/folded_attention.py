@@ -48,6 +48,10 @@ _BACKWARD = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu
 FOLD_DTYPES = (torch.float32, torch.float64)
 
 
+#: the variants computed as two merged passes over every head (about twice a causal call)
+MERGED_VARIANTS = ("symmetric", "offset", "asymmetric")
+
+
 def available() -> bool:
     return _FORWARD is not None and _BACKWARD is not None
 
@@ -80,21 +84,37 @@ class _Pass:
     lse_shift: float = 0.0  # times m, added to this pass's logits (offset: +0.5)
 
 
-def _passes(variant: str, num_heads: int) -> List[_Pass]:
-    every = slice(0, num_heads)
+def _groups(variant: str, num_heads: int, chunk: int) -> List[List[_Pass]]:
+    """The kernel calls, ``chunk`` heads at a time; the passes of a group are merged."""
+
+    def split(first, stop):
+        return [slice(h, min(h + chunk, stop)) for h in range(first, stop, chunk)]
+
     if variant == "causal":
-        return [_Pass(every)]
+        return [[_Pass(h)] for h in split(0, num_heads)]
     if variant == "one_sided":
         half = num_heads // 2
-        return [_Pass(slice(0, half)), _Pass(slice(half, num_heads), ahead=True)]
-    ahead = _Pass(
-        every,
-        ahead=True,
-        strict=True,
-        future_slopes=variant == "asymmetric",
-        lse_shift=0.5 if variant == "offset" else 0.0,
-    )
-    return [_Pass(every), ahead]
+        return [[_Pass(h)] for h in split(0, half)] + [
+            [_Pass(h, ahead=True)] for h in split(half, num_heads)
+        ]
+    return [
+        [_Pass(h), _Pass(h, ahead=True, strict=True, future_slopes=variant == "asymmetric",
+                         lse_shift=0.5 if variant == "offset" else 0.0)]
+        for h in split(0, num_heads)
+    ]
+
+
+#: a kernel call's augmented tensors stay under max(this, an eighth of q): calls over fewer
+#: heads at long lengths keep the copies (4 in forward, 8 in backward) near the size of q
+CHUNK_BYTES = 4 * 2**20
+
+
+def _heads_per_chunk(q: Tensor, dim: int) -> int:
+    B, H, L, D = q.shape
+    budget = max(CHUNK_BYTES, q.numel() * q.element_size() // 8)
+    most = max(1, min(H, budget // max(1, B * L * dim * q.element_size())))
+    calls = -(-H // most)
+    return -(-H // calls)  # as even as possible
 
 
 def _padded_head_dim(head_dim: int, columns: int) -> int:
@@ -186,38 +206,39 @@ def _forward(q, k, v, slopes, future, key_padding_mask, variant, scale):
     B, H, L, D = q.shape
     out = torch.empty_like(q)
     lse = q.new_empty(B, H, L, dtype=torch.float32)
-    merged = None
-    for p in _passes(variant, H):
-        hs = p.heads
-        m = (future if p.future_slopes else slopes)[hs]
-        lay = _Layout(p, L, m, scale, key_padding_mask, D)
-        if lay.empty:  # a single position has no strict look-ahead keys
-            o = q.new_zeros(B, hs.stop - hs.start, 0, D)
-            l = q.new_zeros(B, hs.stop - hs.start, 0, dtype=torch.float32)
+    chunk = _heads_per_chunk(q, _padded_head_dim(D, FOLD_COLUMNS + 1))
+    for group in _groups(variant, H, chunk):
+        halves = []
+        for p in group:
+            hs = p.heads
+            m = (future if p.future_slopes else slopes)[hs]
+            lay = _Layout(p, L, m, scale, key_padding_mask, D)
+            if lay.empty:  # a single position has no strict look-ahead keys
+                o = q.new_zeros(B, hs.stop - hs.start, 0, D)
+                l = q.new_zeros(B, hs.stop - hs.start, 0, dtype=torch.float32)
+            else:
+                o, l = _FORWARD(
+                    lay.queries(q[:, hs]), lay.keys(k[:, hs]),
+                    lay.values(lay.key_rows(v[:, hs])), 0.0, True, scale=scale,
+                )
+                o = o[..., :D]
+            o = lay.back(o, lay.q_rows)
+            l = lay.back(l.float()[..., None], lay.q_rows, float("-inf"))[..., 0]
+            shift = _lse_shift(p, m)
+            halves.append((o, l if shift is None else l + shift))
+        if len(halves) == 1:
+            o, l = halves[0]
         else:
-            o, l = _FORWARD(
-                lay.queries(q[:, hs]), lay.keys(k[:, hs]), lay.values(lay.key_rows(v[:, hs])),
-                0.0, True, scale=scale,
-            )
-            o = o[..., :D]
-        o = lay.back(o, lay.q_rows)
-        l = lay.back(l.float()[..., None], lay.q_rows, float("-inf"))[..., 0]
-        shift = _lse_shift(p, m)
-        l = l if shift is None else l + shift
-        if merged is None and hs == slice(0, H) and len(_passes(variant, H)) == 2:
-            merged = (o, l)  # the look-back half, merged with the look-ahead half next
-            continue
-        if merged is not None:
             # a softmax over the two halves, not exp(l - logaddexp): an all-padding row holds
             # mask_value in both, where logaddexp cannot add log 2 and the weights would sum to 2
-            (o1, l1), (o2, l2) = merged, (o, l)
+            (o1, l1), (o2, l2) = halves
             top = torch.maximum(l1, l2)
             w1, w2 = torch.exp(l1 - top), torch.exp(l2 - top)
             total = w1 + w2
-            o = ((w1 / total)[..., None] * o1 + (w2 / total)[..., None] * o2).to(q.dtype)
+            o = (w1 / total)[..., None] * o1 + (w2 / total)[..., None] * o2
             l = top + torch.log(total)
-        out[:, hs] = o
-        lse[:, hs] = l
+        out[:, group[0].heads] = o
+        lse[:, group[0].heads] = l
     return out, lse
 
 
@@ -241,16 +262,18 @@ class FoldedAlibiAttention(torch.autograd.Function):
     def backward(ctx, grad_out):
         q, k, v, slopes, future, key_padding_mask, out, lse = ctx.saved_tensors
         B, H, L, D = q.shape
-        grads = [None, None, None]  # q, k, v: set by the first pass over a head, then summed
+        groups = _groups(ctx.variant, H, _heads_per_chunk(q, _padded_head_dim(D, FOLD_COLUMNS + 1)))
+        whole = len(groups) == 1 and len(groups[0]) == 1  # one call: its gradients as they are
+        grads = [None] * 3 if whole else [torch.empty_like(x) for x in (q, k, v)]
         grad_future = None
         if future is not None and ctx.needs_input_grad[4]:
             grad_future = torch.zeros_like(future)
         grad_out = grad_out.to(q.dtype)
-        for p in _passes(ctx.variant, H):
+        for first, p in ((n == 0, p) for group in groups for n, p in enumerate(group)):
             hs = p.heads
             m = (future if p.future_slopes else slopes)[hs].detach()
             lay = _Layout(p, L, m, ctx.scale, key_padding_mask, D)
-            if lay.empty:
+            if lay.empty:  # (never first: the look-back pass of a group is never empty)
                 continue
             shift = _lse_shift(p, m)
             pass_lse = lse[:, hs] if shift is None else lse[:, hs] - shift
@@ -270,11 +293,11 @@ class FoldedAlibiAttention(torch.autograd.Function):
                 lay.back(gv[..., :D], lay.k_rows),
             )
             for n, g in enumerate(found):
-                if hs == slice(0, H):
-                    grads[n] = g if grads[n] is None else grads[n] + g
+                if whole:
+                    grads[n] = g
+                elif first:  # each head's first pass sets its gradient, a second one adds
+                    grads[n][:, hs] = g
                 else:
-                    if grads[n] is None:
-                        grads[n] = g.new_zeros(B, H, L, D)
                     grads[n][:, hs] += g
             if grad_future is not None and p.future_slopes:
                 # d/dm through the fold's own (differentiable) definition
