@@ -25,7 +25,7 @@ from fairseq_alibi.data import glue, pile, wikitext
 from fairseq_alibi.data.common import DataError, atomic_directory
 from fairseq_alibi.data.encoders import NEWLINE, Gpt2BpeEncoder, SentencePieceEncoder
 from tests import data_fixtures as fx
-from tests.conftest import SHARED_DATA
+from tests.conftest import REPO, SHARED_DATA
 
 PYTHON = sys.executable
 OUTPUT_FILES = ("dict.txt",) + tuple(f"{s}.{e}" for s in ("train", "valid", "test")
@@ -282,6 +282,9 @@ def test_pile_malformed_input_names_file_and_line(tmp_path, bpe_dir):
     no_meta = fx.write_pile_shard(tmp_path / "no_meta.jsonl", docs[:2], ['{"text": "x"}\n'])
     with pytest.raises(DataError, match=r"no_meta.jsonl:3: no \"meta\""):
         pile.prepare(tmp_path / "out", [no_meta], encoder=encoder, subsets=["Pile-CC"])
+    cc = fx.write_pile_shard(tmp_path / "cc.jsonl", [{"text": "a b", "meta": {"pile_set_name": "Pile-CC"}}] * 2)
+    with pytest.raises(DataError, match=r"no document left in .*cc.jsonl: 2 not in --subsets"):
+        pile.prepare(tmp_path / "out", [cc], encoder=encoder, subsets=["ArXiv"])
     truncated = tmp_path / "truncated.jsonl.zst"
     whole = fx.write_pile_shard(tmp_path / "whole.jsonl.zst", fx.pile_documents(400)).read_bytes()
     truncated.write_bytes(whole[: len(whole) // 2])
@@ -291,20 +294,32 @@ def test_pile_malformed_input_names_file_and_line(tmp_path, bpe_dir):
 
 
 def test_pile_sigterm_leaves_nothing_behind(tmp_path, bpe_dir):
-    shard = fx.write_pile_shard(tmp_path / "big.jsonl.zst", fx.pile_documents(2000, max_sentences=40))
+    """SIGTERM mid-run: the shard is a pipe that never ends, so the run is caught in progress."""
+    shard = tmp_path / "live.jsonl"
+    os.mkfifo(shard)
     proc = subprocess.Popen(
         [PYTHON, "-m", "fairseq_alibi.data.pile", "--train", str(shard), "--destdir",
          str(tmp_path / "out"), "--gpt2-bpe", str(bpe_dir), "--workers", "2"],
         stderr=subprocess.PIPE, text=True, env=dict(os.environ, OMP_NUM_THREADS="1"),
     )
-    seen = ""
-    while "%|" not in seen:  # the progress bar is up: the workers are encoding
-        line = proc.stderr.readline()
-        assert line, f"ended before encoding started: {seen[-2000:]}"
-        seen += line
-    time.sleep(0.5)
-    proc.send_signal(signal.SIGTERM)
-    assert proc.wait(timeout=60) == 128 + signal.SIGTERM
+    writer = None
+    try:
+        while writer is None:  # the pipeline opens the pipe once it has started
+            assert proc.poll() is None, proc.stderr.read()[-3000:]
+            try:
+                writer = os.open(shard, os.O_WRONLY | os.O_NONBLOCK)
+            except OSError:
+                time.sleep(0.1)
+        os.write(writer, "".join(json.dumps(d) + "\n" for d in fx.pile_documents(20)).encode())
+        while not leftovers(tmp_path):  # its output folder is being written
+            assert proc.poll() is None, proc.stderr.read()[-3000:]
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 128 + signal.SIGTERM
+    finally:
+        proc.kill()
+        if writer is not None:
+            os.close(writer)
     assert not (tmp_path / "out").exists() and not leftovers(tmp_path)
 
 
@@ -457,6 +472,10 @@ def test_glue_malformed_rows(tmp_path, bpe_dir):
     sts.write_text("".join(lines))
     with pytest.raises(DataError, match=r"STS-B train.tsv line 4: score 'n/a' is not a number"):
         glue.prepare(tmp_path / "glue", tmp_path / "bin", ["STS-B"], encoder)
+    mrpc = tmp_path / "glue" / "MRPC" / "dev.tsv"
+    mrpc.write_text(mrpc.read_text().splitlines(keepends=True)[0])  # the header alone
+    with pytest.raises(DataError, match=r"MRPC dev.tsv has no rows"):
+        glue.prepare(tmp_path / "glue", tmp_path / "bin", ["MRPC"], encoder)
     shutil.rmtree(tmp_path / "glue" / "RTE")
     with pytest.raises(DataError, match=r"RTE: .* has no train.tsv, dev.tsv"):
         glue.prepare(tmp_path / "glue", tmp_path / "bin", ["RTE"], encoder)
@@ -469,6 +488,40 @@ def test_glue_malformed_rows(tmp_path, bpe_dir):
     rows = glue.prepare(tmp_path / "glue", tmp_path / "bin", ["QQP"], encoder)
     assert rows["QQP"]["train"] == 9 and rows["QQP"]["valid"] == 10
     assert not leftovers(tmp_path / "bin")
+
+
+def test_example_scripts(tmp_path, bpe_dir):
+    """examples/*/prepare.sh, the thin wrappers, on local inputs in the real layouts."""
+    text = fx.write_wikitext(tmp_path / "wikitext-103")
+    raw = tmp_path / "wikitext-103-raw"
+    raw.mkdir()
+    for f in text.iterdir():
+        (raw / f.name.replace(".tokens", ".raw")).write_bytes(f.read_bytes())
+    pile_dir = tmp_path / "pile"
+    (pile_dir / "train").mkdir(parents=True)
+    fx.write_pile_shard(pile_dir / "train" / "00.jsonl.zst", fx.pile_documents(20))
+    fx.write_pile_shard(pile_dir / "val.jsonl.zst", fx.pile_documents(6, seed=1))
+    fx.write_glue(tmp_path / "glue", rows=6)
+    out = tmp_path / "out"
+    for script, env, args in (
+        ("wikitext103", {"WIKITEXT": text, "WIKITEXT_RAW": raw, "GPT2_BPE": bpe_dir}, []),
+        ("pile", {"PILE": pile_dir, "GPT2_BPE": bpe_dir, "SUBSETS": "Pile-CC,Wikipedia (en)"}, []),
+        ("glue", {"GLUE": tmp_path / "glue", "GPT2_BPE": bpe_dir}, ["RTE", "CoLA"]),
+    ):
+        proc = subprocess.run(
+            ["bash", str(REPO / "examples" / script / "prepare.sh"), str(out), *args],
+            capture_output=True, text=True, timeout=300,
+            env=dict(os.environ, PYTHON=PYTHON, WORKERS="2", OMP_NUM_THREADS="1",
+                     **{k: str(v) for k, v in env.items()}),
+        )
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    bins = out / "data-bin"
+    assert sorted(p.name for p in bins.iterdir()) == [
+        "glue", "pile-lm", "pile-mlm", "wikitext-103", "wikitext-103-bpe"]
+    assert sorted(p.name for p in (bins / "glue").iterdir()) == ["CoLA-bin", "RTE-bin"]
+    stats = json.loads((bins / "pile-mlm" / "stats.json").read_text())
+    assert stats["subsets"] == ["Pile-CC", "Wikipedia (en)"] and stats["tokens_per_sample"] == 2048
+    assert len(items(bins / "pile-lm" / "valid")) == stats["splits"]["valid"]["documents"]
 
 
 # --- real data, when ../shared/data is there --------------------------------------------------

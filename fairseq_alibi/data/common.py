@@ -172,7 +172,8 @@ def read_batches(path, batch_lines: int = 1000, desc=None, newline=None):
     corrupt ``.zst`` streams raise :class:`DataError` naming the file and the last good line.
     """
     path = Path(path)
-    bar = progress_bar(total=path.stat().st_size, desc=desc or path.name)
+    size = path.stat().st_size if path.is_file() else None  # a pipe has no size
+    bar = progress_bar(total=size, desc=desc or path.name)
     lineno, batch, first = 0, [], 1
     try:
         with open_text(path, bar.update, newline) as f:
@@ -271,8 +272,11 @@ class IndexedWriter:
         self.items += 1
         self.tokens += len(ids)
 
-    def finalize(self):
+    def finalize(self, empty_reason="no input"):
+        """Write the index; an empty split is an error (fairseq cannot even open one)."""
         self._builder.finalize(self.prefix + ".idx")
+        if not self.items:
+            raise DataError(f"nothing to write to {self.prefix}.bin: {empty_reason}")
 
 
 def save_json(path, obj):

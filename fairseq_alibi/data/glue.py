@@ -150,7 +150,7 @@ def binarize_texts(outputs, encoder, workers=1):
         for ids in encoded:
             writers[i].add(ids)
     for writer in writers:
-        writer.finalize()
+        writer.finalize("the GLUE file has no row")
 
 
 def prepare_task(task, glue_dir, destdir, encoder, workers=1, overwrite=False):
@@ -179,6 +179,8 @@ def prepare_task(task, glue_dir, destdir, encoder, workers=1, overwrite=False):
                 texts.append(fields[column - 1])
             if not test:
                 labels[split].append(check_label(task, path, lineno, fields[label_column - 1]))
+        if not inputs[split][0]:
+            raise DataError(f"{task.name} {path.name} has no rows")
 
     with atomic_directory(destdir, overwrite) as out:
         for k in range(len(task.inputs)):

@@ -173,8 +173,7 @@ def _encode_documents(batch):
 
 
 def binarize_documents(paths, encoder, prefix, stats, workers=1, subsets=None, policy="drop"):
-    """Encode the documents of ``paths`` into ``<prefix>.{bin,idx}``, counting into ``stats``;
-    returns how many were written."""
+    """Encode the documents of ``paths`` into ``<prefix>.{bin,idx}``, counting into ``stats``."""
     writer = IndexedWriter(prefix, len(encoder.dictionary))
     state = {"encoder": encoder, "limit": stats.limit, "policy": policy, "subsets": subsets}
 
@@ -182,12 +181,17 @@ def binarize_documents(paths, encoder, prefix, stats, workers=1, subsets=None, p
         for path in paths:
             yield from read_batches(path, batch_lines=256, desc=Path(path).name)
 
+    seen = Counter()
     for documents, lengths, counts in ordered_map(_encode_documents, batches(), workers, state):
         for ids in documents:
             writer.add(ids)
         stats.add(lengths, counts)
-    writer.finalize()
-    return writer.items
+        seen.update(counts)
+    writer.finalize(
+        f"no document left in {', '.join(map(str, paths))}: {seen['filtered']} not in "
+        f"--subsets, {seen['empty']} empty, {seen['dropped']} longer than "
+        "--tokens-per-sample allows"
+    )
 
 
 def sample_lines(paths, documents, subsets=None):
@@ -210,7 +214,7 @@ def prepare(destdir, train, valid=(), test=(), encoder=None, train_sentencepiece
             long_docs="drop", workers=1, overwrite=False):
     """Binarize Pile-format shards into ``destdir``; returns ``{split: SplitStats}``."""
     for path in [*train, *valid, *test]:
-        if not Path(path).is_file():
+        if not Path(path).exists() or Path(path).is_dir():  # a pipe is fine: it is streamed
             raise DataError(f"input shard not found: {path}")
     if long_docs not in LONG_DOC_POLICIES:
         raise DataError(f"--long-docs must be one of {', '.join(LONG_DOC_POLICIES)}")
@@ -240,15 +244,8 @@ def prepare(destdir, train, valid=(), test=(), encoder=None, train_sentencepiece
         for name, paths in outputs:
             split = "train" if name.startswith("train") else name
             stats.setdefault(split, SplitStats(limit))
-            kept = binarize_documents(paths, encoder, out / name, stats[split], workers,
-                                      subsets, long_docs)
-            if not kept:  # fairseq cannot even open an empty split
-                counts = stats[split].counts
-                raise DataError(
-                    f"no document left for {name} ({', '.join(map(str, paths))}): "
-                    f"{counts['filtered']} not in --subsets, {counts['empty']} empty, "
-                    f"{counts['dropped']} dropped as longer than --tokens-per-sample allows"
-                )
+            binarize_documents(paths, encoder, out / name, stats[split], workers, subsets,
+                               long_docs)
         save_json(out / "stats.json", {
             "inputs": {name: [str(p) for p in paths] for name, paths in outputs},
             "subsets": sorted(subsets) if subsets else None,

@@ -150,7 +150,7 @@ def binarize_lines(path, encoder, prefix, workers=1):
         for ids in encoded:
             writer.add(ids)
             unk += int((ids == dictionary.unk()).sum())
-    writer.finalize()
+    writer.finalize(f"{path} is empty")
     logger.info(
         f"{Path(path).name}: {writer.items} lines, {writer.tokens} tokens, "
         f"{100 * unk / max(writer.tokens, 1):.2f}% {dictionary.unk_word} (WikiText's own, "

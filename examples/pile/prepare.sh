@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# The Pile for config/mlm (pile_*: samples of 2048 tokens; longer documents dropped, as the
+# ALiBi/CLAP RoBERTa study did) and config/lm (pile_alibi_gpt2_small: every document).
+#
+#   PILE=DIR GPT2_BPE=DIR bash examples/pile/prepare.sh [OUT]
+#
+# PILE holds the Pile's own layout: train/*.jsonl.zst, val.jsonl.zst, test.jsonl.zst.
+# GPT2_BPE holds encoder.json, vocab.bpe and fairseq's dict.txt. Optional:
+#   SUBSETS="Pile-CC,Wikipedia (en)"   keep only these pile_set_name values (comma-separated)
+#   LONG_DOCS=truncate                 cut long documents to fit instead of dropping them
+#   ONLY=mlm | ONLY=lm                 write one of the two datasets
+# Writes OUT/data-bin/pile-mlm and OUT/data-bin/pile-lm (default OUT: data).
+# PYTHON (default python) is the environment with fairseq-alibi; WORKERS the processes.
+# Full reference: docs/configs_and_data.md
+set -euo pipefail
+OUT="${1:-data}"
+PY="${PYTHON:-python}"
+WORKERS="${WORKERS:-$(nproc)}"
+: "${PILE:?set PILE to the folder with train/*.jsonl.zst, val.jsonl.zst, test.jsonl.zst}"
+: "${GPT2_BPE:?set GPT2_BPE to the folder with encoder.json, vocab.bpe and dict.txt}"
+
+shopt -s nullglob
+TRAIN=("$PILE"/train/*.jsonl.zst "$PILE"/train/*.jsonl)
+[ ${#TRAIN[@]} -gt 0 ] || { echo "no $PILE/train/*.jsonl.zst" >&2; exit 1; }
+ARGS=(--train "${TRAIN[@]}" --gpt2-bpe "$GPT2_BPE" --workers "$WORKERS")
+for split in valid test; do
+  name=$([ "$split" = valid ] && echo val || echo test)
+  for f in "$PILE/$name.jsonl.zst" "$PILE/$name.jsonl"; do
+    if [ -f "$f" ]; then ARGS+=(--"$split" "$f"); break; fi
+  done
+done
+if [ -n "${SUBSETS:-}" ]; then
+  IFS=, read -ra NAMES <<< "$SUBSETS"
+  ARGS+=(--subsets "${NAMES[@]}")
+fi
+
+if [ "${ONLY:-mlm}" = mlm ]; then
+  "$PY" -m fairseq_alibi.data.pile "${ARGS[@]}" --destdir "$OUT/data-bin/pile-mlm" \
+    --tokens-per-sample 2048 --long-docs "${LONG_DOCS:-drop}"
+fi
+if [ "${ONLY:-lm}" = lm ]; then
+  "$PY" -m fairseq_alibi.data.pile "${ARGS[@]}" --destdir "$OUT/data-bin/pile-lm"
+fi

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# WikiText-103 for config/lm (word level, as the ALiBi paper) and, when GPT2_BPE names fairseq's
+# GPT-2 BPE folder (encoder.json, vocab.bpe, dict.txt), for config/mlm (GPT-2 BPE on the raw
+# text, as fairseq's RoBERTa pretraining tutorial).
+#
+#   bash examples/wikitext103/prepare.sh [OUT]                      downloads into OUT (data)
+#   WIKITEXT=DIR bash examples/wikitext103/prepare.sh [OUT]         DIR/wiki.{train,valid,test}.tokens
+#   GPT2_BPE=DIR [WIKITEXT_RAW=DIR] bash examples/wikitext103/prepare.sh [OUT]
+#
+# Writes OUT/data-bin/wikitext-103 and, with GPT2_BPE, OUT/data-bin/wikitext-103-bpe.
+# PYTHON (default python) is the environment with fairseq-alibi; WORKERS the processes.
+# Full reference: docs/configs_and_data.md
+set -euo pipefail
+OUT="${1:-data}"
+PY="${PYTHON:-python}"
+WORKERS="${WORKERS:-$(nproc)}"
+
+"$PY" -m fairseq_alibi.data.wikitext --download --text-dir "${WIKITEXT:-$OUT/wikitext-103}" \
+  --destdir "$OUT/data-bin/wikitext-103" --workers "$WORKERS"
+
+if [ -n "${GPT2_BPE:-}" ]; then
+  "$PY" -m fairseq_alibi.data.wikitext --download --raw \
+    --text-dir "${WIKITEXT_RAW:-$OUT/wikitext-103-raw}" --gpt2-bpe "$GPT2_BPE" \
+    --destdir "$OUT/data-bin/wikitext-103-bpe" --workers "$WORKERS"
+fi
