@@ -285,6 +285,10 @@ def test_pile_malformed_input_names_file_and_line(tmp_path, bpe_dir):
     cc = fx.write_pile_shard(tmp_path / "cc.jsonl", [{"text": "a b", "meta": {"pile_set_name": "Pile-CC"}}] * 2)
     with pytest.raises(DataError, match=r"no document left in .*cc.jsonl: 2 not in --subsets"):
         pile.prepare(tmp_path / "out", [cc], encoder=encoder, subsets=["ArXiv"])
+    pipe = tmp_path / "pipe.jsonl"
+    os.mkfifo(pipe)
+    with pytest.raises(DataError, match="--train-sentencepiece reads the training shards twice"):
+        pile.prepare(tmp_path / "out", [pipe], train_sentencepiece_vocab=40)
     truncated = tmp_path / "truncated.jsonl.zst"
     whole = fx.write_pile_shard(tmp_path / "whole.jsonl.zst", fx.pile_documents(400)).read_bytes()
     truncated.write_bytes(whole[: len(whole) // 2])

@@ -216,6 +216,9 @@ def prepare(destdir, train, valid=(), test=(), encoder=None, train_sentencepiece
     for path in [*train, *valid, *test]:
         if not Path(path).exists() or Path(path).is_dir():  # a pipe is fine: it is streamed
             raise DataError(f"input shard not found: {path}")
+    if train_sentencepiece_vocab and not all(Path(p).is_file() for p in train):
+        raise DataError("--train-sentencepiece reads the training shards twice (sample, then "
+                        "encode): give files, not pipes")
     if long_docs not in LONG_DOC_POLICIES:
         raise DataError(f"--long-docs must be one of {', '.join(LONG_DOC_POLICIES)}")
     if tokens_per_sample is not None and tokens_per_sample < 3:
@@ -252,9 +255,6 @@ def prepare(destdir, train, valid=(), test=(), encoder=None, train_sentencepiece
             "tokens_per_sample": tokens_per_sample, "long_docs": long_docs,
             "splits": {split: s.to_json() for split, s in stats.items()},
         })
-    for split, s in stats.items():
-        if subsets and not s.histogram.sum():
-            logger.warning(f"{split}: no document of subsets {sorted(subsets)}")
     return stats
 
 
