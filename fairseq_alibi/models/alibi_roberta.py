@@ -13,6 +13,12 @@ interface) except three build hooks of :class:`~fairseq.models.roberta.RobertaEn
 * ``build_embedding``: L2-normalised inputs with the CLAP head, and a fixed zero ``<mask>``
   embedding with ``--zero-mask-embedding``.
 
+Two ALBERT-style options make compact encoders (:mod:`fairseq_alibi.modules.compact`), with any
+variant: ``--share-encoder-layers`` (every layer uses the first one's parameters) and
+``--encoder-input-dim E`` (tokens embedded in ``E`` dims and projected to
+``--encoder-embed-dim``; the masked-LM head's dense layer maps back to ``E`` for the tied
+``V × E`` output embedding).
+
 The four configurations of the CLAP/ALiBi study are therefore flags of one model:
 baseline (``none``, ``roberta``), learned-clap (``none``, ``clap``), alibi (``offset``,
 ``roberta``) and zero-clap (``offset``, ``clap``, ``--zero-mask-embedding``).
@@ -39,6 +45,12 @@ from fairseq_alibi.models.alibi_transformer_lm import (
 )
 from fairseq_alibi.modules import AlibiTransformerEncoderLayer, wrap_layer
 from fairseq_alibi.modules.clap_head import ClapHead, EncoderTokenEmbedding
+from fairseq_alibi.modules.compact import (
+    FactorizedEmbedding,
+    FactorizedLMHead,
+    describe_parameters,
+    share_layer_parameters,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -95,6 +107,15 @@ def _check_options(args):
         )
     if args.mlm_head != "clap" and (args.clap_initial_beta != 1.0 or args.clap_no_normalize):
         raise ValueError("--clap-initial-beta / --clap-no-normalize need --mlm-head clap")
+    if args.encoder_input_dim is not None:
+        if not args.encoder_input_dim > 0:
+            raise ValueError(f"--encoder-input-dim must be positive, got {args.encoder_input_dim}")
+        if args.mlm_head == "clap" and args.encoder_input_dim != args.encoder_embed_dim:
+            raise ValueError(
+                "--encoder-input-dim (a factorised embedding) needs --mlm-head roberta: the CLAP "
+                "head compares the features with the embeddings directly, so both must have "
+                "--encoder-embed-dim dims"
+            )
     if args.alibi_variant == "none" and (
         args.alibi_attention != "auto" or args.alibi_slope_scale != 1.0
     ):
@@ -171,19 +192,36 @@ class AlibiRobertaEncoder(RobertaEncoder):
                     "and sentence_prediction add it); drop the flag or use one of those tasks"
                 )
         normalize = self.args.mlm_head == "clap" and not self.args.clap_no_normalize
+        if self.factorized:
+            table = EncoderTokenEmbedding(vocab_size, self.args.encoder_input_dim, padding_idx,
+                                          normalize=normalize, zero_index=zero_index)
+            return FactorizedEmbedding(table, embedding_dim)
         return EncoderTokenEmbedding(
             vocab_size, embedding_dim, padding_idx, normalize=normalize, zero_index=zero_index
         )
 
+    @property
+    def factorized(self):
+        """``--encoder-input-dim`` asks for a smaller embedding than the model dimension."""
+        dim = self.args.encoder_input_dim
+        return dim is not None and dim != self.args.encoder_embed_dim
+
     def build_encoder(self, args, dictionary, embed_tokens):
         if not self.uses_alibi:
-            return super().build_encoder(args, dictionary, embed_tokens)
-        encoder = AlibiTransformerEncoder(args, dictionary, embed_tokens)
-        encoder.apply(init_bert_params)
+            encoder = super().build_encoder(args, dictionary, embed_tokens)
+        else:
+            encoder = AlibiTransformerEncoder(args, dictionary, embed_tokens)
+            encoder.apply(init_bert_params)
+        if args.share_encoder_layers:
+            share_layer_parameters(encoder.layers)
         return encoder
 
     def build_lm_head(self, embed_dim, output_dim, activation_fn, weight):
         if self.args.mlm_head != "clap":
+            if self.factorized:  # dense H -> E, then the E-dim (tied) output embedding
+                return FactorizedLMHead(
+                    embed_dim, self.args.encoder_input_dim, output_dim, activation_fn, weight
+                )
             return super().build_lm_head(embed_dim, output_dim, activation_fn, weight)
         return ClapHead(
             embed_dim,
@@ -266,6 +304,17 @@ class AlibiRobertaModel(RobertaModel):
             help="multiply every ALiBi slope by S at run time (default 1.0 = as trained)",
         )
         parser.add_argument(
+            "--share-encoder-layers", action="store_true",
+            help="ALBERT-style cross-layer sharing: every encoder layer uses the parameters of "
+            "the first (one layer's parameters, --encoder-layers layers computed)",
+        )
+        parser.add_argument(
+            "--encoder-input-dim", type=int, metavar="E",
+            help="factorised embedding (ALBERT): tokens embedded in E dims, projected to "
+            "--encoder-embed-dim; the masked-LM head maps back to E for the tied output "
+            "embedding (default: --encoder-embed-dim, no factorisation)",
+        )
+        parser.add_argument(
             "--mlm-head", choices=MLM_HEADS,
             help="masked-LM head: roberta (dense, GELU, layer norm, tied projection, bias) or "
             "clap (beta * x . normalize(E)^T; inputs L2-normalised too)",
@@ -300,7 +349,12 @@ class AlibiRobertaModel(RobertaModel):
             OmegaConf.set_struct(args, True)
         if encoder.uses_alibi:
             _lift_task_length_limit(task)
-        return cls(args, encoder)
+        model = cls(args, encoder)
+        embedding_dim = args.encoder_input_dim if encoder.factorized else args.encoder_embed_dim
+        logger.info(describe_parameters(model, len(encoder.sentence_encoder.layers),
+                                        args.share_encoder_layers, embedding_dim,
+                                        args.encoder_embed_dim))
+        return model
 
     def upgrade_state_dict_named(self, state_dict, name):
         # The stock method sizes the checkpoint's classification heads from
@@ -334,6 +388,8 @@ def _alibi_defaults(args):
     args.clap_initial_beta = float(safe_getattr(args, "clap_initial_beta", 1.0))
     args.clap_no_normalize = bool(safe_getattr(args, "clap_no_normalize", False))
     args.zero_mask_embedding = bool(safe_getattr(args, "zero_mask_embedding", False))
+    args.share_encoder_layers = bool(safe_getattr(args, "share_encoder_layers", False))
+    args.encoder_input_dim = safe_getattr(args, "encoder_input_dim", None)
 
 
 @register_model_architecture("alibi_roberta", "alibi_roberta")

@@ -4,11 +4,18 @@ Everything is stock ``transformer_lm`` (adaptive input/softmax, tied embeddings,
 pre/post-norm, activation checkpointing, fp16/bf16) except that the decoder has no position
 embeddings, every self-attention adds the causal ALiBi bias, and the model has no maximum
 length: a model trained at L evaluates and generates at any length.
+
+Compact (ALBERT-style) models: ``--share-decoder-layers`` makes every layer use the first one's
+parameters, and the stock ``--decoder-input-dim E --decoder-output-dim E`` with
+``--share-decoder-input-output-embed`` factorise the embedding (``V·E + 2·E·H`` parameters,
+the two projections included, instead of ``V·H``); see :mod:`fairseq_alibi.modules.compact`.
 """
 
 import copy
 import logging
 from dataclasses import dataclass, field
+
+import torch
 
 from fairseq.models import (
     ARCH_CONFIG_REGISTRY,
@@ -26,6 +33,7 @@ from fairseq.dataclass import ChoiceEnum
 
 from fairseq_alibi.alibi import BACKENDS, AlibiPositionalBias
 from fairseq_alibi.modules import AlibiTransformerDecoderLayer, wrap_layer
+from fairseq_alibi.modules.compact import describe_parameters, share_layer_parameters
 
 logger = logging.getLogger(__name__)
 
@@ -63,6 +71,26 @@ def reject_other_dictionary(state_dict, key, dictionary):
         )
 
 
+def check_factorized_embedding(args, embed_tokens):
+    """A clear error for a tied output layer whose size differs from the input embedding's.
+
+    A factorised embedding is stock fairseq: ``--decoder-input-dim E`` embeds tokens in ``E``
+    dims and projects them to ``--decoder-embed-dim``; ``--decoder-output-dim E`` projects the
+    features back, and ``--share-decoder-input-output-embed`` ties the output layer to the
+    ``V × E`` table, which needs both dims equal (the stock model only fails at the first batch).
+    """
+    if not getattr(args, "share_decoder_input_output_embed", False):
+        return
+    input_dim = getattr(embed_tokens, "embedding_dim", None)
+    if isinstance(embed_tokens, torch.nn.Embedding) and input_dim != args.decoder_output_dim:
+        raise ValueError(
+            f"--share-decoder-input-output-embed ties the output layer to the {input_dim}-dim "
+            f"input embedding, but --decoder-output-dim is {args.decoder_output_dim}: set "
+            f"--decoder-output-dim {input_dim} (a factorised embedding sets --decoder-input-dim "
+            f"and --decoder-output-dim to the same small size)"
+        )
+
+
 @dataclass
 class AlibiTransformerLanguageModelConfig(TransformerLanguageModelConfig):
     alibi_attention: ChoiceEnum(BACKENDS) = field(
@@ -74,6 +102,12 @@ class AlibiTransformerLanguageModelConfig(TransformerLanguageModelConfig):
         default=1.0,
         metadata={"help": "multiply every ALiBi slope by this at run time (slope "
                   "interpolation: L_train / L_eval); a load-time override, 1.0 = as trained"},
+    )
+    share_decoder_layers: bool = field(
+        default=False,
+        metadata={"help": "ALBERT-style cross-layer sharing: every decoder layer uses the "
+                  "parameters of the first (one layer's parameters, --decoder-layers layers "
+                  "computed)"},
     )
 
 
@@ -131,8 +165,16 @@ class AlibiTransformerLanguageModel(TransformerLanguageModel):
 
         if args.decoder_layers_to_keep:
             args.decoder_layers = len(args.decoder_layers_to_keep.split(","))
+        check_factorized_embedding(args, embed_tokens)
         decoder = AlibiTransformerDecoder(args, task.target_dictionary, embed_tokens)
-        return cls(decoder)
+        shared = getattr(args, "share_decoder_layers", False)  # absent from older checkpoints
+        if shared:
+            share_layer_parameters(decoder.layers)
+        model = cls(decoder)
+        embed_dim = getattr(embed_tokens, "embedding_dim", args.decoder_embed_dim)
+        logger.info(describe_parameters(model, len(decoder.layers), shared, embed_dim,
+                                        args.decoder_embed_dim))
+        return model
 
 
 def _mirror_stock_architectures():
