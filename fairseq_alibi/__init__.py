@@ -8,3 +8,4 @@ from fairseq_alibi import compat  # noqa: F401  (torch >= 2.6 checkpoint loading
 from fairseq_alibi.alibi import AlibiPositionalBias, alibi_bias, get_slopes  # noqa: F401
 from fairseq_alibi.version import __version__  # noqa: F401
 from fairseq_alibi import models  # noqa: F401  (registers the models)
+from fairseq_alibi import criterions  # noqa: F401  (registers lm_distillation)
