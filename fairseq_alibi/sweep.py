@@ -33,6 +33,7 @@ Command line::
     python -m fairseq_alibi.sweep --path ALiBi=ckpt/alibi/checkpoint_last.pt \\
         --data data-bin/wikitext-103 --lengths 512,1024,2048,3072 --out sweep
     python -m fairseq_alibi.sweep --path ckpt/sin/checkpoint_last.pt --sinusoidal-overrides ...
+    python -m fairseq_alibi.sweep --path ALiBi=... --train-length 512 --slope-interpolation ...
 
 Outputs in ``out_dir``: ``extrapolation.csv`` (one row per point), ``extrapolation.md`` (one
 table per mode, models as rows, lengths as columns), ``extrapolation.png`` (perplexity against
@@ -73,6 +74,22 @@ def position_overrides(length: int) -> dict:
     with *learned* position embeddings cannot be evaluated beyond them at all.)
     """
     return {"max_target_positions": int(length), "tokens_per_sample": int(length)}
+
+
+def slope_interpolation(train_length: int) -> Callable[[int], dict]:
+    """Load-time overrides scaling an ALiBi model's slopes by ``L_train / N`` beyond ``L_train``.
+
+    At evaluation length ``N > L_train`` every slope is multiplied by ``L_train / N`` (the bias
+    at distance ``N`` then equals the trained one at ``L_train``); up to ``L_train`` the model
+    is evaluated as trained. Use as ``SweepModel(path, overrides=slope_interpolation(L))``.
+    """
+    if not train_length > 0:
+        raise ValueError(f"slope interpolation needs the training length, got {train_length}")
+
+    def overrides(length: int) -> dict:
+        return {"alibi_slope_scale": min(1.0, train_length / length)}
+
+    return overrides
 
 
 @dataclass(frozen=True)
@@ -537,6 +554,9 @@ def main(argv=None):
                         "load time (needed by stock sinusoidal transformer_lm beyond L)")
     parser.add_argument("--train-length", type=int, default=None,
                         help="the training length L, marked in the table and plot")
+    parser.add_argument("--slope-interpolation", action="store_true",
+                        help="ALiBi models: also evaluate each with its slopes scaled by L/N "
+                        "beyond L (a second row per model; needs --train-length)")
     parser.add_argument("--gen-subset", default="test", help="the split to evaluate")
     parser.add_argument("--jobs", type=int, default=1, help="runs in flight at once")
     parser.add_argument("--threads", type=int, default=None, help="OpenMP threads per run")
@@ -544,6 +564,9 @@ def main(argv=None):
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     args, extra = parser.parse_known_args(argv)
 
+    if args.slope_interpolation and (args.train_length is None or args.sinusoidal_overrides):
+        parser.error("--slope-interpolation needs --train-length, and applies to ALiBi models "
+                     "(sweep sinusoidal ones in a separate run)")
     overrides = position_overrides if args.sinusoidal_overrides else None
     models = {}
     for spec in args.path:
@@ -551,6 +574,9 @@ def main(argv=None):
         if name in models:
             raise SystemExit(f"two checkpoints named {name!r}: give them names with NAME=CKPT")
         models[name] = SweepModel(path, overrides=overrides)
+        if args.slope_interpolation:
+            models[f"{name}, slopes x L/N"] = SweepModel(
+                path, overrides=slope_interpolation(args.train_length))
     result = run_sweep(
         models, args.data, [int(n) for n in args.lengths.split(",") if n.strip()], args.out,
         modes=[m.strip() for m in args.modes.split(",") if m.strip()],
