@@ -336,6 +336,9 @@ def run_sweep(
             context_window(n, mode, stride)  # validates mode and stride before any run
     specs = {name: m if isinstance(m, SweepModel) else SweepModel(str(m))
              for name, m in models.items()}
+    slugs = [_slug(name) for name in specs]
+    if len(set(slugs)) < len(slugs):
+        raise ValueError(f"model names {list(specs)} give clashing log file names; rename them")
     for name, spec in specs.items():
         if not Path(spec.path).is_file():
             raise FileNotFoundError(f"checkpoint of {name!r} not found: {spec.path}")

@@ -1,6 +1,6 @@
 """The quickstart end to end at its smallest setting, and the sweep's refusal of dropped tokens.
 
-One quickstart run (``--smoke``: the embedded corpus, a 1-layer model, 10 updates, evaluated
+One quickstart run (``--smoke``: the embedded corpus, a 1-layer model, 40 updates, evaluated
 at L..8L) is shared by the tests of this file. It evaluates the non-overlapping mode only, to
 halve its fairseq-eval-lm runs; the sliding-window mode (the same code with
 ``--context-window``) is run by the sweep test below.
@@ -160,5 +160,7 @@ def test_sweep_checks_its_arguments(smoke, tmp_path):
         run_sweep({"a": alibi}, data, [16], tmp_path, modes=["sliding"], stride=16)
     with pytest.raises(ValueError, match="SweepModel"):
         run_sweep({"a": alibi}, data, [16], tmp_path, extra_eval_args=["--model-overrides", "{}"])
+    with pytest.raises(ValueError, match="clashing"):
+        run_sweep({"a b": alibi, "a/b": alibi}, data, [16], tmp_path)
     with pytest.raises(FileNotFoundError, match="checkpoint"):
         run_sweep({"a": str(tmp_path / "missing.pt")}, data, [16], tmp_path)
