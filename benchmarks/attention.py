@@ -4,7 +4,8 @@ Given ``(B, H, L, D)`` float32 queries, keys and values (the attention alone, as
 the issue; projections would add the same time to every row):
 
 * ``no bias``: ``scaled_dot_product_attention(is_causal=True)`` — the limit;
-* ``sdpa (folded)``: this package's default on the CPU (``auto``), no bias tensor;
+* ``sdpa (folded)``: the bias folded into the fused kernel, no bias tensor — what ``auto``
+  runs on the CPU from ``attention_backends.FOLD_MIN_LENGTH`` keys on (below, the float mask);
 * ``sdpa (float mask)``: the same kernel reading the ``(H, L, L)`` float mask that a model
   builds once per batch and shares between its layers;
 * ``original (B·H,L,L) mask``: Press et al.'s code, whose decoder keeps a materialised
@@ -27,6 +28,7 @@ import torch.nn.functional as F
 from benchmarks.common import Rounds, backward_call, forward_call, mib, peak_bytes, table
 from fairseq_alibi.alibi import AlibiPositionalBias, alibi_bias
 from fairseq_alibi.modules import attention_backends as backends
+from fairseq_alibi.modules.folded_attention import folded_attention
 
 FORWARD_ONLY = {"flex (compiled)"}
 
@@ -73,8 +75,8 @@ def methods(B, H, L, D, with_flex):
     found = {
         "no bias": (lambda q, k, v: F.scaled_dot_product_attention(
             q, k, v, is_causal=True, scale=scale), 0),
-        "sdpa (folded)": (lambda q, k, v: backends.sdpa_attention(
-            q, k, v, alibi, None, None, 0.0, scale), 0),
+        "sdpa (folded)": (lambda q, k, v: folded_attention(
+            q, k, v, slopes, None, "causal", scale), 0),
         "sdpa (float mask)": (lambda q, k, v: F.scaled_dot_product_attention(
             q, k, v, attn_mask=dense, scale=scale), dense_bytes),
         "original (B·H,L,L) mask": (lambda q, k, v: F.scaled_dot_product_attention(

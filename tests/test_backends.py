@@ -81,7 +81,7 @@ def formulation(request, monkeypatch):
     if request.param == "dense mask":
         monkeypatch.setattr(backends, "folds", lambda *args: False)
     else:
-        monkeypatch.setattr(backends, "DENSE_MASK_BUDGET", 0)  # fold the merged variants too
+        monkeypatch.setattr(backends, "DENSE_MASK_BUDGET", 0)  # fold at any length, any variant
     if request.param == "chunked":
         monkeypatch.setattr(backends.folded_attention, "CHUNK_BYTES", 1)  # a call per head
     return request.param, calls
@@ -110,18 +110,21 @@ def test_sdpa_values_and_gradients_match_naive(variant, padded, formulation):
         torch.testing.assert_close(got, want, **TOL)
 
 
-def test_sdpa_folds_causal_always_and_bidirectional_variants_beyond_the_mask_budget():
-    q = torch.zeros(2, 8, 64, 16)
+def test_sdpa_folds_where_measured_faster_or_where_the_mask_is_too_big():
+    short, long = torch.zeros(2, 8, 512, 16), torch.zeros(1, 8, 1024, 16)
     for variant in VARIANTS:
         merged = variant in ("symmetric", "offset", "asymmetric")
-        assert backends.folds(q, 64, variant, None, None, 0.0) is not merged
-    long = torch.zeros(1, 8, 4096, 16)  # (8, 4096, 4096) float32 = 512 MiB of mask
-    assert backends.folds(long, 4096, "symmetric", None, None, 0.0)
+        assert not backends.folds(short, 512, variant, None, None, 0.0)
+        assert backends.folds(long, 1024, variant, None, None, 0.0) is not merged
+    huge = torch.zeros(1, 8, 2048, 16)  # (8, 2048, 2048) float32 = 128 MiB of mask
+    assert backends.folds(huge, 2048, "symmetric", None, None, 0.0)
+    padded = torch.zeros(16, 8, 512, 16)  # padding: a (16, 8, 512, 512) mask = 128 MiB
+    assert backends.folds(padded, 512, "offset", torch.zeros(16, 512, dtype=torch.bool), None, 0.0)
     # what cannot be folded: dropout, an extra attn_mask, a KV cache, half precision
-    assert not backends.folds(q, 64, "causal", None, None, 0.1)
-    assert not backends.folds(q, 64, "causal", None, torch.zeros(64, 64), 0.0)
-    assert not backends.folds(q, 65, "causal", None, None, 0.0)
-    assert not backends.folds(q.bfloat16(), 64, "causal", None, None, 0.0)
+    assert not backends.folds(long, 1024, "causal", None, None, 0.1)
+    assert not backends.folds(long, 1024, "causal", None, torch.zeros(1024, 1024), 0.0)
+    assert not backends.folds(long, 1025, "causal", None, None, 0.0)
+    assert not backends.folds(long.bfloat16(), 1024, "causal", None, None, 0.0)
 
 
 @pytest.mark.parametrize("padded", [False, True], ids=["dense", "padded"])
@@ -179,10 +182,13 @@ def test_incremental_decoding_matches_naive_full_forward(backend, eager_flex):
     torch.testing.assert_close(torch.cat(steps), want, **TOL)
 
 
-@pytest.mark.parametrize("backend", ["naive", "sdpa", "flex"])
+@pytest.mark.parametrize("backend", ["naive", "sdpa", "sdpa folded", "flex"])
 @pytest.mark.parametrize("variant", VARIANTS)
-def test_padding_rows_are_never_nan(variant, backend, eager_flex):
+def test_padding_rows_are_never_nan(variant, backend, eager_flex, monkeypatch):
     """Left padding gives causal/one_sided queries whose visible keys are all padding."""
+    if backend == "sdpa folded":
+        monkeypatch.setattr(backends, "DENSE_MASK_BUDGET", 0)
+        backend = "sdpa"
     attn = make_attention(variant)
     T, B = 15, 2
     x = torch.randn(T, B, 32, requires_grad=True)

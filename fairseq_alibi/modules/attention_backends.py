@@ -4,11 +4,10 @@ Each backend computes ``softmax(q·kᵀ·scale + ALiBi + masks) v`` for ``(B, H,
 and ``(B, H, S, D)`` keys/values (queries aligned to the end of the keys, as in a KV cache):
 
 =========  ===================================================================================
-``sdpa``   PyTorch's fused kernel. On the CPU (float32/64, no attention dropout, no KV cache)
-           ``causal`` and ``one_sided`` fold the bias into 4 extra query/key columns and the
-           kernel runs with its causal mask: no bias tensor
-           (:mod:`~fairseq_alibi.modules.folded_attention`). Otherwise, and for the
-           bidirectional variants while their dense mask fits :data:`DENSE_MASK_BUDGET`,
+``sdpa``   PyTorch's fused kernel, in the faster of two forms (:func:`folds`). Folded: on the
+           CPU (float32/64, no attention dropout, no KV cache) the bias becomes 4 extra
+           query/key columns and the kernel runs with its causal mask, no bias tensor at all
+           (:mod:`~fairseq_alibi.modules.folded_attention`). Masked:
            ``scaled_dot_product_attention`` with the ``(H, T, S)`` bias as a float mask.
 ``flex``   ``torch.nn.attention.flex_attention``: the bias is a ``score_mod``, the hidden keys
            a block ``mask_mod`` (skipped blocks), padding a ``score_mod`` term; compiled for
@@ -169,22 +168,32 @@ def naive_attention(q, k, v, mask, scale, dropout: Callable[[Tensor], Tensor]):
     return out, probs
 
 
-#: sdpa runs the bidirectional variants with their dense float mask up to this size (faster on
-#: the CPU, measured: docs/benchmarks.md) and folded beyond it, so memory stays bounded
-DENSE_MASK_BUDGET = 256 * 2**20
+#: the most memory sdpa spends on a dense float mask (one per batch, shared by the layers; one
+#: per layer call when there is padding): beyond it every variant is folded
+DENSE_MASK_BUDGET = 64 * 2**20
+
+#: from this length on, causal and one_sided are faster folded than with the dense mask (the
+#: CPU kernel only skips masked blocks of long sequences); measured: docs/benchmarks.md
+FOLD_MIN_LENGTH = 640
 
 
 def folds(q, key_len, variant, key_padding_mask, attn_mask, dropout_p) -> bool:
-    """Whether :func:`sdpa_attention` folds the bias into the kernel for this call."""
+    """Whether :func:`sdpa_attention` folds the bias into the kernel for this call.
+
+    Where both can serve, the faster one measured on the CPU: folded for ``causal`` and
+    ``one_sided`` from :data:`FOLD_MIN_LENGTH` keys on, the dense mask otherwise (the
+    bidirectional variants, folded as two causal passes, are slower than with the mask at every
+    length measured) — unless the mask would take more than :data:`DENSE_MASK_BUDGET`.
+    """
     B, H, T, _ = q.shape
     if folded_attention.unsupported_reason(
         q.device.type, q.dtype, T, key_len, dropout_p, attn_mask is not None
     ):
         return False
-    if variant not in folded_attention.MERGED_VARIANTS:
-        return True  # causal, one_sided: one causal call, faster than the mask and no tensor
     rows = B if key_padding_mask is not None else 1  # padding makes the mask (B, H, T, S)
-    return rows * H * T * key_len * q.element_size() > DENSE_MASK_BUDGET
+    if rows * H * T * key_len * q.element_size() > DENSE_MASK_BUDGET:
+        return True
+    return variant not in folded_attention.MERGED_VARIANTS and key_len >= FOLD_MIN_LENGTH
 
 
 def sdpa_attention(q, k, v, alibi, key_padding_mask, attn_mask, dropout_p, scale):
