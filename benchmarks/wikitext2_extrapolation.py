@@ -33,7 +33,7 @@ VOCAB = 2000
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], add_help=False)
     parser.add_argument("--wikitext", default=str(DEFAULT_WIKITEXT))
-    parser.add_argument("--out", default="wikitext2-extrapolation")
+    parser.add_argument("--out", default="outputs/wikitext2-extrapolation")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("-h", "--help", action="store_true")
     args, rest = parser.parse_known_args(argv)

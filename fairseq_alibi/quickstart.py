@@ -275,7 +275,7 @@ def parse_args(argv=None):
         "at length L and evaluated at L, 2L, 4L, 8L, on a corpus built from Python's own "
         "documentation (no download) or on any binarized corpus (--data).",
     )
-    parser.add_argument("--out", default="alibi-quickstart", help="output folder")
+    parser.add_argument("--out", default="outputs/quickstart", help="output folder")
     parser.add_argument("--L", type=int, default=None,
                         help="training length in tokens (default 64; 16 with --smoke)")
     parser.add_argument("--size", choices=sorted(SIZES), default="tiny",
