@@ -3,7 +3,7 @@
     python benchmarks/wikitext2_extrapolation.py [--wikitext DIR] [--out DIR]
                                                  [quickstart options: --L, --max-update, ...]
 
-WikiText-2's validation split (217k words) is the training text and its test split (246k
+WikiText-2's validation split (214k words) is the training text and its test split (241k
 words) the evaluation text (only those two splits are at hand; the 2M-word train split is not).
 A 2,000-piece sentencepiece BPE model is trained on the training text, both splits are
 binarized with ``fairseq-preprocess``, then ``python -m fairseq_alibi.quickstart --data`` trains
