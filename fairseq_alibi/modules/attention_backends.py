@@ -48,8 +48,9 @@ FLASH_VARIANTS = ("causal", "symmetric")
 FLASH_DTYPES = (torch.float16, torch.bfloat16)
 
 #: ``auto``'s order, fastest first, per device type (measured: docs/benchmarks.md). On the CPU
-#: the folded ``sdpa`` beats compiled flex in every case measured, inference included; on CUDA
-#: flash_attn is taken where it is installed and applies (not measured here: no GPU).
+#: ``sdpa`` was faster than compiled flex in every case measured but one_sided inference (up to
+#: 10 % slower there), trains, and compiles nothing; on CUDA flash_attn is taken where it is
+#: installed and applies (not measured here: no GPU).
 AUTO_PREFERENCE = {"cpu": ("sdpa", "naive"), "cuda": ("flash", "sdpa", "naive")}
 _OTHER_DEVICES = ("sdpa", "naive")
 
@@ -280,7 +281,9 @@ def flash_attention(q, k, v, alibi, key_padding_mask, dropout_p, scale):
             q, k, v, dropout_p, softmax_scale=scale, causal=causal, alibi_slopes=slopes
         )
         return out.transpose(1, 2)
-    # padding: drop the padded positions, run the variable-length kernel, put them back
+    # padding: drop the padded positions, run the variable-length kernel, put them back (the
+    # distances between the kept tokens are unchanged when padding sits at one end, as fairseq
+    # pads)
     from flash_attn import flash_attn_varlen_func
     from flash_attn.bert_padding import pad_input, unpad_input
 
