@@ -16,7 +16,6 @@ never in a timed one.
 
 import datetime
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -29,19 +28,16 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def machine() -> str:
-    """One line: CPU model, cores, torch, threads, and the load when it started."""
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            names = [l.split(":", 1)[1].strip() for l in f if l.startswith("model name")]
-        cpu = names[0] if names else cpu
-    except OSError:
-        pass
-    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    """One line: CPU model, cores, GPU, torch, threads, and the load when it started."""
+    from fairseq_alibi.quickstart import machine as describe
+
+    found = describe()
+    load = found["load_average"]
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"
     return (
-        f"{cpu}, {os.cpu_count()} cores, {gpu}, torch {torch.__version__}, "
-        f"{torch.get_num_threads()} thread(s), load average {load:.1f} at start"
+        f"{found['cpu']}, {found['cores']} cores, {gpu}, torch {torch.__version__}, "
+        f"{torch.get_num_threads()} thread(s), load average "
+        f"{'unknown' if load is None else f'{load:.1f}'} at start"
     )
 
 
