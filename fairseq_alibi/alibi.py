@@ -146,10 +146,10 @@ def alibi_bias(
         bias = -m * rel.abs()
         looks_ahead = torch.arange(num_heads, device=device) >= num_heads // 2
         masked = torch.where(looks_ahead[:, None, None], rel > 0, rel < 0)
-    bias = bias.expand(num_heads, -1, -1)
-    if masked is not None:
+    bias = bias.expand(num_heads, -1, -1).to(dtype)
+    if masked is not None:  # filled after the cast: the mask value is the target dtype's
         bias = bias.masked_fill(masked, mask_value(dtype))
-    return bias.to(dtype)
+    return bias
 
 
 #: extra query/key columns of :func:`alibi_fold` (one past the last is free for a padding column)

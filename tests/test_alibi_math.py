@@ -96,9 +96,12 @@ def test_no_row_trick_precision_at_long_lengths_in_half_precision():
         assert torch.equal(diffs, slopes), dtype
 
 
-def test_half_precision_mask_is_finite():
-    b = alibi_bias(get_slopes(8), 4, 4, "causal", dtype=torch.float16)
-    assert torch.isfinite(b).all()
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
+def test_mask_value_is_finite_in_every_dtype(dtype):
+    for variant in ("causal", "one_sided"):
+        b = alibi_bias(get_slopes(8), 4, 4, variant, dtype=dtype)
+        assert b.dtype == dtype and torch.isfinite(b).all()
+        assert (b == mask_value(dtype)).any()
 
 
 def test_unknown_variant_is_a_clear_error():
