@@ -1,4 +1,4 @@
-"""Compatibility of fairseq checkpoints with torch >= 2.6, imported once by the package.
+"""Compatibility fixes for stock fairseq on Python 3.11 / torch >= 2.6, imported once by the package.
 
 torch >= 2.6 unpickles checkpoints with ``weights_only=True``, which refuses anything but
 tensors and plain containers. fairseq's argparse-era checkpoints (RoBERTa, the paper's
@@ -8,6 +8,7 @@ harmless classes found in fairseq checkpoints are added to its allow-list.
 """
 
 import argparse
+import atexit
 
 import numpy as np
 import torch
@@ -70,3 +71,37 @@ def allow_fairseq_checkpoints():
 
 
 allow_fairseq_checkpoints()
+
+
+def _stop_background_batch_threads():
+    """Stop fairseq's ``BackgroundConsumer`` threads before the interpreter finalizes.
+
+    fairseq prefetches batches in a daemon thread (``--data-buffer-size``, default 10). When
+    training ends, that thread is usually blocked filling its queue; Python 3.11 then kills it
+    during finalization while it is inside torch's C++ code, and the whole process aborts with
+    ``terminate called without an active exception`` (exit status 134) *after* a successful
+    run. Asking the thread to stop after its current batch and draining its queue lets it end
+    normally. (Without this package: pass ``--data-buffer-size 0``.)
+    """
+    import queue
+    import threading
+    import time
+
+    try:
+        from fairseq.data.iterators import BackgroundConsumer
+    except ImportError:  # pragma: no cover
+        return
+    for thread in threading.enumerate():
+        if not isinstance(thread, BackgroundConsumer) or not thread.is_alive():
+            continue
+        thread._max_len = 0  # stop after the batch in progress
+        deadline = time.monotonic() + 10
+        while thread.is_alive() and time.monotonic() < deadline:
+            try:
+                thread._queue.get(timeout=0.05)
+            except queue.Empty:
+                pass
+            thread.join(timeout=0.01)
+
+
+atexit.register(_stop_background_batch_threads)
