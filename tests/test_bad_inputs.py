@@ -154,16 +154,23 @@ def test_alibi_checkpoint_restored_into_stock_transformer_lm(lm_checkpoint, tiny
     assert snapshot(save) == before  # nothing written, the checkpoint untouched
 
 
-def test_dictionary_that_does_not_match_the_checkpoint(lm_checkpoint, tmp_path):
+@pytest.mark.parametrize("model", ["lm", "encoder"])
+def test_dictionary_that_does_not_match_the_checkpoint(model, lm_checkpoint, tmp_path,
+                                                       tiny_lm_data, alibi_user_dir):
     from fairseq import checkpoint_utils
 
+    checkpoint = lm_checkpoint
+    if model == "encoder":
+        train("encoder", tiny_lm_data, alibi_user_dir, tmp_path / "enc", "--max-update", 1)
+        checkpoint = tmp_path / "enc" / "checkpoint_last.pt"
     other = tmp_path / "other"  # a data directory binarized with another dictionary
     other.mkdir()
     (other / "dict.txt").write_text("".join(f"v{i} 1\n" for i in range(92)))  # + 4 specials
-    with pytest.raises(ValueError, match=r"dictionary of 64 symbols, but the data directory's "
-                                         r"dict.txt has 96: give the data directory the model"):
+    trained, given = (64, 96) if model == "lm" else (65, 97)  # masked_lm adds <mask>
+    with pytest.raises(ValueError, match=rf"dictionary of {trained} symbols, but the data "
+                                         rf"directory's dict.txt has {given}: give the data"):
         checkpoint_utils.load_model_ensemble_and_task(
-            [str(lm_checkpoint)], arg_overrides={"data": str(other)})
+            [str(checkpoint)], arg_overrides={"data": str(other)})
 
 
 def test_empty_training_file(lm_checkpoint, tmp_path, alibi_user_dir, tiny_lm_data):

@@ -41,6 +41,7 @@ from fairseq.utils import safe_getattr, safe_hasattr
 from fairseq_alibi.alibi import BACKENDS, ENCODER_VARIANTS, AlibiPositionalBias, check_variant
 from fairseq_alibi.models.alibi_transformer_lm import (
     UNBOUNDED_POSITIONS,
+    reject_other_dictionary,
     reject_position_embeddings,
 )
 from fairseq_alibi.modules import AlibiTransformerEncoderLayer, wrap_layer
@@ -235,6 +236,9 @@ class AlibiRobertaEncoder(RobertaEncoder):
         return UNBOUNDED_POSITIONS if self.uses_alibi else super().max_positions()
 
     def upgrade_state_dict_named(self, state_dict, name):
+        reject_other_dictionary(
+            state_dict, f"{name}.sentence_encoder.embed_tokens.weight", self.dictionary
+        )
         kind_key = f"{name}.model_kind"
         encoder = f"{name}.sentence_encoder"
         built = _kind_flags(self.model_kind)
