@@ -279,7 +279,7 @@ def parse_args(argv=None):
     parser.add_argument("--L", type=int, default=None,
                         help="training length in tokens (default 64; 16 with --smoke)")
     parser.add_argument("--size", choices=sorted(SIZES), default="tiny",
-                        help="tiny: 2 layers, dim 128, 1000 updates (about 10 min on 2 CPU "
+                        help="tiny: 2 layers, dim 128, 1000 updates (about 4 min on 2 idle CPU "
                         "cores); small: 4 layers, dim 256, 4000 updates of 8192 tokens (a GPU "
                         "or patience)")
     parser.add_argument("--max-update", type=int, default=None,
