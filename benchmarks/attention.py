@@ -4,17 +4,19 @@ Given ``(B, H, L, D)`` float32 queries, keys and values (the attention alone, as
 the issue; projections would add the same time to every row):
 
 * ``no bias``: ``scaled_dot_product_attention(is_causal=True)`` — the limit;
-* ``sdpa (folded)``: the bias folded into the fused kernel, no bias tensor — what ``auto``
-  runs on the CPU from ``attention_backends.FOLD_MIN_LENGTH`` keys on (below, the float mask);
+* ``fold``: the bias folded into the fused kernel, no bias tensor — what ``auto`` runs on the
+  CPU from ``dispatch.FOLD_MIN_LENGTH`` keys on (below, ``sdpa``);
 * ``sdpa (float mask)``: the same kernel reading the ``(H, L, L)`` float mask that a model
-  builds once per batch and shares between its layers;
+  builds once per batch and shares between its layers (the ``sdpa`` backend);
 * ``original (B·H,L,L) mask``: Press et al.'s code, whose decoder keeps a materialised
   ``(B·H, L, L)`` causal + ALiBi mask (built once, sliced per batch) and hands it to fairseq's
   attention (which runs it through ``scaled_dot_product_attention`` as a float mask);
 * ``BLOOM baddbmm``: HuggingFace BLOOM's ``alibi.baddbmm(q, kᵀ)`` with a ``(B·H, 1, L)`` bias,
   ``masked_fill`` of the causal mask, float32 softmax, ``bmm``;
 * ``naive``: this package's explicit reference;
-* ``flex (compiled)``: forward only (PyTorch has no CPU backward for flex_attention).
+* ``flex (compiled)``: forward only (PyTorch has no CPU backward for flex_attention); the
+  ``flex`` backend itself runs eager on the CPU (tests/test_attention.py says why), this row
+  times the compiled kernel.
 
 Memory: the peak of tensor bytes during one forward+backward (see ``common.peak_bytes``), and
 the bias a method keeps between calls (the original's mask buffer).
@@ -27,8 +29,9 @@ import torch.nn.functional as F
 
 from benchmarks.common import Rounds, backward_call, forward_call, mib, peak_bytes, table
 from fairseq_alibi.alibi import AlibiPositionalBias, alibi_bias
-from fairseq_alibi.modules import attention_backends as backends
-from fairseq_alibi.modules.folded_attention import folded_attention
+from fairseq_alibi.modules.attention import dense as dense_backends
+from fairseq_alibi.modules.attention import flex
+from fairseq_alibi.modules.attention.fold import folded_attention
 
 FORWARD_ONLY = {"flex (compiled)"}
 
@@ -59,10 +62,19 @@ def original_mask(slopes, batch, length):
     return (future[None] + alibi).repeat(batch, 1, 1)
 
 
+def compiled_flex(q, k, v, alibi, scale):
+    """The compiled flex_attention kernel with the ``flex`` backend's score_mod and block mask."""
+    B, H, L, D = q.shape
+    score_mod = flex.alibi_score_mod(alibi.variant, alibi.head_slopes()[0])
+    block_mask = flex._block_mask(alibi.variant, H, L, L, q.device)
+    return flex._compiled_flex()(q, k, v, score_mod=score_mod, block_mask=block_mask,
+                                 scale=scale)
+
+
 def methods(B, H, L, D, with_flex):
     """name -> (function of (q, k, v), bytes of bias it keeps between calls)."""
     scale = 1 / math.sqrt(D)
-    alibi = AlibiPositionalBias(H, "causal", backend="sdpa")
+    alibi = AlibiPositionalBias(H, "causal")
     slopes, _ = alibi.head_slopes()
     original = original_mask(slopes, B, L)  # kept by the model, like the original's buffer
     bloom_bias = bloom_alibi(slopes, B, L)
@@ -75,7 +87,7 @@ def methods(B, H, L, D, with_flex):
     found = {
         "no bias": (lambda q, k, v: F.scaled_dot_product_attention(
             q, k, v, is_causal=True, scale=scale), 0),
-        "sdpa (folded)": (lambda q, k, v: folded_attention(
+        "fold": (lambda q, k, v: folded_attention(
             q, k, v, slopes, None, "causal", scale), 0),
         "sdpa (float mask)": (lambda q, k, v: F.scaled_dot_product_attention(
             q, k, v, attn_mask=dense, scale=scale), dense_bytes),
@@ -84,12 +96,11 @@ def methods(B, H, L, D, with_flex):
             original.numel() * original.element_size()),
         "BLOOM baddbmm": (lambda q, k, v: bloom_attention(
             q, k, v, bloom_bias, causal_mask, scale), bloom_bias.numel() * 4),
-        "naive": (lambda q, k, v: backends.naive_attention(
-            q, k, v, dense, scale, lambda p: p)[0], dense_bytes),
+        "naive": (lambda q, k, v: dense_backends.naive(
+            q, k, v, alibi, None, None, 0.0, scale), dense_bytes),
     }
     if with_flex:
-        found["flex (compiled)"] = (lambda q, k, v: backends.flex_attention(
-            q, k, v, alibi, None, None, scale), 0)
+        found["flex (compiled)"] = (lambda q, k, v: compiled_flex(q, k, v, alibi, scale), 0)
     return found
 
 
@@ -148,7 +159,7 @@ def run_modules(quick=False, rounds=5, lengths=None, log=print):
     lengths = lengths or ((64,) if quick else (1024, 2048))
     rounds = 1 if quick else rounds
     stock = MultiheadAttention(C, H, self_attention=True)
-    alibi = AlibiPositionalBias(H, "causal", backend="auto")
+    alibi = AlibiPositionalBias(H, "causal")
     ours = AlibiMultiheadAttention(C, H, alibi)
     ours.load_state_dict(stock.state_dict())
     rows = []

@@ -29,7 +29,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def machine() -> str:
     """One line: CPU model, cores, GPU, torch, threads, and the load when it started."""
-    from fairseq_alibi.quickstart import machine as describe
+    from fairseq_alibi.cli.common import machine as describe
 
     found = describe()
     load = found["load_average"]

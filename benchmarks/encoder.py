@@ -5,7 +5,7 @@ kernel and with its ``(H, L, L)`` float mask (built once, as a model shares it b
 layers), forward and forward+backward, against the stock encoder's unbiased bidirectional
 attention (the limit) and the unbiased causal one (half the work); forward only, compiled
 ``flex_attention`` too. ``sdpa`` (what ``auto`` takes on the CPU) folds ``one_sided`` and uses
-the mask for the others while it fits ``attention_backends.DENSE_MASK_BUDGET``.
+the mask for the others while it fits ``dispatch.DENSE_MASK_BUDGET``.
 
 Model level: ``alibi_roberta`` training steps (``masked_lm`` criterion, Adam, fairseq's
 Trainer) per ``--alibi-variant``, against ``--alibi-variant none`` — stock RoBERTa attention
@@ -20,8 +20,8 @@ import torch.nn.functional as F
 from benchmarks import train
 from benchmarks.common import Rounds, backward_call, forward_call, table
 from fairseq_alibi.alibi import AlibiPositionalBias
-from fairseq_alibi.modules import attention_backends as backends
-from fairseq_alibi.modules.folded_attention import folded_attention
+from fairseq_alibi.modules.attention.fold import folded_attention
+from benchmarks.attention import compiled_flex as _compiled_flex
 
 ENCODER_VARIANTS = ("symmetric", "one_sided", "offset", "asymmetric")
 
@@ -56,7 +56,7 @@ def attention_table(quick, rounds, log):
                 return F.scaled_dot_product_attention(q, k, v, attn_mask=dense, scale=scale)
 
             def compiled_flex(q, k, v, alibi=alibi):
-                return backends.flex_attention(q, k, v, alibi, None, None, scale)
+                return _compiled_flex(q, k, v, alibi, scale)
 
             cases[f"{variant}, sdpa folded"] = folded
             cases[f"{variant}, sdpa float mask"] = masked

@@ -1,6 +1,6 @@
 """All benchmarks in one command; every figure is a ratio measured side by side in this run.
 
-    python benchmarks/run.py [--quick] [--only train,attention,eval,encoder] [--rounds N]
+    python -m benchmarks.run [--quick] [--only attention,decoding,train,eval,encoder,translation] [--rounds N]
                              [--threads N] [--markdown FILE]
 
 ``--quick`` runs every benchmark at toy sizes in about a minute (the test suite does, so the
@@ -10,18 +10,16 @@ command, machine and date, for docs/benchmarks.md.
 
 import argparse
 import logging
-import os
 import shlex
 import sys
 import tempfile
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import torch  # noqa: E402
+import torch
 
-from benchmarks import common  # noqa: E402
+from benchmarks import common
 
-ALL = ("attention", "train", "eval", "encoder")
+ALL = ("attention", "decoding", "train", "eval", "encoder", "translation")
 
 
 def parse_args(argv=None):
@@ -54,7 +52,7 @@ def main(argv=None):
     if args.threads:
         torch.set_num_threads(args.threads)
     logging.getLogger("filelock").setLevel(logging.WARNING)  # torch.compile's lock chatter
-    command = "python benchmarks/run.py " + " ".join(
+    command = "python -m benchmarks.run " + " ".join(
         shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:])
     )
     log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
@@ -75,6 +73,13 @@ def main(argv=None):
         shape, modules = attention.run_modules(args.quick, args.rounds, log=log)
         emit("Attention modules, projections included (" + shape + ")", modules)
 
+    if "decoding" in args.only:
+        from benchmarks import decoding
+
+        shape, body = decoding.run(args.quick, args.rounds, log=log)
+        emit("Cached decoding, per step: alibi_transformer_lm ÷ transformer_lm (" + shape + ")",
+             body, decoding.NOTES)
+
     with tempfile.TemporaryDirectory() as tmp:
         work = args.work_dir or tmp
         if "train" in args.only:
@@ -92,6 +97,11 @@ def main(argv=None):
             from benchmarks import encoder
 
             for shape, body, notes in encoder.run(work, args.quick, args.rounds, log=log):
+                emit(shape, body, notes)
+        if "translation" in args.only:
+            from benchmarks import translation
+
+            for shape, body, notes in translation.run(work, args.quick, args.rounds, log=log):
                 emit(shape, body, notes)
 
     if args.markdown:

@@ -1,13 +1,9 @@
 """``python -m fairseq_alibi --user-dir`` prints the directory to pass to fairseq's ``--user-dir``."""
 
 import argparse
-import os
 import sys
 
-
-def user_dir() -> str:
-    """The folder to pass to fairseq's ``--user-dir``: this package."""
-    return os.path.dirname(os.path.abspath(__file__))
+from fairseq_alibi.paths import user_dir
 
 
 def main(argv=None):

@@ -27,7 +27,8 @@ from hydra.experimental.callback import Callback
 from omegaconf import OmegaConf
 
 import fairseq_alibi  # noqa: F401  (registers the models, so fairseq fills their defaults)
-from fairseq_alibi.__main__ import user_dir
+from fairseq_alibi import error_hints
+from fairseq_alibi.paths import user_dir
 
 #: the resolver the shipped configs use for ``common.user_dir``
 USER_DIR_RESOLVER = "fairseq_alibi.user_dir"
@@ -36,4 +37,12 @@ OmegaConf.register_new_resolver(USER_DIR_RESOLVER, user_dir, replace=True)
 
 
 class RegisterFairseqAlibi(Callback):
-    """Hydra callback whose only job is to get this module imported before the job starts."""
+    """Hydra callback: gets this module imported before the job starts, and when the job fails,
+    prints the plugin's one-line hint (:mod:`fairseq_alibi.error_hints`) before hydra's report."""
+
+    def on_job_end(self, config, job_return, **kwargs):
+        from hydra.core.utils import JobStatus
+
+        if job_return.status == JobStatus.FAILED:
+            # the exception itself: reading ``return_value`` would print hydra's report twice
+            error_hints.report(getattr(job_return, "_return_value", None))

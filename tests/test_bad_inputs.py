@@ -6,15 +6,29 @@ counts at the math level (test_alibi_math, test_encoder_math), all-padding rows 
 (test_attention, test_encoder_math), a wrong ``--user-dir`` (test_lm_cli), checkpoints of the
 other kind at the weights level (test_lm_model, test_encoder_math), and truncated or corrupt
 checkpoint files (test_resume).
+
+The last section holds one test per row of issue 12 (what an experienced fairseq user hit on
+first contact). Tests that run fairseq's command lines are marked ``slow``.
 """
 
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
 
-from tests.conftest import run_cli
-from tests.training_runs import build_model, train
+from fairseq_alibi.modules import set_attention_backend
+
+from tests.helpers import (
+    MODELS,
+    REPO,
+    SHARED_DATA,
+    build_model,
+    run_cli,
+    setup_from_command_line,
+    train,
+    write_tiny_bpe,
+)
 
 ENCODER_VARIANTS = ["symmetric", "one_sided", "offset", "asymmetric"]
 
@@ -79,6 +93,7 @@ def test_a_batch_of_no_sequences(tiny_lm_data):
         assert net.eval()(torch.zeros(0, 5, dtype=torch.long))[0].shape[:2] == (0, 5)
 
 
+@pytest.mark.slow
 def test_lm_sequence_16x_the_training_length(lm_checkpoint, tiny_lm_data):
     """Trained at 16 tokens, scored at 256: finite, causal (a prefix is scored the same
     whatever follows), and equal to token-by-token decoding with the KV cache."""
@@ -114,7 +129,7 @@ def test_encoder_sequence_16x_the_training_length(variant, tiny_lm_data):
     tokens[1, 200:] = task.source_dictionary.pad()
     with torch.no_grad():
         out = net(tokens)[0]
-        net.encoder.sentence_encoder.alibi.backend = "naive"
+        set_attention_backend(net, "naive")
         reference = net(tokens)[0]
     real = tokens.ne(task.source_dictionary.pad())  # padding positions output nothing useful
     assert torch.isfinite(out).all()
@@ -130,6 +145,7 @@ def test_learned_positions_refuse_16x_the_training_length(tiny_lm_data):
 # ---------------------------------------------------------------- checkpoints and data
 
 
+@pytest.mark.slow
 def test_alibi_checkpoint_without_the_plugin(lm_checkpoint, tiny_lm_data, tmp_path):
     """Stock fairseq cannot build a model it does not know; its own error message is broken
     (it formats the config into a format string): KeyError "'_name'". The plugin is not loaded
@@ -141,6 +157,7 @@ def test_alibi_checkpoint_without_the_plugin(lm_checkpoint, tiny_lm_data, tmp_pa
     assert snapshot(lm_checkpoint.parent) == before
 
 
+@pytest.mark.slow
 def test_alibi_checkpoint_restored_into_stock_transformer_lm(lm_checkpoint, tiny_lm_data,
                                                              alibi_user_dir, tmp_path):
     save = tmp_path / "stock"
@@ -154,6 +171,7 @@ def test_alibi_checkpoint_restored_into_stock_transformer_lm(lm_checkpoint, tiny
     assert snapshot(save) == before  # nothing written, the checkpoint untouched
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model", ["lm", "encoder"])
 def test_dictionary_that_does_not_match_the_checkpoint(model, lm_checkpoint, tmp_path,
                                                        tiny_lm_data, alibi_user_dir):
@@ -173,6 +191,7 @@ def test_dictionary_that_does_not_match_the_checkpoint(model, lm_checkpoint, tmp
             [str(checkpoint)], arg_overrides={"data": str(other)})
 
 
+@pytest.mark.slow
 def test_empty_training_file(lm_checkpoint, tmp_path, alibi_user_dir, tiny_lm_data):
     """fairseq binarizes an empty file ("0 sents") and fails to read it at the start of
     training; the checkpoints already in --save-dir are untouched."""
@@ -191,3 +210,431 @@ def test_empty_training_file(lm_checkpoint, tmp_path, alibi_user_dir, tiny_lm_da
     out = train("lm", data, alibi_user_dir, save, "--max-update", 4, expect_ok=False)
     assert "ValueError: cannot mmap an empty file" in out
     assert snapshot(save) == before
+
+
+# ---------------------------------------------------------------- first contact (issue 12)
+# One test per row of the issue: what an experienced fairseq user hit following the docs.
+
+
+def saved_in_process(path, data, *flags):
+    """A fairseq checkpoint of a model built in this process from fairseq-train flags
+    (untrained: these tests only need files fairseq reads as it reads a trained one)."""
+    from omegaconf import OmegaConf
+
+    cfg, task = setup_from_command_line(data, "--cpu", *flags)
+    model = task.build_model(cfg.model)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.save({
+        "args": None,
+        "cfg": OmegaConf.to_container(cfg, resolve=True, enum_to_str=True),
+        "model": model.state_dict(),
+        "criterion": {},
+        "optimizer_history": [{"criterion_name": "CrossEntropyCriterion",
+                               "optimizer_name": "Adam", "lr_scheduler_state": {},
+                               "num_updates": 0}],
+        "task_state": {},
+        "extra_state": {},
+        "last_optimizer_state": None,
+    }, path)
+    return path
+
+
+STOCK = {  # the same tiny models, stock architectures
+    "lm": [*MODELS["lm"], "--arch", "transformer_lm"],
+    "encoder": ["--task", "masked_lm", "--criterion", "masked_lm", "--arch", "roberta_base",
+                "--encoder-layers", 2, "--encoder-embed-dim", 32, "--encoder-ffn-embed-dim", 64,
+                "--encoder-attention-heads", 4, "--tokens-per-sample", 16, "--batch-size", 8],
+}
+
+
+def last_line(output):
+    return output.strip().splitlines()[-1]
+
+
+@pytest.fixture
+def no_network(monkeypatch):
+    """Fail the test if fairseq tries to download anything (its GPT-2 BPE defaults are URLs)."""
+    from fairseq import file_utils
+
+    def refuse(url, *args, **kwargs):
+        raise AssertionError(f"tried to download {url}")
+
+    monkeypatch.setattr(file_utils, "get_from_cache", refuse)
+    monkeypatch.setattr(file_utils, "cached_path_from_pm", refuse)
+
+
+# row 1: hub, offline GPT-2 BPE
+
+
+@pytest.mark.parametrize("where", ["checkpoint folder", "data folder", "shared gpt2_bpe"])
+def test_hub_finds_the_gpt2_bpe_files_offline(where, tiny_lm_data, tmp_path, no_network):
+    """The stock idiom, no BPE arguments: encoder.json + vocab.bpe beside the checkpoint or in
+    the data folder are used, and nothing is downloaded."""
+    from fairseq_alibi.models.alibi_roberta import AlibiRobertaModel
+
+    checkpoint = saved_in_process(tmp_path / "ckpt" / "model.pt", tiny_lm_data,
+                                  *MODELS["encoder"])
+    data = tmp_path / "data"
+    shutil.copytree(tiny_lm_data, data)
+    if where == "shared gpt2_bpe":
+        source = SHARED_DATA / "gpt2_bpe"
+        if not (source / "encoder.json").is_file():
+            pytest.skip("no shared GPT-2 BPE files (../shared/data/gpt2_bpe)")
+        for name in ("encoder.json", "vocab.bpe"):
+            shutil.copy(source / name, checkpoint.parent / name)
+    else:
+        write_tiny_bpe(checkpoint.parent if where == "checkpoint folder" else data)
+    roberta = AlibiRobertaModel.from_pretrained(str(checkpoint.parent), "model.pt", str(data))
+    assert roberta.cfg.bpe._name == "gpt2"
+    assert roberta.cfg.bpe.gpt2_encoder_json.endswith("encoder.json")
+    assert not roberta.cfg.bpe.gpt2_encoder_json.startswith("http")
+    tokens = roberta.encode("the cat sat")
+    assert tokens[0].item() == 0 and tokens[-1].item() == 2 and len(tokens) > 2
+    assert roberta.extract_features(tokens).shape[:2] == (1, len(tokens))
+
+
+def test_hub_without_gpt2_bpe_files_is_a_one_line_error(tiny_lm_data, tmp_path, no_network):
+    from fairseq_alibi.models.alibi_roberta import AlibiRobertaModel
+
+    checkpoint = saved_in_process(tmp_path / "ckpt" / "model.pt", tiny_lm_data,
+                                  *MODELS["encoder"])
+    with pytest.raises(ValueError) as error:
+        AlibiRobertaModel.from_pretrained(str(checkpoint.parent), "model.pt", str(tiny_lm_data))
+    message = str(error.value)
+    assert "\n" not in message
+    for needed in ("encoder.json", "vocab.bpe", "gpt2_encoder_json=", "gpt2_vocab_bpe=",
+                   str(checkpoint.parent)):
+        assert needed in message
+    bpe = write_tiny_bpe(tmp_path / "elsewhere")  # the arguments the message names work
+    AlibiRobertaModel.from_pretrained(
+        str(checkpoint.parent), "model.pt", str(tiny_lm_data),
+        gpt2_encoder_json=str(bpe / "encoder.json"), gpt2_vocab_bpe=str(bpe / "vocab.bpe"))
+
+
+# row 2: fairseq-validate of a masked LM on longer blocks
+
+
+@pytest.mark.slow
+def test_documented_validate_recipe_scores_every_block(tiny_lm_data, alibi_user_dir, tmp_path):
+    """Stock fairseq-validate rounds batches to --required-batch-size-multiple (8): blocks are
+    dropped, or nothing is scored. The documented recipe scores them all, and its last line
+    says how many (bsz: blocks, wpb: tokens, summed over the split by fairseq-validate)."""
+    import re
+
+    recipe = (REPO / "docs" / "encoders.md").read_text()
+    command = next(b for b in re.findall(r"```bash\n(.*?)```", recipe, re.S)
+                   if "fairseq-validate" in b)
+    assert "--required-batch-size-multiple 1" in command
+    checkpoint = saved_in_process(tmp_path / "model.pt", tiny_lm_data, *MODELS["encoder"])
+    common = [tiny_lm_data, "--user-dir", alibi_user_dir, "--path", checkpoint, "--cpu",
+              "--task", "masked_lm", "--valid-subset", "valid", "--batch-size", 8,
+              "--model-overrides", "{'tokens_per_sample': 256}"]
+    out = run_cli("fairseq-validate", *common, "--required-batch-size-multiple", 1)
+    blocks = int(re.search(r"loaded (\d+) blocks from", out).group(1))
+    assert 1 < blocks < 8  # fewer than one stock batch: the case that divided by zero
+    scored = re.search(r"valid on 'valid' subset \|.*\| bsz (\d+)", out)
+    assert scored, out[-2000:]
+    assert int(scored.group(1)) == blocks
+    stock = run_cli("fairseq-validate", *common, expect_ok=False)  # what the issue hit
+    assert "ZeroDivisionError" in stock
+
+
+# row 3: a stock RoBERTa checkpoint, and row 12: the message fits how the run was started
+
+
+def test_stock_roberta_checkpoint_names_the_none_variant(tiny_lm_data):
+    cfg, task = setup_from_command_line(tiny_lm_data, "--cpu", *STOCK["encoder"])
+    stock = task.build_model(cfg.model)
+    ours, _ = build_model("encoder", tiny_lm_data)  # --alibi-variant offset
+    with pytest.raises(ValueError) as error:
+        ours.load_state_dict(stock.state_dict())
+    message = str(error.value)
+    assert "--alibi-variant none --mlm-head roberta" in message and "convert" not in message
+    none, _ = build_model("encoder", tiny_lm_data, "--alibi-variant", "none")
+    none.load_state_dict(stock.state_dict())  # what the message says works
+
+
+def _as_hydra_built(model_flags, data):
+    """The model as fairseq-hydra-train builds it: its options are an OmegaConf config."""
+    from fairseq import options, tasks
+    from omegaconf import OmegaConf
+
+    argv = [str(a) for a in [data, *MODELS["encoder"], "--cpu", *model_flags]]
+    args = options.parse_args_and_arch(options.get_training_parser(), argv)
+    task = tasks.setup_task(args)
+    cfg = OmegaConf.create({k: v for k, v in vars(args).items()
+                            if v is None or isinstance(v, (bool, int, float, str, list))})
+    return task.build_model(cfg)
+
+
+@pytest.mark.parametrize("started,expected", [
+    ("cli", "the flags `--alibi-variant offset --mlm-head clap --zero-mask-embedding`"),
+    ("hydra", "the override `variant=zero_clap`"),
+])
+def test_kind_mismatch_message_fits_how_the_run_was_started(started, expected, tiny_lm_data):
+    zero_clap = ["--alibi-variant", "offset", "--mlm-head", "clap", "--zero-mask-embedding"]
+    trained, _ = build_model("encoder", tiny_lm_data, *zero_clap)
+    if started == "cli":
+        fresh, _ = build_model("encoder", tiny_lm_data)  # the default: offset, roberta head
+    else:
+        fresh = _as_hydra_built([], tiny_lm_data)  # a GLUE config without variant=
+    with pytest.raises(ValueError, match="trained as `--alibi-variant offset --mlm-head clap"
+                                         " --zero-mask-embedding`") as error:
+        fresh.load_state_dict(trained.state_dict())
+    assert str(error.value).endswith(expected)
+
+
+@pytest.mark.slow
+def test_hydra_glue_config_without_variant_names_the_override(alibi_user_dir, tmp_path):
+    """The shipped GLUE config (default variant=alibi) on a zero-clap checkpoint, through the
+    real fairseq-hydra-train: the hint names `variant=zero_clap`, printed before hydra's report."""
+    from fairseq_alibi.preprocess import glue
+    from fairseq_alibi.preprocess.encoders import Gpt2BpeEncoder
+    from tests.helpers import write_glue
+
+    write_glue(tmp_path / "glue_data", rows=16)
+    bpe = Gpt2BpeEncoder.from_dir(write_tiny_bpe(tmp_path / "bpe"))
+    glue.prepare(tmp_path / "glue_data", tmp_path / "glue", ["RTE"], bpe)
+    data = tmp_path / "glue" / "RTE-bin"
+    sizes = {"encoder_layers": 1, "encoder_embed_dim": 16, "encoder_ffn_embed_dim": 32,
+             "encoder_attention_heads": 2}
+    checkpoint = saved_in_process(
+        tmp_path / "zero_clap" / "model.pt", data / "input0", "--task", "masked_lm",
+        "--criterion", "masked_lm", "--arch", "alibi_roberta_base", "--alibi-variant", "offset",
+        "--mlm-head", "clap", "--zero-mask-embedding", "--tokens-per-sample", 64,
+        *[a for k, v in sizes.items() for a in (f"--{k.replace('_', '-')}", v)])
+    out = run_cli(
+        "fairseq-hydra-train", "--config-dir", f"{alibi_user_dir}/config/glue",
+        "--config-name", "rte", f"task.data={data}", f"checkpoint.restore_file={checkpoint}",
+        *[f"++model.{k}={v}" for k, v in sizes.items()], "++model.max_positions=64",
+        "task.max_positions=64", "common.cpu=true", "common.fp16=false",
+        "dataset.num_workers=0", "distributed_training.distributed_world_size=1",
+        "dataset.batch_size=4", "dataset.max_tokens=null", "optimization.max_update=2",
+        f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path, expect_ok=False)
+    lines = out.strip().splitlines()
+    hint = next(i for i, l in enumerate(lines) if l.startswith("fairseq_alibi: ValueError:"))
+    assert lines[hint].endswith("build it as the checkpoint was: the override `variant=zero_clap`")
+    assert "trained as `--alibi-variant offset --mlm-head clap --zero-mask-embedding`" in lines[hint]
+    assert hint < next(i for i, l in enumerate(lines) if "Error executing job" in l)
+
+
+# row 4: a stock checkpoint through --restore-file / --finetune-from-model
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("flag", ["--restore-file", "--finetune-from-model"])
+def test_stock_checkpoint_restored_shows_the_plugin_message_last(flag, tiny_lm_data,
+                                                                 alibi_user_dir, tmp_path):
+    stock = saved_in_process(tmp_path / "stock" / "model.pt", tiny_lm_data, *STOCK["lm"])
+    out = train("lm", tiny_lm_data, alibi_user_dir, tmp_path / "save", "--max-update", 2,
+                flag, stock, expect_ok=False)
+    assert "please ensure that the architectures match" in out  # fairseq's, above ours
+    assert last_line(out).startswith(
+        "fairseq_alibi: ValueError: this checkpoint has no ALiBi slopes (decoder.alibi.slopes)")
+    assert "convert" in last_line(out)
+
+
+# row 5: from_pretrained on a stock checkpoint
+
+
+@pytest.mark.parametrize("model", ["lm", "encoder"])
+def test_from_pretrained_refuses_a_stock_checkpoint(model, tiny_lm_data, tmp_path, no_network):
+    from fairseq_alibi.models.alibi_roberta import AlibiRobertaModel
+    from fairseq_alibi.models.alibi_transformer_lm import AlibiTransformerLanguageModel
+
+    checkpoint = saved_in_process(tmp_path / "model.pt", tiny_lm_data, *STOCK[model])
+    write_tiny_bpe(tmp_path)
+    hub_class = AlibiTransformerLanguageModel if model == "lm" else AlibiRobertaModel
+    built = "TransformerLanguageModel" if model == "lm" else "RobertaModel"
+    with pytest.raises(ValueError, match=rf"holds a {built}, not an alibi_\w+ model .*"
+                                         rf"load it with {built}.from_pretrained"):
+        hub_class.from_pretrained(str(tmp_path), checkpoint.name, str(tiny_lm_data))
+
+
+# row 6: position-embedding flags
+
+
+def test_position_embedding_flag_is_refused(tiny_lm_data, capsys):
+    with pytest.raises(SystemExit):
+        build_model("lm", tiny_lm_data, "--decoder-learned-pos")
+    error = last_line(capsys.readouterr().err)
+    assert error.endswith("error: argument --decoder-learned-pos: alibi_transformer_lm has no "
+                          "position embeddings (the ALiBi bias replaces them); drop "
+                          "--decoder-learned-pos, or train a stock model for learned positions")
+
+
+def test_saved_learned_pos_field_still_loads(tiny_lm_data, tmp_path):
+    """Only the command line is refused: a saved config with decoder_learned_pos (the stock
+    gpt3 architectures set it, converted checkpoints keep it) loads as before."""
+    from fairseq import checkpoint_utils
+
+    path = saved_in_process(tmp_path / "model.pt", tiny_lm_data, *MODELS["lm"])
+    state = torch.load(path, weights_only=False)
+    state["cfg"]["model"]["decoder_learned_pos"] = True
+    torch.save(state, path)
+    models, _, _ = checkpoint_utils.load_model_ensemble_and_task([str(path)])
+    assert models[0].decoder.embed_positions is None
+
+
+# row 7: scoring any length through the hub
+
+
+def test_hub_scores_3000_words_with_the_training_max_tokens(tiny_lm_data, tmp_path):
+    """The checkpoint's --max-tokens is 128; the stock hub asserted on anything longer."""
+    from fairseq_alibi.models.alibi_transformer_lm import AlibiTransformerLanguageModel
+
+    checkpoint = saved_in_process(tmp_path / "model.pt", tiny_lm_data, *MODELS["lm"])
+    lm = AlibiTransformerLanguageModel.from_pretrained(str(tmp_path), checkpoint.name,
+                                                       data_name_or_path=str(tiny_lm_data))
+    assert lm.cfg.dataset.max_tokens == 128
+    words = " ".join(f"w{(7 * i) % 60}" for i in range(3000))
+    long, short = lm.score([words, "w1 w2 w3"])
+    assert long["positional_scores"].numel() == 3000
+    assert short["positional_scores"].numel() == 3
+    assert torch.isfinite(long["positional_scores"]).all()
+    assert lm.cfg.dataset.max_tokens == 128  # the setting is left as it was
+
+
+# row 8: documented hydra commands work from any folder
+
+
+def test_documented_config_dirs_work_from_any_folder():
+    """Every ``--config-dir`` in the docs points into the installed package, and the config it
+    names is there."""
+    import re
+
+    from fairseq_alibi.paths import config_dir
+
+    pages = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md")),
+             *sorted((REPO / "examples").glob("*/README.md"))]
+    found = 0
+    for page in pages:
+        text = page.read_text()
+        for match in re.finditer(
+                r'--config-dir\s+("[^"]*"|\S+)\s+(?:\\\s+)?--config-name\s+(\w+)', text):
+            folder, name = match.groups()
+            if folder == "DIR":  # "your own folder" in prose
+                continue
+            found += 1
+            family = re.fullmatch(
+                r'"?\$\(python -m fairseq_alibi --user-dir\)/config/(\w+)"?', folder)
+            assert family, f"{page.name}: --config-dir {folder} only works from the repo root"
+            assert (Path(config_dir(family.group(1))) / f"{name}.yaml").is_file(), match.group(0)
+    assert found >= 6
+
+
+# row 9: checkpoints check/repair before the first save
+
+
+@pytest.mark.parametrize("fresh", ["empty folder", "no folder yet"])
+def test_repair_and_check_before_the_first_save(fresh, tmp_path, capsys):
+    from fairseq_alibi.cli.checkpoints import main
+
+    save_dir = tmp_path / "checkpoints"
+    if fresh == "empty folder":
+        save_dir.mkdir()
+    assert main(["repair", str(save_dir)]) == 0
+    assert capsys.readouterr().out.strip() == f"nothing to repair: no checkpoint in {save_dir} yet"
+    assert main(["check", str(save_dir)]) == 0
+    out = capsys.readouterr().out.strip()
+    assert out == f"no checkpoint yet in {save_dir}" and "DAMAGED" not in out
+    assert not save_dir.exists() or not any(save_dir.iterdir())  # nothing written
+
+
+# row 10: a 0-byte checkpoint
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("tool", ["fairseq-eval-lm", "fairseq-train"])
+def test_zero_byte_checkpoint_is_named_with_the_fix(tool, tiny_lm_data, alibi_user_dir, tmp_path):
+    save = tmp_path / "save"
+    save.mkdir()
+    (save / "checkpoint_last.pt").write_bytes(b"")
+    if tool == "fairseq-train":  # resuming
+        out = train("lm", tiny_lm_data, alibi_user_dir, save, "--max-update", 2, expect_ok=False)
+    else:
+        out = run_cli(tool, tiny_lm_data, "--user-dir", alibi_user_dir, "--path",
+                      save / "checkpoint_last.pt", "--cpu", "--tokens-per-sample", 16,
+                      expect_ok=False)
+    assert last_line(out) == (
+        f"fairseq_alibi: checkpoint {save / 'checkpoint_last.pt'} is empty (0 bytes), as an "
+        f"interrupted save leaves it; `python -m fairseq_alibi.checkpoints repair {save}` "
+        f"restores checkpoint_last.pt from the newest intact checkpoint (`... check {save}` "
+        f"lists them)")
+
+
+def test_check_reports_a_zero_byte_checkpoint(tmp_path, capsys):
+    from fairseq_alibi.cli.checkpoints import main
+
+    (tmp_path / "checkpoint_last.pt").write_bytes(b"")
+    assert main(["check", str(tmp_path)]) == 1
+    out = capsys.readouterr().out
+    assert "checkpoint_last.pt: DAMAGED (empty file, 0 bytes)" in out
+    assert f"python -m fairseq_alibi.checkpoints repair {tmp_path}" in out
+
+
+# row 11: bad lengths
+
+
+@pytest.mark.parametrize("lengths,reason", [
+    ("64,abc", "expected comma-separated whole numbers of tokens"),
+    ("0", "every evaluation length must be at least 2 tokens"),
+    ("", "every evaluation length must be at least 2 tokens"),
+])
+def test_sweep_bad_lengths_are_argparse_errors(lengths, reason, tmp_path, capsys):
+    from fairseq_alibi.cli.sweep import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["--path", str(tmp_path / "x.pt"), "--data", str(tmp_path), "--out",
+              str(tmp_path / "out"), "--lengths", lengths])
+    assert exit_.value.code == 2
+    error = last_line(capsys.readouterr().err)
+    assert error.startswith("python -m fairseq_alibi.sweep: error: argument --lengths: " + reason)
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("model", ["lm", "encoder"])
+def test_zero_tokens_per_sample_is_a_clear_error(model, tiny_lm_data):
+    with pytest.raises(ValueError, match=r"^--tokens-per-sample must be at least 1 .* got 0;"):
+        build_model(model, tiny_lm_data, "--tokens-per-sample", 0)
+
+
+@pytest.mark.slow
+def test_zero_tokens_per_sample_in_eval_lm_is_named(tiny_lm_data, alibi_user_dir, tmp_path):
+    """eval-lm builds the model from the checkpoint, which never sees the flag: fairseq divides
+    by zero splitting the data, and the last line names the flag."""
+    checkpoint = saved_in_process(tmp_path / "model.pt", tiny_lm_data, *MODELS["lm"])
+    out = run_cli("fairseq-eval-lm", tiny_lm_data, "--user-dir", alibi_user_dir, "--path",
+                  checkpoint, "--cpu", "--tokens-per-sample", 0, expect_ok=False)
+    assert "ZeroDivisionError" in out
+    assert last_line(out).startswith(
+        "fairseq_alibi: --tokens-per-sample must be at least 1 (the tokens of one block), got 0")
+
+
+# row 13: the quickstart's time
+
+
+def test_quickstart_header_gives_the_measured_time():
+    header = "".join(l for l in (REPO / "examples" / "quickstart.sh").read_text().splitlines(True)
+                     if l.startswith("#"))
+    measured = (REPO / "docs" / "quickstart.md").read_text()
+    for figure in ("4 min 8 s", "467 CPU-seconds"):
+        assert figure in " ".join(header.split()) and figure in measured
+    assert "About 10 minutes" not in header
+
+
+# row 14: the Pile pipeline's JSON errors
+
+
+@pytest.mark.parametrize("line,reason", [
+    ('{"text": "a\tb"}', "Invalid control character at column 12"),
+    ('{"text": "ab', "Unterminated string at column 10"),
+    ("{not json", "Expecting property name enclosed in double quotes at column 2"),
+])
+def test_pile_json_error_reads_once(line, reason):
+    from fairseq_alibi.preprocess.pile import DataError, parse_document
+
+    with pytest.raises(DataError) as error:
+        parse_document("shard.jsonl", 3, line)
+    assert str(error.value) == f"shard.jsonl:3: not valid JSON ({reason})"
+    assert " at at " not in str(error.value)

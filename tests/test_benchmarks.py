@@ -5,26 +5,33 @@ benchmark runs through the real code paths (fairseq's Trainer and fairseq-eval-l
 and writes its tables with the command, machine and date they come from.
 """
 
+import pytest
 import os
 import subprocess
 import sys
 
-from tests.conftest import REPO
+from tests.helpers import REPO
+
+#: end to end through fairseq's real command lines
+pytestmark = pytest.mark.slow
 
 SECTIONS = [
     "### Attention forward (",
     "### Attention forward+backward and memory (",
     "### Attention modules, projections included (",
+    "### Cached decoding, per step: alibi_transformer_lm ÷ transformer_lm (",
     "### Training throughput and peak memory (",
     "### fairseq-eval-lm, sliding window (",
     "### Encoder variants, attention (",
     "### Encoder variants, masked-LM training (",
+    "### Translation training: alibi_transformer ÷ transformer (",
+    "### Translation generation, beam 4: alibi_transformer ÷ transformer (",
 ]
 
 
 def run_benchmarks(*args):
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
-    return subprocess.run([sys.executable, str(REPO / "benchmarks" / "run.py"), *args],
+    return subprocess.run([sys.executable, "-m", "benchmarks.run", *args],
                           capture_output=True, text=True, env=env, timeout=900, cwd=REPO)
 
 
@@ -36,13 +43,19 @@ def test_quick_run_of_every_benchmark_writes_its_tables(tmp_path):
     for title in SECTIONS:
         assert title in text, title
         assert title in proc.stdout, title
-    assert text.count("Command: `python benchmarks/run.py --quick --threads 1 --markdown") == len(SECTIONS)
+    assert text.count("Command: `python -m benchmarks.run --quick --threads 1 --markdown") == len(SECTIONS)
     assert text.count("Machine: ") == len(SECTIONS) and text.count("Date: ") == len(SECTIONS)
     # every method of the attention benchmark has a row, and flex is said to be forward-only
-    for method in ["no bias", "sdpa (folded)", "sdpa (float mask)", "original (B·H,L,L) mask",
+    for method in ["no bias", "fold", "sdpa (float mask)", "original (B·H,L,L) mask",
                    "BLOOM baddbmm", "naive", "flex (compiled)"]:
         assert f"| {method} |" in text, method
     assert "| flex (compiled) | no CPU backward |" in text
+    # the decoding benchmark has a ratio for every (sequences, cached tokens) case of --quick
+    decoding = text.split("### Cached decoding")[1].split("###")[0]
+    rows = [l.split("|")[1:-1] for l in decoding.splitlines() if l.startswith("| ")][1:]
+    assert [(r[0].strip(), r[1].strip()) for r in rows] == [
+        ("1", "16"), ("1", "64"), ("2", "16"), ("2", "64")]
+    assert all(float(r[4]) > 0 for r in rows), rows
     # both models scored the same, non-zero, number of tokens with fairseq-eval-lm
     eval_section = text.split("### fairseq-eval-lm")[1].split("###")[0]
     rows = [l.split("|")[1:-1] for l in eval_section.splitlines() if l.startswith("| ")][1:]
@@ -54,4 +67,4 @@ def test_quick_run_of_every_benchmark_writes_its_tables(tmp_path):
 def test_unknown_benchmark_name_is_a_clear_error():
     proc = run_benchmarks("--only", "attention,speed")
     assert proc.returncode != 0
-    assert "unknown benchmark(s) speed; choose from attention, train, eval, encoder" in proc.stderr
+    assert "unknown benchmark(s) speed; choose from attention, decoding, train, eval, encoder" in proc.stderr

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from fairseq_alibi.modules.compact import parameter_count
-from tests.building import build_from_command_line, write_dictionary
-from tests.conftest import run_cli
+from tests.helpers import build_from_command_line, write_dictionary
+from tests.helpers import run_cli
 
 V_WORDS = 60  # dictionary of the tests: 60 words + fairseq's 4 specials
 H, F, HEADS, N = 32, 64, 4, 3
@@ -77,6 +77,7 @@ def test_encoder_parameter_count_matches_formula(dict_dir, e, shared):
     assert logits.shape == (2, 7, v) and torch.isfinite(logits).all()
 
 
+@pytest.mark.slow
 def test_gpt2_small_sized_compact_lm_is_13_7_million(tmp_path):
     """GPT-2 small sizes and vocabulary: ~124 M parameters; shared + E=128: 13.7 M."""
     v = 50264  # GPT-2's 50,260 BPE symbols + fairseq's 4 specials
@@ -201,6 +202,7 @@ def train_then_resume(data, user_dir, flags, save, first, second):
     return out
 
 
+@pytest.mark.slow
 def test_compact_lm_trains_resumes_and_evaluates(tiny_lm_data, alibi_user_dir, tmp_path):
     flags = [*LM_DIMS, *compact_lm_flags(8, True)]
     save = tmp_path / "ck"
@@ -215,6 +217,7 @@ def test_compact_lm_trains_resumes_and_evaluates(tiny_lm_data, alibi_user_dir, t
     assert tokens > 0 and 1.0 < ppl < 1e4
 
 
+@pytest.mark.slow
 def test_compact_encoder_trains_resumes_and_evaluates(tiny_lm_data, alibi_user_dir, tmp_path):
     flags = ["--task", "masked_lm", "--criterion", "masked_lm", "--arch", "alibi_roberta",
              "--encoder-layers", N, "--encoder-embed-dim", H, "--encoder-ffn-embed-dim", F,

@@ -18,10 +18,13 @@ import torch
 from omegaconf import OmegaConf
 
 from fairseq_alibi.__main__ import user_dir
-from fairseq_alibi.data import glue, pile, wikitext
-from fairseq_alibi.data.encoders import Gpt2BpeEncoder
-from tests import data_fixtures as fx
-from tests.conftest import REPO, run_cli
+from fairseq_alibi.preprocess import glue, pile, wikitext
+from fairseq_alibi.preprocess.encoders import Gpt2BpeEncoder
+from tests import helpers as fx
+from tests.helpers import REPO, run_cli
+
+#: end to end through fairseq's real command lines
+pytestmark = pytest.mark.slow
 
 CONFIG = REPO / "config"
 FAIRSEQ_ROBERTA = Path(__import__("fairseq").__file__).parent / "examples" / "roberta" / "config"

@@ -18,8 +18,8 @@ import torch
 
 from fairseq_alibi.alibi import get_slopes
 from fairseq_alibi.criterions.lm_distillation import distillation_loss
-from tests.building import setup_from_command_line
-from tests.conftest import run_cli
+from tests.helpers import setup_from_command_line
+from tests.helpers import run_cli
 
 L = 16
 HEADS = 4
@@ -108,7 +108,7 @@ def test_converted_model_runs_through_eval_lm_beyond_the_learned_positions(
 
 
 def test_conversion_refuses_what_it_cannot_convert(stock, converted, tmp_path, capsys):
-    from fairseq_alibi.convert import main
+    from fairseq_alibi.cli.convert import main
 
     out = tmp_path / "x.pt"
     assert "already an ALiBi language model" in convert(converted["sinusoidal"], out,
@@ -138,7 +138,7 @@ def test_conversion_refuses_what_it_cannot_convert(stock, converted, tmp_path, c
 
 
 def test_conversion_drops_the_placeholder_of_older_sinusoidal_checkpoints(stock, tmp_path):
-    from fairseq_alibi.convert import convert_file
+    from fairseq_alibi.cli.convert import convert_file
 
     state = load(stock["sinusoidal"])
     state["model"]["decoder.embed_positions._float_tensor"] = torch.zeros(1)
@@ -152,7 +152,7 @@ def test_conversion_of_an_argparse_era_checkpoint(stock, tiny_lm_data, tmp_path)
     """Older fairseq checkpoints hold an argparse Namespace ("args") instead of "cfg"."""
     from fairseq import options
 
-    from fairseq_alibi.convert import convert_file
+    from fairseq_alibi.cli.convert import convert_file
     from fairseq_alibi.models.alibi_transformer_lm import AlibiTransformerLanguageModel
 
     state = load(stock["learned"])
@@ -256,7 +256,7 @@ def test_distillation_trains_resumes_and_leaves_the_teacher_out(
 
 
 def test_distillation_refuses_a_teacher_with_another_dictionary(stock, tmp_path):
-    from tests.building import write_dictionary
+    from tests.helpers import write_dictionary
 
     data = write_dictionary(tmp_path, 30)
     with pytest.raises(ValueError, match="dictionary of 64 symbols, the task's has 34"):

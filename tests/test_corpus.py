@@ -4,7 +4,7 @@ import hashlib
 
 import pytest
 
-from fairseq_alibi.corpus import (
+from fairseq_alibi.cli.corpus import (
     SPLITS,
     Document,
     EmbeddedTextNotFound,
@@ -19,6 +19,7 @@ def _file_hashes(folder):
     return {s: hashlib.sha256((folder / f"{s}.txt").read_bytes()).hexdigest() for s in SPLITS}
 
 
+@pytest.mark.slow
 def test_build_is_deterministic_and_split_by_document(tmp_path):
     first = build_corpus(tmp_path / "a")
     second = build_corpus(tmp_path / "b")

@@ -14,12 +14,15 @@ import subprocess
 import pytest
 import torch
 
-from fairseq_alibi.checkpoints import set_world_size
-from tests.conftest import BIN
-from tests.training_runs import (
+from fairseq_alibi.cli.checkpoints import set_world_size
+from tests.helpers import BIN
+from tests.helpers import (
     child_env, load, loaded_at, logged_losses, max_weight_difference, python_module, train,
     train_args, train_distributed, train_loss,
 )
+
+#: end to end through fairseq's real command lines
+pytestmark = pytest.mark.slow
 
 # no dropout: worker 1 and the second micro-batch of one process draw different masks
 SAVE_EVERY = ["--save-interval-updates", 4, "--dropout", 0, "--attention-dropout", 0]
@@ -124,7 +127,7 @@ def test_encoder_two_workers_train_like_one_process(tmp_path, tiny_lm_data, alib
 def test_the_checkpoint_rank_0_sends_to_the_other_ranks_loads_safely(single_lm):
     """fairseq's trainer reads a checkpoint on rank 0 and sends it to the other ranks with
     torch.save/torch.load (weights_only since torch 2.6): the payload holds the OmegaConf
-    config, which fairseq_alibi.compat allow-lists, else no distributed run could resume."""
+    config, which fairseq_alibi.safe_loading allow-lists, else no distributed run could resume."""
     import io
 
     from fairseq import checkpoint_utils
@@ -139,7 +142,7 @@ def test_the_checkpoint_rank_0_sends_to_the_other_ranks_loads_safely(single_lm):
 
 
 def test_set_world_size_refuses_a_position_the_workers_cannot_split(single_lm, tmp_path):
-    from fairseq_alibi.checkpoints import CheckpointError
+    from fairseq_alibi.cli.checkpoints import CheckpointError
 
     shutil.copy(single_lm[0] / "checkpoint_1_4.pt", tmp_path / "checkpoint_last.pt")
     before = (tmp_path / "checkpoint_last.pt").read_bytes()

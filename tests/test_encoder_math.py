@@ -13,7 +13,7 @@ from fairseq.models.roberta import RobertaModel
 
 import fairseq_alibi  # noqa: F401  (registers alibi_roberta)
 from fairseq_alibi.alibi import AlibiPositionalBias, alibi_bias, mask_value, variant_slopes
-from fairseq_alibi.models.alibi_roberta import UNBOUNDED_POSITIONS
+from fairseq_alibi.models.checks import UNBOUNDED_POSITIONS
 
 ALIBI_VARIANTS = ["symmetric", "one_sided", "offset", "asymmetric"]
 ALL_VARIANTS = ALIBI_VARIANTS + ["none"]
@@ -447,6 +447,34 @@ def test_checkpoint_of_another_kind_is_a_clear_error(trained, loaded, message):
     state = build(**trained).state_dict()
     with pytest.raises(ValueError, match=message):
         build(**loaded).load_state_dict(state)
+
+
+@pytest.mark.parametrize(
+    "old_kind,kind",
+    [
+        # the integer positions checkpoints stored before the names were (variant, head, ...)
+        ((2, 0, 0, 0), {"variant": "offset"}),
+        ((2, 1, 1, 1), {"variant": "offset", "mlm_head": "clap", "zero_mask_embedding": True}),
+        ((1, 0, 0, 0), {"variant": "one_sided"}),
+        ((4, 1, 1, 0), {"variant": "none", "mlm_head": "clap"}),
+    ],
+)
+def test_model_kind_is_stored_by_name_and_old_integer_form_still_loads(old_kind, kind):
+    from fairseq_alibi.models.alibi_roberta import decode_kind
+
+    model = build(**kind)
+    saved = decode_kind(model.encoder.model_kind)
+    assert saved["alibi_variant"] == kind["variant"]
+    assert saved["mlm_head"] == kind.get("mlm_head", "roberta")
+    state = model.state_dict()
+    state["encoder.model_kind"] = torch.tensor(old_kind, dtype=torch.long)
+    fresh = build(**kind)
+    fresh.load_state_dict(state)  # read in the old form, kept in the new one
+    assert torch.equal(fresh.encoder.model_kind, model.encoder.model_kind)
+    other = "symmetric" if kind["variant"] != "symmetric" else "offset"
+    state["encoder.model_kind"] = torch.tensor(old_kind, dtype=torch.long)
+    with pytest.raises(ValueError, match=f"--alibi-variant {kind['variant']}"):
+        build(**dict(kind, variant=other)).load_state_dict(state)
 
 
 def test_stock_roberta_weights_load_as_none_only():

@@ -9,7 +9,10 @@ import re
 import pytest
 import torch
 
-from tests.conftest import run_cli
+from tests.helpers import run_cli
+
+#: end to end through fairseq's real command lines
+pytestmark = pytest.mark.slow
 
 L = 16  # training length (tokens per sample)
 TRAIN = ["--task", "language_modeling", "--arch", "alibi_transformer_lm",

@@ -12,7 +12,7 @@ from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 from fairseq.models import ARCH_MODEL_REGISTRY
 
 import fairseq_alibi  # noqa: F401  (registers the models)
-from fairseq_alibi.models.alibi_transformer_lm import UNBOUNDED_POSITIONS
+from fairseq_alibi.models.checks import UNBOUNDED_POSITIONS
 
 TINY = ["--decoder-layers", "2", "--decoder-embed-dim", "32", "--decoder-ffn-embed-dim", "64",
         "--decoder-attention-heads", "4", "--decoder-input-dim", "32", "--decoder-output-dim", "32"]
@@ -115,7 +115,7 @@ def test_unknown_backend_flag_is_a_clear_error(tiny_lm_data):
 
 
 def test_argparse_era_checkpoints_load_with_torch_weights_only(tmp_path):
-    """torch>=2.6 refuses argparse.Namespace unless fairseq_alibi.compat allow-lists it."""
+    """torch>=2.6 refuses argparse.Namespace unless fairseq_alibi.safe_loading allow-lists it."""
     import numpy as np
 
     path = tmp_path / "old.pt"

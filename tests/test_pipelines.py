@@ -21,11 +21,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fairseq_alibi.data import glue, pile, wikitext
-from fairseq_alibi.data.common import DataError, atomic_directory
-from fairseq_alibi.data.encoders import NEWLINE, Gpt2BpeEncoder, SentencePieceEncoder
-from tests import data_fixtures as fx
-from tests.conftest import REPO, SHARED_DATA
+from fairseq_alibi.preprocess import glue, pile, wikitext
+from fairseq_alibi.preprocess.common import DataError, atomic_directory
+from fairseq_alibi.preprocess.encoders import NEWLINE, Gpt2BpeEncoder, SentencePieceEncoder
+from tests import helpers as fx
+from tests.helpers import REPO, SHARED_DATA
 
 PYTHON = sys.executable
 OUTPUT_FILES = ("dict.txt",) + tuple(f"{s}.{e}" for s in ("train", "valid", "test")
@@ -71,9 +71,9 @@ def call(main, *args):
 
 
 def run_module(module, *args, expect_ok=True):
-    """``python -m fairseq_alibi.data.<module>``: the pipeline's real command line."""
+    """``python -m fairseq_alibi.preprocess.<module>``: the pipeline's real command line."""
     proc = subprocess.run(
-        [PYTHON, "-m", f"fairseq_alibi.data.{module}", *map(str, args)],
+        [PYTHON, "-m", f"fairseq_alibi.preprocess.{module}", *map(str, args)],
         capture_output=True, text=True, timeout=300,
         env=dict(os.environ, OMP_NUM_THREADS="1"),
     )
@@ -266,6 +266,7 @@ def test_pile_sentencepiece_trained_on_a_sample(tmp_path):
     assert len(task.dataset("valid")) > 0
 
 
+@pytest.mark.slow
 def test_pile_malformed_input_names_file_and_line(tmp_path, bpe_dir):
     docs = fx.pile_documents(30)
     bad = fx.write_pile_shard(tmp_path / "bad.jsonl.zst", docs, ['{"text": "unterminated\n'])
@@ -297,12 +298,13 @@ def test_pile_malformed_input_names_file_and_line(tmp_path, bpe_dir):
     assert not (tmp_path / "out").exists() and not leftovers(tmp_path)
 
 
+@pytest.mark.slow
 def test_pile_sigterm_leaves_nothing_behind(tmp_path, bpe_dir):
     """SIGTERM mid-run: the shard is a pipe that never ends, so the run is caught in progress."""
     shard = tmp_path / "live.jsonl"
     os.mkfifo(shard)
     proc = subprocess.Popen(
-        [PYTHON, "-m", "fairseq_alibi.data.pile", "--train", str(shard), "--destdir",
+        [PYTHON, "-m", "fairseq_alibi.preprocess.pile", "--train", str(shard), "--destdir",
          str(tmp_path / "out"), "--gpt2-bpe", str(bpe_dir), "--workers", "2"],
         stderr=subprocess.PIPE, text=True, env=dict(os.environ, OMP_NUM_THREADS="1"),
     )
@@ -356,6 +358,7 @@ def glue_data(tmp_path_factory, bpe_dir):
     return root, expected
 
 
+@pytest.mark.slow
 def test_glue_every_task_layout(glue_data, reference_bpe):
     from fairseq.data import Dictionary
 
@@ -494,6 +497,7 @@ def test_glue_malformed_rows(tmp_path, bpe_dir):
     assert not leftovers(tmp_path / "bin")
 
 
+@pytest.mark.slow
 def test_example_scripts(tmp_path, bpe_dir):
     """examples/*/prepare.sh, the thin wrappers, on local inputs in the real layouts."""
     text = fx.write_wikitext(tmp_path / "wikitext-103")
@@ -533,6 +537,7 @@ def test_example_scripts(tmp_path, bpe_dir):
 needs_shared = pytest.mark.skipif(not SHARED_DATA.is_dir(), reason="no ../shared/data")
 
 
+@pytest.mark.slow
 @needs_shared
 def test_real_wikitext2(tmp_path):
     """WikiText-2 word level (its train split is not shipped there: valid stands in for it)."""
@@ -556,6 +561,7 @@ def test_real_wikitext2(tmp_path):
     assert sum(task.dataset("test").sizes) == stats["test"]["tokens"]
 
 
+@pytest.mark.slow
 @needs_shared
 def test_real_glue_sst2_cola_stsb(tmp_path):
     from fairseq.data.encoders.gpt2_bpe_utils import get_encoder

@@ -19,8 +19,8 @@ import torch
 
 from fairseq_alibi.alibi import AlibiPositionalBias, mask_value
 from fairseq_alibi.modules import AlibiMultiheadAttention
-from tests.conftest import run_cli
-from tests.training_runs import build_model, load
+from tests.helpers import run_cli
+from tests.helpers import build_model, load
 
 VARIANTS = ["causal", "symmetric", "one_sided", "offset", "asymmetric"]
 LONG = 8192

@@ -15,7 +15,7 @@ import sys
 
 import pytest
 
-from fairseq_alibi.sweep import (
+from fairseq_alibi.cli.sweep import (
     SweepError,
     SweepModel,
     parse_eval_output,
@@ -24,7 +24,10 @@ from fairseq_alibi.sweep import (
     run_sweep,
     split_token_count,
 )
-from tests.conftest import REPO
+from tests.helpers import REPO
+
+#: end to end through fairseq's real command lines
+pytestmark = pytest.mark.slow
 
 SMOKE_LENGTHS = [16, 32, 64, 128]  # the smoke setting's L=16, 2L, 4L, 8L
 ROWS = ["ALiBi", "Sinusoidal"]

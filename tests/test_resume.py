@@ -19,11 +19,14 @@ import subprocess
 import pytest
 import torch
 
-from fairseq_alibi.checkpoints import check, inspect_checkpoint, repair
-from tests.conftest import BIN
-from tests.training_runs import (
+from fairseq_alibi.cli.checkpoints import check, inspect_checkpoint, repair
+from tests.helpers import BIN
+from tests.helpers import (
     child_env, load, loaded_at, logged_losses, python_module, train, train_args, train_loss,
 )
+
+#: end to end through fairseq's real command lines
+pytestmark = pytest.mark.slow
 
 SAVE_EVERY = ["--save-interval-updates", 5, "--dropout", 0.1]  # dropout: RNG state matters too
 

@@ -15,9 +15,12 @@ import shutil
 import pytest
 import torch
 
-from tests.conftest import SHARED_DATA, run_cli
+from tests.helpers import SHARED_DATA, run_cli
 
 from fairseq_alibi.models.alibi_roberta import AlibiRobertaModel
+
+#: end to end through fairseq's real command lines
+pytestmark = pytest.mark.slow
 
 TINY = ["--encoder-layers", 2, "--encoder-embed-dim", 32, "--encoder-ffn-embed-dim", 64,
         "--encoder-attention-heads", 4]

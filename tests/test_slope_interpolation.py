@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from fairseq_alibi.alibi import AlibiPositionalBias, alibi_bias, get_slopes, variant_slopes
-from tests.building import build_from_command_line, write_dictionary
-from tests.conftest import run_cli
+from tests.helpers import build_from_command_line, write_dictionary
+from tests.helpers import run_cli
 
 L = 16
 LM = ["--task", "language_modeling", "--arch", "alibi_transformer_lm", "--decoder-layers", "2",
@@ -105,6 +105,7 @@ def eval_lm(path, data, user_dir, length, *extra):
     return tokens, loss
 
 
+@pytest.mark.slow
 def test_eval_lm_model_overrides_apply_slope_interpolation(trained, tiny_lm_data, alibi_user_dir):
     n = 4 * L
     tokens, default = eval_lm(trained, tiny_lm_data, alibi_user_dir, n)
@@ -117,6 +118,7 @@ def test_eval_lm_model_overrides_apply_slope_interpolation(trained, tiny_lm_data
     assert on != default
 
 
+@pytest.mark.slow
 def test_override_reaches_the_loaded_model_not_the_checkpoint(trained, tiny_lm_data):
     from fairseq import checkpoint_utils
 
@@ -132,6 +134,7 @@ def test_override_reaches_the_loaded_model_not_the_checkpoint(trained, tiny_lm_d
     assert torch.equal(model.decoder.alibi.slopes, get_slopes(4))
 
 
+@pytest.mark.slow
 def test_sweep_measures_slope_interpolation(trained, tiny_lm_data, tmp_path):
     """``python -m fairseq_alibi.sweep --slope-interpolation``: a second row, slopes x L/N."""
     import csv

@@ -25,5 +25,5 @@ else
   echo "set GPT2_BPE, or SENTENCEPIECE and DICT" >&2
   exit 1
 fi
-"$PY" -m fairseq_alibi.data.glue --glue-dir "$GLUE" --destdir "$OUT/data-bin/glue" \
+"$PY" -m fairseq_alibi.preprocess.glue --glue-dir "$GLUE" --destdir "$OUT/data-bin/glue" \
   --tasks "${@:-ALL}" "${ENCODER[@]}" --workers "$WORKERS"

@@ -35,9 +35,9 @@ if [ -n "${SUBSETS:-}" ]; then
 fi
 
 if [ "${ONLY:-mlm}" = mlm ]; then
-  "$PY" -m fairseq_alibi.data.pile "${ARGS[@]}" --destdir "$OUT/data-bin/pile-mlm" \
+  "$PY" -m fairseq_alibi.preprocess.pile "${ARGS[@]}" --destdir "$OUT/data-bin/pile-mlm" \
     --tokens-per-sample 2048 --long-docs "${LONG_DOCS:-drop}"
 fi
 if [ "${ONLY:-lm}" = lm ]; then
-  "$PY" -m fairseq_alibi.data.pile "${ARGS[@]}" --destdir "$OUT/data-bin/pile-lm"
+  "$PY" -m fairseq_alibi.preprocess.pile "${ARGS[@]}" --destdir "$OUT/data-bin/pile-lm"
 fi

@@ -15,11 +15,11 @@ OUT="${1:-data}"
 PY="${PYTHON:-python}"
 WORKERS="${WORKERS:-$(nproc)}"
 
-"$PY" -m fairseq_alibi.data.wikitext --download --text-dir "${WIKITEXT:-$OUT/wikitext-103}" \
+"$PY" -m fairseq_alibi.preprocess.wikitext --download --text-dir "${WIKITEXT:-$OUT/wikitext-103}" \
   --destdir "$OUT/data-bin/wikitext-103" --workers "$WORKERS"
 
 if [ -n "${GPT2_BPE:-}" ]; then
-  "$PY" -m fairseq_alibi.data.wikitext --download --raw \
+  "$PY" -m fairseq_alibi.preprocess.wikitext --download --raw \
     --text-dir "${WIKITEXT_RAW:-$OUT/wikitext-103-raw}" --gpt2-bpe "$GPT2_BPE" \
     --destdir "$OUT/data-bin/wikitext-103-bpe" --workers "$WORKERS"
 fi

@@ -87,7 +87,7 @@ def load_teacher(path: str, task):
     """The frozen teacher: loaded with the task's dictionary, in eval mode, no gradients."""
     from fairseq import checkpoint_utils
 
-    from fairseq_alibi.convert import vocabulary_size
+    from fairseq_alibi.models.checks import vocabulary_size
 
     if not Path(path).is_file():
         raise ValueError(f"--teacher-path {path}: no checkpoint there")

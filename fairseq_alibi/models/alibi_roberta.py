@@ -28,9 +28,11 @@ filter (``--max-positions`` of sentence_prediction, ``--tokens-per-sample`` of m
 lifted so that long inputs are kept, unless ``--shorten-method`` asks to shorten them.
 """
 
+import json
 import logging
 
 import torch
+from omegaconf import OmegaConf
 from fairseq.models import register_model, register_model_architecture
 from fairseq.models.roberta import RobertaEncoder, RobertaModel
 from fairseq.models.roberta.model import base_architecture as roberta_base_architecture
@@ -38,12 +40,16 @@ from fairseq.models.transformer import TransformerConfig, TransformerEncoder
 from fairseq.modules.transformer_sentence_encoder import init_bert_params
 from fairseq.utils import safe_getattr, safe_hasattr
 
-from fairseq_alibi.alibi import BACKENDS, ENCODER_VARIANTS, AlibiPositionalBias, check_variant
-from fairseq_alibi.models.alibi_transformer_lm import (
+from fairseq_alibi.alibi import ENCODER_VARIANTS, AlibiPositionalBias, check_variant
+from fairseq_alibi.modules.attention import ATTENTION_BACKENDS, check_attention_backend
+from fairseq_alibi.models.checks import (
     UNBOUNDED_POSITIONS,
+    check_tokens_per_sample,
     reject_other_dictionary,
     reject_position_embeddings,
 )
+from fairseq_alibi.hub import load_pretrained
+from fairseq_alibi.paths import config_dir
 from fairseq_alibi.modules import AlibiTransformerEncoderLayer, wrap_layer
 from fairseq_alibi.modules.clap_head import ClapHead, EncoderTokenEmbedding
 from fairseq_alibi.modules.compact import (
@@ -56,44 +62,88 @@ from fairseq_alibi.modules.compact import (
 logger = logging.getLogger(__name__)
 
 MLM_HEADS = ("roberta", "clap")
+#: --embedding-padding-idx: the dictionary's pad (stock) or none (EIFY's CLAP/zero masking)
+EMBEDDING_PADDING = ("pad", "none")
 
-#: what ``encoder.model_kind`` records, in order, so a checkpoint says how it was built
+#: the options ``encoder.model_kind`` records, by name, so a checkpoint says how it was built
 KIND_FIELDS = ("alibi_variant", "mlm_head", "clap_normalize", "zero_mask_embedding")
+#: how checkpoints written before the names were stored encoded the same options: positions in
+#: these tuples (frozen here; never reorder them)
+_LEGACY_KIND_VALUES = (
+    ("symmetric", "one_sided", "offset", "asymmetric", "none"),
+    ("roberta", "clap"),
+    (False, True),
+    (False, True),
+)
 
 
-def _kind_of(args):
+def _kind_of(args) -> dict:
     clap = args.mlm_head == "clap"
-    return (
-        ENCODER_VARIANTS.index(args.alibi_variant),
-        MLM_HEADS.index(args.mlm_head),
-        int(clap and not args.clap_no_normalize),
-        int(bool(args.zero_mask_embedding)),
+    return dict(
+        alibi_variant=str(args.alibi_variant),
+        mlm_head=str(args.mlm_head),
+        clap_normalize=bool(clap and not args.clap_no_normalize),
+        zero_mask_embedding=bool(args.zero_mask_embedding),
     )
 
 
-def _kind_flags(kind):
+def encode_kind(kind: dict) -> torch.Tensor:
+    """The kind as a tensor (so it travels in the state dict): the UTF-8 bytes of its JSON."""
+    text = json.dumps({k: kind[k] for k in KIND_FIELDS}, sort_keys=True)
+    return torch.tensor(list(text.encode("utf-8")), dtype=torch.uint8)
+
+
+def decode_kind(saved: torch.Tensor) -> dict:
+    """:func:`encode_kind` undone; also reads the integer positions of older checkpoints."""
+    if saved.dtype == torch.uint8:
+        return json.loads(bytes(saved.tolist()).decode("utf-8"))
+    return {field: values[int(v)]
+            for field, values, v in zip(KIND_FIELDS, _LEGACY_KIND_VALUES, saved.tolist())}
+
+
+def _kind_flags(kind: dict) -> str:
     """The command-line flags that build a model of this kind."""
-    variant, head, clap_normalize, zero_mask = (int(v) for v in kind)
-    flags = [f"--alibi-variant {ENCODER_VARIANTS[variant]}", f"--mlm-head {MLM_HEADS[head]}"]
-    if MLM_HEADS[head] == "clap" and not clap_normalize:
+    flags = [f"--alibi-variant {kind['alibi_variant']}", f"--mlm-head {kind['mlm_head']}"]
+    if kind["mlm_head"] == "clap" and not kind["clap_normalize"]:
         flags.append("--clap-no-normalize")
-    if zero_mask:
+    if kind["zero_mask_embedding"]:
         flags.append("--zero-mask-embedding")
     return " ".join(flags)
 
 
+def _kind_overrides(kind: dict) -> str:
+    """The hydra overrides that build a model of this kind: a shipped ``variant=`` if one is."""
+    from pathlib import Path
+
+    for path in sorted(Path(config_dir("shared", "variant")).glob("*.yaml")):
+        shipped = OmegaConf.to_container(OmegaConf.load(path))
+        if kind["clap_normalize"] == (shipped.get("mlm_head") == "clap") and all(
+            shipped.get(k) == kind[k] for k in ("alibi_variant", "mlm_head", "zero_mask_embedding")
+        ):
+            return f"variant={path.stem}"
+    overrides = [f"model.{k}={str(kind[k]).lower()}"
+                 for k in ("alibi_variant", "mlm_head", "zero_mask_embedding")]
+    if kind["mlm_head"] == "clap" and not kind["clap_normalize"]:
+        overrides.append("++model.clap_no_normalize=true")
+    return " ".join(overrides)
+
+
+def _how_to_build(kind: dict, hydra: bool) -> str:
+    """How the user asks for a model of this kind: hydra overrides or command-line flags."""
+    if hydra:
+        return f"the override `{_kind_overrides(kind)}`"
+    return f"the flags `{_kind_flags(kind)}`"
+
+
 def _check_options(args):
     """Clear errors for option values and combinations that cannot work."""
+    check_tokens_per_sample(args)
     check_variant(args.alibi_variant, args.encoder_attention_heads, allowed=ENCODER_VARIANTS)
     if args.mlm_head not in MLM_HEADS:
         raise ValueError(
             f"unknown --mlm-head {args.mlm_head!r}; choose one of: {', '.join(MLM_HEADS)}"
         )
-    if args.alibi_attention not in BACKENDS:
-        raise ValueError(
-            f"unknown --alibi-attention {args.alibi_attention!r}; "
-            f"choose one of: {', '.join(BACKENDS)}"
-        )
+    check_attention_backend(args.alibi_attention)
     if args.alibi_variant != "asymmetric" and (
         args.alibi_future_slope_ratio != 1.0 or args.alibi_learnable_future_slopes
     ):
@@ -123,6 +173,27 @@ def _check_options(args):
         logger.warning(
             "--alibi-variant none has no ALiBi bias: --alibi-attention and --alibi-slope-scale "
             "are ignored (stock attention and learned positions are used)"
+        )
+
+
+def _check_embedding_options(args):
+    """Clear errors for the embedding options of the forks' checkpoints."""
+    if args.embedding_padding_idx not in EMBEDDING_PADDING:
+        raise ValueError(
+            f"unknown --embedding-padding-idx {args.embedding_padding_idx!r}; choose one of: "
+            f"{', '.join(EMBEDDING_PADDING)}"
+        )
+    if args.embedding_omits_mask and not args.zero_mask_embedding:
+        raise ValueError(
+            "--embedding-omits-mask needs --zero-mask-embedding: a <mask> with no embedding row "
+            "can only embed to zero"
+        )
+    if args.encoder_input_dim not in (None, args.encoder_embed_dim) and (
+        args.embedding_omits_mask or args.embedding_padding_idx != "pad"
+    ):
+        raise ValueError(
+            "--embedding-omits-mask / --embedding-padding-idx none are options of the forks' "
+            "full-size embeddings; they do not combine with --encoder-input-dim"
         )
 
 
@@ -161,10 +232,11 @@ class AlibiTransformerEncoder(TransformerEncoder):
                 self.args.alibi_variant,
                 future_slope_ratio=self.args.alibi_future_slope_ratio,
                 learnable_future_slopes=self.args.alibi_learnable_future_slopes,
-                backend=self.args.alibi_attention,
                 slope_scale=self.args.alibi_slope_scale,
             )
-        layer = AlibiTransformerEncoderLayer(cfg, self.alibi, return_fc=self.return_fc)
+        layer = AlibiTransformerEncoderLayer(
+            cfg, self.alibi, attention=self.args.alibi_attention, return_fc=self.return_fc
+        )
         return wrap_layer(layer, cfg)
 
     def max_positions(self):
@@ -177,7 +249,7 @@ class AlibiRobertaEncoder(RobertaEncoder):
     def __init__(self, args, dictionary):
         super().__init__(args, dictionary)
         # saved with the weights, so that a checkpoint of another kind gives a clear error
-        self.register_buffer("model_kind", torch.tensor(_kind_of(args), dtype=torch.long))
+        self.register_buffer("model_kind", encode_kind(_kind_of(args)))
 
     @property
     def uses_alibi(self):
@@ -192,6 +264,16 @@ class AlibiRobertaEncoder(RobertaEncoder):
                     "--zero-mask-embedding: the dictionary has no <mask> symbol (tasks masked_lm "
                     "and sentence_prediction add it); drop the flag or use one of those tasks"
                 )
+        if self.args.embedding_omits_mask:  # EIFY's omit_mask: <mask> is the id after the table
+            if zero_index != len(self.dictionary) - 1:
+                raise ValueError(
+                    "--embedding-omits-mask: <mask> must be the last symbol of the dictionary "
+                    f"(the task adds it after dict.txt), but it is symbol {zero_index} of "
+                    f"{len(self.dictionary)}; use the dict.txt the model was trained with"
+                )
+            vocab_size -= 1
+        if self.args.embedding_padding_idx == "none":  # the encoder still masks padding
+            padding_idx = None
         normalize = self.args.mlm_head == "clap" and not self.args.clap_no_normalize
         if self.factorized:
             table = EncoderTokenEmbedding(vocab_size, self.args.encoder_input_dim, padding_idx,
@@ -208,6 +290,17 @@ class AlibiRobertaEncoder(RobertaEncoder):
         return dim is not None and dim != self.args.encoder_embed_dim
 
     def build_encoder(self, args, dictionary, embed_tokens):
+        if self.args.embedding_padding_idx == "none" and embed_tokens.padding_idx is None:
+            # the stock encoder takes its pad id (padding mask, learned positions) from the
+            # embedding: give it the dictionary's for the build, and keep the pad row trainable
+            embed_tokens.padding_idx = dictionary.pad()
+            try:
+                encoder = self.build_encoder(args, dictionary, embed_tokens)
+            finally:
+                embed_tokens.padding_idx = None
+            with torch.no_grad():  # drawn like every other row, as with no padding index
+                embed_tokens.weight[dictionary.pad()].normal_(mean=0.0, std=0.02)
+            return encoder
         if not self.uses_alibi:
             encoder = super().build_encoder(args, dictionary, embed_tokens)
         else:
@@ -218,6 +311,8 @@ class AlibiRobertaEncoder(RobertaEncoder):
         return encoder
 
     def build_lm_head(self, embed_dim, output_dim, activation_fn, weight):
+        if self.args.embedding_omits_mask:  # <mask> is never predicted: no output for it
+            output_dim -= 1
         if self.args.mlm_head != "clap":
             if self.factorized:  # dense H -> E, then the E-dim (tied) output embedding
                 return FactorizedLMHead(
@@ -237,20 +332,31 @@ class AlibiRobertaEncoder(RobertaEncoder):
 
     def upgrade_state_dict_named(self, state_dict, name):
         reject_other_dictionary(
-            state_dict, f"{name}.sentence_encoder.embed_tokens.weight", self.dictionary
+            state_dict, f"{name}.sentence_encoder.embed_tokens.weight", self.dictionary,
+            omits_mask=self.args.embedding_omits_mask,
         )
         kind_key = f"{name}.model_kind"
         encoder = f"{name}.sentence_encoder"
-        built = _kind_flags(self.model_kind)
+        built = _kind_flags(decode_kind(self.model_kind))
+        hydra = OmegaConf.is_config(self.args)  # started by fairseq-hydra-train, not flags
+        stock = dict(alibi_variant="none", mlm_head="roberta", clap_normalize=False,
+                     zero_mask_embedding=False)  # what stock RoBERTa weights are
         if kind_key in state_dict:
-            saved = _kind_flags(state_dict[kind_key])
+            saved_kind = decode_kind(state_dict[kind_key])
+            saved = _kind_flags(saved_kind)
             if saved != built:
                 raise ValueError(
                     f"this checkpoint was trained as `{saved}`, but the model being built is "
-                    f"`{built}`; pass the checkpoint's flags ({saved})"
+                    f"`{built}`; build it as the checkpoint was: "
+                    f"{_how_to_build(saved_kind, hydra)}"
                 )
+            state_dict[kind_key] = self.model_kind.clone()  # older checkpoints: integer form
         elif self.uses_alibi:  # not ours: a stock RoBERTa checkpoint, or another model
-            reject_position_embeddings(state_dict, encoder, "alibi_roberta")
+            reject_position_embeddings(
+                state_dict, encoder, "alibi_roberta",
+                fix=f"Stock RoBERTa weights load as the stock encoder: "
+                    f"{_how_to_build(stock, hydra)} (learned positions, no ALiBi bias)",
+            )
             raise ValueError(
                 f"this checkpoint has no {kind_key}: it was not written by alibi_roberta. "
                 "Use the architecture it was trained with"
@@ -258,7 +364,7 @@ class AlibiRobertaEncoder(RobertaEncoder):
         elif self.args.mlm_head != "roberta" or self.args.zero_mask_embedding:
             raise ValueError(
                 "this is a stock RoBERTa checkpoint (learned positions, RoBERTa LM head): load "
-                "it with --alibi-variant none --mlm-head roberta and without --zero-mask-embedding"
+                f"it with {_how_to_build(stock, hydra)}"
             )
         else:  # stock RoBERTa weights are an alibi_roberta `none` model
             state_dict[kind_key] = self.model_kind.clone()
@@ -282,6 +388,18 @@ class AlibiRobertaModel(RobertaModel):
     def hub_models(cls):
         return {}  # no downloads: from_pretrained() takes a local directory
 
+    @classmethod
+    def from_pretrained(cls, model_name_or_path, checkpoint_file="model.pt",
+                        data_name_or_path=".", bpe="gpt2", **kwargs):
+        """The stock RoBERTa hub loader, offline (GPT-2 BPE files found beside the checkpoint
+        or in the data folder), refusing checkpoints of other models."""
+        from fairseq.models.roberta import RobertaHubInterface
+
+        loaded = load_pretrained(cls, "alibi_roberta", model_name_or_path, checkpoint_file,
+                                 data_name_or_path, bpe=bpe, load_checkpoint_heads=True,
+                                 **kwargs)
+        return RobertaHubInterface(loaded["args"], loaded["task"], loaded["models"][0])
+
     @staticmethod
     def add_args(parser):
         RobertaModel.add_args(parser)
@@ -300,7 +418,7 @@ class AlibiRobertaModel(RobertaModel):
             help="asymmetric only: learn the forward/backward slope ratio of every head",
         )
         parser.add_argument(
-            "--alibi-attention", choices=BACKENDS,
+            "--alibi-attention", choices=ATTENTION_BACKENDS,
             help="attention implementation (default auto); can be overridden at load time",
         )
         parser.add_argument(
@@ -335,6 +453,18 @@ class AlibiRobertaModel(RobertaModel):
             "--zero-mask-embedding", action="store_true",
             help="the <mask> token embeds to a fixed zero vector instead of a learned one",
         )
+        parser.add_argument(
+            "--embedding-omits-mask", action="store_true",
+            help="with --zero-mask-embedding: the embedding and the masked-LM output have no "
+            "row for <mask> (the last dictionary symbol, added by the task), which is never "
+            "predicted (EIFY's omit_mask, the zero-clap checkpoints)",
+        )
+        parser.add_argument(
+            "--embedding-padding-idx", choices=EMBEDDING_PADDING,
+            help="pad (default): the token embedding's padding row is frozen, as in stock "
+            "RoBERTa; none: it is initialised and trained like any other row (EIFY's CLAP and "
+            "zero-masking models); padding is masked in attention either way",
+        )
 
     @classmethod
     def build_model(cls, args, task):
@@ -344,6 +474,7 @@ class AlibiRobertaModel(RobertaModel):
             OmegaConf.set_struct(args, False)
         alibi_roberta_architecture(args)
         _check_options(args)
+        _check_embedding_options(args)
         if not safe_hasattr(args, "max_positions"):  # as the stock model: sized by the task
             if not safe_hasattr(args, "tokens_per_sample"):
                 args.tokens_per_sample = task.max_positions()
@@ -394,6 +525,8 @@ def _alibi_defaults(args):
     args.zero_mask_embedding = bool(safe_getattr(args, "zero_mask_embedding", False))
     args.share_encoder_layers = bool(safe_getattr(args, "share_encoder_layers", False))
     args.encoder_input_dim = safe_getattr(args, "encoder_input_dim", None)
+    args.embedding_omits_mask = bool(safe_getattr(args, "embedding_omits_mask", False))
+    args.embedding_padding_idx = safe_getattr(args, "embedding_padding_idx", "pad")
 
 
 @register_model_architecture("alibi_roberta", "alibi_roberta")

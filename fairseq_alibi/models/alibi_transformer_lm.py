@@ -31,45 +31,20 @@ from fairseq.models.transformer_lm import (
 
 from fairseq.dataclass import ChoiceEnum
 
-from fairseq_alibi.alibi import BACKENDS, AlibiPositionalBias
+from fairseq_alibi.alibi import AlibiPositionalBias
+from fairseq_alibi.modules.attention import ATTENTION_BACKENDS
 from fairseq_alibi.modules import AlibiTransformerDecoderLayer, wrap_layer
+from fairseq_alibi.hub import AlibiLanguageModelHubInterface, load_pretrained
+from fairseq_alibi.models.checks import (
+    UNBOUNDED_POSITIONS,
+    check_tokens_per_sample,
+    refuse_position_embedding_flags,
+    reject_other_dictionary,
+    reject_position_embeddings,
+)
 from fairseq_alibi.modules.compact import describe_parameters, share_layer_parameters
 
 logger = logging.getLogger(__name__)
-
-#: what ``max_positions()`` reports: ALiBi has no length limit, only memory does
-UNBOUNDED_POSITIONS = 1_000_000_000
-
-
-def reject_position_embeddings(state_dict, prefix, model_name):
-    """A clear error for checkpoints of models with position embeddings."""
-    stale = [k for k in state_dict if k.startswith(f"{prefix}.embed_positions.")]
-    if stale:
-        raise ValueError(
-            f"this checkpoint has position embeddings ({stale[0]}): it was trained by a stock "
-            f"model, not {model_name}. Load it with its own architecture, or convert it with "
-            f"`python -m fairseq_alibi.convert` before fine-tuning it as an ALiBi model"
-        )
-
-
-def reject_other_dictionary(state_dict, key, dictionary):
-    """A clear error for a checkpoint trained with a dictionary of another size.
-
-    fairseq checkpoints hold no dictionary: the task reads ``dict.txt`` from the data directory
-    it is given, and a different one only shows as a size mismatch of the embedding
-    ``state_dict[key]`` (``(symbols, dim)``). A dictionary of the *same* size cannot be told
-    apart from the right one.
-    """
-    weight = state_dict.get(key)
-    if dictionary is None or weight is None or weight.dim() != 2:
-        return  # adaptive or character input: no single table to compare
-    if weight.size(0) != len(dictionary):
-        raise ValueError(
-            f"this checkpoint was trained with a dictionary of {weight.size(0)} symbols, but the "
-            f"data directory's dict.txt has {len(dictionary)}: give the data directory the model "
-            f"was trained with (or one binarized with its dict.txt, fairseq-preprocess --srcdict)"
-        )
-
 
 def check_factorized_embedding(args, embed_tokens):
     """A clear error for a tied output layer whose size differs from the input embedding's.
@@ -93,7 +68,7 @@ def check_factorized_embedding(args, embed_tokens):
 
 @dataclass
 class AlibiTransformerLanguageModelConfig(TransformerLanguageModelConfig):
-    alibi_attention: ChoiceEnum(BACKENDS) = field(
+    alibi_attention: ChoiceEnum(ATTENTION_BACKENDS) = field(
         default="auto",
         metadata={"help": "attention implementation; saved with the model, can be overridden "
                   "at load time with --model-overrides \"{'alibi_attention': 'naive'}\""},
@@ -124,10 +99,10 @@ class AlibiTransformerDecoder(TransformerDecoder):
             self.alibi = AlibiPositionalBias(
                 cfg.decoder.attention_heads,
                 "causal",
-                backend=getattr(self.args, "alibi_attention", "auto"),
                 slope_scale=getattr(self.args, "alibi_slope_scale", 1.0),
             )
-        layer = AlibiTransformerDecoderLayer(cfg, self.alibi, no_encoder_attn)
+        attention = getattr(self.args, "alibi_attention", "auto")  # validated by the layer
+        layer = AlibiTransformerDecoderLayer(cfg, self.alibi, no_encoder_attn, attention=attention)
         return wrap_layer(layer, cfg)
 
     def buffered_future_mask(self, tensor):
@@ -155,7 +130,21 @@ class AlibiTransformerLanguageModel(TransformerLanguageModel):
         return {}
 
     @classmethod
+    def add_args(cls, parser):
+        super().add_args(parser)
+        refuse_position_embedding_flags(parser, "alibi_transformer_lm")
+
+    @classmethod
+    def from_pretrained(cls, model_name_or_path, checkpoint_file="model.pt",
+                        data_name_or_path=".", **kwargs):
+        """The stock hub loader, offline, refusing stock checkpoints, scoring any length."""
+        loaded = load_pretrained(cls, "alibi_transformer_lm", model_name_or_path,
+                                 checkpoint_file, data_name_or_path, **kwargs)
+        return AlibiLanguageModelHubInterface(loaded["args"], loaded["task"], loaded["models"])
+
+    @classmethod
     def build_model(cls, args, task):
+        check_tokens_per_sample(args)
         # Let the stock model build the token embedding (plain, adaptive or character
         # input) without any layers, then build the ALiBi decoder around that embedding.
         embedding_args = copy.deepcopy(args)

@@ -1,15 +1,13 @@
-"""fairseq's MultiheadAttention with an ALiBi bias, computed with scaled_dot_product_attention.
+"""fairseq's MultiheadAttention with an ALiBi bias, computed by one of the attention backends.
 
 fairseq's own attention only adds a 3-D float mask on its fast path and encoder layers
 ``masked_fill`` any float mask away, so the bias cannot be passed through ``attn_mask``: this
-module owns the attention computation and asks the model's shared
-:class:`~fairseq_alibi.alibi.AlibiPositionalBias` for the bias. Projections, parameter names,
-the incremental-state layout (``prev_key``/``prev_value`` as ``(B, H, T, D)``) and beam
-reordering are the parent's, so checkpoints and fairseq's generators work unchanged.
-
-The attention itself is one of the backends of
-:mod:`~fairseq_alibi.modules.attention_backends`, chosen per call from the bias module's
-``backend`` (``--alibi-attention``): most need no bias tensor at all.
+module owns the attention computation and hands it, with the model's shared
+:class:`~fairseq_alibi.alibi.AlibiPositionalBias`, to the backend it is configured with
+(``attention``: ``--alibi-attention``, see :mod:`fairseq_alibi.modules.attention`).
+Projections, parameter names, the incremental-state layout (``prev_key``/``prev_value`` as
+``(B, H, T, D)``) and beam reordering are the parent's, so checkpoints and fairseq's
+generators work unchanged.
 """
 
 from typing import Dict, Optional, Tuple
@@ -19,18 +17,21 @@ from fairseq.modules import MultiheadAttention
 from torch import Tensor
 
 from fairseq_alibi.alibi import AlibiPositionalBias
-from fairseq_alibi.modules import attention_backends as backends
+from fairseq_alibi.modules.attention import attend, check_attention_backend, dense
 
 
 class AlibiMultiheadAttention(MultiheadAttention):
     """Self-attention ``softmax(QKᵀ/√d + ALiBi + masks) V``.
 
     ``alibi`` is the model's shared bias module (held by reference, not as a submodule, so that
-    its slopes are saved once per model). ``attn_mask`` and ``key_padding_mask`` keep their
-    fairseq meaning and are added on top of the bias.
+    its slopes are saved once per model); ``attention`` the backend name (``auto``, ``fold``,
+    ``sdpa``, ``flex``, ``flash``, ``naive``). ``attn_mask`` and ``key_padding_mask`` keep their
+    fairseq meaning and are added on top of the bias. The attention weights (``need_weights``)
+    and the raw scores (``before_softmax``) are computed explicitly, whatever the backend.
     """
 
-    def __init__(self, embed_dim, num_heads, alibi: AlibiPositionalBias, **kwargs):
+    def __init__(self, embed_dim, num_heads, alibi: AlibiPositionalBias, attention="auto",
+                 **kwargs):
         if kwargs.get("add_bias_kv") or kwargs.get("add_zero_attn"):
             raise ValueError(
                 "ALiBi attention does not support add_bias_kv/add_zero_attn (the extra key has "
@@ -40,6 +41,10 @@ class AlibiMultiheadAttention(MultiheadAttention):
             raise ValueError(f"ALiBi bias has {alibi.num_heads} heads, attention {num_heads}")
         super().__init__(embed_dim, num_heads, self_attention=True, **kwargs)
         object.__setattr__(self, "alibi", alibi)
+        self.attention_backend = check_attention_backend(attention)
+
+    def extra_repr(self):
+        return f"attention_backend={self.attention_backend}"
 
     def forward(
         self,
@@ -87,45 +92,34 @@ class AlibiMultiheadAttention(MultiheadAttention):
         dropout_p = self.dropout_module.p
         if not (self.training or self.dropout_module.apply_during_inference):
             dropout_p = 0.0
-        request = backends.Request(
-            device_type=q.device.type,
-            dtype=q.dtype,
-            variant=self.alibi.variant,
-            query_len=tgt_len,
-            key_len=src_len,
-            needs_grad=q.requires_grad or k.requires_grad or v.requires_grad,
-            need_weights=need_weights or before_softmax,
-            has_attn_mask=attn_mask is not None,
-            has_padding=key_padding_mask is not None,
-            dropout_p=dropout_p,
-        )
-        backend = backends.select_backend(self.alibi.backend, request)
 
         weights = None
-        if backend == "naive":
-            mask = backends.dense_mask(
-                self.alibi, bsz, tgt_len, src_len, q.dtype, key_padding_mask, attn_mask
-            )
-            if before_softmax:  # fairseq's raw-scores protocol: (B·H, T, S) scores and values
-                scores = torch.matmul(q * self.scaling, k.transpose(-1, -2)) + mask
-                return scores.view(bsz * H, tgt_len, src_len), v.reshape(bsz * H, src_len, D)
-            out, probs = backends.naive_attention(q, k, v, mask, self.scaling, self.dropout_module)
-            if need_weights:
-                weights = probs.view(bsz, H, tgt_len, src_len).transpose(1, 0)
-                if not need_head_weights:
-                    weights = weights.mean(dim=0)
-        elif backend == "sdpa":
-            out = backends.sdpa_attention(
+        if before_softmax:  # fairseq's raw-scores protocol: (B·H, T, S) scores and values
+            scores = dense.scores(q, k, self.alibi, key_padding_mask, attn_mask, self.scaling)
+            return scores.view(bsz * H, tgt_len, src_len), v.reshape(bsz * H, src_len, D)
+        if need_weights:
+            out, probs = dense.naive_with_weights(
                 q, k, v, self.alibi, key_padding_mask, attn_mask, dropout_p, self.scaling
             )
-        elif backend == "flex":
-            out = backends.flex_attention(
-                q, k, v, self.alibi, key_padding_mask, attn_mask, self.scaling
-            )
+            weights = probs.view(bsz, H, tgt_len, src_len).transpose(1, 0)
+            if not need_head_weights:
+                weights = weights.mean(dim=0)
         else:
-            out = backends.flash_attention(
-                q, k, v, self.alibi, key_padding_mask, dropout_p, self.scaling
-            )
+            out = attend(self.attention_backend, q, k, v, self.alibi, key_padding_mask,
+                         attn_mask, dropout_p, self.scaling)
 
         out = out.permute(2, 0, 1, 3).reshape(tgt_len, bsz, embed_dim)
         return self.out_proj(out), weights
+
+
+def set_attention_backend(model: torch.nn.Module, attention: str) -> torch.nn.Module:
+    """Switch every ALiBi attention layer of ``model`` to backend ``attention``; returns it.
+
+    The same as building the model with ``--alibi-attention`` (or loading it with
+    ``--model-overrides "{'alibi_attention': ...}"``), for a model already in memory.
+    """
+    check_attention_backend(attention)
+    for module in model.modules():
+        if isinstance(module, AlibiMultiheadAttention):
+            module.attention_backend = attention
+    return model

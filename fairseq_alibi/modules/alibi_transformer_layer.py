@@ -1,7 +1,8 @@
 """Stock fairseq transformer layers whose self-attention is :class:`AlibiMultiheadAttention`.
 
 Each layer overrides one hook, ``build_self_attention``; everything else (layer norms, FFN,
-dropout, residuals, quant-noise, pre/post-norm) is fairseq's own.
+dropout, residuals, quant-noise, pre/post-norm, the decoder's stock cross-attention) is
+fairseq's own. ``attention`` is the backend of the layer's self-attention (``--alibi-attention``).
 """
 
 from fairseq.distributed import fsdp_wrap
@@ -12,6 +13,7 @@ from fairseq.modules.transformer_layer import (
 )
 
 from fairseq_alibi.modules.alibi_multihead_attention import AlibiMultiheadAttention
+from fairseq_alibi.modules.attention import check_attention_backend
 
 
 def wrap_layer(layer, cfg):
@@ -23,18 +25,19 @@ def wrap_layer(layer, cfg):
     return fsdp_wrap(layer, min_num_params=cfg.min_params_to_wrap if not checkpoint else 0)
 
 
-def _keep_reference(layer, alibi):
-    # The parent builds its attention inside __init__, so the shared bias must be reachable
-    # before nn.Module.__init__ runs; a plain reference also keeps it out of the layer's
-    # state dict (the model owns it once).
+def _keep_reference(layer, alibi, attention):
+    # The parent builds its attention inside __init__, so the shared bias and the backend must
+    # be reachable before nn.Module.__init__ runs; a plain reference also keeps the bias out of
+    # the layer's state dict (the model owns it once).
     object.__setattr__(layer, "alibi", alibi)
+    object.__setattr__(layer, "attention_backend", check_attention_backend(attention))
 
 
 class AlibiTransformerDecoderLayer(TransformerDecoderLayerBase):
-    def __init__(self, cfg, alibi, no_encoder_attn=False, **kwargs):
+    def __init__(self, cfg, alibi, no_encoder_attn=False, attention="auto", **kwargs):
         if cfg.cross_self_attention:
             raise ValueError("--cross-self-attention is not supported with ALiBi self-attention")
-        _keep_reference(self, alibi)
+        _keep_reference(self, alibi, attention)
         super().__init__(cfg, no_encoder_attn, **kwargs)
 
     def build_self_attention(self, embed_dim, cfg, add_bias_kv=False, add_zero_attn=False):
@@ -42,6 +45,7 @@ class AlibiTransformerDecoderLayer(TransformerDecoderLayerBase):
             embed_dim,
             cfg.decoder.attention_heads,
             self.alibi,
+            attention=self.attention_backend,
             dropout=cfg.attention_dropout,
             add_bias_kv=add_bias_kv,
             add_zero_attn=add_zero_attn,
@@ -51,8 +55,8 @@ class AlibiTransformerDecoderLayer(TransformerDecoderLayerBase):
 
 
 class AlibiTransformerEncoderLayer(TransformerEncoderLayerBase):
-    def __init__(self, cfg, alibi, **kwargs):
-        _keep_reference(self, alibi)
+    def __init__(self, cfg, alibi, attention="auto", **kwargs):
+        _keep_reference(self, alibi, attention)
         super().__init__(cfg, **kwargs)
 
     def build_self_attention(self, embed_dim, cfg):
@@ -60,6 +64,7 @@ class AlibiTransformerEncoderLayer(TransformerEncoderLayerBase):
             embed_dim,
             cfg.encoder.attention_heads,
             self.alibi,
+            attention=self.attention_backend,
             dropout=cfg.attention_dropout,
             q_noise=self.quant_noise,
             qn_block_size=self.quant_noise_block_size,

@@ -72,17 +72,26 @@ class EncoderTokenEmbedding(nn.Embedding):
     the encoder's ``embed_scale`` — 1, or √d without ``no_scale_embedding`` — is applied
     after it, as for any embedding). ``zero_index``: that token (``<mask>``) embeds to a fixed
     zero vector whatever its weight row holds, so it never learns a representation of its own.
+    ``zero_index`` may be ``num_embeddings`` (the table has no row for it at all: EIFY's
+    ``omit_mask``); ids from there on are looked up as the last row, then zeroed, as the fork
+    does. ``padding_idx=None`` (EIFY's CLAP/zero-masking embedding) trains the padding row like
+    any other; the encoder still masks padding by the dictionary's pad symbol.
     """
 
     def __init__(
         self,
         num_embeddings: int,
         embedding_dim: int,
-        padding_idx: int,
+        padding_idx: Optional[int],
         normalize: bool = False,
         zero_index: Optional[int] = None,
     ):
         super().__init__(num_embeddings, embedding_dim, padding_idx)
+        if zero_index is not None and not 0 <= zero_index <= num_embeddings:
+            raise ValueError(
+                f"the zero-embedded <mask> id {zero_index} is neither a row of the {num_embeddings}"
+                f"-row embedding nor the id just after it"
+            )
         self.normalize = normalize
         self.zero_index = zero_index
 
@@ -90,9 +99,11 @@ class EncoderTokenEmbedding(nn.Embedding):
         return super().extra_repr() + f", normalize={self.normalize}, zero_index={self.zero_index}"
 
     def forward(self, tokens):
-        x = super().forward(tokens)
+        outside = self.zero_index is not None and self.zero_index >= self.num_embeddings
+        x = super().forward(tokens.clamp(max=self.num_embeddings - 1) if outside else tokens)
         if self.normalize:
             x = normalize_rows(x)
         if self.zero_index is not None:
-            x = x.masked_fill((tokens == self.zero_index).unsqueeze(-1), 0.0)
+            zeroed = tokens >= self.zero_index if outside else tokens == self.zero_index
+            x = x.masked_fill(zeroed.unsqueeze(-1), 0.0)
         return x

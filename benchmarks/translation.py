@@ -1,0 +1,174 @@
+"""Benchmark: alibi_transformer vs stock transformer (sinusoidal) of the same size, translation.
+
+* Training: fairseq's own ``Trainer`` (label-smoothed cross-entropy, Adam, clipping), one
+  ``train_step`` per batch of ``tokens_per_batch`` source tokens, at source/target length
+  ``L``: lengths drawn in ``[3L/4, L]``, sources padded on the left and targets on the right as
+  the translation task batches them. Tokens/s counts target tokens. Peak memory: the peak of
+  tensor bytes during one step above what was alive before it (``common.peak_bytes``).
+* Generation: the task's ``SequenceGenerator`` (what ``fairseq-generate`` runs), beam 4,
+  sentences of ``gen_length`` source tokens, every hypothesis forced to ``gen_length`` target
+  tokens (``min_len`` = ``max_len``) so that both models do exactly the same number of steps.
+
+Both models come from the same command line except the architecture; stock sinusoidal
+embeddings have no parameters, so the parameters are the same. Cases alternate within each
+round and ratios are medians of paired ratios (``common.Rounds``).
+"""
+
+import argparse
+import os
+import random
+
+import torch
+
+from benchmarks.common import Rounds, mib, peak_bytes, table
+
+MODELS = {"transformer (sinusoidal)": "transformer", "alibi_transformer": "alibi_transformer"}
+BASE = "transformer (sinusoidal)"
+
+
+def write_dictionaries(folder, vocab):
+    os.makedirs(folder, exist_ok=True)
+    for lang in ("src", "tgt"):
+        with open(os.path.join(folder, f"dict.{lang}.txt"), "w") as f:
+            f.write("".join(f"{lang}{i} {vocab - i}\n" for i in range(vocab)))
+    return folder
+
+
+def build_trainer(data, arch, dims):
+    from fairseq import options, tasks
+    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+    from fairseq.trainer import Trainer
+
+    import fairseq_alibi  # noqa: F401  (registers the models)
+
+    parser = options.get_training_parser()
+    args = options.parse_args_and_arch(parser, [
+        data, "--task", "translation", "--source-lang", "src", "--target-lang", "tgt",
+        "--arch", arch, "--cpu", "--criterion", "label_smoothed_cross_entropy",
+        "--label-smoothing", "0.1", "--optimizer", "adam", "--lr", "1e-4", "--clip-norm", "1.0",
+        "--dropout", "0.1", "--seed", "1", "--max-source-positions", "4096",
+        "--max-target-positions", "4096", *dims,
+    ])
+    cfg = convert_namespace_to_omegaconf(args)
+    task = tasks.setup_task(cfg.task)
+    model = task.build_model(cfg.model)
+    criterion = task.build_criterion(cfg.criterion)
+    return Trainer(cfg, task, model, criterion), task
+
+
+def translation_batch(task, batch, length, seed):
+    """A translation sample: lengths in [3L/4, L], sources left-padded, targets right-padded."""
+    from fairseq.data import data_utils
+
+    rng = random.Random(seed)
+    gen = torch.Generator().manual_seed(seed)
+    d = task.source_dictionary
+    eos, pad = d.eos(), d.pad()
+
+    def sentence(n):
+        return torch.cat([torch.randint(d.nspecial, len(d), (n - 1,), generator=gen),
+                          torch.tensor([eos])])
+
+    sources = [sentence(rng.randint(3 * length // 4, length)) for _ in range(batch)]
+    targets = [sentence(rng.randint(3 * length // 4, length)) for _ in range(batch)]
+    target = data_utils.collate_tokens(targets, pad, eos, left_pad=False)
+    return {
+        "id": torch.arange(batch),
+        "nsentences": batch,
+        "ntokens": int(sum(len(t) for t in targets)),
+        "net_input": {
+            "src_tokens": data_utils.collate_tokens(sources, pad, eos, left_pad=True),
+            "src_lengths": torch.tensor([len(s) for s in sources]),
+            "prev_output_tokens": data_utils.collate_tokens(targets, pad, eos, left_pad=False,
+                                                            move_eos_to_beginning=True),
+        },
+        "target": target,
+    }
+
+
+def run_training(data, dims, lengths, tokens_per_batch, rounds, warmup, log):
+    rows, state_bytes = [], None
+    for L in lengths:
+        batch = max(1, tokens_per_batch // L)
+        models = {name: build_trainer(data, arch, dims) for name, arch in MODELS.items()}
+        samples = {name: translation_batch(task, batch, L, seed=0)
+                   for name, (_, task) in models.items()}
+
+        def step(name):
+            def call():
+                models[name][0].train_step([samples[name]])
+            return call
+
+        log(f"[translation] training, L={L}, batch {batch}")
+        timed = Rounds({name: step(name) for name in models}, rounds, warmup=warmup)
+        peaks = {name: peak_bytes(step(name)) for name in models}
+        trainer = models[BASE][0]
+        state_bytes = sum(p.numel() * p.element_size() for p in trainer.model.parameters()) + sum(
+            t.numel() * t.element_size() for s in trainer.optimizer.optimizer.state.values()
+            for t in s.values() if torch.is_tensor(t))
+        for name in models:
+            tokens = samples[name]["ntokens"] / timed.median(name)
+            rows.append([L, name, f"{tokens:,.0f}", f"{1 / timed.ratio(name, BASE):.2f}",
+                         mib(peaks[name]), f"{peaks[name] / peaks[BASE]:.3f}"])
+            log(f"[translation] L={L} {name}: {tokens:,.0f} target tokens/s, "
+                f"peak {mib(peaks[name])} MiB")
+    body = table(["L", "model", "train target tokens/s", "throughput × stock", "peak step MiB",
+                  "peak × stock"], rows)
+    return body, f"Parameters + Adam state (the same for both): {mib(state_bytes)} MiB."
+
+
+def run_generation(data, dims, sentences, gen_length, rounds, warmup, log):
+    models = {}
+    for name, arch in MODELS.items():
+        trainer, task = build_trainer(data, arch, dims)
+        model = trainer.model.eval()
+        generator = task.build_generator([model], argparse.Namespace(
+            beam=4, max_len_a=0, max_len_b=gen_length, min_len=gen_length))
+        sample = translation_batch(task, sentences, gen_length, seed=1)
+        sample["net_input"].pop("prev_output_tokens")
+        models[name] = (task, model, generator, sample)
+
+    def generate(name):
+        task, model, generator, sample = models[name]
+
+        def call():
+            with torch.no_grad():
+                hypos = task.inference_step(generator, [model], sample)
+            assert len(hypos) == sentences  # every input translated
+        return call
+
+    log(f"[translation] generation, {sentences} sentences, beam 4, {gen_length} tokens")
+    timed = Rounds({name: generate(name) for name in models}, rounds, warmup=warmup)
+    rows = [[name, f"{sentences / timed.median(name):.2f}", f"{1 / timed.ratio(name, BASE):.2f}"]
+            for name in models]
+    return table(["model", "sentences/s (beam 4)", "× stock"], rows)
+
+
+def run(work, quick=False, rounds=5, log=print):
+    """``[(title, body, notes)]``: the training and the generation tables."""
+    if quick:
+        dims = ["--encoder-layers", "1", "--decoder-layers", "1", "--encoder-embed-dim", "32",
+                "--decoder-embed-dim", "32", "--encoder-ffn-embed-dim", "64",
+                "--decoder-ffn-embed-dim", "64", "--encoder-attention-heads", "2",
+                "--decoder-attention-heads", "2"]
+        lengths, tokens_per_batch, vocab, rounds, warmup = (16, 32), 64, 100, 1, 1
+        sentences, gen_length = 2, 8
+    else:
+        dims = ["--encoder-layers", "2", "--decoder-layers", "2", "--encoder-embed-dim", "256",
+                "--decoder-embed-dim", "256", "--encoder-ffn-embed-dim", "1024",
+                "--decoder-ffn-embed-dim", "1024", "--encoder-attention-heads", "4",
+                "--decoder-attention-heads", "4"]
+        lengths, tokens_per_batch, vocab, warmup = (256, 1024), 4096, 1000, 1
+        sentences, gen_length = 8, 64
+    data = write_dictionaries(os.path.join(work, "translation-dicts"), vocab)
+    shape = (f"{' '.join(dims).replace('--', '')}, vocab {vocab}, float32, "
+             f"{rounds} interleaved round(s), median")
+    train_body, train_notes = run_training(data, dims, lengths, tokens_per_batch, rounds,
+                                           warmup, log)
+    gen_body = run_generation(data, dims, sentences, gen_length, rounds, warmup, log)
+    return [
+        (f"Translation training: alibi_transformer ÷ transformer ({shape}, "
+         f"{tokens_per_batch} source tokens/batch)", train_body, train_notes),
+        (f"Translation generation, beam 4: alibi_transformer ÷ transformer ({shape}, "
+         f"{sentences} sentences of {gen_length} tokens)", gen_body, ""),
+    ]

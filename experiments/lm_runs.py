@@ -1,0 +1,98 @@
+"""What the language-model workflow demonstrations share: data, fairseq-train runs, their logs.
+
+Every step is a fairseq command line run as a subprocess (``fairseq-train``,
+``fairseq-eval-lm`` through :mod:`fairseq_alibi.sweep`), as a user would run it.
+"""
+
+import json
+import os
+import re
+import subprocess
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Dict, Optional, Sequence
+
+from fairseq_alibi.cli.quickstart import SMOKE, prepare_embedded_data, train_command
+
+#: the model of the demonstrations: small enough for a few minutes on 2 shared CPU cores
+DEMO_SIZE = dict(layers=2, dim=64, heads=4, ffn=256, max_tokens=2048, lr=3e-3, warmup=50,
+                 vocab=2000)
+#: ``--smoke``: the quickstart's smallest setting that runs every step (used by the tests)
+SMOKE_SIZE = SMOKE
+
+
+def environment(threads: int) -> dict:
+    return dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads),
+                PYTHONUNBUFFERED="1")
+
+
+def data_folder(out: Path, data: Optional[str], vocab: int, env: dict, seed: int,
+                log=print) -> Path:
+    """``data`` (a binarized folder) if given, else the embedded corpus, built once in ``out``."""
+    if data:
+        folder = Path(data).resolve()
+        if not (folder / "dict.txt").is_file():
+            raise SystemExit(f"--data {folder}: no dict.txt there; give a folder written by "
+                             "fairseq-preprocess (train, valid and test splits)")
+        return folder
+    folder = out / "data" / "bin"
+    manifest = out / "data" / "raw" / "corpus.json"
+    if (folder / "test.bin").is_file() and manifest.is_file():
+        log(f"reusing the binarized corpus in {folder}")
+        return folder
+    log("building the corpus from Python's own documentation and binarizing it ...")
+    folder, _ = prepare_embedded_data(out / "data", vocab, env, seed)
+    return folder
+
+
+def train(name: str, arch: str, data: Path, out: Path, size: dict, L: int, max_update: int,
+          seed: int, env: dict, extra: Sequence[str] = ()) -> dict:
+    """One ``fairseq-train`` run (the quickstart's command plus ``extra``), from scratch.
+
+    Returns ``{"checkpoint", "log", "seconds", "command"}``; raises with the log's tail if
+    fairseq-train fails. The log is ``out/logs/train_<name>.log``.
+    """
+    save_dir = out / "checkpoints" / name
+    if save_dir.exists():  # fairseq-train would resume a previous run
+        for f in save_dir.iterdir():
+            f.unlink()
+    cmd = train_command(arch, data, save_dir, size, L, max_update, seed, cpu=True)
+    cmd += [str(a) for a in extra]
+    (out / "logs").mkdir(parents=True, exist_ok=True)
+    log = out / "logs" / f"train_{name}.log"
+    started = time.time()
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    seconds = time.time() - started
+    log.write_text("$ " + " ".join(cmd) + "\n" + proc.stdout + proc.stderr)
+    checkpoint = save_dir / "checkpoint_last.pt"
+    if proc.returncode != 0 or not checkpoint.is_file():
+        raise RuntimeError(f"fairseq-train failed for {name} (exit {proc.returncode}); full "
+                           f"output in {log}:\n" + (proc.stdout + proc.stderr)[-3000:])
+    return {"checkpoint": checkpoint, "log": log, "seconds": round(seconds, 1),
+            "command": " ".join(cmd)}
+
+
+def run_all(jobs: Dict[str, callable], parallel: int) -> Dict[str, object]:
+    """Run named zero-argument callables, ``parallel`` at a time; their results by name."""
+    with ThreadPoolExecutor(max_workers=max(1, parallel)) as pool:
+        futures = {name: pool.submit(fn) for name, fn in jobs.items()}
+        return {name: f.result() for name, f in futures.items()}
+
+
+_TRAIN_INNER = re.compile(r"train_inner.*?num_updates=(\d+).*?[ ,]wall=(\d+)")
+
+
+def wall_at_updates(log: Path) -> Dict[int, float]:
+    """fairseq's ``wall`` (seconds since training started, whole seconds) at each logged update.
+
+    (``train_wall`` of the ``train_inner`` lines is per logging interval and rounded, so it
+    cannot be summed; ``wall`` is cumulative.)
+    """
+    return {int(u): float(w) for u, w in _TRAIN_INNER.findall(Path(log).read_text())}
+
+
+def write_json(path: Path, payload: dict):
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(payload, indent=2, default=str) + "\n")
+    os.replace(tmp, path)

@@ -1,0 +1,280 @@
+"""Check a fairseq save directory and restore ``checkpoint_last.pt`` after an interrupted save.
+
+fairseq writes the *first* file of a save atomically (``<name>.tmp``, then a rename), but gives
+the other names of the same save (``checkpoint_last.pt`` after ``checkpoint_1_5000.pt`` or
+``checkpoint3.pt``, and ``checkpoint_best.pt``) by copying that file in place. A job killed, or a
+disk that fills up, during such a copy leaves a truncated ``checkpoint_last.pt``; the previous
+one is gone, and restarting fails in ``torch.load`` (``PytorchStreamReader failed reading zip
+archive``). The newest state is still intact in the file the copy was made from. ::
+
+    python -m fairseq_alibi.checkpoints check  SAVE_DIR   # exit 1 if checkpoint_last is unusable
+    python -m fairseq_alibi.checkpoints repair SAVE_DIR   # restore it from the newest intact file
+
+A save dir with no checkpoint yet (or none at all) is fine for both: exit 0 and a one-line note,
+so that a job script can run ``repair`` before every ``fairseq-train``.
+    python -m fairseq_alibi.checkpoints set-world-size SAVE_DIR N  # resume with N workers
+
+The last one exists because fairseq saves the position in the epoch in batches of one worker,
+so a checkpoint saved mid-epoch resumes at the wrong batch with a different number of workers
+(see :func:`set_world_size`).
+
+``repair`` never deletes: the damaged file is kept beside it as ``checkpoint_last.pt.corrupt``
+(``.corrupt.1``, ... if that exists), and the restored file is written as ``.tmp`` and renamed.
+A file counts as intact when every record of its zip archive matches its CRC-32 (``torch.load``
+alone does not check them: a flipped byte in a tensor loads silently) and ``torch.load`` reads
+it, as fairseq does. This works for any fairseq checkpoint, not only ALiBi ones.
+"""
+
+import argparse
+import os
+import re
+import shutil
+import sys
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import List, Optional
+
+import torch
+
+from fairseq_alibi import safe_loading  # noqa: F401  (fairseq checkpoints under torch.load(weights_only))
+
+
+class CheckpointError(Exception):
+    """Nothing intact to restore from; the message names the folder and what to do."""
+
+
+@dataclass
+class CheckpointFile:
+    path: Path
+    error: Optional[str] = None  # None: intact
+    epoch: Optional[int] = None
+    num_updates: Optional[int] = None
+
+    @property
+    def intact(self) -> bool:
+        return self.error is None
+
+    def describe(self) -> str:
+        if not self.intact:
+            return f"{self.path.name}: DAMAGED ({self.error})"
+        return f"{self.path.name}: intact (epoch {self.epoch} @ {self.num_updates} updates)"
+
+
+def inspect_checkpoint(path) -> CheckpointFile:
+    """Whether ``path`` is an intact checkpoint, and the epoch/update count it was saved at."""
+    path = Path(path)
+    found = CheckpointFile(path)
+    if not path.is_file():
+        found.error = "missing"
+        return found
+    if path.stat().st_size == 0:
+        found.error = "empty file, 0 bytes"
+        return found
+    try:
+        if zipfile.is_zipfile(path):  # torch >= 1.6 format; older files are plain pickles
+            with zipfile.ZipFile(path) as archive:
+                bad = archive.testzip()
+            if bad is not None:
+                found.error = f"record {bad} does not match its CRC-32"
+                return found
+        state = torch.load(path, map_location="cpu", mmap=zipfile.is_zipfile(path))
+    except Exception as e:  # truncated archive, unreadable pickle, ...
+        first_sentence = " ".join(str(e).split()).split(". ")[0]
+        found.error = first_sentence[:200] or f"truncated or corrupt: {type(e).__name__}"
+        return found
+    if not isinstance(state, dict) or "model" not in state:
+        found.error = "not a fairseq checkpoint (no 'model' entry)"
+        return found
+    history = state.get("optimizer_history") or [{}]
+    found.num_updates = int(history[-1].get("num_updates", 0))
+    iterator = (state.get("extra_state") or {}).get("train_iterator") or {}
+    found.epoch = iterator.get("epoch")
+    return found
+
+
+def saved_checkpoints(save_dir, suffix: str = "") -> List[Path]:
+    """The ``checkpoint*{suffix}.pt`` files fairseq wrote in ``save_dir`` (no ``.tmp``)."""
+    pattern = re.compile(r"checkpoint.*" + re.escape(suffix) + r"\.pt")
+    return sorted(p for p in Path(save_dir).iterdir() if pattern.fullmatch(p.name))
+
+
+def _last_name(suffix: str) -> str:
+    return f"checkpoint_last{suffix}.pt"
+
+
+def _no_checkpoint_yet(save_dir: Path, suffix: str) -> bool:
+    """A run that has not saved yet: no folder (fairseq-train makes it) or no checkpoint in it."""
+    if save_dir.exists() and not save_dir.is_dir():
+        raise CheckpointError(f"{save_dir} is not a folder; give the --save-dir of the run")
+    return not save_dir.exists() or not saved_checkpoints(save_dir, suffix)
+
+
+def newest_intact(save_dir, suffix: str = "", exclude=()) -> Optional[CheckpointFile]:
+    """The intact checkpoint with the most updates (the latest written among equals)."""
+    candidates = [inspect_checkpoint(p) for p in saved_checkpoints(save_dir, suffix)
+                  if p.name not in exclude]
+    intact = [c for c in candidates if c.intact]
+    if not intact:
+        return None
+    return max(intact, key=lambda c: (c.num_updates, c.path.stat().st_mtime))
+
+
+def _free_name(path: Path, ending: str) -> Path:
+    target, n = path.with_name(path.name + ending), 0
+    while target.exists():
+        n += 1
+        target = path.with_name(f"{path.name}{ending}.{n}")
+    return target
+
+
+def _replace_keeping(target: Path, new_tmp: Path, ending: str) -> Optional[Path]:
+    """Atomically put ``new_tmp`` at ``target``; the old ``target`` stays as ``target+ending``."""
+    kept = None
+    if target.exists():
+        kept = _free_name(target, ending)
+        try:
+            os.link(target, kept)  # no moment without a file at ``target``
+        except OSError:  # a file system without hard links
+            shutil.copyfile(target, kept)
+    os.replace(new_tmp, target)
+    return kept
+
+
+def _fsynced(path: Path) -> Path:
+    with open(path, "rb+") as f:
+        os.fsync(f.fileno())
+    return path
+
+
+def repair(save_dir, suffix: str = "") -> str:
+    """Make ``checkpoint_last{suffix}.pt`` intact again; return what was done, in one line.
+
+    Does nothing if it is intact. Otherwise the damaged file (if any) is renamed to
+    ``*.corrupt`` and the intact checkpoint with the most updates is copied in its place
+    (through a ``.tmp`` file and a rename, so an interrupted repair leaves nothing half written).
+    """
+    save_dir = Path(save_dir)
+    if _no_checkpoint_yet(save_dir, suffix):  # a job script runs this before the first save
+        return f"nothing to repair: no checkpoint in {save_dir} yet"
+    last = save_dir / _last_name(suffix)
+    state = inspect_checkpoint(last)
+    if state.intact:
+        return f"nothing to do: {state.describe()}"
+    source = newest_intact(save_dir, suffix, exclude={last.name})
+    if source is None:
+        raise CheckpointError(
+            f"no intact checkpoint in {save_dir} to restore {last.name} from "
+            f"({state.error}); training from it would start from scratch"
+        )
+    tmp = last.with_name(last.name + ".tmp")
+    shutil.copyfile(source.path, tmp)
+    kept = _replace_keeping(last, _fsynced(tmp), ".corrupt")
+    moved = f"; the damaged file is kept as {kept.name}" if kept else ""
+    return (f"restored {last.name} from {source.path.name} "
+            f"(epoch {source.epoch} @ {source.num_updates} updates){moved}")
+
+
+def set_world_size(save_dir, world_size: int, suffix: str = "") -> str:
+    """Prepare ``checkpoint_last{suffix}.pt`` for a run with ``world_size`` workers.
+
+    fairseq saves the position in the epoch as ``iterations_in_epoch``, counted in batches *of
+    one worker*: a checkpoint saved mid-epoch by ``W`` workers has used ``n·W`` batches of the
+    epoch, and a run with ``W'`` workers that loads it unchanged skips ``n·W'`` (it repeats or
+    drops data). This rewrites the count to ``n·W/W'`` (and the saved world size to ``W'``), so
+    that the run continues at the same batch: with the same ``--max-tokens``/``--batch-size``
+    per worker and data, ``W'`` workers then train exactly as ``W`` would have (use
+    ``--update-freq`` to keep the global batch). The original stays beside it as
+    ``checkpoint_last.pt.world<W>``.
+    """
+    if not isinstance(world_size, int) or world_size < 1:
+        raise CheckpointError(f"the world size must be a positive whole number, got {world_size!r}")
+    last = Path(save_dir) / _last_name(suffix)
+    found = inspect_checkpoint(last)
+    if not found.intact:
+        raise CheckpointError(f"{last} is {found.error}: run `python -m fairseq_alibi.checkpoints "
+                              f"repair {save_dir}` first")
+    state = torch.load(last, map_location="cpu")
+    if state.get("cfg") is not None:
+        distributed = state["cfg"]["distributed_training"]
+        old = int(distributed["distributed_world_size"])
+        model_parallel = int(state["cfg"]["common"].get("model_parallel_size", 1))
+    else:  # argparse-era checkpoint
+        distributed = None
+        old = int(state["args"].distributed_world_size)
+        model_parallel = int(getattr(state["args"], "model_parallel_size", 1))
+    if model_parallel != 1:
+        raise CheckpointError(f"{last.name} is one part of a model-parallel run "
+                              f"(--model-parallel-size {model_parallel}); this only moves "
+                              "data-parallel checkpoints")
+    position = state["extra_state"]["train_iterator"]
+    used = int(position.get("iterations_in_epoch", 0)) * old
+    if old == world_size:
+        return f"nothing to do: {last.name} was saved by {old} worker(s)"
+    if used % world_size:
+        raise CheckpointError(
+            f"{last.name} was saved after {used} batches of epoch {position['epoch']}, which "
+            f"{world_size} workers cannot split evenly; resume from a checkpoint saved at the end "
+            f"of an epoch, or pass --reset-dataloader to fairseq-train (the epoch starts over)"
+        )
+    position["iterations_in_epoch"] = used // world_size
+    if distributed is not None:
+        distributed["distributed_world_size"] = world_size
+    else:
+        state["args"].distributed_world_size = world_size
+    tmp = last.with_name(last.name + ".tmp")
+    torch.save(state, tmp)
+    kept = _replace_keeping(last, _fsynced(tmp), f".world{old}")
+    return (f"{last.name} now resumes with {world_size} worker(s) at batch {used} of epoch "
+            f"{position['epoch']} (saved by {old}); the original is kept as {kept.name}")
+
+
+def check(save_dir, suffix: str = ""):
+    """``(ok, lines)``: ``ok`` when ``checkpoint_last{suffix}.pt`` is intact; a line per file."""
+    save_dir = Path(save_dir)
+    if _no_checkpoint_yet(save_dir, suffix):
+        return True, [f"no checkpoint yet in {save_dir}"]
+    last = inspect_checkpoint(save_dir / _last_name(suffix))
+    others = [inspect_checkpoint(p) for p in saved_checkpoints(save_dir, suffix)
+              if p.name != last.path.name]
+    others.sort(key=lambda c: (c.intact, c.num_updates or 0), reverse=True)
+    lines = [c.describe() for c in [last] + others]
+    lines += [f"{p.name}: left by an interrupted save, safe to delete"
+              for p in sorted(save_dir.glob("checkpoint*.pt.tmp"))]
+    if not last.intact:
+        lines.append(f"checkpoint_last is unusable: run `python -m fairseq_alibi.checkpoints "
+                     f"repair {save_dir}` before restarting")
+    return last.intact, lines
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(
+        prog="python -m fairseq_alibi.checkpoints",
+        description="Check a fairseq --save-dir, or restore checkpoint_last.pt from the newest "
+        "intact checkpoint after an interrupted save.",
+    )
+    parser.add_argument("command", choices=("check", "repair", "set-world-size"))
+    parser.add_argument("save_dir", help="the --save-dir of the training run")
+    parser.add_argument("world_size", nargs="?", type=int,
+                        help="set-world-size only: the number of workers of the next run")
+    parser.add_argument("--checkpoint-suffix", default="", help="as given to fairseq-train")
+    args = parser.parse_args(argv)
+    if (args.command == "set-world-size") != (args.world_size is not None):
+        parser.error("give a world size with set-world-size, and only with it")
+    try:
+        if args.command == "repair":
+            print(repair(args.save_dir, args.checkpoint_suffix))
+            return 0
+        if args.command == "set-world-size":
+            print(set_world_size(args.save_dir, args.world_size, args.checkpoint_suffix))
+            return 0
+        ok, lines = check(args.save_dir, args.checkpoint_suffix)
+    except CheckpointError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    print("\n".join(lines))
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

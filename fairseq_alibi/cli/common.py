@@ -1,0 +1,50 @@
+"""What the command-line tools share: running fairseq's console scripts and describing the machine."""
+
+import os
+import platform
+import subprocess
+import sys
+from pathlib import Path
+from typing import List
+
+
+def console_script(name: str) -> str:
+    """A fairseq console script: the one installed beside this interpreter, else PATH's."""
+    here = Path(sys.executable).parent / name
+    return str(here) if here.exists() else name
+
+
+def run_logged(cmd: List[str], log: Path, env: dict, what: str) -> str:
+    """Run a command to completion, its output in ``log``; a clear error if it fails."""
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    output = proc.stdout + proc.stderr
+    log.write_text("$ " + " ".join(cmd) + "\n" + output)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{what} failed (exit {proc.returncode}); full output in {log}:\n"
+                           + output[-3000:])
+    return output
+
+
+def cpu_seconds() -> float:
+    """User + system CPU time of this process and every finished subprocess."""
+    try:
+        import resource
+    except ImportError:  # not on Windows
+        return float("nan")
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+def machine() -> dict:
+    """What the timings were measured on, including the load other processes put on it."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            names = [line.split(":", 1)[1].strip() for line in f if line.startswith("model name")]
+        cpu = names[0] if names else cpu
+    except OSError:
+        pass
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+    return dict(cpu=cpu, cores=os.cpu_count(), load_average=load,
+                platform=platform.platform(), python=platform.python_version())

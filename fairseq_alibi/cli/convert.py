@@ -1,0 +1,527 @@
+"""Convert checkpoints into this plugin's models: stock ``transformer_lm`` ones, and the ALiBi forks'.
+
+::
+
+    python -m fairseq_alibi.convert --input X.pt --output Y.pt [--from press|eify|stock] [--dict D]
+
+**Forks** (:mod:`fairseq_alibi.cli.forks`, docs/migrating.md): Press's language models
+(``--from press``: they look exactly like stock sinusoidal checkpoints), EIFY's
+``transformer_lm_alibi``, RoBERTa and translation models (detected from their options). Every
+weight is kept bit for bit, the ALiBi slopes are added as a buffer, the fork's options become
+this plugin's, stored by name; the converted model computes what the fork computed, and the
+optimizer state is kept when it indexes the same parameters (training resumes).
+
+**Stock** ``transformer_lm``: every weight is kept, bit for bit, under its own name; the
+position embeddings are dropped (learned: ``decoder.embed_positions.weight``; sinusoidal ones
+are computed, not stored, apart from the ``_float_tensor`` placeholder of older checkpoints),
+and the ALiBi slopes of the model's head count (``decoder.alibi.slopes``) are added. The model
+configuration is the original one with the architecture renamed (``transformer_lm_gpt`` becomes
+``alibi_transformer_lm_gpt``), the ALiBi options at their defaults, and keys that are not model
+options (the ``max_tokens`` of 2021-era configs) dropped. The dictionary is not part of a
+fairseq checkpoint: the converted model uses the same data directory (or ``dict.txt``) as the
+original. The optimizer state is left out (it belongs to the original parameter list); an EMA
+copy of the weights, if any, is converted like the weights.
+
+Before writing (atomically), the converted weights are loaded (``strict=True``) into the model
+built from the converted configuration, so a checkpoint that does not fit is refused here, not
+at fine-tuning time. Anything else the converter cannot turn into an ALiBi model (another model
+type, character embeddings, a fork option with no equivalent, an already converted checkpoint,
+an empty or truncated file) is a one-line error.
+
+A converted stock model has never seen the bias: its perplexity right after conversion is worse
+than the original's (how much depends on how much the model leaned on positions). Fine-tune it
+(``fairseq-train --finetune-from-model alibi.pt``), or distil it from the original with the
+``lm_distillation`` criterion (:mod:`fairseq_alibi.criterions.lm_distillation`).
+"""
+
+import argparse
+import os
+import sys
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+from fairseq_alibi.models.checks import vocabulary_size
+
+POSITION_PREFIX = "decoder.embed_positions."
+ALIBI_PREFIX = "decoder.alibi."
+ALIBI_MODEL = "alibi_transformer_lm"
+STOCK_MODEL = "transformer_lm"
+
+
+class ConversionError(ValueError):
+    """The checkpoint cannot be converted; the message says why and what to do."""
+
+
+def model_cfg_get(model_cfg, key, default=None):
+    """``model_cfg[key]`` of a dict, OmegaConf or argparse configuration (``default`` if absent)."""
+    if isinstance(model_cfg, argparse.Namespace):
+        return getattr(model_cfg, key, default)
+    return model_cfg.get(key, default) if hasattr(model_cfg, "get") else default
+
+
+def model_cfg_set(model_cfg, key, value):
+    """``model_cfg[key] = value`` for a dict, OmegaConf or argparse configuration."""
+    from omegaconf import OmegaConf, open_dict
+
+    if isinstance(model_cfg, argparse.Namespace):
+        setattr(model_cfg, key, value)
+    elif OmegaConf.is_config(model_cfg):
+        with open_dict(model_cfg):  # configs converted from argparse checkpoints are "struct"
+            model_cfg[key] = value
+    else:
+        model_cfg[key] = value
+
+
+_model_cfg_get, _model_cfg_set = model_cfg_get, model_cfg_set
+
+
+def architecture_of(model_cfg) -> Optional[str]:
+    """The architecture a checkpoint's model config names (``_name``, or ``arch`` for argparse)."""
+    return _model_cfg_get(model_cfg, "_name") or _model_cfg_get(model_cfg, "arch")
+
+
+def target_architecture(source_arch: str, requested: Optional[str] = None) -> str:
+    """``alibi_<stock arch>`` (or ``requested``, which must be an ALiBi LM architecture)."""
+    from fairseq.models import ARCH_MODEL_INV_REGISTRY
+
+    import fairseq_alibi  # noqa: F401  (registers the ALiBi architectures)
+
+    alibi_archs = set(ARCH_MODEL_INV_REGISTRY[ALIBI_MODEL]) | {ALIBI_MODEL}
+    if requested is not None:
+        if requested not in alibi_archs:
+            raise ConversionError(
+                f"--arch {requested!r} is not an ALiBi language model architecture; choose one "
+                f"of: {', '.join(sorted(alibi_archs))}"
+            )
+        return requested
+    from fairseq_alibi.cli.forks import EIFY_ARCHITECTURES
+
+    target = EIFY_ARCHITECTURES.get(source_arch, f"alibi_{source_arch}")
+    if target not in alibi_archs:  # a stock arch registered after the ALiBi mirrors were made
+        raise ConversionError(
+            f"no ALiBi architecture mirrors {source_arch!r}; pass one with --arch "
+            f"(e.g. --arch {ALIBI_MODEL})"
+        )
+    return target
+
+
+def check_convertible(model_cfg):
+    """Raise :class:`ConversionError` unless this is a stock ``transformer_lm`` we can convert."""
+    from fairseq.models import ARCH_MODEL_INV_REGISTRY, ARCH_MODEL_REGISTRY
+
+    import fairseq_alibi  # noqa: F401
+
+    arch = architecture_of(model_cfg)
+    alibi_archs = set(ARCH_MODEL_INV_REGISTRY[ALIBI_MODEL]) | {ALIBI_MODEL}
+    if arch in alibi_archs:
+        raise ConversionError(
+            f"this is already an ALiBi language model ({arch}): nothing to convert; load it as it is"
+        )
+    from fairseq_alibi.cli.forks import EIFY_ARCHITECTURES
+
+    stock_archs = set(ARCH_MODEL_INV_REGISTRY[STOCK_MODEL]) | {STOCK_MODEL} | set(EIFY_ARCHITECTURES)
+    if arch not in stock_archs:
+        kind = ARCH_MODEL_REGISTRY[arch].__name__ if arch in ARCH_MODEL_REGISTRY else "unknown"
+        raise ConversionError(
+            f"only fairseq transformer_lm checkpoints (causal language models with learned or "
+            f"sinusoidal positions) can be converted; this one is {arch!r} ({kind}). RoBERTa "
+            f"and translation models are converted only from EIFY's ALiBi fork "
+            f"(docs/migrating.md)"
+        )
+    if _model_cfg_get(model_cfg, "character_embeddings", False):
+        raise ConversionError(
+            "character-level input embeddings (--character-embeddings) are not supported by the "
+            "converter; convert a model with token (or adaptive) input embeddings"
+        )
+    if _model_cfg_get(model_cfg, "cross_self_attention", False):
+        raise ConversionError(
+            "--cross-self-attention models cannot use ALiBi self-attention; nothing to convert"
+        )
+    return arch
+
+
+def position_kind(model_cfg) -> str:
+    """``learned``, ``sinusoidal`` or ``none``: the position embeddings the stock model had."""
+    if _model_cfg_get(model_cfg, "no_token_positional_embeddings", False):
+        return "none"
+    return "learned" if _model_cfg_get(model_cfg, "decoder_learned_pos", False) else "sinusoidal"
+
+
+def alibi_state(num_heads: int) -> dict:
+    """The state-dict entries of the ALiBi bias module of a ``num_heads``-head decoder."""
+    from fairseq_alibi.alibi import AlibiPositionalBias
+
+    module = AlibiPositionalBias(num_heads, "causal")
+    return {ALIBI_PREFIX + k: v for k, v in module.state_dict().items()}
+
+
+def convert_weights(weights: dict, num_heads: int):
+    """``(converted, dropped)``: the same tensors minus position embeddings, plus the slopes."""
+    if any(k.startswith(ALIBI_PREFIX) for k in weights):
+        raise ConversionError("these weights already hold ALiBi slopes (decoder.alibi.*)")
+    dropped = [k for k in weights if k.startswith(POSITION_PREFIX)]
+    converted = {k: v for k, v in weights.items() if not k.startswith(POSITION_PREFIX)}
+    converted.update(alibi_state(num_heads))
+    return converted, dropped
+
+
+def placeholder_dictionary(size: int):
+    """A fairseq Dictionary of ``size`` symbols (only its size matters to build the model)."""
+    from fairseq.data import Dictionary
+
+    dictionary = Dictionary()
+    while len(dictionary) < size:
+        dictionary.add_symbol(f"<placeholder_{len(dictionary)}>")
+    if len(dictionary) != size:
+        raise ConversionError(f"the embedding has {size} rows, fewer than fairseq's specials")
+    return dictionary
+
+
+def build_alibi_model(model_cfg, vocab_size: int):
+    """The ALiBi model a converted configuration describes (placeholder dictionary)."""
+    import copy
+
+    from fairseq import models
+
+    class _Task:  # build_model only reads the dictionaries
+        source_dictionary = target_dictionary = placeholder_dictionary(vocab_size)
+
+    return models.build_model(copy.deepcopy(model_cfg), _Task())
+
+
+def convert_checkpoint(state: dict, arch: Optional[str] = None, check: bool = True,
+                       source: str = "stock") -> dict:
+    """Convert a loaded language-model checkpoint (``load_checkpoint_to_cpu``) in place.
+
+    ``source``: ``stock`` (a model with position embeddings: it has never seen the bias),
+    ``press`` or ``eify`` (an ALiBi fork's model: the converted one computes the same
+    log-probabilities; the fork's optimizer state is kept when it indexes the same parameters,
+    so training resumes). Returns a summary dict (source/target architecture, kept/dropped
+    keys, heads).
+    """
+    from fairseq_alibi.cli import forks
+
+    if not isinstance(state, dict) or "model" not in state:
+        raise ConversionError("not a fairseq checkpoint (no 'model' weights in it)")
+    cfg = state.get("cfg")
+    if cfg is None or cfg.get("model") is None:
+        raise ConversionError(
+            "this checkpoint has no model configuration ('cfg' or 'args'), so the architecture "
+            "cannot be known; it was not written by fairseq-train"
+        )
+    model_cfg = cfg["model"]
+    source_arch = check_convertible(model_cfg)
+    target_arch = target_architecture(source_arch, arch)
+    heads = _model_cfg_get(model_cfg, "decoder_attention_heads")
+    if not isinstance(heads, int) or heads < 1:
+        raise ConversionError(f"the model configuration has no head count ({heads!r})")
+
+    positions = position_kind(model_cfg)
+    dropped_options = forks.clean_lm_config(model_cfg, source)  # e.g. 2021-era max_tokens
+    original = state["model"]
+    weights, dropped = convert_weights(state["model"], heads)
+    dropped_parameters = sum(state["model"][k].numel() for k in dropped)
+    for key, value in (("_name", target_arch), ("arch", target_arch),
+                       ("alibi_attention", "auto"), ("alibi_slope_scale", 1.0),
+                       ("share_decoder_layers", False)):
+        if key == "arch" and not isinstance(model_cfg, argparse.Namespace):
+            continue  # hydra configs name the architecture in _name only
+        _model_cfg_set(model_cfg, key, value)
+
+    optimizer = None
+    if check:
+        try:
+            vocab = vocabulary_size(weights)
+        except ValueError as e:
+            raise ConversionError(str(e)) from e
+        model = build_alibi_model(model_cfg, vocab)
+        try:
+            model.load_state_dict(dict(weights), strict=True, model_cfg=model_cfg)
+        except Exception as e:  # noqa: BLE001 - reported with what to do
+            raise ConversionError(
+                f"the converted weights do not fit {target_arch} built from the checkpoint's "
+                f"configuration: {e}"
+            ) from e
+        if source != "stock":  # the same model: resuming needs the optimizer state
+            optimizer = forks.matching_optimizer_state(
+                original, model, state.get("last_optimizer_state"))
+
+    state["model"] = weights
+    state["args"] = None  # the configuration lives in cfg (converted above)
+    state["last_optimizer_state"] = optimizer  # None: it indexed another parameter list
+    extra = state.get("extra_state") or {}
+    if isinstance(extra.get("ema"), dict):
+        extra["ema"], _ = convert_weights(extra["ema"], heads)
+    if isinstance(extra.get("ema_fp32_params"), dict):
+        extra["ema_fp32_params"] = {k: v for k, v in extra["ema_fp32_params"].items()
+                                    if not k.startswith(POSITION_PREFIX)}
+    return {
+        "source": source,
+        "family": "transformer_lm",
+        "dropped_options": dropped_options,
+        "optimizer_kept": optimizer is not None,
+        "source_arch": source_arch,
+        "positions": positions,
+        "target_arch": target_arch,
+        "heads": heads,
+        "kept": len(weights) - len(alibi_state(heads)),
+        "dropped": dropped,
+        "dropped_parameters": dropped_parameters,
+    }
+
+
+def _plain_cfg(cfg):
+    from omegaconf import OmegaConf
+
+    if OmegaConf.is_config(cfg):
+        return OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
+    return cfg
+
+
+def read_checkpoint(path) -> dict:
+    """Load a fairseq checkpoint to the CPU, or a one-line :class:`ConversionError` saying why not."""
+    from fairseq import checkpoint_utils
+
+    import fairseq_alibi  # noqa: F401  (models; torch >= 2.6 loading of fairseq checkpoints)
+
+    source = Path(path)
+    if not source.is_file():
+        raise ConversionError(f"no checkpoint at {source}")
+    repair = f"`python -m fairseq_alibi.checkpoints repair {source.parent}`"
+    if source.stat().st_size == 0:
+        raise ConversionError(
+            f"cannot read {source}: the file is empty (0 bytes; an interrupted save?). Use an "
+            f"intact copy, or restore the save directory's last good checkpoint with {repair}"
+        )
+    try:
+        return checkpoint_utils.load_checkpoint_to_cpu(str(source))
+    except Exception as e:  # noqa: BLE001 - any unreadable file gets the same advice
+        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        if isinstance(e, EOFError) or "zip archive" in reason or "central directory" in reason:
+            raise ConversionError(
+                f"cannot read {source} as a fairseq checkpoint: the file is truncated or "
+                f"damaged ({reason}). Use an intact copy, or restore the save directory's last "
+                f"good checkpoint with {repair}"
+            ) from e
+        raise ConversionError(
+            f"cannot read {source} as a fairseq checkpoint: {reason}") from e
+
+
+def convert_state(state: dict, arch: Optional[str] = None, check: bool = True,
+                  source: Optional[str] = None, dict_path=None) -> dict:
+    """Convert any supported checkpoint in place: stock or Press/EIFY fork LMs, EIFY RoBERTa
+    (and EIFY translation models); ``source`` None: detected where the checkpoint says."""
+    from fairseq_alibi.cli import forks
+
+    if not isinstance(state, dict) or "model" not in state:
+        raise ConversionError("not a fairseq checkpoint (no 'model' weights in it)")
+    cfg = state.get("cfg")
+    if cfg is None or cfg.get("model") is None:
+        raise ConversionError(
+            "this checkpoint has no model configuration ('cfg' or 'args'), so the architecture "
+            "cannot be known; it was not written by fairseq-train"
+        )
+    detected = forks.detect_fork(state)
+    if source is not None and source not in forks.SOURCES:
+        raise ConversionError(f"unknown --from {source!r}; choose one of: {', '.join(forks.SOURCES)}")
+    if detected == "eify" and source not in (None, "eify") and forks.uses_fork_math(state):
+        raise ConversionError(
+            f"this checkpoint holds EIFY-fork options (e.g. encoder_alibi, decoder_alibi, "
+            f"contrastive_pretraining): it is not a {source} checkpoint; drop --from {source}"
+        )
+    family = forks.model_family(cfg["model"])
+    name = architecture_of(cfg["model"])
+    if family in ("alibi_roberta", "alibi_transformer"):
+        raise ConversionError(
+            f"this checkpoint is already converted ({name}): load it as it is"
+        )
+    if arch is not None and family in ("roberta", "transformer"):
+        raise ConversionError("--arch is for language models; RoBERTa and translation "
+                              "checkpoints keep their architecture's ALiBi counterpart")
+    if family == "roberta":
+        if detected != "eify":
+            raise ConversionError(
+                f"this is a stock RoBERTa checkpoint ({name}): nothing to convert; load it "
+                "as alibi_roberta --alibi-variant none --mlm-head roberta (learned positions)"
+            )
+        return forks.convert_eify_roberta(state, dict_path)
+    if family == "transformer" and detected == "eify":
+        return forks.convert_eify_translation(state)
+    if dict_path is not None:
+        raise ConversionError("--dict is for RoBERTa checkpoints (the masked-LM dictionary)")
+    if source is None:
+        source = detected if detected and forks.uses_fork_math(state) else "stock"
+    if source == "eify" and detected != "eify":
+        raise ConversionError(
+            "--from eify, but this checkpoint holds none of the EIFY fork's options "
+            "(decoder_alibi, encoder_alibi, ...): it is a stock or Press model"
+        )
+    return convert_checkpoint(state, arch, check, source)
+
+
+def convert_file(input_path, output_path, arch: Optional[str] = None, check: bool = True,
+                 source: Optional[str] = None, dict_path=None) -> dict:
+    """Read ``input_path``, convert it, write ``output_path`` atomically; return the summary."""
+    source_path, target = Path(input_path), Path(output_path)
+    if target.resolve() == source_path.resolve():
+        raise ConversionError("--output must differ from --input (the original is kept)")
+    state = read_checkpoint(source_path)
+    with torch.no_grad():
+        summary = convert_state(state, arch, check, source, dict_path)
+    state["cfg"] = _plain_cfg(state["cfg"])
+    extra = state.get("extra_state")
+    if isinstance(extra, dict):  # provenance, by name (fairseq ignores unknown keys here)
+        extra["fairseq_alibi_conversion"] = {
+            "from": summary.get("source", "stock"), "input": str(source_path),
+            "source_arch": summary.get("source_arch"), "target_arch": summary.get("target_arch"),
+        }
+    _write_atomically(state, target)
+    trimmed = (summary.get("dictionary") or {}).get("trimmed")
+    if trimmed is not None:
+        dict_out = target.parent / "dict.txt"
+        if dict_out.exists() and dict_out.resolve() == Path(summary["dictionary"]["path"]).resolve():
+            raise ConversionError(
+                f"the matching dict.txt would overwrite {dict_out}, the one given to --dict: "
+                "write the converted model to another folder"
+            )
+        dict_out.write_text("\n".join(trimmed) + "\n", encoding="utf-8")
+        summary["dictionary"]["written"] = str(dict_out)
+    return summary
+
+
+def _write_atomically(state, target: Path):
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(f".{target.name}.tmp")
+    try:
+        torch.save(state, str(tmp))
+        os.replace(tmp, target)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+
+
+def _report_lm(summary, args):
+    print(f"converted {summary['source_arch']} -> {summary['target_arch']}: {args.output}")
+    print(f"  kept     {summary['kept']} tensors, unchanged")
+    dropped = ", ".join(summary["dropped"]) or "no tensor (they were computed, not stored)"
+    if summary["positions"] == "none":
+        dropped = "nothing (the model had no position embeddings)"
+    if summary["source"] == "stock":
+        print(f"  dropped  {summary['positions']} positions: {dropped} "
+              f"({summary['dropped_parameters']:,} parameters)")
+    elif summary["dropped"]:
+        print(f"  dropped  {dropped} (the fork built them but never added them)")
+    heads = summary["heads"]
+    print(f"  added    decoder.alibi.slopes ({heads} head{'s' if heads != 1 else ''})")
+    if summary["dropped_options"]:
+        print(f"  config   dropped {', '.join(summary['dropped_options'])} (not model options)")
+    print("  the dictionary is unchanged: use the original data directory with the new model")
+    if summary["source"] == "stock":
+        if summary["positions"] == "sinusoidal":
+            print("note: a checkpoint of Press's ALiBi fork (the paper's models) looks exactly "
+                  "like this stock sinusoidal one; if it is one, pass --from press: the weights "
+                  "are converted the same way, and the model already computes what the fork "
+                  "did (no fine-tuning needed)")
+        print("next: fine-tune or distil it (it has never seen the bias): "
+              "fairseq-train DATA --user-dir $(python -m fairseq_alibi --user-dir) "
+              f"--arch {summary['target_arch']} [the original's size options] "
+              f"--finetune-from-model {args.output} --criterion lm_distillation "
+              f"--teacher-path {args.input} ...")
+        return
+    print(f"  {summary['source']} fork: the converted model computes the fork's "
+          "log-probabilities; it has no length limit (no --model-overrides) and keeps the bias "
+          "when decoding with a cache")
+    if summary["optimizer_kept"]:
+        print("  optimizer state kept: fairseq-train --restore-file resumes where the fork stopped")
+    print("next: fairseq-eval-lm DATA --user-dir $(python -m fairseq_alibi --user-dir) "
+          f"--path {args.output} --tokens-per-sample N")
+
+
+def _report_roberta(summary, args):
+    print(f"converted EIFY-fork {summary['source_arch']} -> {summary['target_arch']}: "
+          f"{args.output}")
+    print(f"  kept     {summary['kept']} tensors, unchanged (trained pad row included)")
+    print(f"  added    {', '.join(summary['added'])}")
+    if summary["beta"] is not None:
+        print(f"  CLAP beta {summary['beta']:.6g} (trained value, kept)")
+    print(f"  options  {summary['flags']}")
+    dictionary = summary["dictionary"]
+    if dictionary.get("written"):
+        print(f"  dict.txt {dictionary['written']}: {args.dict} without its last "
+              f"{len(dictionary['dropped_symbols'])} entries "
+              f"({', '.join(dictionary['dropped_symbols'])}), which the model was trained "
+              "without; use this folder as the data directory")
+    elif dictionary.get("path"):
+        print(f"  dict.txt {dictionary['path']} matches ({dictionary['needed_lines']} entries)")
+    else:
+        print(f"  the model needs a dict.txt of {dictionary['needed_lines']} entries (pass "
+              "--dict to check yours)")
+    if summary["optimizer_kept"]:
+        print("  optimizer state kept: training with --restore-file and these model options "
+              "resumes where the fork stopped")
+    print("next: AlibiRobertaModel.from_pretrained(FOLDER, CHECKPOINT, DATA, bpe='gpt2', ...)")
+    print("  fine-tune (e.g. GLUE) with fairseq-hydra-train --config-dir "
+          "$(python -m fairseq_alibi --user-dir)/config/glue --config-name TASK "
+          f"task.data=DATA-bin checkpoint.restore_file={args.output} "
+          f"model._name={summary['target_arch']} {' '.join(summary['overrides'])}")
+
+
+def main(argv=None):
+    from fairseq_alibi.cli.forks import SOURCES
+
+    parser = argparse.ArgumentParser(
+        prog="python -m fairseq_alibi.convert",
+        description="Convert a checkpoint into this plugin's format: a stock fairseq "
+        "transformer_lm (positions dropped, ALiBi added: fine-tune it), or a model of the ALiBi "
+        "forks (Press's language models, EIFY's transformer_lm_alibi, RoBERTa and translation "
+        "models: every weight kept, the same outputs). The dictionary (data directory) stays "
+        "the same. See docs/migrating.md.",
+    )
+    parser.add_argument("--input", required=True, help="the checkpoint to convert (.pt)")
+    parser.add_argument("--output", required=True, help="where to write the converted checkpoint")
+    parser.add_argument(
+        "--from", dest="source", choices=SOURCES, default=None,
+        help="what wrote the checkpoint: EIFY's fork is detected from its options; Press's "
+        "fork (the paper's models) cannot be told from stock sinusoidal checkpoints, name it "
+        "(default: detected, else stock)")
+    parser.add_argument("--dict", default=None, metavar="DICT_TXT",
+                        help="RoBERTa: the dict.txt to use with the model; checked against its "
+                        "embedding, and a matching one written beside --output when it only has "
+                        "extra madeupword entries (EIFY's zero-clap Pile models)")
+    parser.add_argument("--arch", default=None,
+                        help="language models: the ALiBi architecture to record "
+                        "(default: alibi_<original arch>)")
+    parser.add_argument("--no-check", action="store_true",
+                        help="language models: skip loading the converted weights into the model")
+    args = parser.parse_args(argv)
+    try:
+        summary = convert_file(args.input, args.output, args.arch, check=not args.no_check,
+                               source=args.source, dict_path=args.dict)
+    except ConversionError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    if summary["family"] == "roberta":
+        _report_roberta(summary, args)
+    elif summary["family"] == "transformer":
+        _report_translation(summary, args)
+    else:
+        _report_lm(summary, args)
+    return 0
+
+
+def _report_translation(summary, args):
+    print(f"converted EIFY-fork {summary['source_arch']} -> {summary['target_arch']}: "
+          f"{args.output}")
+    print(f"  kept     {summary['kept']} tensors, unchanged; added {', '.join(summary['added'])}")
+    print(f"  options  --encoder-alibi-variant {summary['options']['encoder_alibi_variant']} "
+          f"--decoder-alibi-variant {summary['options']['decoder_alibi_variant']}")
+    print("  the decoder keeps its ALiBi bias in incremental decoding (fairseq-generate), which "
+          "the fork dropped: generation scores differ from the fork's, teacher-forced ones not")
+    if summary["optimizer_kept"]:
+        print("  optimizer state kept: fairseq-train --restore-file resumes where the fork stopped")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

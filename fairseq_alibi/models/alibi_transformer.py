@@ -1,0 +1,340 @@
+"""``alibi_transformer``: fairseq's encoder-decoder ``transformer`` with ALiBi, for translation.
+
+Everything is stock ``transformer`` (``--task translation``, shared or separate dictionaries,
+``--share-all-embeddings``, pre/post-norm, layerdrop, activation checkpointing, alignment
+printing, beam search, the hub interface) except the two build hooks of
+:class:`~fairseq.models.transformer.TransformerModel`:
+
+* ``build_encoder``: with ``--encoder-alibi-variant`` one of ``symmetric``, ``one_sided``,
+  ``offset`` (default), ``asymmetric``, the encoder of ``alibi_roberta``
+  (:class:`~fairseq_alibi.models.alibi_roberta.AlibiTransformerEncoder`): no position
+  embeddings, every self-attention adds the bidirectional bias of that variant. ``none`` keeps
+  the stock encoder and its sinusoidal (or ``--encoder-learned-pos``) positions.
+* ``build_decoder``: with ``--decoder-alibi-variant causal`` (default), the decoder of
+  ``alibi_transformer_lm`` (:class:`~fairseq_alibi.models.alibi_transformer_lm.AlibiTransformerDecoder`)
+  with its cross-attention kept: causal ALiBi self-attention, exact with a KV cache and beam
+  reordering. ``none`` keeps the stock decoder.
+
+Cross-attention (decoder queries, encoder keys) is stock on both: no position bias, as in
+EIFY's fork and T5; the two sequences have no common position axis for ``i - j`` to measure.
+
+An ALiBi side has no maximum length: its ``max_positions()`` is unbounded and the translation
+task's ``--max-source-positions`` / ``--max-target-positions`` filter is lifted for that side,
+so long sources are translated instead of skipped or refused.
+
+The saved state is the stock ``transformer``'s (same parameter names) plus the slopes buffers
+``encoder.alibi.slopes`` / ``decoder.alibi.slopes`` of the ALiBi sides (and
+``encoder.alibi.future_slope_ratio`` with ``asymmetric``).
+"""
+
+import argparse
+import copy
+import logging
+
+import torch
+from fairseq.models import (
+    ARCH_CONFIG_REGISTRY,
+    ARCH_MODEL_INV_REGISTRY,
+    register_model,
+    register_model_architecture,
+)
+from fairseq.models.transformer import TransformerModel
+from fairseq.utils import safe_getattr
+
+from fairseq_alibi.alibi import ENCODER_VARIANTS, check_variant, variant_slopes
+from fairseq_alibi.modules.attention import ATTENTION_BACKENDS, check_attention_backend
+from fairseq_alibi.hub import AlibiLanguageModelHubInterface, load_pretrained
+from fairseq_alibi.models.alibi_roberta import AlibiTransformerEncoder
+from fairseq_alibi.models.alibi_transformer_lm import AlibiTransformerDecoder
+from fairseq_alibi.models.checks import (
+    UNBOUNDED_POSITIONS,
+    reject_other_dictionary,
+    reject_position_embeddings,
+)
+
+logger = logging.getLogger(__name__)
+
+#: the decoder's self-attention: causal ALiBi, or ``none`` (stock positions)
+DECODER_VARIANTS = ("causal", "none")
+
+MODEL_NAME = "alibi_transformer"
+
+
+def _check_options(args):
+    """Clear errors for option values and combinations that cannot work."""
+    check_variant(args.encoder_alibi_variant, args.encoder_attention_heads,
+                  allowed=ENCODER_VARIANTS)
+    if args.decoder_alibi_variant not in DECODER_VARIANTS:
+        raise ValueError(
+            f"unknown --decoder-alibi-variant {args.decoder_alibi_variant!r}; choose one of: "
+            f"{', '.join(DECODER_VARIANTS)}"
+        )
+    check_attention_backend(args.alibi_attention)
+    if args.encoder_alibi_variant != "asymmetric" and (
+        args.encoder_alibi_future_slope_ratio != 1.0
+        or args.encoder_alibi_learnable_future_slopes
+    ):
+        raise ValueError(
+            "--encoder-alibi-future-slope-ratio / --encoder-alibi-learnable-future-slopes set "
+            "the forward slopes of --encoder-alibi-variant asymmetric; they do nothing with "
+            f"{args.encoder_alibi_variant!r}"
+        )
+    if not args.encoder_alibi_future_slope_ratio >= 0:
+        raise ValueError(
+            "--encoder-alibi-future-slope-ratio must be >= 0 (forward slope = ratio × backward "
+            f"slope), got {args.encoder_alibi_future_slope_ratio}"
+        )
+    if not args.alibi_slope_scale > 0:
+        raise ValueError(f"--alibi-slope-scale must be positive, got {args.alibi_slope_scale}")
+    for side, variant in (("encoder", args.encoder_alibi_variant),
+                          ("decoder", args.decoder_alibi_variant)):
+        if variant != "none" and safe_getattr(args, f"{side}_learned_pos", False):
+            raise ValueError(
+                f"--{side}-learned-pos asks for learned position embeddings, which ALiBi "
+                f"replaces: drop it, or pass --{side}-alibi-variant none for stock positions"
+            )
+    if args.decoder_alibi_variant == "causal" and safe_getattr(args, "cross_self_attention"):
+        raise ValueError(
+            "--cross-self-attention puts encoder states into the decoder's self-attention, "
+            "where a causal ALiBi bias has no position for them: drop it, or use "
+            "--decoder-alibi-variant none"
+        )
+    if args.encoder_alibi_variant == "none" and args.decoder_alibi_variant == "none" and (
+        args.alibi_attention != "auto" or args.alibi_slope_scale != 1.0
+    ):
+        logger.warning(
+            "--encoder-alibi-variant none --decoder-alibi-variant none: no ALiBi bias, so "
+            "--alibi-attention and --alibi-slope-scale are ignored (this is stock transformer)"
+        )
+
+
+def _lift_task_length_limits(task, source: bool, target: bool):
+    """Let the translation task keep sources (targets) of any length on an ALiBi side.
+
+    fairseq drops (train) or refuses (valid, generate, interactive) pairs longer than
+    ``min(task.max_positions(), model.max_positions())``: the task's
+    ``--max-source-positions`` / ``--max-target-positions`` (1024 by default) only exist
+    because position embeddings stop there. Only this task object is changed, never its
+    saved options.
+    """
+    if task is None or not (source or target):
+        return
+    limits = task.max_positions()
+    if not (isinstance(limits, tuple) and len(limits) == 2):
+        return  # not a (source, target) task: leave it as configured
+    lifted = (
+        UNBOUNDED_POSITIONS if source else limits[0],
+        UNBOUNDED_POSITIONS if target else limits[1],
+    )
+    if lifted != limits:
+        task.max_positions = lambda: lifted
+        sides = " and ".join(n for n, lift in (("source", source), ("target", target)) if lift)
+        logger.info(f"ALiBi: the task's {sides} length limit is lifted ({limits} -> {lifted})")
+
+
+def _side_config(cfg, **values):
+    """A copy of the model config for one side (the side's modules set fields on it)."""
+    side = copy.deepcopy(cfg)
+    for name, value in values.items():
+        setattr(side, name, value)
+    return side
+
+
+@register_model(MODEL_NAME)
+class AlibiTransformerModel(TransformerModel):
+    """Encoder-decoder transformer, ALiBi self-attention on either side (or both)."""
+
+    @classmethod
+    def hub_models(cls):
+        return {}  # no downloads: from_pretrained() takes a local directory
+
+    @classmethod
+    def from_pretrained(cls, model_name_or_path, checkpoint_file="model.pt",
+                        data_name_or_path=".", **kwargs):
+        """The stock hub loader (``.translate(...)``, ``.sample``, ``.generate``), offline,
+        refusing checkpoints of other models; a sentence longer than the training run's
+        ``--max-tokens`` gets a batch of its own instead of an assertion error."""
+        loaded = load_pretrained(cls, MODEL_NAME, model_name_or_path, checkpoint_file,
+                                 data_name_or_path, **kwargs)
+        return AlibiLanguageModelHubInterface(loaded["args"], loaded["task"], loaded["models"])
+
+    @staticmethod
+    def add_args(parser):
+        TransformerModel.add_args(parser)
+        parser.add_argument(
+            "--encoder-alibi-variant", choices=ENCODER_VARIANTS,
+            help="encoder self-attention bias: offset (default; future keys -m(j-i-0.5)), "
+            "symmetric -m|i-j|, one_sided (half the heads look back, half ahead), asymmetric "
+            "(forward slope = ratio x backward), none = stock position embeddings, no bias",
+        )
+        parser.add_argument(
+            "--decoder-alibi-variant", choices=DECODER_VARIANTS,
+            help="decoder self-attention bias: causal (default) -m(i-j), or none = stock "
+            "position embeddings",
+        )
+        parser.add_argument(
+            "--encoder-alibi-future-slope-ratio", type=float, metavar="R",
+            help="asymmetric only: forward slope = R x backward slope, per head (default 1.0)",
+        )
+        parser.add_argument(
+            "--encoder-alibi-learnable-future-slopes", action="store_true",
+            help="asymmetric only: learn the forward/backward slope ratio of every head",
+        )
+        parser.add_argument(
+            "--alibi-attention", choices=ATTENTION_BACKENDS,
+            help="attention implementation of both sides (default auto); can be overridden "
+            "at load time with --model-overrides \"{'alibi_attention': 'naive'}\"",
+        )
+        parser.add_argument(
+            "--alibi-slope-scale", type=float, metavar="S",
+            help="multiply every ALiBi slope (both sides) by S at run time (default 1.0 = as "
+            "trained); a load-time override",
+        )
+
+    @classmethod
+    def build_model(cls, args, task):
+        from omegaconf import OmegaConf
+
+        if OmegaConf.is_config(args):
+            # the stock legacy model reads options as attributes of a flat namespace; its
+            # config dataclass keeps the unknown ones (ours) only from a Namespace
+            args = argparse.Namespace(**OmegaConf.to_container(args, resolve=True))
+        alibi_transformer_defaults(args)
+        _check_options(args)
+        model = super().build_model(args, task)
+        _lift_task_length_limits(task, model.encoder_uses_alibi, model.decoder_uses_alibi)
+        return model
+
+    @classmethod
+    def build_encoder(cls, cfg, src_dict, embed_tokens):
+        variant = safe_getattr(cfg, "encoder_alibi_variant", "offset")
+        if variant == "none":
+            return super().build_encoder(cfg, src_dict, embed_tokens)
+        side = _side_config(
+            cfg,
+            alibi_variant=variant,
+            alibi_future_slope_ratio=float(
+                safe_getattr(cfg, "encoder_alibi_future_slope_ratio", 1.0)),
+            alibi_learnable_future_slopes=bool(
+                safe_getattr(cfg, "encoder_alibi_learnable_future_slopes", False)),
+            alibi_attention=safe_getattr(cfg, "alibi_attention", "auto"),
+            alibi_slope_scale=float(safe_getattr(cfg, "alibi_slope_scale", 1.0)),
+        )
+        return AlibiTransformerEncoder(side, src_dict, embed_tokens)
+
+    @classmethod
+    def build_decoder(cls, cfg, tgt_dict, embed_tokens):
+        if safe_getattr(cfg, "decoder_alibi_variant", "causal") == "none":
+            return super().build_decoder(cfg, tgt_dict, embed_tokens)
+        side = _side_config(
+            cfg,
+            alibi_attention=safe_getattr(cfg, "alibi_attention", "auto"),
+            alibi_slope_scale=float(safe_getattr(cfg, "alibi_slope_scale", 1.0)),
+        )
+        return AlibiTransformerDecoder(
+            side, tgt_dict, embed_tokens,
+            no_encoder_attn=bool(safe_getattr(cfg, "no_cross_attention", False)),
+        )
+
+    @property
+    def encoder_uses_alibi(self):
+        return hasattr(self.encoder, "alibi")
+
+    @property
+    def decoder_uses_alibi(self):
+        return hasattr(self.decoder, "alibi")
+
+    def upgrade_state_dict_named(self, state_dict, name):
+        prefix = f"{name}." if name else ""
+        for side, module, flag in (
+            ("encoder", self.encoder, "--encoder-alibi-variant"),
+            ("decoder", self.decoder, "--decoder-alibi-variant"),
+        ):
+            reject_other_dictionary(
+                state_dict, f"{prefix}{side}.embed_tokens.weight", module.dictionary
+            )
+            _check_side(state_dict, f"{prefix}{side}", module, flag)
+        return super().upgrade_state_dict_named(state_dict, name)
+
+
+def _check_side(state_dict, prefix, module, flag):
+    """A clear error when a checkpoint's side was not built like this model's side."""
+    slopes_key = f"{prefix}.alibi.slopes"
+    alibi = getattr(module, "alibi", None)
+    if alibi is None:
+        if slopes_key in state_dict:
+            heads = state_dict[slopes_key].numel()
+            raise ValueError(
+                f"this checkpoint was trained with ALiBi on the {prefix.rsplit('.', 1)[-1]} "
+                f"({slopes_key}, {heads} heads), but the model being built has stock positions "
+                f"there: drop `{flag} none` (or pass the variant it was trained with)"
+            )
+        return
+    if slopes_key not in state_dict:
+        reject_position_embeddings(state_dict, prefix, MODEL_NAME)
+        raise ValueError(
+            f"this checkpoint has no ALiBi slopes ({slopes_key}): it was not written by "
+            f"{MODEL_NAME} with ALiBi on that side (a stock `transformer` checkpoint?). Load it "
+            f"with the architecture it was trained with, or pass `{flag} none` if that side "
+            f"used stock positions"
+        )
+    saved = state_dict[slopes_key]
+    if saved.shape != alibi.slopes.shape or not torch.equal(saved.float(), alibi.slopes.float()):
+        one_sided = variant_slopes(saved.numel(), "one_sided") if saved.numel() % 2 == 0 else None
+        hint = "one_sided" if one_sided is not None and torch.equal(saved.float(), one_sided) \
+            else "another variant or head count"
+        raise ValueError(
+            f"this checkpoint's {slopes_key} ({saved.numel()} heads) are the slopes of {hint}, "
+            f"not those of the model being built ({alibi.variant}, {alibi.num_heads} heads): "
+            f"pass the checkpoint's {flag} and attention heads"
+        )
+    ratio_key = f"{prefix}.alibi.future_slope_ratio"
+    if (ratio_key in state_dict) != (alibi.future_slope_ratio is not None):
+        raise ValueError(
+            f"this checkpoint's {prefix} is {'' if ratio_key in state_dict else 'not '}an "
+            f"asymmetric ALiBi one, the model being built is {alibi.variant}: pass the "
+            f"checkpoint's {flag}"
+        )
+
+
+def _alibi_defaults(args):
+    args.encoder_alibi_variant = safe_getattr(args, "encoder_alibi_variant", "offset")
+    args.decoder_alibi_variant = safe_getattr(args, "decoder_alibi_variant", "causal")
+    args.encoder_alibi_future_slope_ratio = float(
+        safe_getattr(args, "encoder_alibi_future_slope_ratio", 1.0)
+    )
+    args.encoder_alibi_learnable_future_slopes = bool(
+        safe_getattr(args, "encoder_alibi_learnable_future_slopes", False)
+    )
+    args.alibi_attention = safe_getattr(args, "alibi_attention", "auto")
+    args.alibi_slope_scale = float(safe_getattr(args, "alibi_slope_scale", 1.0))
+
+
+@register_model_architecture(MODEL_NAME, MODEL_NAME)
+def alibi_transformer_defaults(args):
+    """Stock ``transformer`` sizes (6+6 layers, 512 dims, 8 heads), offset + causal ALiBi."""
+    _alibi_defaults(args)
+    ARCH_CONFIG_REGISTRY["transformer"](args)
+
+
+def _mirror_stock_architectures():
+    """Register ``alibi_<arch>`` for every stock ``transformer`` architecture.
+
+    ``alibi_transformer_iwslt_de_en``, ``alibi_transformer_wmt_en_de``,
+    ``alibi_transformer_vaswani_wmt_en_de_big``, ... each set the same sizes as their stock
+    namesake, plus the ALiBi defaults.
+    """
+    for arch in sorted(ARCH_MODEL_INV_REGISTRY["transformer"]):
+        if arch == "transformer":
+            continue
+        stock = ARCH_CONFIG_REGISTRY[arch]
+
+        def mirrored(args, stock=stock):
+            _alibi_defaults(args)
+            stock(args)
+
+        mirrored.__doc__ = f"Stock ``{arch}`` sizes with ALiBi (offset encoder, causal decoder)."
+        register_model_architecture(MODEL_NAME, f"alibi_{arch}")(mirrored)
+
+
+_mirror_stock_architectures()

@@ -1,0 +1,189 @@
+"""Checks the ALiBi models run on the checkpoints they are given, shared by every model family.
+
+fairseq checkpoints hold no dictionary and no record of the model class beyond its name, so a
+checkpoint of the wrong kind only shows as missing or extra tensors deep inside
+``load_state_dict``. These checks look first and say what to do instead. The option checks
+(position-embedding flags, ``--tokens-per-sample``) are here too, for every model family.
+"""
+
+import argparse
+
+from fairseq.utils import safe_getattr
+
+#: what ``max_positions()`` reports: ALiBi has no length limit, only memory does
+UNBOUNDED_POSITIONS = 1_000_000_000
+
+
+def reject_position_embeddings(state_dict, prefix, model_name, fix=None):
+    """A clear error for checkpoints of models with position embeddings; ``fix`` says what to do
+    (default: load it with its own architecture, or convert it)."""
+    stale = [k for k in state_dict if k.startswith(f"{prefix}.embed_positions.")]
+    if stale:
+        fix = fix or ("Load it with its own architecture, or convert it with "
+                      "`python -m fairseq_alibi.convert` before fine-tuning it as an ALiBi model")
+        raise ValueError(
+            f"this checkpoint has position embeddings ({stale[0]}): it was trained by a stock "
+            f"model, not {model_name}. {fix}"
+        )
+
+
+def reject_other_dictionary(state_dict, key, dictionary, omits_mask=False):
+    """A clear error for a checkpoint trained with a dictionary of another size.
+
+    fairseq checkpoints hold no dictionary: the task reads ``dict.txt`` from the data directory
+    it is given, and a different one only shows as a size mismatch of the embedding
+    ``state_dict[key]`` (``(symbols, dim)``). A dictionary of the *same* size cannot be told
+    apart from the right one. ``omits_mask``: the model has no row for ``<mask>``, the last
+    symbol (``--embedding-omits-mask``, EIFY's zero-clap checkpoints).
+    """
+    weight = state_dict.get(key)
+    if dictionary is None or weight is None or weight.dim() != 2:
+        return  # adaptive or character input: no single table to compare
+    expected = len(dictionary) - 1 if omits_mask else len(dictionary)
+    if weight.size(0) == expected:
+        return
+    mask_is_last = len(dictionary) > 0 and dictionary[len(dictionary) - 1] == "<mask>"
+    if not omits_mask and mask_is_last and weight.size(0) == len(dictionary) - 1:
+        raise ValueError(
+            f"this checkpoint's embedding has no row for <mask> ({weight.size(0)} rows, the "
+            f"dictionary {len(dictionary)} symbols with <mask> last): it is a zero-clap model "
+            f"(EIFY's omit_mask); add --zero-mask-embedding --embedding-omits-mask"
+        )
+    mask_note = " (the task's <mask> not counted)" if omits_mask else ""
+    surplus = [dictionary[i] for i in range(weight.size(0) + (0 if omits_mask else 1),
+                                            len(dictionary)) if dictionary[i] != "<mask>"]
+    if surplus and all(s.startswith("madeupword") for s in surplus):
+        raise ValueError(
+            f"this checkpoint was trained without the last {len(surplus)} entries of the data "
+            f"directory's dict.txt ({', '.join(surplus)}; EIFY's zero-clap Pile models): write the "
+            f"matching dict.txt with `python -m fairseq_alibi.convert ... --dict DICT.txt` and "
+            f"binarize with it (fairseq-preprocess --srcdict)"
+        )
+    raise ValueError(
+        f"this checkpoint was trained with a dictionary of {weight.size(0)} symbols, but the "
+        f"data directory's dict.txt has {expected}{mask_note}: give the data directory the "
+        f"model was trained with (or one binarized with its dict.txt, fairseq-preprocess "
+        f"--srcdict)"
+    )
+
+
+def vocabulary_size(weights: dict) -> int:
+    """Rows of the input embedding (summed over the bands of an adaptive input)."""
+    if "decoder.embed_tokens.weight" in weights:
+        return int(weights["decoder.embed_tokens.weight"].shape[0])
+    bands = [v for k, v in weights.items()
+             if k.startswith("decoder.embed_tokens.embeddings.") and k.endswith(".0.weight")]
+    if bands:
+        return int(sum(v.shape[0] for v in bands))
+    raise ValueError(
+        "no input embedding found (decoder.embed_tokens.*): is this a transformer_lm checkpoint?"
+    )
+
+
+class _RefusedFlag(argparse.Action):
+    """A command-line flag that cannot work with this model: using it is a one-line error."""
+
+    def __init__(self, option_strings, dest, reason, **kwargs):
+        kwargs.update(nargs=0, default=argparse.SUPPRESS)
+        super().__init__(option_strings, dest, **kwargs)
+        self.reason = reason
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        parser.error(f"argument {option_string}: {self.reason}")
+
+
+def refuse_position_embedding_flags(parser, model_name, flags=("--decoder-learned-pos",)):
+    """Make the stock flags that ask for position embeddings an error on ``model_name``'s parser.
+
+    The ALiBi models build no position embeddings, so fairseq would accept and ignore them. Only
+    the command line is refused: a saved configuration with such a field (the stock
+    ``transformer_lm_gpt3_*`` architectures set ``decoder_learned_pos``, converted checkpoints
+    keep it) still loads, since the field is never read.
+    """
+    for action in list(parser._actions):
+        given = [flag for flag in flags if flag in action.option_strings]
+        if not given:
+            continue
+        options = list(action.option_strings)  # the next line empties the action's list
+        parser._handle_conflict_resolve(None, [(flag, action) for flag in options])
+        parser.add_argument(
+            *options, dest=action.dest, action=_RefusedFlag, help=argparse.SUPPRESS,
+            reason=f"{model_name} has no position embeddings (the ALiBi bias replaces them); "
+                   f"drop {given[0]}, or train a stock model for learned positions",
+        )
+
+
+def check_tokens_per_sample(args):
+    """A clear error for ``--tokens-per-sample`` below 1, which fairseq divides by later."""
+    value = safe_getattr(args, "tokens_per_sample", None)
+    if isinstance(value, int) and value < 1:
+        raise ValueError(
+            f"--tokens-per-sample must be at least 1 (the tokens in one training block), got "
+            f"{value}; ALiBi models train at any length, e.g. --tokens-per-sample 512"
+        )
+
+
+#: options of EIFY's ALiBi fork that change what a model computes, as its configs save them
+FORK_MODEL_OPTIONS = ("encoder_alibi", "decoder_alibi", "contrastive_pretraining", "zero_masking")
+#: the fork's architecture names that stock fairseq lacks (its causal ALiBi LM)
+FORK_ARCHITECTURES = {"transformer_lm": ("transformer_lm_alibi",)}
+
+
+def unconverted_fork_error(cfg, arch) -> ValueError:
+    options = [k for k in FORK_MODEL_OPTIONS if _cfg_value(cfg, k)]
+    what = ", ".join(f"{k}=True" for k in options) or f"the architecture {arch}"
+    return ValueError(
+        f"this checkpoint was trained with EIFY's ALiBi fork ({what} in its model config), which "
+        f"stock {arch!r} does not compute: convert it first with `python -m "
+        f"fairseq_alibi.convert --input CHECKPOINT --output CONVERTED.pt` (docs/migrating.md), "
+        f"then load the converted file"
+    )
+
+
+def _cfg_value(cfg, key):
+    try:
+        return getattr(cfg, key, None) if not hasattr(cfg, "get") else cfg.get(key, None)
+    except Exception:  # noqa: BLE001 - an unusual config object: nothing to check
+        return None
+
+
+def refuse_unconverted_fork_checkpoints():
+    """Make stock models refuse EIFY-fork configurations with a clear error (idempotent).
+
+    Loading a fork checkpoint as it is builds the stock model its config names (``roberta``,
+    ``transformer``), which ignores the fork's options (``encoder_alibi``, ...) and then fails
+    deep in ``load_state_dict`` (missing position embeddings) or computes something else. fairseq
+    calls the architecture function of every argparse-style model on the checkpoint's config
+    first: each stock one of those models is wrapped to stop there with what to do. The fork's
+    own LM architecture (``transformer_lm_alibi``) is registered to say the same. Configs without
+    the fork's options (everything fairseq and this plugin write) pass through unchanged.
+    """
+    from fairseq.models import (
+        ARCH_CONFIG_REGISTRY,
+        ARCH_MODEL_INV_REGISTRY,
+        register_model_architecture,
+    )
+
+    for model in ("roberta", "transformer"):
+        for arch in ARCH_MODEL_INV_REGISTRY.get(model, ()):
+            original = ARCH_CONFIG_REGISTRY[arch]
+            if getattr(original, "refuses_unconverted_forks", False):
+                continue
+
+            def guarded(cfg, _original=original, _arch=arch):
+                if any(_cfg_value(cfg, k) for k in FORK_MODEL_OPTIONS):
+                    raise unconverted_fork_error(cfg, _arch)
+                return _original(cfg)
+
+            guarded.refuses_unconverted_forks = True
+            guarded.__doc__, guarded.__name__ = original.__doc__, original.__name__
+            ARCH_CONFIG_REGISTRY[arch] = guarded
+    for model, archs in FORK_ARCHITECTURES.items():
+        for arch in archs:
+            if arch in ARCH_CONFIG_REGISTRY:
+                continue
+
+            def fork_architecture(cfg, _arch=arch):
+                raise unconverted_fork_error(cfg, _arch)
+
+            register_model_architecture(model, arch)(fork_architecture)

@@ -1,0 +1,137 @@
+"""``flex``: ``torch.nn.attention.flex_attention`` with the ALiBi bias as a ``score_mod``.
+
+The bias is a ``score_mod``, the keys a variant hides a block ``mask_mod`` (whole blocks are
+skipped), padding and an extra ``attn_mask`` ``score_mod`` terms; compiled for full sequences
+on GPUs, eager for decoding steps and on the CPU. Every variant. PyTorch has no CPU backward
+for it: inference only on the CPU.
+"""
+
+import functools
+import importlib.util
+import warnings
+from typing import Optional
+
+import torch
+
+from fairseq_alibi.alibi import check_variant, mask_value
+
+
+def available() -> bool:
+    return importlib.util.find_spec("torch.nn.attention.flex_attention") is not None
+
+
+def unsupported(call) -> Optional[str]:
+    """``None`` if :func:`attention` can serve ``call`` (a ``dispatch.Call``), else why not."""
+    if not available():
+        return f"this torch ({torch.__version__}) has no flex_attention"
+    if call.grad and call.device == "cpu":
+        return (
+            f"flex_attention has no CPU backward in torch {torch.__version__}: train with "
+            "fold, sdpa or auto, and pick flex at load time for inference if it suits you"
+        )
+    if call.dropout_p > 0:
+        return "flex_attention has no attention dropout"
+    return None
+
+
+def alibi_score_mod(variant, slopes, future_slopes=None, query_offset=0, key_padding_mask=None):
+    """A ``flex_attention`` ``score_mod`` adding the ALiBi bias of ``variant`` to each logit.
+
+    ``score + bias_h(i, j)`` with ``i = query_offset + q_idx`` (queries aligned to the end of
+    the keys, as in :func:`~fairseq_alibi.alibi.alibi_bias`) and the values of its table for
+    the visible keys; keys a variant hides are the business of :func:`alibi_mask_mod`. Padded
+    keys (``key_padding_mask[b, j]`` True) get :func:`~fairseq_alibi.alibi.mask_value` of
+    float32, so an all-padding row stays finite.
+    """
+    check_variant(variant, slopes.shape[0])
+    if variant == "asymmetric" and future_slopes is None:
+        raise ValueError("the asymmetric ALiBi variant needs future_slopes")
+    masked = mask_value(torch.float32)
+
+    def score_mod(score, b, h, q_idx, kv_idx):
+        rel = (q_idx + query_offset - kv_idx).to(torch.float32)  # i - j
+        m = slopes[h]
+        if variant == "causal":
+            biased = score - m * rel
+        elif variant in ("symmetric", "one_sided"):
+            biased = score - m * rel.abs()
+        elif variant == "offset":
+            biased = torch.where(rel >= 0, score - m * rel, score + m * (rel + 0.5))
+        else:  # asymmetric
+            biased = torch.where(rel >= 0, score - m * rel, score + future_slopes[h] * rel)
+        if key_padding_mask is not None:
+            biased = torch.where(key_padding_mask[b, kv_idx], masked, biased)
+        return biased
+
+    return score_mod
+
+
+def alibi_mask_mod(variant, num_heads, query_offset=0):
+    """A ``flex_attention`` ``mask_mod`` (True = visible) for the keys ``variant`` hides, or
+    ``None`` for the variants that see every key (symmetric, offset, asymmetric).
+
+    ``causal``: ``j <= i``; ``one_sided``: heads ``h < H/2`` see ``j <= i``, the others
+    ``j >= i``; with ``i = query_offset + q_idx`` as in :func:`alibi_score_mod`.
+    """
+    check_variant(variant, num_heads)
+    if variant == "causal":
+        def mask_mod(b, h, q_idx, kv_idx):
+            return q_idx + query_offset >= kv_idx
+        return mask_mod
+    if variant == "one_sided":
+        half = num_heads // 2
+
+        def mask_mod(b, h, q_idx, kv_idx):
+            i = q_idx + query_offset
+            return torch.where(h < half, i >= kv_idx, i <= kv_idx)
+        return mask_mod
+    return None
+
+
+@functools.lru_cache(maxsize=None)
+def _compiled_flex():
+    from torch.nn.attention.flex_attention import flex_attention
+
+    return torch.compile(flex_attention)
+
+
+@functools.lru_cache(maxsize=64)
+def _block_mask(variant, num_heads, query_len, key_len, device):
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    mask_mod = alibi_mask_mod(variant, num_heads, key_len - query_len)
+    if mask_mod is None:
+        return None
+    heads = num_heads if variant == "one_sided" else None
+    return create_block_mask(mask_mod, None, heads, query_len, key_len, device=device)
+
+
+def attention(q, k, v, alibi, key_padding_mask, attn_mask, dropout_p, scale):
+    """The ``flex`` backend: the ALiBi ``score_mod`` and the variant's block mask."""
+    from torch.nn.attention.flex_attention import flex_attention as eager_flex
+
+    B, H, T, D = q.shape
+    S = k.size(2)
+    slopes, future = alibi.head_slopes()
+    pad = None if key_padding_mask is None else key_padding_mask.to(torch.bool)
+    score_mod = alibi_score_mod(alibi.variant, slopes.to(q.device), future, S - T, pad)
+    if attn_mask is not None:
+        extra = attn_mask.to(q.device)
+        inner = score_mod
+
+        def score_mod(score, b, h, q_idx, kv_idx):
+            s = inner(score, b, h, q_idx, kv_idx)
+            if extra.dtype == torch.bool:
+                return torch.where(extra[q_idx, kv_idx], mask_value(torch.float32), s)
+            return s + extra[q_idx, kv_idx].float().clamp(min=mask_value(torch.float32))
+
+    block_mask = _block_mask(alibi.variant, H, T, S, q.device)
+    # compiled for whole sequences (a few shapes); a decoding step grows the keys every call,
+    # where recompiling would cost more than the unfused (1, S) scores. Never on the CPU:
+    # torch 2.13's compiled CPU kernel returned wrong outputs for some lengths, intermittently
+    # (40 or 1000 tokens, even without a score_mod), the eager one never did
+    if T == S and q.device.type != "cpu":
+        return _compiled_flex()(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale)
+    with warnings.catch_warnings():  # its "use torch.compile" advice is deliberately not taken
+        warnings.filterwarnings("ignore", message=".*flex_attention.*", category=UserWarning)
+        return eager_flex(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale)

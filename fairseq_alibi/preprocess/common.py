@@ -1,0 +1,319 @@
+"""Plumbing shared by the data pipelines.
+
+* :func:`atomic_directory`: outputs are written to a hidden temporary folder beside the
+  destination and renamed into place only when everything succeeded, so an error, Ctrl-C or
+  SIGTERM never leaves a half-written dataset behind;
+* :func:`read_batches`: streams a text, ``.jsonl`` or ``.jsonl.zst`` file in numbered batches of
+  lines with a progress bar over its bytes (a 14 GB shard is never held in memory);
+* :func:`ordered_map`: a process pool that keeps the output in input order and only a few
+  batches in flight, so reading never runs ahead of encoding;
+* :class:`IndexedWriter`: fairseq's mmap indexed dataset, the format ``fairseq-preprocess``
+  writes;
+* :func:`run_cli`: turns :class:`DataError` into a one-line message and exit status 1.
+"""
+
+import contextlib
+import io
+import json
+import logging
+import multiprocessing
+import os
+import shutil
+import signal
+import sys
+import tempfile
+from collections import deque
+from pathlib import Path
+
+import numpy as np
+
+logger = logging.getLogger("fairseq_alibi.preprocess")
+
+
+class DataError(Exception):
+    """Malformed input or unusable arguments; the message names the file/row and the fix."""
+
+
+def require(module: str):
+    """Import an optional dependency of the pipelines, or say how to install it."""
+    try:
+        return __import__(module)
+    except ImportError as e:
+        raise DataError(
+            f"this pipeline needs the '{module}' package: pip install {module} "
+            f"(or pip install 'fairseq-alibi[examples]')"
+        ) from e
+
+
+@contextlib.contextmanager
+def atomic_directory(dest, overwrite: bool = False):
+    """Yield an empty temporary folder beside ``dest`` that becomes ``dest`` on success.
+
+    ``dest`` must not exist, be empty, or ``overwrite`` must be set (then the old folder is
+    replaced only once the new one is complete). On any exception, including KeyboardInterrupt
+    and the SystemExit that :func:`run_cli` raises on SIGTERM, the temporary folder is removed.
+    """
+    dest = Path(dest).absolute()
+    if dest.exists() and not dest.is_dir():
+        raise DataError(f"{dest} exists and is not a folder")
+    if dest.exists() and any(dest.iterdir()) and not overwrite:
+        raise DataError(f"{dest} already exists and is not empty; pass --overwrite to replace it")
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    partial = Path(tempfile.mkdtemp(prefix=f".{dest.name}.partial-", dir=dest.parent))
+    try:
+        yield partial
+        umask = os.umask(0)
+        os.umask(umask)
+        partial.chmod(0o777 & ~umask)  # mkdtemp makes it private; give it a normal folder's mode
+        if dest.exists():
+            old = Path(tempfile.mkdtemp(prefix=f".{dest.name}.old-", dir=dest.parent))
+            dest.rename(old / dest.name)
+            partial.rename(dest)
+            shutil.rmtree(old)
+        else:
+            partial.rename(dest)
+    except BaseException:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise
+
+
+class _SilentBar:
+    def update(self, n=1): pass
+    def set_postfix_str(self, s): pass
+    def close(self): pass
+
+
+def progress_bar(total=None, desc="", unit="B", enabled=True, position=0):
+    """A tqdm bar on stderr: live on a terminal, a line every 30 s in a log file.
+
+    A silent stand-in when ``enabled`` is false or tqdm is not installed (progress bars are a
+    nicety, not a requirement).
+    """
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        enabled = False
+    if not enabled:
+        return _SilentBar()
+    tqdm.monitor_interval = 0  # no monitor thread: the pipelines fork worker processes
+    return tqdm(
+        total=total, desc=desc, unit=unit, unit_scale=unit == "B",
+        unit_divisor=1024 if unit == "B" else 1000, position=position,
+        mininterval=0.5 if sys.stderr.isatty() else 30.0, file=sys.stderr, leave=True,
+    )
+
+
+class _CountingReader(io.RawIOBase):
+    """A binary reader that reports how many bytes it has read (progress over the raw file)."""
+
+    def __init__(self, raw, on_read):
+        self._raw, self._on_read = raw, on_read
+
+    def readable(self):
+        return True
+
+    def readinto(self, buffer):
+        n = self._raw.readinto(buffer)
+        if n:
+            self._on_read(n)
+        return n
+
+    def close(self):
+        self._raw.close()
+        super().close()
+
+
+class _ZstdFrames(io.RawIOBase):
+    """Every frame of a ``.zst`` stream, decompressed; an incomplete last frame is an error.
+
+    ``zstandard``'s ``stream_reader`` stops silently at the end of a truncated file (and, by
+    default, after the first frame), which would lose documents without a word.
+    """
+
+    def __init__(self, raw):
+        zstandard = require("zstandard")
+        self._error = zstandard.ZstdError
+        # the Pile's shards use long windows: allow them rather than fail on the frame header
+        self._dctx = zstandard.ZstdDecompressor(max_window_size=2**31)
+        self._raw = raw
+        self._frame = None  # decompressor of the frame being read
+        self._input = b""  # compressed bytes not fed yet
+        self._output, self._offset = b"", 0  # decompressed bytes, how many already returned
+
+    def readable(self):
+        return True
+
+    def readinto(self, buffer):
+        while self._offset == len(self._output):
+            if not self._input:
+                self._input = self._raw.read(1 << 20)
+                if not self._input:
+                    if self._frame is not None:
+                        raise self._error("the file ends inside a frame (truncated)")
+                    return 0
+            if self._frame is None:
+                self._frame = self._dctx.decompressobj()
+            self._output, self._offset = self._frame.decompress(self._input), 0
+            self._input = b""
+            if self._frame.eof:  # the next frame, if any, starts in the unused bytes
+                self._input, self._frame = self._frame.unused_data, None
+        n = min(len(buffer), len(self._output) - self._offset)
+        buffer[:n] = self._output[self._offset: self._offset + n]
+        self._offset += n
+        return n
+
+    def close(self):
+        self._raw.close()
+        super().close()
+
+
+def open_text(path, on_read=lambda n: None, newline=None):
+    """Open a UTF-8 text file, decompressing ``.zst`` on the fly; ``on_read(n)`` counts raw bytes.
+
+    ``newline`` is :func:`open`'s: None splits lines as ``fairseq-preprocess`` reads them
+    (``\\n``, ``\\r\\n`` or ``\\r``), ``"\\n"`` as ``cut`` and ``awk`` do.
+    """
+    path = Path(path)
+    raw = _CountingReader(open(path, "rb"), on_read)
+    if path.suffix == ".zst":
+        raw = _ZstdFrames(raw)
+    return io.TextIOWrapper(io.BufferedReader(raw, 1 << 20), encoding="utf-8", newline=newline)
+
+
+def read_batches(path, batch_lines: int = 1000, desc=None, newline=None):
+    """Yield ``(path, first line number, lines)`` batches of a text file, with a progress bar.
+
+    Lines keep their line end; ``newline`` is :func:`open_text`'s. Undecodable bytes and
+    corrupt ``.zst`` streams raise :class:`DataError` naming the file and the last good line.
+    """
+    path = Path(path)
+    size = path.stat().st_size if path.is_file() else None  # a pipe has no size
+    bar = progress_bar(total=size, desc=desc or path.name)
+    lineno, batch, first = 0, [], 1
+    try:
+        with open_text(path, bar.update, newline) as f:
+            try:
+                for line in f:
+                    lineno += 1
+                    batch.append(line)
+                    if len(batch) == batch_lines:
+                        yield str(path), first, batch
+                        batch, first = [], lineno + 1
+            except UnicodeDecodeError as e:
+                raise DataError(f"{path}: not UTF-8 text after line {lineno} ({e})") from e
+            except Exception as e:  # zstandard.ZstdError, without importing zstandard here
+                if type(e).__name__ != "ZstdError":
+                    raise
+                raise DataError(
+                    f"{path}: corrupt or truncated zstd stream after line {lineno} ({e}); "
+                    "download the file again"
+                ) from e
+        if batch:
+            yield str(path), first, batch
+    finally:
+        bar.close()
+
+
+_WORKER_STATE = {}
+
+
+def _set_state(state):
+    _WORKER_STATE.clear()
+    _WORKER_STATE.update(state)
+
+
+def _init_worker(state):
+    # A forked worker inherits run_cli's SIGTERM handler, which cannot run while the worker
+    # waits on the task queue's lock; Pool.terminate() would then wait for it forever.
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    _set_state(state)
+
+
+def worker_state():
+    """What :func:`ordered_map` gave its workers as ``state`` (encoder, dictionary, options)."""
+    return _WORKER_STATE
+
+
+def ordered_map(fn, items, workers: int = 1, state=None):
+    """``map(fn, items)`` on ``workers`` processes, results in input order.
+
+    At most ``2 * workers`` items are in flight: ``items`` (a generator reading a file) is
+    consumed only as fast as the workers keep up, unlike ``Pool.imap`` which reads all of it
+    ahead. ``fn`` runs in the workers and reads ``state`` with :func:`worker_state`.
+    """
+    state = state or {}
+    if workers <= 1:
+        _set_state(state)
+        for item in items:
+            yield fn(item)
+        return
+    methods = multiprocessing.get_all_start_methods()
+    ctx = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
+    pool = ctx.Pool(workers, initializer=_init_worker, initargs=(state,))
+    try:
+        pending = deque()
+        for item in items:
+            pending.append(pool.apply_async(fn, (item,)))
+            if len(pending) >= 2 * workers:
+                yield pending.popleft().get()
+        while pending:
+            yield pending.popleft().get()
+    except BaseException:
+        pool.terminate()
+        raise
+    else:
+        pool.close()  # let the workers finish cleanly (terminate can kill one mid-dequeue)
+    finally:
+        pool.join()
+
+
+class IndexedWriter:
+    """Writes ``<prefix>.bin``/``<prefix>.idx`` as ``fairseq-preprocess`` does (mmap format)."""
+
+    def __init__(self, prefix, vocab_size: int):
+        from fairseq.data import indexed_dataset
+
+        self.prefix = str(prefix)
+        self._builder = indexed_dataset.make_builder(
+            self.prefix + ".bin", impl="mmap", vocab_size=vocab_size
+        )
+        self.items = 0
+        self.tokens = 0
+
+    def add(self, ids: np.ndarray):
+        import torch
+
+        self._builder.add_item(torch.from_numpy(np.asarray(ids, dtype=np.int64)))
+        self.items += 1
+        self.tokens += len(ids)
+
+    def finalize(self, empty_reason="no input"):
+        """Write the index; an empty split is an error (fairseq cannot even open one)."""
+        self._builder.finalize(self.prefix + ".idx")
+        if not self.items:
+            raise DataError(f"nothing to write to {self.prefix}.bin: {empty_reason}")
+
+
+def save_json(path, obj):
+    with open(path, "w") as f:
+        json.dump(obj, f, indent=2, sort_keys=True)
+        f.write("\n")
+
+
+def _exit_on_sigterm(signum, frame):
+    sys.exit(128 + signum)  # SystemExit unwinds through atomic_directory's cleanup
+
+
+def run_cli(main, argv=None) -> int:
+    """Run a pipeline's ``main(argv)``: logging to stderr, clean exit on errors and SIGTERM."""
+    logging.basicConfig(
+        format="%(asctime)s | %(levelname)s | %(name)s | %(message)s",
+        level=logging.INFO, stream=sys.stderr,
+    )
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    try:
+        main(argv)
+    except DataError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    return 0

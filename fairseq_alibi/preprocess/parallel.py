@@ -1,0 +1,242 @@
+"""A parallel corpus given as local text files to fairseq binaries for ``--task translation``.
+
+The input is fairseq's own layout, one sentence a line, already tokenized (words or subwords
+separated by spaces)::
+
+    PREFIX.SRC  PREFIX.TGT      for each of --trainpref, --validpref, --testpref
+
+The files are checked first, so that the mistakes ``fairseq-preprocess`` lets through become a
+one-line error naming the file, the line and the fix: a missing side, two sides whose line
+counts differ (a misaligned corpus would train on shifted pairs without a word), an empty line
+(a zero-length sentence, or an alignment slip), a file that is not UTF-8. The binarization is
+then stock ``fairseq-preprocess`` (separate dictionaries, or one with ``--joined-dictionary``),
+written to a temporary folder that becomes ``--destdir`` only when everything succeeded.
+
+``--restoration-from FILE`` instead *makes* a parallel corpus from monolingual tokenized text
+(:func:`restoration_pair`): the source is the sentence lower-cased with its punctuation removed,
+the target the sentence itself: punctuation-and-case restoration, a real sequence-to-sequence
+task whose output length tracks the input length (see docs/translation.md).
+"""
+
+import argparse
+import logging
+import random
+import re
+from pathlib import Path
+
+from fairseq_alibi.preprocess.common import DataError, atomic_directory, run_cli, save_json
+
+logger = logging.getLogger("fairseq_alibi.preprocess.parallel")
+
+SPLITS = ("train", "valid", "test")
+
+#: a token made only of punctuation (WikiText's ``@-@``, ``@,@`` and ``@.@`` included)
+PUNCTUATION = re.compile(r"^(@[-,.]@|[^\w\s]+)$")
+
+
+def count_lines(path: Path) -> int:
+    """Lines of a UTF-8 text file; an empty (whitespace-only) line is a :class:`DataError`."""
+    n = 0
+    try:
+        with open(path, encoding="utf-8", newline="\n") as f:
+            for n, line in enumerate(f, 1):
+                if not line.strip():
+                    raise DataError(
+                        f"{path}:{n} is empty: every line is one sentence of a pair; remove "
+                        f"the pair from both sides (an empty line often means the two sides "
+                        f"are out of step from there on)"
+                    )
+    except UnicodeDecodeError as e:
+        raise DataError(f"{path}: not UTF-8 text after line {n} ({e})") from e
+    return n
+
+
+def check_pair(prefix, source_lang: str, target_lang: str) -> int:
+    """Check that ``prefix.source_lang`` and ``prefix.target_lang`` form a parallel corpus.
+
+    Returns the number of sentence pairs; raises :class:`DataError` for a missing side, an
+    empty file, an empty line or two sides of different lengths.
+    """
+    paths = [Path(f"{prefix}.{lang}") for lang in (source_lang, target_lang)]
+    missing = [str(p) for p in paths if not p.is_file()]
+    if missing:
+        raise DataError(
+            f"{' and '.join(missing)} not found: a parallel corpus needs both sides, "
+            f"{prefix}.{source_lang} and {prefix}.{target_lang}, one sentence a line"
+        )
+    counts = [count_lines(p) for p in paths]
+    if counts[0] != counts[1]:
+        raise DataError(
+            f"{paths[0]} has {counts[0]} lines but {paths[1]} has {counts[1]}: the two sides of "
+            f"a parallel corpus must be aligned line by line (line n of one translates line n "
+            f"of the other)"
+        )
+    if counts[0] == 0:
+        raise DataError(f"{paths[0]} and {paths[1]} are empty")
+    return counts[0]
+
+
+def prepare(destdir, source_lang, target_lang, trainpref, validpref=None, testpref=None,
+            joined_dictionary=False, srcdict=None, tgtdict=None, workers=1, overwrite=False,
+            nwords=None):
+    """Check then binarize with ``fairseq-preprocess``; returns ``{split: pairs}``."""
+    if source_lang == target_lang:
+        raise DataError(f"--source-lang and --target-lang are both {source_lang!r}: give the "
+                        "two file suffixes of the corpus (PREFIX.SRC, PREFIX.TGT)")
+    prefixes = {"train": trainpref, "valid": validpref, "test": testpref}
+    prefixes = {split: p for split, p in prefixes.items() if p}
+    pairs = {split: check_pair(p, source_lang, target_lang) for split, p in prefixes.items()}
+    for split, n in pairs.items():
+        logger.info(f"{split}: {n} sentence pairs ({prefixes[split]}.{{{source_lang},{target_lang}}})")
+
+    from fairseq import options
+    from fairseq_cli import preprocess
+
+    with atomic_directory(destdir, overwrite) as out:
+        argv = ["--source-lang", source_lang, "--target-lang", target_lang,
+                "--destdir", str(out), "--workers", str(workers)]
+        for split, prefix in prefixes.items():
+            argv += [f"--{split}pref", str(prefix)]
+        if joined_dictionary:
+            argv.append("--joined-dictionary")
+        if srcdict:
+            argv += ["--srcdict", str(srcdict)]
+        if tgtdict:
+            argv += ["--tgtdict", str(tgtdict)]
+        if nwords:  # the most frequent words; the others become <unk>
+            argv += ["--nwordssrc", str(nwords), "--nwordstgt", str(nwords)]
+        preprocess.main(options.get_preprocessing_parser().parse_args(argv))
+        save_json(out / "pairs.json", {"source_lang": source_lang, "target_lang": target_lang,
+                                       "pairs": pairs,
+                                       "files": {s: str(p) for s, p in prefixes.items()}})
+    return pairs
+
+
+# ---------------------------------------------------------------- a task made from one language
+
+
+def restoration_pair(line: str):
+    """``(source, target)`` of punctuation-and-case restoration for one tokenized sentence.
+
+    The target is the sentence (its tokens joined by single spaces); the source is the same
+    tokens lower-cased with every punctuation token dropped. ``None`` when nothing would be
+    left of the source (a line of punctuation only, or an empty one).
+    """
+    tokens = line.split()
+    words = [t.lower() for t in tokens if not PUNCTUATION.match(t)]
+    if not words:
+        return None
+    return " ".join(words), " ".join(tokens)
+
+
+def sentences_of(text_lines, min_words=1):
+    """Sentences of WikiText-style tokenized text: headings and blank lines dropped, each
+    paragraph split after its `` . `` tokens."""
+    for line in text_lines:
+        line = line.strip()
+        if not line or line.startswith("="):
+            continue
+        current = []
+        for token in line.split():
+            current.append(token)
+            if token in (".", "?", "!"):
+                if len(current) >= min_words:
+                    yield " ".join(current)
+                current = []
+        if len(current) >= min_words:
+            yield " ".join(current)
+
+
+def write_restoration_corpus(sentences, prefix, source_lang="src", target_lang="tgt"):
+    """Write ``prefix.source_lang`` / ``prefix.target_lang`` restoration pairs; returns their
+    count (sentences with no word are skipped, and counted in the log)."""
+    prefix = Path(prefix)
+    prefix.parent.mkdir(parents=True, exist_ok=True)
+    written = skipped = 0
+    with open(f"{prefix}.{source_lang}", "w", encoding="utf-8") as src, \
+            open(f"{prefix}.{target_lang}", "w", encoding="utf-8") as tgt:
+        for sentence in sentences:
+            pair = restoration_pair(sentence)
+            if pair is None:
+                skipped += 1
+                continue
+            src.write(pair[0] + "\n")
+            tgt.write(pair[1] + "\n")
+            written += 1
+    if skipped:
+        logger.info(f"{prefix}: {skipped} sentences without a word skipped")
+    return written
+
+
+def split_restoration_corpus(text_file, out_dir, valid_fraction=0.05, test_fraction=0.05,
+                             seed=1, source_lang="src", target_lang="tgt"):
+    """Restoration pairs of every sentence of ``text_file``, shuffled into train/valid/test
+    text files ``out_dir/{split}.{lang}``; returns ``{split: prefix}``."""
+    with open(text_file, encoding="utf-8") as f:
+        sentences = list(sentences_of(f))
+    if len(sentences) < 3:
+        raise DataError(f"{text_file} has {len(sentences)} sentences: too few to split")
+    random.Random(seed).shuffle(sentences)
+    n_valid = max(1, int(len(sentences) * valid_fraction))
+    n_test = max(1, int(len(sentences) * test_fraction))
+    parts = {"valid": sentences[:n_valid], "test": sentences[n_valid: n_valid + n_test],
+             "train": sentences[n_valid + n_test:]}
+    out_dir = Path(out_dir)
+    prefixes = {}
+    for split, part in parts.items():
+        prefixes[split] = out_dir / split
+        write_restoration_corpus(part, prefixes[split], source_lang, target_lang)
+    return prefixes
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(
+        prog="python -m fairseq_alibi.preprocess.parallel", description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--source-lang", "-s", default=None,
+                        help="source suffix of the files (PREFIX.SRC); src with --restoration-from")
+    parser.add_argument("--target-lang", "-t", default=None,
+                        help="target suffix of the files (PREFIX.TGT); tgt with --restoration-from")
+    parser.add_argument("--trainpref", help="train files prefix (PREFIX.SRC, PREFIX.TGT)")
+    parser.add_argument("--validpref", help="valid files prefix")
+    parser.add_argument("--testpref", help="test files prefix")
+    parser.add_argument("--restoration-from", metavar="TEXT",
+                        help="make the corpus instead: punctuation-and-case restoration pairs of "
+                        "every sentence of this tokenized monolingual text (e.g. WikiText's "
+                        "wiki.train.tokens), split into train/valid/test; the pairs are kept "
+                        "beside --destdir in DESTDIR.text/")
+    parser.add_argument("--destdir", required=True, help="output folder (fairseq's data-bin)")
+    parser.add_argument("--joined-dictionary", action="store_true",
+                        help="one dictionary for both sides (needed by --share-all-embeddings)")
+    parser.add_argument("--srcdict", help="reuse this source dictionary (e.g. a model's)")
+    parser.add_argument("--tgtdict", help="reuse this target dictionary")
+    parser.add_argument("--nwords", type=int, metavar="N",
+                        help="keep the N most frequent words of each dictionary (the rest is "
+                        "<unk>); default: every word of the training text")
+    parser.add_argument("--workers", type=int, default=1)
+    parser.add_argument("--overwrite", action="store_true", help="replace a non-empty --destdir")
+    args = parser.parse_args(argv)
+    if args.restoration_from:
+        if args.trainpref or args.validpref or args.testpref:
+            raise DataError("--restoration-from makes the train/valid/test files itself: drop "
+                            "--trainpref/--validpref/--testpref")
+        src, tgt = args.source_lang or "src", args.target_lang or "tgt"
+        text_dir = Path(f"{Path(args.destdir).absolute()}.text")
+        prefixes = split_restoration_corpus(args.restoration_from, text_dir,
+                                            source_lang=src, target_lang=tgt)
+        args.trainpref, args.validpref, args.testpref = (
+            prefixes["train"], prefixes["valid"], prefixes["test"])
+        args.source_lang, args.target_lang = src, tgt
+    if not (args.source_lang and args.target_lang and args.trainpref):
+        raise DataError("give --source-lang, --target-lang and --trainpref (or --restoration-from)")
+    pairs = prepare(args.destdir, args.source_lang, args.target_lang, args.trainpref,
+                    args.validpref, args.testpref, args.joined_dictionary, args.srcdict,
+                    args.tgtdict, args.workers, args.overwrite, args.nwords)
+    for split, n in pairs.items():
+        print(f"{split}: {n} sentence pairs")
+    print(f"wrote {args.destdir}")
+
+
+if __name__ == "__main__":
+    raise SystemExit(run_cli(main))

@@ -1,0 +1,216 @@
+"""WikiText-103 (or WikiText-2) to fairseq binaries.
+
+Word level (the default) is what the ALiBi paper and fairseq's language-model example run::
+
+    fairseq-preprocess --only-source --trainpref wiki.train.tokens --validpref wiki.valid.tokens \\
+        --testpref wiki.test.tokens --destdir data-bin/wikitext-103
+
+and the output is byte-identical to it (``dict.txt``, ``{train,valid,test}.{bin,idx}``): the
+dictionary is every word of the training split (plus fairseq's specials, padded to a multiple
+of 8), every line is a sample ending in ``</s>``. With ``--gpt2-bpe DIR`` (and ``--raw`` for the
+``wiki.*.raw`` files) the text is GPT-2 BPE encoded and binarized with fairseq's GPT-2
+``dict.txt``, as fairseq's RoBERTa pretraining tutorial does; that feeds the masked-LM configs.
+
+``--download`` fetches WikiText-103 when the files are not in ``--text-dir`` yet.
+"""
+
+import argparse
+import logging
+import shutil
+import tempfile
+import urllib.request
+import zipfile
+from collections import Counter
+from pathlib import Path
+
+from fairseq_alibi.preprocess.common import (
+    DataError,
+    IndexedWriter,
+    atomic_directory,
+    ordered_map,
+    progress_bar,
+    read_batches,
+    run_cli,
+    save_json,
+    worker_state,
+)
+from fairseq_alibi.preprocess.encoders import (
+    EOS_WORD,
+    WordEncoder,
+    add_encoder_arguments,
+    dictionary_from_counts,
+    encoder_from_args,
+)
+
+logger = logging.getLogger("fairseq_alibi.preprocess.wikitext")
+
+SPLITS = ("train", "valid", "test")
+
+#: where WikiText-103 can be downloaded, tried in order (the second is fairseq's original link)
+URLS = {
+    "tokens": [
+        "https://wikitext.smerity.com/wikitext-103-v1.zip",
+        "https://s3.amazonaws.com/research.metamind.io/wikitext/wikitext-103-v1.zip",
+    ],
+    "raw": [
+        "https://wikitext.smerity.com/wikitext-103-raw-v1.zip",
+        "https://s3.amazonaws.com/research.metamind.io/wikitext/wikitext-103-raw-v1.zip",
+    ],
+}
+
+
+def text_files(text_dir, raw=False):
+    """``{split: path}`` of ``wiki.{train,valid,test}.{tokens|raw}`` in ``text_dir``."""
+    ext = "raw" if raw else "tokens"
+    return {split: Path(text_dir) / f"wiki.{split}.{ext}" for split in SPLITS}
+
+
+def download(text_dir, raw=False, urls=None):
+    """Fetch a WikiText zip (the first of ``urls`` that answers) and extract its three splits."""
+    text_dir = Path(text_dir)
+    wanted = {p.name: p for p in text_files(text_dir, raw).values()}
+    urls = urls or URLS["raw" if raw else "tokens"]
+    failures = []
+    text_dir.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=".download-", dir=text_dir) as tmp:
+        archive = Path(tmp) / "wikitext.zip"
+        source = None
+        for url in urls:
+            try:
+                with urllib.request.urlopen(url, timeout=60) as response, open(archive, "wb") as f:
+                    size = response.headers.get("Content-Length")
+                    bar = progress_bar(total=int(size) if size else None, desc="download")
+                    while chunk := response.read(1 << 20):
+                        f.write(chunk)
+                        bar.update(len(chunk))
+                    bar.close()
+                source = url
+                break
+            except OSError as e:  # URLError, HTTPError, timeouts are all OSError
+                failures.append(f"{url}: {e}")
+        else:
+            raise DataError(
+                "could not download WikiText:\n  " + "\n  ".join(failures)
+                + f"\nDownload and unzip it yourself, then pass --text-dir with the files "
+                f"{', '.join(sorted(wanted))}"
+            )
+        try:
+            with zipfile.ZipFile(archive) as z:
+                members = {Path(m).name: m for m in z.namelist() if Path(m).name in wanted}
+                missing = sorted(set(wanted) - set(members))
+                if missing:
+                    raise DataError(f"{source} holds no {', '.join(missing)}")
+                for name, member in members.items():
+                    part = Path(tmp) / name
+                    with z.open(member) as src, open(part, "wb") as dst:
+                        shutil.copyfileobj(src, dst, 1 << 20)
+                    part.rename(wanted[name])  # each file appears whole or not at all
+        except zipfile.BadZipFile as e:
+            raise DataError(f"{source} is not a zip archive ({e})") from e
+    logger.info(f"extracted {', '.join(sorted(wanted))} into {text_dir}")
+
+
+def _count_words(batch):
+    from fairseq.tokenizer import tokenize_line
+
+    _, _, lines = batch
+    counts = Counter()
+    for line in lines:
+        counts.update(tokenize_line(line))
+    counts[worker_state()["eos"]] += len(lines)
+    return counts
+
+
+def build_word_dictionary(train_path, workers=1):
+    """fairseq-preprocess's dictionary of the training split (see dictionary_from_counts)."""
+    counts = Counter()
+    for part in ordered_map(
+        _count_words, read_batches(train_path, desc=f"dictionary {Path(train_path).name}"),
+        workers, {"eos": EOS_WORD},
+    ):
+        counts.update(part)
+    return dictionary_from_counts(counts)
+
+
+def _encode_lines(batch):
+    _, _, lines = batch
+    encoder = worker_state()["encoder"]
+    return [encoder.encode(line) for line in lines]
+
+
+def binarize_lines(path, encoder, prefix, workers=1):
+    """One sample per line of ``path`` into ``<prefix>.{bin,idx}``; returns counts."""
+    dictionary = encoder.dictionary
+    writer = IndexedWriter(prefix, len(dictionary))
+    unk = 0
+    for encoded in ordered_map(
+        _encode_lines, read_batches(path, desc=f"binarize {Path(path).name}"),
+        workers, {"encoder": encoder},
+    ):
+        for ids in encoded:
+            writer.add(ids)
+            unk += int((ids == dictionary.unk()).sum())
+    writer.finalize(f"{path} is empty")
+    logger.info(
+        f"{Path(path).name}: {writer.items} lines, {writer.tokens} tokens, "
+        f"{100 * unk / max(writer.tokens, 1):.2f}% {dictionary.unk_word} (WikiText's own, "
+        "and words the dictionary lacks)"
+    )
+    return {"lines": writer.items, "tokens": writer.tokens, "unk": unk}
+
+
+def prepare(text_dir, destdir, encoder=None, raw=False, fetch=False, urls=None, workers=1,
+            overwrite=False):
+    """Binarize WikiText's three splits into ``destdir``; returns per-split counts.
+
+    ``encoder`` None is word level with a dictionary built from the training split; otherwise
+    a :mod:`fairseq_alibi.preprocess.encoders` encoder with its own dictionary.
+    """
+    files = text_files(text_dir, raw)
+    missing = [p.name for p in files.values() if not p.is_file()]
+    if missing and fetch:
+        download(text_dir, raw, urls)
+    elif missing:
+        raise DataError(
+            f"{text_dir} has no {', '.join(missing)}: pass --download to fetch WikiText-103, or "
+            f"--text-dir a folder with wiki.{{train,valid,test}}.{'raw' if raw else 'tokens'}"
+        )
+    with atomic_directory(destdir, overwrite) as out:
+        if encoder is None:
+            encoder = WordEncoder(build_word_dictionary(files["train"], workers))
+        encoder.dictionary.save(str(out / "dict.txt"))
+        stats = {split: binarize_lines(path, encoder, out / split, workers)
+                 for split, path in files.items()}
+        save_json(out / "stats.json", {"source": {s: str(p) for s, p in files.items()},
+                                        "splits": stats})
+    return stats
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(
+        prog="python -m fairseq_alibi.preprocess.wikitext", description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--text-dir", required=True,
+                        help="folder with wiki.{train,valid,test}.tokens (or .raw with --raw)")
+    parser.add_argument("--destdir", required=True, help="output folder (fairseq's data-bin)")
+    parser.add_argument("--raw", action="store_true",
+                        help="use the untokenized wiki.*.raw files (wikitext-103-raw-v1)")
+    parser.add_argument("--download", action="store_true",
+                        help="download WikiText-103 into --text-dir when its files are missing")
+    parser.add_argument("--url", action="append",
+                        help="download from this URL (a mirror, or file://) instead; repeatable")
+    parser.add_argument("--workers", type=int, default=1)
+    parser.add_argument("--overwrite", action="store_true", help="replace a non-empty --destdir")
+    add_encoder_arguments(parser)
+    args = parser.parse_args(argv)
+    encoder = encoder_from_args(args, required=False)
+    stats = prepare(args.text_dir, args.destdir, encoder, args.raw, args.download, args.url,
+                    args.workers, args.overwrite)
+    for split, s in stats.items():
+        print(f"{split}: {s['lines']} lines, {s['tokens']} tokens, {s['unk']} <unk>")
+    print(f"wrote {args.destdir}")
+
+
+if __name__ == "__main__":
+    raise SystemExit(run_cli(main))

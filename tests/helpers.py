@@ -1,0 +1,432 @@
+"""What the tests share: fairseq's real command lines, tiny models and training runs, and tiny data.
+
+Fixtures (the session-wide tiny corpora) are in ``conftest.py``; everything else a test file
+imports from here.
+"""
+
+import json
+import os
+import random
+import re
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+import fairseq_alibi  # noqa: F401  (registers the models for the in-process builds)
+
+# ---------------------------------------------------------------------------------------------
+# running fairseq's real command lines
+
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED_DATA = REPO.parent / "shared" / "data"
+BIN = Path(sys.executable).parent  # fairseq-* console scripts of this environment
+
+
+def user_dir() -> str:
+    """What users pass to --user-dir (``python -m fairseq_alibi --user-dir``)."""
+    out = subprocess.run(
+        [sys.executable, "-m", "fairseq_alibi", "--user-dir"],
+        check=True, capture_output=True, text=True,
+    )
+    return out.stdout.strip().splitlines()[-1]
+
+
+def run_cli(tool, *args, cwd=None, expect_ok=True, timeout=600, env=None):
+    """Run a fairseq console script (``fairseq-train`` ...) and return its combined output."""
+    cmd = [str(BIN / tool)] + [str(a) for a in args]
+    full_env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    full_env.update(env or {})
+    proc = subprocess.run(
+        cmd, cwd=cwd, capture_output=True, text=True, timeout=timeout, env=full_env
+    )
+    out = proc.stdout + proc.stderr
+    if expect_ok and proc.returncode != 0:
+        raise AssertionError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{out[-6000:]}")
+    if not expect_ok and proc.returncode == 0:
+        raise AssertionError(f"{' '.join(cmd)} was expected to fail:\n{out[-3000:]}")
+    return out
+
+
+def write_tiny_corpus(folder: Path, seed=0, vocab=60, lines=(400, 60, 60), max_len=30):
+    """Random-word text files train/valid/test.txt (word level), written by the test itself."""
+    rng = random.Random(seed)
+    words = [f"w{i}" for i in range(vocab)]
+    folder.mkdir(parents=True, exist_ok=True)
+    for split, n in zip(("train", "valid", "test"), lines):
+        with open(folder / f"{split}.txt", "w") as f:
+            for _ in range(n):
+                f.write(" ".join(rng.choice(words) for _ in range(rng.randint(5, max_len))) + "\n")
+    return folder
+
+
+# ---------------------------------------------------------------------------------------------
+# models built in-process exactly as fairseq-train builds them from its command line
+
+
+def write_dictionary(folder: Path, vocab: int) -> Path:
+    """A fairseq ``dict.txt`` of ``vocab`` words (fairseq adds its 4 specials)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / "dict.txt", "w") as f:
+        for i in range(vocab):
+            f.write(f"w{i} {vocab - i}\n")
+    return folder
+
+
+def setup_from_command_line(data, *args):
+    """``(cfg, task)`` for fairseq-train arguments (after the data folder)."""
+    from fairseq import options, tasks
+    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+
+    import fairseq_alibi  # noqa: F401  (registers the models and criteria)
+
+    parser = options.get_training_parser()
+    parsed = options.parse_args_and_arch(parser, [str(data), *[str(a) for a in args]])
+    cfg = convert_namespace_to_omegaconf(parsed)
+    return cfg, tasks.setup_task(cfg.task)
+
+
+def build_from_command_line(data, *args):
+    """``(model, task)`` for fairseq-train arguments (after the data folder)."""
+    cfg, task = setup_from_command_line(data, *args)
+    return task.build_model(cfg.model), task
+
+
+# ---------------------------------------------------------------------------------------------
+# tiny fairseq-train runs (the causal LM and the ALiBi encoder at test dimensions; deterministic, so two runs compare bit for bit)
+
+
+COMMON = ["--cpu", "--num-workers", 0, "--no-progress-bar", "--log-format", "json",
+          "--log-interval", 1, "--seed", 1, "--optimizer", "adam", "--lr", 0.003,
+          "--lr-scheduler", "inverse_sqrt", "--warmup-updates", 5, "--disable-validation"]
+
+MODELS = {
+    "lm": ["--task", "language_modeling", "--arch", "alibi_transformer_lm",
+           "--decoder-layers", 2, "--decoder-embed-dim", 32, "--decoder-ffn-embed-dim", 64,
+           "--decoder-attention-heads", 4, "--decoder-input-dim", 32, "--decoder-output-dim", 32,
+           "--tokens-per-sample", 16,
+           "--sample-break-mode", "none", "--max-tokens", 128],
+    "encoder": ["--task", "masked_lm", "--criterion", "masked_lm", "--arch", "alibi_roberta_base",
+                "--encoder-layers", 2, "--encoder-embed-dim", 32, "--encoder-ffn-embed-dim", 64,
+                "--encoder-attention-heads", 4, "--alibi-variant", "offset",
+                "--tokens-per-sample", 16, "--batch-size", 8],
+}
+
+
+def train_args(model, data, user_dir, save_dir, *extra):
+    return [data, "--user-dir", user_dir, *MODELS[model], *COMMON, "--save-dir", save_dir, *extra]
+
+
+def train(model, data, user_dir, save_dir, *extra, **kwargs):
+    """fairseq-train of ``model`` ("lm" or "encoder"); returns its output."""
+    return run_cli("fairseq-train", *train_args(model, data, user_dir, save_dir, *extra), **kwargs)
+
+
+def child_env(**extra):
+    return dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1",
+                **extra)
+
+
+def free_port() -> int:
+    """A TCP port of 127.0.0.1 that nothing listens on now (the OS picks it)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def distributed_flags(world_size, rank, port, ddp_backend="legacy_ddp"):
+    """The CPU recipe: every worker started by hand, rendezvous over TCP, gloo all-reduce."""
+    return ["--distributed-world-size", world_size, "--distributed-rank", rank,
+            "--distributed-no-spawn", "--distributed-init-method", f"tcp://127.0.0.1:{port}",
+            "--distributed-backend", "gloo", "--ddp-backend", ddp_backend]
+
+
+def train_distributed(model, data, user_dir, save_dir, *extra, world_size=2,
+                      ddp_backend="legacy_ddp", timeout=600):
+    """``world_size`` fairseq-train workers on this machine; returns rank 0's output."""
+    port = free_port()
+    procs = []
+    for rank in range(world_size):
+        args = train_args(model, data, user_dir, save_dir, *extra,
+                          *distributed_flags(world_size, rank, port, ddp_backend))
+        procs.append(subprocess.Popen(
+            [str(BIN / "fairseq-train")] + [str(a) for a in args], env=child_env(),
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    outputs = []
+    try:
+        for proc in procs:
+            outputs.append(proc.communicate(timeout=timeout)[0])
+    finally:
+        for proc in procs:  # never leave a worker behind when another one failed
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    for rank, (proc, out) in enumerate(zip(procs, outputs)):
+        assert proc.returncode == 0, f"worker {rank} failed ({proc.returncode}):\n{out[-5000:]}"
+    return outputs[0]
+
+
+def logged_losses(output):
+    """``[(num_updates, loss)]`` of every ``train_inner`` line fairseq printed (json format)."""
+    found = []
+    for line in output.splitlines():
+        if "| train_inner |" in line:
+            stats = json.loads(line.split("| train_inner |", 1)[1])
+            found.append((int(stats["num_updates"]), stats["loss"]))
+    return found
+
+
+def loaded_at(output):
+    """The update count of the checkpoint fairseq-train resumed from (None: started afresh)."""
+    found = re.search(r"Loaded checkpoint \S+ \(epoch \d+ @ (\d+) updates\)", output)
+    return int(found.group(1)) if found else None
+
+
+def build_model(model, data, *extra):
+    """``(model, task)`` of ``model`` ("lm" or "encoder") built in this process, as fairseq-train
+    would from the same flags (``extra`` overrides them, e.g. ``--alibi-variant symmetric``)."""
+    from fairseq import options, tasks
+    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+
+    argv = [str(a) for a in [data, *MODELS[model], "--cpu", *extra]]
+    args = options.parse_args_and_arch(options.get_training_parser(), argv)
+    cfg = convert_namespace_to_omegaconf(args)
+    task = tasks.setup_task(cfg.task)
+    return task.build_model(cfg.model), task
+
+
+def load(path):
+    return torch.load(path, map_location="cpu", weights_only=False)
+
+
+def max_weight_difference(a, b):
+    """Largest absolute difference between the weights of two checkpoints (same keys)."""
+    assert a["model"].keys() == b["model"].keys()
+    return max((a["model"][k].double() - b["model"][k].double()).abs().max().item()
+               for k in a["model"] if a["model"][k].numel())
+
+
+def train_loss(state):
+    """The exact training loss meters a checkpoint holds: (last update, epoch average)."""
+    meters = {name: meter for _, name, _, meter in dict(state["extra_state"]["metrics"])["train"]}
+    loss = meters["loss"]
+    return float(loss["val"]), float(loss["sum"]) / float(loss["count"])
+
+
+def python_module(*args, expect_ok=True):
+    """``python -m ...`` in this environment; returns (exit code, combined output)."""
+    proc = subprocess.run([sys.executable, "-m", *[str(a) for a in args]], env=child_env(),
+                          capture_output=True, text=True, timeout=600)
+    out = proc.stdout + proc.stderr
+    if expect_ok:
+        assert proc.returncode == 0, out[-3000:]
+    return proc.returncode, out
+
+
+# ---------------------------------------------------------------------------------------------
+# tiny inputs in the real formats of the public corpora (GPT-2 BPE files, WikiText, Pile shards, GLUE folders), written by the tests themselves
+
+
+WORDS = ("the cat sat on a mat and then the dog ran in at her , . where is it "
+         "café über naïve 東京 zebra quantum").split()
+MERGES = [("Ġ", "t"), ("h", "e"), ("Ġt", "he"), ("a", "t"), ("Ġ", "c"), ("Ġc", "at"),
+          ("i", "n"), ("Ġ", "a"), ("o", "n"), ("e", "r")]
+PILE_SETS = ("Pile-CC", "Wikipedia (en)", "Github")
+
+
+def write_tiny_bpe(folder):
+    from fairseq.data.encoders.gpt2_bpe_utils import bytes_to_unicode
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    byte_symbols = bytes_to_unicode()
+    symbols = [byte_symbols[b] for b in range(256)] + [a + b for a, b in MERGES]
+    (folder / "encoder.json").write_text(json.dumps({s: i for i, s in enumerate(symbols)}))
+    (folder / "vocab.bpe").write_text("#version: 0.2\n" + "".join(f"{a} {b}\n" for a, b in MERGES))
+    return folder
+
+
+def sentence(rng, low=3, high=20):
+    return " ".join(rng.choice(WORDS) for _ in range(rng.randint(low, high)))
+
+
+def write_wikitext(folder, seed=0, paragraphs=(60, 12, 12)):
+    """WikiText's layout: `` = Heading = `` lines, blank lines, paragraphs with ``<unk>``."""
+    rng = random.Random(seed)
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    for split, n in zip(("train", "valid", "test"), paragraphs):
+        lines = []
+        for i in range(n):
+            if i % 6 == 0:
+                lines += [" \n", f" = {sentence(rng, 1, 3)} = \n", " \n"]
+            words = sentence(rng, 5, 40).split()
+            words[rng.randrange(len(words))] = "<unk>"
+            lines.append(" " + " ".join(words) + " \n")
+        (folder / f"wiki.{split}.tokens").write_text("".join(lines), encoding="utf-8")
+    return folder
+
+
+def pile_documents(n, seed=0, max_sentences=12):
+    """Documents of a few lines each (paragraphs), spread over three Pile subsets."""
+    rng = random.Random(seed)
+    docs = []
+    for _ in range(n):
+        text = "\n".join(sentence(rng) for _ in range(rng.randint(1, max_sentences)))
+        docs.append({"text": text, "meta": {"pile_set_name": rng.choice(PILE_SETS)}})
+    return docs
+
+
+def write_pile_shard(path, documents, extra_lines=(), frames=1):
+    """A ``.jsonl`` or (by suffix) ``.jsonl.zst`` shard; ``extra_lines`` are appended raw.
+
+    A ``.zst`` shard is ``frames`` zstd frames one after the other (what concatenating
+    compressed files, or a multi-threaded compressor, gives).
+    """
+    path = Path(path)
+    lines = [json.dumps(d) + "\n" for d in documents] + list(extra_lines)
+    if path.suffix == ".zst":
+        import zstandard
+
+        step = -(-len(lines) // frames)
+        path.write_bytes(b"".join(
+            zstandard.ZstdCompressor(level=3).compress("".join(lines[i: i + step]).encode())
+            for i in range(0, len(lines), step)
+        ))
+    else:
+        path.write_text("".join(lines), encoding="utf-8")
+    return path
+
+
+def write_glue(root, seed=0, rows=24):
+    """Every GLUE task in the download script's layout; returns what each split should hold.
+
+    The result maps task -> fairseq split -> ``{"inputs": [[...], ...], "labels": [...]}``.
+    """
+    rng = random.Random(seed)
+    root = Path(root)
+    expected = {}
+
+    def task_files(task, files):
+        folder = root / task
+        folder.mkdir(parents=True, exist_ok=True)
+        for name, (header, lines) in files.items():
+            text = (header + "\n" if header is not None else "") + "".join(l + "\n" for l in lines)
+            (folder / f"{name}.tsv").write_text(text, encoding="utf-8")
+
+    def s():
+        return sentence(rng)
+
+    # CoLA: source, label, original label (often empty), sentence; train/dev have no header
+    cola = {}
+    files = {}
+    for name, split in (("train", "train"), ("dev", "valid")):
+        data = [(s(), rng.choice("01")) for _ in range(rows)]
+        files[name] = (None, [f"gj04\t{y}\t{'*' if y == '0' else ''}\t{x}" for x, y in data])
+        cola[split] = {"inputs": [[x for x, _ in data]], "labels": [y for _, y in data]}
+    test = [s() for _ in range(rows // 2)]
+    files["test"] = ("index\tsentence", [f"{i}\t{x}" for i, x in enumerate(test)])
+    cola["test"] = {"inputs": [test], "labels": None}
+    task_files("CoLA", files)
+    expected["CoLA"] = cola
+
+    # SST-2: sentence (with GLUE's trailing space), label
+    sst, files = {}, {}
+    for name, split in (("train", "train"), ("dev", "valid")):
+        data = [(s() + " ", rng.choice("01")) for _ in range(rows)]
+        files[name] = ("sentence\tlabel", [f"{x}\t{y}" for x, y in data])
+        sst[split] = {"inputs": [[x for x, _ in data]], "labels": [y for _, y in data]}
+    test = [s() for _ in range(rows // 2)]
+    files["test"] = ("index\tsentence", [f"{i}\t{x}" for i, x in enumerate(test)])
+    sst["test"] = {"inputs": [test], "labels": None}
+    task_files("SST-2", files)
+    expected["SST-2"] = sst
+
+    # MRPC: Quality, #1 ID, #2 ID, #1 String, #2 String (test: index first)
+    mrpc, files = {}, {}
+    head = "#1 ID\t#2 ID\t#1 String\t#2 String"
+    for name, split in (("train", "train"), ("dev", "valid")):
+        data = [(s(), s(), rng.choice("01")) for _ in range(rows)]
+        files[name] = ("Quality\t" + head, [f"{y}\t{100 + i}\t{200 + i}\t{a}\t{b}"
+                                            for i, (a, b, y) in enumerate(data)])
+        mrpc[split] = {"inputs": [[a for a, _, _ in data], [b for _, b, _ in data]],
+                       "labels": [y for _, _, y in data]}
+    data = [(s(), s()) for _ in range(rows // 2)]
+    files["test"] = ("index\t" + head, [f"{i}\t1\t2\t{a}\t{b}" for i, (a, b) in enumerate(data)])
+    mrpc["test"] = {"inputs": [[a for a, _ in data], [b for _, b in data]], "labels": None}
+    task_files("MRPC", files)
+    expected["MRPC"] = mrpc
+
+    # STS-B: 7 metadata columns, sentence1, sentence2, score (test: no score)
+    sts, files = {}, {}
+    meta = "index\tgenre\tfilename\tyear\told_index\tsource1\tsource2\tsentence1\tsentence2"
+    for name, split in (("train", "train"), ("dev", "valid")):
+        data = [(s(), s(), rng.choice(["0.000", "1.500", "3.800", "4.750", "5.000"]))
+                for _ in range(rows)]
+        files[name] = (meta + "\tscore", [f"{i}\tmain\tMSRvid\t2012\t{i:04d}\tnone\tnone\t"
+                                          f"{a}\t{b}\t{y}" for i, (a, b, y) in enumerate(data)])
+        sts[split] = {"inputs": [[a for a, _, _ in data], [b for _, b, _ in data]],
+                      "labels": [float(y) / 5.0 for _, _, y in data]}
+    data = [(s(), s()) for _ in range(rows // 2)]
+    files["test"] = (meta, [f"{i}\tmain\tMSRvid\t2012\t{i:04d}\tnone\tnone\t{a}\t{b}"
+                            for i, (a, b) in enumerate(data)])
+    sts["test"] = {"inputs": [[a for a, _ in data], [b for _, b in data]], "labels": None}
+    task_files("STS-B", files)
+    expected["STS-B"] = sts
+
+    # QQP: id, qid1, qid2, question1, question2, is_duplicate (test: id, q1, q2)
+    qqp, files = {}, {}
+    for name, split in (("train", "train"), ("dev", "valid")):
+        data = [(s(), s(), rng.choice("01")) for _ in range(rows)]
+        files[name] = ("id\tqid1\tqid2\tquestion1\tquestion2\tis_duplicate",
+                       [f"{i}\t{2 * i}\t{2 * i + 1}\t{a}\t{b}\t{y}"
+                        for i, (a, b, y) in enumerate(data)])
+        qqp[split] = {"inputs": [[a for a, _, _ in data], [b for _, b, _ in data]],
+                      "labels": [y for _, _, y in data]}
+    data = [(s(), s()) for _ in range(rows // 2)]
+    files["test"] = ("id\tquestion1\tquestion2", [f"{i}\t{a}\t{b}" for i, (a, b) in enumerate(data)])
+    qqp["test"] = {"inputs": [[a for a, _ in data], [b for _, b in data]], "labels": None}
+    task_files("QQP", files)
+    expected["QQP"] = qqp
+
+    # MNLI: 8 metadata/parse columns, sentence1, sentence2, then label1 (+ label2-5 in dev)
+    # and gold_label last; label1 disagrees with gold_label now and then
+    nli = ("contradiction", "entailment", "neutral")
+    lead = ("index\tpromptID\tpairID\tgenre\tsentence1_binary_parse\tsentence2_binary_parse\t"
+            "sentence1_parse\tsentence2_parse\tsentence1\tsentence2")
+    mnli, files = {}, {}
+    for name, split, votes in (("train", "train", 1), ("dev_matched", "valid", 5),
+                               ("dev_mismatched", "valid1", 5)):
+        data = [(s(), s(), rng.choice(nli), rng.choice(nli)) for _ in range(rows)]
+        labels = "\t".join(f"label{k + 1}" for k in range(votes))
+        files[name] = (f"{lead}\t{labels}\tgold_label",
+                       [f"{i}\t{i}\t{i}n\tfiction\t( x )\t( y )\t(ROOT x)\t(ROOT y)\t{a}\t{b}\t"
+                        + "\t".join([first] + [gold] * (votes - 1)) + f"\t{gold}"
+                        for i, (a, b, first, gold) in enumerate(data)])
+        mnli[split] = {"inputs": [[a for a, _, _, _ in data], [b for _, b, _, _ in data]],
+                       "labels": [g for _, _, _, g in data]}
+    for name, split in (("test_matched", "test"), ("test_mismatched", "test1")):
+        data = [(s(), s()) for _ in range(rows // 2)]
+        files[name] = (lead, [f"{i}\t{i}\t{i}n\tfiction\t( x )\t( y )\t(ROOT x)\t(ROOT y)\t{a}\t{b}"
+                              for i, (a, b) in enumerate(data)])
+        mnli[split] = {"inputs": [[a for a, _ in data], [b for _, b in data]], "labels": None}
+    task_files("MNLI", files)
+    expected["MNLI"] = mnli
+
+    # QNLI and RTE: index, two texts, label (test: no label)
+    for task, header in (("QNLI", "index\tquestion\tsentence"), ("RTE", "index\tsentence1\tsentence2")):
+        out, files = {}, {}
+        for name, split in (("train", "train"), ("dev", "valid")):
+            data = [(s(), s(), rng.choice(("entailment", "not_entailment"))) for _ in range(rows)]
+            files[name] = (header + "\tlabel", [f"{i}\t{a}\t{b}\t{y}" for i, (a, b, y) in enumerate(data)])
+            out[split] = {"inputs": [[a for a, _, _ in data], [b for _, b, _ in data]],
+                          "labels": [y for _, _, y in data]}
+        data = [(s(), s()) for _ in range(rows // 2)]
+        files["test"] = (header, [f"{i}\t{a}\t{b}" for i, (a, b) in enumerate(data)])
+        out["test"] = {"inputs": [[a for a, _ in data], [b for _, b in data]], "labels": None}
+        task_files(task, files)
+        expected[task] = out
+    return expected
