@@ -83,9 +83,14 @@ def stretches(stream, lengths):
     return out
 
 
-def write_pairs(texts, prefix):
+#: what ``--start-marker`` puts before every source (a word of its own in the dictionary)
+START = "@start@"
+
+
+def write_pairs(texts, prefix, start_marker=False):
     pairs = [restoration_pair(t) for t in texts]
-    Path(f"{prefix}.src").write_text("".join(p[0] + "\n" for p in pairs))
+    marker = START + " " if start_marker else ""
+    Path(f"{prefix}.src").write_text("".join(marker + p[0] + "\n" for p in pairs))
     Path(f"{prefix}.tgt").write_text("".join(p[1] + "\n" for p in pairs))
     return len(pairs)
 
@@ -94,7 +99,8 @@ def buckets(N):
     return [(N // 2 + 1, N), (N + 1, 2 * N), (2 * N + 1, 4 * N), (4 * N + 1, 8 * N)]
 
 
-def build_data(train_lines, test_lines, out, N, per_bucket, seed, split_punctuation, vocab):
+def build_data(train_lines, test_lines, out, N, per_bucket, seed, split_punctuation, vocab,
+               start_marker=False):
     rng = random.Random(seed)
     text = out / "text"
     text.mkdir(parents=True, exist_ok=True)
@@ -102,8 +108,8 @@ def build_data(train_lines, test_lines, out, N, per_bucket, seed, split_punctuat
     train = stretches(train_stream, iter(lambda: rng.randint(max(1, N // 4), N), None))
     rng.shuffle(train)
     n_valid = max(50, len(train) // 50)
-    write_pairs(train[n_valid:], text / "train")
-    write_pairs(train[:n_valid], text / "valid")
+    write_pairs(train[n_valid:], text / "train", start_marker)
+    write_pairs(train[:n_valid], text / "valid", start_marker)
     # test: the buckets interleaved along the test text, per_bucket stretches each
     lengths = []
     for _ in range(per_bucket):
@@ -112,7 +118,7 @@ def build_data(train_lines, test_lines, out, N, per_bucket, seed, split_punctuat
     if len(test) < len(lengths):
         raise SystemExit(f"the test text holds only {len(test)} of the {len(lengths)} stretches "
                          "asked for: lower --per-bucket or --N")
-    write_pairs(test, text / "test")
+    write_pairs(test, text / "test", start_marker)
     prepare(out / "bin", "src", "tgt", text / "train", text / "valid", text / "test",
             joined_dictionary=True, nwords=vocab, workers=1, overwrite=True)
     return len(train) - n_valid, len(test)
@@ -246,7 +252,15 @@ def main(argv=None):
     parser.add_argument("--lr", type=float, default=0.004)
     parser.add_argument("--per-bucket", type=int, default=40)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--start-marker", action="store_true",
+                        help=f"put the word {START} before every source (see docs/translation.md)")
+    parser.add_argument("--models", default=",".join(MODELS),
+                        help=f"comma-separated subset of {','.join(MODELS)}")
     args = parser.parse_args(argv)
+    args.models = [m.strip() for m in args.models.split(",") if m.strip()]
+    unknown = [m for m in args.models if m not in MODELS]
+    if unknown:
+        parser.error(f"unknown model(s) {', '.join(unknown)}; choose from {', '.join(MODELS)}")
 
     out = Path(args.out).absolute()
     out.mkdir(parents=True, exist_ok=True)
@@ -271,16 +285,17 @@ def main(argv=None):
         source = "WikiText-2 (train: wiki.valid.tokens, test: wiki.test.tokens)"
     n_train, n_test = build_data(train_lines, test_lines, out, args.N, args.per_bucket,
                                  args.seed, split_punctuation=args.embedded,
-                                 vocab=args.vocab)
+                                 vocab=args.vocab, start_marker=args.start_marker)
     print(f"[restoration] {n_train} training pairs (<= {args.N} source words), "
           f"{n_test} test pairs, in {time.time() - started:.0f} s")
 
     cores = os.cpu_count() or 1
     env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", str(cores)),
                PYTHONUNBUFFERED="1")
-    sources = (out / "text" / "test.src").read_text().splitlines()
+    sources = [line.replace(START + " ", "", 1) if args.start_marker else line
+               for line in (out / "text" / "test.src").read_text().splitlines()]
     results, timing = {}, {}
-    for name in MODELS:
+    for name in args.models:
         checkpoint, train_s = train(name, out, args, env)
         hyps, refs, gen_s = generate(name, checkpoint, out, env, len(sources))
         results[name] = score(hyps, refs, sources, args.N)
@@ -289,7 +304,7 @@ def main(argv=None):
               f"test inputs in {gen_s:.0f} s")
     meta = {"text": source, "N": args.N, "max_update": args.max_update, "seed": args.seed,
             "max_tokens": args.max_tokens, "layers": args.layers, "dim": args.dim,
-            "vocab": args.vocab,
+            "vocab": args.vocab, "start_marker": args.start_marker,
             "train_pairs": n_train, "test_pairs": n_test, "timing": timing,
             "total_s": round(time.time() - started, 1),
             "command": "python experiments/punctuation_restoration.py "

@@ -23,6 +23,16 @@ precision in fp16/bf16 at long lengths). Queries are aligned to the *end* of the
 cache: with ``q`` new queries and ``k`` keys, query ``t`` sits at ``i = k - q + t``). Masked
 entries hold a *finite* negative (:func:`mask_value`): an all-padding row gives a finite uniform
 softmax instead of NaN, a masked key next to a visible one still gets weight exactly 0.
+
+Learned slope scales (data2vec 2.0's ``learned_alibi_scale``): layer ``l`` may multiply the
+bias of head ``h`` by a trained ``s[l, h]``, i.e. use the slopes ``s[l, h]·m_h``
+(``s[l, h]·m_f,h`` for the look-ahead keys of ``asymmetric``)::
+
+    bias_{l,h}(i, j) = s[l, h] · bias_h(i, j)        (masked keys stay masked)
+
+``s`` has one entry (``shared``), one per head (``per_head``), per layer (``per_layer``) or per
+layer and head (``per_layer_head``), initialised to ``scale_init``; with ``none`` (the default)
+no scale exists and nothing is multiplied. See :data:`SCALE_MODES`.
 """
 
 import math
@@ -44,6 +54,29 @@ def _slopes_list(n: int):
     # not a power of two: the closest lower power of two, then every other slope of twice that
     closest = 2 ** math.floor(math.log2(n))
     return _slopes_list(closest) + _slopes_list(2 * closest)[0::2][: n - closest]
+
+
+#: which slope scales are learned (``--alibi-learned-scales``): the shape of ``s`` is
+#: (layers if per layer else 1, heads if per head else 1)
+SCALE_MODES = ("none", "shared", "per_head", "per_layer", "per_layer_head")
+
+
+def check_scale_options(learned_scales: str, scale_init: float, flag: str = "--alibi") -> None:
+    """Clear errors for an unknown scale mode or a non-positive initial scale.
+
+    ``flag`` is the option prefix the user typed (``--encoder-alibi`` on a translation model).
+    """
+    if learned_scales not in SCALE_MODES:
+        raise ValueError(
+            f"unknown {flag}-learned-scales {learned_scales!r}; choose one of: "
+            f"{', '.join(SCALE_MODES)}"
+        )
+    if not (isinstance(scale_init, (int, float)) and math.isfinite(scale_init)
+            and scale_init > 0):
+        raise ValueError(
+            f"{flag}-scale-init must be a positive number (it multiplies every ALiBi slope; "
+            f"1.0 = Press et al.'s slopes), got {scale_init!r}"
+        )
 
 
 def get_slopes(num_heads: int) -> torch.Tensor:
@@ -131,17 +164,36 @@ class AlibiPositionalBias(torch.nn.Module):
     :func:`alibi_bias`, memoised so that the layers of a forward pass share one tensor, never
     sized by a maximum length). ``slope_scale`` multiplies every slope at run time (slope
     interpolation); it is not saved, so it can be set at load time.
+
+    ``learned_scales`` (:data:`SCALE_MODES`) adds the trained scales ``s`` (a parameter
+    ``scales`` of shape ``(layers or 1, heads or 1)``, saved with the model, initialised to
+    ``scale_init``); layer ``l`` then asks for its own slopes and bias through
+    :meth:`at_layer`. With ``none``, ``scale_init`` is a fixed multiplier (no parameter) and,
+    at 1.0, nothing is multiplied at all: the model computes exactly what it did before scales
+    existed. ``slope_scale`` multiplies on top of either.
     """
 
     def __init__(self, num_heads: int, variant: str = "causal", future_slope_ratio: float = 1.0,
-                 learnable_future_slopes: bool = False, slope_scale: float = 1.0):
+                 learnable_future_slopes: bool = False, slope_scale: float = 1.0,
+                 num_layers: int = 1, learned_scales: str = "none", scale_init: float = 1.0):
         super().__init__()
         self.variant = check_variant(variant, num_heads)
         if not slope_scale > 0:
             raise ValueError(f"the ALiBi slope scale must be positive, got {slope_scale}")
+        check_scale_options(learned_scales, scale_init)
         self.num_heads = num_heads
         self.register_buffer("slopes", variant_slopes(num_heads, variant))
         self.slope_scale = float(slope_scale)
+        self.learned_scales = learned_scales
+        self.scale_init = float(scale_init)
+        if learned_scales == "none":
+            self.register_parameter("scales", None)
+        else:
+            rows = num_layers if learned_scales in ("per_layer", "per_layer_head") else 1
+            cols = num_heads if learned_scales in ("per_head", "per_layer_head") else 1
+            self.scales = torch.nn.Parameter(torch.full((rows, cols), self.scale_init))
+        self._layer_views = {}
+        self._register_load_state_dict_pre_hook(_load_scales, with_module=True)
         # asymmetric only: forward slope = ratio x backward slope, per head (optionally learned)
         ratio = torch.full((num_heads,), float(future_slope_ratio)) \
             if variant == "asymmetric" else None
@@ -160,16 +212,46 @@ class AlibiPositionalBias(torch.nn.Module):
         self._cache.clear()
         return out
 
-    def head_slopes(self):
+    def at_layer(self, layer: int):
+        """What layer ``layer``'s attention uses: this module itself when no scale is learned
+        (every layer shares its bias, as before scales existed), else a :class:`LayerAlibi`
+        view whose slopes and bias carry that layer's scales (and their gradient)."""
+        if self.scales is None:
+            return self
+        view = self._layer_views.get(layer)
+        if view is None:
+            view = self._layer_views[layer] = LayerAlibi(self, layer)
+        return view
+
+    def _scale_row(self, layer: Optional[int]) -> int:
+        rows = self.scales.size(0)
+        if rows == 1:
+            return 0
+        if layer is None or not 0 <= layer < rows:
+            raise ValueError(
+                f"per-layer ALiBi scales ({rows} layers) need the index of the layer asking "
+                f"for its slopes, got {layer!r}"
+            )
+        return layer
+
+    def head_slopes(self, layer: Optional[int] = None):
         """``(slopes, future_slopes)``, float32 ``(H,)``, ``slope_scale`` applied; ``future``
-        (``ratio·m``, with a learnable ratio's gradient) is ``None`` but for ``asymmetric``."""
+        (``ratio·m``, with a learnable ratio's gradient) is ``None`` but for ``asymmetric``.
+        With learned scales, those of layer ``layer`` multiply both (with their gradient)."""
         slopes = self.slopes.float() * self.slope_scale
+        if self.scales is not None:
+            slopes = slopes * self.scales[self._scale_row(layer)].float()
+        elif self.scale_init != 1.0:  # a fixed, not learned, multiplier
+            slopes = slopes * self.scale_init
         future = None
         if self.future_slope_ratio is not None:
             future = slopes * self.future_slope_ratio.float()
         return slopes, future
 
-    def forward(self, query_len: int, key_len: int, dtype: torch.dtype = torch.float32):
+    def forward(self, query_len: int, key_len: int, dtype: torch.dtype = torch.float32,
+                layer: Optional[int] = None):
+        if self.scales is not None:
+            return self._scaled_bias(query_len, key_len, dtype, layer)
         learnable = isinstance(self.future_slope_ratio, torch.nn.Parameter)
         version = self.future_slope_ratio._version if learnable else None
         key = (query_len, key_len, dtype, self.slopes.device, self.slope_scale, version)
@@ -183,6 +265,25 @@ class AlibiPositionalBias(torch.nn.Module):
             bias = alibi_bias(slopes, query_len, key_len, self.variant, future, dtype)
         cache["key"], cache["bias"] = key, bias
         return bias
+
+    def _scaled_bias(self, query_len, key_len, dtype, layer):
+        """The bias of layer ``layer`` with learned scales. Built per call while autograd
+        records (a cached tensor would hold a graph that a backward frees); otherwise memoised
+        per scale row, so the layers that share a row (``shared``, ``per_head``) share it."""
+        row = self._scale_row(layer)
+        if torch.is_grad_enabled() and (self.scales.requires_grad or isinstance(
+                self.future_slope_ratio, torch.nn.Parameter)):
+            slopes, future = self.head_slopes(layer)
+            return alibi_bias(slopes, query_len, key_len, self.variant, future, dtype)
+        ratio = self.future_slope_ratio
+        key = (query_len, key_len, dtype, self.slopes.device, self.slope_scale,
+               self.scales._version, None if ratio is None else ratio._version)
+        scaled = self._cache.setdefault("scaled", {})
+        if scaled.get(row, (None,))[0] != key:
+            slopes, future = self.head_slopes(layer)
+            scaled[row] = (key, alibi_bias(slopes, query_len, key_len, self.variant, future,
+                                           dtype))
+        return scaled[row][1]
 
     def _last_query_row(self, key_len, dtype):
         """``(H, 1, k)``: a decoding step's row ``-m·(k-1-j)``, a view of a cached table.
@@ -201,3 +302,56 @@ class AlibiPositionalBias(torch.nn.Module):
             rows = ((self.slopes * -self.slope_scale)[:, None] * distances).to(dtype)
             self._cache["rows"], self._cache["rows_scale"] = rows, self.slope_scale
         return rows[:, None, rows.size(1) - key_len:]
+
+
+class LayerAlibi:
+    """Layer ``layer``'s view of a shared :class:`AlibiPositionalBias` with learned scales.
+
+    It answers what the attention backends ask (``variant``, ``num_heads``,
+    :meth:`head_slopes`, calling it for the dense bias) with that layer's scaled slopes, so the
+    backends need no layer index of their own. Not a module: the scales stay in the shared one.
+    """
+
+    def __init__(self, alibi: AlibiPositionalBias, layer: int):
+        self.alibi, self.layer = alibi, layer
+        self.variant, self.num_heads = alibi.variant, alibi.num_heads
+
+    @property
+    def scales(self):
+        return self.alibi.scales
+
+    def head_slopes(self):
+        return self.alibi.head_slopes(self.layer)
+
+    def __call__(self, query_len: int, key_len: int, dtype: torch.dtype = torch.float32):
+        return self.alibi(query_len, key_len, dtype, layer=self.layer)
+
+
+def _load_scales(module, state_dict, prefix, local_metadata, strict, missing_keys,
+                 unexpected_keys, error_msgs):
+    """Checkpoints and the scales the model was built with.
+
+    A checkpoint without scales (written before they existed, or with ``none``) loads into a
+    model that learns them with the module's initial value (1.0 by default): it then computes
+    what the checkpoint did. Scales saved by a model of another scale mode are a clear error.
+    """
+    key = f"{prefix}scales"
+    saved = state_dict.get(key)
+    if module.scales is None:
+        if saved is not None:
+            raise ValueError(
+                f"this checkpoint has learned ALiBi slope scales ({key}, shape "
+                f"{tuple(saved.shape)}), the model being built has none: build it with the "
+                "--alibi-learned-scales it was trained with (saved in its options)"
+            )
+        return
+    if saved is None:
+        state_dict[key] = module.scales.detach().clone()
+        return
+    if saved.shape != module.scales.shape:
+        raise ValueError(
+            f"this checkpoint's learned ALiBi slope scales {key} have shape "
+            f"{tuple(saved.shape)}, the model being built expects "
+            f"{tuple(module.scales.shape)} (--alibi-learned-scales {module.learned_scales}): "
+            "build it with the --alibi-learned-scales and layer count it was trained with"
+        )

@@ -67,6 +67,7 @@ def load(path):
     return torch.load(path, map_location="cpu")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", sorted(POSITIONS))
 def test_conversion_keeps_every_other_weight_bit_identical(stock, converted, tiny_lm_data, kind):
     before, after = load(stock[kind]), load(converted[kind])
@@ -99,6 +100,7 @@ def eval_lm(path, data, user_dir, length):
     return tokens, float(re.search(r"Perplexity: ([\d.]+)", out).group(1))
 
 
+@pytest.mark.slow
 def test_converted_model_runs_through_eval_lm_beyond_the_learned_positions(
         converted, tiny_lm_data, alibi_user_dir):
     tokens_l, ppl_l = eval_lm(converted["learned"], tiny_lm_data, alibi_user_dir, L)
@@ -107,6 +109,7 @@ def test_converted_model_runs_through_eval_lm_beyond_the_learned_positions(
     assert 1.0 < ppl_l < 1e4 and 1.0 < ppl_4l < 1e4
 
 
+@pytest.mark.slow
 def test_conversion_refuses_what_it_cannot_convert(stock, converted, tmp_path, capsys):
     from fairseq_alibi.cli.convert import main
 
@@ -233,6 +236,7 @@ def test_gradients_reach_only_the_student(stock, converted, tiny_lm_data):
     assert sample_size == 3 * L and logs["kl"].item() == pytest.approx(kl.item(), rel=1e-5)
 
 
+@pytest.mark.slow
 def test_distillation_trains_resumes_and_leaves_the_teacher_out(
         stock, converted, tiny_lm_data, alibi_user_dir, tmp_path):
     save = tmp_path / "distilled"

@@ -503,6 +503,7 @@ def test_a_fork_checkpoint_loaded_without_conversion_says_to_convert_it():
                 arg_overrides={"data": str(fixture(name) / "data-bin")})
 
 
+@pytest.mark.slow
 def test_a_2021_era_stock_checkpoint_converts_and_says_when_from_press_applies(tmp_path):
     """Press's checkpoints are stock sinusoidal ones of 2021 (``max_tokens`` in the model config)."""
     code, out = python_module("fairseq_alibi.convert", "--input",

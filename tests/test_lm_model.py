@@ -114,6 +114,7 @@ def test_unknown_backend_flag_is_a_clear_error(tiny_lm_data):
         build(tiny_lm_data, "alibi_transformer_lm", *TINY, "--alibi-attention", "cuda-magic")
 
 
+@pytest.mark.slow
 def test_argparse_era_checkpoints_load_with_torch_weights_only(tmp_path):
     """torch>=2.6 refuses argparse.Namespace unless fairseq_alibi.safe_loading allow-lists it."""
     import numpy as np

@@ -81,6 +81,7 @@ def all_finite(*tensors):
     return all(torch.isfinite(t).all() for t in flat)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_one_layer_at_8192_tokens_in_bf16(variant):
     attn = attention_layer(variant)
@@ -126,6 +127,7 @@ def test_whole_model_in_bf16_beyond_training_length(name, tiny_lm_data):
     assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
 
 
+@pytest.mark.slow
 def test_bf16_training_through_fairseq_hydra_train(tmp_path, tiny_lm_data, alibi_user_dir):
     (tmp_path / "bf16.yaml").write_text(f"""
 common: {{user_dir: {alibi_user_dir}, cpu: true, bf16: true, seed: 1, log_format: json,

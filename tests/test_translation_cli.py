@@ -5,6 +5,7 @@ longer than any training source (every hypothesis present), fairseq-interactive,
 dictionary that does not match."""
 
 import json
+import os
 import random
 import re
 import subprocess
@@ -15,7 +16,7 @@ import pytest
 from fairseq_alibi.preprocess.common import DataError
 from fairseq_alibi.preprocess.parallel import main as prepare_main
 from fairseq_alibi.preprocess.parallel import restoration_pair, sentences_of
-from tests.helpers import BIN, run_cli
+from tests.helpers import BIN, REPO, run_cli
 
 WORDS = [f"w{i}" for i in range(16)]
 TRAIN_MAX = 10  # words per training source
@@ -252,3 +253,26 @@ def test_stock_checkpoint_and_other_dictionary_are_clear_errors(trained, corpus,
                   "--path", save / "checkpoint_last.pt", "--gen-subset", "test", "--cpu",
                   "--batch-size", 8, expect_ok=False)
     assert re.search(r"dictionary of \d+ symbols, but the data directory's dict.txt has", out)
+
+
+# ---------------------------------------------------------------- the extrapolation experiment
+
+
+@pytest.mark.slow
+def test_the_extrapolation_experiment_runs_on_the_embedded_corpus(tmp_path):
+    """experiments/punctuation_restoration.py end to end at toy sizes, on the corpus built from
+    Python's own documentation (no download): every test input translated and scored."""
+    out = tmp_path / "restoration"
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "experiments" / "punctuation_restoration.py")] + [
+            str(a) for a in ["--embedded", "--out", out, "--N", 8, "--per-bucket", 3,
+                             "--max-update", 3, "--layers", 1, "--dim", 16, "--vocab", 200]],
+        capture_output=True, text=True, timeout=900, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    results = json.loads((out / "results.json").read_text())
+    assert set(results["results"]) == {"ALiBi", "Sinusoidal"}
+    for rows in results["results"].values():
+        assert [r["bucket"] for r in rows] == ["5-8", "9-16", "17-32", "33-64"]
+        assert all(r["sentences"] == 3 for r in rows)
+    assert "translated all 12 test inputs" in proc.stdout
+    assert (out / "results.md").is_file() and (out / "results.csv").is_file()

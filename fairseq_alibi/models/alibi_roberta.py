@@ -40,7 +40,13 @@ from fairseq.models.transformer import TransformerConfig, TransformerEncoder
 from fairseq.modules.transformer_sentence_encoder import init_bert_params
 from fairseq.utils import safe_getattr, safe_hasattr
 
-from fairseq_alibi.alibi import ENCODER_VARIANTS, AlibiPositionalBias, check_variant
+from fairseq_alibi.alibi import (
+    ENCODER_VARIANTS,
+    SCALE_MODES,
+    AlibiPositionalBias,
+    check_scale_options,
+    check_variant,
+)
 from fairseq_alibi.modules.attention import ATTENTION_BACKENDS, check_attention_backend
 from fairseq_alibi.models.checks import (
     UNBOUNDED_POSITIONS,
@@ -144,6 +150,7 @@ def _check_options(args):
             f"unknown --mlm-head {args.mlm_head!r}; choose one of: {', '.join(MLM_HEADS)}"
         )
     check_attention_backend(args.alibi_attention)
+    check_scale_options(args.alibi_learned_scales, args.alibi_scale_init)
     if args.alibi_variant != "asymmetric" and (
         args.alibi_future_slope_ratio != 1.0 or args.alibi_learnable_future_slopes
     ):
@@ -173,6 +180,13 @@ def _check_options(args):
         logger.warning(
             "--alibi-variant none has no ALiBi bias: --alibi-attention and --alibi-slope-scale "
             "are ignored (stock attention and learned positions are used)"
+        )
+    if args.alibi_variant == "none" and (
+        args.alibi_learned_scales != "none" or args.alibi_scale_init != 1.0
+    ):
+        raise ValueError(
+            "--alibi-learned-scales / --alibi-scale-init scale the ALiBi slopes; --alibi-variant "
+            "none has none: drop them or choose an ALiBi variant"
         )
 
 
@@ -233,10 +247,16 @@ class AlibiTransformerEncoder(TransformerEncoder):
                 future_slope_ratio=self.args.alibi_future_slope_ratio,
                 learnable_future_slopes=self.args.alibi_learnable_future_slopes,
                 slope_scale=self.args.alibi_slope_scale,
+                num_layers=cfg.encoder.layers,
+                learned_scales=str(safe_getattr(self.args, "alibi_learned_scales", "none")),
+                scale_init=float(safe_getattr(self.args, "alibi_scale_init", 1.0)),
             )
+            self.alibi_layers_built = 0
         layer = AlibiTransformerEncoderLayer(
-            cfg, self.alibi, attention=self.args.alibi_attention, return_fc=self.return_fc
+            cfg, self.alibi, attention=self.args.alibi_attention, return_fc=self.return_fc,
+            layer_index=self.alibi_layers_built,
         )
+        self.alibi_layers_built += 1
         return wrap_layer(layer, cfg)
 
     def max_positions(self):
@@ -359,7 +379,9 @@ class AlibiRobertaEncoder(RobertaEncoder):
             )
             raise ValueError(
                 f"this checkpoint has no {kind_key}: it was not written by alibi_roberta. "
-                "Use the architecture it was trained with"
+                "Use the architecture it was trained with; a RoBERTa checkpoint of EIFY's ALiBi "
+                "fork converts with `python -m fairseq_alibi.convert --input CHECKPOINT --output "
+                "CONVERTED.pt` (docs/migrating.md)"
             )
         elif self.args.mlm_head != "roberta" or self.args.zero_mask_embedding:
             raise ValueError(
@@ -424,6 +446,16 @@ class AlibiRobertaModel(RobertaModel):
         parser.add_argument(
             "--alibi-slope-scale", type=float, metavar="S",
             help="multiply every ALiBi slope by S at run time (default 1.0 = as trained)",
+        )
+        parser.add_argument(
+            "--alibi-learned-scales", choices=SCALE_MODES,
+            help="learn a multiplier of the ALiBi slopes (data2vec 2.0's learned alibi scale): "
+            "none (fixed slopes, default), shared, per_head, per_layer, per_layer_head",
+        )
+        parser.add_argument(
+            "--alibi-scale-init", type=float, metavar="S",
+            help="initial value of the learned slope scales (with none: a fixed multiplier); "
+            "positive, default 1.0",
         )
         parser.add_argument(
             "--share-encoder-layers", action="store_true",
@@ -519,6 +551,8 @@ def _alibi_defaults(args):
     )
     args.alibi_attention = safe_getattr(args, "alibi_attention", "auto")
     args.alibi_slope_scale = float(safe_getattr(args, "alibi_slope_scale", 1.0))
+    args.alibi_learned_scales = safe_getattr(args, "alibi_learned_scales", "none")
+    args.alibi_scale_init = float(safe_getattr(args, "alibi_scale_init", 1.0))
     args.mlm_head = safe_getattr(args, "mlm_head", "roberta")
     args.clap_initial_beta = float(safe_getattr(args, "clap_initial_beta", 1.0))
     args.clap_no_normalize = bool(safe_getattr(args, "clap_no_normalize", False))

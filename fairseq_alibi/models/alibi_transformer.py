@@ -24,7 +24,9 @@ so long sources are translated instead of skipped or refused.
 
 The saved state is the stock ``transformer``'s (same parameter names) plus the slopes buffers
 ``encoder.alibi.slopes`` / ``decoder.alibi.slopes`` of the ALiBi sides (and
-``encoder.alibi.future_slope_ratio`` with ``asymmetric``).
+``encoder.alibi.future_slope_ratio`` with ``asymmetric``, ``encoder.alibi.scales`` /
+``decoder.alibi.scales`` with ``--encoder-alibi-learned-scales`` /
+``--decoder-alibi-learned-scales``: docs/learned_scales.md).
 """
 
 import argparse
@@ -41,7 +43,13 @@ from fairseq.models import (
 from fairseq.models.transformer import TransformerModel
 from fairseq.utils import safe_getattr
 
-from fairseq_alibi.alibi import ENCODER_VARIANTS, check_variant, variant_slopes
+from fairseq_alibi.alibi import (
+    ENCODER_VARIANTS,
+    SCALE_MODES,
+    check_scale_options,
+    check_variant,
+    variant_slopes,
+)
 from fairseq_alibi.modules.attention import ATTENTION_BACKENDS, check_attention_backend
 from fairseq_alibi.hub import AlibiLanguageModelHubInterface, load_pretrained
 from fairseq_alibi.models.alibi_roberta import AlibiTransformerEncoder
@@ -70,6 +78,15 @@ def _check_options(args):
             f"{', '.join(DECODER_VARIANTS)}"
         )
     check_attention_backend(args.alibi_attention)
+    for side in ("encoder", "decoder"):  # learned slope scales, per side
+        learned, init = getattr(args, f"{side}_alibi_learned_scales"), \
+            getattr(args, f"{side}_alibi_scale_init")
+        check_scale_options(learned, init, flag=f"--{side}-alibi")
+        if getattr(args, f"{side}_alibi_variant") == "none" and (learned != "none" or init != 1.0):
+            raise ValueError(
+                f"--{side}-alibi-learned-scales / --{side}-alibi-scale-init scale the ALiBi "
+                f"slopes; --{side}-alibi-variant none has none: drop them or choose a variant"
+            )
     if args.encoder_alibi_variant != "asymmetric" and (
         args.encoder_alibi_future_slope_ratio != 1.0
         or args.encoder_alibi_learnable_future_slopes
@@ -132,6 +149,14 @@ def _lift_task_length_limits(task, source: bool, target: bool):
         logger.info(f"ALiBi: the task's {sides} length limit is lifted ({limits} -> {lifted})")
 
 
+def _side_scales(cfg, side):
+    """The learned-slope-scale options of one side, as its modules name them."""
+    return dict(
+        alibi_learned_scales=str(safe_getattr(cfg, f"{side}_alibi_learned_scales", "none")),
+        alibi_scale_init=float(safe_getattr(cfg, f"{side}_alibi_scale_init", 1.0)),
+    )
+
+
 def _side_config(cfg, **values):
     """A copy of the model config for one side (the side's modules set fields on it)."""
     side = copy.deepcopy(cfg)
@@ -180,6 +205,18 @@ class AlibiTransformerModel(TransformerModel):
             "--encoder-alibi-learnable-future-slopes", action="store_true",
             help="asymmetric only: learn the forward/backward slope ratio of every head",
         )
+        for side in ("encoder", "decoder"):
+            parser.add_argument(
+                f"--{side}-alibi-learned-scales", choices=SCALE_MODES,
+                help=f"learn a multiplier of the {side}'s ALiBi slopes (data2vec 2.0's learned "
+                "alibi scale): none (fixed slopes, default), shared, per_head, per_layer, "
+                "per_layer_head",
+            )
+            parser.add_argument(
+                f"--{side}-alibi-scale-init", type=float, metavar="S",
+                help=f"initial value of the {side}'s learned slope scales (with none: a fixed "
+                "multiplier); positive, default 1.0",
+            )
         parser.add_argument(
             "--alibi-attention", choices=ATTENTION_BACKENDS,
             help="attention implementation of both sides (default auto); can be overridden "
@@ -219,6 +256,7 @@ class AlibiTransformerModel(TransformerModel):
                 safe_getattr(cfg, "encoder_alibi_learnable_future_slopes", False)),
             alibi_attention=safe_getattr(cfg, "alibi_attention", "auto"),
             alibi_slope_scale=float(safe_getattr(cfg, "alibi_slope_scale", 1.0)),
+            **_side_scales(cfg, "encoder"),
         )
         return AlibiTransformerEncoder(side, src_dict, embed_tokens)
 
@@ -230,6 +268,7 @@ class AlibiTransformerModel(TransformerModel):
             cfg,
             alibi_attention=safe_getattr(cfg, "alibi_attention", "auto"),
             alibi_slope_scale=float(safe_getattr(cfg, "alibi_slope_scale", 1.0)),
+            **_side_scales(cfg, "decoder"),
         )
         return AlibiTransformerDecoder(
             side, tgt_dict, embed_tokens,
@@ -308,6 +347,11 @@ def _alibi_defaults(args):
     )
     args.alibi_attention = safe_getattr(args, "alibi_attention", "auto")
     args.alibi_slope_scale = float(safe_getattr(args, "alibi_slope_scale", 1.0))
+    for side in ("encoder", "decoder"):
+        setattr(args, f"{side}_alibi_learned_scales",
+                safe_getattr(args, f"{side}_alibi_learned_scales", "none"))
+        setattr(args, f"{side}_alibi_scale_init",
+                float(safe_getattr(args, f"{side}_alibi_scale_init", 1.0)))
 
 
 @register_model_architecture(MODEL_NAME, MODEL_NAME)

@@ -31,7 +31,7 @@ from fairseq.models.transformer_lm import (
 
 from fairseq.dataclass import ChoiceEnum
 
-from fairseq_alibi.alibi import AlibiPositionalBias
+from fairseq_alibi.alibi import SCALE_MODES, AlibiPositionalBias
 from fairseq_alibi.modules.attention import ATTENTION_BACKENDS
 from fairseq_alibi.modules import AlibiTransformerDecoderLayer, wrap_layer
 from fairseq_alibi.hub import AlibiLanguageModelHubInterface, load_pretrained
@@ -78,6 +78,17 @@ class AlibiTransformerLanguageModelConfig(TransformerLanguageModelConfig):
         metadata={"help": "multiply every ALiBi slope by this at run time (slope "
                   "interpolation: L_train / L_eval); a load-time override, 1.0 = as trained"},
     )
+    alibi_learned_scales: ChoiceEnum(SCALE_MODES) = field(
+        default="none",
+        metadata={"help": "learn a multiplier of the ALiBi slopes (data2vec 2.0's learned "
+                  "alibi scale): none (fixed slopes, the default), shared (one), per_head, "
+                  "per_layer, per_layer_head; saved with the model (docs/learned_scales.md)"},
+    )
+    alibi_scale_init: float = field(
+        default=1.0,
+        metadata={"help": "initial value of the learned slope scales (with none: a fixed "
+                  "multiplier); must be positive, 1.0 = Press et al.'s slopes"},
+    )
     share_decoder_layers: bool = field(
         default=False,
         metadata={"help": "ALBERT-style cross-layer sharing: every decoder layer uses the "
@@ -100,9 +111,15 @@ class AlibiTransformerDecoder(TransformerDecoder):
                 cfg.decoder.attention_heads,
                 "causal",
                 slope_scale=getattr(self.args, "alibi_slope_scale", 1.0),
+                num_layers=cfg.decoder.layers,
+                learned_scales=str(getattr(self.args, "alibi_learned_scales", "none")),
+                scale_init=float(getattr(self.args, "alibi_scale_init", 1.0)),
             )
+            self.alibi_layers_built = 0
         attention = getattr(self.args, "alibi_attention", "auto")  # validated by the layer
-        layer = AlibiTransformerDecoderLayer(cfg, self.alibi, no_encoder_attn, attention=attention)
+        layer = AlibiTransformerDecoderLayer(cfg, self.alibi, no_encoder_attn, attention=attention,
+                                             layer_index=self.alibi_layers_built)
+        self.alibi_layers_built += 1
         return wrap_layer(layer, cfg)
 
     def buffered_future_mask(self, tensor):

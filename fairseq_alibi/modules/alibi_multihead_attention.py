@@ -24,14 +24,16 @@ class AlibiMultiheadAttention(MultiheadAttention):
     """Self-attention ``softmax(QKᵀ/√d + ALiBi + masks) V``.
 
     ``alibi`` is the model's shared bias module (held by reference, not as a submodule, so that
-    its slopes are saved once per model); ``attention`` the backend name (``auto``, ``fold``,
-    ``sdpa``, ``flex``, ``flash``, ``naive``). ``attn_mask`` and ``key_padding_mask`` keep their
+    its slopes are saved once per model); ``layer_index`` the layer's place in its stack (it
+    picks the layer's learned slope scales, if the bias has any: ``alibi.at_layer``);
+    ``attention`` the backend name (``auto``, ``fold``, ``sdpa``, ``flex``, ``flash``,
+    ``naive``). ``attn_mask`` and ``key_padding_mask`` keep their
     fairseq meaning and are added on top of the bias. The attention weights (``need_weights``)
     and the raw scores (``before_softmax``) are computed explicitly, whatever the backend.
     """
 
     def __init__(self, embed_dim, num_heads, alibi: AlibiPositionalBias, attention="auto",
-                 **kwargs):
+                 layer_index: int = 0, **kwargs):
         if kwargs.get("add_bias_kv") or kwargs.get("add_zero_attn"):
             raise ValueError(
                 "ALiBi attention does not support add_bias_kv/add_zero_attn (the extra key has "
@@ -41,10 +43,11 @@ class AlibiMultiheadAttention(MultiheadAttention):
             raise ValueError(f"ALiBi bias has {alibi.num_heads} heads, attention {num_heads}")
         super().__init__(embed_dim, num_heads, self_attention=True, **kwargs)
         object.__setattr__(self, "alibi", alibi)
+        self.layer_index = layer_index
         self.attention_backend = check_attention_backend(attention)
 
     def extra_repr(self):
-        return f"attention_backend={self.attention_backend}"
+        return f"attention_backend={self.attention_backend}, layer_index={self.layer_index}"
 
     def forward(
         self,
@@ -64,6 +67,7 @@ class AlibiMultiheadAttention(MultiheadAttention):
         need_weights = need_weights or need_head_weights
         tgt_len, bsz, embed_dim = query.size()
         H, D = self.num_heads, self.head_dim
+        alibi = self.alibi.at_layer(self.layer_index)  # the shared module itself if unscaled
 
         def heads(x):  # (T, B, C) -> (B, H, T, D)
             return x.contiguous().view(x.size(0), bsz, H, D).permute(1, 2, 0, 3)
@@ -95,17 +99,17 @@ class AlibiMultiheadAttention(MultiheadAttention):
 
         weights = None
         if before_softmax:  # fairseq's raw-scores protocol: (B·H, T, S) scores and values
-            scores = dense.scores(q, k, self.alibi, key_padding_mask, attn_mask, self.scaling)
+            scores = dense.scores(q, k, alibi, key_padding_mask, attn_mask, self.scaling)
             return scores.view(bsz * H, tgt_len, src_len), v.reshape(bsz * H, src_len, D)
         if need_weights:
             out, probs = dense.naive_with_weights(
-                q, k, v, self.alibi, key_padding_mask, attn_mask, dropout_p, self.scaling
+                q, k, v, alibi, key_padding_mask, attn_mask, dropout_p, self.scaling
             )
             weights = probs.view(bsz, H, tgt_len, src_len).transpose(1, 0)
             if not need_head_weights:
                 weights = weights.mean(dim=0)
         else:
-            out = attend(self.attention_backend, q, k, v, self.alibi, key_padding_mask,
+            out = attend(self.attention_backend, q, k, v, alibi, key_padding_mask,
                          attn_mask, dropout_p, self.scaling)
 
         out = out.permute(2, 0, 1, 3).reshape(tgt_len, bsz, embed_dim)

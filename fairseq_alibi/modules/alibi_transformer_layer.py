@@ -2,7 +2,8 @@
 
 Each layer overrides one hook, ``build_self_attention``; everything else (layer norms, FFN,
 dropout, residuals, quant-noise, pre/post-norm, the decoder's stock cross-attention) is
-fairseq's own. ``attention`` is the backend of the layer's self-attention (``--alibi-attention``).
+fairseq's own. ``attention`` is the backend of the layer's self-attention (``--alibi-attention``),
+``layer_index`` its place in the stack (which learned slope scales it uses, if any).
 """
 
 from fairseq.distributed import fsdp_wrap
@@ -25,19 +26,21 @@ def wrap_layer(layer, cfg):
     return fsdp_wrap(layer, min_num_params=cfg.min_params_to_wrap if not checkpoint else 0)
 
 
-def _keep_reference(layer, alibi, attention):
+def _keep_reference(layer, alibi, attention, layer_index):
     # The parent builds its attention inside __init__, so the shared bias and the backend must
     # be reachable before nn.Module.__init__ runs; a plain reference also keeps the bias out of
     # the layer's state dict (the model owns it once).
     object.__setattr__(layer, "alibi", alibi)
     object.__setattr__(layer, "attention_backend", check_attention_backend(attention))
+    object.__setattr__(layer, "alibi_layer_index", layer_index)
 
 
 class AlibiTransformerDecoderLayer(TransformerDecoderLayerBase):
-    def __init__(self, cfg, alibi, no_encoder_attn=False, attention="auto", **kwargs):
+    def __init__(self, cfg, alibi, no_encoder_attn=False, attention="auto", layer_index=0,
+                 **kwargs):
         if cfg.cross_self_attention:
             raise ValueError("--cross-self-attention is not supported with ALiBi self-attention")
-        _keep_reference(self, alibi, attention)
+        _keep_reference(self, alibi, attention, layer_index)
         super().__init__(cfg, no_encoder_attn, **kwargs)
 
     def build_self_attention(self, embed_dim, cfg, add_bias_kv=False, add_zero_attn=False):
@@ -46,6 +49,7 @@ class AlibiTransformerDecoderLayer(TransformerDecoderLayerBase):
             cfg.decoder.attention_heads,
             self.alibi,
             attention=self.attention_backend,
+            layer_index=self.alibi_layer_index,
             dropout=cfg.attention_dropout,
             add_bias_kv=add_bias_kv,
             add_zero_attn=add_zero_attn,
@@ -55,8 +59,8 @@ class AlibiTransformerDecoderLayer(TransformerDecoderLayerBase):
 
 
 class AlibiTransformerEncoderLayer(TransformerEncoderLayerBase):
-    def __init__(self, cfg, alibi, attention="auto", **kwargs):
-        _keep_reference(self, alibi, attention)
+    def __init__(self, cfg, alibi, attention="auto", layer_index=0, **kwargs):
+        _keep_reference(self, alibi, attention, layer_index)
         super().__init__(cfg, **kwargs)
 
     def build_self_attention(self, embed_dim, cfg):
@@ -65,6 +69,7 @@ class AlibiTransformerEncoderLayer(TransformerEncoderLayerBase):
             cfg.encoder.attention_heads,
             self.alibi,
             attention=self.attention_backend,
+            layer_index=self.alibi_layer_index,
             dropout=cfg.attention_dropout,
             q_noise=self.quant_noise,
             qn_block_size=self.quant_noise_block_size,

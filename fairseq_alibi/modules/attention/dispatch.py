@@ -82,6 +82,7 @@ class Call(NamedTuple):
     attn_mask: bool = False  # an extra (T, S) attn_mask is given
     dropout_p: float = 0.0
     grad: bool = False  # autograd will need its backward
+    scale_grad: bool = False  # learned slope scales (--alibi-learned-scales) need their gradient
 
 
 #: from this many keys on, causal and one_sided attention is faster folded than with the dense
@@ -102,7 +103,9 @@ def auto_backend(call: Call) -> str:
        GPU; it is the fused kernel that needs no bias tensor).
     2. ``fold`` where it serves (CPU, float32/64, no KV cache, no dropout, no extra attn_mask)
        and either the variant is ``causal``/``one_sided`` with :data:`FOLD_MIN_LENGTH` keys or
-       more, or the dense mask would exceed :data:`DENSE_MASK_BUDGET`.
+       more, or the dense mask would exceed :data:`DENSE_MASK_BUDGET`, or learned slope scales
+       need their gradient (a dense mask that needs a gradient makes ``sdpa`` keep a
+       ``(B, H, T, S)`` tensor per layer: docs/learned_scales.md).
     3. ``sdpa`` otherwise (it serves every call: decoding steps, dropout, half precision, ...).
 
     ``flex`` is never chosen: on the CPU it was slower than these in every case measured but
@@ -113,7 +116,7 @@ def auto_backend(call: Call) -> str:
     if fold.unsupported(call) is None:
         rows = call.batch if call.padded else 1  # padding makes the mask (B, H, T, S)
         mask_bytes = rows * call.heads * call.query_len * call.key_len * call.dtype.itemsize
-        if mask_bytes > DENSE_MASK_BUDGET:
+        if mask_bytes > DENSE_MASK_BUDGET or call.scale_grad:
             return "fold"
         if call.variant not in fold.MERGED_VARIANTS and call.key_len >= FOLD_MIN_LENGTH:
             return "fold"
@@ -134,6 +137,11 @@ def resolve(name: str, call: Call) -> str:
     return name
 
 
+def _scales_need_grad(alibi) -> bool:
+    scales = getattr(alibi, "scales", None)  # learned slope scales (AlibiPositionalBias)
+    return scales is not None and scales.requires_grad
+
+
 def attend(name, q, k, v, alibi, key_padding_mask=None, attn_mask=None, dropout_p=0.0,
            scale=None):
     """ALiBi attention of ``(B, H, T, D)`` tensors with backend ``name`` (or ``auto``)."""
@@ -144,6 +152,7 @@ def attend(name, q, k, v, alibi, key_padding_mask=None, attn_mask=None, dropout_
         padded=key_padding_mask is not None, attn_mask=attn_mask is not None,
         dropout_p=dropout_p,
         grad=torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad),
+        scale_grad=torch.is_grad_enabled() and _scales_need_grad(alibi),
     )
     return REGISTRY[resolve(name, call)].run(q, k, v, alibi, key_padding_mask, attn_mask,
                                              dropout_p, scale)

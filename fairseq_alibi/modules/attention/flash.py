@@ -1,7 +1,8 @@
 """``flash``: the ``flash_attn`` package's ``alibi_slopes`` (CUDA, fp16/bf16).
 
 flash_attn adds ``-m·|i + S - T - j|``, causal or not: the ``causal`` and ``symmetric``
-variants only.
+variants only. Its ``alibi_slopes`` are a plain input with no gradient, so it cannot train
+learned slope scales (it still serves their inference).
 """
 
 import importlib.util
@@ -33,6 +34,9 @@ def unsupported(call) -> Optional[str]:
         return f"flash_attn needs fp16 or bf16 inputs, got {call.dtype}"
     if call.attn_mask:
         return "flash_attn takes no extra attn_mask"
+    if call.scale_grad:
+        return ("flash_attn's alibi_slopes take no gradient, so learned slope scales "
+                "(--alibi-learned-scales) cannot train with it: use auto, sdpa or flex")
     if call.padded and call.query_len != call.key_len:
         return "flash_attn with key padding needs as many queries as keys here"
     return None

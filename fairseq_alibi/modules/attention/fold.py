@@ -266,7 +266,9 @@ def _forward(q, k, v, slopes, future, key_padding_mask, variant, scale):
     """``(out, lse)``; ``out`` has the memory layout of ``q`` (see :class:`FoldedAlibiAttention`)."""
     B, H, L, D = q.shape
     out = torch.empty_like(q)
-    lse = q.new_empty(B, H, L, dtype=torch.float32)
+    # float32, float64 for float64 inputs: the kernel's backward reads it in q's precision
+    lse_dtype = torch.promote_types(q.dtype, torch.float32)
+    lse = q.new_empty(B, H, L, dtype=lse_dtype)
     chunk = _heads_per_chunk(q, _padded_head_dim(D, FOLD_COLUMNS + 1))
     for group in _groups(variant, H, chunk):
         halves = []
@@ -276,7 +278,7 @@ def _forward(q, k, v, slopes, future, key_padding_mask, variant, scale):
             lay = _Layout(p, L, m, scale, key_padding_mask, D)
             if lay.empty:  # a single position has no strict look-ahead keys
                 o = q.new_zeros(B, hs.stop - hs.start, 0, D)
-                l = q.new_zeros(B, hs.stop - hs.start, 0, dtype=torch.float32)
+                l = q.new_zeros(B, hs.stop - hs.start, 0, dtype=lse_dtype)
             else:
                 o, l = _FORWARD(
                     lay.queries(q[:, hs]), lay.keys(k[:, hs]),
@@ -284,7 +286,7 @@ def _forward(q, k, v, slopes, future, key_padding_mask, variant, scale):
                 )
                 o = o[..., :D]
             o = lay.back(o, lay.q_rows)
-            l = lay.back(l.float()[..., None], lay.q_rows, float("-inf"))[..., 0]
+            l = lay.back(l.to(lse_dtype)[..., None], lay.q_rows, float("-inf"))[..., 0]
             shift = _lse_shift(p, m)
             halves.append((o, l if shift is None else l + shift))
         if len(halves) == 1:
@@ -326,6 +328,8 @@ class FoldedAlibiAttention(torch.autograd.Function):
         groups = _groups(ctx.variant, H, _heads_per_chunk(q, _padded_head_dim(D, FOLD_COLUMNS + 1)))
         whole = len(groups) == 1 and len(groups[0]) == 1  # one call: its gradients as they are
         grads = [None] * 3 if whole else [torch.empty_like(x) for x in (q, k, v)]
+        # the slopes' gradients (learned slope scales, a learnable future ratio)
+        grad_slopes = torch.zeros_like(slopes) if ctx.needs_input_grad[3] else None
         grad_future = None
         if future is not None and ctx.needs_input_grad[4]:
             grad_future = torch.zeros_like(future)
@@ -360,19 +364,29 @@ class FoldedAlibiAttention(torch.autograd.Function):
                     grads[n][:, hs] = g
                 else:
                     grads[n][:, hs] += g
-            if grad_future is not None and p.future_slopes:
-                # d/dm through the fold's own (differentiable) definition
-                with torch.enable_grad():
-                    m_leaf = m.requires_grad_()
-                    positions = torch.arange(L, device=m.device)
-                    q_cols, _ = alibi_fold(
-                        m_leaf / ctx.scale, positions[lay.q_rows], positions[lay.k_rows]
-                    )
-                    (g,) = torch.autograd.grad(
-                        q_cols, m_leaf, gq[..., :FOLD_COLUMNS].float().sum(0)
-                    )
-                grad_future[hs] += g
-        return grads[0], grads[1], grads[2], None, grad_future, None, None, None
+            grad_m = grad_future if p.future_slopes else grad_slopes
+            if grad_m is not None:
+                grad_m[hs] += _slope_grad(p, lay, m, gq, ctx.scale, L)
+        return grads[0], grads[1], grads[2], grad_slopes, grad_future, None, None, None
+
+
+def _slope_grad(p: _Pass, lay: _Layout, m: Tensor, gq: Tensor, scale: float, length: int):
+    """``d loss / d m`` of one pass's heads, from the gradient ``gq`` of its augmented queries.
+
+    Through the fold's own (differentiable) definition: the columns are built from
+    ``m / scale`` and the kernel multiplies by ``scale``. ``offset``'s look-ahead pass adds
+    ``lse_shift·m`` to all its logits (to its log-sum-exp); that term's gradient is the sum of
+    the pass's logit gradients, which is ``gq`` of the query column meeting the keys' constant
+    1 (column 1), divided by ``scale``.
+    """
+    with torch.enable_grad():
+        m_leaf = m.detach().requires_grad_()
+        positions = torch.arange(length, device=m.device)
+        q_cols, _ = alibi_fold(m_leaf / scale, positions[lay.q_rows], positions[lay.k_rows])
+        (g,) = torch.autograd.grad(q_cols, m_leaf, gq[..., :FOLD_COLUMNS].float().sum(0))
+    if p.lse_shift:
+        g = g + p.lse_shift * gq[..., 1].float().sum((0, 2)) / scale
+    return g
 
 
 def folded_attention(
@@ -396,7 +410,7 @@ def folded_attention(
     if key_padding_mask is not None:
         key_padding_mask = key_padding_mask.to(torch.bool)
     needs_grad = torch.is_grad_enabled() and any(
-        t is not None and t.requires_grad for t in (q, k, v, future_slopes)
+        t is not None and t.requires_grad for t in (q, k, v, slopes, future_slopes)
     )
     if not needs_grad:
         return _forward(q, k, v, slopes, future_slopes, key_padding_mask, variant, scale)[0]

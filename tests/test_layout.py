@@ -1,0 +1,81 @@
+"""The layering of docs/architecture.md, checked on the source: imports point one way."""
+
+import ast
+import subprocess
+import sys
+
+import pytest
+
+from tests.helpers import REPO
+
+PACKAGE = REPO / "fairseq_alibi"
+TOOLS = ("fairseq_alibi.cli", "fairseq_alibi.preprocess")
+#: the ``python -m fairseq_alibi.<tool>`` aliases the docs use, and the modules they stand for
+ALIASES = ("quickstart", "sweep", "corpus", "convert", "checkpoints")
+#: what each layer of the library may not import (the layers below it in docs/architecture.md)
+LAYERS = {
+    "fairseq_alibi/alibi.py": ("fairseq_alibi.modules", "fairseq_alibi.models") + TOOLS,
+    "fairseq_alibi/modules": ("fairseq_alibi.models", "fairseq_alibi.criterions") + TOOLS,
+    "fairseq_alibi/models": ("fairseq_alibi.criterions",) + TOOLS,
+}
+
+
+def imported_modules(path):
+    tree = ast.parse(path.read_text(), filename=str(path))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            yield from (alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            yield node.module
+            yield from (f"{node.module}.{alias.name}" for alias in node.names)
+
+
+def library_files():
+    for path in sorted(PACKAGE.rglob("*.py")):
+        relative = path.relative_to(PACKAGE)
+        if relative.parts[0] in ("cli", "preprocess", "config"):
+            continue
+        if relative.parts == ("__main__.py",) or relative.stem in ALIASES:
+            continue  # the entry points of the tools
+        yield path
+
+
+def test_the_library_never_imports_a_tool():
+    offenders = [
+        f"{path.relative_to(REPO)} imports {name}"
+        for path in library_files()
+        for name in imported_modules(path)
+        if name.startswith(TOOLS)
+    ]
+    assert not offenders, offenders
+
+
+@pytest.mark.parametrize("layer", sorted(LAYERS))
+def test_each_layer_imports_only_the_layers_above_it(layer):
+    root = REPO / layer
+    files = [root] if root.is_file() else sorted(root.rglob("*.py"))
+    offenders = [
+        f"{path.relative_to(REPO)} imports {name}"
+        for path in files
+        for name in imported_modules(path)
+        if name.startswith(LAYERS[layer])
+    ]
+    assert not offenders, offenders
+
+
+def test_no_script_edits_sys_path():
+    found = [
+        str(path.relative_to(REPO))
+        for folder in ("fairseq_alibi", "benchmarks", "experiments", "tests", "examples")
+        for path in (REPO / folder).rglob("*.py")
+        if "sys.path.insert" in path.read_text() and path.name != "test_layout.py"
+    ]
+    assert not found, found
+
+
+@pytest.mark.parametrize("tool", ALIASES)
+def test_documented_tool_aliases_run(tool):
+    out = subprocess.run([sys.executable, "-m", f"fairseq_alibi.{tool}", "--help"],
+                         capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "usage" in out.stdout.lower() or tool == "corpus"
