@@ -7,7 +7,8 @@ One forward and backward through a stack of ``--layers`` ALiBi self-attention la
 :class:`~fairseq_alibi.alibi.AlibiPositionalBias`, as a model's layers do: fixed slopes, and
 ``per_layer_head`` learned scales (the case that could bring back one ``(H, L, L)`` bias per
 layer), with ``auto`` and with each backend forced. Peak = tensor bytes alive at once above
-the start (:func:`benchmarks.common.peak_bytes`: exact, not disturbed by other processes).
+the start (:func:`benchmarks.common.peak_bytes`: exact, not disturbed by other processes),
+the bias that the step builds included.
 """
 
 import argparse
@@ -61,6 +62,7 @@ def measure(variant, length, layers, batch):
         x.grad = None
         if alibi.scales is not None:
             alibi.scales.grad = None
+        alibi._cache.clear()  # the step builds its bias (shared by the layers): count it
         rows[label] = peak_bytes(step)
     return rows
 

@@ -149,10 +149,11 @@ def train(name, out, args, env):
            str(args.max_update), "--log-format", "simple", "--log-interval", "100",
            "--no-progress-bar"]
     _, seconds = run(cmd, env, out / f"train_{name.lower()}.log")
-    checkpoint = save / f"checkpoint_1_{args.max_update}.pt"
-    if not checkpoint.is_file():
-        checkpoint = next(save.glob("checkpoint*.pt"))
-    return checkpoint, seconds
+    # saved at the last update: checkpoint_<epoch>_<max_update>.pt
+    found = sorted(save.glob(f"checkpoint_*_{args.max_update}.pt"), key=lambda p: p.stat().st_mtime)
+    if not found:
+        raise SystemExit(f"{name}: no checkpoint of update {args.max_update} in {save}")
+    return found[-1], seconds
 
 
 def generate(name, checkpoint, out, env, expected):

@@ -298,8 +298,8 @@ class AlibiPositionalBias(torch.nn.Module):
             size = 1 << max(10, (key_len - 1).bit_length())
             distances = torch.arange(size - 1, -1, -1, dtype=torch.float32,
                                      device=self.slopes.device)
-            # float32, then cast: exactly the values of alibi_bias
-            rows = ((self.slopes * -self.slope_scale)[:, None] * distances).to(dtype)
+            # float32, then cast: exactly the values of alibi_bias (a fixed scale_init included)
+            rows = ((-self.head_slopes()[0])[:, None] * distances).to(dtype)
             self._cache["rows"], self._cache["rows_scale"] = rows, self.slope_scale
         return rows[:, None, rows.size(1) - key_len:]
 
