@@ -138,9 +138,11 @@ def plot_scales(scales: dict, path: Path):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, len(scales), figsize=(3.4 * len(scales), 3.3), squeeze=False,
-                             sharey=True)
-    for ax, (name, found) in zip(axes[0], scales.items()):
+    cols = min(3, len(scales))
+    rows_of_plots = -(-len(scales) // cols)
+    fig, axes = plt.subplots(rows_of_plots, cols, figsize=(3.6 * cols, 3.0 * rows_of_plots),
+                             squeeze=False, sharey=True)
+    for ax, (name, found) in zip(axes.flat, scales.items()):
         rows = found["scales"]
         heads = len(found["slopes"])
         for layer, row in enumerate(rows):
@@ -149,11 +151,12 @@ def plot_scales(scales: dict, path: Path):
             ax.plot(range(heads), values, marker="o", label=label)
         ax.axhline(1.0, color="grey", lw=0.8, ls="--")
         ax.set_title(name, fontsize=8)
-        ax.set_xlabel("head (slope 2^-8/H ... 2^-8)")
+        ax.set_xlabel("head (steepest slope first)")
         ax.set_xticks(range(heads))
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=6)
-    axes[0][0].set_ylabel("learned scale s (slope = s·m)")
+    for row in axes:
+        row[0].set_ylabel("learned scale s (slope = s·m)")
     fig.suptitle("Learned ALiBi slope scales after training (1.0 = Press slopes)", fontsize=9)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -268,22 +268,25 @@ class AlibiPositionalBias(torch.nn.Module):
 
     def _scaled_bias(self, query_len, key_len, dtype, layer):
         """The bias of layer ``layer`` with learned scales. Built per call while autograd
-        records (a cached tensor would hold a graph that a backward frees); otherwise memoised
-        per scale row, so the layers that share a row (``shared``, ``per_head``) share it."""
+        records (a cached tensor would hold a graph that a backward frees); otherwise the last
+        one is memoised, so the layers that share a row (``shared``, ``per_head``) share it and
+        per-layer scales never keep one bias per layer alive."""
         row = self._scale_row(layer)
         if torch.is_grad_enabled() and (self.scales.requires_grad or isinstance(
                 self.future_slope_ratio, torch.nn.Parameter)):
             slopes, future = self.head_slopes(layer)
             return alibi_bias(slopes, query_len, key_len, self.variant, future, dtype)
         ratio = self.future_slope_ratio
-        key = (query_len, key_len, dtype, self.slopes.device, self.slope_scale,
+        key = (row, query_len, key_len, dtype, self.slopes.device, self.slope_scale,
                self.scales._version, None if ratio is None else ratio._version)
-        scaled = self._cache.setdefault("scaled", {})
-        if scaled.get(row, (None,))[0] != key:
+        cache = self._cache
+        if cache.get("scaled_key") != key:
+            cache["scaled_bias"] = None  # freed before the next one is built
             slopes, future = self.head_slopes(layer)
-            scaled[row] = (key, alibi_bias(slopes, query_len, key_len, self.variant, future,
-                                           dtype))
-        return scaled[row][1]
+            cache["scaled_bias"] = alibi_bias(slopes, query_len, key_len, self.variant, future,
+                                              dtype)
+            cache["scaled_key"] = key
+        return cache["scaled_bias"]
 
     def _last_query_row(self, key_len, dtype):
         """``(H, 1, k)``: a decoding step's row ``-m·(k-1-j)``, a view of a cached table.
