@@ -1,6 +1,6 @@
 """Train short, translate long: punctuation-and-case restoration, ALiBi vs sinusoidal.
 
-    python experiments/punctuation_restoration.py [--wikitext DIR | --embedded] [--out DIR]
+    python -m experiments.punctuation_restoration [--wikitext DIR | --embedded] [--out DIR]
         [--N 16] [--max-update 2000] [--per-bucket 40] [--seed 1]
 
 A real sequence-to-sequence task made from real English text, whose output length tracks the
@@ -308,7 +308,7 @@ def main(argv=None):
             "vocab": args.vocab, "start_marker": args.start_marker,
             "train_pairs": n_train, "test_pairs": n_test, "timing": timing,
             "total_s": round(time.time() - started, 1),
-            "command": "python experiments/punctuation_restoration.py "
+            "command": "python -m experiments.punctuation_restoration "
                        + " ".join(argv if argv is not None else sys.argv[1:])}
     table = write_results(out, results, args.N, meta)
     print(table)
