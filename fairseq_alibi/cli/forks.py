@@ -292,6 +292,19 @@ def matching_optimizer_state(source_weights: dict, model, optimizer_state):
     return optimizer_state
 
 
+def _load_into(model, weights, target, model_cfg, state):
+    """Check the converted weights load (``strict``) into ``model``; put them and the fork's
+    optimizer state (where it indexes the same parameters) into ``state``."""
+    filled = fill_weights(model, weights, target)
+    try:
+        model.load_state_dict(dict(filled), strict=True, model_cfg=model_cfg)
+    except Exception as e:  # noqa: BLE001 - reported with what to do
+        raise ConversionError(f"the converted weights do not load into {target}: {e}") from e
+    state["model"] = filled
+    state["last_optimizer_state"] = matching_optimizer_state(
+        weights, model, state.get("last_optimizer_state"))
+
+
 def fill_weights(model, weights: dict, what: str) -> dict:
     """The model's state dict with the fork's tensors; the model's own buffers where it has no
     counterpart (ALiBi slopes, the model kind). Anything else missing or extra is an error."""
@@ -353,21 +366,14 @@ def convert_eify_roberta(state: dict, dict_path=None) -> dict:
 
     dictionary = _roberta_dictionary(rows, options["embedding_omits_mask"])
     model = build_model(model_cfg, _PlaceholderTask(dictionary))
-    filled = fill_weights(model, weights, target)
-    try:
-        model.load_state_dict(dict(filled), strict=True, model_cfg=model_cfg)
-    except Exception as e:  # noqa: BLE001 - reported with what to do
-        raise ConversionError(f"the converted weights do not load into {target}: {e}") from e
-    optimizer = matching_optimizer_state(weights, model, state.get("last_optimizer_state"))
-    state["model"] = filled
-    state["last_optimizer_state"] = optimizer
+    _load_into(model, weights, target, model_cfg, state)
     dictionary_note = check_roberta_dictionary(dict_path, rows, options["embedding_omits_mask"])
     return {
         "source": "eify", "source_arch": arch, "target_arch": target, "family": "roberta",
         "options": options, "flags": roberta_flags(options), "rows": rows,
         "overrides": model_overrides(model_cfg, target),
-        "kept": len(weights), "added": sorted(set(filled) - set(weights)),
-        "optimizer_kept": optimizer is not None, "dictionary": dictionary_note,
+        "kept": len(weights), "added": sorted(set(state["model"]) - set(weights)),
+        "optimizer_kept": state["last_optimizer_state"] is not None, "dictionary": dictionary_note,
         "beta": float(weights["encoder.lm_head.beta"]) if "encoder.lm_head.beta" in weights
         else None,
     }
@@ -468,16 +474,9 @@ def convert_eify_translation(state: dict) -> dict:
     task = _PlaceholderTask(placeholder_dictionary(sizes["encoder"]),
                             placeholder_dictionary(sizes["decoder"]))
     model = build_model(model_cfg, task)
-    filled = fill_weights(model, weights, target)
-    try:
-        model.load_state_dict(dict(filled), strict=True, model_cfg=model_cfg)
-    except Exception as e:  # noqa: BLE001 - reported with what to do
-        raise ConversionError(f"the converted weights do not load into {target}: {e}") from e
-    optimizer = matching_optimizer_state(weights, model, state.get("last_optimizer_state"))
-    state["model"] = filled
-    state["last_optimizer_state"] = optimizer
+    _load_into(model, weights, target, model_cfg, state)
     return {
         "source": "eify", "source_arch": arch, "target_arch": target, "family": "transformer",
-        "options": options, "kept": len(weights), "added": sorted(set(filled) - set(weights)),
-        "optimizer_kept": optimizer is not None,
+        "options": options, "kept": len(weights), "added": sorted(set(state["model"]) - set(weights)),
+        "optimizer_kept": state["last_optimizer_state"] is not None,
     }
