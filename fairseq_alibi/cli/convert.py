@@ -191,6 +191,19 @@ def build_alibi_model(model_cfg, vocab_size: int):
     return models.build_model(copy.deepcopy(model_cfg), _Task())
 
 
+def model_config(state) -> object:
+    """The model configuration of a loaded checkpoint, or a clear error if it has none."""
+    if not isinstance(state, dict) or "model" not in state:
+        raise ConversionError("not a fairseq checkpoint (no 'model' weights in it)")
+    cfg = state.get("cfg")
+    if cfg is None or cfg.get("model") is None:
+        raise ConversionError(
+            "this checkpoint has no model configuration ('cfg' or 'args'), so the architecture "
+            "cannot be known; it was not written by fairseq-train"
+        )
+    return cfg["model"]
+
+
 def convert_checkpoint(state: dict, arch: Optional[str] = None, check: bool = True,
                        source: str = "stock") -> dict:
     """Convert a loaded language-model checkpoint (``load_checkpoint_to_cpu``) in place.
@@ -203,15 +216,7 @@ def convert_checkpoint(state: dict, arch: Optional[str] = None, check: bool = Tr
     """
     from fairseq_alibi.cli import forks
 
-    if not isinstance(state, dict) or "model" not in state:
-        raise ConversionError("not a fairseq checkpoint (no 'model' weights in it)")
-    cfg = state.get("cfg")
-    if cfg is None or cfg.get("model") is None:
-        raise ConversionError(
-            "this checkpoint has no model configuration ('cfg' or 'args'), so the architecture "
-            "cannot be known; it was not written by fairseq-train"
-        )
-    model_cfg = cfg["model"]
+    model_cfg = model_config(state)
     source_arch = check_convertible(model_cfg)
     target_arch = target_architecture(source_arch, arch)
     heads = _model_cfg_get(model_cfg, "decoder_attention_heads")
@@ -315,14 +320,7 @@ def convert_state(state: dict, arch: Optional[str] = None, check: bool = True,
     (and EIFY translation models); ``source`` None: detected where the checkpoint says."""
     from fairseq_alibi.cli import forks
 
-    if not isinstance(state, dict) or "model" not in state:
-        raise ConversionError("not a fairseq checkpoint (no 'model' weights in it)")
-    cfg = state.get("cfg")
-    if cfg is None or cfg.get("model") is None:
-        raise ConversionError(
-            "this checkpoint has no model configuration ('cfg' or 'args'), so the architecture "
-            "cannot be known; it was not written by fairseq-train"
-        )
+    model_cfg = model_config(state)
     detected = forks.detect_fork(state)
     if source is not None and source not in forks.SOURCES:
         raise ConversionError(f"unknown --from {source!r}; choose one of: {', '.join(forks.SOURCES)}")
@@ -331,8 +329,8 @@ def convert_state(state: dict, arch: Optional[str] = None, check: bool = True,
             f"this checkpoint holds EIFY-fork options (e.g. encoder_alibi, decoder_alibi, "
             f"contrastive_pretraining): it is not a {source} checkpoint; drop --from {source}"
         )
-    family = forks.model_family(cfg["model"])
-    name = architecture_of(cfg["model"])
+    family = forks.model_family(model_cfg)
+    name = architecture_of(model_cfg)
     if family in ("alibi_roberta", "alibi_transformer"):
         raise ConversionError(
             f"this checkpoint is already converted ({name}): load it as it is"
