@@ -6,8 +6,8 @@ the issue; projections would add the same time to every row):
 * ``no bias``: ``scaled_dot_product_attention(is_causal=True)`` — the limit;
 * ``fold``: the bias folded into the fused kernel, no bias tensor — what ``auto`` runs on the
   CPU from ``dispatch.FOLD_MIN_LENGTH`` keys on (below, ``sdpa``);
-* ``sdpa (float mask)``: the same kernel reading the ``(H, L, L)`` float mask that a model
-  builds once per batch and shares between its layers (the ``sdpa`` backend);
+* ``sdpa``: the same kernel reading the ``(H, L, L)`` float mask that a model builds once per
+  batch and shares between its layers;
 * ``original (B·H,L,L) mask``: Press et al.'s code, whose decoder keeps a materialised
   ``(B·H, L, L)`` causal + ALiBi mask (built once, sliced per batch) and hands it to fairseq's
   attention (which runs it through ``scaled_dot_product_attention`` as a float mask);
@@ -28,10 +28,10 @@ import torch
 import torch.nn.functional as F
 
 from benchmarks.common import Rounds, backward_call, forward_call, mib, peak_bytes, table
-from fairseq_alibi.alibi import AlibiPositionalBias, alibi_bias
 from fairseq_alibi.modules.attention import dense as dense_backends
 from fairseq_alibi.modules.attention import flex
 from fairseq_alibi.modules.attention.fold import folded_attention
+from fairseq_alibi.modules.bias_cache import CachedAlibiBias
 
 FORWARD_ONLY = {"flex (compiled)"}
 
@@ -74,13 +74,13 @@ def compiled_flex(q, k, v, alibi, scale):
 def methods(B, H, L, D, with_flex):
     """name -> (function of (q, k, v), bytes of bias it keeps between calls)."""
     scale = 1 / math.sqrt(D)
-    alibi = AlibiPositionalBias(H, "causal")
+    alibi = CachedAlibiBias(H, "causal")
     slopes, _ = alibi.head_slopes()
     original = original_mask(slopes, B, L)  # kept by the model, like the original's buffer
     bloom_bias = bloom_alibi(slopes, B, L)
     causal_mask = torch.ones(L, L, dtype=torch.bool).triu(1)
 
-    # built once and shared by every layer in a model (AlibiPositionalBias memoises it)
+    # built once and shared by every layer in a model (CachedAlibiBias memoises it)
     dense = alibi(L, L)[None]
     dense_bytes = dense.numel() * dense.element_size()
 
@@ -89,7 +89,7 @@ def methods(B, H, L, D, with_flex):
             q, k, v, is_causal=True, scale=scale), 0),
         "fold": (lambda q, k, v: folded_attention(
             q, k, v, slopes, None, "causal", scale), 0),
-        "sdpa (float mask)": (lambda q, k, v: F.scaled_dot_product_attention(
+        "sdpa": (lambda q, k, v: F.scaled_dot_product_attention(
             q, k, v, attn_mask=dense, scale=scale), dense_bytes),
         "original (B·H,L,L) mask": (lambda q, k, v: F.scaled_dot_product_attention(
             q, k, v, attn_mask=original.view(B, H, L, L), scale=scale),
@@ -159,7 +159,7 @@ def run_modules(quick=False, rounds=5, lengths=None, log=print):
     lengths = lengths or ((64,) if quick else (1024, 2048))
     rounds = 1 if quick else rounds
     stock = MultiheadAttention(C, H, self_attention=True)
-    alibi = AlibiPositionalBias(H, "causal")
+    alibi = CachedAlibiBias(H, "causal")  # as a model builds it
     ours = AlibiMultiheadAttention(C, H, alibi)
     ours.load_state_dict(stock.state_dict())
     rows = []

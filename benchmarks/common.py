@@ -24,6 +24,8 @@ from typing import Callable, Dict, List, Optional
 
 import torch
 
+from fairseq_alibi.cli.common import thread_env
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -107,23 +109,25 @@ def section(title: str, command: str, body: str, notes: str = "") -> str:
     return "\n".join(parts) + "\n"
 
 
+def comma_choices(parser, text: str, choices, what: str) -> List[str]:
+    """The names in ``text`` (``a,b``), each one of ``choices``; else ``parser``'s error naming
+    the unknown ones and the choices."""
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    unknown = [name for name in names if name not in choices]
+    if unknown:
+        parser.error(f"unknown {what}(s) {', '.join(unknown)}; choose from {', '.join(choices)}")
+    return names
+
+
 def fairseq_cli(tool: str, *args, threads: int = 1) -> str:
     """Run a fairseq console script of this environment; returns stdout+stderr, raises on error."""
     binary = os.path.join(os.path.dirname(sys.executable), tool)
-    env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads),
-               PYTHONUNBUFFERED="1")
     proc = subprocess.run([binary] + [str(a) for a in args], capture_output=True, text=True,
-                          env=env)
+                          env=thread_env(threads))
     out = proc.stdout + proc.stderr
     if proc.returncode != 0:
         raise RuntimeError(f"{tool} failed ({proc.returncode}):\n{out[-4000:]}")
     return out
-
-
-def user_dir() -> str:
-    out = subprocess.run([sys.executable, "-m", "fairseq_alibi", "--user-dir"], check=True,
-                         capture_output=True, text=True)
-    return out.stdout.strip().splitlines()[-1]
 
 
 def forward_call(fn, *inputs):

@@ -1,4 +1,9 @@
-"""Benchmark 5: cached (incremental) decoding, ``alibi_transformer_lm`` vs stock ``transformer_lm``.
+"""Benchmark 5: cached (incremental) decoding, ALiBi vs stock decoders, per step.
+
+Two pairs: ``alibi_transformer_lm`` vs ``transformer_lm`` (language models) and the decoder of
+``alibi_transformer`` vs that of ``transformer`` (translation: the step also runs the stock
+cross-attention over a source of :data:`SOURCE_LENGTH` tokens, encoded once beforehand by each
+model's own encoder).
 
 The time of one decoding step with ``S`` tokens already in the KV cache, per model: both
 decoders get the same weights (the stock one its sinusoidal positions, which have none), their
@@ -18,20 +23,28 @@ import torch
 
 from benchmarks.common import table
 
-ARCHS = ("transformer_lm", "alibi_transformer_lm")
+#: per model family, (stock, ALiBi) architectures
+FAMILIES = {"language model": ("transformer_lm", "alibi_transformer_lm"),
+            "translation decoder": ("transformer", "alibi_transformer")}
+SOURCE_LENGTH = 64
 STEPS = 8
 PAIRS_PER_ROUND = 4
 
 NOTES = (
     "A step: the decoder's forward for one new token per sequence (embedding, both layers with "
     "the cached keys/values, output layer). The stock model adds its sinusoidal position "
-    "embedding; ALiBi slices its bias row from a cached table (see above: decoding steps) and "
-    "runs `sdpa` with it."
+    "embedding; ALiBi slices its bias row from a cached table (see above: decoding steps), "
+    "runs `sdpa` with it and writes the step's keys/values into its cache in place (a buffer "
+    "with spare room) where stock fairseq concatenates the whole cache. Each pair starts from "
+    "a cache filled from outside, so its first step copies the cache once, as stock's does. "
+    "Translation: the decoder of a 2+2-layer model, the step's cross-attention (stock in "
+    "both) over a 64-token source."
 )
 
 
 def build(arch, dims, vocab=1000):
-    """A decoder of ``arch`` with ``dims = (layers, embed, heads)``, eval mode, random weights."""
+    """The decoder of ``arch`` with ``dims = (layers, embed, heads)``, eval mode, random
+    weights, and a function ``step(tokens, state)`` running it on one new token per sequence."""
     from fairseq import options
     from fairseq.data import Dictionary
     from fairseq.dataclass.utils import convert_namespace_to_omegaconf
@@ -40,20 +53,39 @@ def build(arch, dims, vocab=1000):
     import fairseq_alibi  # noqa: F401  (registers the ALiBi models)
 
     layers, embed, heads = dims
+    lm = arch.endswith("_lm")
+    sides = ["decoder"] if lm else ["encoder", "decoder"]
+    flags = [f"--{side}-{name}" for side in sides for name in (
+        "layers", "embed-dim", "ffn-embed-dim", "attention-heads")]
+    values = [str(v) for side in sides for v in (layers, embed, 4 * embed, heads)]
     parser = options.get_training_parser()
     args = options.parse_args_and_arch(parser, [
-        "/dev/null", "--task", "language_modeling", "--arch", arch,
-        "--decoder-layers", str(layers), "--decoder-embed-dim", str(embed),
-        "--decoder-ffn-embed-dim", str(4 * embed), "--decoder-attention-heads", str(heads),
-        "--decoder-input-dim", str(embed), "--decoder-output-dim", str(embed),
-        "--tokens-per-sample", "8192", "--max-target-positions", "8192", "--cpu",
+        "/dev/null", "--task", "language_modeling" if lm else "translation", "--arch", arch,
+        *[x for pair in zip(flags, values) for x in pair], "--cpu",
+        *(["--decoder-input-dim", str(embed), "--decoder-output-dim", str(embed),
+           "--tokens-per-sample", "8192", "--max-target-positions", "8192"] if lm else
+          ["--max-source-positions", "8192", "--max-target-positions", "8192",
+           "--share-all-embeddings"]),
     ])
     dictionary = Dictionary()
     for i in range(vocab - len(dictionary)):
         dictionary.add_symbol(f"w{i}")
-    task = argparse.Namespace(source_dictionary=dictionary, target_dictionary=dictionary)
-    cfg = convert_namespace_to_omegaconf(args)
-    return build_model(cfg.model, task).decoder.eval()
+    task = argparse.Namespace(source_dictionary=dictionary, target_dictionary=dictionary,
+                              max_positions=lambda: (8192, 8192))
+    model = build_model(convert_namespace_to_omegaconf(args).model, task).eval()
+    if lm:
+        return model.decoder, lambda tokens, state: model.decoder(
+            tokens, incremental_state=state)
+    generator = torch.Generator().manual_seed(0)
+    source = torch.randint(4, vocab, (8, SOURCE_LENGTH), generator=generator)
+    with torch.no_grad():
+        memory = model.encoder(source, src_lengths=torch.full((8,), SOURCE_LENGTH))
+
+    def step(tokens, state):
+        encoder_out = model.encoder.reorder_encoder_out(
+            memory, torch.arange(tokens.size(0)))  # the first B sources
+        return model.decoder(tokens, encoder_out=encoder_out, incremental_state=state)
+    return model.decoder, step
 
 
 def filled_cache(decoder, batch, cached, keys):
@@ -67,51 +99,54 @@ def filled_cache(decoder, batch, cached, keys):
     return state
 
 
-def decode(decoder, tokens, cached, steps, keys):
+def decode(model, tokens, cached, steps, keys):
     """``steps`` decoding steps after ``cached`` cached tokens; returns seconds per step."""
+    decoder, step = model
     batch = tokens.size(0)
     state = filled_cache(decoder, batch, cached, keys)
     start = time.perf_counter()
     with torch.no_grad():
         for t in range(steps):
-            decoder(tokens[:, : cached + t + 1], incremental_state=state)
+            step(tokens[:, : cached + t + 1], state)
     return (time.perf_counter() - start) / steps
 
 
 def run(quick=False, rounds=5, log=print, cached=(256, 1024, 4096), batches=(1, 4)):
-    """Returns ``(shape, table)``: per-step times and the ALiBi ÷ stock ratio per cache size."""
+    """Returns ``(shape, table)``: per-step times and the ALiBi ÷ stock ratio per model family,
+    batch and cache size."""
     torch.manual_seed(0)
     dims = (2, 64, 4) if quick else (2, 256, 8)
     steps = 4 if quick else STEPS
     cached = (16, 64) if quick else cached
     batches = (1, 2) if quick else batches
     rounds = 1 if quick else rounds
-    decoders = {arch: build(arch, dims) for arch in ARCHS}
-    decoders["alibi_transformer_lm"].load_state_dict(
-        decoders["transformer_lm"].state_dict(), strict=False)  # same weights; positions differ
     layers, embed, heads = dims
     head_dim = embed // heads
     rows = []
-    for batch in batches:
-        for S in cached:
-            tokens = torch.randint(4, 1000, (batch, S + steps))
-            keys = [(torch.randn(batch, heads, S, head_dim), torch.randn(batch, heads, S, head_dim))
-                     for _ in range(layers)]
-            times = {arch: [] for arch in ARCHS}
-            for arch in ARCHS:  # warm-up
-                decode(decoders[arch], tokens, S, steps, keys)
-            for r in range(rounds * PAIRS_PER_ROUND):
-                order = ARCHS if r % 2 == 0 else ARCHS[::-1]  # alternating order
-                for arch in order:
-                    times[arch].append(decode(decoders[arch], tokens, S, steps, keys))
-            stock, alibi = times["transformer_lm"], times["alibi_transformer_lm"]
-            ratio = statistics.median(a / s for a, s in zip(alibi, stock))
-            rows.append([batch, S, f"{statistics.median(stock) * 1e3:.3f}",
-                         f"{statistics.median(alibi) * 1e3:.3f}", f"{ratio:.2f}"])
-            log(f"[decoding] batch {batch}, {S} cached: stock {statistics.median(stock)*1e3:.3f} "
-                f"ms, alibi {statistics.median(alibi)*1e3:.3f} ms per step, ratio {ratio:.2f}")
+    for family, archs in FAMILIES.items():
+        models = {arch: build(arch, dims) for arch in archs}
+        models[archs[1]][0].load_state_dict(  # same decoder weights; positions differ
+            models[archs[0]][0].state_dict(), strict=False)
+        for batch in batches:
+            for S in cached:
+                tokens = torch.randint(4, 1000, (batch, S + steps))
+                keys = [(torch.randn(batch, heads, S, head_dim),
+                         torch.randn(batch, heads, S, head_dim)) for _ in range(layers)]
+                times = {arch: [] for arch in archs}
+                for arch in archs:  # warm-up
+                    decode(models[arch], tokens, S, steps, keys)
+                for r in range(rounds * PAIRS_PER_ROUND):
+                    for arch in (archs if r % 2 == 0 else archs[::-1]):  # alternating order
+                        times[arch].append(decode(models[arch], tokens, S, steps, keys))
+                stock, alibi = times[archs[0]], times[archs[1]]
+                ratio = statistics.median(a / s for a, s in zip(alibi, stock))
+                stock_ms, alibi_ms = statistics.median(stock) * 1e3, statistics.median(alibi) * 1e3
+                rows.append([family, batch, S, f"{stock_ms:.3f}", f"{alibi_ms:.3f}",
+                             f"{ratio:.2f}"])
+                log(f"[decoding] {family}, batch {batch}, {S} cached: stock {stock_ms:.3f} ms, "
+                    f"alibi {alibi_ms:.3f} ms per step, ratio {ratio:.2f}")
     shape = (f"{layers} layers, {embed} dims, {heads} heads, float32, {rounds} round(s) of "
              f"{PAIRS_PER_ROUND} pairs of {steps} steps per model after the cached tokens, "
              f"alternating order, median of paired ratios")
-    return shape, table(["sequences", "cached tokens", "stock ms/step", "ALiBi ms/step",
-                         "ALiBi ÷ stock"], rows)
+    return shape, table(["decoder", "sequences", "cached tokens", "stock ms/step",
+                         "ALiBi ms/step", "ALiBi ÷ stock"], rows)

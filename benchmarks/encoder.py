@@ -1,11 +1,13 @@
 """Benchmark 4: what the bidirectional variants cost (does ``one_sided`` waste half its work?).
 
-Attention level (``B=4, H=8, D=64``, float32): every encoder variant folded into the fused
-kernel and with its ``(H, L, L)`` float mask (built once, as a model shares it between its
-layers), forward and forward+backward, against the stock encoder's unbiased bidirectional
-attention (the limit) and the unbiased causal one (half the work); forward only, compiled
-``flex_attention`` too. ``sdpa`` (what ``auto`` takes on the CPU) folds ``one_sided`` and uses
-the mask for the others while it fits ``dispatch.DENSE_MASK_BUDGET``.
+Attention level (``B=4, H=8, D=64``, float32): every encoder variant with the ``fold`` backend
+(the bias folded into the fused kernel) and the ``sdpa`` backend (the kernel reading the
+``(H, L, L)`` float mask, built once, as a model shares it between its layers), forward and
+forward+backward, against the stock encoder's unbiased bidirectional attention (the limit) and
+the unbiased causal one (half the work); forward only, ``flex (compiled)`` too. Rows are named
+``variant, backend``. ``auto`` picks ``fold`` for ``one_sided`` from
+``dispatch.FOLD_MIN_LENGTH`` keys on, ``sdpa`` for the others while the mask fits
+``dispatch.DENSE_MASK_BUDGET``.
 
 Model level: ``alibi_roberta`` training steps (``masked_lm`` criterion, Adam, fairseq's
 Trainer) per ``--alibi-variant``, against ``--alibi-variant none`` — stock RoBERTa attention
@@ -58,10 +60,10 @@ def attention_table(quick, rounds, log):
             def compiled_flex(q, k, v, alibi=alibi):
                 return _compiled_flex(q, k, v, alibi, scale)
 
-            cases[f"{variant}, sdpa folded"] = folded
-            cases[f"{variant}, sdpa float mask"] = masked
+            cases[f"{variant}, fold"] = folded
+            cases[f"{variant}, sdpa"] = masked
             if not quick:
-                flex[f"{variant}, flex compiled"] = compiled_flex
+                flex[f"{variant}, flex (compiled)"] = compiled_flex
         log(f"[encoder] L={L}")
 
         tf = Rounds({n: forward_call(f, q, k, v) for n, f in {**cases, **flex}.items()}, rounds)
@@ -78,22 +80,11 @@ def attention_table(quick, rounds, log):
 
 
 def build_masked_lm(data, variant, length, dims):
-    from fairseq import options, tasks
-    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
-    from fairseq.trainer import Trainer
-
-    import fairseq_alibi  # noqa: F401  (registers the models)
-
-    parser = options.get_training_parser()
-    args = options.parse_args_and_arch(parser, [
+    return train.trainer_from_flags([
         data, "--task", "masked_lm", "--arch", "alibi_roberta", "--alibi-variant", variant,
         "--cpu", "--tokens-per-sample", str(length), "--criterion", "masked_lm",
         "--optimizer", "adam", "--lr", "1e-4", "--clip-norm", "1.0", "--seed", "1", *dims,
     ])
-    cfg = convert_namespace_to_omegaconf(args)
-    task = tasks.setup_task(cfg.task)
-    model = task.build_model(cfg.model)
-    return Trainer(cfg, task, model, task.build_criterion(cfg.criterion)), task
 
 
 def masked_batch(task, batch, length, seed, ratio=0.15):

@@ -16,7 +16,8 @@ import re
 import statistics
 
 from benchmarks import train
-from benchmarks.common import fairseq_cli, table, user_dir
+from benchmarks.common import fairseq_cli, table
+from fairseq_alibi.paths import user_dir
 
 EVALUATED = re.compile(r"Evaluated ([\d,]+) tokens in ([\d.]+)s \(([\d.]+) tokens/s\)")
 

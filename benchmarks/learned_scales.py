@@ -4,11 +4,11 @@
 
 One forward and backward through a stack of ``--layers`` ALiBi self-attention layers
 (:class:`~fairseq_alibi.modules.AlibiMultiheadAttention`, 8 heads of 32 dims) sharing one
-:class:`~fairseq_alibi.alibi.AlibiPositionalBias`, as a model's layers do: fixed slopes, and
-``per_layer_head`` learned scales (the case that could bring back one ``(H, L, L)`` bias per
-layer), with ``auto`` and with each backend forced. Peak = tensor bytes alive at once above
-the start (:func:`benchmarks.common.peak_bytes`: exact, not disturbed by other processes),
-the bias that the step builds included.
+:class:`~fairseq_alibi.modules.bias_cache.CachedAlibiBias`, as a model's layers do: fixed
+slopes, and ``per_layer_head`` learned scales (the case that could bring back one ``(H, L, L)``
+bias per layer), with ``auto`` and with each backend forced. Peak = tensor bytes alive at once
+above the start (:func:`benchmarks.common.peak_bytes`: exact, not disturbed by other
+processes), the bias that the step builds included.
 """
 
 import argparse
@@ -17,14 +17,14 @@ import sys
 import torch
 
 from benchmarks.common import machine, peak_bytes, table, today
-from fairseq_alibi.alibi import AlibiPositionalBias
+from fairseq_alibi.modules.bias_cache import CachedAlibiBias
 from fairseq_alibi.modules import AlibiMultiheadAttention
 
 HEADS, HEAD_DIM = 8, 32
 
 
 def stack(variant, learned, backend, layers):
-    alibi = AlibiPositionalBias(HEADS, variant, num_layers=layers, learned_scales=learned)
+    alibi = CachedAlibiBias(HEADS, variant, num_layers=layers, learned_scales=learned)
     torch.manual_seed(0)
     return alibi, [AlibiMultiheadAttention(HEADS * HEAD_DIM, HEADS, alibi, attention=backend,
                                            layer_index=i) for i in range(layers)]

@@ -38,10 +38,7 @@ def parse_args(argv=None):
                         help="where the eval benchmark writes its data and checkpoints "
                         "(default: a temporary directory, removed afterwards)")
     args = parser.parse_args(argv)
-    args.only = [s.strip() for s in args.only.split(",") if s.strip()]
-    unknown = [s for s in args.only if s not in ALL]
-    if unknown:
-        parser.error(f"unknown benchmark(s) {', '.join(unknown)}; choose from {', '.join(ALL)}")
+    args.only = common.comma_choices(parser, args.only, ALL, "benchmark")
     if args.rounds < 1:
         parser.error("--rounds must be at least 1")
     return args
@@ -77,7 +74,7 @@ def main(argv=None):
         from benchmarks import decoding
 
         shape, body = decoding.run(args.quick, args.rounds, log=log)
-        emit("Cached decoding, per step: alibi_transformer_lm ÷ transformer_lm (" + shape + ")",
+        emit("Cached decoding, per step: ALiBi ÷ stock decoders (" + shape + ")",
              body, decoding.NOTES)
 
     with tempfile.TemporaryDirectory() as tmp:

@@ -28,26 +28,31 @@ def write_dictionary(folder, vocab):
     return folder
 
 
-def build_trainer(data, arch, length, dims, extra=()):
-    """fairseq's Trainer for ``arch`` on the language_modeling task, tokens_per_sample=length."""
+def trainer_from_flags(flags):
+    """``(trainer, task)``: fairseq's own Trainer for a ``fairseq-train`` command line (data
+    folder first), built in this process as fairseq-train builds it."""
     from fairseq import options, tasks
     from fairseq.dataclass.utils import convert_namespace_to_omegaconf
     from fairseq.trainer import Trainer
 
     import fairseq_alibi  # noqa: F401  (registers the models)
 
-    parser = options.get_training_parser()
-    args = options.parse_args_and_arch(parser, [
-        data, "--task", "language_modeling", "--arch", arch, "--cpu",
-        "--tokens-per-sample", str(length), "--criterion", "cross_entropy",
-        "--optimizer", "adam", "--lr", "1e-4", "--clip-norm", "1.0",
-        "--dropout", "0.1", "--seed", "1", *dims, *extra,
-    ])
+    args = options.parse_args_and_arch(options.get_training_parser(), list(flags))
     cfg = convert_namespace_to_omegaconf(args)
     task = tasks.setup_task(cfg.task)
     model = task.build_model(cfg.model)
     criterion = task.build_criterion(cfg.criterion)
     return Trainer(cfg, task, model, criterion), task
+
+
+def build_trainer(data, arch, length, dims, extra=()):
+    """fairseq's Trainer for ``arch`` on the language_modeling task, tokens_per_sample=length."""
+    return trainer_from_flags([
+        data, "--task", "language_modeling", "--arch", arch, "--cpu",
+        "--tokens-per-sample", str(length), "--criterion", "cross_entropy",
+        "--optimizer", "adam", "--lr", "1e-4", "--clip-norm", "1.0",
+        "--dropout", "0.1", "--seed", "1", *dims, *extra,
+    ])
 
 
 def random_batch(task, batch, length, seed):

@@ -21,6 +21,7 @@ import random
 import torch
 
 from benchmarks.common import Rounds, mib, peak_bytes, table
+from benchmarks.train import trainer_from_flags
 
 MODELS = {"transformer (sinusoidal)": ["--arch", "transformer"],
           "alibi_transformer": ["--arch", "alibi_transformer"]}
@@ -40,25 +41,13 @@ def write_dictionaries(folder, vocab):
 
 
 def build_trainer(data, model_flags, dims):
-    from fairseq import options, tasks
-    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
-    from fairseq.trainer import Trainer
-
-    import fairseq_alibi  # noqa: F401  (registers the models)
-
-    parser = options.get_training_parser()
-    args = options.parse_args_and_arch(parser, [
+    return trainer_from_flags([
         data, "--task", "translation", "--source-lang", "src", "--target-lang", "tgt",
         *model_flags, "--cpu", "--criterion", "label_smoothed_cross_entropy",
         "--label-smoothing", "0.1", "--optimizer", "adam", "--lr", "1e-4", "--clip-norm", "1.0",
         "--dropout", "0.1", "--seed", "1", "--max-source-positions", "4096",
         "--max-target-positions", "4096", *dims,
     ])
-    cfg = convert_namespace_to_omegaconf(args)
-    task = tasks.setup_task(cfg.task)
-    model = task.build_model(cfg.model)
-    criterion = task.build_criterion(cfg.criterion)
-    return Trainer(cfg, task, model, criterion), task
 
 
 def translation_batch(task, batch, length, seed):

@@ -34,10 +34,10 @@ from experiments.lm_runs import (
     DEMO_SIZE,
     SMOKE_SIZE,
     data_folder,
-    environment,
+    publish,
     run_all,
+    start_run,
     train,
-    write_json,
 )
 from fairseq_alibi.cli.sweep import SweepModel, position_overrides, run_sweep
 
@@ -77,12 +77,9 @@ def parse_args(argv=None):
 def main(argv=None):
     args = parse_args(argv)
     started = time.time()
-    out = Path(args.out).resolve()
-    out.mkdir(parents=True, exist_ok=True)
+    out, env, log = start_run(args.out, "distill-demo", args.threads)
     size = dict(SMOKE_SIZE if args.smoke else DEMO_SIZE)
-    env = environment(args.threads)
     L, N = args.L, args.updates
-    log = lambda msg: print(f"[distill-demo] {msg}", flush=True)  # noqa: E731
     timings = {}
 
     data = data_folder(out, args.data, size["vocab"], env, args.seed, log)
@@ -167,8 +164,7 @@ def main(argv=None):
         f"{timings['total_s']:.0f} s in all.",
         "",
     ])
-    (out / "distill.md").write_text(report)
-    write_json(out / "run.json", {
+    return publish(out, "distill.md", report, {
         "command": command, "settings": dict(size, L=L, N=N, teacher_updates=args.teacher_updates,
                                              alpha=args.alpha, temperature=args.temperature,
                                              recovery_lr=args.recovery_lr or size["lr"],
@@ -176,11 +172,7 @@ def main(argv=None):
                                              threads=args.threads),
         "data": str(data), "timings": timings, "machine": machine(),
         "perplexity": {r[0]: {"L": float(r[2]), "4L": float(r[3])} for r in rows},
-    })
-    print()
-    print(report)
-    log(f"done in {timings['total_s']:.0f} s; outputs in {out}")
-    return 0
+    }, log, timings["total_s"])
 
 
 if __name__ == "__main__":

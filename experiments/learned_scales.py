@@ -5,7 +5,12 @@
 
 The quickstart's setting (its embedded corpus, its ``tiny`` model, its training command:
 :func:`fairseq_alibi.cli.quickstart.train_command`), with the same seed and budget for every
-run, which differ only in ``--alibi-learned-scales``:
+run, which differ only in ``--alibi-learned-scales``. ``--data`` replaces the corpus: a folder
+written by ``fairseq-preprocess``, or WikiText-2 as it comes (``../shared/data/wikitext-2``:
+``wiki.valid.tokens`` is the training text and ``wiki.test.tokens`` the held-out text, as in
+:mod:`experiments.wikitext2_extrapolation`; sentencepiece-encoded and binarized once in
+``--out``). The encoders are validated on the ``valid`` split, or on ``test`` where the corpus
+has no ``valid`` (WikiText-2 here).
 
 * causal LM (``alibi_transformer_lm``): ``none`` (fixed Press slopes), ``per_head``,
   ``per_layer_head``, trained at ``L`` and evaluated at ``L, 2L, 4L, 8L`` in both modes of
@@ -28,7 +33,8 @@ import time
 from pathlib import Path
 
 from benchmarks.common import machine, table, today
-from experiments.lm_runs import data_folder, environment, run_all, train, write_json
+from experiments.lm_runs import data_folder, publish, run_all, start_run, train, write_json
+from experiments.wikitext2_extrapolation import WIKITEXT_FILES, wikitext_files
 from fairseq_alibi.cli.quickstart import SIZES, SMOKE
 from fairseq_alibi.cli.sweep import SweepModel, console_script, run_sweep
 from fairseq_alibi.paths import user_dir
@@ -47,7 +53,9 @@ def parse_args(argv=None):
                         help="updates of each LM run (default 400; 6 with --smoke)")
     parser.add_argument("--encoder-max-update", type=int, default=None,
                         help="updates of each encoder run (default 250; 6 with --smoke)")
-    parser.add_argument("--data", default=None, help="a binarized corpus instead of the embedded one")
+    parser.add_argument("--data", default=None,
+                        help="a binarized corpus, or a WikiText-2 folder, instead of the "
+                        "embedded one")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--jobs", type=int, default=2, help="fairseq processes at once")
     parser.add_argument("--smoke", action="store_true", help="toy sizes, every step")
@@ -56,6 +64,35 @@ def parse_args(argv=None):
     args.max_update = args.max_update or (6 if args.smoke else 400)
     args.encoder_max_update = args.encoder_max_update or (6 if args.smoke else 250)
     return args
+
+
+def experiment_data(out: Path, data, vocab: int, env: dict, seed: int, log) -> Path:
+    """The binarized corpus: :func:`experiments.lm_runs.data_folder`'s, or, for a WikiText-2
+    folder (no ``dict.txt``, its two token files), that text encoded and binarized once in
+    ``out/data-wikitext2``."""
+    source = Path(data).resolve() if data else None
+    if source is None or (source / "dict.txt").is_file() or not any(
+            (source / name).is_file() for name in WIKITEXT_FILES.values()):
+        return data_folder(out, data, vocab, env, seed, log)
+    from fairseq_alibi.cli.quickstart import prepare_text_data
+
+    files = wikitext_files(source)
+    work = out / "data-wikitext2"
+    folder, marker = work / "bin", work / "source.json"
+    wanted = {"source": str(source), "vocab": vocab, "seed": seed}
+    if (folder / "test.bin").is_file() and marker.is_file() and json.loads(
+            marker.read_text()) == wanted:
+        log(f"reusing the binarized WikiText-2 in {folder}")
+        return folder
+    log(f"sentencepiece ({vocab} pieces) on {files['train'].name}, then fairseq-preprocess ...")
+    folder = prepare_text_data(files, work, vocab, env, seed)
+    marker.write_text(json.dumps(wanted))
+    return folder
+
+
+def held_out_split(data: Path) -> str:
+    """The split the encoders are validated on: ``valid``, else ``test``."""
+    return "valid" if (Path(data) / "valid.idx").is_file() else "test"
 
 
 def encoder_command(data, save_dir, size, L, max_update, seed, variant, learned):
@@ -97,14 +134,14 @@ def train_encoder(name, data, out, size, L, max_update, seed, env, variant, lear
             "command": " ".join(cmd)}
 
 
-_VALID = re.compile(r"valid on 'valid' subset \| loss ([\d.]+) \| .*?ppl ([\d.]+)")
+_VALID = re.compile(r"valid on '\w+' subset \| loss ([\d.]+) \| .*?ppl ([\d.]+)")
 
 
-def validate_encoder(name, checkpoint, data, out, length, seed, env) -> float:
-    """Validation masked-LM perplexity at ``length`` tokens per sample (the same masks for every
-    model: fairseq-validate's masking is seeded)."""
+def validate_encoder(name, checkpoint, data, out, length, seed, env, subset="valid") -> float:
+    """Masked-LM perplexity on ``subset`` at ``length`` tokens per sample (the same masks for
+    every model: fairseq-validate's masking is seeded)."""
     cmd = [console_script("fairseq-validate"), str(data), "--user-dir", user_dir(),
-           "--path", str(checkpoint), "--task", "masked_lm", "--valid-subset", "valid",
+           "--path", str(checkpoint), "--task", "masked_lm", "--valid-subset", subset,
            "--tokens-per-sample", str(length), "--sample-break-mode", "none",
            "--max-tokens", str(max(4096, 2 * length)), "--seed", str(seed), "--cpu",
            "--num-workers", "0"]
@@ -169,12 +206,10 @@ def main(argv=None):
 
     args = parse_args(argv)
     started = time.time()
-    out = Path(args.out).resolve()
-    out.mkdir(parents=True, exist_ok=True)
-    env = environment(1)
-    log = lambda msg: print(f"[learned-scales] {msg}", flush=True)  # noqa: E731
+    out, env, log = start_run(args.out, "learned-scales")
     size = dict(SMOKE_SIZE if args.smoke else SIZES["tiny"])
-    data = data_folder(out, args.data, size["vocab"], env, args.seed, log)
+    data = experiment_data(out, args.data, size["vocab"], env, args.seed, log)
+    held_out = held_out_split(data)
     L = args.L
 
     log(f"training {len(SCALE_RUNS)} LMs and {len(SCALE_RUNS) * len(ENCODER_VARIANTS)} "
@@ -207,7 +242,7 @@ def main(argv=None):
     validations = run_all({
         (variant, label, n): (lambda variant=variant, label=label, n=n: validate_encoder(
             f"encoder_{variant}_{label}", runs[f"encoder_{variant}_{label}"]["checkpoint"],
-            data, out, n, args.seed, env))
+            data, out, n, args.seed, env, held_out))
         for variant in ENCODER_VARIANTS for label in SCALE_RUNS for n in encoder_lengths
     }, args.jobs)
 
@@ -252,8 +287,8 @@ def main(argv=None):
         "",
         table(["scales", "mode"] + [f"N={n}" for n in lengths], lm_rows),
         "",
-        f"Masked-LM encoder (same sizes, {args.encoder_max_update} updates): validation "
-        "masked-LM perplexity",
+        f"Masked-LM encoder (same sizes, {args.encoder_max_update} updates): masked-LM "
+        f"perplexity on the `{held_out}` split",
         "",
         table(["variant", "scales"] + [f"N={n}" for n in encoder_lengths], enc_rows),
         "",
@@ -262,15 +297,10 @@ def main(argv=None):
         table(["run", "min", "max", "scales"], scale_rows),
         "",
     ])
-    (out / "learned_scales.md").write_text(report)
-    write_json(out / "run.json", {"command": command, "L": L, "total_s": round(total, 1),
-                                  "machine": machine(),
-                                  "runs": {k: {"seconds": v["seconds"], "command": v["command"]}
-                                           for k, v in runs.items()}})
-    print()
-    print(report)
-    log(f"done in {total:.0f} s; outputs in {out}")
-    return 0
+    return publish(out, "learned_scales.md", report, {
+        "command": command, "L": L, "total_s": round(total, 1), "machine": machine(),
+        "runs": {k: {"seconds": v["seconds"], "command": v["command"]} for k, v in runs.items()},
+    }, log, total)
 
 
 if __name__ == "__main__":

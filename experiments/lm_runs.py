@@ -13,6 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Dict, Optional, Sequence
 
+from fairseq_alibi.cli.common import thread_env
 from fairseq_alibi.cli.quickstart import SMOKE, prepare_embedded_data, train_command
 
 #: the model of the demonstrations: small enough for a few minutes on 2 shared CPU cores
@@ -22,9 +23,23 @@ DEMO_SIZE = dict(layers=2, dim=64, heads=4, ffn=256, max_tokens=2048, lr=3e-3, w
 SMOKE_SIZE = SMOKE
 
 
-def environment(threads: int) -> dict:
-    return dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads),
-                PYTHONUNBUFFERED="1")
+def start_run(out_dir, tag: str, threads: int = 1):
+    """``(out, env, log)`` of a demonstration: its output folder (created), the environment of
+    its fairseq subprocesses, and ``log(msg)``, which prints ``[tag] msg`` at once."""
+    out = Path(out_dir).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    return out, thread_env(threads), lambda msg: print(f"[{tag}] {msg}", flush=True)
+
+
+def publish(out: Path, name: str, report: str, record: dict, log, seconds: float) -> int:
+    """Write the Markdown ``report`` as ``out/name`` and ``record`` as ``out/run.json``, print
+    the report and where everything is; returns the exit status (0)."""
+    (out / name).write_text(report)
+    write_json(out / "run.json", record)
+    print()
+    print(report)
+    log(f"done in {seconds:.0f} s; outputs in {out}")
+    return 0
 
 
 def data_folder(out: Path, data: Optional[str], vocab: int, env: dict, seed: int,

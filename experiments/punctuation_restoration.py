@@ -1,7 +1,8 @@
 """Train short, translate long: punctuation-and-case restoration, ALiBi vs sinusoidal.
 
     python -m experiments.punctuation_restoration [--wikitext DIR | --embedded] [--out DIR]
-        [--N 16] [--max-update 2000] [--per-bucket 40] [--seed 1]
+        [--N 16] [--max-update 2000] [--per-bucket 40] [--seed 1] [--start-marker]
+        [--models ALiBi,Sinusoidal] [--from-logs]
 
 A real sequence-to-sequence task made from real English text, whose output length tracks the
 input length: the source is a stretch of text lower-cased with its punctuation removed, the
@@ -23,12 +24,18 @@ stock ``transformer`` (sinusoidal). Every test stretch is translated by ``fairse
 equals the number of inputs) and scored per bucket with sacrebleu's BLEU and chrF on the
 tokens as they are (``tokenize='none'``), against references with the same ``<unk>``.
 
+Each bucket also reports where the outputs start (:func:`output_starts`): how many begin with
+the source's first two words, for the others how far into the source their first three words
+are found, and how many end with the source's last two words. ``--from-logs`` computes all of
+this again from the ``fairseq-generate`` logs of an earlier run in ``--out``, without training.
+
 Writes ``OUT/results.{md,csv,json}`` and ``OUT/results.png``; prints the table.
 """
 
 import argparse
 import csv
 import json
+import logging
 import os
 import random
 import re
@@ -41,6 +48,7 @@ REPO = Path(__file__).resolve().parents[1]
 DEFAULT_WIKITEXT = REPO.parent / "shared" / "data" / "wikitext-2"
 BIN = Path(sys.executable).parent
 
+from benchmarks.common import comma_choices  # noqa: E402
 from fairseq_alibi.paths import user_dir  # noqa: E402
 from fairseq_alibi.preprocess.parallel import PUNCTUATION, prepare, restoration_pair  # noqa: E402
 
@@ -162,17 +170,25 @@ def generate(name, checkpoint, out, env, expected):
            "--required-batch-size-multiple", "1", "--max-len-a", "1.5", "--max-len-b", "10",
            "--cpu", "--num-workers", "0"]
     output, seconds = run(cmd, env, out / f"generate_{name.lower()}.log")
-    hyps, refs = {}, {}
+    return (*read_generate_log(name, output, out, expected), seconds)
+
+
+def read_generate_log(name, output, out, expected):
+    """``(hyps, refs, model_sources)`` by test line from ``fairseq-generate``'s output; the
+    model's sources (``S-``) are the inputs as the model saw them (``<unk>`` included)."""
+    hyps, refs, model_sources = {}, {}, {}
     for line in output.splitlines():
         tag, _, rest = line.partition("\t")
         if tag.startswith("H-"):
             hyps[int(tag[2:])] = rest.split("\t", 1)[1]
         elif tag.startswith("T-"):
             refs[int(tag[2:])] = rest.replace("<<unk>>", "<unk>")
+        elif tag.startswith("S-"):
+            model_sources[int(tag[2:])] = rest.replace("<<unk>>", "<unk>")
     if len(hyps) != expected or f"Translated {expected} sentences" not in output:
         raise SystemExit(f"{name}: {len(hyps)} hypotheses for {expected} test inputs "
                          f"(see {out}/generate_{name.lower()}.log)")
-    return hyps, refs, seconds
+    return hyps, refs, model_sources
 
 
 def score(hyps, refs, sources, N):
@@ -193,6 +209,46 @@ def score(hyps, refs, sources, N):
     return rows
 
 
+def _words(text):
+    """Lower-cased words of a sentence, punctuation and the start marker dropped."""
+    return [t.lower() for t in text.split() if not PUNCTUATION.match(t) and t != START]
+
+
+def output_starts(hyps, model_sources, sources, N):
+    """Where each output starts (and whether it ends) in its source, per bucket.
+
+    An output *starts at the start* when its first two words (lower-cased, punctuation dropped)
+    are the source's first two; otherwise its start is looked up as the first place in the
+    source where the output's first three words occur, as a fraction of the source's length
+    (0 = its first word). It *ends at the end* when its last two words are the source's last
+    two. Sources as the model saw them (``<unk>`` included, marker dropped).
+    """
+    import statistics
+
+    rows = []
+    for low, high in buckets(N):
+        ids = [i for i, s in enumerate(sources) if low <= len(s.split()) <= high]
+        at_start, further_in, at_end = 0, [], 0
+        for i in ids:
+            source, output = _words(model_sources[i]), _words(hyps[i])
+            at_end += output[-2:] == source[-2:]
+            if output[:2] == source[:2]:
+                at_start += 1
+                continue
+            found = next((k for k in range(len(source)) if source[k:k + 3] == output[:3]), None)
+            if found is not None:
+                further_in.append(found / len(source))
+        rows.append({
+            "bucket": f"{low}-{high}",
+            "sentences": len(ids),
+            "starts_at_start": at_start,
+            "starts_further_in": len(further_in),
+            "median_start": statistics.median(further_in) if further_in else None,
+            "ends_at_end": at_end,
+        })
+    return rows
+
+
 def write_results(out, results, N, meta):
     header = [f"{low}-{high} ({'N' if high == N else f'{high // N}N'})"
               for low, high in buckets(N)]
@@ -205,17 +261,36 @@ def write_results(out, results, N, meta):
               "|---|" + "---:|" * len(header)]
     for name, rows in results.items():
         lines.append(f"| {name} | " + " | ".join(f"{r['length_ratio']:.2f}" for r in rows) + " |")
+    lines += ["", "| output starts with the source's first two words (else: median start, "
+              "where found) | " + " | ".join(header) + " |", "|---|" + "---:|" * len(header)]
+    for name, rows in results.items():
+        if all("starts_at_start" in r for r in rows):
+            lines.append(f"| {name} | " + " | ".join(
+                f"{r['starts_at_start']} of {r['sentences']}"
+                + (f" ({100 * r['median_start']:.0f} % in, {r['starts_further_in']} found)"
+                   if r["median_start"] is not None else "") for r in rows) + " |")
+    lines += ["", "| output ends with the source's last two words | " + " | ".join(header) + " |",
+              "|---|" + "---:|" * len(header)]
+    for name, rows in results.items():
+        if all("ends_at_end" in r for r in rows):
+            lines.append(f"| {name} | " + " | ".join(f"{r['ends_at_end']} of {r['sentences']}"
+                                                    for r in rows) + " |")
     table = "\n".join(lines)
     (out / "results.md").write_text(table + "\n\n" + json.dumps(meta, indent=2) + "\n")
     (out / "results.json").write_text(json.dumps({"meta": meta, "results": results}, indent=2))
     with open(out / "results.csv", "w", newline="") as f:
         w = csv.writer(f)
-        w.writerow(["model", "bucket", "sentences", "bleu", "chrf", "length_ratio"])
+        w.writerow(["model", "bucket", "sentences", "bleu", "chrf", "length_ratio",
+                    "starts_at_start", "starts_further_in", "median_start", "ends_at_end"])
         for name, rows in results.items():
             for r in rows:
                 w.writerow([name, r["bucket"], r["sentences"], f"{r['bleu']:.2f}",
-                            f"{r['chrf']:.2f}", f"{r['length_ratio']:.3f}"])
+                            f"{r['chrf']:.2f}", f"{r['length_ratio']:.3f}",
+                            r.get("starts_at_start", ""), r.get("starts_further_in", ""),
+                            "" if r.get("median_start") is None else f"{r['median_start']:.3f}",
+                            r.get("ends_at_end", "")])
     try:
+        logging.getLogger("matplotlib").setLevel(logging.WARNING)  # the root logger may be DEBUG
         import matplotlib
 
         matplotlib.use("Agg")
@@ -235,6 +310,42 @@ def write_results(out, results, N, meta):
     except ImportError:
         print("matplotlib not installed: no plot", file=sys.stderr)
     return table
+
+
+def evaluate(hyps, refs, model_sources, sources, N):
+    """Per bucket: BLEU, chrF, length ratio (:func:`score`) and where outputs start
+    (:func:`output_starts`)."""
+    return [dict(quality, **starts) for quality, starts in
+            zip(score(hyps, refs, sources, N), output_starts(hyps, model_sources, sources, N))]
+
+
+def test_sources(out, start_marker):
+    return [line.replace(START + " ", "", 1) if start_marker else line
+            for line in (out / "text" / "test.src").read_text().splitlines()]
+
+
+def rescore(out, args, argv):
+    """``--from-logs``: score the ``generate_<model>.log`` files of an earlier run in ``out``
+    again (no training), keeping that run's recorded settings."""
+    previous = out / "results.json"
+    meta = json.loads(previous.read_text())["meta"] if previous.is_file() else {}
+    start_marker = meta.get("start_marker", args.start_marker)
+    N = meta.get("N", args.N)
+    sources = test_sources(out, start_marker)
+    results = {}
+    for name in args.models:
+        log = out / f"generate_{name.lower()}.log"
+        if log.is_file():
+            hyps, refs, model_sources = read_generate_log(name, log.read_text(), out, len(sources))
+            results[name] = evaluate(hyps, refs, model_sources, sources, N)
+    if not results:
+        print(f"no generate_<model>.log of {', '.join(args.models)} in {out}: run the "
+              "experiment first", file=sys.stderr)
+        return 2
+    meta["rescored"] = "python -m experiments.punctuation_restoration " + " ".join(
+        argv if argv is not None else sys.argv[1:])
+    print(write_results(out, results, N, meta))
+    return 0
 
 
 def main(argv=None):
@@ -257,13 +368,15 @@ def main(argv=None):
                         help=f"put the word {START} before every source (see docs/translation.md)")
     parser.add_argument("--models", default=",".join(MODELS),
                         help=f"comma-separated subset of {','.join(MODELS)}")
+    parser.add_argument("--from-logs", action="store_true",
+                        help="score the fairseq-generate logs of an earlier run in --out again "
+                             "(no training; its settings are read from its results.json)")
     args = parser.parse_args(argv)
-    args.models = [m.strip() for m in args.models.split(",") if m.strip()]
-    unknown = [m for m in args.models if m not in MODELS]
-    if unknown:
-        parser.error(f"unknown model(s) {', '.join(unknown)}; choose from {', '.join(MODELS)}")
+    args.models = comma_choices(parser, args.models, MODELS, "model")
 
     out = Path(args.out).absolute()
+    if args.from_logs:
+        return rescore(out, args, argv)
     out.mkdir(parents=True, exist_ok=True)
     started = time.time()
     if args.embedded:
@@ -293,13 +406,12 @@ def main(argv=None):
     cores = os.cpu_count() or 1
     env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", str(cores)),
                PYTHONUNBUFFERED="1")
-    sources = [line.replace(START + " ", "", 1) if args.start_marker else line
-               for line in (out / "text" / "test.src").read_text().splitlines()]
+    sources = test_sources(out, args.start_marker)
     results, timing = {}, {}
     for name in args.models:
         checkpoint, train_s = train(name, out, args, env)
-        hyps, refs, gen_s = generate(name, checkpoint, out, env, len(sources))
-        results[name] = score(hyps, refs, sources, args.N)
+        hyps, refs, model_sources, gen_s = generate(name, checkpoint, out, env, len(sources))
+        results[name] = evaluate(hyps, refs, model_sources, sources, args.N)
         timing[name] = {"train_s": round(train_s, 1), "generate_s": round(gen_s, 1)}
         print(f"[restoration] {name}: trained in {train_s:.0f} s, translated all {len(hyps)} "
               f"test inputs in {gen_s:.0f} s")

@@ -37,10 +37,10 @@ from experiments.lm_runs import (
     DEMO_SIZE,
     SMOKE_SIZE,
     data_folder,
-    environment,
+    publish,
     run_all,
+    start_run,
     wall_at_updates,
-    write_json,
 )
 from fairseq_alibi.cli.sweep import (
     SweepModel,
@@ -156,10 +156,7 @@ def plot_time_to_perplexity(curves: dict, target: int, path: Path):
 def main(argv=None):
     args = parse_args(argv)
     started = time.time()
-    out = Path(args.out).resolve()
-    out.mkdir(parents=True, exist_ok=True)
-    env = environment(1)
-    log = lambda msg: print(f"[train-short] {msg}", flush=True)  # noqa: E731
+    out, env, log = start_run(args.out, "train-short")
     vocab = SMOKE_SIZE["vocab"] if args.smoke else DEMO_SIZE["vocab"]
     data = data_folder(out, args.data, vocab, env, args.seed, log)
     short, target = args.short, args.target
@@ -258,16 +255,11 @@ def main(argv=None):
         f"Total wall time {total:.0f} s.",
         "",
     ])
-    (out / "train_short.md").write_text(report)
-    write_json(out / "run.json", {
+    return publish(out, "train_short.md", report, {
         "command": command, "short": short, "target": target, "max_update": args.max_update,
         "data": str(data), "curves": curves, "summary": summary, "machine": machine(),
         "total_s": round(total, 1),
-    })
-    print()
-    print(report)
-    log(f"done in {total:.0f} s; outputs in {out}")
-    return 0
+    }, log, total)
 
 
 if __name__ == "__main__":

@@ -27,6 +27,19 @@ from fairseq_alibi.cli import quickstart
 
 DEFAULT_WIKITEXT = REPO.parent / "shared" / "data" / "wikitext-2"
 VOCAB = 2000
+#: split of the binarized corpus -> WikiText-2 file (only these two splits are at hand)
+WIKITEXT_FILES = {"train": "wiki.valid.tokens", "test": "wiki.test.tokens"}
+
+
+def wikitext_files(source) -> dict:
+    """``{"train": path, "test": path}`` of a WikiText-2 folder; missing files raise ``SystemExit``
+    naming them."""
+    files = {split: Path(source) / name for split, name in WIKITEXT_FILES.items()}
+    missing = [str(f) for f in files.values() if not f.is_file()]
+    if missing:
+        raise SystemExit(f"WikiText-2 not found ({', '.join(missing)}); pass its folder "
+                         "(wiki.valid.tokens, wiki.test.tokens)")
+    return files
 
 
 def main(argv=None):
@@ -40,11 +53,10 @@ def main(argv=None):
         print(__doc__)
         print("Other options go to the quickstart:")
         quickstart.parse_args(["--help"])
-    source = Path(args.wikitext)
-    files = {"train": source / "wiki.valid.tokens", "test": source / "wiki.test.tokens"}
-    missing = [str(f) for f in files.values() if not f.is_file()]
-    if missing:
-        print(f"WikiText-2 not found ({', '.join(missing)}); pass --wikitext DIR", file=sys.stderr)
+    try:
+        files = wikitext_files(args.wikitext)
+    except SystemExit as missing:
+        print(f"{missing} with --wikitext DIR", file=sys.stderr)
         return 2
 
     out = Path(args.out).resolve()

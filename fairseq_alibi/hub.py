@@ -8,15 +8,18 @@ Stock ``from_pretrained`` (``fairseq.hub_utils``) has three surprises for ALiBi 
   (as fairseq already does for ``sentencepiece.bpe.model``, ``merges.txt``, ...); otherwise a
   one-line error names the files and the arguments, and nothing is downloaded.
 * it builds whatever model the checkpoint names, so a stock checkpoint silently comes back as a
-  stock model: here that is an error naming the class to use.
+  stock model: here that is an error naming the class to use (or, for an unconverted checkpoint
+  of Press's ALiBi fork, the convert command).
 * the language-model hub batches with the training run's ``--max-tokens`` and asserts that no
   sentence is longer; an ALiBi model scores any length, so a longer sentence gets a batch of its
   own (:class:`AlibiLanguageModelHubInterface`).
 """
 
 import os
+import zipfile
 from typing import Dict, Iterable, Optional
 
+import torch
 from fairseq import hub_utils
 from omegaconf import open_dict
 
@@ -75,6 +78,24 @@ def check_model_class(model, expected_class, expected_name: str, checkpoint: str
     )
 
 
+def refuse_unconverted_press_file(checkpoint: str):
+    """The Press-fork error (:func:`~fairseq_alibi.models.checks.is_unconverted_press_config`)
+    if ``checkpoint`` is an unconverted checkpoint of that fork.
+
+    Read again from the file: building the stock model drops the fork's ``max_tokens`` from the
+    loaded config. Only on the error path, memory-mapped where the file allows it.
+    """
+    from fairseq_alibi.models.checks import refuse_unconverted_press_checkpoint
+
+    if not os.path.isfile(checkpoint):
+        return
+    try:
+        state = torch.load(checkpoint, map_location="cpu", mmap=zipfile.is_zipfile(checkpoint))
+    except Exception:  # noqa: BLE001 - unreadable here: the caller's error stands
+        return
+    refuse_unconverted_press_checkpoint(state, checkpoint)
+
+
 def _cfg_get(cfg, key, default=None):
     if hasattr(cfg, "get"):
         return cfg.get(key, default)
@@ -96,8 +117,12 @@ def load_pretrained(model_class, expected_name, model_name_or_path, checkpoint_f
         model_name_or_path, checkpoint_file, data_name_or_path,
         archive_map=model_class.hub_models(), **kwargs,
     )
-    check_model_class(loaded["models"][0], model_class, expected_name,
-                      os.path.join(model_dir, checkpoint_file))
+    checkpoint = os.path.join(model_dir, checkpoint_file)
+    try:
+        check_model_class(loaded["models"][0], model_class, expected_name, checkpoint)
+    except ValueError:
+        refuse_unconverted_press_file(checkpoint)  # the more precise error, if it is one
+        raise
     check_gpt2_bpe(loaded["args"].bpe, searched, given)
     return loaded
 

@@ -18,16 +18,25 @@ resolver ``fairseq_alibi.user_dir``, which resolves to the package directory (wh
 the user dir, so ``common.user_dir`` holds the absolute path of *this* installation: it is what
 spawned distributed workers import, and what checkpoints record.
 
+The callback also refuses, before the job starts, a model config that asks an ALiBi model for
+position embeddings (``decoder_learned_pos: true`` on ``alibi_transformer_lm``, ...), as the
+command line does (:data:`fairseq_alibi.models.checks.POSITION_EMBEDDING_OPTIONS`). A config of
+your own that does not include ``fairseq_alibi.yaml`` (or this callback) skips that check.
+
 Composing a config without running hydra's callbacks (``hydra.compose`` in a notebook, say)
 needs ``import fairseq_alibi.hydra_support`` first, or an explicit
 ``common.user_dir=$(python -m fairseq_alibi --user-dir)``.
 """
+
+import os
+import sys
 
 from hydra.experimental.callback import Callback
 from omegaconf import OmegaConf
 
 import fairseq_alibi  # noqa: F401  (registers the models, so fairseq fills their defaults)
 from fairseq_alibi import error_hints
+from fairseq_alibi.models.checks import refuse_position_embedding_options
 from fairseq_alibi.paths import user_dir
 
 #: the resolver the shipped configs use for ``common.user_dir``
@@ -37,8 +46,25 @@ OmegaConf.register_new_resolver(USER_DIR_RESOLVER, user_dir, replace=True)
 
 
 class RegisterFairseqAlibi(Callback):
-    """Hydra callback: gets this module imported before the job starts, and when the job fails,
-    prints the plugin's one-line hint (:mod:`fairseq_alibi.error_hints`) before hydra's report."""
+    """Hydra callback: gets this module imported before the job starts, refuses a model config
+    that contradicts ALiBi (``decoder_learned_pos: true``, ...) as the command line does, and
+    when the job fails, prints the plugin's one-line hint (:mod:`fairseq_alibi.error_hints`)
+    before hydra's report."""
+
+    def on_job_start(self, config, **kwargs):
+        """Refuse a model config asking an ALiBi model for position embeddings (what the command
+        line refuses with argparse), before anything is built: one line on stderr, exit status 1.
+
+        ``SystemExit`` because hydra turns any ``Exception`` raised by a callback into a warning
+        and runs the job anyway.
+        """
+        model_cfg = config.get("model") if hasattr(config, "get") else None
+        if model_cfg is None:
+            return
+        try:
+            refuse_position_embedding_options(model_cfg)
+        except ValueError as e:
+            raise SystemExit(f"{os.path.basename(sys.argv[0])}: error: {e}") from None
 
     def on_job_end(self, config, job_return, **kwargs):
         from hydra.core.utils import JobStatus

@@ -2,7 +2,7 @@
 
 import pytest
 
-from tests.helpers import run_cli, user_dir, write_tiny_corpus
+from tests.helpers import preprocess, user_dir, write_tiny_corpus
 
 
 def pytest_configure(config):
@@ -23,8 +23,8 @@ def tiny_lm_data(tmp_path_factory):
     """A binarized word-level corpus for language_modeling / masked_lm tasks."""
     root = tmp_path_factory.mktemp("tiny_lm")
     write_tiny_corpus(root / "raw")
-    run_cli(
-        "fairseq-preprocess", "--only-source",
+    preprocess(  # fairseq-preprocess's own main, in this process
+        "--only-source",
         "--trainpref", root / "raw/train.txt", "--validpref", root / "raw/valid.txt",
         "--testpref", root / "raw/test.txt", "--destdir", root / "bin", "--workers", "1",
     )

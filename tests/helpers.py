@@ -4,6 +4,7 @@ Fixtures (the session-wide tiny corpora) are in ``conftest.py``; everything else
 imports from here.
 """
 
+import copy
 import json
 import os
 import random
@@ -51,6 +52,24 @@ def run_cli(tool, *args, cwd=None, expect_ok=True, timeout=600, env=None):
     return out
 
 
+def preprocess(*args):
+    """fairseq-preprocess in this process: the CLI's own parser and ``main``, for data that is
+    not what a test is about (the per-call log file handler it adds is removed again)."""
+    import logging
+
+    from fairseq import options
+    from fairseq_cli.preprocess import main
+
+    log = logging.getLogger("fairseq_cli.preprocess")
+    before = list(log.handlers)
+    try:
+        main(options.get_preprocessing_parser().parse_args([str(a) for a in args]))
+    finally:
+        for handler in log.handlers[len(before):]:
+            log.removeHandler(handler)
+            handler.close()
+
+
 def write_tiny_corpus(folder: Path, seed=0, vocab=60, lines=(400, 60, 60), max_len=30):
     """Random-word text files train/valid/test.txt (word level), written by the test itself."""
     rng = random.Random(seed)
@@ -76,16 +95,28 @@ def write_dictionary(folder: Path, vocab: int) -> Path:
     return folder
 
 
-def setup_from_command_line(data, *args):
-    """``(cfg, task)`` for fairseq-train arguments (after the data folder)."""
-    from fairseq import options, tasks
+_COMPOSED = {}  # the parsed options -> fairseq's config (see training_config)
+
+
+def training_config(argv):
+    """fairseq's config for a fairseq-train command line, as fairseq-train builds it: parsed by
+    fairseq's parser every call, then composed by hydra (a second or more per call, most of an
+    in-process test's time) once per distinct set of parsed options, and copied."""
+    from fairseq import options
     from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 
-    import fairseq_alibi  # noqa: F401  (registers the models and criteria)
+    parsed = options.parse_args_and_arch(options.get_training_parser(), [str(a) for a in argv])
+    key = repr(sorted(vars(parsed).items()))
+    if key not in _COMPOSED:
+        _COMPOSED[key] = convert_namespace_to_omegaconf(parsed)
+    return copy.deepcopy(_COMPOSED[key])
 
-    parser = options.get_training_parser()
-    parsed = options.parse_args_and_arch(parser, [str(data), *[str(a) for a in args]])
-    cfg = convert_namespace_to_omegaconf(parsed)
+
+def setup_from_command_line(data, *args):
+    """``(cfg, task)`` for fairseq-train arguments (after the data folder)."""
+    from fairseq import tasks
+
+    cfg = training_config([data, *args])
     return cfg, tasks.setup_task(cfg.task)
 
 
@@ -188,14 +219,18 @@ def loaded_at(output):
 def build_model(model, data, *extra):
     """``(model, task)`` of ``model`` ("lm" or "encoder") built in this process, as fairseq-train
     would from the same flags (``extra`` overrides them, e.g. ``--alibi-variant symmetric``)."""
-    from fairseq import options, tasks
-    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
-
-    argv = [str(a) for a in [data, *MODELS[model], "--cpu", *extra]]
-    args = options.parse_args_and_arch(options.get_training_parser(), argv)
-    cfg = convert_namespace_to_omegaconf(args)
-    task = tasks.setup_task(cfg.task)
+    cfg, task = setup_from_command_line(data, *MODELS[model], "--cpu", *extra)
     return task.build_model(cfg.model), task
+
+
+def decode_token_by_token(model, tokens):
+    """``(B, T, V)``: the decoder's output for ``tokens`` ``(B, T)``, one new token per call
+    through fairseq's incremental state (the KV cache), as a generator decodes; equals the full
+    forward pass."""
+    state = {}
+    steps = [model.decoder(tokens[:, : t + 1], incremental_state=state)[0][:, -1]
+             for t in range(tokens.size(1))]
+    return torch.stack(steps, 1)
 
 
 def load(path):

@@ -12,6 +12,7 @@ from fairseq_alibi.alibi import (
     get_slopes,
     mask_value,
 )
+from fairseq_alibi.modules.bias_cache import CachedAlibiBias
 
 
 def reference_slopes(n):
@@ -72,11 +73,13 @@ def test_causal_bias_is_relative_and_aligned_to_the_end_of_the_keys(q, k):
     assert (got[~visible] == mask_value(torch.float32)).all()
 
 
-def test_kv_cache_rows_equal_the_full_matrix():
-    slopes = get_slopes(8)
-    full = alibi_bias(slopes, 12, 12)
-    for k in range(1, 13):
-        assert torch.equal(alibi_bias(slopes, 1, k), full[:, k - 1 : k, :k])
+@pytest.mark.parametrize("variant", ["causal", "symmetric", "one_sided", "offset", "asymmetric"])
+def test_kv_cache_rows_equal_the_full_matrix(variant):
+    slopes, future = get_slopes(8), get_slopes(8) * 0.5
+    full = alibi_bias(slopes, 40, 40, variant, future)
+    for k in range(1, 41):
+        for q in {1, min(k, 16)}:
+            assert torch.equal(alibi_bias(slopes, q, k, variant, future), full[:, k - q : k, :k])
 
 
 def test_bias_depends_only_on_distance():
@@ -114,13 +117,26 @@ def test_unknown_variant_is_a_clear_error():
 
 
 def test_shared_bias_is_memoised_and_never_sized_by_a_maximum_length():
-    alibi = AlibiPositionalBias(8)
+    alibi = CachedAlibiBias(8)
     first = alibi(16, 16)
     assert alibi(16, 16) is first  # all layers of a forward share one tensor
     step = alibi(1, 300)  # one decoding step: (H, 1, k), nothing of size (k, k)
     assert step.shape == (8, 1, 300)
     assert set(dict(alibi.named_buffers())) == {"slopes"}
     assert alibi.slopes.numel() == 8
+
+
+@pytest.mark.parametrize("variant", ["causal", "symmetric", "one_sided", "offset", "asymmetric"])
+def test_the_models_memoised_bias_is_the_math_modules_bit_for_bit(variant):
+    """CachedAlibiBias (what the models build) returns exactly what AlibiPositionalBias
+    computes: full blocks, KV-cache blocks and decoding rows, in every dtype."""
+    math_only = AlibiPositionalBias(8, variant, future_slope_ratio=0.5, slope_scale=0.75)
+    cached = CachedAlibiBias(8, variant, future_slope_ratio=0.5, slope_scale=0.75)
+    assert cached.state_dict().keys() == math_only.state_dict().keys()
+    for dtype in (torch.float32, torch.bfloat16):
+        for query_len, key_len in ((7, 7), (3, 9), (1, 9), (1, 2000), (7, 7)):
+            assert torch.equal(cached(query_len, key_len, dtype),
+                               math_only(query_len, key_len, dtype)), (query_len, key_len)
 
 
 def test_half_conversion_keeps_float32_slopes():
@@ -142,20 +158,21 @@ def test_slope_scale_multiplies_slopes_exactly():
 def test_decoding_step_row_is_exactly_the_last_row_of_the_bias(variant, dtype):
     """A decoding step (one query, at the end of the keys) takes its row from a cached table:
     bit for bit the last row of the full bias, at every length, after the table grows, and
-    after the slope scale changes."""
-    alibi = AlibiPositionalBias(8, variant, future_slope_ratio=0.5)
+    after the slope scale changes. (The reference is the last of the bias's last 16 rows, not
+    of all ``k``: the rows of a block are those of the full matrix, test above.)"""
+    alibi = CachedAlibiBias(8, variant, future_slope_ratio=0.5)
     for key_len in (1, 2, 37, 1024, 1025, 3000, 1):
         if key_len == 1025:
             alibi.slope_scale = 0.25
         slopes, future = alibi.head_slopes()
-        want = alibi_bias(slopes, key_len, key_len, variant, future, dtype)[:, -1:]
+        want = alibi_bias(slopes, min(key_len, 16), key_len, variant, future, dtype)[:, -1:]
         got = alibi(1, key_len, dtype)
         assert got.shape == (8, 1, key_len) and got.dtype == dtype
         assert torch.equal(got, want), (variant, key_len)
 
 
 def test_decoding_steps_slice_one_cached_table():
-    alibi = AlibiPositionalBias(8)
+    alibi = CachedAlibiBias(8)
     first = alibi(1, 100)
     for key_len in range(101, 130):  # one step after another: views of the same table
         step = alibi(1, key_len)

@@ -24,6 +24,7 @@ from tests.helpers import (
     REPO,
     SHARED_DATA,
     build_model,
+    decode_token_by_token,
     run_cli,
     setup_from_command_line,
     train,
@@ -112,10 +113,8 @@ def test_lm_sequence_16x_the_training_length(lm_checkpoint, tiny_lm_data):
     tokens = hub.encode(words)[None, :]
     with torch.no_grad():
         full = model(tokens)[0]
-        state = {}
-        steps = [model.decoder(tokens[:, : t + 1], incremental_state=state)[0][:, -1]
-                 for t in range(tokens.size(1))]
-    assert torch.allclose(torch.stack(steps, 1), full, atol=1e-4, rtol=0)
+        steps = decode_token_by_token(model, tokens)
+    assert torch.allclose(steps, full, atol=1e-4, rtol=0)
 
 
 @pytest.mark.parametrize("variant", ENCODER_VARIANTS)

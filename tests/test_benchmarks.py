@@ -19,7 +19,7 @@ SECTIONS = [
     "### Attention forward (",
     "### Attention forward+backward and memory (",
     "### Attention modules, projections included (",
-    "### Cached decoding, per step: alibi_transformer_lm ÷ transformer_lm (",
+    "### Cached decoding, per step: ALiBi ÷ stock decoders (",
     "### Training throughput and peak memory (",
     "### fairseq-eval-lm, sliding window (",
     "### Encoder variants, attention (",
@@ -46,16 +46,17 @@ def test_quick_run_of_every_benchmark_writes_its_tables(tmp_path):
     assert text.count("Command: `python -m benchmarks.run --quick --threads 1 --markdown") == len(SECTIONS)
     assert text.count("Machine: ") == len(SECTIONS) and text.count("Date: ") == len(SECTIONS)
     # every method of the attention benchmark has a row, and flex is said to be forward-only
-    for method in ["no bias", "fold", "sdpa (float mask)", "original (B·H,L,L) mask",
+    for method in ["no bias", "fold", "sdpa", "original (B·H,L,L) mask",
                    "BLOOM baddbmm", "naive", "flex (compiled)"]:
         assert f"| {method} |" in text, method
     assert "| flex (compiled) | no CPU backward |" in text
-    # the decoding benchmark has a ratio for every (sequences, cached tokens) case of --quick
+    # the decoding benchmark has a ratio for every (decoder, sequences, cached tokens) case
     decoding = text.split("### Cached decoding")[1].split("###")[0]
     rows = [l.split("|")[1:-1] for l in decoding.splitlines() if l.startswith("| ")][1:]
-    assert [(r[0].strip(), r[1].strip()) for r in rows] == [
-        ("1", "16"), ("1", "64"), ("2", "16"), ("2", "64")]
-    assert all(float(r[4]) > 0 for r in rows), rows
+    assert [tuple(c.strip() for c in r[:3]) for r in rows] == [
+        (decoder, batch, cached) for decoder in ("language model", "translation decoder")
+        for batch in ("1", "2") for cached in ("16", "64")]
+    assert all(float(r[5]) > 0 for r in rows), rows
     # both models scored the same, non-zero, number of tokens with fairseq-eval-lm
     eval_section = text.split("### fairseq-eval-lm")[1].split("###")[0]
     rows = [l.split("|")[1:-1] for l in eval_section.splitlines() if l.startswith("| ")][1:]

@@ -18,8 +18,7 @@ import torch
 
 from fairseq_alibi.alibi import get_slopes
 from fairseq_alibi.criterions.lm_distillation import distillation_loss
-from tests.helpers import setup_from_command_line
-from tests.helpers import run_cli
+from tests.helpers import run_cli, setup_from_command_line, write_dictionary
 
 L = 16
 HEADS = 4
@@ -41,6 +40,33 @@ def stock(tmp_path_factory, tiny_lm_data, alibi_user_dir):
         save = tmp_path_factory.mktemp(f"stock_{kind}")
         run_cli("fairseq-train", tiny_lm_data, "--user-dir", alibi_user_dir, *TRAIN, *flags,
                 "--arch", "transformer_lm", "--max-update", "4", "--save-dir", save)
+        found[kind] = save / "checkpoint_last.pt"
+    return found
+
+
+@pytest.fixture(scope="module")
+def lm_dictionary(tmp_path_factory):
+    """A data folder holding only the dictionary of ``tiny_lm_data`` (60 words, 64 symbols):
+    all that building a language-modelling task reads."""
+    return write_dictionary(tmp_path_factory.mktemp("lm_dictionary"), 60)
+
+
+@pytest.fixture(scope="module")
+def written(lm_dictionary, tmp_path_factory):
+    """Stock transformer_lm checkpoints, one per kind of position embedding, written in this
+    process by fairseq's own ``Trainer`` (what fairseq-train saves with), untrained: for the
+    in-process tests, which read the format, not trained weights (``stock`` trains them)."""
+    from fairseq.trainer import Trainer
+
+    found = {}
+    for kind, flags in POSITIONS.items():
+        save = tmp_path_factory.mktemp(f"written_{kind}")
+        cfg, task = setup_from_command_line(lm_dictionary, *TRAIN, *flags, "--arch",
+                                            "transformer_lm", "--save-dir", save)
+        model = task.build_model(cfg.model)
+        trainer = Trainer(cfg, task, model, task.build_criterion(cfg.criterion))
+        trainer.consolidate_optimizer()  # what fairseq's save_checkpoint does first
+        trainer.save_checkpoint(str(save / "checkpoint_last.pt"), {})
         found[kind] = save / "checkpoint_last.pt"
     return found
 
@@ -140,10 +166,10 @@ def test_conversion_refuses_what_it_cannot_convert(stock, converted, tmp_path, c
         assert not out.exists() and not list(tmp_path.glob(".*.tmp"))
 
 
-def test_conversion_drops_the_placeholder_of_older_sinusoidal_checkpoints(stock, tmp_path):
+def test_conversion_drops_the_placeholder_of_older_sinusoidal_checkpoints(written, tmp_path):
     from fairseq_alibi.cli.convert import convert_file
 
-    state = load(stock["sinusoidal"])
+    state = load(written["sinusoidal"])
     state["model"]["decoder.embed_positions._float_tensor"] = torch.zeros(1)
     torch.save(state, tmp_path / "old.pt")
     summary = convert_file(tmp_path / "old.pt", tmp_path / "new.pt")
@@ -151,22 +177,22 @@ def test_conversion_drops_the_placeholder_of_older_sinusoidal_checkpoints(stock,
     assert not any("embed_positions" in k for k in load(tmp_path / "new.pt")["model"])
 
 
-def test_conversion_of_an_argparse_era_checkpoint(stock, tiny_lm_data, tmp_path):
+def test_conversion_of_an_argparse_era_checkpoint(written, lm_dictionary, tmp_path):
     """Older fairseq checkpoints hold an argparse Namespace ("args") instead of "cfg"."""
     from fairseq import options
 
     from fairseq_alibi.cli.convert import convert_file
     from fairseq_alibi.models.alibi_transformer_lm import AlibiTransformerLanguageModel
 
-    state = load(stock["learned"])
+    state = load(written["learned"])
     state["args"] = options.parse_args_and_arch(options.get_training_parser(), [
-        str(tiny_lm_data), *TRAIN, *POSITIONS["learned"], "--arch", "transformer_lm"])
+        str(lm_dictionary), *TRAIN, *POSITIONS["learned"], "--arch", "transformer_lm"])
     state["cfg"] = None
     torch.save(state, tmp_path / "old.pt")
     summary = convert_file(tmp_path / "old.pt", tmp_path / "new.pt")
     assert summary["dropped"] == ["decoder.embed_positions.weight"]
     hub = AlibiTransformerLanguageModel.from_pretrained(
-        str(tmp_path), "new.pt", data_name_or_path=str(tiny_lm_data))
+        str(tmp_path), "new.pt", data_name_or_path=str(lm_dictionary))
     for key, value in hub.models[0].state_dict().items():
         expected = get_slopes(HEADS) if key == "decoder.alibi.slopes" else state["model"][key]
         assert torch.equal(value, expected), key
@@ -204,13 +230,16 @@ def test_distillation_loss_equals_the_formula_on_a_hand_built_example():
                              0.0, T, pad)[0].item() == pytest.approx(0.0, abs=1e-6)
 
 
-def test_gradients_reach_only_the_student(stock, converted, tiny_lm_data):
+def test_gradients_reach_only_the_student(written, lm_dictionary, tmp_path):
+    from fairseq_alibi.cli.convert import convert_file
+
+    convert_file(written["sinusoidal"], tmp_path / "student.pt")
     cfg, task = setup_from_command_line(
-        tiny_lm_data, "--task", "language_modeling", "--arch", "alibi_transformer_lm", *DIMS,
+        lm_dictionary, "--task", "language_modeling", "--arch", "alibi_transformer_lm", *DIMS,
         "--tokens-per-sample", L, "--criterion", "lm_distillation", "--teacher-path",
-        stock["sinusoidal"], "--distill-alpha", "0.5", "--distill-temperature", "2")
+        written["sinusoidal"], "--distill-alpha", "0.5", "--distill-temperature", "2")
     student = task.build_model(cfg.model)
-    student.load_state_dict(load(converted["sinusoidal"])["model"])
+    student.load_state_dict(load(tmp_path / "student.pt")["model"])
     student.eval()  # no dropout: the loss is recomputed below
     criterion = task.build_criterion(cfg.criterion)
     teacher = criterion.teacher
@@ -259,12 +288,10 @@ def test_distillation_trains_resumes_and_leaves_the_teacher_out(
     assert tokens > 0 and 1.0 < ppl < 1e4
 
 
-def test_distillation_refuses_a_teacher_with_another_dictionary(stock, tmp_path):
-    from tests.helpers import write_dictionary
-
+def test_distillation_refuses_a_teacher_with_another_dictionary(written, tmp_path):
     data = write_dictionary(tmp_path, 30)
     with pytest.raises(ValueError, match="dictionary of 64 symbols, the task's has 34"):
         cfg, task = setup_from_command_line(
             data, "--task", "language_modeling", "--arch", "alibi_transformer_lm",
-            "--criterion", "lm_distillation", "--teacher-path", stock["learned"])
+            "--criterion", "lm_distillation", "--teacher-path", written["learned"])
         task.build_criterion(cfg.criterion)

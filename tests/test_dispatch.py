@@ -49,8 +49,11 @@ POLICY = [
     (Call(variant="offset", query_len=2048, key_len=2048, heads=4, device="cpu",
           dtype=torch.float32), "sdpa"),  # (4, 2048, 2048) float32 = 64 MiB: just fits
     (Call(variant="offset", query_len=2048, key_len=2048, **CPU32), "fold"),  # 128 MiB
+    # key padding is a query/key column, not a per-sequence mask: the bias stays (H, T, S)
     (Call(variant="asymmetric", query_len=512, key_len=512, batch=16, padded=True, **CPU32),
-     "fold"),  # padding: a (16, 8, 512, 512) mask = 128 MiB
+     "sdpa"),
+    (Call(variant="offset", query_len=2048, key_len=2048, batch=16, padded=True, **CPU32),
+     "fold"),  # (8, 2048, 2048) float32 = 128 MiB
     (Call(variant="asymmetric", query_len=512, key_len=512, batch=16, **CPU32), "sdpa"),
     # what the fold cannot serve goes to sdpa, at any length
     (Call(variant="causal", query_len=1, key_len=4096, **CPU32), "sdpa"),  # a decoding step

@@ -4,7 +4,7 @@
   (train) and output (eval); flex eager and inference only (no CPU backward), flash on CUDA;
 * the scales' gradients against central finite differences (float64 modules);
 * the default (no learned scale, 1.0) equals the code before scales existed, bit for bit
-  (that code, from git, run in a subprocess);
+  (that code, from git, run in a subprocess: slow);
 * a clear error for a non-positive initial scale or an unknown mode, in every model family;
 * checkpoints without scales load as 1.0; scales of another mode are a clear error;
 * which backend trains them (``auto`` folds; ``flash`` refuses);
@@ -19,12 +19,14 @@ import textwrap
 import pytest
 import torch
 
-from fairseq_alibi.alibi import SCALE_MODES, AlibiPositionalBias, mask_value, variant_slopes
+from fairseq_alibi.alibi import SCALE_MODES, mask_value, variant_slopes
 from fairseq_alibi.modules import AlibiMultiheadAttention
 from fairseq_alibi.modules.attention import dispatch, flash, flex
 from fairseq_alibi.modules.attention.dispatch import Call
+from fairseq_alibi.modules.bias_cache import CachedAlibiBias
 from tests.helpers import (
-    REPO, build_model, load, setup_from_command_line, train, write_dictionary,
+    REPO, build_model, decode_token_by_token, load, setup_from_command_line, train,
+    write_dictionary,
 )
 
 VARIANTS = ["causal", "symmetric", "one_sided", "offset", "asymmetric"]
@@ -42,8 +44,8 @@ def eager_flex(monkeypatch):
 
 def scaled_module(variant, mode, init=1.0, ratio=1.0):
     """A bias with learned scales set away from 1, so that every scale counts."""
-    alibi = AlibiPositionalBias(HEADS, variant, future_slope_ratio=ratio, num_layers=LAYERS,
-                                learned_scales=mode, scale_init=init)
+    alibi = CachedAlibiBias(HEADS, variant, future_slope_ratio=ratio, num_layers=LAYERS,
+                            learned_scales=mode, scale_init=init)
     with torch.no_grad():
         torch.manual_seed(7)
         alibi.scales.uniform_(0.3, 3.0)
@@ -198,19 +200,19 @@ def test_every_mode_has_the_documented_shape():
     shapes = {"shared": (1, 1), "per_head": (1, HEADS), "per_layer": (LAYERS, 1),
               "per_layer_head": (LAYERS, HEADS)}
     for mode, shape in shapes.items():
-        alibi = AlibiPositionalBias(HEADS, "causal", num_layers=LAYERS, learned_scales=mode,
-                                    scale_init=0.5)
+        alibi = CachedAlibiBias(HEADS, "causal", num_layers=LAYERS, learned_scales=mode,
+                                scale_init=0.5)
         assert tuple(alibi.scales.shape) == shape
         assert torch.all(alibi.scales == 0.5)
         assert alibi.scales.requires_grad
-    fixed = AlibiPositionalBias(HEADS, "causal", num_layers=LAYERS)
+    fixed = CachedAlibiBias(HEADS, "causal", num_layers=LAYERS)
     assert fixed.scales is None and "scales" not in fixed.state_dict()
     assert all(fixed.at_layer(i) is fixed for i in range(LAYERS))  # nothing is multiplied
 
 
 def test_fixed_scale_init_multiplies_without_a_parameter():
-    fixed = AlibiPositionalBias(HEADS, "offset", scale_init=0.5)
-    base = AlibiPositionalBias(HEADS, "offset")
+    fixed = CachedAlibiBias(HEADS, "offset", scale_init=0.5)
+    base = CachedAlibiBias(HEADS, "offset")
     assert fixed.scales is None and not list(fixed.parameters())
     torch.testing.assert_close(fixed(5, 5), base(5, 5) * 0.5)
 
@@ -245,9 +247,17 @@ def lm_data(tmp_path_factory):
 
 
 @pytest.mark.parametrize("init", [0, -1, float("nan")])
-def test_non_positive_initial_scale_is_a_clear_error(init, lm_data, tmp_path):
+def test_non_positive_initial_scale_is_a_clear_error(init):
     with pytest.raises(ValueError, match="--alibi-scale-init must be a positive number"):
-        AlibiPositionalBias(HEADS, "causal", learned_scales="per_head", scale_init=init)
+        CachedAlibiBias(HEADS, "causal", learned_scales="per_head", scale_init=init)
+    with pytest.raises(ValueError, match="--alibi-scale-init must be a positive number"):
+        CachedAlibiBias(HEADS, "offset", scale_init=init)  # a fixed scale is checked too
+
+
+def test_every_family_names_its_scale_init_flag(lm_data, tmp_path):
+    """The flag reaches the check above in every model family, named as the user typed it
+    (one bad value: the values themselves are the test above's)."""
+    init = 0
     with pytest.raises(ValueError, match="--alibi-scale-init must be a positive number"):
         build_model("lm", lm_data, "--alibi-learned-scales", "per_head",
                     "--alibi-scale-init", init)
@@ -272,7 +282,7 @@ def setup_and_build_translation(data, *extra):
 
 def test_unknown_mode_is_a_clear_error():
     with pytest.raises(ValueError, match="unknown --alibi-learned-scales 'per_token'"):
-        AlibiPositionalBias(HEADS, "causal", learned_scales="per_token")
+        CachedAlibiBias(HEADS, "causal", learned_scales="per_token")
 
 
 def test_scales_without_alibi_are_a_clear_error(lm_data):
@@ -338,7 +348,7 @@ def test_scales_of_another_mode_are_a_clear_error(lm_data):
 
 def test_scales_survive_half_precision_and_a_state_dict_round_trip():
     alibi = scaled_module("offset", "per_layer_head")
-    copy = AlibiPositionalBias(HEADS, "offset", num_layers=LAYERS, learned_scales="per_layer_head")
+    copy = CachedAlibiBias(HEADS, "offset", num_layers=LAYERS, learned_scales="per_layer_head")
     copy.load_state_dict(alibi.state_dict())
     assert torch.equal(copy.scales, alibi.scales)
     assert copy.half().slopes.dtype == torch.float32  # the slopes stay exact
@@ -402,16 +412,19 @@ _OUTPUTS = textwrap.dedent("""
             model, task = build_model(model_name, sys.argv[3], "--alibi-attention", backend,
                                       *extra)
             model.train()
-            tokens = torch.randint(4, 40, (3, 20))
-            tokens[1, -3:] = 1  # padding
-            torch.manual_seed(1)
-            out = model(tokens)[0]
-            (out.float() * torch.linspace(-1, 1, out.size(-1))).sum().backward()
-            key = f"{model_name}/{' '.join(extra)}/{backend}"
-            results[key + "/out"] = out.detach()
-            for n, p in model.named_parameters():
-                if p.grad is not None:
-                    results[f"{key}/grad/{n}"] = p.grad
+            for padded in (False, True):
+                model.zero_grad()
+                tokens = torch.randint(4, 40, (3, 20))
+                if padded:
+                    tokens[1, -3:] = 1
+                torch.manual_seed(1)
+                out = model(tokens)[0]
+                (out.float() * torch.linspace(-1, 1, out.size(-1))).sum().backward()
+                key = f"{model_name}/{' '.join(extra)}/{backend}/{'padded' if padded else 'full'}"
+                results[key + "/out"] = out.detach().clone()
+                for n, p in model.named_parameters():
+                    if p.grad is not None:
+                        results[f"{key}/grad/{n}"] = p.grad.clone()
     torch.save(results, sys.argv[4])
 """)
 
@@ -424,6 +437,7 @@ def _outputs(package_root, data, path):
     return torch.load(path)
 
 
+@pytest.mark.slow  # two Python processes, one of them the code checked out from git
 def test_default_equals_the_code_before_scales_bit_for_bit(lm_data, tmp_path):
     if shutil.which("git") is None:
         pytest.skip("git is needed to check out the code before learned scales")
@@ -438,7 +452,13 @@ def test_default_equals_the_code_before_scales_bit_for_bit(lm_data, tmp_path):
     now = _outputs(REPO, lm_data, tmp_path / "now.pt")
     assert before.keys() == now.keys() and len(now) > 12
     for key in now:
-        assert torch.equal(before[key], now[key]), key
+        if "/padded/" in key and ("/sdpa/" in key or "/auto/" in key):
+            # since then, sdpa hides padding keys with one more query/key column instead of a
+            # per-sequence mask (dense.padding_column): the same function through another
+            # kernel path, equal to float32 rounding (the unpadded batch stays bit for bit)
+            torch.testing.assert_close(now[key], before[key], rtol=1e-5, atol=1e-6, msg=key)
+        else:
+            assert torch.equal(before[key], now[key]), key
 
 
 # ------------------------------------------------------------------ through fairseq-train
@@ -514,7 +534,5 @@ def test_a_decoding_step_uses_the_scales(lm_data):
         tokens = torch.randint(4, 40, (2, 10))
         with torch.no_grad():
             full = lm(tokens)[0]
-            state = {}
-            steps = [lm.decoder(tokens[:, :t + 1], incremental_state=state)[0][:, -1]
-                     for t in range(tokens.size(1))]
-        torch.testing.assert_close(torch.stack(steps, 1), full, atol=2e-5, rtol=1e-4)
+            steps = decode_token_by_token(lm, tokens)
+        torch.testing.assert_close(steps, full, atol=2e-5, rtol=1e-4)

@@ -81,6 +81,57 @@ def test_beam_reordering_of_the_cache(model_and_task):
     assert torch.allclose(step, full, atol=1e-5, rtol=0)
 
 
+def test_cache_with_spare_room_through_growth_reorders_and_forks(model_and_task):
+    """The KV cache is written in place into a buffer with spare room (append_to_cache): exact
+    across the buffer's growth (150 steps: several growths), beam reorders that duplicate and drop rows, the
+    identity reorder (skipped), and two continuations of one prefix sharing its buffer."""
+    model, task = model_and_task
+    torch.manual_seed(2)
+    tokens = torch.randint(4, len(task.dictionary), (3, 150))
+
+    def steps(state, toks, start, stop):
+        return [model.decoder(toks[:, : t + 1], incremental_state=state)[0][:, -1]
+                for t in range(start, stop)]
+
+    with torch.no_grad():
+        state = {}
+        steps(state, tokens, 0, 70)
+        order = torch.tensor([2, 2, 0])
+        model.decoder.reorder_incremental_state_scripting(state, order)
+        model.decoder.reorder_incremental_state_scripting(state, torch.arange(3))  # identity
+        reordered = tokens[order]
+        out = torch.stack(steps(state, reordered, 70, 150), 1)
+        assert torch.allclose(out, model(reordered)[0][:, 70:], atol=1e-5, rtol=0)
+
+        # two continuations of one prefix: the second copy shares the first's buffers
+        prefix = {}
+        steps(prefix, tokens, 0, 20)
+        fork = {key: dict(value) for key, value in prefix.items()}
+        other = tokens.clone()
+        other[:, 20:] = torch.flip(tokens[:, 20:], dims=[1])
+        first, second = [], []
+        for t in range(20, 30):  # interleaved, as a tree search would
+            first += steps(prefix, tokens, t, t + 1)
+            second += steps(fork, other, t, t + 1)
+        first, second = torch.stack(first, 1), torch.stack(second, 1)
+        assert torch.allclose(first, model(tokens[:, :30])[0][:, 20:], atol=1e-5, rtol=0)
+        assert torch.allclose(second, model(other[:, :30])[0][:, 20:], atol=1e-5, rtol=0)
+
+
+def test_cached_decoding_while_autograd_records(model_and_task):
+    """With autograd on, the cache is concatenated (in-place writes would break backward)."""
+    model, task = model_and_task
+    tokens = torch.randint(4, len(task.dictionary), (2, 6))
+    model.eval()
+    state = {}
+    outs = [model.decoder(tokens[:, : t + 1], incremental_state=state)[0][:, -1]
+            for t in range(6)]
+    torch.stack(outs).sum().backward()
+    with torch.no_grad():
+        assert torch.allclose(torch.stack(outs, 1), model(tokens)[0], atol=1e-5, rtol=0)
+    model.zero_grad()
+
+
 def test_output_does_not_depend_on_absolute_offset(model_and_task):
     """The same window, shifted right by left padding, gives the same outputs."""
     model, task = model_and_task

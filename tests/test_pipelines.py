@@ -25,7 +25,7 @@ from fairseq_alibi.preprocess import glue, pile, wikitext
 from fairseq_alibi.preprocess.common import DataError, atomic_directory
 from fairseq_alibi.preprocess.encoders import NEWLINE, Gpt2BpeEncoder, SentencePieceEncoder
 from tests import helpers as fx
-from tests.helpers import REPO, SHARED_DATA
+from tests.helpers import REPO, SHARED_DATA, preprocess
 
 PYTHON = sys.executable
 OUTPUT_FILES = ("dict.txt",) + tuple(f"{s}.{e}" for s in ("train", "valid", "test")
@@ -106,14 +106,6 @@ def reference_bpe(bpe_dir):
 
     encode.dictionary = d
     return encode
-
-
-def preprocess(*args):
-    """fairseq-preprocess, in this process (the CLI's own main and parser)."""
-    from fairseq import options
-    from fairseq_cli.preprocess import main
-
-    main(options.get_preprocessing_parser().parse_args([str(a) for a in args]))
 
 
 def fairseq_bpe_encode(bpe_dir, src, dst):

@@ -10,6 +10,7 @@
 * A save that fails (file too large) leaves the previous ``checkpoint_last.pt`` untouched.
 """
 
+import functools
 import os
 import re
 import shutil
@@ -51,15 +52,13 @@ def assert_identical(a, b):
 @pytest.fixture(scope="module")
 def straight(tmp_path_factory, tiny_lm_data, alibi_user_dir):
     """model -> (save dir, output) of 20 updates in one go, trained once, on demand."""
-    done = {}
 
+    @functools.cache
     def get(model):
-        if model not in done:
-            save = tmp_path_factory.mktemp(f"straight_{model}")
-            out = train(model, tiny_lm_data, alibi_user_dir, save, *SAVE_EVERY, "--max-update", 20)
-            assert [u for u, _ in logged_losses(out)] == list(range(1, 21))
-            done[model] = save, out
-        return done[model]
+        save = tmp_path_factory.mktemp(f"straight_{model}")
+        out = train(model, tiny_lm_data, alibi_user_dir, save, *SAVE_EVERY, "--max-update", 20)
+        assert [u for u, _ in logged_losses(out)] == list(range(1, 21))
+        return save, out
 
     return get
 

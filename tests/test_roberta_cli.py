@@ -6,7 +6,7 @@ interface (offline with sentencepiece), and a GLUE SST-2 smoke test with the GPT
 ``../shared/data`` is present.
 """
 
-import logging
+import functools
 import math
 import random
 import re
@@ -15,7 +15,7 @@ import shutil
 import pytest
 import torch
 
-from tests.helpers import SHARED_DATA, run_cli
+from tests.helpers import SHARED_DATA, preprocess, run_cli
 
 from fairseq_alibi.models.alibi_roberta import AlibiRobertaModel
 
@@ -47,21 +47,6 @@ WORDS = ("the cat dog sat ran on a mat big small red blue house tree under over 
 
 def sentence(rng, lo=4, hi=14):
     return " ".join(rng.choice(WORDS) for _ in range(rng.randint(lo, hi)))
-
-
-def preprocess(*args):
-    """fairseq-preprocess, in this process (it is not what is under test here)."""
-    from fairseq import options
-    from fairseq_cli.preprocess import main
-
-    log = logging.getLogger("fairseq_cli.preprocess")
-    before = list(log.handlers)
-    try:
-        main(options.get_preprocessing_parser().parse_args([str(a) for a in args]))
-    finally:  # it adds a log file handler per call
-        for handler in log.handlers[len(before):]:
-            log.removeHandler(handler)
-            handler.close()
 
 
 @pytest.fixture(scope="module")
@@ -101,15 +86,13 @@ def pretrain_args(user_dir, data, save_dir, options, updates=PRETRAIN_UPDATES):
 @pytest.fixture(scope="module")
 def pretrained(corpus, tmp_path_factory, alibi_user_dir):
     """name -> (save dir, training log), pretraining each configuration once, on demand."""
-    done = {}
 
+    @functools.cache
     def get(name):
-        if name not in done:
-            save_dir = tmp_path_factory.mktemp(f"pretrained_{name}")
-            out = run_cli("fairseq-train", *pretrain_args(
-                alibi_user_dir, corpus["bin"], save_dir, PRETRAIN[name]))
-            done[name] = (save_dir, out)
-        return done[name]
+        save_dir = tmp_path_factory.mktemp(f"pretrained_{name}")
+        out = run_cli("fairseq-train", *pretrain_args(
+            alibi_user_dir, corpus["bin"], save_dir, PRETRAIN[name]))
+        return save_dir, out
 
     return get
 

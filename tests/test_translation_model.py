@@ -15,6 +15,7 @@ from fairseq.models import ARCH_MODEL_REGISTRY
 from fairseq_alibi.alibi import ENCODER_VARIANTS
 from fairseq_alibi.models.alibi_transformer import AlibiTransformerModel
 from fairseq_alibi.models.checks import UNBOUNDED_POSITIONS
+from fairseq_alibi.modules import AlibiMultiheadAttention, set_attention_backend
 from fairseq_alibi.modules.attention import REGISTRY, dispatch, flex
 from tests.helpers import setup_from_command_line
 from tests.test_encoder_math import naive_bias, naive_slopes
@@ -155,6 +156,13 @@ def select_attention(name, monkeypatch, calls):
 
 
 @pytest.mark.parametrize("attention_name", ATTENTIONS)
+def test_the_attention_flag_reaches_every_self_attention_layer(data, attention_name):
+    model, _ = build(data, "--alibi-attention", attention_name)
+    layers = [m for m in model.modules() if isinstance(m, AlibiMultiheadAttention)]
+    assert len(layers) == 4 and {m.attention_backend for m in layers} == {attention_name}
+
+
+@pytest.mark.parametrize("attention_name", ATTENTIONS)
 @pytest.mark.parametrize("variant", ALIBI_VARIANTS)
 def test_left_padded_batch_matches_float64_reference_on_unpadded_sentences(
         data, variant, attention_name, monkeypatch):
@@ -162,8 +170,9 @@ def test_left_padded_batch_matches_float64_reference_on_unpadded_sentences(
     extra = ["--encoder-alibi-future-slope-ratio", ratio] if variant == "asymmetric" else []
     calls = []
     backend = select_attention(attention_name, monkeypatch, calls)
-    model, task = build(data, "--encoder-alibi-variant", variant, "--alibi-attention", backend,
-                        *extra)
+    # built once per variant (the flag's wiring: the test above), then switched to the backend
+    model, task = build(data, "--encoder-alibi-variant", variant, *extra)
+    set_attention_backend(model, backend)
     # unequal lengths: left padding of 0, 4 and 9 sources tokens; one target with no padding
     sources = sentences(task, [11, 7, 2])
     targets = sentences(task, [5, 9, 3], side="tgt", seed=1)

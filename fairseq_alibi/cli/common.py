@@ -14,6 +14,13 @@ def console_script(name: str) -> str:
     return str(here) if here.exists() else name
 
 
+def thread_env(threads: int) -> dict:
+    """This environment for a fairseq subprocess: ``threads`` OpenMP/MKL threads, unbuffered
+    output (its log is read while it runs)."""
+    return dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads),
+                PYTHONUNBUFFERED="1")
+
+
 def run_logged(cmd: List[str], log: Path, env: dict, what: str) -> str:
     """Run a command to completion, its output in ``log``; a clear error if it fails."""
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env)

@@ -36,7 +36,13 @@ from fairseq_alibi.cli.sweep import (
     position_overrides,
     run_sweep,
 )
-from fairseq_alibi.cli.common import console_script, cpu_seconds, machine, run_logged
+from fairseq_alibi.cli.common import (
+    console_script,
+    cpu_seconds,
+    machine,
+    run_logged,
+    thread_env,
+)
 from fairseq_alibi.paths import user_dir
 from fairseq_alibi.preprocess.common import progress_bar
 from fairseq_alibi.preprocess.encoders import sentencepiece_dictionary, train_sentencepiece
@@ -266,8 +272,7 @@ def main(argv=None):
     cores = os.cpu_count() or 1
     jobs = args.jobs or (2 if cores >= 2 else 1)
     threads = args.threads or int(os.environ.get("OMP_NUM_THREADS", 0)) or max(1, cores // jobs)
-    env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads),
-               PYTHONUNBUFFERED="1")
+    env = thread_env(threads)
     import torch
 
     cpu = not torch.cuda.is_available()

@@ -55,7 +55,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Dict, List, Mapping, Optional, Sequence, Union
 
-from fairseq_alibi.cli.common import console_script
+from fairseq_alibi.cli.common import console_script, thread_env
 from fairseq_alibi.paths import user_dir
 from fairseq_alibi.preprocess.common import progress_bar
 
@@ -346,8 +346,7 @@ def run_sweep(
     threads = threads or int(os.environ.get("OMP_NUM_THREADS", 0)) or max(
         1, (os.cpu_count() or 1) // jobs
     )
-    env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads),
-               PYTHONUNBUFFERED="1")
+    env = thread_env(threads)
 
     tasks = [(name, mode, n) for name in specs for mode in modes for n in lengths]
     points = [None] * len(tasks)

@@ -87,11 +87,12 @@ def load_teacher(path: str, task):
     """The frozen teacher: loaded with the task's dictionary, in eval mode, no gradients."""
     from fairseq import checkpoint_utils
 
-    from fairseq_alibi.models.checks import vocabulary_size
+    from fairseq_alibi.models.checks import refuse_unconverted_press_checkpoint, vocabulary_size
 
     if not Path(path).is_file():
         raise ValueError(f"--teacher-path {path}: no checkpoint there")
     state = checkpoint_utils.load_checkpoint_to_cpu(path)
+    refuse_unconverted_press_checkpoint(state, f"the teacher {path}")  # else a stock model
     vocab, expected = vocabulary_size(state["model"]), len(task.target_dictionary)
     if vocab != expected:
         raise ValueError(

@@ -40,14 +40,10 @@ from fairseq.models.transformer import TransformerConfig, TransformerEncoder
 from fairseq.modules.transformer_sentence_encoder import init_bert_params
 from fairseq.utils import safe_getattr, safe_hasattr
 
-from fairseq_alibi.alibi import (
-    ENCODER_VARIANTS,
-    SCALE_MODES,
-    AlibiPositionalBias,
-    check_scale_options,
-    check_variant,
-)
+from fairseq_alibi.alibi import ENCODER_VARIANTS, SCALE_MODES, check_variant
 from fairseq_alibi.modules.attention import ATTENTION_BACKENDS, check_attention_backend
+from fairseq_alibi.modules.bias_cache import CachedAlibiBias
+from fairseq_alibi.modules.learned_scales import check_scale_options
 from fairseq_alibi.models.checks import (
     UNBOUNDED_POSITIONS,
     check_tokens_per_sample,
@@ -55,6 +51,7 @@ from fairseq_alibi.models.checks import (
     reject_position_embeddings,
 )
 from fairseq_alibi.hub import load_pretrained
+from fairseq_alibi.models.layer_pruning import ScalesFollowPrunedLayers
 from fairseq_alibi.paths import config_dir
 from fairseq_alibi.modules import AlibiTransformerEncoderLayer, wrap_layer
 from fairseq_alibi.modules.clap_head import ClapHead, EncoderTokenEmbedding
@@ -241,7 +238,7 @@ class AlibiTransformerEncoder(TransformerEncoder):
     def build_encoder_layer(self, args):
         cfg = TransformerConfig.from_namespace(args)  # drops our fields: read them from args
         if not hasattr(self, "alibi"):  # one bias module for all layers, built with the first
-            self.alibi = AlibiPositionalBias(
+            self.alibi = CachedAlibiBias(
                 cfg.encoder.attention_heads,
                 self.args.alibi_variant,
                 future_slope_ratio=self.args.alibi_future_slope_ratio,
@@ -403,8 +400,10 @@ class AlibiRobertaEncoder(RobertaEncoder):
 
 
 @register_model("alibi_roberta")
-class AlibiRobertaModel(RobertaModel):
+class AlibiRobertaModel(ScalesFollowPrunedLayers, RobertaModel):
     """RoBERTa with ALiBi (``--alibi-variant``) and an optional CLAP head (``--mlm-head clap``)."""
+
+    alibi_scales_keys = {"encoder": "encoder.sentence_encoder.alibi.scales"}
 
     @classmethod
     def hub_models(cls):

@@ -43,17 +43,13 @@ from fairseq.models import (
 from fairseq.models.transformer import TransformerModel
 from fairseq.utils import safe_getattr
 
-from fairseq_alibi.alibi import (
-    ENCODER_VARIANTS,
-    SCALE_MODES,
-    check_scale_options,
-    check_variant,
-    variant_slopes,
-)
+from fairseq_alibi.alibi import ENCODER_VARIANTS, SCALE_MODES, check_variant, variant_slopes
 from fairseq_alibi.modules.attention import ATTENTION_BACKENDS, check_attention_backend
+from fairseq_alibi.modules.learned_scales import check_scale_options
 from fairseq_alibi.hub import AlibiLanguageModelHubInterface, load_pretrained
 from fairseq_alibi.models.alibi_roberta import AlibiTransformerEncoder
 from fairseq_alibi.models.alibi_transformer_lm import AlibiTransformerDecoder
+from fairseq_alibi.models.layer_pruning import ScalesFollowPrunedLayers
 from fairseq_alibi.models.checks import (
     UNBOUNDED_POSITIONS,
     reject_other_dictionary,
@@ -166,8 +162,10 @@ def _side_config(cfg, **values):
 
 
 @register_model(MODEL_NAME)
-class AlibiTransformerModel(TransformerModel):
+class AlibiTransformerModel(ScalesFollowPrunedLayers, TransformerModel):
     """Encoder-decoder transformer, ALiBi self-attention on either side (or both)."""
+
+    alibi_scales_keys = {"encoder": "encoder.alibi.scales", "decoder": "decoder.alibi.scales"}
 
     @classmethod
     def hub_models(cls):

@@ -31,7 +31,8 @@ from fairseq.models.transformer_lm import (
 
 from fairseq.dataclass import ChoiceEnum
 
-from fairseq_alibi.alibi import SCALE_MODES, AlibiPositionalBias
+from fairseq_alibi.alibi import SCALE_MODES
+from fairseq_alibi.modules.bias_cache import CachedAlibiBias
 from fairseq_alibi.modules.attention import ATTENTION_BACKENDS
 from fairseq_alibi.modules import AlibiTransformerDecoderLayer, wrap_layer
 from fairseq_alibi.hub import AlibiLanguageModelHubInterface, load_pretrained
@@ -42,6 +43,7 @@ from fairseq_alibi.models.checks import (
     reject_other_dictionary,
     reject_position_embeddings,
 )
+from fairseq_alibi.models.layer_pruning import ScalesFollowPrunedLayers
 from fairseq_alibi.modules.compact import describe_parameters, share_layer_parameters
 
 logger = logging.getLogger(__name__)
@@ -107,7 +109,7 @@ class AlibiTransformerDecoder(TransformerDecoder):
     def build_decoder_layer(self, args, no_encoder_attn=False):
         cfg = TransformerConfig.from_namespace(args)
         if not hasattr(self, "alibi"):  # one bias module for all layers, built with the first
-            self.alibi = AlibiPositionalBias(
+            self.alibi = CachedAlibiBias(
                 cfg.decoder.attention_heads,
                 "causal",
                 slope_scale=getattr(self.args, "alibi_slope_scale", 1.0),
@@ -141,7 +143,9 @@ class AlibiTransformerDecoder(TransformerDecoder):
 
 
 @register_model("alibi_transformer_lm", dataclass=AlibiTransformerLanguageModelConfig)
-class AlibiTransformerLanguageModel(TransformerLanguageModel):
+class AlibiTransformerLanguageModel(ScalesFollowPrunedLayers, TransformerLanguageModel):
+    alibi_scales_keys = {"decoder": "decoder.alibi.scales"}  # --decoder-layers-to-keep
+
     @classmethod
     def hub_models(cls):
         return {}

@@ -21,6 +21,9 @@ def reject_position_embeddings(state_dict, prefix, model_name, fix=None):
     if stale:
         fix = fix or ("Load it with its own architecture, or convert it with "
                       "`python -m fairseq_alibi.convert` before fine-tuning it as an ALiBi model")
+        if stale == [f"{prefix}.embed_positions._float_tensor"] and fix.endswith("ALiBi model"):
+            # sinusoidal: the weights of Press's ALiBi fork look exactly like this
+            fix += " (a checkpoint of Press's ALiBi fork: convert it with --from press)"
         raise ValueError(
             f"this checkpoint has position embeddings ({stale[0]}): it was trained by a stock "
             f"model, not {model_name}. {fix}"
@@ -92,14 +95,30 @@ class _RefusedFlag(argparse.Action):
         parser.error(f"argument {option_string}: {self.reason}")
 
 
-def refuse_position_embedding_flags(parser, model_name, flags=("--decoder-learned-pos",)):
-    """Make the stock flags that ask for position embeddings an error on ``model_name``'s parser.
+#: the stock options asking for position embeddings, by the ALiBi model that builds none:
+#: option -> the option choosing that side's variant (None: that side is always ALiBi; the
+#: variant's ``none`` builds stock positions). Refused where a run is started: the command line
+#: (argparse, :func:`refuse_position_embedding_flags`, or the model's option checks) and a hydra
+#: training config (:func:`refuse_position_embedding_options`). A *saved* configuration with
+#: such a field still loads (the stock ``transformer_lm_gpt3_*`` architectures set
+#: ``decoder_learned_pos``, converted checkpoints keep it): the ALiBi model never reads it.
+POSITION_EMBEDDING_OPTIONS = {
+    "alibi_transformer_lm": {"decoder_learned_pos": None},
+    "alibi_transformer": {"encoder_learned_pos": "encoder_alibi_variant",
+                          "decoder_learned_pos": "decoder_alibi_variant"},
+}
+
+
+def refuse_position_embedding_flags(parser, model_name, flags=None):
+    """Make the stock flags that ask for position embeddings an error on ``model_name``'s parser
+    (default: those of :data:`POSITION_EMBEDDING_OPTIONS`).
 
     The ALiBi models build no position embeddings, so fairseq would accept and ignore them. Only
-    the command line is refused: a saved configuration with such a field (the stock
-    ``transformer_lm_gpt3_*`` architectures set ``decoder_learned_pos``, converted checkpoints
-    keep it) still loads, since the field is never read.
+    the command line is refused here (see :data:`POSITION_EMBEDDING_OPTIONS` for saved ones).
     """
+    if flags is None:
+        flags = tuple("--" + option.replace("_", "-")
+                      for option in POSITION_EMBEDDING_OPTIONS[model_name])
     for action in list(parser._actions):
         given = [flag for flag in flags if flag in action.option_strings]
         if not given:
@@ -111,6 +130,40 @@ def refuse_position_embedding_flags(parser, model_name, flags=("--decoder-learne
             reason=f"{model_name} has no position embeddings (the ALiBi bias replaces them); "
                    f"drop {given[0]}, or train a stock model for learned positions",
         )
+
+
+def refuse_position_embedding_options(model_cfg):
+    """The hydra counterpart of :func:`refuse_position_embedding_flags`: a one-line error when
+    the model config of a training run (``model:`` of a ``fairseq-hydra-train`` config, with its
+    overrides) asks an ALiBi model for position embeddings; configs of other models pass.
+
+    fairseq-hydra-train fills the model's defaults from its dataclass, so the architecture
+    functions that set ``decoder_learned_pos`` (``*_gpt3_*``) never do there: a true value was
+    asked for. Called by the shipped configs' hydra callback (:mod:`fairseq_alibi.hydra_support`)
+    before the job starts, never on a checkpoint's saved configuration.
+    """
+    from fairseq.models import ARCH_MODEL_NAME_REGISTRY
+
+    arch = _cfg_value(model_cfg, "_name") or _cfg_value(model_cfg, "arch")
+    model = ARCH_MODEL_NAME_REGISTRY.get(arch, arch) if isinstance(arch, str) else None
+    for option, variant_option in POSITION_EMBEDDING_OPTIONS.get(model, {}).items():
+        value = _cfg_value(model_cfg, option)
+        if not value:
+            continue
+        value = "true" if value is True else value  # as a hydra config spells it
+        if variant_option is None:
+            raise ValueError(
+                f"model.{option}={value}: {model} has no position embeddings (the ALiBi bias "
+                f"replaces them); drop {option} from the model config, or train a stock model "
+                f"for learned positions"
+            )
+        if _cfg_value(model_cfg, variant_option) != "none":  # absent: the default, ALiBi
+            side = option.split("_")[0]
+            raise ValueError(
+                f"model.{option}={value} asks for learned position embeddings, which ALiBi "
+                f"replaces on {model}'s {side}: drop {option} from the model config, or set "
+                f"model.{variant_option}=none for stock positions"
+            )
 
 
 def check_tokens_per_sample(args):
@@ -140,6 +193,60 @@ def unconverted_fork_error(cfg, arch) -> ValueError:
     )
 
 
+#: what only Press's ALiBi fork writes into a ``transformer_lm`` model config: its decoder sizes
+#: the bias by ``max_tokens`` (``alibi.repeat(max_tokens // tokens_per_sample, ...)``), so the
+#: fork's ALiBi commit (ofirpress/attention_with_linear_biases 3b7c2ec) added
+#: ``max_tokens: int = II("task.max_tokens")`` to ``TransformerLanguageModelConfig``; stock
+#: fairseq's config never had that field (its history up to the fork, and 0.12)
+PRESS_MODEL_KEY = "max_tokens"
+#: the command that turns a Press-fork checkpoint into this plugin's model
+PRESS_CONVERT = ("python -m fairseq_alibi.convert --from press --input CHECKPOINT "
+                 "--output CONVERTED.pt")
+
+
+def is_unconverted_press_config(model_cfg) -> bool:
+    """Whether a checkpoint's saved model config is that of Press's ALiBi fork: a
+    ``transformer_lm`` architecture with ``max_tokens`` among its keys.
+
+    Only a saved, structured config counts (a ``dict`` or an OmegaConf node, as fairseq saves
+    ``cfg['model']``): an ``argparse.Namespace`` holds every command-line option, the dataset's
+    ``--max-tokens`` included, and fairseq turns the ``args`` of older checkpoints into a model
+    config of the dataclass's fields only.
+    """
+    import argparse
+
+    from fairseq.models import ARCH_MODEL_NAME_REGISTRY
+
+    if model_cfg is None or isinstance(model_cfg, argparse.Namespace) or not hasattr(
+            model_cfg, "keys"):
+        return False
+    arch = _cfg_value(model_cfg, "_name") or _cfg_value(model_cfg, "arch")
+    try:
+        keys = set(model_cfg.keys())
+    except Exception:  # noqa: BLE001 - an unusual config object: nothing to check
+        return False
+    return ARCH_MODEL_NAME_REGISTRY.get(arch) == "transformer_lm" and PRESS_MODEL_KEY in keys
+
+
+def unconverted_press_error(arch, checkpoint=None) -> ValueError:
+    which = f"{checkpoint} was" if checkpoint else "this checkpoint was"
+    return ValueError(
+        f"{which} trained with Press's ALiBi fork ({PRESS_MODEL_KEY} in its model config, which "
+        f"only that fork writes): stock {arch!r} would add sinusoidal positions and no ALiBi "
+        f"bias, computing something else. Convert it first with `{PRESS_CONVERT}` "
+        f"(docs/migrating.md), then load the converted file"
+    )
+
+
+def refuse_unconverted_press_checkpoint(state, checkpoint=None):
+    """The Press-fork error for a loaded checkpoint (``load_checkpoint_to_cpu``) whose saved
+    model config is the fork's; anything else passes."""
+    cfg = state.get("cfg") if isinstance(state, dict) else None
+    model_cfg = _cfg_value(cfg, "model") if cfg is not None else None
+    if is_unconverted_press_config(model_cfg):
+        raise unconverted_press_error(_cfg_value(model_cfg, "_name"), checkpoint)
+
+
 def _cfg_value(cfg, key):
     try:
         return getattr(cfg, key, None) if not hasattr(cfg, "get") else cfg.get(key, None)
@@ -148,7 +255,7 @@ def _cfg_value(cfg, key):
 
 
 def refuse_unconverted_fork_checkpoints():
-    """Make stock models refuse EIFY-fork configurations with a clear error (idempotent).
+    """Make stock models refuse the forks' configurations with a clear error (idempotent).
 
     Loading a fork checkpoint as it is builds the stock model its config names (``roberta``,
     ``transformer``), which ignores the fork's options (``encoder_alibi``, ...) and then fails
@@ -157,6 +264,13 @@ def refuse_unconverted_fork_checkpoints():
     first: each stock one of those models is wrapped to stop there with what to do. The fork's
     own LM architecture (``transformer_lm_alibi``) is registered to say the same. Configs without
     the fork's options (everything fairseq and this plugin write) pass through unchanged.
+
+    Press's fork (:func:`is_unconverted_press_config`): the stock ``transformer_lm_*``
+    architectures are wrapped the same way. fairseq calls them on a checkpoint whose config
+    names one of them (``transformer_lm_wiki103``, the paper's models); a config naming
+    ``transformer_lm`` itself is built through the model's dataclass, which calls no
+    architecture function and drops ``max_tokens`` first: stock ``fairseq-eval-lm`` cannot be
+    stopped there without patching fairseq (docs/migrating.md).
     """
     from fairseq.models import (
         ARCH_CONFIG_REGISTRY,
@@ -178,6 +292,19 @@ def refuse_unconverted_fork_checkpoints():
             guarded.refuses_unconverted_forks = True
             guarded.__doc__, guarded.__name__ = original.__doc__, original.__name__
             ARCH_CONFIG_REGISTRY[arch] = guarded
+    for arch in ARCH_MODEL_INV_REGISTRY.get("transformer_lm", ()):
+        original = ARCH_CONFIG_REGISTRY[arch]
+        if getattr(original, "refuses_unconverted_forks", False):
+            continue
+
+        def guarded_lm(cfg, _original=original, _arch=arch):
+            if is_unconverted_press_config(cfg):
+                raise unconverted_press_error(_arch)
+            return _original(cfg)
+
+        guarded_lm.refuses_unconverted_forks = True
+        guarded_lm.__doc__, guarded_lm.__name__ = original.__doc__, original.__name__
+        ARCH_CONFIG_REGISTRY[arch] = guarded_lm
     for model, archs in FORK_ARCHITECTURES.items():
         for arch in archs:
             if arch in ARCH_CONFIG_REGISTRY:

@@ -77,8 +77,8 @@ class AlibiMultiheadAttention(MultiheadAttention):
         if incremental_state is not None:
             saved = self._get_input_buffer(incremental_state)
             if saved.get("prev_key") is not None:
-                k = torch.cat([saved["prev_key"], k], dim=2)
-                v = torch.cat([saved["prev_value"], v], dim=2)
+                k = append_to_cache(saved, "key", k)
+                v = append_to_cache(saved, "value", v)
             key_padding_mask = MultiheadAttention._append_prev_key_padding_mask(
                 key_padding_mask=key_padding_mask,
                 prev_key_padding_mask=saved.get("prev_key_padding_mask"),
@@ -114,6 +114,83 @@ class AlibiMultiheadAttention(MultiheadAttention):
 
         out = out.permute(2, 0, 1, 3).reshape(tgt_len, bsz, embed_dim)
         return self.out_proj(out), weights
+
+    def reorder_incremental_state(self, incremental_state, new_order: Tensor):
+        """Beam search's reordering of the cache: the parent's ``index_select`` of every entry,
+        applied to the cache's spare-room buffers (:func:`append_to_cache`) instead of their
+        views, and skipped when the order is the identity (greedy or sampling decoding, a beam
+        where nothing finished), where the parent copies the whole cache for nothing."""
+        saved = self._get_input_buffer(incremental_state)
+        if not saved:
+            return incremental_state
+        batch = next((t.size(0) for t in saved.values() if t is not None), None)
+        if batch == new_order.numel() and torch.equal(
+                new_order, torch.arange(batch, device=new_order.device)):
+            return incremental_state
+        for name in ("key", "value"):
+            view, room = saved.get(f"prev_{name}"), _own_room(saved, name)
+            if room is not None:  # reorder the buffer, keep its spare room
+                _set_room(saved, name, room.index_select(0, new_order), view.size(2))
+            elif view is not None:
+                saved[f"prev_{name}"] = view.index_select(0, new_order)
+        for entry, tensor in saved.items():
+            if tensor is not None and entry not in _CACHE_ENTRIES:
+                saved[entry] = tensor.index_select(0, new_order)
+        return self._set_input_buffer(incremental_state, saved)
+
+
+#: the entries of the cache that reorder_incremental_state handles itself
+_CACHE_ENTRIES = ("prev_key", "prev_value", "key_room", "value_room")
+
+
+def _own_room(saved: Dict[str, Optional[Tensor]], name: str) -> Optional[Tensor]:
+    """The spare-room buffer behind ``saved["prev_<name>"]``, if the cache is its leading
+    positions and nothing was written after them; else ``None``.
+
+    The buffer records how far it is filled (its attribute ``_alibi_filled``, seen by every
+    copy of the cache that holds this buffer): a cache copied by reference (two continuations
+    of one prefix, e.g. a shallow copy of the state) finds the buffer filled beyond its own
+    length once the other copy has appended, and takes a buffer of its own instead of
+    overwriting the other's.
+    """
+    view, room = saved.get(f"prev_{name}"), saved.get(f"{name}_room")
+    if (view is None or room is None or getattr(room, "_alibi_filled", -1) != view.size(2)
+            or view.data_ptr() != room.data_ptr() or view.stride() != room.stride()):
+        return None
+    return room
+
+
+def _set_room(saved, name, room: Tensor, length: int) -> Tensor:
+    room._alibi_filled = length
+    saved[f"{name}_room"] = room
+    saved[f"prev_{name}"] = view = room[:, :, :length]
+    return view
+
+
+def append_to_cache(saved: Dict[str, Optional[Tensor]], name: str, new: Tensor) -> Tensor:
+    """``saved["prev_<name>"]`` with ``new`` appended along the time axis (dim 2).
+
+    fairseq's attention concatenates the whole cache with each step's key and value, copying
+    ``O(cached tokens)`` per step and layer. Here the cache is the leading positions of a buffer
+    with spare room (``saved["<name>_room"]``) and a step writes only its own positions; the
+    buffer grows by a quarter (at least 16 positions) when full, so its spare room stays under a
+    quarter of the cache. The layout fairseq reads, ``prev_<name>`` as ``(B, H, T, D)``, is kept
+    (a view). A cache that is not such a view (filled by someone else, reordered by code that
+    does not know the buffer, or sharing it with another continuation: :func:`_own_room`) is
+    copied into a new buffer first. While autograd records, the plain concatenation is used:
+    writing in place would overwrite what backward needs.
+    """
+    prev = saved[f"prev_{name}"]
+    if torch.is_grad_enabled() and (prev.requires_grad or new.requires_grad):
+        return torch.cat([prev, new], dim=2)
+    room = _own_room(saved, name)
+    cached, length = prev.size(2), prev.size(2) + new.size(2)
+    if room is None or length > room.size(2):
+        bsz, heads, _, dim = new.shape
+        room = new.new_empty(bsz, heads, length + max(16, length // 4), dim)
+        room[:, :, :cached] = prev
+    room[:, :, cached:length] = new
+    return _set_room(saved, name, room, length)
 
 
 def set_attention_backend(model: torch.nn.Module, attention: str) -> torch.nn.Module:

@@ -35,6 +35,22 @@ def _keep_reference(layer, alibi, attention, layer_index):
     object.__setattr__(layer, "alibi_layer_index", layer_index)
 
 
+def _self_attention(layer, embed_dim, num_heads, cfg, add_bias_kv=False, add_zero_attn=False):
+    """The layer's ALiBi self-attention, with the arguments fairseq's own hook passes."""
+    return AlibiMultiheadAttention(
+        embed_dim,
+        num_heads,
+        layer.alibi,
+        attention=layer.attention_backend,
+        layer_index=layer.alibi_layer_index,
+        dropout=cfg.attention_dropout,
+        add_bias_kv=add_bias_kv,
+        add_zero_attn=add_zero_attn,
+        q_noise=layer.quant_noise,
+        qn_block_size=layer.quant_noise_block_size,
+    )
+
+
 class AlibiTransformerDecoderLayer(TransformerDecoderLayerBase):
     def __init__(self, cfg, alibi, no_encoder_attn=False, attention="auto", layer_index=0,
                  **kwargs):
@@ -44,18 +60,8 @@ class AlibiTransformerDecoderLayer(TransformerDecoderLayerBase):
         super().__init__(cfg, no_encoder_attn, **kwargs)
 
     def build_self_attention(self, embed_dim, cfg, add_bias_kv=False, add_zero_attn=False):
-        return AlibiMultiheadAttention(
-            embed_dim,
-            cfg.decoder.attention_heads,
-            self.alibi,
-            attention=self.attention_backend,
-            layer_index=self.alibi_layer_index,
-            dropout=cfg.attention_dropout,
-            add_bias_kv=add_bias_kv,
-            add_zero_attn=add_zero_attn,
-            q_noise=self.quant_noise,
-            qn_block_size=self.quant_noise_block_size,
-        )
+        return _self_attention(self, embed_dim, cfg.decoder.attention_heads, cfg, add_bias_kv,
+                               add_zero_attn)
 
 
 class AlibiTransformerEncoderLayer(TransformerEncoderLayerBase):
@@ -64,13 +70,4 @@ class AlibiTransformerEncoderLayer(TransformerEncoderLayerBase):
         super().__init__(cfg, **kwargs)
 
     def build_self_attention(self, embed_dim, cfg):
-        return AlibiMultiheadAttention(
-            embed_dim,
-            cfg.encoder.attention_heads,
-            self.alibi,
-            attention=self.attention_backend,
-            layer_index=self.alibi_layer_index,
-            dropout=cfg.attention_dropout,
-            q_noise=self.quant_noise,
-            qn_block_size=self.quant_noise_block_size,
-        )
+        return _self_attention(self, embed_dim, cfg.encoder.attention_heads, cfg)

@@ -36,9 +36,40 @@ def dense_mask(alibi, bsz, tgt_len, src_len, dtype, key_padding_mask, attn_mask)
     return mask
 
 
-def sdpa(q, k, v, alibi, key_padding_mask, attn_mask, dropout_p, scale):
-    """The ``sdpa`` backend: the fused kernel with the dense float bias."""
+def padding_column(q, k, key_padding_mask, scale):
+    """``(q', k')``: one more column, ``1`` on every query and ``c`` on a padding key (``0`` on
+    the others), so that ``scale·q'·k' = scale·q·k + scale·c`` hides the padding keys.
+
+    A key padding mask merged into the bias makes the mask per sequence, ``(B, H, T, S)``,
+    rebuilt by every layer and kept by each for its backward; this way the bias stays one
+    ``(H, T, S)`` tensor shared by the batch and the layers, as for unpadded batches. ``c`` is
+    :func:`mask_value` (divided by ``scale`` if that is above 1): finite, so a row of padding
+    only gets a uniform softmax, as with the mask.
+    """
     B, H, T, D = q.shape
+    fill = mask_value(q.dtype) / max(scale, 1.0)
+    q_col = q.new_ones(B, H, T, 1)
+    k_col = torch.zeros(B, 1, k.size(2), 1, dtype=k.dtype, device=k.device)
+    k_col.masked_fill_(key_padding_mask.view(B, 1, -1, 1).to(torch.bool), fill)
+    return torch.cat([q, q_col], dim=-1), torch.cat([k, k_col.expand(-1, H, -1, -1)], dim=-1)
+
+
+def _pad_last(x, size):
+    return torch.nn.functional.pad(x, (0, size - x.size(-1)))
+
+
+def sdpa(q, k, v, alibi, key_padding_mask, attn_mask, dropout_p, scale):
+    """The ``sdpa`` backend: the fused kernel with the dense float bias (key padding as one
+    more query/key column: :func:`padding_column`; not for a decoding step, whose mask is one
+    row per sequence anyway)."""
+    B, H, T, D = q.shape
+    if key_padding_mask is not None and T > 1:
+        q, k = padding_column(q, k, key_padding_mask, scale)
+        mask = dense_mask(alibi, B, T, k.size(2), q.dtype, None, attn_mask)
+        # the fused CPU kernel wants one head size for q, k and v (else it runs unfused)
+        out = F.scaled_dot_product_attention(q, k, _pad_last(v, D + 1), attn_mask=mask,
+                                             dropout_p=dropout_p, scale=scale)
+        return out[..., :D]
     mask = dense_mask(alibi, B, T, k.size(2), q.dtype, key_padding_mask, attn_mask)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p,
                                           scale=scale)

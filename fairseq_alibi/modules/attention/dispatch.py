@@ -91,8 +91,8 @@ class Call(NamedTuple):
 #: length measured (docs/benchmarks.md, "Attention forward")
 FOLD_MIN_LENGTH = 640
 
-#: the most memory ``sdpa``'s dense float mask may take (one per batch, shared by the layers;
-#: one per layer call with padding): beyond it ``auto`` folds every variant
+#: the most memory ``sdpa``'s dense float bias may take (one per batch, shared by the layers,
+#: key padding or not): beyond it ``auto`` folds every variant
 DENSE_MASK_BUDGET = 64 * 2**20
 
 
@@ -114,8 +114,8 @@ def auto_backend(call: Call) -> str:
     if call.device == "cuda" and flash.unsupported(call) is None:
         return "flash"
     if fold.unsupported(call) is None:
-        rows = call.batch if call.padded else 1  # padding makes the mask (B, H, T, S)
-        mask_bytes = rows * call.heads * call.query_len * call.key_len * call.dtype.itemsize
+        # one (H, T, S) bias for the batch, padded or not (sdpa: dense.padding_column)
+        mask_bytes = call.heads * call.query_len * call.key_len * call.dtype.itemsize
         if mask_bytes > DENSE_MASK_BUDGET or call.scale_grad:
             return "fold"
         if call.variant not in fold.MERGED_VARIANTS and call.key_len >= FOLD_MIN_LENGTH:
@@ -138,7 +138,7 @@ def resolve(name: str, call: Call) -> str:
 
 
 def _scales_need_grad(alibi) -> bool:
-    scales = getattr(alibi, "scales", None)  # learned slope scales (AlibiPositionalBias)
+    scales = getattr(alibi, "scales", None)  # learned slope scales (modules/learned_scales.py)
     return scales is not None and scales.requires_grad
 
 
