@@ -65,7 +65,7 @@ def original_mask(slopes, batch, length):
 def compiled_flex(q, k, v, alibi, scale):
     """The compiled flex_attention kernel with the ``flex`` backend's score_mod and block mask."""
     B, H, L, D = q.shape
-    score_mod = flex.alibi_score_mod(alibi.variant, alibi.head_slopes()[0])
+    score_mod = flex.alibi_score_mod(alibi.variant, *alibi.head_slopes())
     block_mask = flex._block_mask(alibi.variant, H, L, L, q.device)
     return flex._compiled_flex()(q, k, v, score_mod=score_mod, block_mask=block_mask,
                                  scale=scale)

@@ -264,10 +264,11 @@ def test_the_extrapolation_experiment_runs_on_the_embedded_corpus(tmp_path):
     Python's own documentation (no download): every test input translated and scored."""
     out = tmp_path / "restoration"
     proc = subprocess.run(
-        [sys.executable, str(REPO / "experiments" / "punctuation_restoration.py")] + [
+        [sys.executable, "-m", "experiments.punctuation_restoration"] + [
             str(a) for a in ["--embedded", "--out", out, "--N", 8, "--per-bucket", 3,
                              "--max-update", 3, "--layers", 1, "--dim", 16, "--vocab", 200]],
-        capture_output=True, text=True, timeout=900, env=dict(os.environ, OMP_NUM_THREADS="1"))
+        capture_output=True, text=True, timeout=900, cwd=str(REPO),
+        env=dict(os.environ, OMP_NUM_THREADS="1"))
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
     results = json.loads((out / "results.json").read_text())
     assert set(results["results"]) == {"ALiBi", "Sinusoidal"}

@@ -26,6 +26,9 @@ class CachedAlibiBias(LearnedScalesAlibi):
         super().__init__(*args, **kwargs)
         # the last bias and the decoding rows' table: a dict, as nn.Module.__setattr__ is slow
         self._cache = {}
+        # a decoding step's row is a view of one table (_last_query_row) unless the scales are
+        # per layer or one_sided's heads look ahead
+        self._steps_from_rows = self.scales is None and self.variant != "one_sided"
 
     def _apply(self, fn, *args, **kwargs):
         out = super()._apply(fn, *args, **kwargs)
@@ -34,6 +37,8 @@ class CachedAlibiBias(LearnedScalesAlibi):
 
     def forward(self, query_len: int, key_len: int, dtype: torch.dtype = torch.float32,
                 layer: Optional[int] = None):
+        if query_len == 1 and self._steps_from_rows:  # a decoding step, first: its hot path
+            return self._last_query_row(key_len, dtype)
         scales, ratio, versions = self.scales, self.future_slope_ratio, ()
         if scales is not None or isinstance(ratio, torch.nn.Parameter):  # (a decoding step's
             learned = [p for p in (scales, ratio) if isinstance(p, torch.nn.Parameter)]  # speed)
@@ -50,7 +55,7 @@ class CachedAlibiBias(LearnedScalesAlibi):
         return cache["bias"]
 
     def _build(self, query_len, key_len, dtype, layer):
-        if query_len == 1 and self.scales is None and self.variant != "one_sided":
+        if query_len == 1 and self._steps_from_rows:
             return self._last_query_row(key_len, dtype)
         return super().forward(query_len, key_len, dtype, layer)
 

@@ -43,8 +43,8 @@ def padding_column(q, k, key_padding_mask, scale):
     A key padding mask merged into the bias makes the mask per sequence, ``(B, H, T, S)``,
     rebuilt by every layer and kept by each for its backward; this way the bias stays one
     ``(H, T, S)`` tensor shared by the batch and the layers, as for unpadded batches. ``c`` is
-    :func:`mask_value` (divided by ``scale`` if that is above 1): finite, so a row of padding
-    only gets a uniform softmax, as with the mask.
+    :func:`mask_value` (divided by ``scale`` if that is above 1): finite, so the row of a query
+    that sees only padding keys stays finite (an output nothing reads).
     """
     B, H, T, D = q.shape
     fill = mask_value(q.dtype) / max(scale, 1.0)
