@@ -54,20 +54,16 @@ def padding_column(q, k, key_padding_mask, scale):
     return torch.cat([q, q_col], dim=-1), torch.cat([k, k_col.expand(-1, H, -1, -1)], dim=-1)
 
 
-def _pad_last(x, size):
-    return torch.nn.functional.pad(x, (0, size - x.size(-1)))
-
-
 def sdpa(q, k, v, alibi, key_padding_mask, attn_mask, dropout_p, scale):
     """The ``sdpa`` backend: the fused kernel with the dense float bias (key padding as one
-    more query/key column: :func:`padding_column`; not for a decoding step, whose mask is one
-    row per sequence anyway)."""
+    more query/key column on the CPU, where it was measured: :func:`padding_column`; not for a
+    decoding step, whose mask is one row per sequence anyway)."""
     B, H, T, D = q.shape
-    if key_padding_mask is not None and T > 1:
+    if key_padding_mask is not None and T > 1 and q.device.type == "cpu":
         q, k = padding_column(q, k, key_padding_mask, scale)
         mask = dense_mask(alibi, B, T, k.size(2), q.dtype, None, attn_mask)
         # the fused CPU kernel wants one head size for q, k and v (else it runs unfused)
-        out = F.scaled_dot_product_attention(q, k, _pad_last(v, D + 1), attn_mask=mask,
+        out = F.scaled_dot_product_attention(q, k, F.pad(v, (0, 1)), attn_mask=mask,
                                              dropout_p=dropout_p, scale=scale)
         return out[..., :D]
     mask = dense_mask(alibi, B, T, k.size(2), q.dtype, key_padding_mask, attn_mask)
