@@ -57,11 +57,11 @@ def run_timed(cmd, env, log):
 
 
 def train_command(data_bin, save_dir, model_flags, *, layers, dim, lr, max_tokens, max_update,
-                  seed, warmup=100, cpu=True, source_lang="src", target_lang="tgt"):
+                  seed, warmup=100, cpu=True, langs=("src", "tgt")):
     """``fairseq-train`` of a small translation model: the recipe every run shares (Adam,
     inverse-sqrt schedule, label smoothing 0.1, no validation, one checkpoint at the end)."""
     return [BIN / "fairseq-train", data_bin, "--user-dir", user_dir(), "--task", "translation",
-            "--source-lang", source_lang, "--target-lang", target_lang, *model_flags,
+            "--source-lang", langs[0], "--target-lang", langs[1], *model_flags,
             "--encoder-layers", layers, "--decoder-layers", layers,
             "--encoder-embed-dim", dim, "--decoder-embed-dim", dim,
             "--encoder-ffn-embed-dim", 4 * dim, "--decoder-ffn-embed-dim", 4 * dim,
@@ -88,12 +88,12 @@ def final_checkpoint(save_dir, max_update, name):
 
 
 def generate_command(data_bin, checkpoint, *, cpu=True, model_overrides=None, beam=4,
-                     source_lang="src", target_lang="tgt"):
+                     langs=("src", "tgt")):
     """``fairseq-generate`` of every test input (``--required-batch-size-multiple 1``: with
     fairseq's default of 8 the last batch can be dropped, see docs/translation.md)."""
     overrides = ["--model-overrides", repr(model_overrides)] if model_overrides else []
     return [BIN / "fairseq-generate", data_bin, "--user-dir", user_dir(), "--path", checkpoint,
-            "--source-lang", source_lang, "--target-lang", target_lang,
+            "--source-lang", langs[0], "--target-lang", langs[1],
             "--gen-subset", "test", "--beam", beam, "--batch-size", "32",
             "--required-batch-size-multiple", "1", "--max-len-a", "1.5", "--max-len-b", "10",
             *(["--cpu"] if cpu else []), "--num-workers", "0", *overrides]

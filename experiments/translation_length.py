@@ -135,50 +135,70 @@ def missing_options(config, known):
 # ---------------------------------------------------------------------------------- the data
 
 
-def pair_lengths(prefix):
-    """Tokens per line of ``prefix.src`` and ``prefix.tgt``."""
-    return [[len(line.split()) for line in Path(f"{prefix}.{side}").read_text().splitlines()]
-            for side in ("src", "tgt")]
+def pair_lengths(prefix, langs):
+    """Tokens per line of the source and the target side of ``prefix``."""
+    return [[len(line.split()) for line in Path(f"{prefix}.{lang}").read_text().splitlines()]
+            for lang in langs]
 
 
-def data_figures(text_dir, N):
+def data_figures(text_dir, N, langs):
     """What the data-dependent options use, from the training pairs as the model sees them:
     ``ratio`` (source tokens per target token), ``mean_source`` (mean source length, its EOS
     included: the encoder's length S) and ``shape_shift`` (8N: a shift that covers the longest
     test bucket)."""
-    sources, targets = pair_lengths(text_dir / "train")
+    sources, targets = pair_lengths(text_dir / "train", langs)
     return {"ratio": round(sum(sources) / sum(targets), 4),
             "mean_source": round(sum(sources) / len(sources) + 1, 2),
             "shape_shift": 8 * N}
 
 
-def add_start_marker(text_dir, marked_dir):
+def add_start_marker(text_dir, marked_dir, langs):
     """A copy of the text of every split with :data:`START` before each source line."""
     marked_dir.mkdir(parents=True, exist_ok=True)
+    source, target = langs
     for split in ("train", "valid", "test"):
-        lines = (text_dir / f"{split}.src").read_text().splitlines()
-        (marked_dir / f"{split}.src").write_text("".join(f"{START} {s}\n" for s in lines))
-        (marked_dir / f"{split}.tgt").write_text((text_dir / f"{split}.tgt").read_text())
+        lines = (text_dir / f"{split}.{source}").read_text(encoding="utf-8").splitlines()
+        (marked_dir / f"{split}.{source}").write_text(
+            "".join(f"{START} {line}\n" for line in lines), encoding="utf-8")
+        shutil.copy(text_dir / f"{split}.{target}", marked_dir / f"{split}.{target}")
 
 
 def build_restoration(data, args):
+    """WikiText-2 (or Python's documentation) as punctuation and case restoration, with
+    ``--vocab`` words (default 1,000; the rest ``<unk>``)."""
     texts = restoration.read_texts(args.wikitext, args.embedded, data)
     if texts is None:
         raise SystemExit(2)
     train_lines, test_lines, source = texts
     n_train, n_test = restoration.build_data(
         train_lines, test_lines, data / "plain", args.N, args.per_bucket, args.data_seed,
-        split_punctuation=args.embedded, vocab=args.vocab)
-    return {"text": source, "train_pairs": n_train, "test_pairs": n_test}
+        split_punctuation=args.embedded, vocab=args.vocab or 1000)
+    return {"text": source, "train_pairs": n_train, "test_pairs": n_test,
+            "langs": ["src", "tgt"], "plain_text": "plain/text", "vocab": args.vocab or 1000}
+
+
+GETTEXT_LANG = "fr"
 
 
 def build_gettext(data, args):
+    """French→English from the machine's gettext catalogs, by the corpus's own tool (its text
+    lies beside its binaries); every token in the dictionary unless ``--vocab``."""
     try:
         from fairseq_alibi.preprocess import gettext  # noqa: F401
     except ImportError:
         raise SystemExit("--corpus gettext needs fairseq_alibi.preprocess.gettext, which this "
-                         "checkout does not have yet (branch gettext): use --corpus restoration")
-    raise SystemExit("--corpus gettext: not wired to fairseq_alibi.preprocess.gettext yet")
+                         "checkout does not have (branch gettext): use --corpus restoration")
+    cmd = [sys.executable, "-m", "fairseq_alibi.preprocess.gettext", "--lang", GETTEXT_LANG,
+           "--out", data / "plain" / "bin", "--N", args.N, "--per-bucket", args.per_bucket,
+           "--seed", args.data_seed, *(["--nwords", args.vocab] if args.vocab else [])]
+    if args.smoke:  # a few inputs per bucket are enough to run every step
+        cmd += ["--min-per-bucket", 1, "--valid-size", 50]
+    run_timed(cmd, thread_env(1), data / "gettext.log")
+    stats = json.loads((data / "plain" / "bin" / "stats.json").read_text())
+    return {"text": f"gettext catalogs, {GETTEXT_LANG} -> en "
+                    f"({len(stats['catalogs_used'])} catalogs)",
+            "train_pairs": stats["splits"]["train"], "test_pairs": stats["splits"]["test"],
+            "langs": [GETTEXT_LANG, "en"], "plain_text": "plain/bin", "vocab": args.vocab}
 
 
 def build(data, args):
@@ -190,13 +210,15 @@ def build(data, args):
     partial.mkdir(parents=True)
     started = time.time()
     described = (build_gettext if args.corpus == "gettext" else build_restoration)(partial, args)
-    add_start_marker(partial / "plain" / "text", partial / "marked" / "text")
+    langs = described["langs"]
+    add_start_marker(partial / described["plain_text"], partial / "marked" / "text", langs)
     text = partial / "marked" / "text"
-    prepare(partial / "marked" / "bin", "src", "tgt", text / "train", text / "valid",
-            text / "test", joined_dictionary=True, nwords=args.vocab, workers=1, overwrite=True)
+    prepare(partial / "marked" / "bin", *langs, text / "train", text / "valid", text / "test",
+            joined_dictionary=True, nwords=described["vocab"] and described["vocab"] + 1,
+            workers=1, overwrite=True)  # + 1: the marker takes a word of its own
     meta = dict(described, corpus=args.corpus, N=args.N, per_bucket=args.per_bucket,
-                data_seed=args.data_seed, vocab=args.vocab,
-                **data_figures(partial / "plain" / "text", args.N),
+                data_seed=args.data_seed,
+                **data_figures(partial / described["plain_text"], args.N, langs),
                 built_in_s=round(time.time() - started, 1))
     (partial / "data.json").write_text(json.dumps(meta, indent=2) + "\n")
     if data.exists():
@@ -212,9 +234,10 @@ def load_data(data):
     return json.loads(meta_file.read_text())
 
 
-def test_sources(data):
+def test_sources(data, meta):
     """The test sources as written (no marker): what the buckets are counted on."""
-    return (data / "plain" / "text" / "test.src").read_text().splitlines()
+    test = data / meta["plain_text"] / f"test.{meta['langs'][0]}"
+    return test.read_text(encoding="utf-8").splitlines()
 
 
 # ---------------------------------------------------------------------------------- the runs
@@ -228,16 +251,16 @@ def data_bin(data, config):
     return data / ("marked" if config.start_marker else "plain") / "bin"
 
 
-def train_run(name, seed, out, data, figures, args, env):
+def train_run(name, seed, out, data, data_meta, args, env):
     """Train ``name`` with ``seed`` (unless this very command already did); its record."""
     config = CONFIGS[name]
     where = run_dir(out, name, seed)
     where.mkdir(parents=True, exist_ok=True)
-    model = [a.format(**figures) for a in config.model]
+    model = [a.format(**data_meta) for a in config.model]  # the data's figures filled in
     cmd = [str(c) for c in train_command(
         data_bin(data, config), where / "checkpoints", model, layers=args.layers, dim=args.dim,
         lr=args.lr, max_tokens=args.max_tokens, max_update=args.max_update, seed=seed,
-        cpu=args.device == "cpu")]
+        cpu=args.device == "cpu", langs=data_meta["langs"])]
     record_file = where / "train.json"
     if record_file.is_file():
         record = json.loads(record_file.read_text())
@@ -253,14 +276,14 @@ def train_run(name, seed, out, data, figures, args, env):
     return record
 
 
-def generate_run(name, seed, out, data, args, env, expected):
+def generate_run(name, seed, out, data, args, env, langs, expected):
     config = CONFIGS[name]
     trained = run_dir(out, config.checkpoint_of or name, seed)
     checkpoint = json.loads((trained / "train.json").read_text())["checkpoint"]
     where = run_dir(out, name, seed)
     where.mkdir(parents=True, exist_ok=True)
     cmd = generate_command(data_bin(data, config), checkpoint, cpu=args.device == "cpu",
-                           model_overrides=config.decode_overrides or None)
+                           model_overrides=config.decode_overrides or None, langs=langs)
     log = where / "generate.log"
     output, wall, cpu = run_timed(cmd, env, log)
     read_generate_log(f"{name} seed {seed}", output, log, expected)  # every input translated
@@ -279,7 +302,7 @@ def in_parallel(jobs, tasks):
 
 def score_runs(out, data, meta, names, seeds):
     """``({config: {seed: rows}}, {config: {seed: timing}})`` from the logs in ``out/runs``."""
-    sources = test_sources(data)
+    sources = test_sources(data, meta)
     bounds = length_buckets(meta["N"])
     runs, timing = {}, {}
     for name in names:
@@ -367,8 +390,9 @@ def parse(argv):
     sizes = parser.add_argument_group("data and model sizes (every configuration alike)")
     sizes.add_argument("--N", type=int, default=16, help="longest training source, in tokens")
     sizes.add_argument("--per-bucket", type=int, default=40, help="test inputs per bucket")
-    sizes.add_argument("--vocab", type=int, default=1000,
-                       help="restoration: words of the joined dictionary (the rest <unk>)")
+    sizes.add_argument("--vocab", type=int, default=None,
+                       help="words of the joined dictionary, the rest <unk> (default: 1000 for "
+                            "restoration, every token for gettext)")
     sizes.add_argument("--data-seed", type=int, default=1, help="the seed of the data split")
     sizes.add_argument("--wikitext", default=str(restoration.DEFAULT_WIKITEXT))
     sizes.add_argument("--embedded", action="store_true",
@@ -449,10 +473,11 @@ def main(argv=None):
     figures = {k: data_meta[k] for k in ("ratio", "mean_source", "shape_shift")}
     trained = list(dict.fromkeys((CONFIGS[n].checkpoint_of or n, s)
                                  for n in args.configs for s in args.seeds))
-    in_parallel(args.jobs, [lambda n=n, s=s: train_run(n, s, out, data, figures, args, env)
+    in_parallel(args.jobs, [lambda n=n, s=s: train_run(n, s, out, data, data_meta, args, env)
                             for n, s in trained])
-    expected = len(test_sources(data))
-    in_parallel(args.jobs, [lambda n=n, s=s: generate_run(n, s, out, data, args, env, expected)
+    expected = len(test_sources(data, data_meta))
+    in_parallel(args.jobs, [lambda n=n, s=s: generate_run(n, s, out, data, args, env,
+                                                          data_meta["langs"], expected)
                             for n in args.configs for s in args.seeds])
     runs, timing = score_runs(out, data, data_meta, args.configs, args.seeds)
     own = resource.getrusage(resource.RUSAGE_SELF)

@@ -35,9 +35,9 @@ def test_data_figures_and_the_start_marker(tmp_path):
     for split in ("train", "valid", "test"):
         (text / f"{split}.src").write_text("a b c\nd e f g h\n")
         (text / f"{split}.tgt").write_text("A b c .\nD e , f g h .\n")
-    assert tl.data_figures(text, N=4) == {"ratio": round(8 / 11, 4), "mean_source": 5.0,
+    assert tl.data_figures(text, 4, ("src", "tgt")) == {"ratio": round(8 / 11, 4), "mean_source": 5.0,
                                           "shape_shift": 32}
-    tl.add_start_marker(text, tmp_path / "marked")
+    tl.add_start_marker(text, tmp_path / "marked", ("src", "tgt"))
     assert (tmp_path / "marked" / "test.src").read_text() == "@start@ a b c\n@start@ d e f g h\n"
     assert (tmp_path / "marked" / "test.tgt").read_text() == (text / "test.tgt").read_text()
 
@@ -54,7 +54,8 @@ def grid(tmp_path):
     """An earlier run's folder: the data and the generate logs of alibi with seeds 1 and 2."""
     (tmp_path / "data" / "plain" / "text").mkdir(parents=True)
     (tmp_path / "data" / "plain" / "text" / "test.src").write_text("a b c\nd e f g h\n")
-    (tmp_path / "data" / "data.json").write_text(json.dumps({"corpus": "restoration", "N": 4}))
+    (tmp_path / "data" / "data.json").write_text(json.dumps(
+        {"corpus": "restoration", "N": 4, "langs": ["src", "tgt"], "plain_text": "plain/text"}))
     for seed, hyps in ((1, ["A b c .", "D e f g h ."]), (2, ["A b c .", "F g h ."])):
         where = tmp_path / "runs" / "alibi" / f"seed{seed}"
         where.mkdir(parents=True)
