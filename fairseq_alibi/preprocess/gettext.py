@@ -280,7 +280,9 @@ def read_pairs(catalogs):
         for source, target in pairs:
             support[source][target] += 1
     if not used:
-        raise DataError(f"every catalog is unreadable ({'; '.join(f'{p}: {e}' for p, e in corrupt.items())})")
+        reasons = "; ".join(f"{p}: {e}" for p, e in corrupt.items())
+        raise DataError(f"every catalog is unreadable ({reasons}); reinstall the packages that "
+                        "own them (dpkg -S FILE names the package)")
     distinct = sum(map(len, support.values()))
     pairs = sorted((source, min(targets, key=lambda t: (-targets[t], t)))
                    for source, targets in support.items())
