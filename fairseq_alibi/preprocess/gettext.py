@@ -9,11 +9,13 @@ joined dictionary (for ``--share-all-embeddings``).
 
 What is read, and what is dropped:
 
-* every ``*.mo`` of ``<locale dir>/<lang>/LC_MESSAGES`` (``--locale-dir``, repeatable; default the
-  system's folders that exist of: {system_dirs}), in path order. Regional variants are separate
-  languages (``--lang pt_BR``);
-* name-list catalogs are skipped by file name ({name_lists}): the ISO code catalogs and keyboard
-  layouts hold language, country, currency and script names, a dictionary rather than text;
+* every ``*.mo`` of ``<locale dir>/<lang>/LC_MESSAGES``, in path order (``--locale-dir``,
+  repeatable; default those of these that exist:
+  {system_dirs});
+  regional variants are separate languages (``--lang pt_BR``);
+* name-list catalogs are skipped by file name, the ISO code catalogs and keyboard layouts:
+  {name_lists}
+  (language, country, currency and script names, not text);
 * a catalog that cannot be parsed (not the MO format, truncated, an unknown charset) is skipped
   with a warning naming it; if every catalog is unreadable, that is an error;
 * from each entry: the header (empty msgid) is skipped; a context (``ctx\\x04msgid``) is dropped
@@ -22,8 +24,7 @@ What is read, and what is dropped:
   unless ``--use-fuzzy``, which a compiled catalog does not record);
 * whitespace is collapsed to single spaces and stripped (the text is otherwise kept); a pair with
   a side without any letter outside its format conversions (``%s: %d``, ``{{0}} (%s)``) or with
-  two identical sides
-  (an untranslated copy, which would teach copying) is dropped;
+  two identical sides (an untranslated copy, which would teach copying) is dropped;
 * keyboard accelerators (GTK's ``_File``, Qt's ``&File``) are stripped on both sides so that
   the corpus holds the words people read. They are a GUI toolkit's convention: a catalog uses
   them when one of its entries starts a word with a marker on both sides (``_Fichier``/``_File``);
@@ -47,7 +48,7 @@ at most ``--N`` tokens; ``valid`` is drawn from the same range; the test buckets
 A pair longer than N is never trained on. Output (``--out``)::
 
     {{train,valid,test}}.{{LANG,en}}          the tokenized text (test = every bucket, in order)
-    test1 … test4 .{{LANG,en}}                one bucket each: (N/2,N], (N,2N], (2N,4N], (4N,8N]
+    test{{1,2,3,4}}.{{LANG,en}}               one bucket each: (N/2,N], (N,2N], (2N,4N], (4N,8N]
     test.bucket                           the bucket of each line of test.LANG, e.g. (8,16]
     dict.{{LANG,en}}.txt, *.bin, *.idx      fairseq binaries: splits train, valid, test, test1-4
     stats.json                            catalogs used and skipped, counts, length ratio
@@ -163,8 +164,9 @@ def find_catalogs(lang, locale_dirs):
             "no gettext catalog (*.mo)"
         raise DataError(
             f"{what} for --lang {lang} in {searched or 'no locale folder'}: install software "
-            f"translated into it (e.g. apt-get install language-pack-{lang.split('_')[0]}, or a "
-            f"program's -l10n package) or choose another --lang"
+            f"translated into it (Ubuntu: apt-get install language-pack-{lang.split('_')[0]}; "
+            f"Debian packages carry their own translations unless localepurge removed them), "
+            f"point --locale-dir at a folder of <lang>/LC_MESSAGES/*.mo, or choose another --lang"
             + (f" (catalogs found: {others})" if others else "")
         )
     return catalogs, name_lists
