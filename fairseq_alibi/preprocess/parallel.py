@@ -79,11 +79,21 @@ def check_pair(prefix, source_lang: str, target_lang: str) -> int:
 def prepare(destdir, source_lang, target_lang, trainpref, validpref=None, testpref=None,
             joined_dictionary=False, srcdict=None, tgtdict=None, workers=1, overwrite=False,
             nwords=None):
-    """Check then binarize with ``fairseq-preprocess``; returns ``{split: pairs}``."""
+    """Check then binarize with ``fairseq-preprocess``; returns ``{split: pairs}``.
+
+    ``testpref`` may be a list of prefixes: they become the splits ``test``, ``test1``, ...
+    """
     if source_lang == target_lang:
         raise DataError(f"--source-lang and --target-lang are both {source_lang!r}: give the "
                         "two file suffixes of the corpus (PREFIX.SRC, PREFIX.TGT)")
-    prefixes = {"train": trainpref, "valid": validpref, "test": testpref}
+    tests = testpref if isinstance(testpref, (list, tuple)) else [testpref]
+    tests = [p for p in tests if p]
+    if any("," in str(p) for p in tests):
+        raise DataError(f"a test prefix contains a comma ({', '.join(map(str, tests))}): "
+                        "fairseq-preprocess splits --testpref on commas; rename the files")
+    prefixes = {"train": trainpref, "valid": validpref}
+    # several test prefixes become fairseq's splits test, test1, test2, ... (one --testpref A,B,C)
+    prefixes.update({f"test{k or ''}": p for k, p in enumerate(tests)})
     prefixes = {split: p for split, p in prefixes.items() if p}
     pairs = {split: check_pair(p, source_lang, target_lang) for split, p in prefixes.items()}
     for split, n in pairs.items():
@@ -95,8 +105,11 @@ def prepare(destdir, source_lang, target_lang, trainpref, validpref=None, testpr
     with atomic_directory(destdir, overwrite) as out:
         argv = ["--source-lang", source_lang, "--target-lang", target_lang,
                 "--destdir", str(out), "--workers", str(workers)]
-        for split, prefix in prefixes.items():
-            argv += [f"--{split}pref", str(prefix)]
+        for split in ("train", "valid"):
+            if split in prefixes:
+                argv += [f"--{split}pref", str(prefixes[split])]
+        if tests:
+            argv += ["--testpref", ",".join(map(str, tests))]
         if joined_dictionary:
             argv.append("--joined-dictionary")
         if srcdict:
