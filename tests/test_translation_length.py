@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -124,3 +125,25 @@ def test_smoke_runs_end_to_end_and_checks_the_hypotheses(tmp_path):
     assert proc.returncode == 1
     assert proc.stderr.strip().splitlines()[-1].startswith(
         "alibi seed 1: 11 hypotheses for 12 test inputs")
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not any(Path(d, "fr", "LC_MESSAGES").is_dir() for d in
+                            ("/usr/share/locale", "/usr/local/share/locale")),
+                    reason="no French gettext catalogs on this machine")
+def test_gettext_data_is_built_plain_and_marked(tmp_path):
+    out = tmp_path / "grid"
+    proc = subprocess.run([sys.executable, "-m", "experiments.translation_length", "--smoke",
+                           "--corpus", "gettext", "--data-only", "--out", str(out)],
+                          capture_output=True, text=True, timeout=600, cwd=str(REPO),
+                          env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    meta = json.loads((out / "data" / "data.json").read_text())
+    assert meta["langs"] == ["fr", "en"] and meta["corpus"] == "gettext" and meta["N"] == 8
+    assert meta["ratio"] > 0 and meta["mean_source"] > 1 and meta["shape_shift"] == 64
+    sources = tl.test_sources(out / "data", meta)
+    assert len(sources) == meta["test_pairs"] > 0
+    marked = (out / "data" / "marked" / "text" / "test.fr").read_text().splitlines()
+    assert marked == [f"@start@ {line}" for line in sources]
+    assert "@start@ " in (out / "data" / "marked" / "bin" / "dict.fr.txt").read_text()
+    assert not (out / "runs").exists()
