@@ -183,11 +183,6 @@ GETTEXT_LANG = "fr"
 def build_gettext(data, args):
     """French→English from the machine's gettext catalogs, by the corpus's own tool (its text
     lies beside its binaries); every token in the dictionary unless ``--vocab``."""
-    try:
-        from fairseq_alibi.preprocess import gettext  # noqa: F401
-    except ImportError:
-        raise SystemExit("--corpus gettext needs fairseq_alibi.preprocess.gettext, which this "
-                         "checkout does not have (branch gettext): use --corpus restoration")
     cmd = [sys.executable, "-m", "fairseq_alibi.preprocess.gettext", "--lang", GETTEXT_LANG,
            "--out", data / "plain" / "bin", "--N", args.N, "--per-bucket", args.per_bucket,
            "--seed", args.data_seed, *(["--nwords", args.vocab] if args.vocab else [])]
@@ -204,6 +199,9 @@ def build_gettext(data, args):
 def build(data, args):
     """Build the corpus into ``data``: ``plain/{text,bin}``, ``marked/{text,bin}`` (the start
     marker, the same pairs) and ``data.json``; in a temporary folder renamed at the end."""
+    if data.exists() and any(data.iterdir()):
+        raise SystemExit(f"{data} exists but holds no data.json (not data this script built): "
+                         "give another --data or --out, or remove it")
     partial = data.with_name(data.name + ".partial")
     if partial.exists():
         shutil.rmtree(partial)
@@ -222,7 +220,7 @@ def build(data, args):
                 built_in_s=round(time.time() - started, 1))
     (partial / "data.json").write_text(json.dumps(meta, indent=2) + "\n")
     if data.exists():
-        shutil.rmtree(data)
+        data.rmdir()  # empty (checked above)
     partial.rename(data)
     return meta
 
@@ -322,7 +320,7 @@ def score_runs(out, data, meta, names, seeds):
                     saved = json.loads(record.read_text())
                     times.update({f"{step}_wall_s": saved["wall_s"],
                                   f"{step}_cpu_s": saved["cpu_s"]})
-            if CONFIGS[name].checkpoint_of:  # its training is its checkpoint's, not counted twice
+            if CONFIGS[name].checkpoint_of in names:  # that run counts the training once
                 times = {k: v for k, v in times.items() if not k.startswith("train")}
             timing.setdefault(name, {})[seed] = times
     return runs, timing

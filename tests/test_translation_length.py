@@ -43,6 +43,13 @@ def test_data_figures_and_the_start_marker(tmp_path):
     assert (tmp_path / "marked" / "test.tgt").read_text() == (text / "test.tgt").read_text()
 
 
+def test_data_is_never_built_over_another_folder(tmp_path):
+    (tmp_path / "keep.txt").write_text("x")
+    with pytest.raises(SystemExit, match="exists but holds no data.json"):
+        tl.main(["--data-only", "--data", str(tmp_path), "--out", str(tmp_path / "out")])
+    assert [p.name for p in tmp_path.iterdir()] == ["keep.txt"]
+
+
 def generate_log(hyps):
     """What fairseq-generate prints for the two test inputs of :func:`grid`."""
     sources, refs = ["a b c", "d e f g h"], ["A b c .", "D e f g h ."]
