@@ -44,10 +44,12 @@ def test_data_figures_and_the_start_marker(tmp_path):
 
 
 def test_data_is_never_built_over_another_folder(tmp_path):
-    (tmp_path / "keep.txt").write_text("x")
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    (theirs / "keep.txt").write_text("x")
     with pytest.raises(SystemExit, match="exists but holds no data.json"):
-        tl.main(["--data-only", "--data", str(tmp_path), "--out", str(tmp_path / "out")])
-    assert [p.name for p in tmp_path.iterdir()] == ["keep.txt"]
+        tl.main(["--data-only", "--data", str(theirs), "--out", str(tmp_path / "out")])
+    assert [p.name for p in theirs.iterdir()] == ["keep.txt"]
 
 
 def generate_log(hyps):
