@@ -163,29 +163,38 @@ def add_start_marker(text_dir, marked_dir, langs):
         shutil.copy(text_dir / f"{split}.{target}", marked_dir / f"{split}.{target}")
 
 
+#: restoration's joined dictionary, as experiments/punctuation_restoration.py's
+RESTORATION_VOCAB = 1000
+
+
 def build_restoration(data, args):
     """WikiText-2 (or Python's documentation) as punctuation and case restoration, with
-    ``--vocab`` words (default 1,000; the rest ``<unk>``)."""
+    ``--vocab`` words (default :data:`RESTORATION_VOCAB`; the rest ``<unk>``)."""
+    vocab = args.vocab or RESTORATION_VOCAB
     texts = restoration.read_texts(args.wikitext, args.embedded, data)
     if texts is None:
         raise SystemExit(2)
     train_lines, test_lines, source = texts
     n_train, n_test = restoration.build_data(
         train_lines, test_lines, data / "plain", args.N, args.per_bucket, args.data_seed,
-        split_punctuation=args.embedded, vocab=args.vocab or 1000)
+        split_punctuation=args.embedded, vocab=vocab)
     return {"text": source, "train_pairs": n_train, "test_pairs": n_test,
-            "langs": ["src", "tgt"], "plain_text": "plain/text", "vocab": args.vocab or 1000}
+            "langs": ["src", "tgt"], "plain_text": "plain/text", "vocab": vocab}
 
 
 GETTEXT_LANG = "fr"
+#: gettext's joined dictionary: the most frequent tokens, most of the text for a fraction of the
+#: softmax of all of them (coverage and cost in docs/translation.md)
+GETTEXT_VOCAB = 8000
 
 
 def build_gettext(data, args):
     """French→English from the machine's gettext catalogs, by the corpus's own tool (its text
-    lies beside its binaries); every token in the dictionary unless ``--vocab``."""
+    lies beside its binaries), with ``--vocab`` tokens (default :data:`GETTEXT_VOCAB`)."""
+    vocab = args.vocab or GETTEXT_VOCAB
     cmd = [sys.executable, "-m", "fairseq_alibi.preprocess.gettext", "--lang", GETTEXT_LANG,
            "--out", data / "plain" / "bin", "--N", args.N, "--per-bucket", args.per_bucket,
-           "--seed", args.data_seed, *(["--nwords", args.vocab] if args.vocab else [])]
+           "--seed", args.data_seed, "--nwords", vocab]
     if args.smoke:  # a few inputs per bucket are enough to run every step
         cmd += ["--min-per-bucket", 1, "--valid-size", 50]
     run_timed(cmd, thread_env(1), data / "gettext.log")
@@ -193,7 +202,7 @@ def build_gettext(data, args):
     return {"text": f"gettext catalogs, {GETTEXT_LANG} -> en "
                     f"({len(stats['catalogs_used'])} catalogs)",
             "train_pairs": stats["splits"]["train"], "test_pairs": stats["splits"]["test"],
-            "langs": [GETTEXT_LANG, "en"], "plain_text": "plain/bin", "vocab": args.vocab}
+            "langs": [GETTEXT_LANG, "en"], "plain_text": "plain/bin", "vocab": vocab}
 
 
 def build(data, args):
@@ -212,8 +221,8 @@ def build(data, args):
     add_start_marker(partial / described["plain_text"], partial / "marked" / "text", langs)
     text = partial / "marked" / "text"
     prepare(partial / "marked" / "bin", *langs, text / "train", text / "valid", text / "test",
-            joined_dictionary=True, nwords=described["vocab"] and described["vocab"] + 1,
-            workers=1, overwrite=True)  # + 1: the marker takes a word of its own
+            joined_dictionary=True, nwords=described["vocab"] + 1, workers=1,
+            overwrite=True)  # + 1: the marker takes a word of its own
     meta = dict(described, corpus=args.corpus, N=args.N, per_bucket=args.per_bucket,
                 data_seed=args.data_seed,
                 **data_figures(partial / described["plain_text"], args.N, langs),
@@ -389,8 +398,8 @@ def parse(argv):
     sizes.add_argument("--N", type=int, default=16, help="longest training source, in tokens")
     sizes.add_argument("--per-bucket", type=int, default=40, help="test inputs per bucket")
     sizes.add_argument("--vocab", type=int, default=None,
-                       help="words of the joined dictionary, the rest <unk> (default: 1000 for "
-                            "restoration, every token for gettext)")
+                       help="words of the joined dictionary, the rest <unk> (default: "
+                            f"{RESTORATION_VOCAB} for restoration, {GETTEXT_VOCAB} for gettext)")
     sizes.add_argument("--data-seed", type=int, default=1, help="the seed of the data split")
     sizes.add_argument("--wikitext", default=str(restoration.DEFAULT_WIKITEXT))
     sizes.add_argument("--embedded", action="store_true",
