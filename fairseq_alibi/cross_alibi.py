@@ -23,19 +23,29 @@ model's precision, and from differences ``j - anchor`` (never the "row trick").
 import torch
 
 
-def cross_alibi_bias(slopes: torch.Tensor, anchors: torch.Tensor, first_real: torch.Tensor,
-                     src_len: int, num_heads: int) -> torch.Tensor:
-    """``bias[b, h, t, j] = -m_h·|(j - first_real_b) - anchors[b, t]|`` for ``h < K``, 0 for
-    the other heads: float32 ``(B, num_heads, T, src_len)``.
+def source_positions(key_padding_mask, bsz: int, src_len: int, device):
+    """``(j, S)``: float32 ``(B, src_len)`` key positions counted from each row's first real
+    (non-pad) key, and ``(B,)`` real source lengths ``S_b``, from fairseq's ``(B, src_len)``
+    key padding mask (``None``: no padding)."""
+    keys = torch.arange(src_len, device=device, dtype=torch.float32)
+    if key_padding_mask is None:
+        return keys.expand(bsz, -1), torch.full((bsz,), float(src_len), device=device)
+    real = ~key_padding_mask.bool()
+    first_real = real.int().argmax(dim=1)  # the first maximum: the first real key
+    return keys[None, :] - first_real[:, None].float(), real.sum(dim=1).float()
 
-    ``slopes`` ``(K,)``; ``anchors`` ``(B, T)`` source positions (the pointer ``p_t`` or
-    ``r·t``); ``first_real`` ``(B,)`` the index of each row's first non-pad key (its left
-    padding). Padding keys get a finite value here; the key padding mask hides them.
+
+def cross_alibi_bias(slopes: torch.Tensor, anchors: torch.Tensor,
+                     positions: torch.Tensor) -> torch.Tensor:
+    """``bias[b, h, t, j] = -m_h·|positions[b, j] - anchors[b, t]|``: float32 ``(B, H, T, S)``.
+
+    ``slopes`` ``(H,)``: ``m_h`` of the ``K`` biased heads (Press's ``get_slopes(K)``), then 0
+    for the content-only heads; ``anchors`` ``(B, T)`` source positions (the pointer ``p_t`` or
+    ``r·t``); ``positions`` ``(B, S)`` the keys' positions (:func:`source_positions`). Padding
+    keys get a finite value here; the key padding mask hides them.
     """
-    keys = torch.arange(src_len, device=anchors.device, dtype=torch.float32)
-    rel = keys[None, None, :] - first_real.float()[:, None, None] - anchors.float()[:, :, None]
-    biased = -slopes.float().to(anchors.device)[None, :, None, None] * rel.abs()[:, None]
-    return torch.nn.functional.pad(biased, (0, 0, 0, 0, 0, num_heads - slopes.numel()))
+    distance = (positions.float()[:, None, None, :] - anchors.float()[:, None, :, None]).abs_()
+    return distance * slopes.float().neg()[None, :, None, None]
 
 
 def pointer_positions(steps: torch.Tensor, previous=None) -> torch.Tensor:
@@ -49,6 +59,8 @@ def pointer_positions(steps: torch.Tensor, previous=None) -> torch.Tensor:
     if previous is None:
         steps = torch.cat([torch.zeros_like(steps[:, :1]), steps[:, 1:]], dim=1)
         return steps.cumsum(dim=1)
+    if steps.size(1) == 1:  # a decoding step
+        return previous[:, None] + steps
     return previous[:, None] + steps.cumsum(dim=1)
 
 

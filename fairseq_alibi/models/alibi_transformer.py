@@ -272,9 +272,9 @@ class CrossPositionDecoderMixin:
                                    features_only=features_only, **kwargs)
         if self.cross_alibi_eos_guard >= 0 and incremental_state is not None \
                 and not features_only and not self.training:
-            state = self.guard_attention.position_state(incremental_state)
-            if state:
-                forbid_early_eos(x, state, self.dictionary.eos(), self.cross_alibi_eos_guard)
+            left = self.guard_attention.eos_distance(incremental_state)
+            if left is not None:
+                forbid_early_eos(x, left, self.dictionary.eos(), self.cross_alibi_eos_guard)
         return x, extra
 
 

@@ -30,7 +30,12 @@ from fairseq.utils import safe_getattr
 from torch import Tensor
 
 from fairseq_alibi.alibi import get_slopes, mask_value
-from fairseq_alibi.cross_alibi import cross_alibi_bias, length_scale, pointer_positions
+from fairseq_alibi.cross_alibi import (
+    cross_alibi_bias,
+    length_scale,
+    pointer_positions,
+    source_positions,
+)
 from fairseq_alibi.modules.alibi_multihead_attention import attend_and_project
 
 #: the values of ``--cross-alibi``
@@ -75,15 +80,17 @@ def build_cross_attention(embed_dim, cfg, quant_noise=0.0, qn_block_size=8):
 
 
 class _RowBias:
-    """What the dense backends call for the bias: this call's float32 bias, ``(B, H, T, S)``
-    (or ``(1, 1, 1, 1)`` zeros: no bias), cast to the attention's dtype at the end."""
+    """What the dense backends call for the bias: this call's float32 ``(B, H, T, S)`` bias
+    cast to the attention's dtype at the end (``None``: no bias, a zero)."""
 
     variant = "cross"
 
-    def __init__(self, bias: Tensor):
-        self.bias = bias
+    def __init__(self, bias: Optional[Tensor], device):
+        self.bias, self.device = bias, device
 
     def __call__(self, query_len, key_len, dtype):
+        if self.bias is None:
+            return torch.zeros((1, 1, 1, 1), dtype=dtype, device=self.device)
         return self.bias.to(dtype)
 
 
@@ -109,7 +116,7 @@ class CrossPositionAttention(MultiheadAttention):
         self.attention_backend = attention
         if self.biased_heads:
             # not saved (it follows from K), kept float32 by _apply
-            self.register_buffer("slopes", get_slopes(self.biased_heads), persistent=False)
+            self.register_buffer("slopes", self._head_slopes(), persistent=False)
         if mode == "pointer":
             self.pointer_step = torch.nn.Linear(embed_dim, 1)
             torch.nn.init.zeros_(self.pointer_step.weight)
@@ -119,15 +126,21 @@ class CrossPositionAttention(MultiheadAttention):
         return (f"mode={self.mode}, biased_heads={self.biased_heads}, ratio={self.ratio}, "
                 f"length_reference={self.length_reference}")
 
+    def _head_slopes(self):
+        """``(H,)`` float32: Press's slopes of the ``K`` biased heads, then ``H - K`` zeros."""
+        slopes = torch.zeros(self.num_heads)
+        slopes[: self.biased_heads] = get_slopes(self.biased_heads)
+        return slopes
+
     def _apply(self, fn, *args, **kwargs):
         out = super()._apply(fn, *args, **kwargs)
         if self.biased_heads:  # model.half() must not round the slopes
-            self.slopes = get_slopes(self.biased_heads).to(self.slopes.device)
+            self.slopes = self._head_slopes().to(self.slopes.device)
         return out
 
     def position_state(self, incremental_state) -> Optional[Dict[str, Tensor]]:
-        """A decoding step's ``pointer`` (``p_t`` of the last query), ``steps`` (queries seen)
-        and ``last_source`` (index of each row's last real source token), ``(B,)`` each."""
+        """A decoding step's ``pointer`` (``p_t`` of the last query, ``pointer``) or ``steps``
+        (queries seen, ``ratio``), ``(B,)``."""
         if incremental_state is None:
             return None
         return self.get_incremental_state(incremental_state, _STATE)
@@ -142,49 +155,55 @@ class CrossPositionAttention(MultiheadAttention):
             return x.contiguous().view(x.size(0), bsz, H, D).permute(1, 2, 0, 3)
 
         q = heads(self.q_proj(query))
-        saved = self._get_input_buffer(incremental_state) if incremental_state is not None \
-            else {}
-        if saved.get("prev_key") is not None:  # the source's keys, computed at the first step
-            k, v = saved["prev_key"], saved["prev_value"]
-        else:
-            k, v = heads(self.k_proj(key)), heads(self.v_proj(value))
-            if incremental_state is not None:
-                saved["prev_key"], saved["prev_value"] = k, v
-                self._set_input_buffer(incremental_state, saved)
-        src_len = k.size(2)
         if key_padding_mask is not None and key_padding_mask.dim() == 0:
             key_padding_mask = None
-        if key_padding_mask is None:
-            first_real = torch.zeros(bsz, dtype=torch.long, device=q.device)
-            real_len = torch.full((bsz,), src_len, dtype=torch.long, device=q.device)
-        else:
-            real = ~key_padding_mask.bool()
-            first_real, real_len = real.int().argmax(dim=1), real.sum(dim=1)
+        saved = self._get_input_buffer(incremental_state) if incremental_state is not None \
+            else {}
+        if saved.get("prev_key") is None:
+            # the source's keys and what follows from its padding, kept for the decoding steps
+            # in the parent's buffer: reordered with the keys, by the parent's rule
+            # contiguous once here, not copied by the kernel at every decoding step
+            saved["prev_key"] = heads(self.k_proj(key)).contiguous()
+            saved["prev_value"] = heads(self.v_proj(value)).contiguous()
+            positions, real_len = source_positions(key_padding_mask, bsz, key.size(0),
+                                                   q.device)
+            saved["source_positions"], saved["last_source"] = positions, real_len - 1
+            if self.length_reference > 0:
+                saved["length_factor"] = length_scale(real_len, self.length_reference).view(
+                    bsz, 1, 1, 1)
+            if incremental_state is not None:
+                self._set_input_buffer(incremental_state, saved)
+        k, v = saved["prev_key"], saved["prev_value"]
 
         if self.length_reference > 0:  # f_b·(q·k): on the queries, per row
-            q = q * length_scale(real_len, self.length_reference).to(q.dtype)[:, None, None, None]
+            q = q * saved["length_factor"].to(q.dtype)
 
-        bias = q.new_zeros((1, 1, 1, 1), dtype=torch.float32)
+        bias = None
         if self.mode != "none":
             previous = self.position_state(incremental_state)
-            seen = previous["steps"] if previous else torch.zeros(bsz, device=q.device)
-            targets = seen[:, None] + torch.arange(tgt_len, device=q.device)  # t, (B, T)
             if self.mode == "pointer":
                 steps = F.softplus(self.pointer_step(query).float()).squeeze(-1).t()
                 anchors = pointer_positions(steps, previous["pointer"] if previous else None)
-            else:
-                anchors = targets * self.ratio
-            bias = cross_alibi_bias(self.slopes, anchors, first_real, src_len, H)
+                state = {"pointer": anchors[:, -1]}
+            else:  # r·t, t counted in the state
+                seen = previous["steps"] if previous else q.new_zeros(bsz, dtype=torch.float32)
+                targets = seen[:, None] + torch.arange(tgt_len, device=q.device)
+                anchors, state = targets * self.ratio, {"steps": targets[:, -1] + 1}
+            bias = cross_alibi_bias(self.slopes, anchors, saved["source_positions"])
             if incremental_state is not None:
-                state = {"steps": targets[:, -1] + 1,
-                         "last_source": (real_len - 1).float()}
-                if self.mode == "pointer":
-                    state["pointer"] = anchors[:, -1]
                 self.set_incremental_state(incremental_state, _STATE, state)
 
         return attend_and_project(self, "naive" if self.attention_backend == "naive" else "sdpa",
-                                  q, k, v, _RowBias(bias), key_padding_mask, attn_mask,
+                                  q, k, v, _RowBias(bias, q.device), key_padding_mask, attn_mask,
                                   need_weights, need_head_weights, before_softmax)
+
+    def eos_distance(self, incremental_state) -> Optional[Tensor]:
+        """``(B,)``: how many source tokens the pointer is before each row's last real source
+        token, at this decoding step (``None`` before the first step)."""
+        position = self.position_state(incremental_state)
+        if not position:
+            return None
+        return self._get_input_buffer(incremental_state)["last_source"] - position["pointer"]
 
     def reorder_incremental_state(self, incremental_state, new_order: Tensor):
         """The parent's reorder of the source's keys (only when sentences leave the batch),
@@ -197,9 +216,10 @@ class CrossPositionAttention(MultiheadAttention):
         return incremental_state
 
 
-def forbid_early_eos(logits: Tensor, state: Dict[str, Tensor], eos: int, distance: float):
+def forbid_early_eos(logits: Tensor, distance_left: Tensor, eos: int, distance: float):
     """The EOS guard of a decoding step: the last position's EOS logit of the rows whose
-    pointer is more than ``distance`` source tokens before their last real source token becomes
+    pointer is more than ``distance`` source tokens before their last real source token
+    (``distance_left``, ``(B,)``: :meth:`CrossPositionAttention.eos_distance`) becomes
     :func:`~fairseq_alibi.alibi.mask_value` (in place; returns ``logits``).
 
     A finite floor, not ``-inf``: at the generator's last step (``max_len``) fairseq leaves
@@ -208,8 +228,6 @@ def forbid_early_eos(logits: Tensor, state: Dict[str, Tensor], eos: int, distanc
     never reaches the end cannot keep beam search from ending, and such a hypothesis scores
     below every one that ended on its own.
     """
-    forbid = (state["last_source"] - state["pointer"]) > distance
     last = logits[:, -1, eos]
-    logits[:, -1, eos] = torch.where(forbid, torch.full_like(last, mask_value(logits.dtype)),
-                                     last)
+    logits[:, -1, eos] = last.masked_fill(distance_left > distance, mask_value(logits.dtype))
     return logits
