@@ -117,7 +117,26 @@ def decode(model, tokens, cached, steps, keys):
     return (time.perf_counter() - start) / steps
 
 
-def paired(models, names, tokens, cached, steps, keys, rounds):
+def sizes(quick, rounds, cached, batches):
+    """``(dims, steps, cached, batches, rounds)`` of a run (toy ones with ``quick``); seeds
+    torch's generator."""
+    torch.manual_seed(0)
+    if quick:
+        return (2, 64, 4), 4, (16, 64), (1, 2), 1
+    return (2, 256, 8), STEPS, cached, batches, rounds
+
+
+def inputs(batch, cached, steps, dims):
+    """``(tokens, keys)``: the tokens of ``cached + steps`` positions, the cached keys/values
+    of every layer."""
+    layers, embed, heads = dims
+    tokens = torch.randint(4, 1000, (batch, cached + steps))
+    keys = [(torch.randn(batch, heads, cached, embed // heads),
+             torch.randn(batch, heads, cached, embed // heads)) for _ in range(layers)]
+    return tokens, keys
+
+
+def paired(models, names, cached, steps, rounds, tokens, keys):
     """``(base ms, other ms, median paired ratio other ÷ base)`` per step of the two models
     ``names``, in alternating order."""
     times = {name: [] for name in names}
@@ -135,14 +154,8 @@ def run_cross(quick=False, rounds=5, log=print, cached=(16, 64, 256), batches=(1
     """Returns ``(shape, table)``: per-step times of the translation decoder with each
     cross-attention option ÷ today's ``alibi_transformer`` (same weights; the pointer's step is
     the option's own parameter), over a source of :data:`SOURCE_LENGTH` tokens."""
-    torch.manual_seed(0)
-    dims = (2, 64, 4) if quick else (2, 256, 8)
-    steps = 4 if quick else STEPS
-    cached = (16, 64) if quick else cached
-    batches = (1, 2) if quick else batches
-    rounds = 1 if quick else rounds
+    dims, steps, cached, batches, rounds = sizes(quick, rounds, cached, batches)
     layers, embed, heads = dims
-    head_dim = embed // heads
     base = "alibi_transformer"
     models = {base: build(base, dims)}
     for name, flags in CROSS.items():
@@ -152,11 +165,8 @@ def run_cross(quick=False, rounds=5, log=print, cached=(16, 64, 256), batches=(1
     for name in CROSS:
         for batch in batches:
             for S in cached:
-                tokens = torch.randint(4, 1000, (batch, S + steps))
-                keys = [(torch.randn(batch, heads, S, head_dim),
-                         torch.randn(batch, heads, S, head_dim)) for _ in range(layers)]
-                base_ms, cross_ms, ratio = paired(models, (base, name), tokens, S, steps, keys,
-                                                  rounds)
+                base_ms, cross_ms, ratio = paired(models, (base, name), S, steps, rounds,
+                                                  *inputs(batch, S, steps, dims))
                 rows.append([name, batch, S, f"{base_ms:.3f}", f"{cross_ms:.3f}",
                              f"{ratio:.2f}"])
                 log(f"[decoding] {name}, batch {batch}, {S} cached: alibi_transformer "
@@ -172,14 +182,8 @@ def run_cross(quick=False, rounds=5, log=print, cached=(16, 64, 256), batches=(1
 def run(quick=False, rounds=5, log=print, cached=(256, 1024, 4096), batches=(1, 4)):
     """Returns ``(shape, table)``: per-step times and the ALiBi ÷ stock ratio per model family,
     batch and cache size."""
-    torch.manual_seed(0)
-    dims = (2, 64, 4) if quick else (2, 256, 8)
-    steps = 4 if quick else STEPS
-    cached = (16, 64) if quick else cached
-    batches = (1, 2) if quick else batches
-    rounds = 1 if quick else rounds
+    dims, steps, cached, batches, rounds = sizes(quick, rounds, cached, batches)
     layers, embed, heads = dims
-    head_dim = embed // heads
     rows = []
     for family, archs in FAMILIES.items():
         models = {arch: build(arch, dims) for arch in archs}
@@ -187,11 +191,8 @@ def run(quick=False, rounds=5, log=print, cached=(256, 1024, 4096), batches=(1, 
             models[archs[0]][0].state_dict(), strict=False)
         for batch in batches:
             for S in cached:
-                tokens = torch.randint(4, 1000, (batch, S + steps))
-                keys = [(torch.randn(batch, heads, S, head_dim),
-                         torch.randn(batch, heads, S, head_dim)) for _ in range(layers)]
-                stock_ms, alibi_ms, ratio = paired(models, archs, tokens, S, steps, keys,
-                                                   rounds)
+                stock_ms, alibi_ms, ratio = paired(models, archs, S, steps, rounds,
+                                                   *inputs(batch, S, steps, dims))
                 rows.append([family, batch, S, f"{stock_ms:.3f}", f"{alibi_ms:.3f}",
                              f"{ratio:.2f}"])
                 log(f"[decoding] {family}, batch {batch}, {S} cached: stock {stock_ms:.3f} ms, "

@@ -20,6 +20,8 @@ length scale   content logit ``q·k/√d`` times ``log S_b / log N`` (:func:`len
 model's precision, and from differences ``j - anchor`` (never the "row trick").
 """
 
+from typing import Optional
+
 import torch
 
 
@@ -35,17 +37,22 @@ def source_positions(key_padding_mask, bsz: int, src_len: int, device):
     return keys[None, :] - first_real[:, None].float(), real.sum(dim=1).float()
 
 
-def cross_alibi_bias(slopes: torch.Tensor, anchors: torch.Tensor,
-                     positions: torch.Tensor) -> torch.Tensor:
-    """``bias[b, h, t, j] = -m_h·|positions[b, j] - anchors[b, t]|``: float32 ``(B, H, T, S)``.
+def cross_alibi_bias(slopes: torch.Tensor, anchors: torch.Tensor, positions: torch.Tensor,
+                     padding: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """``bias[b, h, t, j] = -m_h·|positions[b, j] - anchors[b, t]| + padding[b, j]``: float32
+    ``(B, H, T, S)``.
 
     ``slopes`` ``(H,)``: ``m_h`` of the ``K`` biased heads (Press's ``get_slopes(K)``), then 0
     for the content-only heads; ``anchors`` ``(B, T)`` source positions (the pointer ``p_t`` or
-    ``r·t``); ``positions`` ``(B, S)`` the keys' positions (:func:`source_positions`). Padding
-    keys get a finite value here; the key padding mask hides them.
+    ``r·t``); ``positions`` ``(B, S)`` the keys' positions (:func:`source_positions`);
+    ``padding`` ``(B, S)``: 0, or a large finite negative on padding keys (``None``: no
+    padding keys).
     """
     distance = (positions.float()[:, None, None, :] - anchors.float()[:, None, :, None]).abs_()
-    return distance * slopes.float().neg()[None, :, None, None]
+    slopes = slopes.float().view(1, -1, 1, 1)
+    if padding is None:
+        return distance.mul_(slopes).neg_()
+    return torch.addcmul(padding.float()[:, None, None, :], distance, slopes, value=-1.0)
 
 
 def pointer_positions(steps: torch.Tensor, previous=None) -> torch.Tensor:

@@ -160,14 +160,19 @@ class CrossPositionAttention(MultiheadAttention):
         saved = self._get_input_buffer(incremental_state) if incremental_state is not None \
             else {}
         if saved.get("prev_key") is None:
-            # the source's keys and what follows from its padding, kept for the decoding steps
-            # in the parent's buffer: reordered with the keys, by the parent's rule
-            # contiguous once here, not copied by the kernel at every decoding step
+            # the source's keys, contiguous once (not copied by the kernel at every step)
             saved["prev_key"] = heads(self.k_proj(key)).contiguous()
             saved["prev_value"] = heads(self.v_proj(value)).contiguous()
-            positions, real_len = source_positions(key_padding_mask, bsz, key.size(0),
-                                                   q.device)
+        if saved.get("last_source") is None:
+            # what follows from the source's padding, kept for the decoding steps in the
+            # parent's buffer: reordered with the keys, by the parent's rule
+            positions, real_len = source_positions(key_padding_mask, bsz,
+                                                   saved["prev_key"].size(2), q.device)
             saved["source_positions"], saved["last_source"] = positions, real_len - 1
+            if key_padding_mask is not None and self.mode != "none":
+                # the padding merged into the bias (one op per step, no mask of its own), by a
+                # value that stays finite in the attention's dtype
+                saved["source_padding"] = key_padding_mask.float() * mask_value(q.dtype)
             if self.length_reference > 0:
                 saved["length_factor"] = length_scale(real_len, self.length_reference).view(
                     bsz, 1, 1, 1)
@@ -182,14 +187,18 @@ class CrossPositionAttention(MultiheadAttention):
         if self.mode != "none":
             previous = self.position_state(incremental_state)
             if self.mode == "pointer":
-                steps = F.softplus(self.pointer_step(query).float()).squeeze(-1).t()
+                step = self.pointer_step  # F.linear: no module call at every decoding step
+                steps = F.softplus(F.linear(query, step.weight, step.bias).float()).squeeze(-1).t()
                 anchors = pointer_positions(steps, previous["pointer"] if previous else None)
                 state = {"pointer": anchors[:, -1]}
             else:  # r·t, t counted in the state
                 seen = previous["steps"] if previous else q.new_zeros(bsz, dtype=torch.float32)
-                targets = seen[:, None] + torch.arange(tgt_len, device=q.device)
-                anchors, state = targets * self.ratio, {"steps": targets[:, -1] + 1}
-            bias = cross_alibi_bias(self.slopes, anchors, saved["source_positions"])
+                targets = seen[:, None] if tgt_len == 1 else \
+                    seen[:, None] + torch.arange(tgt_len, device=q.device)
+                anchors, state = targets * self.ratio, {"steps": seen + tgt_len}
+            bias = cross_alibi_bias(self.slopes, anchors, saved["source_positions"],
+                                    saved.get("source_padding"))
+            key_padding_mask = None  # in the bias
             if incremental_state is not None:
                 self.set_incremental_state(incremental_state, _STATE, state)
 
@@ -228,6 +237,5 @@ def forbid_early_eos(logits: Tensor, distance_left: Tensor, eos: int, distance: 
     never reaches the end cannot keep beam search from ending, and such a hypothesis scores
     below every one that ended on its own.
     """
-    last = logits[:, -1, eos]
-    logits[:, -1, eos] = last.masked_fill(distance_left > distance, mask_value(logits.dtype))
+    logits[:, -1, eos].masked_fill_(distance_left > distance, mask_value(logits.dtype))
     return logits
