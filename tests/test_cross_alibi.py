@@ -96,9 +96,11 @@ def reference_cross_attention(flags):
     return cross
 
 
-@pytest.mark.parametrize("backend", ["naive", "sdpa"])
+@pytest.mark.parametrize("backend", ["naive", "sdpa", "fold"])
 @pytest.mark.parametrize("option", sorted(OPTIONS))
 def test_left_padded_batch_matches_the_float64_reference(data, option, backend):
+    """Every backend of the self-attention; the cross-attention runs the dense ``naive`` with
+    ``naive`` and ``sdpa`` otherwise (it has no other kernel)."""
     flags = [str(f) for f in OPTIONS[option]]
     model, task = build_cross(data, *flags, "--alibi-attention", backend)
     cross = [m for m in model.modules() if isinstance(m, CrossPositionAttention)]
