@@ -26,6 +26,11 @@ from benchmarks.common import table
 #: per model family, (stock, ALiBi) architectures
 FAMILIES = {"language model": ("transformer_lm", "alibi_transformer_lm"),
             "translation decoder": ("transformer", "alibi_transformer")}
+#: the cross-attention position options (docs/translation.md) against today's alibi_transformer
+CROSS = {"pointer, length scale 8, EOS guard 2": [
+    "--cross-alibi", "pointer", "--cross-attention-length-scale", "8",
+    "--cross-alibi-eos-guard", "2"],
+    "ratio 1.0": ["--cross-alibi", "ratio", "--cross-alibi-ratio", "1.0"]}
 SOURCE_LENGTH = 64
 STEPS = 8
 PAIRS_PER_ROUND = 4
@@ -42,9 +47,10 @@ NOTES = (
 )
 
 
-def build(arch, dims, vocab=1000):
-    """The decoder of ``arch`` with ``dims = (layers, embed, heads)``, eval mode, random
-    weights, and a function ``step(tokens, state)`` running it on one new token per sequence."""
+def build(arch, dims, vocab=1000, extra=()):
+    """The decoder of ``arch`` (with the model flags ``extra``) with ``dims = (layers, embed,
+    heads)``, eval mode, random weights, and a function ``step(tokens, state)`` running it on
+    one new token per sequence."""
     from fairseq import options
     from fairseq.data import Dictionary
     from fairseq.dataclass.utils import convert_namespace_to_omegaconf
@@ -65,7 +71,7 @@ def build(arch, dims, vocab=1000):
         *(["--decoder-input-dim", str(embed), "--decoder-output-dim", str(embed),
            "--tokens-per-sample", "8192", "--max-target-positions", "8192"] if lm else
           ["--max-source-positions", "8192", "--max-target-positions", "8192",
-           "--share-all-embeddings"]),
+           "--share-all-embeddings"]), *extra,
     ])
     dictionary = Dictionary()
     for i in range(vocab - len(dictionary)):
@@ -111,17 +117,73 @@ def decode(model, tokens, cached, steps, keys):
     return (time.perf_counter() - start) / steps
 
 
+def sizes(quick, rounds, cached, batches):
+    """``(dims, steps, cached, batches, rounds)`` of a run (toy ones with ``quick``); seeds
+    torch's generator."""
+    torch.manual_seed(0)
+    if quick:
+        return (2, 64, 4), 4, (16, 64), (1, 2), 1
+    return (2, 256, 8), STEPS, cached, batches, rounds
+
+
+def inputs(batch, cached, steps, dims):
+    """``(tokens, keys)``: the tokens of ``cached + steps`` positions, the cached keys/values
+    of every layer."""
+    layers, embed, heads = dims
+    tokens = torch.randint(4, 1000, (batch, cached + steps))
+    keys = [(torch.randn(batch, heads, cached, embed // heads),
+             torch.randn(batch, heads, cached, embed // heads)) for _ in range(layers)]
+    return tokens, keys
+
+
+def paired(models, names, cached, steps, rounds, tokens, keys):
+    """``(base ms, other ms, median paired ratio other ÷ base)`` per step of the two models
+    ``names``, in alternating order."""
+    times = {name: [] for name in names}
+    for name in names:  # warm-up
+        decode(models[name], tokens, cached, steps, keys)
+    for r in range(rounds * PAIRS_PER_ROUND):
+        for name in (names if r % 2 == 0 else names[::-1]):  # alternating order
+            times[name].append(decode(models[name], tokens, cached, steps, keys))
+    base, other = times[names[0]], times[names[1]]
+    ratio = statistics.median(a / s for a, s in zip(other, base))
+    return statistics.median(base) * 1e3, statistics.median(other) * 1e3, ratio
+
+
+def run_cross(quick=False, rounds=5, log=print, cached=(16, 64, 256), batches=(1, 4)):
+    """Returns ``(shape, table)``: per-step times of the translation decoder with each
+    cross-attention option ÷ today's ``alibi_transformer`` (same weights; the pointer's step is
+    the option's own parameter), over a source of :data:`SOURCE_LENGTH` tokens."""
+    dims, steps, cached, batches, rounds = sizes(quick, rounds, cached, batches)
+    layers, embed, heads = dims
+    base = "alibi_transformer"
+    models = {base: build(base, dims)}
+    for name, flags in CROSS.items():
+        models[name] = build(base, dims, extra=flags)
+        models[name][0].load_state_dict(models[base][0].state_dict(), strict=False)
+    rows = []
+    for name in CROSS:
+        for batch in batches:
+            for S in cached:
+                base_ms, cross_ms, ratio = paired(models, (base, name), S, steps, rounds,
+                                                  *inputs(batch, S, steps, dims))
+                rows.append([name, batch, S, f"{base_ms:.3f}", f"{cross_ms:.3f}",
+                             f"{ratio:.2f}"])
+                log(f"[decoding] {name}, batch {batch}, {S} cached: alibi_transformer "
+                    f"{base_ms:.3f} ms, with the option {cross_ms:.3f} ms per step, "
+                    f"ratio {ratio:.2f}")
+    shape = (f"{layers} layers, {embed} dims, {heads} heads, float32, a {SOURCE_LENGTH}-token "
+             f"source, {rounds} round(s) of {PAIRS_PER_ROUND} pairs of {steps} steps per model, "
+             f"alternating order, median of paired ratios")
+    return shape, table(["option", "sequences", "cached tokens", "alibi_transformer ms/step",
+                         "with the option ms/step", "option ÷ alibi_transformer"], rows)
+
+
 def run(quick=False, rounds=5, log=print, cached=(256, 1024, 4096), batches=(1, 4)):
     """Returns ``(shape, table)``: per-step times and the ALiBi ÷ stock ratio per model family,
     batch and cache size."""
-    torch.manual_seed(0)
-    dims = (2, 64, 4) if quick else (2, 256, 8)
-    steps = 4 if quick else STEPS
-    cached = (16, 64) if quick else cached
-    batches = (1, 2) if quick else batches
-    rounds = 1 if quick else rounds
+    dims, steps, cached, batches, rounds = sizes(quick, rounds, cached, batches)
     layers, embed, heads = dims
-    head_dim = embed // heads
     rows = []
     for family, archs in FAMILIES.items():
         models = {arch: build(arch, dims) for arch in archs}
@@ -129,18 +191,8 @@ def run(quick=False, rounds=5, log=print, cached=(256, 1024, 4096), batches=(1, 
             models[archs[0]][0].state_dict(), strict=False)
         for batch in batches:
             for S in cached:
-                tokens = torch.randint(4, 1000, (batch, S + steps))
-                keys = [(torch.randn(batch, heads, S, head_dim),
-                         torch.randn(batch, heads, S, head_dim)) for _ in range(layers)]
-                times = {arch: [] for arch in archs}
-                for arch in archs:  # warm-up
-                    decode(models[arch], tokens, S, steps, keys)
-                for r in range(rounds * PAIRS_PER_ROUND):
-                    for arch in (archs if r % 2 == 0 else archs[::-1]):  # alternating order
-                        times[arch].append(decode(models[arch], tokens, S, steps, keys))
-                stock, alibi = times[archs[0]], times[archs[1]]
-                ratio = statistics.median(a / s for a, s in zip(alibi, stock))
-                stock_ms, alibi_ms = statistics.median(stock) * 1e3, statistics.median(alibi) * 1e3
+                stock_ms, alibi_ms, ratio = paired(models, archs, S, steps, rounds,
+                                                   *inputs(batch, S, steps, dims))
                 rows.append([family, batch, S, f"{stock_ms:.3f}", f"{alibi_ms:.3f}",
                              f"{ratio:.2f}"])
                 log(f"[decoding] {family}, batch {batch}, {S} cached: stock {stock_ms:.3f} ms, "

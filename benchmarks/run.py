@@ -1,6 +1,6 @@
 """All benchmarks in one command; every figure is a ratio measured side by side in this run.
 
-    python -m benchmarks.run [--quick] [--only attention,decoding,train,eval,encoder,translation] [--rounds N]
+    python -m benchmarks.run [--quick] [--only attention,decoding,train,eval,encoder,translation,cross] [--rounds N]
                              [--threads N] [--markdown FILE]
 
 ``--quick`` runs every benchmark at toy sizes in about a minute (the test suite does, so the
@@ -19,7 +19,7 @@ import torch
 
 from benchmarks import common
 
-ALL = ("attention", "decoding", "train", "eval", "encoder", "translation")
+ALL = ("attention", "decoding", "train", "eval", "encoder", "translation", "cross")
 
 
 def parse_args(argv=None):
@@ -101,6 +101,12 @@ def main(argv=None):
             for shape, body, notes in translation.run(work, args.quick, args.rounds, log=log):
                 emit(shape, body, notes)
 
+        if "cross" in args.only:  # the cross-attention options ÷ today's alibi_transformer
+            from benchmarks import decoding, translation
+            emit(*translation.run_cross(work, args.quick, args.rounds, log=log))
+            shape, body = decoding.run_cross(args.quick, args.rounds, log=log)
+            emit("Cached decoding, per step: cross-attention options ÷ alibi_transformer ("
+                 + shape + ")", body)
     if args.markdown:
         with open(args.markdown, "w") as f:
             f.write("\n".join(sections))

@@ -30,6 +30,17 @@ MODELS = {"transformer (sinusoidal)": ["--arch", "transformer"],
 FOLDED = {"alibi_transformer --alibi-attention fold":
           ["--arch", "alibi_transformer", "--alibi-attention", "fold"]}
 BASE = "transformer (sinusoidal)"
+#: the cross-attention position options (docs/translation.md) against today's alibi_transformer
+CROSS_BASE = "alibi_transformer"
+CROSS = {
+    "alibi_transformer": ["--arch", "alibi_transformer"],
+    "+ pointer, length scale 8, EOS guard 2": [
+        "--arch", "alibi_transformer", "--cross-alibi", "pointer",
+        "--cross-attention-length-scale", "8", "--cross-alibi-eos-guard", "2"],
+    "+ ratio 1.0": ["--arch", "alibi_transformer", "--cross-alibi", "ratio",
+                    "--cross-alibi-ratio", "1.0"],
+    "+ length scale 8": ["--arch", "alibi_transformer", "--cross-attention-length-scale", "8"],
+}
 
 
 def write_dictionaries(folder, vocab):
@@ -80,12 +91,15 @@ def translation_batch(task, batch, length, seed):
     }
 
 
-def run_training(data, dims, lengths, tokens_per_batch, rounds, warmup, log):
+def run_training(data, dims, lengths, tokens_per_batch, rounds, warmup, log,
+                 cases=None, base=BASE, base_label="stock"):
+    """The training table of ``cases`` (name: model flags; default: stock, ALiBi, folded),
+    throughput and peak memory as ratios to ``base``; and a note on the state's size."""
     rows, state_bytes = [], None
+    cases = cases or {**MODELS, **FOLDED}
     for L in lengths:
         batch = max(1, tokens_per_batch // L)
-        models = {name: build_trainer(data, flags, dims)
-                  for name, flags in {**MODELS, **FOLDED}.items()}
+        models = {name: build_trainer(data, flags, dims) for name, flags in cases.items()}
         samples = {name: translation_batch(task, batch, L, seed=0)
                    for name, (_, task) in models.items()}
 
@@ -97,19 +111,19 @@ def run_training(data, dims, lengths, tokens_per_batch, rounds, warmup, log):
         log(f"[translation] training, L={L}, batch {batch}")
         timed = Rounds({name: step(name) for name in models}, rounds, warmup=warmup)
         peaks = {name: peak_bytes(step(name)) for name in models}
-        trainer = models[BASE][0]
+        trainer = models[base][0]
         state_bytes = sum(p.numel() * p.element_size() for p in trainer.model.parameters()) + sum(
             t.numel() * t.element_size() for s in trainer.optimizer.optimizer.state.values()
             for t in s.values() if torch.is_tensor(t))
         for name in models:
             tokens = samples[name]["ntokens"] / timed.median(name)
-            rows.append([L, name, f"{tokens:,.0f}", f"{1 / timed.ratio(name, BASE):.2f}",
-                         mib(peaks[name]), f"{peaks[name] / peaks[BASE]:.3f}"])
+            rows.append([L, name, f"{tokens:,.0f}", f"{1 / timed.ratio(name, base):.2f}",
+                         mib(peaks[name]), f"{peaks[name] / peaks[base]:.3f}"])
             log(f"[translation] L={L} {name}: {tokens:,.0f} target tokens/s, "
                 f"peak {mib(peaks[name])} MiB")
-    body = table(["L", "model", "train target tokens/s", "throughput × stock", "peak step MiB",
-                  "peak × stock"], rows)
-    return body, f"Parameters + Adam state (the same for both): {mib(state_bytes)} MiB."
+    body = table(["L", "model", "train target tokens/s", f"throughput × {base_label}",
+                  "peak step MiB", f"peak × {base_label}"], rows)
+    return body, f"Parameters + Adam state of {base}: {mib(state_bytes)} MiB."
 
 
 def run_generation(data, dims, sentences, gen_length, rounds, warmup, log):
@@ -139,8 +153,8 @@ def run_generation(data, dims, sentences, gen_length, rounds, warmup, log):
     return table(["model", "sentences/s (beam 4)", "× stock"], rows)
 
 
-def run(work, quick=False, rounds=5, log=print):
-    """``[(title, body, notes)]``: the training and the generation tables."""
+def sizes(quick, rounds):
+    """``(dims, lengths, tokens_per_batch, vocab, rounds, warmup, sentences, gen_length)``."""
     if quick:
         dims = ["--encoder-layers", "1", "--decoder-layers", "1", "--encoder-embed-dim", "32",
                 "--decoder-embed-dim", "32", "--encoder-ffn-embed-dim", "64",
@@ -155,6 +169,13 @@ def run(work, quick=False, rounds=5, log=print):
                 "--decoder-attention-heads", "4"]
         lengths, tokens_per_batch, vocab, warmup = (256, 1024), 4096, 1000, 1
         sentences, gen_length = 8, 64
+    return dims, lengths, tokens_per_batch, vocab, rounds, warmup, sentences, gen_length
+
+
+def run(work, quick=False, rounds=5, log=print):
+    """``[(title, body, notes)]``: the training and the generation tables."""
+    dims, lengths, tokens_per_batch, vocab, rounds, warmup, sentences, gen_length = \
+        sizes(quick, rounds)
     data = write_dictionaries(os.path.join(work, "translation-dicts"), vocab)
     shape = (f"{' '.join(dims).replace('--', '')}, vocab {vocab}, float32, "
              f"{rounds} interleaved round(s), median")
@@ -167,3 +188,17 @@ def run(work, quick=False, rounds=5, log=print):
         (f"Translation generation, beam 4: alibi_transformer ÷ transformer ({shape}, "
          f"{sentences} sentences of {gen_length} tokens)", gen_body, ""),
     ]
+
+
+def run_cross(work, quick=False, rounds=5, log=print, lengths=(64, 256)):
+    """``(title, body, notes)``: training with the cross-attention position options ÷ today's
+    alibi_transformer (translation sentences are short: 64 and 256 tokens by default)."""
+    dims, _, tokens_per_batch, vocab, rounds, warmup, _, _ = sizes(quick, rounds)
+    lengths = (16, 32) if quick else lengths
+    data = write_dictionaries(os.path.join(work, "translation-dicts"), vocab)
+    body, notes = run_training(data, dims, lengths, tokens_per_batch, rounds, warmup, log,
+                               cases=CROSS, base=CROSS_BASE, base_label="alibi_transformer")
+    shape = (f"{' '.join(dims).replace('--', '')}, vocab {vocab}, float32, "
+             f"{rounds} interleaved round(s), median, {tokens_per_batch} source tokens/batch")
+    return (f"Translation training, cross-attention options ÷ alibi_transformer ({shape})",
+            body, notes)

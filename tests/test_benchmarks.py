@@ -26,6 +26,8 @@ SECTIONS = [
     "### Encoder variants, masked-LM training (",
     "### Translation training: alibi_transformer ÷ transformer (",
     "### Translation generation, beam 4: alibi_transformer ÷ transformer (",
+    "### Translation training, cross-attention options ÷ alibi_transformer (",
+    "### Cached decoding, per step: cross-attention options ÷ alibi_transformer (",
 ]
 
 

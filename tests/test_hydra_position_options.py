@@ -76,3 +76,33 @@ def test_fairseq_hydra_train_refuses_learned_positions_in_one_line(tmp_path):
     assert out.strip().splitlines()[-1] == "fairseq-hydra-train: " + LM_ERROR
     assert "Traceback" not in out
     assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+def test_translation_config_exposes_the_cross_attention_options(tmp_path):
+    """The shipped translation config lists the cross-attention options with their defaults
+    (stock cross-attention), and an override reaches the built model."""
+    from fairseq_alibi.modules.cross_position import CrossPositionAttention
+    from tests.test_translation_model import write_dictionaries
+    from tests.helpers import setup_from_command_line
+
+    defaults = compose(CONFIG / "translation", "iwslt14_de_en_alibi").model
+    assert (defaults.cross_alibi, defaults.cross_alibi_heads, defaults.cross_alibi_ratio,
+            defaults.cross_attention_length_scale, defaults.cross_alibi_eos_guard,
+            defaults.position_shift) == ("none", None, None, 0, -1, 0)
+    sizes = [f"model.{k}={v}" for k, v in dict(
+        encoder_layers=1, decoder_layers=1, encoder_embed_dim=32, decoder_embed_dim=32,
+        encoder_ffn_embed_dim=64, decoder_ffn_embed_dim=64, encoder_attention_heads=4,
+        decoder_attention_heads=4).items()]
+    cfg = compose(CONFIG / "translation", "iwslt14_de_en_alibi",
+                  ["model.cross_alibi=pointer", "model.cross_alibi_eos_guard=2",
+                   "model.cross_attention_length_scale=8", *[f"+{s}" for s in sizes]])
+    _, task = setup_from_command_line(write_dictionaries(tmp_path), "--task", "translation",
+                                      "--source-lang", "src", "--target-lang", "tgt",
+                                      "--arch", "alibi_transformer")
+    model = task.build_model(cfg.model)
+    cross = [m for m in model.modules() if isinstance(m, CrossPositionAttention)]
+    assert len(cross) == 1 and cross[0].mode == "pointer" and cross[0].length_reference == 8
+    assert model.decoder.cross_alibi_eos_guard == 2
+    with pytest.raises(ValueError, match="needs --cross-alibi-ratio"):
+        task.build_model(compose(CONFIG / "translation", "iwslt14_de_en_alibi",
+                                 ["model.cross_alibi=ratio", *[f"+{s}" for s in sizes]]).model)

@@ -195,6 +195,25 @@ def test_hub_translate(trained, corpus):
     assert "HYPOS 4 True" in proc.stdout
 
 
+@pytest.mark.slow
+def test_cross_attention_options_train_resume_and_generate(corpus, alibi_user_dir, tmp_path):
+    """--cross-alibi pointer, the length scale and the EOS guard through the real tools:
+    train, resume (the options come back from the checkpoint), generate every long source."""
+    root, _, _ = corpus
+    cross = ["--cross-alibi", "pointer", "--cross-attention-length-scale", 8,
+             "--cross-alibi-eos-guard", 2]
+    train = ["fairseq-train", root / "bin", "--user-dir", alibi_user_dir,
+             "--arch", "alibi_transformer", *TRAIN, *cross, "--save-dir", tmp_path]
+    assert '"num_updates": "4"' in run_cli(*train, "--max-update", 4)
+    out = run_cli(*train, "--max-update", 6)
+    assert "Loaded checkpoint" in out and "@ 4 updates" in out and '"num_updates": "6"' in out
+    out = run_cli("fairseq-generate", root / "bin", "--user-dir", alibi_user_dir,
+                  "--path", tmp_path / "checkpoint_last.pt", "--gen-subset", "test",
+                  "--beam", 4, "--batch-size", 8, "--required-batch-size-multiple", 1, "--cpu",
+                  "--max-len-a", 1.2, "--max-len-b", 10)
+    assert len(hypotheses(out)) == TEST_LINES and f"Translated {TEST_LINES} sentences" in out
+
+
 # ---------------------------------------------------------------- shared embeddings, configs
 
 
@@ -243,11 +262,15 @@ def test_stock_checkpoint_and_other_dictionary_are_clear_errors(trained, corpus,
     stock = tmp_path / "stock"
     run_cli("fairseq-train", root / "bin", "--arch", "transformer", *TRAIN, "--max-update", 1,
             "--save-dir", stock)
+    # a stock checkpoint (sinusoidal on both sides): ONE hint naming both sides' flag
     out = run_cli("fairseq-train", root / "bin", "--user-dir", alibi_user_dir,
                   "--arch", "alibi_transformer", *TRAIN, "--max-update", 2,
-                  "--restore-file", stock / "checkpoint_last.pt", "--reset-optimizer",
+                  "--finetune-from-model", stock / "checkpoint_last.pt",
                   "--save-dir", tmp_path / "alibi", expect_ok=False)
-    assert "no ALiBi slopes (encoder.alibi.slopes)" in out
+    hint = out.strip().splitlines()[-1]
+    assert hint.startswith("fairseq_alibi: ValueError: this checkpoint has no ALiBi slopes "
+                           "(encoder.alibi.slopes, decoder.alibi.slopes)")
+    assert "`--encoder-alibi-variant none --decoder-alibi-variant none`" in hint
     prepare(raw, tmp_path / "joined", "--joined-dictionary")  # another dictionary size
     out = run_cli("fairseq-generate", tmp_path / "joined", "--user-dir", alibi_user_dir,
                   "--path", save / "checkpoint_last.pt", "--gen-subset", "test", "--cpu",

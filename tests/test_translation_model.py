@@ -111,9 +111,16 @@ def bias_matrix(variant, n_queries, n_keys, ratio=1.0):
     return bias
 
 
-def reference_logits(model, source, prev_output, variant, ratio=1.0):
+def stock_cross_attention(layer, y, x, w, prefix):
+    """The stock cross-attention of the reference: no position bias."""
+    return attention(y, x, w, prefix, torch.zeros(HEADS, len(y), len(x), dtype=torch.float64))
+
+
+def reference_logits(model, source, prev_output, variant, ratio=1.0,
+                     cross_attention=stock_cross_attention):
     """Post-norm transformer (ReLU, scaled embeddings) written out in float64 for ONE sentence
-    pair, no padding anywhere: (target length, vocabulary) logits."""
+    pair, no padding anywhere: (target length, vocabulary) logits. ``cross_attention(layer,
+    y, x, w, prefix)``: decoder layer ``layer``'s attention of states ``y`` to the source ``x``."""
     w = {n: p.detach().double() for n, p in model.named_parameters()}
     w.update({n: b.double() for n, b in model.named_buffers()})
     x = math.sqrt(DIM) * w["encoder.embed_tokens.weight"][source]
@@ -124,11 +131,10 @@ def reference_logits(model, source, prev_output, variant, ratio=1.0):
         x = norm(x + ffn(x, w, p), w, f"{p}.final_layer_norm")
     y = math.sqrt(DIM) * w["decoder.embed_tokens.weight"][prev_output]
     dec_bias = bias_matrix("causal", len(prev_output), len(prev_output))
-    no_bias = torch.zeros(HEADS, len(prev_output), len(source), dtype=torch.float64)
     for n in range(2):
         p = f"decoder.layers.{n}"
         y = norm(y + attention(y, y, w, f"{p}.self_attn", dec_bias), w, f"{p}.self_attn_layer_norm")
-        y = norm(y + attention(y, x, w, f"{p}.encoder_attn", no_bias), w,
+        y = norm(y + cross_attention(n, y, x, w, f"{p}.encoder_attn"), w,
                  f"{p}.encoder_attn_layer_norm")
         y = norm(y + ffn(y, w, p), w, f"{p}.final_layer_norm")
     return y @ w["decoder.output_projection.weight"].T
@@ -210,6 +216,12 @@ def test_cached_decoding_with_beam_reorder_equals_the_full_forward(data, variant
     """Step-by-step decoding with a KV cache, cross-attention and a beam reorder in the middle,
     48 target tokens (no training length exists here, and nothing is sized by one)."""
     model, task = build(data, "--encoder-alibi-variant", variant)
+    assert_cached_decoding_matches_the_full_forward(model, task)
+
+
+def assert_cached_decoding_matches_the_full_forward(model, task):
+    """Decode 48 target tokens step by step (two sources of 30 and 12 tokens, a beam of 2 each,
+    reordered at step 20) and compare every step's logits with the teacher-forced forward."""
     first, second = sentences(task, [30, 12])
     sources = [first, first, second, second]  # two sentences, a beam of 2 each
     targets = sentences(task, [47, 47, 47, 47], side="tgt", seed=2)

@@ -15,8 +15,17 @@ printing, beam search, the hub interface) except the two build hooks of
   with its cross-attention kept: causal ALiBi self-attention, exact with a KV cache and beam
   reordering. ``none`` keeps the stock decoder.
 
-Cross-attention (decoder queries, encoder keys) is stock on both: no position bias, as in
+Cross-attention (decoder queries, encoder keys) is stock by default: no position bias, as in
 EIFY's fork and T5; the two sequences have no common position axis for ``i - j`` to measure.
+The options of docs/translation.md, "Cross-attention position options", give it one (either
+decoder variant): ``--cross-alibi {pointer,ratio}`` on ``--cross-alibi-heads`` heads (a bias
+around a learned monotonic source pointer, or around ``--cross-alibi-ratio`` × the target
+position), ``--cross-attention-length-scale N`` (content logits × ``log S / log N``) and, at
+decoding, ``--cross-alibi-eos-guard D`` (:class:`CrossPositionDecoderMixin`). The decoder
+layers build that attention in their ``build_encoder_attention`` hook
+(:mod:`fairseq_alibi.modules.cross_position`); with the options off it is fairseq's own.
+``--position-shift K`` (SHAPE) offsets the positions of a stock sinusoidal side by a random
+``k ∈ [0, K]`` per sentence while training (:mod:`fairseq_alibi.modules.position_shift`).
 
 An ALiBi side has no maximum length: its ``max_positions()`` is unbounded and the translation
 task's ``--max-source-positions`` / ``--max-target-positions`` filter is lifted for that side,
@@ -40,11 +49,19 @@ from fairseq.models import (
     register_model,
     register_model_architecture,
 )
-from fairseq.models.transformer import TransformerModel
+from fairseq.models.transformer import TransformerConfig, TransformerDecoderBase, TransformerModel
 from fairseq.utils import safe_getattr
 
 from fairseq_alibi.alibi import ENCODER_VARIANTS, SCALE_MODES, check_variant, variant_slopes
+from fairseq_alibi.modules import CrossPositionDecoderLayer, wrap_layer
 from fairseq_alibi.modules.attention import ATTENTION_BACKENDS, check_attention_backend
+from fairseq_alibi.modules.cross_position import (
+    CROSS_ALIBI_MODES,
+    CrossPositionAttention,
+    forbid_early_eos,
+    uses_cross_position,
+)
+from fairseq_alibi.modules.position_shift import ShiftedPositions
 from fairseq_alibi.modules.learned_scales import check_scale_options
 from fairseq_alibi.hub import AlibiLanguageModelHubInterface, load_pretrained
 from fairseq_alibi.models.alibi_roberta import AlibiTransformerEncoder
@@ -112,6 +129,7 @@ def _check_options(args):
             "where a causal ALiBi bias has no position for them: drop it, or use "
             "--decoder-alibi-variant none"
         )
+    _check_cross_options(args)
     if args.encoder_alibi_variant == "none" and args.decoder_alibi_variant == "none" and (
         args.alibi_attention != "auto" or args.alibi_slope_scale != 1.0
     ):
@@ -119,6 +137,73 @@ def _check_options(args):
             "--encoder-alibi-variant none --decoder-alibi-variant none: no ALiBi bias, so "
             "--alibi-attention and --alibi-slope-scale are ignored (this is stock transformer)"
         )
+
+
+def _check_cross_options(args):
+    """Clear errors for the cross-attention position options and ``--position-shift``."""
+    mode, heads = args.cross_alibi, args.decoder_attention_heads
+    if mode not in CROSS_ALIBI_MODES:
+        raise ValueError(f"unknown --cross-alibi {mode!r}; choose one of: "
+                         f"{', '.join(CROSS_ALIBI_MODES)}")
+    if args.cross_alibi_heads is not None:
+        if mode == "none":
+            raise ValueError("--cross-alibi-heads chooses the heads of the --cross-alibi bias; "
+                             "with --cross-alibi none there is none: drop it, or pass "
+                             "--cross-alibi pointer (or ratio)")
+        if not 1 <= args.cross_alibi_heads <= heads:
+            raise ValueError(f"--cross-alibi-heads must be between 1 and the "
+                             f"{heads} decoder attention heads, got {args.cross_alibi_heads}")
+    ratio = args.cross_alibi_ratio
+    if mode == "ratio" and ratio is None:
+        raise ValueError("--cross-alibi ratio needs --cross-alibi-ratio R, the source tokens "
+                         "per target token of the training corpus (total source tokens / total "
+                         "target tokens)")
+    if ratio is not None and mode != "ratio":
+        raise ValueError(f"--cross-alibi-ratio anchors --cross-alibi ratio; it does nothing with "
+                         f"--cross-alibi {mode}: drop it, or pass --cross-alibi ratio")
+    if ratio is not None and not ratio > 0:
+        raise ValueError(f"--cross-alibi-ratio must be positive (source tokens per target "
+                         f"token), got {ratio}")
+    scale = args.cross_attention_length_scale
+    if not (scale == 0 or scale > 1):
+        raise ValueError(f"--cross-attention-length-scale N must be 0 (off) or a reference "
+                         f"source length above 1 (e.g. the mean training source length), got "
+                         f"{scale}")
+    guard = args.cross_alibi_eos_guard
+    if guard != -1:
+        if mode != "pointer":
+            raise ValueError("--cross-alibi-eos-guard D reads the source pointer: it needs "
+                             f"--cross-alibi pointer (got --cross-alibi {mode})")
+        if not guard >= 0:
+            raise ValueError(f"--cross-alibi-eos-guard must be -1 (off) or a distance >= 0 in "
+                             f"source tokens, got {guard}")
+    if (mode != "none" or scale) and safe_getattr(args, "no_cross_attention", False):
+        raise ValueError("--cross-alibi / --cross-attention-length-scale act on the "
+                         "cross-attention, which --no-cross-attention removes: drop one of them")
+    shift = args.position_shift
+    if shift:
+        stock = [side for side in ("encoder", "decoder")
+                 if getattr(args, f"{side}_alibi_variant") == "none"]
+        if shift < 0:
+            raise ValueError(f"--position-shift must be >= 0, got {shift}")
+        if not stock:
+            raise ValueError("--position-shift offsets stock sinusoidal positions; both sides "
+                             "use ALiBi (relative positions already): drop it, or pass "
+                             "--encoder-alibi-variant none / --decoder-alibi-variant none")
+        for flag in [f"--{side}-learned-pos" for side in stock
+                     if safe_getattr(args, f"{side}_learned_pos", False)] + \
+                ["--no-token-positional-embeddings"
+                 if safe_getattr(args, "no_token_positional_embeddings", False) else None]:
+            if flag:
+                raise ValueError(f"--position-shift offsets sinusoidal positions, which {flag} "
+                                 "replaces (a learned table has a fixed size): drop one of them")
+
+
+def _shift_positions(side, args):
+    """SHAPE on a stock side: its sinusoidal ``embed_positions`` offset while training."""
+    if args.position_shift:
+        side.embed_positions = ShiftedPositions(side.embed_positions, args.position_shift)
+    return side
 
 
 def _lift_task_length_limits(task, source: bool, target: bool):
@@ -159,6 +244,49 @@ def _side_config(cfg, **values):
     for name, value in values.items():
         setattr(side, name, value)
     return side
+
+
+class CrossPositionDecoderMixin:
+    """A decoder whose layers' cross-attention has a position signal, and the EOS guard.
+
+    ``--cross-alibi-eos-guard D`` acts on the decoder's output, at a decoding step only (an
+    ``incremental_state``, not training, not teacher forcing): the logit of EOS is floored
+    (:func:`~fairseq_alibi.modules.cross_position.forbid_early_eos`) in every row whose last
+    layer's pointer is more than ``D`` source tokens before the row's last real source token.
+    ``get_normalized_probs`` then gives EOS no probability, so stock ``fairseq-generate``,
+    ``fairseq-interactive`` and the hub need nothing; at the generator's ``max_len`` EOS is the
+    only token left and still ends the hypothesis.
+    """
+
+    def guard_eos(self, args):
+        self.cross_alibi_eos_guard = float(safe_getattr(args, "cross_alibi_eos_guard", -1.0))
+        attentions = [m for m in self.modules() if isinstance(m, CrossPositionAttention)]
+        # the last layer's pointer, as a plain reference (the layer owns the module)
+        object.__setattr__(self, "guard_attention", attentions[-1] if attentions else None)
+        return self
+
+    def forward(self, prev_output_tokens, encoder_out=None, incremental_state=None,
+                features_only=False, **kwargs):
+        x, extra = super().forward(prev_output_tokens, encoder_out=encoder_out,
+                                   incremental_state=incremental_state,
+                                   features_only=features_only, **kwargs)
+        if self.cross_alibi_eos_guard >= 0 and incremental_state is not None \
+                and not features_only and not self.training:
+            left = self.guard_attention.eos_distance(incremental_state)
+            if left is not None:
+                forbid_early_eos(x, left, self.dictionary.eos(), self.cross_alibi_eos_guard)
+        return x, extra
+
+
+class AlibiCrossPositionDecoder(CrossPositionDecoderMixin, AlibiTransformerDecoder):
+    """The ALiBi decoder (its layers' hook builds the cross-attention) with the EOS guard."""
+
+
+class StockCrossPositionDecoder(CrossPositionDecoderMixin, TransformerDecoderBase):
+    """The stock decoder (stock positions) whose layers have the cross-attention hook."""
+
+    def build_decoder_layer(self, cfg, no_encoder_attn=False):
+        return wrap_layer(CrossPositionDecoderLayer(cfg, no_encoder_attn), cfg)
 
 
 @register_model(MODEL_NAME)
@@ -221,6 +349,39 @@ class AlibiTransformerModel(ScalesFollowPrunedLayers, TransformerModel):
             "at load time with --model-overrides \"{'alibi_attention': 'naive'}\"",
         )
         parser.add_argument(
+            "--cross-alibi", choices=CROSS_ALIBI_MODES,
+            help="cross-attention position bias on --cross-alibi-heads heads: none (default, "
+            "stock), pointer -m|j - p_t| around a learned monotonic source pointer "
+            "p_t = p_{t-1} + softplus(w.x_t + b), ratio -m|j - r.t| (r: --cross-alibi-ratio)",
+        )
+        parser.add_argument(
+            "--cross-alibi-heads", type=int, metavar="K",
+            help="how many decoder heads get the --cross-alibi bias (slopes of K heads); the "
+            "others are content only (default: half the heads, at least 1)",
+        )
+        parser.add_argument(
+            "--cross-alibi-ratio", type=float, metavar="R",
+            help="--cross-alibi ratio: source tokens per target token of the training corpus "
+            "(required with ratio)",
+        )
+        parser.add_argument(
+            "--cross-attention-length-scale", type=float, metavar="N",
+            help="multiply the cross-attention content logits by log S / log N (S: the row's "
+            "real source length; N > 1, e.g. the mean training source length); 0 = off "
+            "(default)",
+        )
+        parser.add_argument(
+            "--cross-alibi-eos-guard", type=float, metavar="D",
+            help="decoding only, with --cross-alibi pointer: EOS is forbidden while the last "
+            "layer's pointer is more than D source tokens before the last source token; -1 = "
+            "off (default)",
+        )
+        parser.add_argument(
+            "--position-shift", type=int, metavar="K",
+            help="SHAPE on a side with --*-alibi-variant none: offset each training sentence's "
+            "sinusoidal positions by a random integer in [0, K] (0 at inference); 0 = off",
+        )
+        parser.add_argument(
             "--alibi-slope-scale", type=float, metavar="S",
             help="multiply every ALiBi slope (both sides) by S at run time (default 1.0 = as "
             "trained); a load-time override",
@@ -244,7 +405,7 @@ class AlibiTransformerModel(ScalesFollowPrunedLayers, TransformerModel):
     def build_encoder(cls, cfg, src_dict, embed_tokens):
         variant = safe_getattr(cfg, "encoder_alibi_variant", "offset")
         if variant == "none":
-            return super().build_encoder(cfg, src_dict, embed_tokens)
+            return _shift_positions(super().build_encoder(cfg, src_dict, embed_tokens), cfg)
         side = _side_config(
             cfg,
             alibi_variant=variant,
@@ -260,18 +421,25 @@ class AlibiTransformerModel(ScalesFollowPrunedLayers, TransformerModel):
 
     @classmethod
     def build_decoder(cls, cfg, tgt_dict, embed_tokens):
+        cross = uses_cross_position(cfg)
+        no_encoder_attn = bool(safe_getattr(cfg, "no_cross_attention", False))
         if safe_getattr(cfg, "decoder_alibi_variant", "causal") == "none":
-            return super().build_decoder(cfg, tgt_dict, embed_tokens)
+            if not cross:
+                return _shift_positions(super().build_decoder(cfg, tgt_dict, embed_tokens), cfg)
+            decoder = StockCrossPositionDecoder(TransformerConfig.from_namespace(cfg), tgt_dict,
+                                                embed_tokens, no_encoder_attn=no_encoder_attn)
+            return _shift_positions(decoder.guard_eos(cfg), cfg)
         side = _side_config(
             cfg,
             alibi_attention=safe_getattr(cfg, "alibi_attention", "auto"),
             alibi_slope_scale=float(safe_getattr(cfg, "alibi_slope_scale", 1.0)),
             **_side_scales(cfg, "decoder"),
         )
-        return AlibiTransformerDecoder(
-            side, tgt_dict, embed_tokens,
-            no_encoder_attn=bool(safe_getattr(cfg, "no_cross_attention", False)),
-        )
+        if not cross:
+            return AlibiTransformerDecoder(side, tgt_dict, embed_tokens,
+                                           no_encoder_attn=no_encoder_attn)
+        return AlibiCrossPositionDecoder(side, tgt_dict, embed_tokens,
+                                         no_encoder_attn=no_encoder_attn).guard_eos(cfg)
 
     @property
     def encoder_uses_alibi(self):
@@ -283,15 +451,47 @@ class AlibiTransformerModel(ScalesFollowPrunedLayers, TransformerModel):
 
     def upgrade_state_dict_named(self, state_dict, name):
         prefix = f"{name}." if name else ""
-        for side, module, flag in (
-            ("encoder", self.encoder, "--encoder-alibi-variant"),
-            ("decoder", self.decoder, "--decoder-alibi-variant"),
-        ):
+        sides = (("encoder", self.encoder), ("decoder", self.decoder))
+        for side, module in sides:
             reject_other_dictionary(
                 state_dict, f"{prefix}{side}.embed_tokens.weight", module.dictionary
             )
-            _check_side(state_dict, f"{prefix}{side}", module, flag)
+        _reject_missing_slopes(state_dict, prefix, sides)
+        for side, module in sides:
+            _check_side(state_dict, f"{prefix}{side}", module, f"--{side}-alibi-variant")
+        _check_cross_position(state_dict, f"{prefix}decoder", self.decoder)
         return super().upgrade_state_dict_named(state_dict, name)
+
+
+def _reject_missing_slopes(state_dict, prefix, sides):
+    """One error naming every ALiBi side whose slopes the checkpoint lacks (a stock
+    ``transformer`` checkpoint lacks both: one message gives the whole fix)."""
+    missing = [side for side, module in sides if getattr(module, "alibi", None) is not None
+               and f"{prefix}{side}.alibi.slopes" not in state_dict]
+    if not missing:
+        return
+    for side in missing:  # learned positions: a stock model's, with its own advice
+        reject_position_embeddings(state_dict, f"{prefix}{side}", MODEL_NAME)
+    keys = ", ".join(f"{prefix}{side}.alibi.slopes" for side in missing)
+    flags = " ".join(f"--{side}-alibi-variant none" for side in missing)
+    raise ValueError(
+        f"this checkpoint has no ALiBi slopes ({keys}): it was not written by {MODEL_NAME} "
+        f"with ALiBi on the {' and '.join(missing)} (a stock `transformer` checkpoint?). Load "
+        f"it with the architecture it was trained with, or pass `{flags}` if "
+        f"{'those sides' if len(missing) > 1 else 'that side'} used stock positions"
+    )
+
+
+def _check_cross_position(state_dict, prefix, decoder):
+    """A clear error when the checkpoint's cross-attention pointer and the model's differ."""
+    built = [name for name, _ in decoder.named_parameters() if ".pointer_step." in name]
+    saved = [k for k in state_dict if k.startswith(f"{prefix}.") and ".pointer_step." in k]
+    if bool(built) != bool(saved):
+        raise ValueError(
+            f"this checkpoint was trained {'with' if saved else 'without'} --cross-alibi "
+            f"pointer ({(saved or [f'{prefix}.{built[0]}'])[0]}), the model being built "
+            f"{'lacks' if saved else 'has'} it: pass the checkpoint's --cross-alibi"
+        )
 
 
 def _check_side(state_dict, prefix, module, flag):
@@ -307,14 +507,6 @@ def _check_side(state_dict, prefix, module, flag):
                 f"there: drop `{flag} none` (or pass the variant it was trained with)"
             )
         return
-    if slopes_key not in state_dict:
-        reject_position_embeddings(state_dict, prefix, MODEL_NAME)
-        raise ValueError(
-            f"this checkpoint has no ALiBi slopes ({slopes_key}): it was not written by "
-            f"{MODEL_NAME} with ALiBi on that side (a stock `transformer` checkpoint?). Load it "
-            f"with the architecture it was trained with, or pass `{flag} none` if that side "
-            f"used stock positions"
-        )
     saved = state_dict[slopes_key]
     if saved.shape != alibi.slopes.shape or not torch.equal(saved.float(), alibi.slopes.float()):
         one_sided = variant_slopes(saved.numel(), "one_sided") if saved.numel() % 2 == 0 else None
@@ -345,6 +537,13 @@ def _alibi_defaults(args):
     )
     args.alibi_attention = safe_getattr(args, "alibi_attention", "auto")
     args.alibi_slope_scale = float(safe_getattr(args, "alibi_slope_scale", 1.0))
+    args.cross_alibi = safe_getattr(args, "cross_alibi", "none")
+    args.cross_alibi_heads = safe_getattr(args, "cross_alibi_heads", None)
+    args.cross_alibi_ratio = safe_getattr(args, "cross_alibi_ratio", None)
+    args.cross_attention_length_scale = float(
+        safe_getattr(args, "cross_attention_length_scale", 0.0))
+    args.cross_alibi_eos_guard = float(safe_getattr(args, "cross_alibi_eos_guard", -1.0))
+    args.position_shift = int(safe_getattr(args, "position_shift", 0))
     for side in ("encoder", "decoder"):
         setattr(args, f"{side}_alibi_learned_scales",
                 safe_getattr(args, f"{side}_alibi_learned_scales", "none"))

@@ -2,5 +2,6 @@ from .alibi_multihead_attention import AlibiMultiheadAttention, set_attention_ba
 from .alibi_transformer_layer import (  # noqa: F401
     AlibiTransformerDecoderLayer,
     AlibiTransformerEncoderLayer,
+    CrossPositionDecoderLayer,
     wrap_layer,
 )

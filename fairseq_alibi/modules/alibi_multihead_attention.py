@@ -90,30 +90,11 @@ class AlibiMultiheadAttention(MultiheadAttention):
             saved["prev_key_padding_mask"] = key_padding_mask
             incremental_state = self._set_input_buffer(incremental_state, saved)
 
-        src_len = k.size(2)
         if key_padding_mask is not None and key_padding_mask.dim() == 0:
             key_padding_mask = None
-        dropout_p = self.dropout_module.p
-        if not (self.training or self.dropout_module.apply_during_inference):
-            dropout_p = 0.0
-
-        weights = None
-        if before_softmax:  # fairseq's raw-scores protocol: (B·H, T, S) scores and values
-            scores = dense.scores(q, k, alibi, key_padding_mask, attn_mask, self.scaling)
-            return scores.view(bsz * H, tgt_len, src_len), v.reshape(bsz * H, src_len, D)
-        if need_weights:
-            out, probs = dense.naive_with_weights(
-                q, k, v, alibi, key_padding_mask, attn_mask, dropout_p, self.scaling
-            )
-            weights = probs.view(bsz, H, tgt_len, src_len).transpose(1, 0)
-            if not need_head_weights:
-                weights = weights.mean(dim=0)
-        else:
-            out = attend(self.attention_backend, q, k, v, alibi, key_padding_mask,
-                         attn_mask, dropout_p, self.scaling)
-
-        out = out.permute(2, 0, 1, 3).reshape(tgt_len, bsz, embed_dim)
-        return self.out_proj(out), weights
+        return attend_and_project(self, self.attention_backend, q, k, v, alibi,
+                                  key_padding_mask, attn_mask, need_weights, need_head_weights,
+                                  before_softmax)
 
     def reorder_incremental_state(self, incremental_state, new_order: Tensor):
         """Beam search's reordering of the cache: the parent's ``index_select`` of every entry,
@@ -137,6 +118,36 @@ class AlibiMultiheadAttention(MultiheadAttention):
             if tensor is not None and entry not in _CACHE_ENTRIES:
                 saved[entry] = tensor.index_select(0, new_order)
         return self._set_input_buffer(incremental_state, saved)
+
+
+def attend_and_project(module: MultiheadAttention, backend: str, q, k, v, alibi,
+                       key_padding_mask=None, attn_mask=None, need_weights=False,
+                       need_head_weights=False, before_softmax=False):
+    """``(out_proj(attention), weights)`` of ``(B, H, T, D)`` queries and ``(B, H, S, D)``
+    keys/values, with fairseq's protocols: ``weights`` (``need_weights``: averaged over the heads
+    unless ``need_head_weights``) and the raw scores (``before_softmax``) computed explicitly,
+    otherwise backend ``backend`` of the dispatch; the module's dropout while training."""
+    bsz, H, tgt_len, D = q.shape
+    src_len = k.size(2)
+    dropout_p = module.dropout_module.p
+    if not (module.training or module.dropout_module.apply_during_inference):
+        dropout_p = 0.0
+    weights = None
+    if before_softmax:  # fairseq's raw-scores protocol: (B·H, T, S) scores and values
+        scores = dense.scores(q, k, alibi, key_padding_mask, attn_mask, module.scaling)
+        return scores.view(bsz * H, tgt_len, src_len), v.reshape(bsz * H, src_len, D)
+    if need_weights or need_head_weights:
+        out, probs = dense.naive_with_weights(
+            q, k, v, alibi, key_padding_mask, attn_mask, dropout_p, module.scaling
+        )
+        weights = probs.view(bsz, H, tgt_len, src_len).transpose(1, 0)
+        if not need_head_weights:
+            weights = weights.mean(dim=0)
+    else:
+        out = attend(backend, q, k, v, alibi, key_padding_mask, attn_mask, dropout_p,
+                     module.scaling)
+    out = out.permute(2, 0, 1, 3).reshape(tgt_len, bsz, H * D)
+    return module.out_proj(out), weights
 
 
 #: the entries of the cache that reorder_incremental_state handles itself
@@ -201,6 +212,7 @@ def set_attention_backend(model: torch.nn.Module, attention: str) -> torch.nn.Mo
     """
     check_attention_backend(attention)
     for module in model.modules():
-        if isinstance(module, AlibiMultiheadAttention):
+        # the ALiBi self-attention and the cross-attention of modules/cross_position.py
+        if isinstance(module, MultiheadAttention) and hasattr(module, "attention_backend"):
             module.attention_backend = attention
     return model

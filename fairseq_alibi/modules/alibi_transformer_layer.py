@@ -1,8 +1,10 @@
 """Stock fairseq transformer layers whose self-attention is :class:`AlibiMultiheadAttention`.
 
 Each layer overrides one hook, ``build_self_attention``; everything else (layer norms, FFN,
-dropout, residuals, quant-noise, pre/post-norm, the decoder's stock cross-attention) is
-fairseq's own. ``attention`` is the backend of the layer's self-attention (``--alibi-attention``),
+dropout, residuals, quant-noise, pre/post-norm) is fairseq's own. The decoder layers' second
+hook, ``build_encoder_attention``, gives the cross-attention a position signal when the model's
+options ask for one (``--cross-alibi``, ``--cross-attention-length-scale``:
+:mod:`fairseq_alibi.modules.cross_position`) and is stock otherwise. ``attention`` is the backend of the layer's self-attention (``--alibi-attention``),
 ``layer_index`` its place in the stack (which learned slope scales it uses, if any).
 """
 
@@ -15,6 +17,7 @@ from fairseq.modules.transformer_layer import (
 
 from fairseq_alibi.modules.alibi_multihead_attention import AlibiMultiheadAttention
 from fairseq_alibi.modules.attention import check_attention_backend
+from fairseq_alibi.modules.cross_position import build_cross_attention
 
 
 def wrap_layer(layer, cfg):
@@ -51,7 +54,21 @@ def _self_attention(layer, embed_dim, num_heads, cfg, add_bias_kv=False, add_zer
     )
 
 
-class AlibiTransformerDecoderLayer(TransformerDecoderLayerBase):
+class CrossPositionHook:
+    """``build_encoder_attention``: :class:`~fairseq_alibi.modules.cross_position.CrossPositionAttention`
+    when ``cfg`` asks for a cross-attention position option, fairseq's own otherwise."""
+
+    def build_encoder_attention(self, embed_dim, cfg):
+        attention = build_cross_attention(embed_dim, cfg, self.quant_noise,
+                                          self.quant_noise_block_size)
+        return super().build_encoder_attention(embed_dim, cfg) if attention is None else attention
+
+
+class CrossPositionDecoderLayer(CrossPositionHook, TransformerDecoderLayerBase):
+    """The stock decoder layer (stock self-attention) with the cross-attention hook."""
+
+
+class AlibiTransformerDecoderLayer(CrossPositionHook, TransformerDecoderLayerBase):
     def __init__(self, cfg, alibi, no_encoder_attn=False, attention="auto", layer_index=0,
                  **kwargs):
         if cfg.cross_self_attention:

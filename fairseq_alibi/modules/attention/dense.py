@@ -21,8 +21,13 @@ def unsupported(call) -> Optional[str]:
 
 
 def dense_mask(alibi, bsz, tgt_len, src_len, dtype, key_padding_mask, attn_mask) -> Tensor:
-    """``(1 or B, H, tgt, src)`` additive mask: the shared bias plus any fairseq masks."""
-    mask = alibi(tgt_len, src_len, dtype).unsqueeze(0)
+    """``(1 or B, H, tgt, src)`` additive mask: the shared bias plus any fairseq masks.
+
+    ``alibi(tgt_len, src_len, dtype)`` is the ``(H, tgt, src)`` bias shared by the batch, or a
+    4-D one of its own per row (cross-attention's position bias: modules/cross_position.py)."""
+    mask = alibi(tgt_len, src_len, dtype)
+    if mask.dim() == 3:
+        mask = mask.unsqueeze(0)
     if attn_mask is not None:  # fairseq's (tgt, src) mask: bool (True = masked) or float
         if attn_mask.dtype == torch.bool:
             mask = mask.masked_fill(attn_mask, mask_value(dtype))

@@ -1,0 +1,241 @@
+"""Cross-attention with a position signal: the decoder's ``encoder_attn`` for ``--cross-alibi``
+and ``--cross-attention-length-scale`` (the math: :mod:`fairseq_alibi.cross_alibi`).
+
+:class:`CrossPositionAttention` is fairseq's encoder-decoder ``MultiheadAttention`` (same
+projections and parameter names, the keys/values of the source computed once per sentence and
+kept in the incremental state) whose attention adds, on its first ``K`` heads, a bias around an
+anchor in the source, and/or multiplies the content logits by ``log S / log N``:
+
+* ``pointer``: each layer has its own pointer ``p_t = p_{t-1} + softplus(w·x_t + b)``, ``x_t``
+  the layer's cross-attention input (``pointer_step``, a ``Linear(C, 1)`` started at step 1).
+  One pointer per layer, not one shared: each layer reads a different state, the layers may
+  track the source at different resolutions, and the pointer stays inside the layer's own
+  build hook and incremental state (no cross-layer wiring, fairseq's beam reorder reaches it).
+  Teacher forcing computes it as a cumulative sum; decoding carries ``p_t`` in the incremental
+  state, reordered with the beam.
+* ``ratio``: the anchor ``r·t``; the state holds only the step count ``t``.
+
+The bias is per row ``(B, H, T, S)`` (left padding shifts each row's positions), built in
+float32 and cast to the model's precision, and goes through the dense path: ``sdpa``, or
+``naive`` with ``--alibi-attention naive`` (and whenever fairseq asks for the weights). Sources
+are sentences, so the dense bias is small; the fold/flex/flash kernels have no per-row bias.
+"""
+
+from typing import Dict, Optional
+
+import torch
+import torch.nn.functional as F
+from fairseq.modules import MultiheadAttention
+from fairseq.utils import safe_getattr
+from torch import Tensor
+
+from fairseq_alibi.alibi import get_slopes, mask_value
+from fairseq_alibi.cross_alibi import (
+    cross_alibi_bias,
+    length_scale,
+    pointer_positions,
+    source_positions,
+)
+from fairseq_alibi.modules.alibi_multihead_attention import attend_and_project
+
+#: the values of ``--cross-alibi``
+CROSS_ALIBI_MODES = ("none", "pointer", "ratio")
+
+#: the incremental-state entry of a layer's position (beside the parent's ``attn_state``)
+_STATE = "cross_position"
+
+#: ``softplus⁻¹(1)``: the pointer starts moving one source token per target token
+_STEP_ONE = 0.5413248546129181
+
+
+def default_cross_heads(num_heads: int) -> int:
+    """``--cross-alibi-heads`` by default: half the heads (at least one), the others content
+    only (fixed alignment alone cost BLEU in range: You et al. 2020)."""
+    return max(1, num_heads // 2)
+
+
+def uses_cross_position(cfg) -> bool:
+    return safe_getattr(cfg, "cross_alibi", "none") != "none" or \
+        float(safe_getattr(cfg, "cross_attention_length_scale", 0.0) or 0.0) > 0
+
+
+def build_cross_attention(embed_dim, cfg, quant_noise=0.0, qn_block_size=8):
+    """The decoder layer's ``encoder_attn`` for ``cfg`` (a fairseq ``TransformerConfig`` holding
+    the model's options), or ``None`` when no cross-attention position option is on (the stock
+    attention is kept, so models and checkpoints without them compute what they did)."""
+    if not uses_cross_position(cfg):
+        return None
+    mode = safe_getattr(cfg, "cross_alibi", "none")
+    heads = cfg.decoder.attention_heads
+    return CrossPositionAttention(
+        embed_dim, heads,
+        mode=mode,
+        biased_heads=safe_getattr(cfg, "cross_alibi_heads", None) or default_cross_heads(heads),
+        ratio=safe_getattr(cfg, "cross_alibi_ratio", None),
+        length_reference=float(safe_getattr(cfg, "cross_attention_length_scale", 0.0) or 0.0),
+        attention=safe_getattr(cfg, "alibi_attention", "auto"),
+        kdim=cfg.encoder.embed_dim, vdim=cfg.encoder.embed_dim,
+        dropout=cfg.attention_dropout, q_noise=quant_noise, qn_block_size=qn_block_size,
+    )
+
+
+class _RowBias:
+    """What the dense backends call for the bias: this call's float32 ``(B, H, T, S)`` bias
+    cast to the attention's dtype at the end (``None``: no bias, a zero)."""
+
+    variant = "cross"
+
+    def __init__(self, bias: Optional[Tensor], device):
+        self.bias, self.device = bias, device
+
+    def __call__(self, query_len, key_len, dtype):
+        if self.bias is None:
+            return torch.zeros((1, 1, 1, 1), dtype=dtype, device=self.device)
+        return self.bias.to(dtype)
+
+
+class CrossPositionAttention(MultiheadAttention):
+    """Encoder-decoder attention ``softmax(f_b·QKᵀ/√d + bias + padding)·V``.
+
+    ``mode``: ``none``, ``pointer`` or ``ratio``; ``biased_heads`` ``K``: how many heads (the
+    first) get the bias, with slopes ``get_slopes(K)``; ``ratio``: ``r`` for ``ratio``;
+    ``length_reference``: ``N`` of the length scale ``f_b = log S_b / log N`` (0: ``f_b = 1``);
+    ``attention``: ``--alibi-attention`` (``naive`` runs the explicit reference, anything else
+    ``sdpa``).
+    """
+
+    def __init__(self, embed_dim, num_heads, mode="none", biased_heads=1, ratio=None,
+                 length_reference=0.0, attention="auto", **kwargs):
+        super().__init__(embed_dim, num_heads, encoder_decoder_attention=True, **kwargs)
+        if mode not in CROSS_ALIBI_MODES:
+            raise ValueError(f"unknown --cross-alibi {mode!r}; choose one of: "
+                             f"{', '.join(CROSS_ALIBI_MODES)}")
+        self.mode, self.length_reference = mode, float(length_reference)
+        self.biased_heads = int(biased_heads) if mode != "none" else 0
+        self.ratio = None if ratio is None else float(ratio)
+        self.attention_backend = attention
+        if self.biased_heads:
+            # not saved (it follows from K), kept float32 by _apply
+            self.register_buffer("slopes", self._head_slopes(), persistent=False)
+        if mode == "pointer":
+            self.pointer_step = torch.nn.Linear(embed_dim, 1)
+            torch.nn.init.zeros_(self.pointer_step.weight)
+            torch.nn.init.constant_(self.pointer_step.bias, _STEP_ONE)
+
+    def extra_repr(self):
+        return (f"mode={self.mode}, biased_heads={self.biased_heads}, ratio={self.ratio}, "
+                f"length_reference={self.length_reference}")
+
+    def _head_slopes(self):
+        """``(H,)`` float32: Press's slopes of the ``K`` biased heads, then ``H - K`` zeros."""
+        slopes = torch.zeros(self.num_heads)
+        slopes[: self.biased_heads] = get_slopes(self.biased_heads)
+        return slopes
+
+    def _apply(self, fn, *args, **kwargs):
+        out = super()._apply(fn, *args, **kwargs)
+        if self.biased_heads:  # model.half() must not round the slopes
+            self.slopes = self._head_slopes().to(self.slopes.device)
+        return out
+
+    def position_state(self, incremental_state) -> Optional[Dict[str, Tensor]]:
+        """A decoding step's ``pointer`` (``p_t`` of the last query, ``pointer``) or ``steps``
+        (queries seen, ``ratio``), ``(B,)``."""
+        if incremental_state is None:
+            return None
+        return self.get_incremental_state(incremental_state, _STATE)
+
+    def forward(self, query, key, value, key_padding_mask=None, incremental_state=None,
+                need_weights=True, static_kv=False, attn_mask=None, before_softmax=False,
+                need_head_weights=False):
+        tgt_len, bsz, _ = query.size()
+        H, D = self.num_heads, self.head_dim
+
+        def heads(x):  # (T, B, C) -> (B, H, T, D)
+            return x.contiguous().view(x.size(0), bsz, H, D).permute(1, 2, 0, 3)
+
+        q = heads(self.q_proj(query))
+        if key_padding_mask is not None and key_padding_mask.dim() == 0:
+            key_padding_mask = None
+        saved = self._get_input_buffer(incremental_state) if incremental_state is not None \
+            else {}
+        if saved.get("prev_key") is None:
+            # the source's keys, contiguous once (not copied by the kernel at every step)
+            saved["prev_key"] = heads(self.k_proj(key)).contiguous()
+            saved["prev_value"] = heads(self.v_proj(value)).contiguous()
+        if saved.get("last_source") is None:
+            # what follows from the source's padding, kept for the decoding steps in the
+            # parent's buffer: reordered with the keys, by the parent's rule
+            positions, real_len = source_positions(key_padding_mask, bsz,
+                                                   saved["prev_key"].size(2), q.device)
+            saved["source_positions"], saved["last_source"] = positions, real_len - 1
+            if key_padding_mask is not None and self.mode != "none":
+                # the padding merged into the bias (one op per step, no mask of its own), by a
+                # value that stays finite in the attention's dtype
+                saved["source_padding"] = key_padding_mask.float() * mask_value(q.dtype)
+            if self.length_reference > 0:
+                saved["length_factor"] = length_scale(real_len, self.length_reference).view(
+                    bsz, 1, 1, 1)
+            if incremental_state is not None:
+                self._set_input_buffer(incremental_state, saved)
+        k, v = saved["prev_key"], saved["prev_value"]
+
+        if self.length_reference > 0:  # f_b·(q·k): on the queries, per row
+            q = q * saved["length_factor"].to(q.dtype)
+
+        bias = None
+        if self.mode != "none":
+            previous = self.position_state(incremental_state)
+            if self.mode == "pointer":
+                step = self.pointer_step  # F.linear: no module call at every decoding step
+                steps = F.softplus(F.linear(query, step.weight, step.bias).float()).squeeze(-1).t()
+                anchors = pointer_positions(steps, previous["pointer"] if previous else None)
+                state = {"pointer": anchors[:, -1]}
+            else:  # r·t, t counted in the state
+                seen = previous["steps"] if previous else q.new_zeros(bsz, dtype=torch.float32)
+                targets = seen[:, None] if tgt_len == 1 else \
+                    seen[:, None] + torch.arange(tgt_len, device=q.device)
+                anchors, state = targets * self.ratio, {"steps": seen + tgt_len}
+            bias = cross_alibi_bias(self.slopes, anchors, saved["source_positions"],
+                                    saved.get("source_padding"))
+            key_padding_mask = None  # in the bias
+            if incremental_state is not None:
+                self.set_incremental_state(incremental_state, _STATE, state)
+
+        return attend_and_project(self, "naive" if self.attention_backend == "naive" else "sdpa",
+                                  q, k, v, _RowBias(bias, q.device), key_padding_mask, attn_mask,
+                                  need_weights, need_head_weights, before_softmax)
+
+    def eos_distance(self, incremental_state) -> Optional[Tensor]:
+        """``(B,)``: how many source tokens the pointer is before each row's last real source
+        token, at this decoding step (``None`` before the first step)."""
+        position = self.position_state(incremental_state)
+        if not position:
+            return None
+        return self._get_input_buffer(incremental_state)["last_source"] - position["pointer"]
+
+    def reorder_incremental_state(self, incremental_state, new_order: Tensor):
+        """The parent's reorder of the source's keys (only when sentences leave the batch),
+        then the position, which follows every beam reorder."""
+        incremental_state = super().reorder_incremental_state(incremental_state, new_order)
+        state = self.position_state(incremental_state)
+        if state:
+            self.set_incremental_state(incremental_state, _STATE, {
+                name: tensor.index_select(0, new_order) for name, tensor in state.items()})
+        return incremental_state
+
+
+def forbid_early_eos(logits: Tensor, distance_left: Tensor, eos: int, distance: float):
+    """The EOS guard of a decoding step: the last position's EOS logit of the rows whose
+    pointer is more than ``distance`` source tokens before their last real source token
+    (``distance_left``, ``(B,)``: :meth:`CrossPositionAttention.eos_distance`) becomes
+    :func:`~fairseq_alibi.alibi.mask_value` (in place; returns ``logits``).
+
+    A finite floor, not ``-inf``: at the generator's last step (``max_len``) fairseq leaves
+    only EOS open, and an EOS of ``-inf`` there would leave no finite candidate (its
+    ``assert step < max_len`` fails); with the floor EOS is still chosen there, so a pointer that
+    never reaches the end cannot keep beam search from ending, and such a hypothesis scores
+    below every one that ended on its own.
+    """
+    logits[:, -1, eos].masked_fill_(distance_left > distance, mask_value(logits.dtype))
+    return logits
