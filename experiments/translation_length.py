@@ -18,9 +18,9 @@ Corpora (``--corpus``): ``restoration``, punctuation and case restoration made f
 ``gettext``, French→English from the machine's gettext catalogs
 (``python -m fairseq_alibi.preprocess.gettext``). Each is built once into ``--data`` (default
 ``OUT/data``), as it is and with a start marker before every source, with ``data.json`` (the
-length ratio and the mean training source length that ``ratio`` and ``length_scale`` use):
-``--data-only`` stops there, so that the grid can run elsewhere from a copy of the repository
-with that folder carried along (``--data DIR``).
+length ratio and the mean training source length of each, which ``ratio`` and ``length_scale``
+use): ``--data-only`` stops there, so that the grid can run elsewhere from a copy of the
+repository with that folder carried along (``--data DIR``).
 
 Runs go ``--jobs J`` at a time, each a subprocess with ``--threads`` threads (default: the
 cores ÷ J); ``--device cuda`` drops ``--cpu`` (fp32 still, as on the CPU, so that the figures
@@ -225,7 +225,8 @@ def build(data, args):
             overwrite=True)  # + 1: the marker takes a word of its own
     meta = dict(described, corpus=args.corpus, N=args.N, per_bucket=args.per_bucket,
                 data_seed=args.data_seed,
-                **data_figures(partial / described["plain_text"], args.N, langs),
+                figures={"plain": data_figures(partial / described["plain_text"], args.N, langs),
+                         "marked": data_figures(text, args.N, langs)},
                 built_in_s=round(time.time() - started, 1))
     (partial / "data.json").write_text(json.dumps(meta, indent=2) + "\n")
     if data.exists():
@@ -254,8 +255,12 @@ def run_dir(out, name, seed):
     return out / "runs" / name / f"seed{seed}"
 
 
+def variant(config):
+    return "marked" if config.start_marker else "plain"
+
+
 def data_bin(data, config):
-    return data / ("marked" if config.start_marker else "plain") / "bin"
+    return data / variant(config) / "bin"
 
 
 def train_run(name, seed, out, data, data_meta, args, env):
@@ -263,7 +268,8 @@ def train_run(name, seed, out, data, data_meta, args, env):
     config = CONFIGS[name]
     where = run_dir(out, name, seed)
     where.mkdir(parents=True, exist_ok=True)
-    model = [a.format(**data_meta) for a in config.model]  # the data's figures filled in
+    figures = data_meta["figures"][variant(config)]  # the marker is a source token too
+    model = [a.format(**figures) for a in config.model]
     cmd = [str(c) for c in train_command(
         data_bin(data, config), where / "checkpoints", model, layers=args.layers, dim=args.dim,
         lr=args.lr, max_tokens=args.max_tokens, max_update=args.max_update, seed=seed,
@@ -477,7 +483,6 @@ def main(argv=None):
 
     threads = args.threads or max(1, (os.cpu_count() or 1) // args.jobs)
     env = thread_env(threads)
-    figures = {k: data_meta[k] for k in ("ratio", "mean_source", "shape_shift")}
     trained = list(dict.fromkeys((CONFIGS[n].checkpoint_of or n, s)
                                  for n in args.configs for s in args.seeds))
     in_parallel(args.jobs, [lambda n=n, s=s: train_run(n, s, out, data, data_meta, args, env)
@@ -492,7 +497,7 @@ def main(argv=None):
     meta = {"data": data_meta, "configs": args.configs, "seeds": args.seeds,
             "max_update": args.max_update, "max_tokens": args.max_tokens, "layers": args.layers,
             "dim": args.dim, "lr": args.lr, "device": args.device, "jobs": args.jobs,
-            "threads_per_run": threads, "figures": figures, "eos_guard": EOS_GUARD,
+            "threads_per_run": threads, "figures": data_meta["figures"], "eos_guard": EOS_GUARD,
             "machine": machine(), "command": command,
             "total_wall_s": round(time.time() - started, 1),
             "total_cpu_s": round(own.ru_utime + own.ru_stime + children.ru_utime

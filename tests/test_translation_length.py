@@ -149,7 +149,9 @@ def test_gettext_data_is_built_plain_and_marked(tmp_path):
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
     meta = json.loads((out / "data" / "data.json").read_text())
     assert meta["langs"] == ["fr", "en"] and meta["corpus"] == "gettext" and meta["N"] == 8
-    assert meta["ratio"] > 0 and meta["mean_source"] > 1 and meta["shape_shift"] == 64
+    plain, marked = meta["figures"]["plain"], meta["figures"]["marked"]
+    assert plain["ratio"] > 0 and plain["mean_source"] > 1 and plain["shape_shift"] == 64
+    assert marked["mean_source"] == pytest.approx(plain["mean_source"] + 1, abs=0.01)
     sources = tl.test_sources(out / "data", meta)
     assert len(sources) == meta["test_pairs"] > 0
     marked = (out / "data" / "marked" / "text" / "test.fr").read_text().splitlines()
