@@ -33,23 +33,33 @@ Writes ``OUT/results.{md,csv,json}`` and ``OUT/results.png``; prints the table.
 """
 
 import argparse
-import csv
 import json
-import logging
 import os
 import random
 import re
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_WIKITEXT = REPO.parent / "shared" / "data" / "wikitext-2"
-BIN = Path(sys.executable).parent
 
 from benchmarks.common import comma_choices  # noqa: E402
-from fairseq_alibi.paths import user_dir  # noqa: E402
+from experiments.seq2seq_runs import (  # noqa: E402
+    START,
+    evaluate,
+    final_checkpoint,
+    generate_command,
+    length_buckets,
+    markdown_tables,
+    output_starts,  # noqa: F401  (the analysis, tested through this module)
+    plot,
+    read_generate_log,
+    run_timed,
+    summarize,
+    train_command,
+    write_csv,
+)
 from fairseq_alibi.preprocess.parallel import PUNCTUATION, prepare, restoration_pair  # noqa: E402
 
 MODELS = {
@@ -57,15 +67,6 @@ MODELS = {
               "--decoder-alibi-variant", "causal"],
     "Sinusoidal": ["--arch", "transformer"],
 }
-
-
-def model_size(layers, dim):
-    return ["--encoder-layers", str(layers), "--decoder-layers", str(layers),
-            "--encoder-embed-dim", str(dim), "--decoder-embed-dim", str(dim),
-            "--encoder-ffn-embed-dim", str(4 * dim), "--decoder-ffn-embed-dim", str(4 * dim),
-            "--encoder-attention-heads", "4", "--decoder-attention-heads", "4",
-            "--share-all-embeddings"]
-
 
 def tokens_of(lines, split_punctuation):
     """One running token stream; WikiText headings and blank lines dropped."""
@@ -91,10 +92,6 @@ def stretches(stream, lengths):
     return out
 
 
-#: what ``--start-marker`` puts before every source (a word of its own in the dictionary)
-START = "@start@"
-
-
 def write_pairs(texts, prefix, start_marker=False):
     pairs = [restoration_pair(t) for t in texts]
     marker = START + " " if start_marker else ""
@@ -103,8 +100,7 @@ def write_pairs(texts, prefix, start_marker=False):
     return len(pairs)
 
 
-def buckets(N):
-    return [(N // 2 + 1, N), (N + 1, 2 * N), (2 * N + 1, 4 * N), (4 * N + 1, 8 * N)]
+buckets = length_buckets
 
 
 def build_data(train_lines, test_lines, out, N, per_bucket, seed, split_punctuation, vocab,
@@ -132,191 +128,55 @@ def build_data(train_lines, test_lines, out, N, per_bucket, seed, split_punctuat
     return len(train) - n_valid, len(test)
 
 
-def run(cmd, env, log):
-    started = time.time()
-    proc = subprocess.run([str(c) for c in cmd], env=env, capture_output=True, text=True)
-    Path(log).write_text(proc.stdout + proc.stderr)
-    if proc.returncode != 0:
-        raise SystemExit(f"{' '.join(map(str, cmd[:3]))} ... failed, see {log}:\n"
-                         f"{(proc.stdout + proc.stderr)[-3000:]}")
-    return proc.stdout + proc.stderr, time.time() - started
-
-
 def train(name, out, args, env):
     save = out / "checkpoints" / name.lower()
-    cmd = [BIN / "fairseq-train", out / "bin", "--user-dir", user_dir(), "--task", "translation",
-           "--source-lang", "src", "--target-lang", "tgt", *MODELS[name],
-           *model_size(args.layers, args.dim),
-           "--dropout", "0.1", "--optimizer", "adam", "--adam-betas", "(0.9,0.98)",
-           "--lr", str(args.lr), "--lr-scheduler", "inverse_sqrt", "--warmup-updates", "100",
-           "--clip-norm", "1.0", "--criterion", "label_smoothed_cross_entropy",
-           "--label-smoothing", "0.1", "--max-tokens", str(args.max_tokens), "--max-update",
-           str(args.max_update), "--required-batch-size-multiple", "1", "--seed", str(args.seed),
-           "--cpu", "--num-workers", "0", "--save-dir", save, "--no-epoch-checkpoints",
-           "--no-last-checkpoints", "--disable-validation", "--save-interval-updates",
-           str(args.max_update), "--log-format", "simple", "--log-interval", "100",
-           "--no-progress-bar"]
-    _, seconds = run(cmd, env, out / f"train_{name.lower()}.log")
-    # saved at the last update: checkpoint_<epoch>_<max_update>.pt
-    found = sorted(save.glob(f"checkpoint_*_{args.max_update}.pt"), key=lambda p: p.stat().st_mtime)
-    if not found:
-        raise SystemExit(f"{name}: no checkpoint of update {args.max_update} in {save}")
-    return found[-1], seconds
+    cmd = train_command(out / "bin", save, MODELS[name], layers=args.layers, dim=args.dim,
+                        lr=args.lr, max_tokens=args.max_tokens, max_update=args.max_update,
+                        seed=args.seed)
+    _, seconds, _ = run_timed(cmd, env, out / f"train_{name.lower()}.log")
+    return final_checkpoint(save, args.max_update, name), seconds
 
 
 def generate(name, checkpoint, out, env, expected):
-    cmd = [BIN / "fairseq-generate", out / "bin", "--user-dir", user_dir(), "--path", checkpoint,
-           "--gen-subset", "test", "--beam", "4", "--batch-size", "32",
-           "--required-batch-size-multiple", "1", "--max-len-a", "1.5", "--max-len-b", "10",
-           "--cpu", "--num-workers", "0"]
-    output, seconds = run(cmd, env, out / f"generate_{name.lower()}.log")
-    return (*read_generate_log(name, output, out, expected), seconds)
-
-
-def read_generate_log(name, output, out, expected):
-    """``(hyps, refs, model_sources)`` by test line from ``fairseq-generate``'s output; the
-    model's sources (``S-``) are the inputs as the model saw them (``<unk>`` included)."""
-    hyps, refs, model_sources = {}, {}, {}
-    for line in output.splitlines():
-        tag, _, rest = line.partition("\t")
-        if tag.startswith("H-"):
-            hyps[int(tag[2:])] = rest.split("\t", 1)[1]
-        elif tag.startswith("T-"):
-            refs[int(tag[2:])] = rest.replace("<<unk>>", "<unk>")
-        elif tag.startswith("S-"):
-            model_sources[int(tag[2:])] = rest.replace("<<unk>>", "<unk>")
-    if len(hyps) != expected or f"Translated {expected} sentences" not in output:
-        raise SystemExit(f"{name}: {len(hyps)} hypotheses for {expected} test inputs "
-                         f"(see {out}/generate_{name.lower()}.log)")
-    return hyps, refs, model_sources
-
-
-def score(hyps, refs, sources, N):
-    import sacrebleu
-
-    rows = []
-    for low, high in buckets(N):
-        ids = [i for i, s in enumerate(sources) if low <= len(s.split()) <= high]
-        h = [hyps[i] for i in ids]
-        r = [refs[i] for i in ids]
-        rows.append({
-            "bucket": f"{low}-{high}",
-            "sentences": len(ids),
-            "bleu": sacrebleu.corpus_bleu(h, [r], tokenize="none").score,
-            "chrf": sacrebleu.corpus_chrf(h, [r]).score,
-            "length_ratio": sum(len(x.split()) for x in h) / max(1, sum(len(x.split()) for x in r)),
-        })
-    return rows
-
-
-def _words(text):
-    """Lower-cased words of a sentence, punctuation and the start marker dropped."""
-    return [t.lower() for t in text.split() if not PUNCTUATION.match(t) and t != START]
-
-
-def output_starts(hyps, model_sources, sources, N):
-    """Where each output starts (and whether it ends) in its source, per bucket.
-
-    An output *starts at the start* when its first two words (lower-cased, punctuation dropped)
-    are the source's first two; otherwise its start is looked up as the first place in the
-    source where the output's first three words occur, as a fraction of the source's length
-    (0 = its first word). It *ends at the end* when its last two words are the source's last
-    two. Sources as the model saw them (``<unk>`` included, marker dropped).
-    """
-    import statistics
-
-    rows = []
-    for low, high in buckets(N):
-        ids = [i for i, s in enumerate(sources) if low <= len(s.split()) <= high]
-        at_start, further_in, at_end = 0, [], 0
-        for i in ids:
-            source, output = _words(model_sources[i]), _words(hyps[i])
-            at_end += output[-2:] == source[-2:]
-            if output[:2] == source[:2]:
-                at_start += 1
-                continue
-            found = next((k for k in range(len(source)) if source[k:k + 3] == output[:3]), None)
-            if found is not None:
-                further_in.append(found / len(source))
-        rows.append({
-            "bucket": f"{low}-{high}",
-            "sentences": len(ids),
-            "starts_at_start": at_start,
-            "starts_further_in": len(further_in),
-            "median_start": statistics.median(further_in) if further_in else None,
-            "ends_at_end": at_end,
-        })
-    return rows
+    log = out / f"generate_{name.lower()}.log"
+    output, seconds, _ = run_timed(generate_command(out / "bin", checkpoint), env, log)
+    return (*read_generate_log(name, output, log, expected), seconds)
 
 
 def write_results(out, results, N, meta):
-    header = [f"{low}-{high} ({'N' if high == N else f'{high // N}N'})"
-              for low, high in buckets(N)]
-    lines = [f"| BLEU (chrF) by source words | " + " | ".join(header) + " |",
-             "|---|" + "---:|" * len(header)]
-    for name, rows in results.items():
-        lines.append(f"| {name} | " + " | ".join(f"{r['bleu']:.1f} ({r['chrf']:.1f})"
-                                                for r in rows) + " |")
-    lines += ["", "| output/reference length | " + " | ".join(header) + " |",
-              "|---|" + "---:|" * len(header)]
-    for name, rows in results.items():
-        lines.append(f"| {name} | " + " | ".join(f"{r['length_ratio']:.2f}" for r in rows) + " |")
-    lines += ["", "| output starts with the source's first two words (else: median start, "
-              "where found) | " + " | ".join(header) + " |", "|---|" + "---:|" * len(header)]
-    for name, rows in results.items():
-        if all("starts_at_start" in r for r in rows):
-            lines.append(f"| {name} | " + " | ".join(
-                f"{r['starts_at_start']} of {r['sentences']}"
-                + (f" ({100 * r['median_start']:.0f} % in, {r['starts_further_in']} found)"
-                   if r["median_start"] is not None else "") for r in rows) + " |")
-    lines += ["", "| output ends with the source's last two words | " + " | ".join(header) + " |",
-              "|---|" + "---:|" * len(header)]
-    for name, rows in results.items():
-        if all("ends_at_end" in r for r in rows):
-            lines.append(f"| {name} | " + " | ".join(f"{r['ends_at_end']} of {r['sentences']}"
-                                                    for r in rows) + " |")
-    table = "\n".join(lines)
-    (out / "results.md").write_text(table + "\n\n" + json.dumps(meta, indent=2) + "\n")
+    """``results.{md,json,csv,png}`` of ``{model: rows}`` (one seed)."""
+    bounds = buckets(N)
+    summary = summarize({name: [rows] for name, rows in results.items()})
+    table = markdown_tables(summary, N, bounds)
+    (out / "results.md").write_text(table + "\n" + json.dumps(meta, indent=2) + "\n")
     (out / "results.json").write_text(json.dumps({"meta": meta, "results": results}, indent=2))
-    with open(out / "results.csv", "w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(["model", "bucket", "sentences", "bleu", "chrf", "length_ratio",
-                    "starts_at_start", "starts_further_in", "median_start", "ends_at_end"])
-        for name, rows in results.items():
-            for r in rows:
-                w.writerow([name, r["bucket"], r["sentences"], f"{r['bleu']:.2f}",
-                            f"{r['chrf']:.2f}", f"{r['length_ratio']:.3f}",
-                            r.get("starts_at_start", ""), r.get("starts_further_in", ""),
-                            "" if r.get("median_start") is None else f"{r['median_start']:.3f}",
-                            r.get("ends_at_end", "")])
-    try:
-        logging.getLogger("matplotlib").setLevel(logging.WARNING)  # the root logger may be DEBUG
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-
-        fig, ax = plt.subplots(figsize=(5.5, 3.6))
-        for name, rows in results.items():
-            ax.plot(range(len(rows)), [r["bleu"] for r in rows], marker="o", label=name)
-        ax.axvspan(-0.3, 0.3, color="grey", alpha=0.15, label=f"training lengths (<= N={N})")
-        ax.set_xticks(range(len(header)), header)
-        ax.set_xlabel("source length (words)")
-        ax.set_ylabel("BLEU")
-        ax.set_title("Punctuation and case restoration, trained on <= N words")
-        ax.legend()
-        fig.tight_layout()
-        fig.savefig(out / "results.png", dpi=120)
-    except ImportError:
-        print("matplotlib not installed: no plot", file=sys.stderr)
+    write_csv(out / "results.csv", {name: {meta.get("seed", 1): rows}
+                                    for name, rows in results.items()}, summary)
+    plot(out / "results.png", summary, N,
+         "Punctuation and case restoration, trained on <= N words", bounds)
     return table
 
 
-def evaluate(hyps, refs, model_sources, sources, N):
-    """Per bucket: BLEU, chrF, length ratio (:func:`score`) and where outputs start
-    (:func:`output_starts`)."""
-    return [dict(quality, **starts) for quality, starts in
-            zip(score(hyps, refs, sources, N), output_starts(hyps, model_sources, sources, N))]
+def read_texts(wikitext, embedded, out):
+    """``(training lines, test lines, what they are)``: WikiText-2's valid and test splits, or
+    (``embedded``) the corpus of Python's documentation built in ``out/embedded``; ``None``
+    (after saying so) when WikiText-2 is not in ``wikitext``."""
+    if embedded:
+        from fairseq_alibi.cli.corpus import build_corpus
+
+        build_corpus(out / "embedded")
+        return ((out / "embedded" / "train.txt").read_text().splitlines(),
+                (out / "embedded" / "test.txt").read_text().splitlines(),
+                "Python documentation (fairseq_alibi.cli.corpus)")
+    wikitext = Path(wikitext)
+    files = [wikitext / "wiki.valid.tokens", wikitext / "wiki.test.tokens"]
+    if not all(f.is_file() for f in files):
+        print(f"WikiText-2 not found in {wikitext}; pass --wikitext DIR or --embedded",
+              file=sys.stderr)
+        return None
+    return (files[0].read_text(encoding="utf-8").splitlines(),
+            files[1].read_text(encoding="utf-8").splitlines(),
+            "WikiText-2 (train: wiki.valid.tokens, test: wiki.test.tokens)")
 
 
 def test_sources(out, start_marker):
@@ -336,8 +196,8 @@ def rescore(out, args, argv):
     for name in args.models:
         log = out / f"generate_{name.lower()}.log"
         if log.is_file():
-            hyps, refs, model_sources = read_generate_log(name, log.read_text(), out, len(sources))
-            results[name] = evaluate(hyps, refs, model_sources, sources, N)
+            hyps, refs, model_sources = read_generate_log(name, log.read_text(), log, len(sources))
+            results[name] = evaluate(hyps, refs, model_sources, sources, N, buckets(N))
     if not results:
         print(f"no generate_<model>.log of {', '.join(args.models)} in {out}: run the "
               "experiment first", file=sys.stderr)
@@ -379,24 +239,10 @@ def main(argv=None):
         return rescore(out, args, argv)
     out.mkdir(parents=True, exist_ok=True)
     started = time.time()
-    if args.embedded:
-        from fairseq_alibi.cli.corpus import build_corpus
-
-        corpus = build_corpus(out / "embedded")
-        del corpus
-        train_lines = (out / "embedded" / "train.txt").read_text().splitlines()
-        test_lines = (out / "embedded" / "test.txt").read_text().splitlines()
-        source = "Python documentation (fairseq_alibi.cli.corpus)"
-    else:
-        wikitext = Path(args.wikitext)
-        files = [wikitext / "wiki.valid.tokens", wikitext / "wiki.test.tokens"]
-        if not all(f.is_file() for f in files):
-            print(f"WikiText-2 not found in {wikitext}; pass --wikitext DIR or --embedded",
-                  file=sys.stderr)
-            return 2
-        train_lines = files[0].read_text(encoding="utf-8").splitlines()
-        test_lines = files[1].read_text(encoding="utf-8").splitlines()
-        source = "WikiText-2 (train: wiki.valid.tokens, test: wiki.test.tokens)"
+    texts = read_texts(args.wikitext, args.embedded, out)
+    if texts is None:
+        return 2
+    train_lines, test_lines, source = texts
     n_train, n_test = build_data(train_lines, test_lines, out, args.N, args.per_bucket,
                                  args.seed, split_punctuation=args.embedded,
                                  vocab=args.vocab, start_marker=args.start_marker)
@@ -411,7 +257,7 @@ def main(argv=None):
     for name in args.models:
         checkpoint, train_s = train(name, out, args, env)
         hyps, refs, model_sources, gen_s = generate(name, checkpoint, out, env, len(sources))
-        results[name] = evaluate(hyps, refs, model_sources, sources, args.N)
+        results[name] = evaluate(hyps, refs, model_sources, sources, args.N, buckets(args.N))
         timing[name] = {"train_s": round(train_s, 1), "generate_s": round(gen_s, 1)}
         print(f"[restoration] {name}: trained in {train_s:.0f} s, translated all {len(hyps)} "
               f"test inputs in {gen_s:.0f} s")

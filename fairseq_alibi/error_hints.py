@@ -13,6 +13,8 @@ Some failures reach the user through stock fairseq code that the plugin does not
 
 Importing the package chains a ``sys.excepthook`` that lets Python print the traceback as
 usual, then adds one line, prefixed ``fairseq_alibi:``, saying what went wrong and what to do.
+An uncaught :class:`OneLineError` (the plugin's refusal of bad input, whose message already is
+the fix, e.g. ``from_pretrained`` given a stock checkpoint) is printed as its one line instead.
 It only reads the exception and its traceback; nothing else changes. ``fairseq-hydra-train``
 never reaches the hook (hydra prints the error itself and exits), so the shipped configs' hydra
 callback (:mod:`fairseq_alibi.hydra_support`) prints the same line when the job fails, just
@@ -43,7 +45,7 @@ def _frames(exc: BaseException):
         tb = tb.tb_next
 
 
-def _raised_by_plugin(exc: BaseException) -> bool:
+def raised_by_plugin(exc: BaseException) -> bool:
     frames = list(_frames(exc))
     return bool(frames) and frames[-1].f_code.co_filename.startswith(_PACKAGE_DIR + os.sep)
 
@@ -84,12 +86,24 @@ def _zero_block_size(exc: BaseException) -> Optional[str]:
     return None
 
 
+class OneLineError(ValueError):
+    """Bad input whose message is the whole story (what is wrong and the fix): an uncaught one
+    is printed as that one line, without the traceback, by this module's hook and by IPython."""
+
+    def _render_traceback_(self):  # IPython / Jupyter's hook for an exception's own display
+        return [one_line(self)]
+
+
+def one_line(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"
+
+
 def hint_for(exc: BaseException) -> Optional[str]:
     """The one-line hint for an uncaught exception, or None when it says all there is."""
     chain = list(_chain(exc))
     for cause in chain[1:]:  # the plugin's own error, buried under another
-        if isinstance(cause, ValueError) and _raised_by_plugin(cause):
-            return f"{type(cause).__name__}: {cause}"
+        if isinstance(cause, ValueError) and raised_by_plugin(cause):
+            return one_line(cause)
     for found in chain:
         hint = _unreadable_checkpoint(found) or _zero_block_size(found)
         if hint:
@@ -108,6 +122,9 @@ def report(exc: BaseException):
 
 
 def _excepthook(exc_type, exc, tb, _previous=sys.excepthook):
+    if isinstance(exc, OneLineError):
+        print(one_line(exc), file=sys.stderr, flush=True)
+        return
     _previous(exc_type, exc, tb)
     report(exc)
 

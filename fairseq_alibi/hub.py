@@ -8,8 +8,8 @@ Stock ``from_pretrained`` (``fairseq.hub_utils``) has three surprises for ALiBi 
   (as fairseq already does for ``sentencepiece.bpe.model``, ``merges.txt``, ...); otherwise a
   one-line error names the files and the arguments, and nothing is downloaded.
 * it builds whatever model the checkpoint names, so a stock checkpoint silently comes back as a
-  stock model: here that is an error naming the class to use (or, for an unconverted checkpoint
-  of Press's ALiBi fork, the convert command).
+  stock model: here that is a :class:`WrongCheckpointError` naming the class to use (or, for an
+  unconverted checkpoint of Press's ALiBi fork, the convert command), shown as one line.
 * the language-model hub batches with the training run's ``--max-tokens`` and asserts that no
   sentence is longer; an ALiBi model scores any length, so a longer sentence gets a batch of its
   own (:class:`AlibiLanguageModelHubInterface`).
@@ -22,6 +22,8 @@ from typing import Dict, Iterable, Optional
 import torch
 from fairseq import hub_utils
 from omegaconf import open_dict
+
+from fairseq_alibi.error_hints import OneLineError, raised_by_plugin
 
 #: ``from_pretrained`` argument -> the GPT-2 BPE file it names
 GPT2_BPE_FILES = {"gpt2_encoder_json": "encoder.json", "gpt2_vocab_bpe": "vocab.bpe"}
@@ -42,6 +44,10 @@ def local_gpt2_bpe(folders: Iterable[Optional[str]]) -> Dict[str, str]:
     return {}
 
 
+class MissingBpeFilesError(OneLineError):
+    """The GPT-2 BPE's files are not local (nothing is downloaded); the message is the fix."""
+
+
 def check_gpt2_bpe(bpe_cfg, searched, given=()):
     """A one-line error unless a ``gpt2`` BPE config names local files (nothing downloads).
 
@@ -58,7 +64,7 @@ def check_gpt2_bpe(bpe_cfg, searched, given=()):
         folders = list(dict.fromkeys(os.path.normpath(str(f)) for f in searched if f))
         where = (f"neither {' nor '.join(folders)} holds" if len(folders) > 1
                  else f"{folders[0]} does not hold") if folders else "no folder holds"
-        raise ValueError(
+        raise MissingBpeFilesError(
             f"the GPT-2 BPE needs {name} (found {path!r}, not a local file; {where} both "
             f"encoder.json and vocab.bpe): put them beside the checkpoint, or pass "
             f"gpt2_encoder_json='.../encoder.json', gpt2_vocab_bpe='.../vocab.bpe' to "
@@ -66,12 +72,16 @@ def check_gpt2_bpe(bpe_cfg, searched, given=()):
         )
 
 
+class WrongCheckpointError(OneLineError):
+    """``from_pretrained`` was given a checkpoint of another model; the message is the fix."""
+
+
 def check_model_class(model, expected_class, expected_name: str, checkpoint: str):
     """A clear error when the checkpoint built a model of another class (a stock checkpoint)."""
     if isinstance(model, expected_class):
         return
     built = type(model).__name__
-    raise ValueError(
+    raise WrongCheckpointError(
         f"{checkpoint} holds a {built}, not an {expected_name} model (it was trained by another "
         f"architecture): load it with {built}.from_pretrained, or give an {expected_name} "
         f"checkpoint"
@@ -113,16 +123,25 @@ def load_pretrained(model_class, expected_name, model_name_or_path, checkpoint_f
     given = {arg for arg in GPT2_BPE_FILES if arg in kwargs}
     if not given:
         kwargs.update(local_gpt2_bpe(searched))
-    loaded = hub_utils.from_pretrained(
-        model_name_or_path, checkpoint_file, data_name_or_path,
-        archive_map=model_class.hub_models(), **kwargs,
-    )
     checkpoint = os.path.join(model_dir, checkpoint_file)
     try:
+        loaded = hub_utils.from_pretrained(
+            model_name_or_path, checkpoint_file, data_name_or_path,
+            archive_map=model_class.hub_models(), **kwargs,
+        )
         check_model_class(loaded["models"][0], model_class, expected_name, checkpoint)
-    except ValueError:
-        refuse_unconverted_press_file(checkpoint)  # the more precise error, if it is one
+    except WrongCheckpointError:
+        try:
+            refuse_unconverted_press_file(checkpoint)  # the more precise error, if it is one
+        except ValueError as press:
+            raise WrongCheckpointError(str(press)) from None
         raise
+    except ValueError as refused:
+        # the plugin's checks refuse a fork's checkpoint from deep inside fairseq's loader:
+        # the message is the fix, the loader's frames would only bury it
+        if not raised_by_plugin(refused):
+            raise
+        raise WrongCheckpointError(str(refused)) from None
     check_gpt2_bpe(loaded["args"].bpe, searched, given)
     return loaded
 

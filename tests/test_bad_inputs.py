@@ -435,19 +435,80 @@ def test_stock_checkpoint_restored_shows_the_plugin_message_last(flag, tiny_lm_d
 
 # row 5: from_pretrained on a stock checkpoint
 
+HUB_CASES = {  # model -> (hub class, the stock class the checkpoint builds)
+    "lm": ("alibi_transformer_lm.AlibiTransformerLanguageModel", "TransformerLanguageModel"),
+    "encoder": ("alibi_roberta.AlibiRobertaModel", "RobertaModel"),
+    "translation": ("alibi_transformer.AlibiTransformerModel", "TransformerModel"),
+}
 
-@pytest.mark.parametrize("model", ["lm", "encoder"])
+
+def stock_hub_checkpoint(model, tiny_lm_data, folder):
+    """``(checkpoint, data dir)``: an untrained stock model of the kind, beside BPE files."""
+    data = tiny_lm_data
+    flags = STOCK.get(model)
+    if model == "translation":  # the translation task only reads the two dictionaries here
+        data = folder / "data"
+        data.mkdir(parents=True)
+        for side in ("src", "tgt"):
+            shutil.copy(tiny_lm_data / "dict.txt", data / f"dict.{side}.txt")
+        flags = ["--task", "translation", "--source-lang", "src", "--target-lang", "tgt",
+                 "--arch", "transformer", "--encoder-layers", 1, "--decoder-layers", 1,
+                 "--encoder-embed-dim", 16, "--decoder-embed-dim", 16,
+                 "--encoder-ffn-embed-dim", 32, "--decoder-ffn-embed-dim", 32,
+                 "--encoder-attention-heads", 2, "--decoder-attention-heads", 2]
+    checkpoint = saved_in_process(folder / "ckpt" / "model.pt", data, *flags)
+    write_tiny_bpe(checkpoint.parent)
+    return checkpoint, data
+
+
+@pytest.mark.parametrize("model", list(HUB_CASES))
 def test_from_pretrained_refuses_a_stock_checkpoint(model, tiny_lm_data, tmp_path, no_network):
-    from fairseq_alibi.models.alibi_roberta import AlibiRobertaModel
-    from fairseq_alibi.models.alibi_transformer_lm import AlibiTransformerLanguageModel
+    import importlib
 
-    checkpoint = saved_in_process(tmp_path / "model.pt", tiny_lm_data, *STOCK[model])
-    write_tiny_bpe(tmp_path)
-    hub_class = AlibiTransformerLanguageModel if model == "lm" else AlibiRobertaModel
-    built = "TransformerLanguageModel" if model == "lm" else "RobertaModel"
-    with pytest.raises(ValueError, match=rf"holds a {built}, not an alibi_\w+ model .*"
-                                         rf"load it with {built}.from_pretrained"):
-        hub_class.from_pretrained(str(tmp_path), checkpoint.name, str(tiny_lm_data))
+    from fairseq_alibi.hub import WrongCheckpointError
+
+    checkpoint, data = stock_hub_checkpoint(model, tiny_lm_data, tmp_path)
+    module, hub_name = HUB_CASES[model][0].rsplit(".", 1)
+    hub_class = getattr(importlib.import_module(f"fairseq_alibi.models.{module}"), hub_name)
+    built = HUB_CASES[model][1]
+    with pytest.raises(WrongCheckpointError, match=rf"holds a {built}, not an alibi_\w+ model "
+                                                   rf".*load it with {built}.from_pretrained"):
+        hub_class.from_pretrained(str(checkpoint.parent), checkpoint.name, str(data))
+
+
+def test_an_uncaught_refusal_is_printed_as_one_line(capsys):
+    """The package's excepthook (and IPython's ``_render_traceback_``) show the message alone."""
+    import sys
+
+    from fairseq_alibi.hub import WrongCheckpointError
+
+    try:
+        raise WrongCheckpointError("x.pt holds a TransformerModel, not ...: load it with ...")
+    except WrongCheckpointError as refused:
+        sys.excepthook(type(refused), refused, refused.__traceback__)
+        rendered = refused._render_traceback_()
+    expected = "WrongCheckpointError: x.pt holds a TransformerModel, not ...: load it with ..."
+    assert capsys.readouterr().err == expected + "\n"
+    assert rendered == [expected]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model", list(HUB_CASES))
+def test_from_pretrained_stock_checkpoint_error_is_one_line(model, tiny_lm_data, tmp_path):
+    """What a user sees running a script: the fix as one line, no traceback."""
+    import subprocess
+    import sys
+
+    checkpoint, data = stock_hub_checkpoint(model, tiny_lm_data, tmp_path)
+    module, hub_name = HUB_CASES[model][0].rsplit(".", 1)
+    code = (f"from fairseq_alibi.models.{module} import {hub_name}\n"
+            f"{hub_name}.from_pretrained({str(checkpoint.parent)!r}, 'model.pt', {str(data)!r})")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=300, cwd=str(REPO))
+    assert proc.returncode == 1
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert last_line(proc.stderr).startswith(
+        f"WrongCheckpointError: {checkpoint} holds a {HUB_CASES[model][1]}, not an alibi_")
 
 
 # row 6: position-embedding flags

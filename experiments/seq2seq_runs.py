@@ -1,0 +1,330 @@
+"""What the sequence-to-sequence "train short, translate long" experiments share.
+
+``fairseq-train`` / ``fairseq-generate`` as subprocesses (the wall and CPU time of each), the
+hypothesis-count check, scoring per source-length bucket (sacrebleu BLEU and chrF, output ÷
+reference length, :func:`output_starts`), and the results: Markdown tables, CSV and a plot, with
+the mean and the spread (min–max) over seeds when there are several.
+
+Used by :mod:`experiments.punctuation_restoration` (one seed, two models) and
+:mod:`experiments.translation_length` (every configuration, several seeds, two corpora).
+"""
+
+import csv
+import logging
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from fairseq_alibi.paths import user_dir
+from fairseq_alibi.preprocess.parallel import PUNCTUATION
+
+BIN = Path(sys.executable).parent
+
+#: what a start marker puts before every source (a word of its own in the dictionary)
+START = "@start@"
+
+
+def length_buckets(N):
+    """Source-length buckets (inclusive bounds): (N/2, N], (N, 2N], (2N, 4N], (4N, 8N]."""
+    return [(N // 2 + 1, N), (N + 1, 2 * N), (2 * N + 1, 4 * N), (4 * N + 1, 8 * N)]
+
+
+def bucket_names(N, bounds):
+    return [f"{low}-{high} ({'N' if high == N else f'{high / N:g}N'})" for low, high in bounds]
+
+
+def run_timed(cmd, env, log):
+    """Run ``cmd`` with its output in ``log``; ``(output, wall_s, cpu_s)``, the CPU time being
+    the command's own (user + system, its waited-for children included), so that runs made side
+    by side are timed apart. Stops with the log's tail if the command fails."""
+    cmd = [str(c) for c in cmd]
+    started = time.time()
+    with open(log, "w") as f:
+        f.write("$ " + " ".join(cmd) + "\n")
+        f.flush()
+        proc = subprocess.Popen(cmd, env=env, stdout=f, stderr=subprocess.STDOUT, text=True)
+        _, status, usage = os.wait4(proc.pid, 0)
+        proc.returncode = os.waitstatus_to_exitcode(status)
+    wall = time.time() - started
+    output = Path(log).read_text()
+    if proc.returncode != 0:
+        raise SystemExit(f"{' '.join(cmd[:3])} ... failed (exit {proc.returncode}), see {log}:\n"
+                         f"{output[-3000:]}")
+    return output, wall, usage.ru_utime + usage.ru_stime
+
+
+def train_command(data_bin, save_dir, model_flags, *, layers, dim, lr, max_tokens, max_update,
+                  seed, warmup=100, cpu=True, langs=("src", "tgt")):
+    """``fairseq-train`` of a small translation model: the recipe every run shares (Adam,
+    inverse-sqrt schedule, label smoothing 0.1, no validation, one checkpoint at the end)."""
+    return [BIN / "fairseq-train", data_bin, "--user-dir", user_dir(), "--task", "translation",
+            "--source-lang", langs[0], "--target-lang", langs[1], *model_flags,
+            "--encoder-layers", layers, "--decoder-layers", layers,
+            "--encoder-embed-dim", dim, "--decoder-embed-dim", dim,
+            "--encoder-ffn-embed-dim", 4 * dim, "--decoder-ffn-embed-dim", 4 * dim,
+            "--encoder-attention-heads", 4, "--decoder-attention-heads", 4,
+            "--share-all-embeddings",
+            "--dropout", "0.1", "--optimizer", "adam", "--adam-betas", "(0.9,0.98)",
+            "--lr", lr, "--lr-scheduler", "inverse_sqrt", "--warmup-updates", warmup,
+            "--clip-norm", "1.0", "--criterion", "label_smoothed_cross_entropy",
+            "--label-smoothing", "0.1", "--max-tokens", max_tokens, "--max-update", max_update,
+            "--required-batch-size-multiple", "1", "--seed", seed,
+            *(["--cpu"] if cpu else []), "--num-workers", "0", "--save-dir", save_dir,
+            "--no-epoch-checkpoints", "--no-last-checkpoints", "--disable-validation",
+            "--save-interval-updates", max_update, "--log-format", "simple",
+            "--log-interval", "100", "--no-progress-bar"]
+
+
+def final_checkpoint(save_dir, max_update, name):
+    """The checkpoint saved at the last update (``checkpoint_<epoch>_<max_update>.pt``)."""
+    found = sorted(Path(save_dir).glob(f"checkpoint_*_{max_update}.pt"),
+                   key=lambda p: p.stat().st_mtime)
+    if not found:
+        raise SystemExit(f"{name}: no checkpoint of update {max_update} in {save_dir}")
+    return found[-1]
+
+
+def generate_command(data_bin, checkpoint, *, cpu=True, model_overrides=None, beam=4,
+                     langs=("src", "tgt")):
+    """``fairseq-generate`` of every test input (``--required-batch-size-multiple 1``: with
+    fairseq's default of 8 the last batch can be dropped, see docs/translation.md)."""
+    overrides = ["--model-overrides", repr(model_overrides)] if model_overrides else []
+    return [BIN / "fairseq-generate", data_bin, "--user-dir", user_dir(), "--path", checkpoint,
+            "--source-lang", langs[0], "--target-lang", langs[1],
+            "--gen-subset", "test", "--beam", beam, "--batch-size", "32",
+            "--required-batch-size-multiple", "1", "--max-len-a", "1.5", "--max-len-b", "10",
+            *(["--cpu"] if cpu else []), "--num-workers", "0", *overrides]
+
+
+def read_generate_log(name, output, log, expected):
+    """``(hyps, refs, model_sources)`` by test line from ``fairseq-generate``'s output; the
+    model's sources (``S-``) are the inputs as the model saw them (``<unk>`` included). Stops
+    unless there is one hypothesis for each of the ``expected`` test inputs."""
+    hyps, refs, model_sources = {}, {}, {}
+    for line in output.splitlines():
+        tag, _, rest = line.partition("\t")
+        if tag.startswith("H-"):
+            hyps[int(tag[2:])] = rest.split("\t", 1)[1]
+        elif tag.startswith("T-"):
+            refs[int(tag[2:])] = rest.replace("<<unk>>", "<unk>")
+        elif tag.startswith("S-"):
+            model_sources[int(tag[2:])] = rest.replace("<<unk>>", "<unk>")
+    if len(hyps) != expected or f"Translated {expected} sentences" not in output:
+        raise SystemExit(f"{name}: {len(hyps)} hypotheses for {expected} test inputs "
+                         f"(see {log})")
+    return hyps, refs, model_sources
+
+
+def _bucket_ids(sources, low, high):
+    return [i for i, s in enumerate(sources) if low <= len(s.split()) <= high]
+
+
+def score(hyps, refs, sources, N, bounds=None):
+    """Per bucket of source length: BLEU and chrF (sacrebleu, tokens as they are) and the
+    output ÷ reference length in tokens."""
+    import sacrebleu
+
+    rows = []
+    for low, high in bounds or length_buckets(N):
+        ids = _bucket_ids(sources, low, high)
+        h = [hyps[i] for i in ids]
+        r = [refs[i] for i in ids]
+        rows.append({"bucket": f"{low}-{high}", "sentences": len(ids)})
+        if not ids:  # nothing to score (a corpus short of long inputs)
+            rows[-1].update(bleu=None, chrf=None, length_ratio=None)
+            continue
+        rows[-1].update(
+            bleu=sacrebleu.corpus_bleu(h, [r], tokenize="none").score,
+            chrf=sacrebleu.corpus_chrf(h, [r]).score,
+            length_ratio=sum(len(x.split()) for x in h) / max(1, sum(len(x.split()) for x in r)),
+        )
+    return rows
+
+
+def _words(text):
+    """Lower-cased words of a sentence, punctuation and the start marker dropped."""
+    return [t.lower() for t in text.split() if not PUNCTUATION.match(t) and t != START]
+
+
+def output_starts(hyps, model_sources, sources, N, bounds=None):
+    """Where each output starts (and whether it ends) in its source, per bucket.
+
+    An output *starts at the start* when its first two words (lower-cased, punctuation dropped)
+    are the source's first two; otherwise its start is looked up as the first place in the
+    source where the output's first three words occur, as a fraction of the source's length
+    (0 = its first word). It *ends at the end* when its last two words are the source's last
+    two. Sources as the model saw them (``<unk>`` included, marker dropped). Meaningful where
+    the output copies the source's words (restoration); for a translation the counts say how
+    often the output begins and ends with the source's words, which is rarely.
+    """
+    rows = []
+    for low, high in bounds or length_buckets(N):
+        ids = _bucket_ids(sources, low, high)
+        at_start, further_in, at_end = 0, [], 0
+        for i in ids:
+            source, output = _words(model_sources[i]), _words(hyps[i])
+            at_end += output[-2:] == source[-2:]
+            if output[:2] == source[:2]:
+                at_start += 1
+                continue
+            found = next((k for k in range(len(source)) if source[k:k + 3] == output[:3]), None)
+            if found is not None:
+                further_in.append(found / len(source))
+        rows.append({
+            "bucket": f"{low}-{high}",
+            "sentences": len(ids),
+            "starts_at_start": at_start,
+            "starts_further_in": len(further_in),
+            "median_start": statistics.median(further_in) if further_in else None,
+            "ends_at_end": at_end,
+        })
+    return rows
+
+
+def evaluate(hyps, refs, model_sources, sources, N, bounds=None):
+    """Per bucket: BLEU, chrF, length ratio (:func:`score`) and where outputs start
+    (:func:`output_starts`)."""
+    return [dict(quality, **starts) for quality, starts in
+            zip(score(hyps, refs, sources, N, bounds),
+                output_starts(hyps, model_sources, sources, N, bounds))]
+
+
+#: the per-bucket figures summarised over seeds, with how each is shown in a table
+METRICS = {"bleu": "{:.1f}", "chrf": "{:.1f}", "length_ratio": "{:.2f}"}
+COUNTS = ("starts_at_start", "ends_at_end")
+
+
+def summarize(runs):
+    """``{name: [rows of seed 1, rows of seed 2, ...]}`` -> ``{name: rows}`` where each figure
+    of :data:`METRICS` has its ``mean``, ``min``, ``max``, ``std`` (0 for one seed) and the
+    per-seed values, and each count of :data:`COUNTS` its per-seed values."""
+    summary = {}
+    for name, seeds in runs.items():
+        rows = []
+        for per_seed in zip(*seeds):
+            row = {"bucket": per_seed[0]["bucket"], "sentences": per_seed[0]["sentences"],
+                   "seeds": len(per_seed)}
+            for key in METRICS:
+                values = [r[key] for r in per_seed if r[key] is not None]
+                if not values:  # an empty bucket
+                    row[key] = None
+                    continue
+                row[key] = {"mean": statistics.fmean(values), "min": min(values),
+                            "max": max(values),
+                            "std": statistics.stdev(values) if len(values) > 1 else 0.0,
+                            "per_seed": values}
+            for key in COUNTS:
+                row[key] = [r.get(key) for r in per_seed]
+            row["starts_further_in"] = [r.get("starts_further_in") for r in per_seed]
+            row["median_start"] = [r.get("median_start") for r in per_seed]
+            rows.append(row)
+        summary[name] = rows
+    return summary
+
+
+def _spread(cell, fmt):
+    if cell is None:
+        return "–"
+    text = fmt.format(cell["mean"])
+    if len(cell["per_seed"]) > 1:
+        text += f" ({fmt.format(cell['min'])}–{fmt.format(cell['max'])})"
+    return text
+
+
+def _counts(row, key):
+    counts = row[key]
+    if any(c is None for c in counts):
+        return "–"
+    text = ", ".join(str(c) for c in counts) + f" of {row['sentences']}"
+    if key == "starts_at_start" and len(counts) == 1 and row["median_start"][0] is not None:
+        text += (f" ({100 * row['median_start'][0]:.0f} % in, "
+                 f"{row['starts_further_in'][0]} found)")
+    return text
+
+
+def markdown_tables(summary, N, bounds=None):
+    """One table per figure: a row per model, a column per bucket; ``mean (min–max)`` over
+    seeds, counts listed seed by seed."""
+    header = bucket_names(N, bounds or length_buckets(N))
+    seeds = max((row["seeds"] for rows in summary.values() for row in rows), default=1)
+    over = f", mean (min–max) over {seeds} seeds" if seeds > 1 else ""
+    titles = {"bleu": f"BLEU{over}", "chrf": f"chrF{over}",
+              "length_ratio": f"output/reference length{over}",
+              "starts_at_start": "output starts with the source's first two words"
+                                 + (" (seed by seed)" if seeds > 1 else
+                                    " (else: median start, where found)"),
+              "ends_at_end": "output ends with the source's last two words"
+                             + (" (seed by seed)" if seeds > 1 else "")}
+    lines = []
+    for key, title in titles.items():
+        lines += [f"| {title} | " + " | ".join(header) + " |", "|---|" + "---:|" * len(header)]
+        for name, rows in summary.items():
+            cells = [_spread(r[key], METRICS[key]) if key in METRICS else _counts(r, key)
+                     for r in rows]
+            lines.append(f"| {name} | " + " | ".join(cells) + " |")
+        lines.append("")
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def _number(value, fmt):
+    return "" if value is None else fmt.format(value)
+
+
+def write_csv(path, runs, summary):
+    """Per model, bucket and seed the figures, then per model and bucket their mean, min,
+    max and std over seeds (``seed`` = ``all``)."""
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["model", "seed", "bucket", "sentences", "statistic", "bleu", "chrf",
+                    "length_ratio", "starts_at_start", "starts_further_in", "median_start",
+                    "ends_at_end"])
+        for name, seeds in runs.items():
+            for seed, rows in seeds.items():
+                for r in rows:
+                    w.writerow([name, seed, r["bucket"], r["sentences"], "value",
+                                _number(r["bleu"], "{:.2f}"), _number(r["chrf"], "{:.2f}"),
+                                _number(r["length_ratio"], "{:.3f}"),
+                                r.get("starts_at_start", ""), r.get("starts_further_in", ""),
+                                _number(r.get("median_start"), "{:.3f}"),
+                                r.get("ends_at_end", "")])
+        for name, rows in summary.items():
+            for r in rows:
+                for stat in ("mean", "min", "max", "std"):
+                    w.writerow([name, "all", r["bucket"], r["sentences"], stat] + [
+                        _number(r[key] and r[key][stat], fmt)
+                        for key, fmt in (("bleu", "{:.2f}"), ("chrf", "{:.2f}"),
+                                         ("length_ratio", "{:.3f}"))] + ["", "", "", ""])
+
+
+def plot(path, summary, N, title, bounds=None):
+    """BLEU by bucket, one line per model (the mean), the min–max over seeds as error bars."""
+    try:
+        logging.getLogger("matplotlib").setLevel(logging.WARNING)  # the root logger may be DEBUG
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib not installed: no plot", file=sys.stderr)
+        return
+    header = bucket_names(N, bounds or length_buckets(N))
+    fig, ax = plt.subplots(figsize=(6.5, 4.0))
+    for k, (name, rows) in enumerate(summary.items()):
+        x = [i + 0.03 * (k - len(summary) / 2) for i in range(len(rows))]  # apart, not hidden
+        cells = [r["bleu"] or {"mean": float("nan"), "min": float("nan"),
+                               "max": float("nan")} for r in rows]  # nan: an empty bucket
+        mean = [c["mean"] for c in cells]
+        spread = [[c["mean"] - c["min"] for c in cells], [c["max"] - c["mean"] for c in cells]]
+        ax.errorbar(x, mean, yerr=spread, marker="o", capsize=3, label=name)
+    ax.axvspan(-0.3, 0.3, color="grey", alpha=0.15, label=f"training lengths (<= N={N})")
+    ax.set_xticks(range(len(header)), header)
+    ax.set_xlabel("source length (tokens)")
+    ax.set_ylabel("BLEU")
+    ax.set_title(title)
+    ax.legend(fontsize="small")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

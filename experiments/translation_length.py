@@ -1,0 +1,512 @@
+"""Train short, translate long: every position configuration of ``alibi_transformer``, several
+seeds, one command.
+
+    python -m experiments.translation_length [--corpus restoration|gettext]
+        [--configs sinusoidal,alibi,...] [--seeds 1,2,3] [--out DIR] [--jobs J]
+        [--device cpu|cuda] [--N 16] [--max-update 2000] [--layers 2] [--dim 64]
+        [--data DIR] [--data-only] [--from-logs] [--smoke]
+
+Each configuration (:data:`CONFIGS`) is trained at the same size, recipe and number of updates
+on sources of at most N tokens, with every seed, through ``fairseq-train``; every test input is
+translated by ``fairseq-generate`` (the number of hypotheses is checked against the number of
+inputs) and scored per source-length bucket, (N/2, N], (N, 2N], (2N, 4N], (4N, 8N]: BLEU and
+chrF (sacrebleu), output ÷ reference length, where outputs start and end
+(:func:`experiments.seq2seq_runs.output_starts`), as the mean and the min–max over seeds.
+
+Corpora (``--corpus``): ``restoration``, punctuation and case restoration made from WikiText-2
+(:mod:`experiments.punctuation_restoration`; ``--embedded``: from Python's documentation), and
+``gettext``, French→English from the machine's gettext catalogs
+(``python -m fairseq_alibi.preprocess.gettext``). Each is built once into ``--data`` (default
+``OUT/data``), as it is and with a start marker before every source, with ``data.json`` (the
+length ratio and the mean training source length of each, which ``ratio`` and ``length_scale``
+use): ``--data-only`` stops there, so that the grid can run elsewhere from a copy of the
+repository with that folder carried along (``--data DIR``).
+
+Runs go ``--jobs J`` at a time, each a subprocess with ``--threads`` threads (default: the
+cores ÷ J); ``--device cuda`` drops ``--cpu`` (fp32 still, as on the CPU, so that the figures
+compare). A run whose checkpoint and command are already in ``OUT/runs`` is not trained again
+(an interrupted grid picks up where it stopped). ``--from-logs`` scores the ``fairseq-generate``
+logs in ``OUT/runs`` again without training. ``--smoke``: toy sizes on the embedded corpus, one
+seed, the configurations this checkout has; under two minutes.
+
+Writes ``OUT/results.{md,csv,json,png}`` (per configuration and bucket, and the wall and CPU
+time of every run and in total) and prints the tables.
+"""
+
+import argparse
+import json
+import os
+import resource
+import shutil
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional, Tuple
+
+from benchmarks.common import comma_choices
+from experiments import punctuation_restoration as restoration
+from experiments.seq2seq_runs import (
+    START,
+    evaluate,
+    final_checkpoint,
+    generate_command,
+    length_buckets,
+    markdown_tables,
+    plot,
+    read_generate_log,
+    run_timed,
+    summarize,
+    train_command,
+    write_csv,
+)
+from fairseq_alibi.cli.common import machine, thread_env
+from fairseq_alibi.preprocess.parallel import prepare
+
+SINUSOIDAL = ("--arch", "alibi_transformer", "--encoder-alibi-variant", "none",
+              "--decoder-alibi-variant", "none")  # exactly stock transformer
+ALIBI = ("--arch", "alibi_transformer", "--encoder-alibi-variant", "offset",
+         "--decoder-alibi-variant", "causal")
+POINTER = ("--cross-alibi", "pointer")
+LENGTH_SCALE = ("--cross-attention-length-scale", "{mean_source}")
+#: the EOS guard's strength at decoding (``--model-overrides``), for the ``pointer`` checkpoint
+EOS_GUARD = 2.0
+
+
+@dataclass(frozen=True)
+class Config:
+    """One configuration of the grid. ``model``: options after the size, where ``{name}`` is a
+    figure of the data (:func:`data_figures`); ``checkpoint_of``: decode that configuration's
+    checkpoints instead of training (same seeds); ``decode_overrides``: ``--model-overrides``
+    of ``fairseq-generate``."""
+
+    what: str
+    model: Tuple[str, ...] = ()
+    start_marker: bool = False
+    checkpoint_of: Optional[str] = None
+    decode_overrides: dict = field(default_factory=dict)
+
+
+CONFIGS = {
+    "sinusoidal": Config("stock sinusoidal positions on both sides", SINUSOIDAL),
+    "sinusoidal_shape": Config("sinusoidal, positions shifted at random in training (SHAPE)",
+                               SINUSOIDAL + ("--position-shift", "{shape_shift}")),
+    "alibi": Config("ALiBi self-attention (offset encoder, causal decoder), stock "
+                    "cross-attention", ALIBI),
+    "alibi_start": Config("alibi with a start marker before every source", ALIBI,
+                          start_marker=True),
+    "pointer": Config("alibi + cross-attention ALiBi around a pointer into the source",
+                      ALIBI + POINTER),
+    "ratio": Config("alibi + cross-attention ALiBi around i x (source/target length ratio)",
+                    ALIBI + ("--cross-alibi", "ratio", "--cross-alibi-ratio", "{ratio}")),
+    "length_scale": Config("alibi + cross-attention logits x log S / log (mean training "
+                           "source length)", ALIBI + LENGTH_SCALE),
+    "pointer_eos": Config("the pointer checkpoints decoded with the EOS guard (no training)",
+                          checkpoint_of="pointer",
+                          decode_overrides={"cross_alibi_eos_guard": EOS_GUARD}),
+    "recommended": Config("pointer + length scale + start marker, decoded with the EOS guard",
+                          ALIBI + POINTER + LENGTH_SCALE, start_marker=True,
+                          decode_overrides={"cross_alibi_eos_guard": EOS_GUARD}),
+}
+
+#: ``--smoke``: the smallest sizes that run every step (the tests run it)
+SMOKE = dict(N=8, per_bucket=3, max_update=3, layers=1, dim=16, vocab=200, max_tokens=256)
+
+
+def model_options():
+    """The options this checkout's ``alibi_transformer`` accepts."""
+    from fairseq_alibi.models.alibi_transformer import AlibiTransformerModel
+
+    parser = argparse.ArgumentParser(add_help=False)
+    AlibiTransformerModel.add_args(parser)
+    return {option for action in parser._actions for option in action.option_strings}
+
+
+def missing_options(config, known):
+    """The options ``config`` needs that ``known`` lacks (its own and its checkpoint's)."""
+    wanted = [a for a in config.model if a.startswith("--") and a != "--arch"]
+    wanted += ["--" + key.replace("_", "-") for key in config.decode_overrides]
+    if config.checkpoint_of:
+        wanted += missing_options(CONFIGS[config.checkpoint_of], set())
+    return [option for option in dict.fromkeys(wanted) if option not in known]
+
+
+# ---------------------------------------------------------------------------------- the data
+
+
+def pair_lengths(prefix, langs):
+    """Tokens per line of the source and the target side of ``prefix``."""
+    return [[len(line.split()) for line in Path(f"{prefix}.{lang}").read_text().splitlines()]
+            for lang in langs]
+
+
+def data_figures(text_dir, N, langs):
+    """What the data-dependent options use, from the training pairs as the model sees them:
+    ``ratio`` (source tokens per target token), ``mean_source`` (mean source length, its EOS
+    included: the encoder's length S) and ``shape_shift`` (8N: a shift that covers the longest
+    test bucket)."""
+    sources, targets = pair_lengths(text_dir / "train", langs)
+    return {"ratio": round(sum(sources) / sum(targets), 4),
+            "mean_source": round(sum(sources) / len(sources) + 1, 2),
+            "shape_shift": 8 * N}
+
+
+def add_start_marker(text_dir, marked_dir, langs):
+    """A copy of the text of every split with :data:`START` before each source line."""
+    marked_dir.mkdir(parents=True, exist_ok=True)
+    source, target = langs
+    for split in ("train", "valid", "test"):
+        lines = (text_dir / f"{split}.{source}").read_text(encoding="utf-8").splitlines()
+        (marked_dir / f"{split}.{source}").write_text(
+            "".join(f"{START} {line}\n" for line in lines), encoding="utf-8")
+        shutil.copy(text_dir / f"{split}.{target}", marked_dir / f"{split}.{target}")
+
+
+#: restoration's joined dictionary, as experiments/punctuation_restoration.py's
+RESTORATION_VOCAB = 1000
+
+
+def build_restoration(data, args):
+    """WikiText-2 (or Python's documentation) as punctuation and case restoration, with
+    ``--vocab`` words (default :data:`RESTORATION_VOCAB`; the rest ``<unk>``)."""
+    vocab = args.vocab or RESTORATION_VOCAB
+    texts = restoration.read_texts(args.wikitext, args.embedded, data)
+    if texts is None:
+        raise SystemExit(2)
+    train_lines, test_lines, source = texts
+    n_train, n_test = restoration.build_data(
+        train_lines, test_lines, data / "plain", args.N, args.per_bucket, args.data_seed,
+        split_punctuation=args.embedded, vocab=vocab)
+    return {"text": source, "train_pairs": n_train, "test_pairs": n_test,
+            "langs": ["src", "tgt"], "plain_text": "plain/text", "vocab": vocab}
+
+
+GETTEXT_LANG = "fr"
+#: gettext's joined dictionary: the most frequent tokens, most of the text for a fraction of the
+#: softmax of all of them (coverage and cost in docs/translation.md)
+GETTEXT_VOCAB = 8000
+
+
+def build_gettext(data, args):
+    """French→English from the machine's gettext catalogs, by the corpus's own tool (its text
+    lies beside its binaries), with ``--vocab`` tokens (default :data:`GETTEXT_VOCAB`)."""
+    vocab = args.vocab or GETTEXT_VOCAB
+    cmd = [sys.executable, "-m", "fairseq_alibi.preprocess.gettext", "--lang", GETTEXT_LANG,
+           "--out", data / "plain" / "bin", "--N", args.N, "--per-bucket", args.per_bucket,
+           "--seed", args.data_seed, "--nwords", vocab]
+    if args.smoke:  # a few inputs per bucket are enough to run every step
+        cmd += ["--min-per-bucket", 1, "--valid-size", 50]
+    run_timed(cmd, thread_env(1), data / "gettext.log")
+    stats = json.loads((data / "plain" / "bin" / "stats.json").read_text())
+    return {"text": f"gettext catalogs, {GETTEXT_LANG} -> en "
+                    f"({len(stats['catalogs_used'])} catalogs)",
+            "train_pairs": stats["splits"]["train"], "test_pairs": stats["splits"]["test"],
+            "langs": [GETTEXT_LANG, "en"], "plain_text": "plain/bin", "vocab": vocab}
+
+
+def build(data, args):
+    """Build the corpus into ``data``: ``plain/{text,bin}``, ``marked/{text,bin}`` (the start
+    marker, the same pairs) and ``data.json``; in a temporary folder renamed at the end."""
+    if data.exists() and any(data.iterdir()):
+        raise SystemExit(f"{data} exists but holds no data.json (not data this script built): "
+                         "give another --data or --out, or remove it")
+    partial = data.with_name(data.name + ".partial")
+    if partial.exists():
+        shutil.rmtree(partial)
+    partial.mkdir(parents=True)
+    started = time.time()
+    described = (build_gettext if args.corpus == "gettext" else build_restoration)(partial, args)
+    langs = described["langs"]
+    add_start_marker(partial / described["plain_text"], partial / "marked" / "text", langs)
+    text = partial / "marked" / "text"
+    prepare(partial / "marked" / "bin", *langs, text / "train", text / "valid", text / "test",
+            joined_dictionary=True, nwords=described["vocab"] + 1, workers=1,
+            overwrite=True)  # + 1: the marker takes a word of its own
+    meta = dict(described, corpus=args.corpus, N=args.N, per_bucket=args.per_bucket,
+                data_seed=args.data_seed,
+                figures={"plain": data_figures(partial / described["plain_text"], args.N, langs),
+                         "marked": data_figures(text, args.N, langs)},
+                built_in_s=round(time.time() - started, 1))
+    (partial / "data.json").write_text(json.dumps(meta, indent=2) + "\n")
+    if data.exists():
+        data.rmdir()  # empty (checked above)
+    partial.rename(data)
+    return meta
+
+
+def load_data(data):
+    meta_file = data / "data.json"
+    if not meta_file.is_file():
+        raise SystemExit(f"{data} holds no data.json: build it with --data-only --data {data}")
+    return json.loads(meta_file.read_text())
+
+
+def test_sources(data, meta):
+    """The test sources as written (no marker): what the buckets are counted on."""
+    test = data / meta["plain_text"] / f"test.{meta['langs'][0]}"
+    return test.read_text(encoding="utf-8").splitlines()
+
+
+# ---------------------------------------------------------------------------------- the runs
+
+
+def run_dir(out, name, seed):
+    return out / "runs" / name / f"seed{seed}"
+
+
+def variant(config):
+    return "marked" if config.start_marker else "plain"
+
+
+def data_bin(data, config):
+    return data / variant(config) / "bin"
+
+
+def train_run(name, seed, out, data, data_meta, args, env):
+    """Train ``name`` with ``seed`` (unless this very command already did); its record."""
+    config = CONFIGS[name]
+    where = run_dir(out, name, seed)
+    where.mkdir(parents=True, exist_ok=True)
+    figures = data_meta["figures"][variant(config)]  # the marker is a source token too
+    model = [a.format(**figures) for a in config.model]
+    cmd = [str(c) for c in train_command(
+        data_bin(data, config), where / "checkpoints", model, layers=args.layers, dim=args.dim,
+        lr=args.lr, max_tokens=args.max_tokens, max_update=args.max_update, seed=seed,
+        cpu=args.device == "cpu", langs=data_meta["langs"])]
+    record_file = where / "train.json"
+    if record_file.is_file():
+        record = json.loads(record_file.read_text())
+        if record["command"] == cmd and Path(record["checkpoint"]).is_file():
+            print(f"[translation_length] {name} seed {seed}: trained before, reused", flush=True)
+            return record
+    _, wall, cpu = run_timed(cmd, env, where / "train.log")
+    record = {"command": cmd, "wall_s": round(wall, 1), "cpu_s": round(cpu, 1),
+              "checkpoint": str(final_checkpoint(where / "checkpoints", args.max_update, name))}
+    record_file.write_text(json.dumps(record, indent=2) + "\n")
+    print(f"[translation_length] {name} seed {seed}: trained in {wall:.0f} s "
+          f"({cpu:.0f} CPU-s)", flush=True)
+    return record
+
+
+def generate_run(name, seed, out, data, args, env, langs, expected):
+    config = CONFIGS[name]
+    trained = run_dir(out, config.checkpoint_of or name, seed)
+    checkpoint = json.loads((trained / "train.json").read_text())["checkpoint"]
+    where = run_dir(out, name, seed)
+    where.mkdir(parents=True, exist_ok=True)
+    cmd = generate_command(data_bin(data, config), checkpoint, cpu=args.device == "cpu",
+                           model_overrides=config.decode_overrides or None, langs=langs)
+    log = where / "generate.log"
+    output, wall, cpu = run_timed(cmd, env, log)
+    read_generate_log(f"{name} seed {seed}", output, log, expected)  # every input translated
+    record = {"wall_s": round(wall, 1), "cpu_s": round(cpu, 1)}
+    (where / "generate.json").write_text(json.dumps(record, indent=2) + "\n")
+    print(f"[translation_length] {name} seed {seed}: translated all {expected} test inputs in "
+          f"{wall:.0f} s ({cpu:.0f} CPU-s)", flush=True)
+    return record
+
+
+def in_parallel(jobs, tasks):
+    """Run the callables in ``tasks``, ``jobs`` at a time; their results in order."""
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        return [f.result() for f in [pool.submit(task) for task in tasks]]
+
+
+def score_runs(out, data, meta, names, seeds):
+    """``({config: {seed: rows}}, {config: {seed: timing}})`` from the logs in ``out/runs``."""
+    sources = test_sources(data, meta)
+    bounds = length_buckets(meta["N"])
+    runs, timing = {}, {}
+    for name in names:
+        for seed in seeds:
+            where = run_dir(out, name, seed)
+            log = where / "generate.log"
+            if not log.is_file():
+                continue
+            hyps, refs, model_sources = read_generate_log(f"{name} seed {seed}",
+                                                          log.read_text(), log, len(sources))
+            runs.setdefault(name, {})[seed] = evaluate(hyps, refs, model_sources, sources,
+                                                       meta["N"], bounds)
+            trained = run_dir(out, CONFIGS[name].checkpoint_of or name, seed) / "train.json"
+            times = {}
+            for step, record in (("train", trained), ("generate", where / "generate.json")):
+                if record.is_file():
+                    saved = json.loads(record.read_text())
+                    times.update({f"{step}_wall_s": saved["wall_s"],
+                                  f"{step}_cpu_s": saved["cpu_s"]})
+            if CONFIGS[name].checkpoint_of in names:  # that run counts the training once
+                times = {k: v for k, v in times.items() if not k.startswith("train")}
+            timing.setdefault(name, {})[seed] = times
+    return runs, timing
+
+
+def timing_table(timing):
+    lines = ["| run | seed | train wall s | train CPU s | generate wall s | generate CPU s |",
+             "|---|---:|---:|---:|---:|---:|"]
+    for name, seeds in timing.items():
+        for seed, t in seeds.items():
+            lines.append(f"| {name} | {seed} | " + " | ".join(
+                str(t.get(k, "–")) for k in ("train_wall_s", "train_cpu_s", "generate_wall_s",
+                                              "generate_cpu_s")) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def write_results(out, runs, timing, meta):
+    N = meta["data"]["N"]
+    summary = summarize({name: list(seeds.values()) for name, seeds in runs.items()})
+    runs_cpu = sum(v for seeds in timing.values() for t in seeds.values()
+                   for k, v in t.items() if k.endswith("cpu_s"))
+    meta["runs_cpu_s"] = round(runs_cpu, 1)
+    table = markdown_tables(summary, N)
+    what = "\n".join(f"- `{name}`: {CONFIGS[name].what}" for name in runs)
+    report = (f"{table}\n{what}\n\nWall and CPU time of each run (CPU: the run's own process, "
+              f"user + system):\n\n{timing_table(timing)}\n"
+              f"Runs: {meta['runs_cpu_s']} CPU-s in all"
+              + (f"; the whole command: {meta['total_wall_s']} s wall, {meta['total_cpu_s']} "
+                 "CPU-s" if "total_wall_s" in meta else "") + ".\n")
+    (out / "results.md").write_text(report + "\n```json\n" + json.dumps(meta, indent=2)
+                                    + "\n```\n")
+    (out / "results.json").write_text(json.dumps(
+        {"meta": meta, "runs": runs, "summary": summary, "timing": timing}, indent=2))
+    write_csv(out / "results.csv", runs, summary)
+    corpus = ("punctuation and case restoration" if meta["data"]["corpus"] == "restoration"
+              else "French to English (gettext)")
+    plot(out / "results.png", summary, N, f"{corpus}, trained on <= N={N} tokens")
+    return report
+
+
+# ---------------------------------------------------------------------------------- the command
+
+
+def parse(argv):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--corpus", choices=("restoration", "gettext"), default="restoration")
+    parser.add_argument("--configs", default="all",
+                        help=f"comma-separated, from {','.join(CONFIGS)} (default: all)")
+    parser.add_argument("--seeds", default="1,2,3", help="training seeds, comma-separated")
+    parser.add_argument("--out", default=None,
+                        help="default outputs/translation_length/<corpus>")
+    parser.add_argument("--data", default=None,
+                        help="the data folder (default OUT/data); built there unless it has "
+                             "data.json")
+    parser.add_argument("--data-only", action="store_true",
+                        help="build the data and stop (then run the grid with --data DIR)")
+    parser.add_argument("--from-logs", action="store_true",
+                        help="score the fairseq-generate logs in OUT/runs again, no training")
+    parser.add_argument("--smoke", action="store_true",
+                        help="toy sizes on the embedded corpus, one seed (under two minutes)")
+    parser.add_argument("--jobs", type=int, default=1, help="runs at once (subprocesses)")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="threads per run (default: the cores / --jobs)")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    sizes = parser.add_argument_group("data and model sizes (every configuration alike)")
+    sizes.add_argument("--N", type=int, default=16, help="longest training source, in tokens")
+    sizes.add_argument("--per-bucket", type=int, default=40, help="test inputs per bucket")
+    sizes.add_argument("--vocab", type=int, default=None,
+                       help="words of the joined dictionary, the rest <unk> (default: "
+                            f"{RESTORATION_VOCAB} for restoration, {GETTEXT_VOCAB} for gettext)")
+    sizes.add_argument("--data-seed", type=int, default=1, help="the seed of the data split")
+    sizes.add_argument("--wikitext", default=str(restoration.DEFAULT_WIKITEXT))
+    sizes.add_argument("--embedded", action="store_true",
+                       help="restoration from Python's documentation instead of WikiText-2")
+    sizes.add_argument("--max-update", type=int, default=2000)
+    sizes.add_argument("--max-tokens", type=int, default=1024, help="tokens per batch")
+    sizes.add_argument("--layers", type=int, default=2, help="encoder and decoder layers")
+    sizes.add_argument("--dim", type=int, default=64, help="model dims (FFN 4x, 4 heads)")
+    sizes.add_argument("--lr", type=float, default=0.004)
+    args = parser.parse_args(argv)
+    if args.smoke:
+        for key, value in SMOKE.items():
+            setattr(args, key, value)
+        args.embedded = True
+        args.seeds = args.seeds if "--seeds" in (argv or sys.argv) else "1"
+    try:
+        args.seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
+    except ValueError:
+        parser.error(f"--seeds takes whole numbers separated by commas, got {args.seeds!r}")
+    if not args.seeds:
+        parser.error("--seeds: give at least one seed")
+    if args.jobs < 1:
+        parser.error("--jobs must be at least 1")
+    if not (args.data_only or args.from_logs):
+        known = model_options()
+        missing = {name: missing_options(config, known) for name, config in CONFIGS.items()}
+        available = [name for name in CONFIGS if not missing[name]]
+        if args.configs == "all" and args.smoke:
+            args.configs = ",".join(available)
+        elif args.configs == "all":
+            args.configs = ",".join(CONFIGS)
+        args.configs = comma_choices(parser, args.configs, CONFIGS, "configuration")
+        lacking = [f"{name} ({', '.join(missing[name])})" for name in args.configs
+                   if missing[name]]
+        if lacking:
+            parser.error(f"this checkout's alibi_transformer lacks the options of "
+                         f"{'; '.join(lacking)}: pass --configs {','.join(available)}")
+    else:
+        args.configs = comma_choices(parser, ",".join(CONFIGS) if args.configs == "all"
+                                     else args.configs, CONFIGS, "configuration")
+    return args
+
+
+def main(argv=None):
+    args = parse(argv)
+    command = "python -m experiments.translation_length " + " ".join(
+        argv if argv is not None else sys.argv[1:])
+    out = Path(args.out or f"outputs/translation_length/{args.corpus}").absolute()
+    data = Path(args.data).absolute() if args.data else out / "data"
+    started = time.time()
+    if args.from_logs:
+        previous = json.loads((out / "results.json").read_text())["meta"] \
+            if (out / "results.json").is_file() else {}
+        data_meta = previous.get("data") or load_data(data)
+        runs, timing = score_runs(out, data, data_meta, args.configs, args.seeds)
+        if not runs:
+            print(f"no runs/<config>/seed<s>/generate.log in {out}: run the experiment first",
+                  file=sys.stderr)
+            return 2
+        meta = dict(previous, data=data_meta, rescored=command)
+        print(write_results(out, runs, timing, meta))
+        return 0
+
+    out.mkdir(parents=True, exist_ok=True)
+    if (data / "data.json").is_file():
+        data_meta = load_data(data)
+        print(f"[translation_length] data from {data}", flush=True)
+    else:
+        data_meta = build(data, args)
+        print(f"[translation_length] {data_meta['train_pairs']} training pairs "
+              f"(<= {data_meta['N']} source tokens), {data_meta['test_pairs']} test pairs, in "
+              f"{data_meta['built_in_s']:.0f} s: {data}", flush=True)
+    if args.data_only:
+        return 0
+
+    threads = args.threads or max(1, (os.cpu_count() or 1) // args.jobs)
+    env = thread_env(threads)
+    trained = list(dict.fromkeys((CONFIGS[n].checkpoint_of or n, s)
+                                 for n in args.configs for s in args.seeds))
+    in_parallel(args.jobs, [lambda n=n, s=s: train_run(n, s, out, data, data_meta, args, env)
+                            for n, s in trained])
+    expected = len(test_sources(data, data_meta))
+    in_parallel(args.jobs, [lambda n=n, s=s: generate_run(n, s, out, data, args, env,
+                                                          data_meta["langs"], expected)
+                            for n in args.configs for s in args.seeds])
+    runs, timing = score_runs(out, data, data_meta, args.configs, args.seeds)
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    meta = {"data": data_meta, "configs": args.configs, "seeds": args.seeds,
+            "max_update": args.max_update, "max_tokens": args.max_tokens, "layers": args.layers,
+            "dim": args.dim, "lr": args.lr, "device": args.device, "jobs": args.jobs,
+            "threads_per_run": threads, "figures": data_meta["figures"], "eos_guard": EOS_GUARD,
+            "machine": machine(), "command": command,
+            "total_wall_s": round(time.time() - started, 1),
+            "total_cpu_s": round(own.ru_utime + own.ru_stime + children.ru_utime
+                                 + children.ru_stime, 1)}
+    print(write_results(out, runs, timing, meta))
+    print(f"[translation_length] {meta['total_wall_s']:.0f} s in all; "
+          f"{out}/results.{{md,csv,json,png}}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

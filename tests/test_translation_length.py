@@ -1,0 +1,160 @@
+"""experiments/translation_length.py: the grid's bookkeeping in process (configurations this
+checkout cannot train are refused, the figures over seeds, the hypothesis-count check, rescoring
+from logs) and ``--smoke`` end to end through the real fairseq tools (slow)."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from experiments import translation_length as tl
+from tests.helpers import REPO
+
+
+def test_a_configuration_whose_options_are_missing_is_refused(monkeypatch, capsys):
+    monkeypatch.setattr(tl, "model_options", lambda: {"--encoder-alibi-variant",
+                                                      "--decoder-alibi-variant"})
+    assert tl.missing_options(tl.CONFIGS["alibi"], tl.model_options()) == []
+    assert tl.missing_options(tl.CONFIGS["pointer_eos"], tl.model_options()) == [
+        "--cross-alibi-eos-guard", "--cross-alibi"]
+    with pytest.raises(SystemExit):
+        tl.parse(["--configs", "alibi,pointer"])
+    error = capsys.readouterr().err.strip().splitlines()[-1]
+    assert error.endswith("this checkout's alibi_transformer lacks the options of pointer "
+                          "(--cross-alibi): pass --configs sinusoidal,alibi,alibi_start")
+    with pytest.raises(SystemExit):
+        tl.parse(["--configs", "alibi,nope"])
+    assert "unknown configuration(s) nope" in capsys.readouterr().err
+
+
+def test_data_figures_and_the_start_marker(tmp_path):
+    text = tmp_path / "text"
+    text.mkdir()
+    for split in ("train", "valid", "test"):
+        (text / f"{split}.src").write_text("a b c\nd e f g h\n")
+        (text / f"{split}.tgt").write_text("A b c .\nD e , f g h .\n")
+    assert tl.data_figures(text, 4, ("src", "tgt")) == {"ratio": round(8 / 11, 4), "mean_source": 5.0,
+                                          "shape_shift": 32}
+    tl.add_start_marker(text, tmp_path / "marked", ("src", "tgt"))
+    assert (tmp_path / "marked" / "test.src").read_text() == "@start@ a b c\n@start@ d e f g h\n"
+    assert (tmp_path / "marked" / "test.tgt").read_text() == (text / "test.tgt").read_text()
+
+
+def test_data_is_never_built_over_another_folder(tmp_path):
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    (theirs / "keep.txt").write_text("x")
+    with pytest.raises(SystemExit, match="exists but holds no data.json"):
+        tl.main(["--data-only", "--data", str(theirs), "--out", str(tmp_path / "out")])
+    assert [p.name for p in theirs.iterdir()] == ["keep.txt"]
+
+
+def generate_log(hyps):
+    """What fairseq-generate prints for the two test inputs of :func:`grid`."""
+    sources, refs = ["a b c", "d e f g h"], ["A b c .", "D e f g h ."]
+    lines = [f"S-{i}\t{s}\nT-{i}\t{r}\nH-{i}\t-0.1\t{h}\n"
+             for i, (s, r, h) in enumerate(zip(sources, refs, hyps))]
+    return "".join(lines) + f"Translated {len(lines)} sentences\n"
+
+
+def grid(tmp_path):
+    """An earlier run's folder: the data and the generate logs of alibi with seeds 1 and 2."""
+    (tmp_path / "data" / "plain" / "text").mkdir(parents=True)
+    (tmp_path / "data" / "plain" / "text" / "test.src").write_text("a b c\nd e f g h\n")
+    (tmp_path / "data" / "data.json").write_text(json.dumps(
+        {"corpus": "restoration", "N": 4, "langs": ["src", "tgt"], "plain_text": "plain/text"}))
+    for seed, hyps in ((1, ["A b c .", "D e f g h ."]), (2, ["A b c .", "F g h ."])):
+        where = tmp_path / "runs" / "alibi" / f"seed{seed}"
+        where.mkdir(parents=True)
+        (where / "generate.log").write_text(generate_log(hyps))
+        (where / "generate.json").write_text(json.dumps({"wall_s": 2.0, "cpu_s": 1.5}))
+        (where / "train.json").write_text(json.dumps({"wall_s": 10.0, "cpu_s": 9.0}))
+    return tmp_path
+
+
+def test_from_logs_summarises_the_seeds(tmp_path):
+    out = grid(tmp_path)
+    assert tl.main(["--from-logs", "--out", str(out), "--configs", "alibi",
+                    "--seeds", "1,2"]) == 0
+    saved = json.loads((out / "results.json").read_text())
+    per_seed = saved["runs"]["alibi"]
+    assert [r["sentences"] for r in per_seed["1"]] == [1, 1, 0, 0]  # buckets 3-4, 5-8, ...
+    second = saved["summary"]["alibi"][1]  # the 5-8 bucket: seed 1 exact, seed 2 skips "d e"
+    assert second["bleu"]["max"] == pytest.approx(100.0)
+    assert second["bleu"]["min"] < 100.0
+    assert second["bleu"]["mean"] == pytest.approx((100.0 + second["bleu"]["min"]) / 2)
+    assert second["starts_at_start"] == [1, 0] and second["ends_at_end"] == [1, 1]
+    assert saved["timing"]["alibi"]["2"] == {"train_wall_s": 10.0, "train_cpu_s": 9.0,
+                                             "generate_wall_s": 2.0, "generate_cpu_s": 1.5}
+    report = (out / "results.md").read_text()
+    assert "| alibi | 100.0 (100.0–100.0) | " in report and "mean (min–max) over 2 seeds" in report
+    assert "| alibi | 1, 1 of 1 | 1, 0 of 1 |" in report  # starts, seed by seed
+    assert "Runs: 21.0 CPU-s in all" in report  # (9 + 1.5) x 2
+    rows = (out / "results.csv").read_text().splitlines()
+    assert rows[0].startswith("model,seed,bucket,sentences,statistic,bleu")
+    assert sum(r.startswith("alibi,all,5-8,1,") for r in rows) == 4  # mean, min, max, std
+
+
+def test_from_logs_refuses_a_log_with_a_hypothesis_missing(tmp_path):
+    out = grid(tmp_path)
+    log = out / "runs" / "alibi" / "seed2" / "generate.log"
+    log.write_text("".join(line + "\n" for line in log.read_text().splitlines()
+                           if not line.startswith("H-1")))
+    with pytest.raises(SystemExit, match=r"alibi seed 2: 1 hypotheses for 2 test inputs"):
+        tl.main(["--from-logs", "--out", str(out), "--configs", "alibi", "--seeds", "1,2"])
+
+
+@pytest.mark.slow
+def test_smoke_runs_end_to_end_and_checks_the_hypotheses(tmp_path):
+    out = tmp_path / "grid"
+    proc = subprocess.run([sys.executable, "-m", "experiments.translation_length", "--smoke",
+                           "--out", str(out), "--jobs", "2"],
+                          capture_output=True, text=True, timeout=600, cwd=str(REPO),
+                          env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    for name in ("results.md", "results.csv", "results.json", "results.png"):
+        assert (out / name).is_file(), name
+    saved = json.loads((out / "results.json").read_text())
+    assert {"sinusoidal", "alibi", "alibi_start"} <= set(saved["runs"])
+    for name, seeds in saved["runs"].items():
+        assert list(seeds) == ["1"]
+        assert [r["sentences"] for r in seeds["1"]] == [3, 3, 3, 3]
+        assert f"{name} seed 1: translated all 12 test inputs" in proc.stdout
+    assert saved["meta"]["total_wall_s"] > 0 and saved["meta"]["runs_cpu_s"] > 0
+    # a fairseq-generate that translated fewer inputs than there are is caught
+    log = out / "runs" / "alibi" / "seed1" / "generate.log"
+    log.write_text("".join(line + "\n" for line in log.read_text().splitlines()
+                           if not line.startswith("H-0\t")))
+    proc = subprocess.run([sys.executable, "-m", "experiments.translation_length", "--from-logs",
+                           "--out", str(out)], capture_output=True, text=True, timeout=300,
+                          cwd=str(REPO))
+    assert proc.returncode == 1
+    assert proc.stderr.strip().splitlines()[-1].startswith(
+        "alibi seed 1: 11 hypotheses for 12 test inputs")
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not any(Path(d, "fr", "LC_MESSAGES").is_dir() for d in
+                            ("/usr/share/locale", "/usr/local/share/locale")),
+                    reason="no French gettext catalogs on this machine")
+def test_gettext_data_is_built_plain_and_marked(tmp_path):
+    out = tmp_path / "grid"
+    proc = subprocess.run([sys.executable, "-m", "experiments.translation_length", "--smoke",
+                           "--corpus", "gettext", "--data-only", "--out", str(out)],
+                          capture_output=True, text=True, timeout=600, cwd=str(REPO),
+                          env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    meta = json.loads((out / "data" / "data.json").read_text())
+    assert meta["langs"] == ["fr", "en"] and meta["corpus"] == "gettext" and meta["N"] == 8
+    plain, marked = meta["figures"]["plain"], meta["figures"]["marked"]
+    assert plain["ratio"] > 0 and plain["mean_source"] > 1 and plain["shape_shift"] == 64
+    assert marked["mean_source"] == pytest.approx(plain["mean_source"] + 1, abs=0.01)
+    sources = tl.test_sources(out / "data", meta)
+    assert len(sources) == meta["test_pairs"] > 0
+    marked = (out / "data" / "marked" / "text" / "test.fr").read_text().splitlines()
+    assert marked == [f"@start@ {line}" for line in sources]
+    assert "@start@ " in (out / "data" / "marked" / "bin" / "dict.fr.txt").read_text()
+    assert not (out / "runs").exists()
