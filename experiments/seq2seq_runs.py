@@ -12,6 +12,7 @@ Used by :mod:`experiments.punctuation_restoration` (one seed, two models) and
 import csv
 import logging
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -22,6 +23,13 @@ from fairseq_alibi.paths import user_dir
 from fairseq_alibi.preprocess.parallel import PUNCTUATION
 
 BIN = Path(sys.executable).parent
+
+
+def console_script(name):
+    """fairseq's console script ``name``: beside this Python, else wherever ``PATH`` has it
+    (``pip install --user`` or ``--target`` put scripts apart from the interpreter)."""
+    beside = BIN / name
+    return beside if beside.is_file() else Path(shutil.which(name) or beside)
 
 #: what a start marker puts before every source (a word of its own in the dictionary)
 START = "@start@"
@@ -60,7 +68,8 @@ def train_command(data_bin, save_dir, model_flags, *, layers, dim, lr, max_token
                   seed, warmup=100, cpu=True, langs=("src", "tgt")):
     """``fairseq-train`` of a small translation model: the recipe every run shares (Adam,
     inverse-sqrt schedule, label smoothing 0.1, no validation, one checkpoint at the end)."""
-    return [BIN / "fairseq-train", data_bin, "--user-dir", user_dir(), "--task", "translation",
+    return [console_script("fairseq-train"), data_bin, "--user-dir", user_dir(),
+            "--task", "translation",
             "--source-lang", langs[0], "--target-lang", langs[1], *model_flags,
             "--encoder-layers", layers, "--decoder-layers", layers,
             "--encoder-embed-dim", dim, "--decoder-embed-dim", dim,
@@ -92,7 +101,8 @@ def generate_command(data_bin, checkpoint, *, cpu=True, model_overrides=None, be
     """``fairseq-generate`` of every test input (``--required-batch-size-multiple 1``: with
     fairseq's default of 8 the last batch can be dropped, see docs/translation.md)."""
     overrides = ["--model-overrides", repr(model_overrides)] if model_overrides else []
-    return [BIN / "fairseq-generate", data_bin, "--user-dir", user_dir(), "--path", checkpoint,
+    return [console_script("fairseq-generate"), data_bin, "--user-dir", user_dir(),
+            "--path", checkpoint,
             "--source-lang", langs[0], "--target-lang", langs[1],
             "--gen-subset", "test", "--beam", beam, "--batch-size", "32",
             "--required-batch-size-multiple", "1", "--max-len-a", "1.5", "--max-len-b", "10",
