@@ -483,14 +483,20 @@ def main(argv=None):
 
     threads = args.threads or max(1, (os.cpu_count() or 1) // args.jobs)
     env = thread_env(threads)
-    trained = list(dict.fromkeys((CONFIGS[n].checkpoint_of or n, s)
-                                 for n in args.configs for s in args.seeds))
-    in_parallel(args.jobs, [lambda n=n, s=s: train_run(n, s, out, data, data_meta, args, env)
-                            for n, s in trained])
     expected = len(test_sources(data, data_meta))
-    in_parallel(args.jobs, [lambda n=n, s=s: generate_run(n, s, out, data, args, env,
-                                                          data_meta["langs"], expected)
-                            for n in args.configs for s in args.seeds])
+
+    def train_and_translate(trained, seed):
+        """Train one checkpoint, then translate the test set with every configuration that
+        decodes it (a grid cut short keeps whole runs)."""
+        train_run(trained, seed, out, data, data_meta, args, env)
+        for name in args.configs:
+            if (CONFIGS[name].checkpoint_of or name) == trained:
+                generate_run(name, seed, out, data, args, env, data_meta["langs"], expected)
+
+    # seed by seed, so that a grid cut short has every configuration of its first seeds
+    trained = list(dict.fromkeys((CONFIGS[n].checkpoint_of or n, s)
+                                 for s in args.seeds for n in args.configs))
+    in_parallel(args.jobs, [lambda n=n, s=s: train_and_translate(n, s) for n, s in trained])
     runs, timing = score_runs(out, data, data_meta, args.configs, args.seeds)
     own = resource.getrusage(resource.RUSAGE_SELF)
     children = resource.getrusage(resource.RUSAGE_CHILDREN)
