@@ -60,6 +60,11 @@ def import_transformers():
     except ImportError as e:
         raise ConversionError("Hugging Face export/import needs transformers: "
                               "pip install 'fairseq-alibi[hf]'") from e
+    if sys.modules.get("torchaudio", False) is None:  # transformers imported before us
+        from transformers.utils import import_utils
+
+        for check in (import_utils.is_torchaudio_available, import_utils._is_package_available):
+            getattr(check, "cache_clear", lambda: None)()
     transformers.logging.set_verbosity_error()
     return transformers
 
@@ -341,68 +346,58 @@ def gpt2_tokenizer(encoder_json, vocab_bpe, dictionary):
     merges = [tuple(line.split()) for line in vocab_bpe.read_text(encoding="utf-8").splitlines()[1:]
               if line and not line.startswith("#version")]
     vocab = remapped_vocab(((piece, str(i)) for piece, i in encoder.items()), dictionary)
-    check_merges_unambiguous(vocab, merges, dictionary)
-    tokenizer = Tokenizer(models.BPE(vocab, merges, unk_token=None))
+    check_every_piece_known(vocab, dictionary, "GPT-2 BPE")
+    vocab.update({s: dictionary.index(s) for s in SPECIALS})
+    tokenizer = Tokenizer(models.BPE(vocab, merges, unk_token="<unk>"))
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     tokenizer.decoder = decoders.ByteLevel()
     return tokenizer
 
 
-def check_merges_unambiguous(vocab, merges, dictionary):
-    """The BPE merges ids, so pieces that share ``<unk>``'s id must never start a merge
-    together with the same partner; otherwise the exported tokenizer could differ."""
-    seen = {}
-    for a, b in merges:
-        key = (vocab[a], vocab[b])
-        if key in seen and seen[key] != (a, b):
-            raise ConversionError(
-                f"the dictionary lacks BPE pieces that later merges need ({seen[key]} and "
-                f"{(a, b)} both map to <unk>): export with a dictionary of every BPE id "
-                "(fairseq's gpt2 dict.txt)")
-        seen[key] = (a, b)
+def check_every_piece_known(vocab, dictionary, what):
+    """A tokenizer.json maps each piece to one id and BPE merges by id, so a piece the
+    dictionary lacks cannot share ``<unk>``'s id there: the dictionary must hold every piece."""
+    lacking = [piece for piece, index in vocab.items() if index == dictionary.unk()]
+    if lacking:
+        raise ConversionError(
+            f"the dictionary lacks {len(lacking)} of the {what}'s pieces (e.g. {lacking[0]!r}), "
+            "which a Hugging Face tokenizer cannot send to <unk>: train with a dictionary of "
+            "every piece (fairseq's gpt2 dict.txt; for sentencepiece, its vocabulary)")
 
 
 def sentencepiece_tokenizer(model_path, dictionary):
-    transformers = import_transformers()
-    from transformers.convert_slow_tokenizer import SpmConverter
-
-    class _Slow:  # what SpmConverter reads of a slow tokenizer
-        vocab_file = str(model_path)
-
-    converter = SpmConverter.__new__(SpmConverter)
-    converter.original_tokenizer = _Slow()
-    from transformers.convert_slow_tokenizer import import_protobuf
+    """transformers' own sentencepiece conversion (normalizer, pre-tokenizer, decoder), with the
+    unigram's pieces in the dictionary's order and ``<unk>`` at fairseq's index."""
+    import_transformers()
+    from tokenizers import Regex, models, pre_tokenizers
+    from transformers.convert_slow_tokenizer import SpmConverter, import_protobuf
 
     proto = import_protobuf().ModelProto()
-    proto.ParseFromString(model_path.read_bytes())
-    converter.proto = proto
-    converter.handle_byte_fallback = False
-    tokenizer = converter.converted()
-    pieces = [(p.piece, p.piece) for p in proto.pieces]
-    vocab = remapped_vocab(pieces, dictionary)
-    model = json.loads(tokenizer.to_str())
-    if model["model"]["type"] != "Unigram":
-        raise ConversionError("only unigram sentencepiece models are exported")
-    missing = [p for p, i in vocab.items() if i == dictionary.unk() and p not in SPECIALS
-               and proto.pieces[[q.piece for q in proto.pieces].index(p)].type == 1]
-    if missing:
-        raise ConversionError(
-            f"the dictionary lacks {len(missing)} sentencepiece pieces (e.g. {missing[0]!r}): "
-            "export with the dictionary derived from the sentencepiece model")
-    order = sorted(range(len(dictionary)), key=lambda i: i)
-    by_symbol = {p.piece: p.score for p in proto.pieces}
-    model["model"]["vocab"] = [[dictionary[i], by_symbol.get(dictionary[i], -1e9)] for i in order]
-    model["model"]["unk_id"] = dictionary.unk()
-    model["added_tokens"] = []
-    del transformers
-    from tokenizers import Tokenizer
-
-    return Tokenizer.from_str(json.dumps(model))
+    try:
+        proto.ParseFromString(Path(model_path).read_bytes())
+    except Exception as e:  # noqa: BLE001 - a damaged or foreign file
+        raise ConversionError(f"cannot read {model_path} as a sentencepiece model: {e}") from e
+    if proto.trainer_spec.model_type != 1:
+        raise ConversionError("only unigram sentencepiece models are exported (this one is "
+                              f"type {proto.trainer_spec.model_type})")
+    normal = {p.piece: p.score for p in proto.pieces if p.type in (1, 4)}  # normal, user-defined
+    check_every_piece_known({p: dictionary.index(p) for p in normal}, dictionary,
+                            "sentencepiece model")
+    # the dictionary's own symbols (specials, madeupwords) never win against real pieces
+    vocab = [(dictionary[i], normal.get(dictionary[i], -1e9)) for i in range(len(dictionary))]
+    tokenizer = SpmConverter.build_tokenizer_from_spm_proto(proto, vocab, legacy=True)
+    tokenizer.model = models.Unigram(vocab, unk_id=dictionary.unk(), byte_fallback=False)
+    if not any(c in piece for piece in normal for c in "<>"):
+        # the unigram would match fairseq's "<unk>", "</s>" in the text as those pieces, which
+        # sentencepiece never does: "<" and ">" (unknown to it) are cut off on their own
+        tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
+            [tokenizer.pre_tokenizer, pre_tokenizers.Split(Regex("[<>]+"), "isolated")])
+    return tokenizer
 
 
 def write_tokenizer(folder, tokenizer, dictionary):
     """``tokenizer.json`` (``</s>`` prepended, as fairseq's LM task does) and its config."""
-    from tokenizers import AddedToken, processors
+    from tokenizers import processors
 
     if isinstance(tokenizer, dict):  # an imported model's own tokenizer, as it came
         for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
@@ -410,10 +405,10 @@ def write_tokenizer(folder, tokenizer, dictionary):
             if source.is_file():
                 shutil.copy(source, folder / name)
         return
-    tokenizer.add_special_tokens([AddedToken(s, special=True) for s in SPECIALS])
-    added = {s: tokenizer.token_to_id(s) for s in SPECIALS}
-    if any(added[s] != dictionary.index(s) for s in SPECIALS):
+    if any(tokenizer.token_to_id(s) != dictionary.index(s) for s in SPECIALS):
         raise ConversionError("the dictionary's specials are not fairseq's <s> <pad> </s> <unk>")
+    # "<unk>" written in the text (WikiText has it) is text to fairseq's BPE, not the special
+    tokenizer.encode_special_tokens = True
     tokenizer.post_processor = processors.TemplateProcessing(
         single="</s> $A", pair="</s> $A $B", special_tokens=[("</s>", dictionary.eos())])
     tokenizer.save(str(folder / "tokenizer.json"))
@@ -421,6 +416,7 @@ def write_tokenizer(folder, tokenizer, dictionary):
         "tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<s>", "eos_token": "</s>",
         "unk_token": "<unk>", "pad_token": "<pad>", "padding_side": "left",
         "model_max_length": 1000000000, "clean_up_tokenization_spaces": False,
+        "split_special_tokens": True,
     }, indent=2))
 
 
