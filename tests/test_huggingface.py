@@ -8,6 +8,7 @@ Real text: ``../shared/data`` (WikiText-2 and the GPT-2 BPE files), skipped when
 import json
 import math
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -181,9 +182,32 @@ def test_greedy_generation_past_the_training_length_is_the_same(exported):
     assert len(ours) == new and ours == theirs
 
 
-def test_exported_tokenizer_gives_the_dictionary_ids_including_unknown_pieces(tmp_path):
-    """A tiny BPE whose dictionary lacks pieces (one never starts a merge, so the exported
-    tokenizer is exact): those pieces become <unk>, as fairseq's dictionary makes them."""
+@needs_shared
+def test_exported_sentencepiece_tokenizer_gives_the_dictionary_ids_including_unknown_pieces(
+        tmp_path):
+    """The project's sentencepiece pipeline (preprocess/encoders.py) against the exported
+    tokenizer, on WikiText-2 test lines and on characters the model never saw (<unk>)."""
+    pytest.importorskip("sentencepiece")
+    from fairseq_alibi.preprocess.encoders import SentencePieceEncoder, train_sentencepiece
+
+    model = train_sentencepiece(wikitext_lines(2000), tmp_path / "sp", 600, num_threads=1)
+    encoder = SentencePieceEncoder(model)
+    dictionary = encoder.dictionary
+    tokenizer = hf.sentencepiece_tokenizer(Path(model), dictionary)
+    hf.write_tokenizer(tmp_path, tokenizer, dictionary)
+    loaded = transformers().AutoTokenizer.from_pretrained(str(tmp_path))
+    texts = [line.strip() for line in (SHARED_DATA / "wikitext-2" / "wiki.test.tokens").read_text(
+        encoding="utf-8").splitlines() if line.strip()][:300]
+    texts += ["Über naïve 猫 cat! ☃☃ zebra", "  two  spaces ", "<unk> and </s> <<x>>"]
+    for text in texts:
+        expected = [dictionary.eos()] + encoder.encode(text).tolist()[:-1]  # </s> first, not last
+        assert loaded(text)["input_ids"] == expected, text
+    assert dictionary.unk() in loaded(texts[-3])["input_ids"]
+
+
+def test_gpt2_export_gives_the_dictionary_ids_and_refuses_a_dictionary_lacking_pieces(tmp_path):
+    """A tokenizer.json cannot send a BPE piece to <unk> (it merges by id): the dictionary must
+    hold every piece, and one that lacks some is refused, naming the fix."""
     from fairseq.data import Dictionary
     from fairseq.data.encoders.gpt2_bpe_utils import get_encoder
 
@@ -191,31 +215,22 @@ def test_exported_tokenizer_gives_the_dictionary_ids_including_unknown_pieces(tm
 
     bpe_dir = write_tiny_bpe(tmp_path / "bpe")
     encoder = json.loads((bpe_dir / "encoder.json").read_text())
-    lacking = {encoder["Ġcat"], encoder["er"], encoder["z"]}
     dictionary = Dictionary()
-    for piece, i in encoder.items():
-        if i not in lacking:
-            dictionary.add_symbol(str(i))
+    for i in sorted(encoder.values(), reverse=True):  # any order: ids are remapped
+        dictionary.add_symbol(str(i))
     tokenizer = hf.gpt2_tokenizer(bpe_dir / "encoder.json", bpe_dir / "vocab.bpe", dictionary)
     hf.write_tokenizer(tmp_path, tokenizer, dictionary)
     loaded = transformers().AutoTokenizer.from_pretrained(str(tmp_path))
     bpe = get_encoder(str(bpe_dir / "encoder.json"), str(bpe_dir / "vocab.bpe"))
-    for text in ("the cat sat on the mat", "a zebra in the water", "Über naïve 猫 cat!"):
+    for text in ("the cat sat on the mat", "a <unk> zebra </s>", "Über naïve 猫 cat!"):
         line = " ".join(map(str, bpe.encode(text)))
         expected = [dictionary.eos()] + dictionary.encode_line(line, append_eos=False).tolist()
         assert loaded(text)["input_ids"] == expected
-    assert dictionary.unk() in loaded("the cat")["input_ids"]
-
-
-def test_a_dictionary_that_makes_the_bpe_ambiguous_is_refused(tmp_path):
-    from fairseq.data import Dictionary
-
-    from tests.helpers import write_tiny_bpe
-
-    bpe_dir = write_tiny_bpe(tmp_path / "bpe")
-    dictionary = Dictionary()  # only the specials: every piece is <unk>
+    lacking = Dictionary()
+    for i in list(encoder.values())[:-3]:
+        lacking.add_symbol(str(i))
     with pytest.raises(hf.ConversionError, match="gpt2 dict.txt"):
-        hf.gpt2_tokenizer(bpe_dir / "encoder.json", bpe_dir / "vocab.bpe", dictionary)
+        hf.gpt2_tokenizer(bpe_dir / "encoder.json", bpe_dir / "vocab.bpe", lacking)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -267,7 +282,9 @@ def test_import_then_export_gives_back_the_hf_weights_and_logits(family, heads, 
     lm = fairseq_lm(tmp_path / "fs")
     rows = torch.load(tmp_path / "fs" / "checkpoint.pt",
                       weights_only=False)["extra_state"]["huggingface"]["rows"]
-    hf_ids = torch.randint(0, 44, (3, 70), generator=torch.Generator().manual_seed(heads))
+    # no padding in the input: fairseq masks its <pad> (BLOOM's row 3) wherever it is
+    first = 4 if family == "bloom" else 0
+    hf_ids = torch.randint(first, 44, (3, 70), generator=torch.Generator().manual_seed(heads))
     fs_ids = torch.tensor(rows).argsort()[hf_ids]  # fairseq row of each HF id
     with torch.no_grad():
         theirs = torch.log_softmax(model(hf_ids).logits.double(), -1)[..., rows]
@@ -315,6 +332,7 @@ def test_bad_input_is_one_line_and_writes_nothing(tmp_path, capsys):
     weights = truncated / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
     cases["truncated"] = ([str(truncated)], "truncated or damaged")
+    capsys.readouterr()  # what saving the folders printed
     for name, (argv, message) in cases.items():
         out = tmp_path / f"out_{name.replace(' ', '_')}"
         assert hf.import_main([*argv, "--out", str(out)]) == 1, name
@@ -328,8 +346,9 @@ def test_bad_input_is_one_line_and_writes_nothing(tmp_path, capsys):
     (["--arch", "alibi_transformer_lm", "--decoder-ffn-embed-dim", 96,
       "--decoder-input-dim", 24, "--decoder-output-dim", 24,
       "--share-decoder-input-output-embed"], ["--activation-fn relu", "--layernorm-embedding"]),
-    (["--arch", "alibi_bloom", "--alibi-learned-scales", "per_head"],
-     ["--alibi-learned-scales per_head"]),
+    (["--arch", "alibi_transformer_lm", "--alibi-learned-scales", "per_head",
+      "--decoder-input-dim", 24, "--decoder-output-dim", 24],
+     ["--alibi-learned-scales per_head", "--activation-fn relu"]),
 ])
 def test_export_refuses_what_bloom_does_not_compute_naming_every_option(flags, blocking,
                                                                          tmp_path, capsys):
@@ -346,7 +365,10 @@ def test_export_refuses_encoders_and_translation_models(tmp_path, capsys):
 
     for arch, task, what in (("alibi_roberta_base", "masked_lm", "encoder"),
                              ("alibi_transformer_iwslt_de_en", "translation", "encoder-decoder")):
-        state = {"model": {}, "cfg": {"model": {"_name": arch, "arch": arch}}}
+        state = {"model": {}, "cfg": {"model": {"_name": arch, "arch": arch}},
+                 "extra_state": {}, "optimizer_history": [
+                     {"criterion_name": "x", "optimizer_name": "x", "num_updates": 0,
+                      "lr_scheduler_state": {"best": None}}]}
         path = tmp_path / f"{task}.pt"
         torch.save(state, path)
         write_dictionary(tmp_path, 8)
