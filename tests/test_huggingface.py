@@ -8,12 +8,13 @@ Real text: ``../shared/data`` (WikiText-2 and the GPT-2 BPE files), skipped when
 import json
 import math
 import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
 import torch
 
-from tests.helpers import SHARED_DATA, run_cli, setup_from_command_line
+from tests.helpers import BIN, SHARED_DATA, child_env, run_cli, setup_from_command_line
 
 from fairseq_alibi.cli import huggingface as hf  # noqa: E402
 
@@ -478,8 +479,12 @@ def test_fairseq_tools_run_on_an_import(family, tmp_path, alibi_user_dir):
                   "--cpu", "--save-dir", tmp_path / "ft", "--disable-validation",
                   "--no-progress-bar", "--num-workers", 0, "--tokens-per-sample", 32)
     assert (tmp_path / "ft" / "checkpoint_last.pt").is_file(), out[-2000:]
-    out = run_cli("fairseq-interactive", data, "--user-dir", alibi_user_dir, "--task",
-                  "language_modeling", "--path", fs / "checkpoint.pt", "--bpe", "hf_tokenizer",
-                  "--hf-tokenizer", fs / "tokenizer.json", "--beam", 1, "--max-len-b", 80,
-                  "--cpu", input_text="w5 w6 w7\n")
-    assert "H-0" in out
+    interactive = subprocess.run(
+        [str(BIN / "fairseq-interactive"), str(data), "--user-dir", alibi_user_dir, "--task",
+         "language_modeling", "--path", str(fs / "checkpoint.pt"), "--bpe", "hf_tokenizer",
+         "--hf-tokenizer", str(fs / "tokenizer.json"), "--beam", "1", "--max-len-b", "80",
+         "--cpu"], input="w5 w6 w7\n", capture_output=True, text=True, timeout=600,
+        env=child_env())
+    assert interactive.returncode == 0, interactive.stderr[-2000:]
+    hypothesis = [line for line in interactive.stdout.splitlines() if line.startswith("D-0")]
+    assert hypothesis and hypothesis[0].split("\t")[2].startswith("w5 w6 w7")
