@@ -124,6 +124,34 @@ def token_log_probs(logits, tokens):
 
 
 # ---------------------------------------------------------------------------------------------
+# the facts the mapping rests on, checked against the installed transformers
+
+
+def test_bloom_and_mpt_slopes_are_press_slopes_for_every_head_count():
+    from transformers.models.bloom.modeling_bloom import _get_alibi_slopes
+    from transformers.models.mpt.modeling_mpt import build_mpt_alibi_tensor
+
+    from fairseq_alibi.alibi import get_slopes
+
+    for heads in range(1, 97):
+        press = get_slopes(heads)
+        # the same formula, powers taken in float32 there: within 6e-7 relative (a few ulps)
+        bloom = _get_alibi_slopes(heads, torch.device("cpu"))
+        assert torch.allclose(bloom, press, rtol=1e-6, atol=0), heads
+        # MPT's bias row for key j (of 2 keys) is -(1 - j)·m: its slopes are row 0's negation
+        mpt = -build_mpt_alibi_tensor(heads, 2)[:, 0, 0]
+        assert torch.allclose(mpt, press, rtol=1e-6, atol=0), heads
+
+
+def test_bloom_gelu_is_fairseq_gelu_accurate():
+    from fairseq.modules.gelu import gelu_accurate
+    from transformers.models.bloom.modeling_bloom import bloom_gelu_forward
+
+    x = torch.linspace(-8, 8, 10001)
+    assert (bloom_gelu_forward(x) - gelu_accurate(x)).abs().max().item() < 1e-6
+
+
+# ---------------------------------------------------------------------------------------------
 # export: weights, log-probabilities, perplexity, generation, tokenizer
 
 
@@ -164,6 +192,26 @@ def test_exported_log_probabilities_equal_fairseq_on_wikitext(exported):
         theirs = token_log_probs(model(batch, attention_mask=mask).logits, batch)
     real = mask[:, 1:].bool() & mask[:, :-1].bool()
     assert (ours - theirs)[real].abs().max().item() < 1e-5
+
+
+@needs_shared
+@needs_shared
+def test_a_scaled_embedding_is_folded_into_the_export(tmp_path):
+    """Without --no-scale-embedding: the table is multiplied by sqrt(d) and, the output layer
+    being tied, ln_f's weight and bias divided by it (exact up to float rounding)."""
+    ckpt = write_fairseq_checkpoint(
+        tmp_path / "fs", 6, arch="alibi_transformer_lm", extra=[
+            "--decoder-normalize-before", "--layernorm-embedding", "--activation-fn",
+            "gelu_accurate", "--decoder-ffn-embed-dim", 96, "--share-decoder-input-output-embed",
+            "--decoder-input-dim", 24, "--decoder-output-dim", 24])
+    assert export(ckpt, tmp_path / "hf") == 0
+    lm, model = fairseq_lm(ckpt.parent), hf_model(tmp_path / "hf")
+    assert lm.models[0].decoder.embed_scale == math.sqrt(24)
+    tokens = torch.tensor([fairseq_ids(" ".join(wikitext_lines(2)), lm.task.dictionary)])
+    with torch.no_grad():
+        ours = token_log_probs(lm.models[0](tokens)[0], tokens)
+        theirs = token_log_probs(model(tokens).logits, tokens)
+    assert (ours - theirs).abs().max().item() < 1e-5
 
 
 @needs_shared
