@@ -182,7 +182,7 @@ def convert_checkpoint(state: dict, arch: Optional[str] = None, check: bool = Tr
                        ("share_decoder_layers", False)):
         if key == "arch" and not isinstance(model_cfg, argparse.Namespace):
             continue  # hydra configs name the architecture in _name only
-        _model_cfg_set(model_cfg, key, value)
+        model_cfg_set(model_cfg, key, value)
 
     optimizer = None
     if check:
