@@ -44,6 +44,7 @@ from fairseq_alibi.cli.conversion import (
 FAMILIES = ("bloom", "mpt")
 SPECIALS = ("<s>", "<pad>", "</s>", "<unk>")  # fairseq's rows 0-3
 EXTRA_KEY = "huggingface"  # extra_state entry of an imported checkpoint
+LAYOUT_FILE = "huggingface.json"  # the same, beside an import's tokenizer.json
 
 
 def import_transformers():
@@ -251,7 +252,6 @@ def exported_weights(family, weights, layers, heads, rows=None, embed_scale=1.0)
 def export_checkpoint(ckpt, dict_path, out, bpe="gpt2", bpe_files=None):
     """Write ``config.json``, ``model.safetensors`` and the tokenizer of a fairseq ALiBi LM to
     ``out`` (atomically); return a summary."""
-    from fairseq.data import Dictionary
     from safetensors.torch import save_file
 
     state = read_checkpoint(ckpt)
@@ -267,7 +267,7 @@ def export_checkpoint(ckpt, dict_path, out, bpe="gpt2", bpe_files=None):
         raise ConversionError(f"{dict_path} has {len(dictionary)} symbols with fairseq's "
                               f"specials, the model {vocab} rows: give the training dict.txt")
     check_press_slopes(weights, heads)
-    imported = (state.get("extra_state") or {}).get(EXTRA_KEY)
+    imported = imported_layout(state, bpe, bpe_files or {}, Path(ckpt).parent)
     rows = imported["rows"] if imported else None
     scale = 1.0 if model_cfg_get(model_cfg, "no_scale_embedding", False) else math.sqrt(dim)
     hf_weights = exported_weights(family, weights, layers, heads, rows, scale)
@@ -284,6 +284,20 @@ def export_checkpoint(ckpt, dict_path, out, bpe="gpt2", bpe_files=None):
         write_tokenizer(tmp, tokenizer, dictionary if not imported else None)
     return {"family": family, "tensors": len(hf_weights), "vocab": vocab, "layers": layers,
             "heads": heads, "out": str(out)}
+
+
+def imported_layout(state, bpe, files, ckpt_dir):
+    """The rows and config of an imported model: in its checkpoint, or (a model fine-tuned from
+    the import, whose checkpoint fairseq-train wrote) beside the imported tokenizer.json."""
+    found = (state.get("extra_state") or {}).get(EXTRA_KEY)
+    if found is None and bpe == "hf_tokenizer":
+        beside = Path(files.get("hf_tokenizer") or ckpt_dir / "tokenizer.json").parent / LAYOUT_FILE
+        if beside.is_file():
+            found = json.loads(beside.read_text())
+    if found is not None and bpe != "hf_tokenizer":
+        raise ConversionError("this model was imported from Hugging Face: export it with its own "
+                              "tokenizer, --bpe hf_tokenizer")
+    return found
 
 
 def type_name(family):
@@ -584,15 +598,17 @@ def import_folder(folder, out):
         model.load_state_dict(fs_weights, strict=True)
         from omegaconf import OmegaConf
 
+        layout_record = {"rows": rows, "family": kind, "source": str(folder.resolve()),
+                         "config": config, "config_class":
+                             {"bloom": "BloomConfig", "mpt": "MptConfig"}[kind]}
+        (tmp / LAYOUT_FILE).write_text(json.dumps(layout_record))
+
         state = {"cfg": OmegaConf.to_container(cfg, resolve=True, enum_to_str=True),
                  "args": None, "model": model.state_dict(),
                  "optimizer_history": [{"criterion_name": "CrossEntropyCriterion",
                                         "optimizer_name": None, "num_updates": 0,
                                         "lr_scheduler_state": {"best": None}}],
-                 "extra_state": {EXTRA_KEY: {
-                     "rows": rows, "family": kind, "source": str(folder.resolve()),
-                     "config": config, "config_class":
-                         {"bloom": "BloomConfig", "mpt": "MptConfig"}[kind]}}}
+                 "extra_state": {EXTRA_KEY: layout_record}}
         write_atomically(state, tmp / "checkpoint.pt")
     return {"family": kind, "layers": layers, "heads": heads, "rows": len(rows),
             "specials": dict(zip(SPECIALS, rows[:4])), "out": str(out)}
@@ -619,16 +635,10 @@ def export_main(argv=None):
     args = parser.parse_args(argv)
     files = {k: getattr(args, k) for k in ("gpt2_encoder_json", "gpt2_vocab_bpe",
                                            "sentencepiece_model", "hf_tokenizer")}
-    try:
-        with torch.no_grad():
-            summary = export_checkpoint(args.checkpoint, args.dict, args.out, args.bpe, files)
-    except ConversionError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
-    print(f"exported {type_name(summary['family'])} ({summary['layers']} layers, "
-          f"{summary['heads']} heads, {summary['vocab']} rows, {summary['tensors']} tensors) "
-          f"to {summary['out']}")
-    return 0
+    return run_reporting(
+        lambda: export_checkpoint(args.checkpoint, args.dict, args.out, args.bpe, files),
+        lambda s: f"exported {type_name(s['family'])} ({s['layers']} layers, {s['heads']} "
+                  f"heads, {s['vocab']} rows, {s['tensors']} tensors) to {s['out']}")
 
 
 def import_main(argv=None):
@@ -639,13 +649,19 @@ def import_main(argv=None):
     parser.add_argument("folder")
     parser.add_argument("--out", required=True)
     args = parser.parse_args(argv)
+    return run_reporting(
+        lambda: import_folder(args.folder, args.out),
+        lambda s: f"imported {s['family']} ({s['layers']} layers, {s['heads']} heads, "
+                  f"{s['rows']} rows; fairseq specials from rows {s['specials']}) to {s['out']}")
+
+
+def run_reporting(convert, summary_line) -> int:
+    """Exit status 0 and the summary, or 1 and the one-line error."""
     try:
         with torch.no_grad():
-            summary = import_folder(args.folder, args.out)
+            summary = convert()
     except ConversionError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
-    print(f"imported {summary['family']} ({summary['layers']} layers, {summary['heads']} heads, "
-          f"{summary['rows']} rows; fairseq specials from rows {summary['specials']}) "
-          f"to {summary['out']}")
+    print(summary_line(summary))
     return 0
