@@ -558,3 +558,19 @@ def test_fairseq_tools_run_on_an_import(family, tmp_path, alibi_user_dir):
         theirs = torch.log_softmax(exported_tuned(hf_ids).logits.double(), -1)[..., rows]
         ours = torch.log_softmax(tuned.models[0](fs_ids)[0].double(), -1)
     assert (ours - theirs).abs().max().item() < 1e-5
+
+
+@needs_shared
+def test_export_refuses_a_missing_tokenizer_file_or_dictionary(tmp_path, capsys):
+    ckpt = write_fairseq_checkpoint(tmp_path / "fs", 4)
+    capsys.readouterr()
+    assert hf.export_main([str(ckpt), "--dict", str(ckpt.parent / "dict.txt"),
+                           "--gpt2-encoder-json", str(tmp_path / "absent.json"),
+                           "--gpt2-vocab-bpe", str(GPT2 / "vocab.bpe"),
+                           "--out", str(tmp_path / "a")]) == 1
+    assert hf.export_main([str(ckpt), "--dict", str(tmp_path / "absent.txt"),
+                           "--out", str(tmp_path / "b")]) == 1
+    errors = capsys.readouterr().err.strip().splitlines()
+    assert len(errors) == 2
+    assert "--gpt2-encoder-json" in errors[0] and "dict.txt" in errors[1]
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
