@@ -32,6 +32,9 @@ setup(
         "fairseq": ["fairseq-fixed==0.12.3.1"],
         "examples": ["sentencepiece", "matplotlib", "tqdm", "zstandard"],
         "test": ["pytest", "sentencepiece", "matplotlib", "tqdm", "zstandard"],
+        # export-hf / import-hf (docs/huggingface.md); the package imports them only there
+        "hf": ["transformers==5.24.0", "tokenizers==0.23.3", "safetensors==0.8.0",
+               "protobuf==7.36.2"],  # protobuf: reading a sentencepiece model (--bpe sentencepiece)
     },
     entry_points={"console_scripts": ["fairseq-alibi=fairseq_alibi.__main__:main"]},
     classifiers=[

@@ -24,7 +24,7 @@ if [ ! -f "$READY" ] || [ "$ROOT/setup.py" -nt "$READY" ] || [ "$ROOT/examples/c
     echo "[env] installing fairseq-fixed 0.12.3.1 (builds its extensions, ~3 minutes)" >&2
     pip_q fairseq-fixed==0.12.3.1
   fi
-  pip_q -e "$ROOT[test]"
+  pip_q -e "$ROOT[test,hf]"
   "$VENV/bin/python" -c "import fairseq, fairseq_alibi, torch, numpy; assert numpy.__version__ < '2'" \
     || { echo "[env] the environment in $VENV does not import fairseq_alibi; remove it and retry" >&2; exit 1; }
   touch "$READY"

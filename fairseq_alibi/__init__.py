@@ -11,3 +11,4 @@ from fairseq_alibi.alibi import AlibiPositionalBias, alibi_bias, get_slopes  # n
 from fairseq_alibi.version import __version__  # noqa: F401
 from fairseq_alibi import models  # noqa: F401  (registers the models)
 from fairseq_alibi import criterions  # noqa: F401  (registers lm_distillation)
+from fairseq_alibi import hf_tokenizer  # noqa: F401  (registers --bpe hf_tokenizer)

@@ -1,16 +1,40 @@
-"""``python -m fairseq_alibi --user-dir`` prints the directory to pass to fairseq's ``--user-dir``."""
+"""``fairseq-alibi <tool> ...`` (or ``python -m fairseq_alibi <tool> ...``): every tool of the
+package behind one command, as fairseq has ``fairseq-*``; ``--user-dir`` prints the directory to
+pass to fairseq's ``--user-dir``. ``python -m fairseq_alibi.<tool>`` works as well."""
 
 import argparse
+import importlib
 import sys
 
 from fairseq_alibi.paths import user_dir
 
+#: subcommand -> (module, its main, what it does); modules are imported only when run
+TOOLS = {
+    "quickstart": ("fairseq_alibi.cli.quickstart", "main", "train short, test long, end to end"),
+    "sweep": ("fairseq_alibi.cli.sweep", "main", "evaluate checkpoints over lengths"),
+    "convert": ("fairseq_alibi.cli.convert", "main",
+                "stock transformer_lm and ALiBi-fork checkpoints -> this plugin"),
+    "checkpoints": ("fairseq_alibi.cli.checkpoints", "main", "inspect or repair a save folder"),
+    "corpus": ("fairseq_alibi.cli.corpus", "main", "build the quickstart corpus"),
+    "export-hf": ("fairseq_alibi.cli.huggingface", "export_main",
+                  "fairseq ALiBi LM -> Hugging Face BLOOM/MPT folder"),
+    "import-hf": ("fairseq_alibi.cli.huggingface", "import_main",
+                  "Hugging Face BLOOM/MPT folder -> fairseq checkpoint"),
+}
+
 
 def main(argv=None):
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in TOOLS:
+        module, function, _ = TOOLS[argv[0]]
+        return getattr(importlib.import_module(module), function)(argv[1:]) or 0
     parser = argparse.ArgumentParser(
-        prog="python -m fairseq_alibi",
+        prog="fairseq-alibi",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
         description="ALiBi for stock fairseq. Use with: fairseq-train --user-dir "
-        '"$(python -m fairseq_alibi --user-dir)" --arch alibi_transformer_lm ...',
+        '"$(fairseq-alibi --user-dir)" --arch alibi_transformer_lm ...\n\ntools '
+        "(fairseq-alibi <tool> --help):\n"
+        + "\n".join(f"  {name:<12} {about}" for name, (_, _, about) in TOOLS.items()),
     )
     parser.add_argument("--user-dir", action="store_true", help="print the --user-dir path")
     parser.add_argument("--version", action="store_true", help="print the package version")

@@ -13,7 +13,7 @@ from tests.helpers import REPO
 PACKAGE = REPO / "fairseq_alibi"
 TOOLS = ("fairseq_alibi.cli", "fairseq_alibi.preprocess")
 #: the ``python -m fairseq_alibi.<tool>`` aliases the docs use, and the modules they stand for
-ALIASES = ("quickstart", "sweep", "corpus", "convert", "checkpoints")
+ALIASES = ("quickstart", "sweep", "corpus", "convert", "checkpoints", "export_hf", "import_hf")
 #: what each layer of the library may not import (the layers below it in docs/architecture.md)
 LAYERS = {
     "fairseq_alibi/alibi.py": ("fairseq_alibi",),  # the math imports nothing of the package
@@ -96,3 +96,35 @@ def test_documented_tool_aliases_run(tool):
                          capture_output=True, text=True, cwd=REPO, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert "usage" in out.stdout.lower() or tool == "corpus"
+
+
+def test_importing_the_package_does_not_import_transformers():
+    """transformers is an optional extra, imported by export-hf/import-hf only."""
+    code = ("import sys, fairseq_alibi, fairseq_alibi.cli.huggingface, fairseq_alibi.__main__; "
+            "print(sorted(m for m in ('transformers', 'tokenizers', 'safetensors') "
+            "if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_the_converters_import_one_another_one_way():
+    """convert and forks share cli/conversion.py, which imports neither (no import circle)."""
+    shared = PACKAGE / "cli" / "conversion.py"
+    assert not [n for n in imported_modules(shared) if n.startswith(TOOLS)]
+    forks = PACKAGE / "cli" / "forks.py"
+    assert not [n for n in imported_modules(forks) if n.startswith("fairseq_alibi.cli.convert")]
+    hf = PACKAGE / "cli" / "huggingface.py"
+    assert not [n for n in imported_modules(hf)
+                if n.startswith(("fairseq_alibi.cli.convert", "fairseq_alibi.cli.forks"))]
+
+
+@pytest.mark.parametrize("tool", ["export-hf", "import-hf", "convert", "checkpoints"])
+def test_one_command_dispatches_every_tool(tool, capsys):
+    from fairseq_alibi.__main__ import main
+
+    with pytest.raises(SystemExit) as exited:
+        main([tool, "--help"])
+    assert exited.value.code == 0
+    assert "usage" in capsys.readouterr().out.lower()

@@ -35,51 +35,30 @@ than the original's (how much depends on how much the model leaned on positions)
 """
 
 import argparse
-import os
 import sys
 from pathlib import Path
 from typing import Optional
 
 import torch
 
+from fairseq_alibi.cli import forks
+from fairseq_alibi.cli.conversion import (  # noqa: F401  (ConversionError: the tools' error type)
+    ConversionError,
+    architecture_of,
+    model_cfg_get,
+    model_cfg_set,
+    model_config,
+    placeholder_dictionary,
+    plain_cfg,
+    read_checkpoint,
+    write_atomically,
+)
 from fairseq_alibi.models.checks import vocabulary_size
 
 POSITION_PREFIX = "decoder.embed_positions."
 ALIBI_PREFIX = "decoder.alibi."
 ALIBI_MODEL = "alibi_transformer_lm"
 STOCK_MODEL = "transformer_lm"
-
-
-class ConversionError(ValueError):
-    """The checkpoint cannot be converted; the message says why and what to do."""
-
-
-def model_cfg_get(model_cfg, key, default=None):
-    """``model_cfg[key]`` of a dict, OmegaConf or argparse configuration (``default`` if absent)."""
-    if isinstance(model_cfg, argparse.Namespace):
-        return getattr(model_cfg, key, default)
-    return model_cfg.get(key, default) if hasattr(model_cfg, "get") else default
-
-
-def model_cfg_set(model_cfg, key, value):
-    """``model_cfg[key] = value`` for a dict, OmegaConf or argparse configuration."""
-    from omegaconf import OmegaConf, open_dict
-
-    if isinstance(model_cfg, argparse.Namespace):
-        setattr(model_cfg, key, value)
-    elif OmegaConf.is_config(model_cfg):
-        with open_dict(model_cfg):  # configs converted from argparse checkpoints are "struct"
-            model_cfg[key] = value
-    else:
-        model_cfg[key] = value
-
-
-_model_cfg_get, _model_cfg_set = model_cfg_get, model_cfg_set
-
-
-def architecture_of(model_cfg) -> Optional[str]:
-    """The architecture a checkpoint's model config names (``_name``, or ``arch`` for argparse)."""
-    return _model_cfg_get(model_cfg, "_name") or _model_cfg_get(model_cfg, "arch")
 
 
 def target_architecture(source_arch: str, requested: Optional[str] = None) -> str:
@@ -96,9 +75,7 @@ def target_architecture(source_arch: str, requested: Optional[str] = None) -> st
                 f"of: {', '.join(sorted(alibi_archs))}"
             )
         return requested
-    from fairseq_alibi.cli.forks import EIFY_ARCHITECTURES
-
-    target = EIFY_ARCHITECTURES.get(source_arch, f"alibi_{source_arch}")
+    target = forks.EIFY_ARCHITECTURES.get(source_arch, f"alibi_{source_arch}")
     if target not in alibi_archs:  # a stock arch registered after the ALiBi mirrors were made
         raise ConversionError(
             f"no ALiBi architecture mirrors {source_arch!r}; pass one with --arch "
@@ -119,9 +96,8 @@ def check_convertible(model_cfg):
         raise ConversionError(
             f"this is already an ALiBi language model ({arch}): nothing to convert; load it as it is"
         )
-    from fairseq_alibi.cli.forks import EIFY_ARCHITECTURES
-
-    stock_archs = set(ARCH_MODEL_INV_REGISTRY[STOCK_MODEL]) | {STOCK_MODEL} | set(EIFY_ARCHITECTURES)
+    stock_archs = (set(ARCH_MODEL_INV_REGISTRY[STOCK_MODEL]) | {STOCK_MODEL}
+                   | set(forks.EIFY_ARCHITECTURES))
     if arch not in stock_archs:
         kind = ARCH_MODEL_REGISTRY[arch].__name__ if arch in ARCH_MODEL_REGISTRY else "unknown"
         raise ConversionError(
@@ -130,12 +106,12 @@ def check_convertible(model_cfg):
             f"and translation models are converted only from EIFY's ALiBi fork "
             f"(docs/migrating.md)"
         )
-    if _model_cfg_get(model_cfg, "character_embeddings", False):
+    if model_cfg_get(model_cfg, "character_embeddings", False):
         raise ConversionError(
             "character-level input embeddings (--character-embeddings) are not supported by the "
             "converter; convert a model with token (or adaptive) input embeddings"
         )
-    if _model_cfg_get(model_cfg, "cross_self_attention", False):
+    if model_cfg_get(model_cfg, "cross_self_attention", False):
         raise ConversionError(
             "--cross-self-attention models cannot use ALiBi self-attention; nothing to convert"
         )
@@ -144,9 +120,9 @@ def check_convertible(model_cfg):
 
 def position_kind(model_cfg) -> str:
     """``learned``, ``sinusoidal`` or ``none``: the position embeddings the stock model had."""
-    if _model_cfg_get(model_cfg, "no_token_positional_embeddings", False):
+    if model_cfg_get(model_cfg, "no_token_positional_embeddings", False):
         return "none"
-    return "learned" if _model_cfg_get(model_cfg, "decoder_learned_pos", False) else "sinusoidal"
+    return "learned" if model_cfg_get(model_cfg, "decoder_learned_pos", False) else "sinusoidal"
 
 
 def alibi_state(num_heads: int) -> dict:
@@ -167,18 +143,6 @@ def convert_weights(weights: dict, num_heads: int):
     return converted, dropped
 
 
-def placeholder_dictionary(size: int):
-    """A fairseq Dictionary of ``size`` symbols (only its size matters to build the model)."""
-    from fairseq.data import Dictionary
-
-    dictionary = Dictionary()
-    while len(dictionary) < size:
-        dictionary.add_symbol(f"<placeholder_{len(dictionary)}>")
-    if len(dictionary) != size:
-        raise ConversionError(f"the embedding has {size} rows, fewer than fairseq's specials")
-    return dictionary
-
-
 def build_alibi_model(model_cfg, vocab_size: int):
     """The ALiBi model a converted configuration describes (placeholder dictionary)."""
     import copy
@@ -191,19 +155,6 @@ def build_alibi_model(model_cfg, vocab_size: int):
     return models.build_model(copy.deepcopy(model_cfg), _Task())
 
 
-def model_config(state) -> object:
-    """The model configuration of a loaded checkpoint, or a clear error if it has none."""
-    if not isinstance(state, dict) or "model" not in state:
-        raise ConversionError("not a fairseq checkpoint (no 'model' weights in it)")
-    cfg = state.get("cfg")
-    if cfg is None or cfg.get("model") is None:
-        raise ConversionError(
-            "this checkpoint has no model configuration ('cfg' or 'args'), so the architecture "
-            "cannot be known; it was not written by fairseq-train"
-        )
-    return cfg["model"]
-
-
 def convert_checkpoint(state: dict, arch: Optional[str] = None, check: bool = True,
                        source: str = "stock") -> dict:
     """Convert a loaded language-model checkpoint (``load_checkpoint_to_cpu``) in place.
@@ -214,12 +165,10 @@ def convert_checkpoint(state: dict, arch: Optional[str] = None, check: bool = Tr
     so training resumes). Returns a summary dict (source/target architecture, kept/dropped
     keys, heads).
     """
-    from fairseq_alibi.cli import forks
-
     model_cfg = model_config(state)
     source_arch = check_convertible(model_cfg)
     target_arch = target_architecture(source_arch, arch)
-    heads = _model_cfg_get(model_cfg, "decoder_attention_heads")
+    heads = model_cfg_get(model_cfg, "decoder_attention_heads")
     if not isinstance(heads, int) or heads < 1:
         raise ConversionError(f"the model configuration has no head count ({heads!r})")
 
@@ -233,7 +182,7 @@ def convert_checkpoint(state: dict, arch: Optional[str] = None, check: bool = Tr
                        ("share_decoder_layers", False)):
         if key == "arch" and not isinstance(model_cfg, argparse.Namespace):
             continue  # hydra configs name the architecture in _name only
-        _model_cfg_set(model_cfg, key, value)
+        model_cfg_set(model_cfg, key, value)
 
     optimizer = None
     if check:
@@ -277,49 +226,10 @@ def convert_checkpoint(state: dict, arch: Optional[str] = None, check: bool = Tr
     }
 
 
-def _plain_cfg(cfg):
-    from omegaconf import OmegaConf
-
-    if OmegaConf.is_config(cfg):
-        return OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
-    return cfg
-
-
-def read_checkpoint(path) -> dict:
-    """Load a fairseq checkpoint to the CPU, or a one-line :class:`ConversionError` saying why not."""
-    from fairseq import checkpoint_utils
-
-    import fairseq_alibi  # noqa: F401  (models; torch >= 2.6 loading of fairseq checkpoints)
-
-    source = Path(path)
-    if not source.is_file():
-        raise ConversionError(f"no checkpoint at {source}")
-    repair = f"`python -m fairseq_alibi.checkpoints repair {source.parent}`"
-    if source.stat().st_size == 0:
-        raise ConversionError(
-            f"cannot read {source}: the file is empty (0 bytes; an interrupted save?). Use an "
-            f"intact copy, or restore the save directory's last good checkpoint with {repair}"
-        )
-    try:
-        return checkpoint_utils.load_checkpoint_to_cpu(str(source))
-    except Exception as e:  # noqa: BLE001 - any unreadable file gets the same advice
-        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        if isinstance(e, EOFError) or "zip archive" in reason or "central directory" in reason:
-            raise ConversionError(
-                f"cannot read {source} as a fairseq checkpoint: the file is truncated or "
-                f"damaged ({reason}). Use an intact copy, or restore the save directory's last "
-                f"good checkpoint with {repair}"
-            ) from e
-        raise ConversionError(
-            f"cannot read {source} as a fairseq checkpoint: {reason}") from e
-
-
 def convert_state(state: dict, arch: Optional[str] = None, check: bool = True,
                   source: Optional[str] = None, dict_path=None) -> dict:
     """Convert any supported checkpoint in place: stock or Press/EIFY fork LMs, EIFY RoBERTa
     (and EIFY translation models); ``source`` None: detected where the checkpoint says."""
-    from fairseq_alibi.cli import forks
-
     model_cfg = model_config(state)
     detected = forks.detect_fork(state)
     if source is not None and source not in forks.SOURCES:
@@ -368,14 +278,14 @@ def convert_file(input_path, output_path, arch: Optional[str] = None, check: boo
     state = read_checkpoint(source_path)
     with torch.no_grad():
         summary = convert_state(state, arch, check, source, dict_path)
-    state["cfg"] = _plain_cfg(state["cfg"])
+    state["cfg"] = plain_cfg(state["cfg"])
     extra = state.get("extra_state")
     if isinstance(extra, dict):  # provenance, by name (fairseq ignores unknown keys here)
         extra["fairseq_alibi_conversion"] = {
             "from": summary.get("source", "stock"), "input": str(source_path),
             "source_arch": summary.get("source_arch"), "target_arch": summary.get("target_arch"),
         }
-    _write_atomically(state, target)
+    write_atomically(state, target)
     trimmed = (summary.get("dictionary") or {}).get("trimmed")
     if trimmed is not None:
         dict_out = target.parent / "dict.txt"
@@ -387,17 +297,6 @@ def convert_file(input_path, output_path, arch: Optional[str] = None, check: boo
         dict_out.write_text("\n".join(trimmed) + "\n", encoding="utf-8")
         summary["dictionary"]["written"] = str(dict_out)
     return summary
-
-
-def _write_atomically(state, target: Path):
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_name(f".{target.name}.tmp")
-    try:
-        torch.save(state, str(tmp))
-        os.replace(tmp, target)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
 
 
 def _report_lm(summary, args):
@@ -467,7 +366,6 @@ def _report_roberta(summary, args):
 
 
 def main(argv=None):
-    from fairseq_alibi.cli.forks import SOURCES
 
     parser = argparse.ArgumentParser(
         prog="python -m fairseq_alibi.convert",
@@ -480,7 +378,7 @@ def main(argv=None):
     parser.add_argument("--input", required=True, help="the checkpoint to convert (.pt)")
     parser.add_argument("--output", required=True, help="where to write the converted checkpoint")
     parser.add_argument(
-        "--from", dest="source", choices=SOURCES, default=None,
+        "--from", dest="source", choices=forks.SOURCES, default=None,
         help="what wrote the checkpoint: EIFY's fork is detected from its options; Press's "
         "fork (the paper's models) cannot be told from stock sinusoidal checkpoints, name it "
         "(default: detected, else stock)")

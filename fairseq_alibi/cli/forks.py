@@ -27,7 +27,7 @@ from typing import Optional
 
 import torch
 
-from fairseq_alibi.cli.convert import (
+from fairseq_alibi.cli.conversion import (
     ConversionError,
     architecture_of,
     model_cfg_get,

@@ -204,3 +204,53 @@ def _mirror_stock_architectures():
 
 
 _mirror_stock_architectures()
+
+
+# ---------------------------------------------------------------------------------------------
+# alibi_bloom: the options under which alibi_transformer_lm computes exactly what transformers'
+# BloomForCausalLM computes (docs/huggingface.md has the mapping and how it was verified)
+
+#: BLOOM's published sizes: (embedding dim, layers, heads)
+BLOOM_SIZES = {"560m": (1024, 24, 16), "1b1": (1536, 24, 16), "1b7": (2048, 24, 16),
+               "3b": (2560, 30, 32), "7b1": (4096, 30, 32)}
+
+
+def bloom_options(embed_dim: int) -> dict:
+    """Every option that differs from BLOOM somewhere in ``alibi_transformer_lm``, at BLOOM's
+    value: pre-LN with the final layer norm, the embedding layer norm, tanh GELU, FFN = 4·d,
+    tied input/output embeddings of the model's width, no embedding scale, nothing adaptive,
+    Press's fixed slopes."""
+    return {
+        "decoder_normalize_before": True, "no_decoder_final_norm": False,
+        "layernorm_embedding": True, "activation_fn": "gelu_accurate",
+        "decoder_ffn_embed_dim": 4 * embed_dim, "no_scale_embedding": True,
+        "share_decoder_input_output_embed": True,
+        "decoder_input_dim": embed_dim, "decoder_output_dim": embed_dim,
+        "adaptive_input": False, "adaptive_softmax_cutoff": None, "character_embeddings": False,
+        "cross_self_attention": False, "share_decoder_layers": False,
+        "alibi_learned_scales": "none", "alibi_scale_init": 1.0,
+        "scale_fc": False, "scale_attn": False, "scale_heads": False, "scale_resids": False,
+    }
+
+
+def alibi_bloom_architecture(args, embed_dim=512, layers=6, heads=8):
+    """Sizes by default (any size with ``--decoder-embed-dim/-layers/-attention-heads``), every
+    other option BLOOM's: like stock ``base_lm_architecture`` forcing pre-LN, a flag that
+    contradicts BLOOM is overridden, and said so in the log."""
+    from fairseq.models.transformer_lm import base_lm_architecture
+
+    args.decoder_embed_dim = getattr(args, "decoder_embed_dim", embed_dim)
+    args.decoder_layers = getattr(args, "decoder_layers", layers)
+    args.decoder_attention_heads = getattr(args, "decoder_attention_heads", heads)
+    for key, value in bloom_options(args.decoder_embed_dim).items():
+        given = getattr(args, key, value)
+        if given != value and str(given) != str(value):
+            logger.warning(f"alibi_bloom: {key}={given!r} replaced by BLOOM's {value!r}")
+        setattr(args, key, value)
+    base_lm_architecture(args)
+
+
+register_model_architecture("alibi_transformer_lm", "alibi_bloom")(alibi_bloom_architecture)
+for _size, (_dim, _layers, _heads) in BLOOM_SIZES.items():
+    register_model_architecture("alibi_transformer_lm", f"alibi_bloom_{_size}")(
+        lambda args, d=_dim, n=_layers, h=_heads: alibi_bloom_architecture(args, d, n, h))

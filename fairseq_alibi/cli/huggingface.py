@@ -1,0 +1,667 @@
+"""Exact moves between fairseq ALiBi language models and Hugging Face's BLOOM and MPT.
+
+::
+
+    fairseq-alibi export-hf CKPT --dict D [--bpe gpt2 --gpt2-encoder-json J --gpt2-vocab-bpe B
+                                           | --bpe sentencepiece --sentencepiece-model M
+                                           | --bpe hf_tokenizer [--hf-tokenizer T]] --out DIR
+    fairseq-alibi import-hf DIR --out CKPT_DIR
+
+``BloomForCausalLM`` is ``alibi_transformer_lm`` with the options of :func:`bloom_options` (the
+``alibi_bloom`` architectures); ``MptForCausalLM`` is the same model with erf GELU, no embedding
+layer norm and every bias zero. :func:`layout` is the one table of which tensor goes where, read
+in both directions. docs/huggingface.md has the mapping, the measured equalities and the way out
+for models that do not map (distillation into ``alibi_bloom``).
+
+Rows: an exported model's row ``i`` is fairseq's index ``i`` (the tokenizer is remapped to the
+dictionary); an imported model's rows are permuted so that fairseq's ``<s> <pad> </s> <unk>`` are
+rows 0-3 (a bijection, so the softmax is the same), and the permutation is kept in the
+checkpoint, so exporting an import gives back the original rows bit for bit.
+
+transformers, tokenizers and safetensors are imported here only (``pip install
+'fairseq-alibi[hf]'``).
+"""
+
+import argparse
+import json
+import math
+import shutil
+import sys
+from pathlib import Path
+
+import torch
+
+from fairseq_alibi.cli.conversion import (
+    ConversionError,
+    architecture_of,
+    atomic_folder,
+    model_cfg_get,
+    model_config,
+    read_checkpoint,
+    write_atomically,
+)
+
+FAMILIES = ("bloom", "mpt")
+SPECIALS = ("<s>", "<pad>", "</s>", "<unk>")  # fairseq's rows 0-3
+EXTRA_KEY = "huggingface"  # extra_state entry of an imported checkpoint
+LAYOUT_FILE = "huggingface.json"  # the same, beside an import's tokenizer.json
+
+
+def import_transformers():
+    """transformers, imported on first use, or a one-line error naming the extra."""
+    if "torchaudio" not in sys.modules:
+        # fairseq pulls in a torchaudio that may be built for another torch; transformers
+        # imports it whenever it is installed, so a broken one is hidden from it
+        try:
+            import torchaudio  # noqa: F401
+        except Exception:  # noqa: BLE001 - any failure means "not usable"
+            sys.modules["torchaudio"] = None
+    try:
+        import transformers
+    except ImportError as e:
+        raise ConversionError("Hugging Face export/import needs transformers: "
+                              "pip install 'fairseq-alibi[hf]'") from e
+    if sys.modules.get("torchaudio", False) is None:  # transformers imported before us
+        from transformers.utils import import_utils
+
+        for check in (import_utils.is_torchaudio_available, import_utils._is_package_available):
+            getattr(check, "cache_clear", lambda: None)()
+    transformers.logging.set_verbosity_error()
+    return transformers
+
+
+# ---------------------------------------------------------------------------------------------
+# the weights: one table, read both ways
+
+
+def layout(family: str, layers: int):
+    """``[(hf_name, fairseq_names, how)]``: ``how`` is ``copy`` (one tensor), ``bloom_qkv``
+    (BLOOM's fused projection, per head ``[q, k, v]``) or ``mpt_qkv`` (MPT's, ``[q; k; v]``)."""
+    if family == "bloom":
+        top, block = "transformer.", "transformer.h.{}."
+        names = {"embed": "word_embeddings", "final": "ln_f", "ln1": "input_layernorm",
+                 "qkv": "self_attention.query_key_value", "out": "self_attention.dense",
+                 "ln2": "post_attention_layernorm", "fc1": "mlp.dense_h_to_4h",
+                 "fc2": "mlp.dense_4h_to_h"}
+    else:
+        top, block = "transformer.", "transformer.blocks.{}."
+        names = {"embed": "wte", "final": "norm_f", "ln1": "norm_1", "qkv": "attn.Wqkv",
+                 "out": "attn.out_proj", "ln2": "norm_2", "fc1": "ffn.up_proj",
+                 "fc2": "ffn.down_proj"}
+    params = ("weight", "bias") if family == "bloom" else ("weight",)
+    rows = [(top + names["embed"] + ".weight", ["decoder.embed_tokens.weight"], "copy")]
+    if family == "bloom":
+        rows += [(f"{top}word_embeddings_layernorm.{p}", [f"decoder.layernorm_embedding.{p}"],
+                  "copy") for p in params]
+    for i in range(layers):
+        hf, fs = block.format(i), f"decoder.layers.{i}."
+        for p in params:
+            rows += [
+                (hf + names["ln1"] + f".{p}", [fs + f"self_attn_layer_norm.{p}"], "copy"),
+                (hf + names["qkv"] + f".{p}", [fs + f"self_attn.{x}_proj.{p}" for x in "qkv"],
+                 f"{family}_qkv"),
+                (hf + names["out"] + f".{p}", [fs + f"self_attn.out_proj.{p}"], "copy"),
+                (hf + names["ln2"] + f".{p}", [fs + f"final_layer_norm.{p}"], "copy"),
+                (hf + names["fc1"] + f".{p}", [fs + f"fc1.{p}"], "copy"),
+                (hf + names["fc2"] + f".{p}", [fs + f"fc2.{p}"], "copy"),
+            ]
+    rows += [(f"{top}{names['final']}.{p}", [f"decoder.layer_norm.{p}"], "copy") for p in params]
+    return rows
+
+
+def fuse(parts, how, heads):
+    if how == "copy":
+        return parts[0]
+    if how == "mpt_qkv":
+        return torch.cat(parts, 0)
+    q = parts[0]  # bloom_qkv: (H, 3, head_dim, ...) flattened
+    return torch.stack([p.reshape(heads, -1, *q.shape[1:]) for p in parts], 1).reshape(
+        3 * q.shape[0], *q.shape[1:])
+
+
+def split(tensor, how, heads):
+    if how == "copy":
+        return [tensor]
+    if how == "mpt_qkv":
+        return list(tensor.chunk(3, 0))
+    d = tensor.shape[0] // 3
+    per_head = tensor.reshape(heads, 3, d // heads, *tensor.shape[1:])
+    return [per_head[:, j].reshape(d, *tensor.shape[1:]) for j in range(3)]
+
+
+def zero_biases(family, layers):
+    """The fairseq biases MPT does not have (they must be zero to export, are zero on import)."""
+    if family != "mpt":
+        return []
+    names = ["decoder.layer_norm.bias"]
+    for i in range(layers):
+        names += [f"decoder.layers.{i}.{m}.bias" for m in (
+            "self_attn_layer_norm", "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
+            "self_attn.out_proj", "final_layer_norm", "fc1", "fc2")]
+    return names
+
+
+# ---------------------------------------------------------------------------------------------
+# which fairseq configurations are BLOOM or MPT
+
+
+def _option(model_cfg, key):
+    value = model_cfg_get(model_cfg, key)
+    return str(value) if hasattr(value, "name") else value  # enums saved by hydra
+
+
+def blocking_options(model_cfg, family: str) -> list:
+    """``["--flag value (needs X)", ...]``: what keeps this configuration from being ``family``."""
+    from fairseq_alibi.models.alibi_transformer_lm import bloom_options
+
+    dim = model_cfg_get(model_cfg, "decoder_embed_dim")
+    wanted = bloom_options(dim)
+    wanted.pop("no_scale_embedding")  # a scale is folded into the weights (tied: exact)
+    if family == "mpt":
+        wanted.update(layernorm_embedding=False, activation_fn="gelu")
+    wanted.update(alibi_slope_scale=1.0, decoder_layers_to_keep=None)
+    blocked = []
+    for key, value in wanted.items():
+        given = _option(model_cfg, key)
+        if key in ("decoder_input_dim", "decoder_output_dim") and given is None:
+            continue
+        if given != value and str(given) != str(value) and not (given in (None, False, 0, "none")
+                                                                and value in (None, False, 0)):
+            blocked.append(f"--{key.replace('_', '-')} {given} (needs {value})")
+    return blocked
+
+
+def refuse_unless_alibi_lm(state):
+    model_cfg = model_config(state)
+    arch = architecture_of(model_cfg)
+    from fairseq.models import ARCH_MODEL_REGISTRY
+
+    import fairseq_alibi  # noqa: F401  (the architectures)
+
+    model = ARCH_MODEL_REGISTRY.get(arch)
+    name = getattr(model, "__name__", str(arch))
+    if name != "AlibiTransformerLanguageModel":
+        what = {"AlibiRobertaModel": "an ALiBi encoder",
+                "AlibiTransformerModel": "an ALiBi encoder-decoder (translation) model"}.get(
+            name, f"{arch!r}, not an ALiBi language model")
+        raise ConversionError(
+            f"cannot export {what}: no core transformers class holds it (only causal ALiBi "
+            "language models map, to BLOOM or MPT, without remote code)")
+    return model_cfg
+
+
+def export_family(model_cfg, weights) -> str:
+    """``bloom`` or ``mpt``, or one line naming every option that blocks both."""
+    bloom = blocking_options(model_cfg, "bloom")
+    if not bloom:
+        return "bloom"
+    mpt = blocking_options(model_cfg, "mpt")
+    layers = model_cfg_get(model_cfg, "decoder_layers")
+    if not mpt:
+        nonzero = [k for k in zero_biases("mpt", layers) if weights[k].abs().max() != 0]
+        if not nonzero:
+            return "mpt"
+        mpt = [f"non-zero biases ({nonzero[0]}, ...)"]
+    raise ConversionError(
+        "this model is not BLOOM (" + "; ".join(bloom) + ") nor MPT (" + "; ".join(mpt) + "): "
+        "distil it into --arch alibi_bloom with --criterion lm_distillation "
+        "(docs/huggingface.md), then export the student")
+
+
+# ---------------------------------------------------------------------------------------------
+# export
+
+
+def hf_config(family, model_cfg, vocab_size, dictionary):
+    transformers = import_transformers()
+    dim = model_cfg_get(model_cfg, "decoder_embed_dim")
+    heads = model_cfg_get(model_cfg, "decoder_attention_heads")
+    layers = model_cfg_get(model_cfg, "decoder_layers")
+    ids = dict(bos_token_id=dictionary.bos(), eos_token_id=dictionary.eos(),
+               pad_token_id=dictionary.pad())
+    if family == "bloom":
+        return transformers.BloomConfig(
+            vocab_size=vocab_size, hidden_size=dim, n_layer=layers, n_head=heads,
+            layer_norm_epsilon=1e-5, hidden_dropout=float(model_cfg_get(model_cfg, "dropout", 0)),
+            attention_dropout=float(model_cfg_get(model_cfg, "attention_dropout", 0)),
+            tie_word_embeddings=True, **ids)
+    return transformers.MptConfig(
+        vocab_size=vocab_size, d_model=dim, n_layers=layers, n_heads=heads, expansion_ratio=4,
+        max_seq_len=int(model_cfg_get(model_cfg, "tokens_per_sample", 2048) or 2048),
+        layer_norm_epsilon=1e-5, no_bias=True, tie_word_embeddings=True,
+        attn_config={"alibi": True, "alibi_bias_max": 8}, **ids)
+
+
+def exported_weights(family, weights, layers, heads, rows=None, embed_scale=1.0):
+    """HF state dict from fairseq weights; ``rows``: HF row of each fairseq row (imports)."""
+    out = {}
+    for hf_name, fs_names, how in layout(family, layers):
+        out[hf_name] = fuse([weights[n] for n in fs_names], how, heads).contiguous()
+    embed = next(n for n, f, _ in layout(family, layers) if f == ["decoder.embed_tokens.weight"])
+    if rows is not None:
+        table = torch.empty_like(out[embed])
+        table[torch.as_tensor(rows)] = out[embed]
+        out[embed] = table
+    if embed_scale != 1.0:  # fold sqrt(d): the tied output layer sees E·s, so ln_f is divided by s
+        out[embed] = out[embed] * embed_scale
+        for name in [n for n, f, _ in layout(family, layers) if f[0].startswith("decoder.layer_norm")]:
+            out[name] = out[name] / embed_scale
+    return out
+
+
+def export_checkpoint(ckpt, dict_path, out, bpe="gpt2", bpe_files=None):
+    """Write ``config.json``, ``model.safetensors`` and the tokenizer of a fairseq ALiBi LM to
+    ``out`` (atomically); return a summary."""
+    from safetensors.torch import save_file
+
+    state = read_checkpoint(ckpt)
+    model_cfg = refuse_unless_alibi_lm(state)
+    weights = state["model"]
+    family = export_family(model_cfg, weights)
+    layers = model_cfg_get(model_cfg, "decoder_layers")
+    heads = model_cfg_get(model_cfg, "decoder_attention_heads")
+    dim = model_cfg_get(model_cfg, "decoder_embed_dim")
+    dictionary = load_dictionary(dict_path)
+    vocab = weights["decoder.embed_tokens.weight"].shape[0]
+    if len(dictionary) != vocab:
+        raise ConversionError(f"{dict_path} has {len(dictionary)} symbols with fairseq's "
+                              f"specials, the model {vocab} rows: give the training dict.txt")
+    check_press_slopes(weights, heads)
+    imported = imported_layout(state, bpe, bpe_files or {}, Path(ckpt).parent)
+    rows = imported["rows"] if imported else None
+    scale = 1.0 if model_cfg_get(model_cfg, "no_scale_embedding", False) else math.sqrt(dim)
+    hf_weights = exported_weights(family, weights, layers, heads, rows, scale)
+    transformers = import_transformers()
+    if imported:
+        config = getattr(transformers, imported["config_class"]).from_dict(imported["config"])
+    else:
+        config = hf_config(family, model_cfg, vocab, dictionary)
+    tokenizer = export_tokenizer(bpe, bpe_files or {}, dictionary, Path(ckpt).parent)
+    with atomic_folder(out) as tmp:
+        config.architectures = [type_name(family)]
+        config.save_pretrained(tmp)
+        save_file(hf_weights, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        write_tokenizer(tmp, tokenizer, dictionary if not imported else None)
+    return {"family": family, "tensors": len(hf_weights), "vocab": vocab, "layers": layers,
+            "heads": heads, "out": str(out)}
+
+
+def imported_layout(state, bpe, files, ckpt_dir):
+    """The rows and config of an imported model: in its checkpoint, or (a model fine-tuned from
+    the import, whose checkpoint fairseq-train wrote) beside the imported tokenizer.json."""
+    found = (state.get("extra_state") or {}).get(EXTRA_KEY)
+    if found is None and bpe == "hf_tokenizer":
+        beside = Path(files.get("hf_tokenizer") or ckpt_dir / "tokenizer.json").parent / LAYOUT_FILE
+        if beside.is_file():
+            found = json.loads(beside.read_text())
+    if found is not None and bpe != "hf_tokenizer":
+        raise ConversionError("this model was imported from Hugging Face: export it with its own "
+                              "tokenizer, --bpe hf_tokenizer")
+    return found
+
+
+def type_name(family):
+    return {"bloom": "BloomForCausalLM", "mpt": "MptForCausalLM"}[family]
+
+
+def load_dictionary(path):
+    from fairseq.data import Dictionary
+
+    if not Path(path).is_file():
+        raise ConversionError(f"no dictionary at {path}: give the model's dict.txt with --dict")
+    return Dictionary.load(str(path))
+
+
+def check_press_slopes(weights, heads):
+    from fairseq_alibi.alibi import get_slopes
+
+    saved = weights.get("decoder.alibi.slopes")
+    if saved is not None and not torch.equal(saved.float().flatten(),
+                                             get_slopes(heads).float()):
+        raise ConversionError("this model's ALiBi slopes are not Press's (BLOOM and MPT compute "
+                              "Press's): nothing to export")
+
+
+# ---------------------------------------------------------------------------------------------
+# tokenizers: fairseq's BPE + dictionary as one tokenizer.json (ids = dictionary indices)
+
+
+def export_tokenizer(bpe, files, dictionary, ckpt_dir):
+    """A ``tokenizers.Tokenizer`` whose ids are ``dictionary``'s indices, ``</s>`` prepended."""
+    if bpe == "hf_tokenizer":
+        path = Path(files.get("hf_tokenizer") or ckpt_dir / "tokenizer.json")
+        return {"copy": require_file(path, "--hf-tokenizer")}
+    if bpe == "gpt2":
+        return gpt2_tokenizer(require_file(files.get("gpt2_encoder_json"), "--gpt2-encoder-json"),
+                              require_file(files.get("gpt2_vocab_bpe"), "--gpt2-vocab-bpe"),
+                              dictionary)
+    if bpe == "sentencepiece":
+        return sentencepiece_tokenizer(
+            require_file(files.get("sentencepiece_model"), "--sentencepiece-model"), dictionary)
+    raise ConversionError(f"unknown --bpe {bpe!r}; choose gpt2, sentencepiece or hf_tokenizer")
+
+
+def require_file(path, flag):
+    if not path or not Path(path).is_file():
+        raise ConversionError(f"tokenizer file missing: {flag} {path or ''}".rstrip()
+                              + " (give the file the model was trained with)")
+    return Path(path)
+
+
+def remapped_vocab(symbols, dictionary):
+    """Each piece's dictionary index (``<unk>`` where the dictionary lacks it)."""
+    return {piece: dictionary.index(symbol) for piece, symbol in symbols}
+
+
+def gpt2_tokenizer(encoder_json, vocab_bpe, dictionary):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    encoder = json.loads(encoder_json.read_text(encoding="utf-8"))
+    merges = [tuple(line.split()) for line in vocab_bpe.read_text(encoding="utf-8").splitlines()[1:]
+              if line and not line.startswith("#version")]
+    vocab = remapped_vocab(((piece, str(i)) for piece, i in encoder.items()), dictionary)
+    check_every_piece_known(vocab, dictionary, "GPT-2 BPE")
+    vocab.update({s: dictionary.index(s) for s in SPECIALS})
+    tokenizer = Tokenizer(models.BPE(vocab, merges, unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    tokenizer.decoder = decoders.ByteLevel()
+    return tokenizer
+
+
+def check_every_piece_known(vocab, dictionary, what):
+    """A tokenizer.json maps each piece to one id and BPE merges by id, so a piece the
+    dictionary lacks cannot share ``<unk>``'s id there: the dictionary must hold every piece."""
+    lacking = [piece for piece, index in vocab.items() if index == dictionary.unk()]
+    if lacking:
+        raise ConversionError(
+            f"the dictionary lacks {len(lacking)} of the {what}'s pieces (e.g. {lacking[0]!r}), "
+            "which a Hugging Face tokenizer cannot send to <unk>: train with a dictionary of "
+            "every piece (fairseq's gpt2 dict.txt; for sentencepiece, its vocabulary)")
+
+
+def sentencepiece_tokenizer(model_path, dictionary):
+    """transformers' own sentencepiece conversion (normalizer, pre-tokenizer, decoder), with the
+    unigram's pieces in the dictionary's order and ``<unk>`` at fairseq's index."""
+    import_transformers()
+    from tokenizers import Regex, models, pre_tokenizers
+    from transformers.convert_slow_tokenizer import SpmConverter, import_protobuf
+
+    proto = import_protobuf().ModelProto()
+    try:
+        proto.ParseFromString(Path(model_path).read_bytes())
+    except Exception as e:  # noqa: BLE001 - a damaged or foreign file
+        raise ConversionError(f"cannot read {model_path} as a sentencepiece model: {e}") from e
+    if proto.trainer_spec.model_type != 1:
+        raise ConversionError("only unigram sentencepiece models are exported (this one is "
+                              f"type {proto.trainer_spec.model_type})")
+    normal = {p.piece: p.score for p in proto.pieces if p.type in (1, 4)}  # normal, user-defined
+    check_every_piece_known({p: dictionary.index(p) for p in normal}, dictionary,
+                            "sentencepiece model")
+    # the dictionary's own symbols (specials, madeupwords) never win against real pieces
+    vocab = [(dictionary[i], normal.get(dictionary[i], -1e9)) for i in range(len(dictionary))]
+    tokenizer = SpmConverter.build_tokenizer_from_spm_proto(proto, vocab, legacy=True)
+    tokenizer.model = models.Unigram(vocab, unk_id=dictionary.unk(), byte_fallback=False)
+    if not any(c in piece for piece in normal for c in "<>"):
+        # the unigram would match fairseq's "<unk>", "</s>" in the text as those pieces, which
+        # sentencepiece never does: "<" and ">" (unknown to it) are cut off on their own
+        tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
+            [tokenizer.pre_tokenizer, pre_tokenizers.Split(Regex("[<>]+"), "isolated")])
+    return tokenizer
+
+
+def write_tokenizer(folder, tokenizer, dictionary):
+    """``tokenizer.json`` (``</s>`` prepended, as fairseq's LM task does) and its config."""
+    from tokenizers import processors
+
+    if isinstance(tokenizer, dict):  # an imported model's own tokenizer, as it came
+        for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+            source = tokenizer["copy"].parent / name
+            if source.is_file():
+                shutil.copy(source, folder / name)
+        return
+    if any(tokenizer.token_to_id(s) != dictionary.index(s) for s in SPECIALS):
+        raise ConversionError("the dictionary's specials are not fairseq's <s> <pad> </s> <unk>")
+    # "<unk>" written in the text (WikiText has it) is text to fairseq's BPE, not the special
+    tokenizer.encode_special_tokens = True
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single="</s> $A", pair="</s> $A $B", special_tokens=[("</s>", dictionary.eos())])
+    tokenizer.save(str(folder / "tokenizer.json"))
+    (folder / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<s>", "eos_token": "</s>",
+        "unk_token": "<unk>", "pad_token": "<pad>", "padding_side": "left",
+        "model_max_length": 1000000000, "clean_up_tokenization_spaces": False,
+        "split_special_tokens": True,
+    }, indent=2))
+
+
+# ---------------------------------------------------------------------------------------------
+# import
+
+
+def read_hf_folder(folder):
+    """``(config dict, weights)`` of a local Hugging Face folder (safetensors or bin, weights
+    only), or a one-line error."""
+    folder = Path(folder)
+    config_path = folder / "config.json"
+    if not config_path.is_file():
+        raise ConversionError(f"no config.json in {folder}: not a Hugging Face model folder")
+    config = json.loads(config_path.read_text())
+    kind = config.get("model_type")
+    if kind == "falcon" or kind == "RefinedWeb":
+        raise ConversionError(
+            "Falcon's ALiBi divides the bias by sqrt(head_dim) and builds it in bfloat16: not "
+            "the same model as Press's ALiBi; only BLOOM and MPT are imported")
+    if kind not in FAMILIES:
+        raise ConversionError(f"model_type {kind!r} is not an ALiBi model that transformers "
+                              "holds natively: only BLOOM and MPT are imported")
+    return config, read_weights(folder)
+
+
+def read_weights(folder):
+    files = sorted(folder.glob("*.safetensors"))
+    weights = {}
+    try:
+        if files:
+            from safetensors.torch import load_file
+
+            for f in files:
+                weights.update(load_file(str(f)))
+        else:
+            files = sorted(folder.glob("pytorch_model*.bin"))
+            if not files:
+                raise ConversionError(f"no model.safetensors or pytorch_model.bin in {folder}")
+            for f in files:
+                weights.update(torch.load(str(f), map_location="cpu", weights_only=True))
+    except ConversionError:
+        raise
+    except Exception as e:  # noqa: BLE001 - any unreadable file: the same advice
+        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ConversionError(f"cannot read the weights in {folder} (truncated or damaged? "
+                              f"{reason}): download them again") from e
+    return weights
+
+
+def import_options(config) -> tuple:
+    """``(family, fairseq-train flags)`` for a BLOOM/MPT config, or one line on what differs."""
+    kind = config["model_type"]
+    eps = config.get("layer_norm_epsilon", 1e-5)
+    problems = [] if eps == 1e-5 else [f"layer_norm_epsilon {eps} (fairseq's LayerNorm: 1e-5)"]
+    if not config.get("tie_word_embeddings", True):
+        problems.append("untied output embeddings")
+    if kind == "bloom":
+        if config.get("apply_residual_connection_post_layernorm"):
+            problems.append("apply_residual_connection_post_layernorm")
+        dim, layers, heads = config["hidden_size"], config["n_layer"], config["n_head"]
+        flags = ["--arch", "alibi_bloom", "--dropout", config.get("hidden_dropout", 0.0),
+                 "--attention-dropout", config.get("attention_dropout", 0.0)]
+        length = config.get("seq_length", 2048)
+    else:
+        attn = config.get("attn_config") or {}
+        for key, default in (("alibi", True), ("alibi_bias_max", 8), ("clip_qkv", None),
+                             ("qk_ln", False), ("prefix_lm", False),
+                             ("attn_type", "multihead_attention")):
+            if attn.get(key, default) != default:
+                problems.append(f"attn_config.{key} {attn.get(key)}")
+        dim, layers, heads = config["d_model"], config["n_layers"], config["n_heads"]
+        scale = attn.get("softmax_scale")
+        if scale is not None and not math.isclose(scale, (dim // heads) ** -0.5):
+            problems.append(f"attn_config.softmax_scale {scale}")
+        if config.get("expansion_ratio", 4) != 4:
+            problems.append(f"expansion_ratio {config.get('expansion_ratio')}")
+        flags = ["--arch", "alibi_transformer_lm", "--activation-fn", "gelu", "--decoder-normalize-before",
+                 "--decoder-ffn-embed-dim", 4 * dim, "--no-scale-embedding",
+                 "--share-decoder-input-output-embed", "--decoder-input-dim", dim,
+                 "--decoder-output-dim", dim, "--dropout", config.get("resid_pdrop", 0.0),
+                 "--attention-dropout", attn.get("attn_pdrop", 0.0)]
+        length = config.get("max_seq_len", 2048)
+    if problems:
+        raise ConversionError(f"this {kind} model computes something alibi_transformer_lm "
+                              f"does not: {'; '.join(problems)}")
+    flags += ["--decoder-embed-dim", dim, "--decoder-layers", layers,
+              "--decoder-attention-heads", heads, "--tokens-per-sample", length]
+    return kind, layers, heads, flags
+
+
+def row_order(config, tokenizer, rows: int):
+    """The HF row of each fairseq row: fairseq's ``<s> <pad> </s> <unk>`` first (the model's
+    bos/pad/eos/unk rows, or rows the tokenizer never produces), then the rest in order."""
+    produced = tokenizer.get_vocab_size(with_added_tokens=True)
+    unk = json.loads(tokenizer.to_str())["model"].get("unk_token")
+    wanted = {"</s>": config.get("eos_token_id"), "<s>": config.get("bos_token_id"),
+              "<pad>": config.get("pad_token_id"),
+              "<unk>": tokenizer.token_to_id(unk) if unk else None}
+    spare = [r for r in range(rows - 1, produced - 1, -1)]
+    chosen = {}
+    for name in ("</s>", "<s>", "<pad>", "<unk>"):
+        row = wanted[name]
+        if isinstance(row, list):
+            row = row[0]
+        if row is None or row in chosen.values() or not 0 <= row < rows:
+            if not spare:
+                raise ConversionError(f"the model has no row for fairseq's {name} (no spare "
+                                      "embedding row beyond the tokenizer's vocabulary)")
+            row = spare.pop(0)
+        chosen[name] = row
+    head = [chosen[s] for s in SPECIALS]
+    return head + [r for r in range(rows) if r not in set(head)]
+
+
+def import_folder(folder, out):
+    """Write ``checkpoint.pt``, ``dict.txt`` and ``tokenizer.json`` of a local BLOOM/MPT."""
+    from fairseq import options, tasks
+    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+    from tokenizers import Tokenizer
+
+    import fairseq_alibi  # noqa: F401  (the models, --bpe hf_tokenizer)
+
+    folder, out = Path(folder), Path(out)
+    config, hf_weights = read_hf_folder(folder)
+    kind, layers, heads, flags = import_options(config)
+    tokenizer_file = folder / "tokenizer.json"
+    if not tokenizer_file.is_file():
+        raise ConversionError(f"no tokenizer.json in {folder}: fairseq could not encode text "
+                              "for this model; add the model's tokenizer.json")
+    tokenizer = Tokenizer.from_file(str(tokenizer_file))
+    fs_weights = {}
+    try:
+        for hf_name, fs_names, how in layout(kind, layers):
+            for name, tensor in zip(fs_names, split(hf_weights.pop(hf_name), how, heads)):
+                fs_weights[name] = tensor.float().clone()
+    except KeyError as e:
+        raise ConversionError(f"the weights lack {e.args[0]}: not a complete {kind} model") from e
+    rows = row_order(config, tokenizer, fs_weights["decoder.embed_tokens.weight"].shape[0])
+    fs_weights["decoder.embed_tokens.weight"] = fs_weights["decoder.embed_tokens.weight"][rows]
+    with atomic_folder(out) as tmp:
+        with open(tmp / "dict.txt", "w", encoding="utf-8") as f:
+            f.writelines(f"{r} 1\n" for r in rows[4:])
+        for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+            if (folder / name).is_file():
+                shutil.copy(folder / name, tmp / name)
+        argv = [tmp, "--task", "language_modeling", "--sample-break-mode", "none",
+                "--bpe", "hf_tokenizer", "--hf-tokenizer", out.resolve() / "tokenizer.json",
+                *flags]
+        parsed = options.parse_args_and_arch(options.get_training_parser(),
+                                             [str(a) for a in argv])
+        cfg = convert_namespace_to_omegaconf(parsed)
+        model = tasks.setup_task(cfg.task).build_model(cfg.model)
+        cfg.task.data = str(out.resolve())  # where dict.txt will be
+        target = model.state_dict()
+        for name in zero_biases(kind, layers):
+            fs_weights[name] = torch.zeros_like(target[name])
+        fs_weights["decoder.output_projection.weight"] = fs_weights["decoder.embed_tokens.weight"]
+        for name in ("decoder.alibi.slopes", "decoder.version"):  # computed, not learned
+            fs_weights[name] = target[name]
+        missing = set(target) - set(fs_weights)
+        if missing or hf_weights.keys() - {"lm_head.weight"}:
+            raise ConversionError(f"the {kind} weights do not fit (missing {sorted(missing)[:3]}, "
+                                  f"left over {sorted(hf_weights)[:3]})")
+        model.load_state_dict(fs_weights, strict=True)
+        from omegaconf import OmegaConf
+
+        layout_record = {"rows": rows, "family": kind, "source": str(folder.resolve()),
+                         "config": config, "config_class":
+                             {"bloom": "BloomConfig", "mpt": "MptConfig"}[kind]}
+        (tmp / LAYOUT_FILE).write_text(json.dumps(layout_record))
+
+        state = {"cfg": OmegaConf.to_container(cfg, resolve=True, enum_to_str=True),
+                 "args": None, "model": model.state_dict(),
+                 "optimizer_history": [{"criterion_name": "CrossEntropyCriterion",
+                                        "optimizer_name": None, "num_updates": 0,
+                                        "lr_scheduler_state": {"best": None}}],
+                 "extra_state": {EXTRA_KEY: layout_record}}
+        write_atomically(state, tmp / "checkpoint.pt")
+    return {"family": kind, "layers": layers, "heads": heads, "rows": len(rows),
+            "specials": dict(zip(SPECIALS, rows[:4])), "out": str(out)}
+
+
+# ---------------------------------------------------------------------------------------------
+# command lines
+
+
+def export_main(argv=None):
+    parser = argparse.ArgumentParser(
+        prog="fairseq-alibi export-hf",
+        description="Export a fairseq ALiBi language model to a Hugging Face BLOOM (or MPT) folder "
+        "that AutoModelForCausalLM and AutoTokenizer load offline.")
+    parser.add_argument("checkpoint")
+    parser.add_argument("--dict", required=True, help="the model's dict.txt")
+    parser.add_argument("--bpe", default="gpt2", choices=("gpt2", "sentencepiece", "hf_tokenizer"))
+    parser.add_argument("--gpt2-encoder-json")
+    parser.add_argument("--gpt2-vocab-bpe")
+    parser.add_argument("--sentencepiece-model")
+    parser.add_argument("--hf-tokenizer", help="an imported model's tokenizer.json "
+                        "(default: beside the checkpoint)")
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args(argv)
+    files = {k: getattr(args, k) for k in ("gpt2_encoder_json", "gpt2_vocab_bpe",
+                                           "sentencepiece_model", "hf_tokenizer")}
+    return run_reporting(
+        lambda: export_checkpoint(args.checkpoint, args.dict, args.out, args.bpe, files),
+        lambda s: f"exported {type_name(s['family'])} ({s['layers']} layers, {s['heads']} "
+                  f"heads, {s['vocab']} rows, {s['tensors']} tensors) to {s['out']}")
+
+
+def import_main(argv=None):
+    parser = argparse.ArgumentParser(
+        prog="fairseq-alibi import-hf",
+        description="Import a local Hugging Face BLOOM or MPT folder as a fairseq checkpoint "
+        "(checkpoint.pt, dict.txt, tokenizer.json for --bpe hf_tokenizer).")
+    parser.add_argument("folder")
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args(argv)
+    return run_reporting(
+        lambda: import_folder(args.folder, args.out),
+        lambda s: f"imported {s['family']} ({s['layers']} layers, {s['heads']} heads, "
+                  f"{s['rows']} rows; fairseq specials from rows {s['specials']}) to {s['out']}")
+
+
+def run_reporting(convert, summary_line) -> int:
+    """Exit status 0 and the summary, or 1 and the one-line error."""
+    try:
+        with torch.no_grad():
+            summary = convert()
+    except ConversionError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    print(summary_line(summary))
+    return 0
