@@ -105,9 +105,9 @@ def allow_many_flex_graphs():
 # ------------------------------------------------------------------ tests
 
 
-def run_tests(out, quick):
+def run_tests(out, quick, workers):
     args = [sys.executable, "-m", "pytest", "tests/test_cuda.py", "-q", "-p", "no:cacheprovider",
-            "-rs"] + (["-x"] if quick else [])
+            "-rs"] + (["-x"] if quick else []) + (["-n", str(workers)] if workers > 1 else [])
     start = time.time()
     proc = subprocess.run(args, capture_output=True, text=True, cwd=common.REPO)
     text = proc.stdout + proc.stderr
@@ -169,14 +169,16 @@ def attention_flops(B, H, L, D, causal):
     return 4 * B * H * L * L * D * (0.5 if causal else 1.0)
 
 
-def run_attention(quick, device, dtype=torch.bfloat16):
+def run_attention(quick, device, lengths=None, variants=None, dims=None, dtype=torch.bfloat16):
     allow_many_flex_graphs()
     torch.manual_seed(0)
     if quick:
         lengths, dims, tokens, variants = (256, 512), ((64, 2),), 1024, ("causal", "symmetric")
     else:
-        lengths, dims, tokens = (1024, 2048, 4096, 8192, 16384), ((64, 16), (128, 8)), 16384
-        variants = ("causal", "symmetric", "offset")
+        tokens = 16384
+        lengths = lengths or (1024, 2048, 4096, 8192, 16384)
+        dims = [(d, {64: 16, 128: 8}[d]) for d in (dims or (64, 128))]
+        variants = variants or ("causal", "symmetric", "offset")
     rows, results = [], []
     for variant in variants:
         for D, H in dims:
@@ -248,7 +250,7 @@ def run_attention(quick, device, dtype=torch.bfloat16):
 # ------------------------------------------------------------------ training throughput
 
 
-def run_train(work, quick, device):
+def run_train(work, quick, device, lengths=None):
     allow_many_flex_graphs()
     if quick:
         dims = ["--decoder-layers", "1", "--decoder-embed-dim", "64",
@@ -257,9 +259,9 @@ def run_train(work, quick, device):
     else:
         dims = ["--decoder-layers", "6", "--decoder-embed-dim", "1024",
                 "--decoder-ffn-embed-dim", "4096", "--decoder-attention-heads", "16"]
-        lengths, tokens, vocab, rounds, warmup = (512, 1024, 2048, 4096, 8192), 16384, 1000, 10, 3
+        lengths, tokens, vocab, rounds, warmup = lengths or (512, 1024, 2048, 4096, 8192), 16384, 1000, 10, 3
     precision = ["--fp16"] if device == "cuda" else []
-    backends = ["auto", "sdpa", "flex"] if device == "cuda" else ["auto"]
+    backends = ["auto", "flex"] if device == "cuda" else ["auto"]  # (auto is sdpa without flash)
     data = write_dictionary(os.path.join(work, "train-dict"), vocab)
     rows, results = [], []
     base = "transformer_lm (stock)"
@@ -309,7 +311,7 @@ def fairseq(module, *args, log_to=None):
     """``python -m MODULE ARGS`` (fairseq_cli.train, ...); its output, raising on failure."""
     cmd = [sys.executable, "-m", module] + [str(a) for a in args]
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=common.REPO,
-                          env=dict(os.environ, PYTHONUNBUFFERED="1"))
+                          env=dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="2"))
     out = proc.stdout + proc.stderr
     if log_to:
         with open(log_to, "a") as f:
@@ -399,98 +401,110 @@ def train_losses(output):
     return losses, float(valid[-1]) if valid else None
 
 
-def run_end_to_end(data, work, quick, log_to, user_dir, device):
-    updates = 20 if quick else 300
+def concurrently(jobs):
+    """``{key: output or RuntimeError}`` of ``{key: (module, args)}`` fairseq runs, all at once
+    (small models: the GPU and 16 cores hold them together; their wall times are not figures)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def one(job):
+        module, args, log_to = job
+        try:
+            return fairseq(module, *args, log_to=log_to)
+        except RuntimeError as error:
+            return error
+
+    with ThreadPoolExecutor(max_workers=max(1, len(jobs))) as pool:
+        return dict(zip(jobs, pool.map(one, jobs.values())))
+
+
+def run_end_to_end(data, work, quick, log_to, user_dir, device, updates=None, models=None):
+    updates = updates or (20 if quick else 300)
+    models = models or list(E2E_MODELS)
     cpu = ["--cpu"] if device == "cpu" else []
     lm, rev = prepare_corpora(data, work, quick, log_to)
     results = {"updates": updates}
     rows, gen_rows = [], []
-    try:  # stock fairseq-train --bf16 on a GPU (it implies --tpu): record what it says
-        fairseq("fairseq_cli.train", *E2E_MODELS["alibi_transformer_lm"](lm, rev), "--bf16", *cpu,
-                "--user-dir", user_dir, "--max-update", 1, "--save-dir", f"{work}/stock-bf16",
-                "--no-save", log_to=log_to)
-        results["stock_bf16"] = "ran"
-    except RuntimeError as error:
-        results["stock_bf16"] = str(error)
-    log(f"[end_to_end] stock fairseq-train --bf16: {results['stock_bf16']}")
-    for model, flags in E2E_MODELS.items():
+    jobs = {"stock --bf16": (  # stock fairseq-train --bf16 on a GPU (it implies --tpu)
+        "fairseq_cli.train", [*E2E_MODELS["alibi_transformer_lm"](lm, rev), "--bf16", *cpu,
+                              "--user-dir", user_dir, "--max-update", 1, "--no-save"], log_to)}
+    for model in models:
         for precision, extra in PRECISIONS.items():
-            save = os.path.join(work, f"{model}-{precision}")
             module = "benchmarks.bf16_train" if precision == "bf16" else "fairseq_cli.train"
-            start = time.time()
-            try:
-                out = fairseq(module, *flags(lm, rev), *QUICK_DIMS[model] * quick, *cpu, *extra,
-                              "--user-dir", user_dir,
-                              "--optimizer", "adam", "--adam-betas", "(0.9, 0.98)",
-                              "--clip-norm", 1.0, "--lr-scheduler", "inverse_sqrt",
-                              "--warmup-updates", updates // 3, "--max-update", updates,
-                              "--seed", 1, "--log-format", "json", "--log-interval", 10,
-                              "--no-epoch-checkpoints", "--save-dir", save, "--num-workers", 0,
-                              "--validate-interval-updates", updates, "--validate-interval",
-                              1000, "--save-interval", 1000, log_to=log_to)
-            except RuntimeError as error:
-                log(f"[end_to_end] {model} {precision}: {error}")
-                rows.append([model, precision, "failed", "", "", "", ""])
-                results[f"{model}/{precision}"] = {"error": str(error)}
-                continue
-            losses, valid = train_losses(out)
-            overflows = len(re.findall(r"gradient overflow detected", out))
-            scale = re.findall(r'"loss_scale": "([\d.]+)"', out)
-            record = {"first_loss": losses[0] if losses else None,
-                      "last_loss": losses[-1] if losses else None, "valid_loss": valid,
-                      "overflows": overflows, "last_loss_scale": scale[-1] if scale else None,
-                      "seconds": time.time() - start, "finite": "nan" not in out.lower()}
-            results[f"{model}/{precision}"] = record
-            log(f"[end_to_end] {model} {precision}: {record}")
-            rows.append([model, precision, f"{record['first_loss']} → {record['last_loss']}",
-                         f"{valid}", overflows, record["last_loss_scale"] or "–",
-                         f"{record['seconds']:.0f}"])
-    # fairseq-eval-lm at 8×L, fp32 and --fp16, of every LM checkpoint
-    for precision in PRECISIONS:
-        path = os.path.join(work, f"alibi_transformer_lm-{precision}", "checkpoint_last.pt")
-        if not os.path.exists(path):
+            jobs[(model, precision)] = (module, [
+                *E2E_MODELS[model](lm, rev), *QUICK_DIMS[model] * quick, *cpu, *extra,
+                "--user-dir", user_dir, "--optimizer", "adam", "--adam-betas", "(0.9, 0.98)",
+                "--clip-norm", 1.0, "--lr-scheduler", "inverse_sqrt",
+                "--warmup-updates", updates // 3, "--max-update", updates, "--seed", 1,
+                "--log-format", "json", "--log-interval", 10, "--no-epoch-checkpoints",
+                "--save-dir", os.path.join(work, f"{model}-{precision}"), "--num-workers", 0,
+                "--validate-interval-updates", updates, "--validate-interval", 1000,
+                "--save-interval", 1000], log_to)
+    start = time.time()
+    outputs = concurrently(jobs)
+    log(f"[end_to_end] {len(jobs)} fairseq-train runs at once: {time.time() - start:.0f} s")
+    stock = outputs.pop("stock --bf16")
+    results["stock_bf16"] = "ran" if isinstance(stock, str) else str(stock)
+    log(f"[end_to_end] stock fairseq-train --bf16: {results['stock_bf16']}")
+    for (model, precision), out in outputs.items():
+        if not isinstance(out, str):
+            log(f"[end_to_end] {model} {precision}: {out}")
+            rows.append([model, precision, "failed", str(out)[:80], "", ""])
+            results[f"{model}/{precision}"] = {"error": str(out)}
             continue
+        losses, valid = train_losses(out)
+        scale = re.findall(r'"loss_scale": "([\d.]+)"', out)
+        record = {"first_loss": losses[0] if losses else None,
+                  "last_loss": losses[-1] if losses else None, "valid_loss": valid,
+                  "overflows": len(re.findall(r"gradient overflow detected", out)),
+                  "last_loss_scale": scale[-1] if scale else None,
+                  "finite": "nan" not in out.lower()}
+        results[f"{model}/{precision}"] = record
+        log(f"[end_to_end] {model} {precision}: {record}")
+        rows.append([model, precision, f"{record['first_loss']} → {record['last_loss']}",
+                     f"{valid}", record["overflows"], record["last_loss_scale"] or "–"])
+    # fairseq-eval-lm at 8×L and fairseq-generate beam 5, fp32 and --fp16, of every checkpoint
+    jobs = {}
+    for precision in PRECISIONS:
         for decode, extra in (("fp32", []), ("fp16", ["--fp16"])):
-            try:
-                out = fairseq("fairseq_cli.eval_lm", lm, "--path", path, "--user-dir", user_dir,
-                              "--tokens-per-sample", 8 * E2E_L, "--max-tokens", 8 * 8 * E2E_L,
-                              "--gen-subset", "valid", *cpu, *extra, log_to=log_to)
-                ppl = float(re.findall(r"Perplexity: ([\d.]+)", out)[-1])
-                tokens = int(re.findall(r"Evaluated ([\d,]+) tokens", out)[-1].replace(",", ""))
-            except (RuntimeError, IndexError) as error:
-                ppl, tokens = None, str(error)
-            results[f"eval_lm/{precision}/{decode}"] = {"ppl": ppl, "tokens": tokens}
-            log(f"[end_to_end] eval-lm 8xL: trained {precision}, evaluated {decode}: {ppl}")
+            path = os.path.join(work, f"alibi_transformer_lm-{precision}", "checkpoint_last.pt")
+            if os.path.exists(path):
+                jobs[("eval_lm", precision, decode)] = ("fairseq_cli.eval_lm", [
+                    lm, "--path", path, "--user-dir", user_dir, "--tokens-per-sample",
+                    8 * E2E_L, "--max-tokens", 8 * 8 * E2E_L, "--gen-subset", "valid", *cpu,
+                    *extra], log_to)
+            path = os.path.join(work, f"alibi_transformer-{precision}", "checkpoint_last.pt")
+            if os.path.exists(path):
+                jobs[("generate", precision, decode)] = ("fairseq_cli.generate", [
+                    rev, "--path", path, "--user-dir", user_dir, "--beam", 5, "--batch-size",
+                    128, "--required-batch-size-multiple", 1, "--gen-subset", "test", *cpu,
+                    *extra], log_to)
+    outputs = concurrently(jobs)
+    reference = outputs.get(("generate", "fp32", "fp32"), "")
+    reference = dict(re.findall(r"^H-(\d+)\t[^\t]*\t(.*)$", reference if isinstance(
+        reference, str) else "", flags=re.M))
+    for (tool, precision, decode), out in outputs.items():
+        out = out if isinstance(out, str) else f"failed: {out}"
+        if tool == "eval_lm":
+            ppl = re.findall(r"Perplexity: ([\d.]+)", out)
+            tokens = re.findall(r"Evaluated ([\d,]+) tokens", out)
+            record = {"ppl": float(ppl[-1]) if ppl else None,
+                      "tokens": tokens[-1] if tokens else out[-200:]}
             gen_rows.append(["fairseq-eval-lm at 8×L", precision, decode,
-                             f"perplexity {ppl}", f"{tokens} tokens"])
-    # fairseq-generate, beam 5, fp32 and --fp16, of every translation checkpoint
-    hypotheses = {}
-    for precision in PRECISIONS:
-        path = os.path.join(work, f"alibi_transformer-{precision}", "checkpoint_last.pt")
-        if not os.path.exists(path):
-            continue
-        for decode, extra in (("fp32", []), ("fp16", ["--fp16"])):
-            try:
-                out = fairseq("fairseq_cli.generate", rev, "--path", path, "--user-dir", user_dir,
-                              "--beam", 5, "--batch-size", 128, "--required-batch-size-multiple",
-                              1, "--gen-subset", "test", *cpu, *extra, log_to=log_to)
-                bleu = float(re.findall(r"BLEU4? = ([\d.]+)", out)[-1])
-                hyps = dict(re.findall(r"^H-(\d+)\t[^\t]*\t(.*)$", out, flags=re.M))
-            except (RuntimeError, IndexError) as error:
-                bleu, hyps = None, {}
-                log(f"[end_to_end] generate {precision}/{decode}: {error}")
-            hypotheses[(precision, decode)] = hyps
-            ref = hypotheses.get(("fp32", "fp32"), {})
-            same = sum(hyps.get(i) == h for i, h in ref.items()) / max(1, len(ref))
-            results[f"generate/{precision}/{decode}"] = {
-                "bleu": bleu, "sentences": len(hyps), "same_as_fp32_run": same}
-            log(f"[end_to_end] generate: trained {precision}, decoded {decode}: BLEU {bleu}, "
-                f"{len(hyps)} sentences, {same:.1%} identical to the fp32 run")
-            gen_rows.append(["fairseq-generate beam 5", precision, decode, f"BLEU {bleu}",
-                             f"{len(hyps)} sentences, {same:.1%} hypotheses identical to fp32/fp32"])
+                             f"perplexity {record['ppl']}", f"{record['tokens']} tokens"])
+        else:
+            bleu = re.findall(r"BLEU4? = ([\d.]+)", out)
+            hyps = dict(re.findall(r"^H-(\d+)\t[^\t]*\t(.*)$", out, flags=re.M))
+            same = sum(hyps.get(i) == h for i, h in reference.items()) / max(1, len(reference))
+            record = {"bleu": float(bleu[-1]) if bleu else None, "sentences": len(hyps),
+                      "same_as_fp32_run": same}
+            gen_rows.append(["fairseq-generate beam 5", precision, decode,
+                             f"BLEU {record['bleu']}",
+                             f"{len(hyps)} sentences, {same:.1%} hypotheses identical to "
+                             "the fp32-trained model decoded in fp32"])
+        results[f"{tool}/{precision}/{decode}"] = record
+        log(f"[end_to_end] {tool}: trained {precision}, run {decode}: {record}")
     train_table = common.table(["model", "precision", "train loss, first → last logged",
-                                "valid loss", "overflow notes", "last loss scale", "seconds"],
-                               rows)
+                                "valid loss", "overflow notes", "last loss scale"], rows)
     eval_table = common.table(["tool", "trained", "run", "score", "detail"], gen_rows)
     return results, f"{updates} updates, seed 1, L = {E2E_L}", train_table, eval_table
 
@@ -508,7 +522,24 @@ def parse_args(argv=None):
     parser.add_argument("--device", default="cuda", choices=("cuda", "cpu"),
                         help="cpu: a smoke run of what needs no CUDA kernel (with --quick)")
     parser.add_argument("--quick", action="store_true", help="toy sizes: a smoke run")
+    parser.add_argument("--lengths", default=None, help="attention lengths (default 1k…16k)")
+    parser.add_argument("--variants", default=None, help="attention variants (default "
+                        "causal,symmetric,offset)")
+    parser.add_argument("--head-dims", default=None, help="attention head sizes (default 64,128)")
+    parser.add_argument("--train-lengths", default=None, help="training lengths (default 512…8192)")
+    parser.add_argument("--models", default=None, help=f"end_to_end models (default "
+                        f"{','.join(E2E_MODELS)})")
+    parser.add_argument("--updates", type=int, default=None, help="end_to_end updates (300)")
+    parser.add_argument("--test-workers", type=int, default=1,
+                        help="pytest-xdist workers for the tests (compiling flex is CPU-bound)")
+    parser.add_argument("--append", action="store_true",
+                        help="add to the gpu.md and results.json already in --out")
     args = parser.parse_args(argv)
+    ints = lambda text: tuple(int(x) for x in text.split(",")) if text else None  # noqa: E731
+    args.lengths, args.head_dims = ints(args.lengths), ints(args.head_dims)
+    args.train_lengths = ints(args.train_lengths)
+    args.variants = args.variants and tuple(args.variants.split(","))
+    args.models = args.models and common.comma_choices(parser, args.models, E2E_MODELS, "model")
     args.only = common.comma_choices(parser, args.only, PARTS, "part")
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error("no CUDA device here: run it on a GPU machine (or --device cpu --quick)")
@@ -532,6 +563,11 @@ def main(argv=None):
             f"CUDA {torch.version.cuda}, triton {triton.__version__}")
     results, sections = {}, []
     md_path = os.path.join(args.out, "gpu.md")
+    if args.append and os.path.exists(md_path):
+        with open(md_path) as f:
+            sections.append(f.read())
+        with open(os.path.join(args.out, "results.json")) as f:
+            results = json.load(f)
 
     def emit(title, body, notes=""):
         sections.append(common.section(title, command, body, notes))
@@ -547,19 +583,21 @@ def main(argv=None):
             start = time.time()
             try:
                 if part == "tests":
-                    results["tests"], body = run_tests(args.out, args.quick)
+                    results["tests"], body = run_tests(args.out, args.quick, args.test_workers)
                     emit("CUDA correctness against float64", body)
                 elif part == "attention":
-                    results["attention"], shape, body = run_attention(args.quick, args.device)
+                    results[f"attention {len(results)}"], shape, body = run_attention(
+                        args.quick, args.device, args.lengths, args.variants, args.head_dims)
                     emit(f"CUDA attention TFLOP/s against the no-bias kernels ({shape})", body)
                 elif part == "train":
-                    results["train"], shape, body = run_train(work, args.quick, args.device)
+                    results["train"], shape, body = run_train(work, args.quick, args.device,
+                                                              args.train_lengths)
                     emit(f"CUDA training: alibi_transformer_lm ÷ stock transformer_lm ({shape})",
                          body)
                 elif part == "end_to_end":
                     results["end_to_end"], shape, train_table, eval_table = run_end_to_end(
                         args.data, work, args.quick, os.path.join(args.out, "fairseq.log"),
-                        user_dir, args.device)
+                        user_dir, args.device, args.updates, args.models)
                     emit(f"End to end through fairseq's CLIs ({shape})", train_table)
                     emit("End to end: eval-lm at 8×L and generate, each checkpoint", eval_table)
             except Exception as error:  # one part failing must not lose the others' figures

@@ -81,7 +81,9 @@ def layer(variant, dtype, learned="none", seed=0):
         if p.dim() == 1 and p is not getattr(alibi, "scales", None):
             torch.nn.init.normal_(p, std=0.3)
     attn = attn.to(dtype)
-    return attn.cuda(), copy.deepcopy(attn).float(), ratio
+    twin = copy.deepcopy(attn).float()  # (its own copy of the bias module, on the CPU)
+    alibi.cuda()  # owned by the model, not by the layer: moved on its own
+    return attn.cuda(), twin, ratio
 
 
 def scales_of(cpu_twin, learned):
