@@ -84,12 +84,20 @@ def median_seconds(fn, device, budget=0.25, warmup=2, min_reps=5, max_reps=200):
 
 
 def cuda_peak_bytes(fn):
-    """Peak CUDA memory allocated during ``fn()`` above what was allocated at its start."""
+    """Peak CUDA memory allocated during ``fn()`` above what was allocated at its start.
+
+    fairseq's ``Trainer.train_step`` resets the peak itself (to log ``gb_free``), which made a
+    first version of this read 260 KiB for every model: the reset is held off meanwhile.
+    """
     torch.cuda.synchronize()
     base = torch.cuda.memory_allocated()
     torch.cuda.reset_peak_memory_stats()
-    fn()
-    torch.cuda.synchronize()
+    reset, torch.cuda.reset_peak_memory_stats = torch.cuda.reset_peak_memory_stats, lambda *a: None
+    try:
+        fn()
+        torch.cuda.synchronize()
+    finally:
+        torch.cuda.reset_peak_memory_stats = reset
     return torch.cuda.max_memory_allocated() - base
 
 

@@ -20,6 +20,11 @@ def available() -> bool:
     return importlib.util.find_spec("torch.nn.attention.flex_attention") is not None
 
 
+def compilable() -> bool:
+    """Whether ``torch.compile`` can build the fused kernel here (it needs triton on GPUs)."""
+    return importlib.util.find_spec("triton") is not None
+
+
 def unsupported(call) -> Optional[str]:
     """``None`` if :func:`attention` can serve ``call`` (a ``dispatch.Call``), else why not."""
     if not available():
