@@ -612,7 +612,6 @@ def main(argv=None):
                 log(f"[gpu] {part} failed: {type(error).__name__}: {error}")
                 results[f"{part}_error"] = f"{type(error).__name__}: {error}"
             log(f"[gpu] {part}: {time.time() - start:.0f} s")
-    emit("Run", f"parts: {', '.join(args.only)}")
     return 0
 
 
