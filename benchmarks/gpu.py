@@ -246,8 +246,9 @@ def run_attention(quick, device, lengths=None, variants=None, dims=None, dtype=t
                 del q, k, v, grad, methods
                 if device == "cuda":
                     torch.cuda.empty_cache()
-    shape = (f"{str(dtype).replace('torch.', '')}, B·L = {tokens} tokens, H = 16 at D = 64, "
-             f"H = 8 at D = 128, median of CUDA-event timings")
+    heads = ", ".join(f"H = {H} at D = {D}" for D, H in dims)
+    shape = (f"{str(dtype).replace('torch.', '')}, B·L = {tokens} tokens, {heads}, "
+             f"median of CUDA-event timings")
     body = common.table(
         ["variant", "D", "L", "method", "fwd TFLOP/s", "fwd × same kernel no bias",
          "fwd × limit", "fwd+bwd TFLOP/s", "fwd+bwd × same kernel no bias", "fwd+bwd × limit"],
