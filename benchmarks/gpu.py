@@ -117,10 +117,12 @@ def run_tests(out, quick, workers):
     args = [sys.executable, "-m", "pytest", "tests/test_cuda.py", "-q", "-p", "no:cacheprovider",
             "-rs"] + (["-x"] if quick else []) + (["-n", str(workers)] if workers > 1 else [])
     start = time.time()
-    proc = subprocess.run(args, capture_output=True, text=True, cwd=common.REPO)
-    text = proc.stdout + proc.stderr
-    with open(os.path.join(out, "tests.log"), "w") as f:
-        f.write(text)
+    path = os.path.join(out, "tests.log")
+    with open(path, "w") as f:  # written as pytest goes: a run cut short still leaves its log
+        proc = subprocess.run(args, stdout=f, stderr=subprocess.STDOUT, text=True,
+                              cwd=common.REPO)
+    with open(path) as f:
+        text = f.read()
     summary = [line for line in text.splitlines() if re.search(r"\d+ (passed|failed|skipped)", line)]
     summary = summary[-1].strip("= ") if summary else f"pytest exited {proc.returncode}"
     log(f"[tests] {summary} ({time.time() - start:.0f} s)")
