@@ -45,10 +45,11 @@ def trainer_from_flags(flags):
     return Trainer(cfg, task, model, criterion), task
 
 
-def build_trainer(data, arch, length, dims, extra=()):
-    """fairseq's Trainer for ``arch`` on the language_modeling task, tokens_per_sample=length."""
+def build_trainer(data, arch, length, dims, extra=(), device="cpu"):
+    """fairseq's Trainer for ``arch`` on the language_modeling task, tokens_per_sample=length
+    (on the CPU, or on fairseq's default device: ``device="cuda"``)."""
     return trainer_from_flags([
-        data, "--task", "language_modeling", "--arch", arch, "--cpu",
+        data, "--task", "language_modeling", "--arch", arch, *(["--cpu"] if device == "cpu" else []),
         "--tokens-per-sample", str(length), "--criterion", "cross_entropy",
         "--optimizer", "adam", "--lr", "1e-4", "--clip-norm", "1.0",
         "--dropout", "0.1", "--seed", "1", *dims, *extra,

@@ -17,6 +17,7 @@ from fairseq_alibi.modules.attention import (
     check_attention_backend,
     dispatch,
     flash,
+    flex,
 )
 from tests.helpers import load, run_cli
 
@@ -78,6 +79,27 @@ POLICY_CUDA = [
           heads=8), ("sdpa", "sdpa")),
     (Call(variant="causal", query_len=512, key_len=512, attn_mask=True, **CUDA16),
      ("sdpa", "sdpa")),
+    # compiled flex: causal, whole sequences, half precision, from FLEX_MIN_LENGTH keys
+    (Call(variant="causal", query_len=4096, key_len=4096, attn_mask=True, **CUDA16),
+     ("sdpa", "sdpa")),
+    (Call(variant="causal", query_len=4095, key_len=4095, **CUDA16), ("sdpa", "flash")),
+    (Call(variant="causal", query_len=1, key_len=8192, device="cuda", dtype=torch.float32,
+          heads=8), ("sdpa", "sdpa")),
+    (Call(variant="causal", query_len=8192, key_len=8192, device="cuda", dtype=torch.float32,
+          heads=8), ("sdpa", "sdpa")),
+    (Call(variant="causal", query_len=8192, key_len=8192, padded=True, device="cuda",
+          dtype=torch.float32, heads=8), ("sdpa", "sdpa")),
+    (Call(variant="causal", query_len=8192, key_len=8192, dropout_p=0.1, device="cuda",
+          dtype=torch.bfloat16, heads=8), ("sdpa", "flash")),
+    (Call(variant="offset", query_len=8192, key_len=8192, device="cuda", dtype=torch.bfloat16,
+          heads=8), ("sdpa", "sdpa")),
+]
+
+#: where flash_attn is absent, flex serves these (triton present)
+FLEX_CUDA = [
+    Call(variant="causal", query_len=4096, key_len=4096, **CUDA16),
+    Call(variant="causal", query_len=8192, key_len=8192, grad=True, device="cuda",
+         dtype=torch.bfloat16, heads=16),
 ]
 
 
@@ -92,8 +114,20 @@ def test_auto_policy_on_cuda(call, expected, flash_installed):
     assert auto_backend(call) == expected[flash_installed]
 
 
+@pytest.mark.parametrize("call", FLEX_CUDA, ids=[str(i) for i in range(len(FLEX_CUDA))])
+def test_auto_takes_compiled_flex_for_long_causal_sequences_on_cuda(call, flash_installed,
+                                                                     monkeypatch):
+    monkeypatch.setattr(flex, "compilable", lambda: True)
+    assert auto_backend(call) == ("flash" if flash_installed else "flex")
+    monkeypatch.setattr(flex, "compilable", lambda: False)  # no triton: no compiled flex
+    assert auto_backend(call) == ("flash" if flash_installed else "sdpa")
+    learned = call._replace(scale_grad=True)  # flash refuses; flex's was not measured
+    assert auto_backend(learned) == "sdpa"
+
+
 def test_policy_thresholds_are_the_documented_ones():
     assert dispatch.FOLD_MIN_LENGTH == 640 and dispatch.DENSE_MASK_BUDGET == 64 * MIB
+    assert dispatch.FLEX_MIN_LENGTH == 4096
 
 
 #: the grid of calls of the tests before the dispatch was one table (need_weights is the
@@ -113,7 +147,10 @@ def test_auto_never_picks_a_backend_that_cannot_serve(flash_installed):
     for call in ALL_CALLS:
         chosen = auto_backend(call)
         assert REGISTRY[chosen].unsupported(call) is None, (call, chosen)
-        assert chosen != "flex" and chosen != "naive"
+        assert chosen != "naive"
+        if chosen == "flex":  # only where it was measured faster
+            assert call.device == "cuda" and call.variant == "causal" and not call.padded
+            assert call.query_len == call.key_len >= dispatch.FLEX_MIN_LENGTH
         if call.device == "cpu":
             assert chosen in ("fold", "sdpa")  # measured fastest on the CPU, train and inference
         if chosen == "flash":

@@ -72,8 +72,28 @@ def sdpa(q, k, v, alibi, key_padding_mask, attn_mask, dropout_p, scale):
                                              dropout_p=dropout_p, scale=scale)
         return out[..., :D]
     mask = dense_mask(alibi, B, T, k.size(2), q.dtype, key_padding_mask, attn_mask)
+    if q.device.type == "cuda":
+        mask = aligned(mask)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p,
                                           scale=scale)
+
+
+#: the start of a bias that CUDA's fused attention kernels read, in bytes
+CUDA_BIAS_ALIGNMENT = 16
+
+
+def aligned(mask: Tensor) -> Tensor:
+    """``mask``, copied if its data does not start on a :data:`CUDA_BIAS_ALIGNMENT` boundary.
+
+    A decoding step's bias row is a view into one cached table at any offset
+    (``CachedAlibiBias._last_query_row``); CUDA's memory-efficient kernel read such a view with
+    "CUDA error: misaligned address" in float32 (a fault that poisons the process) and refused
+    it in float16 ("p.attn_bias_ptr is not correctly aligned"): fairseq-generate crashed on the
+    first step (H100, torch 2.11; docs/benchmarks.md, "GPU"). The copy is one ``(H, 1, S)`` row.
+    """
+    if (mask.storage_offset() * mask.element_size()) % CUDA_BIAS_ALIGNMENT:
+        return mask.clone()
+    return mask
 
 
 def scores(q, k, alibi, key_padding_mask, attn_mask, scale) -> Tensor:

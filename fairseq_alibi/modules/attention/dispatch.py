@@ -91,6 +91,14 @@ class Call(NamedTuple):
 #: length measured (docs/benchmarks.md, "Attention forward")
 FOLD_MIN_LENGTH = 640
 
+#: on CUDA, from this many keys on, causal attention over whole sequences in fp16/bf16 is faster
+#: with compiled ``flex`` than with ``sdpa``'s dense float bias (H100, bf16, forward+backward:
+#: flex ÷ sdpa 1.19-1.31 at D=64 and 1.24-1.38 at D=128 for 4096-8192 keys, 1.01-1.08 / 0.70 at
+#: 1024-2048; fairseq training of a 6-layer LM at 8192 tokens: 1.17× stock vs sdpa's 0.99×):
+#: docs/benchmarks.md, "GPU (H100)". Bidirectional variants were measured at 1024 keys only
+#: (flex slower there): they stay on sdpa
+FLEX_MIN_LENGTH = 4096
+
 #: the most memory ``sdpa``'s dense float bias may take (one per batch, shared by the layers,
 #: key padding or not): beyond it ``auto`` folds every variant
 DENSE_MASK_BUDGET = 64 * 2**20
@@ -99,8 +107,11 @@ DENSE_MASK_BUDGET = 64 * 2**20
 def auto_backend(call: Call) -> str:
     """``auto``'s choice: the fastest backend measured that can serve ``call``.
 
-    1. CUDA: ``flash`` where flash_attn is installed and serves the call (not measured here: no
-       GPU; it is the fused kernel that needs no bias tensor).
+    1. CUDA: ``flash`` where flash_attn is installed and serves the call (not measured: no
+       flash_attn wheel for torch 2.11 + CUDA 13; it is the fused kernel that needs no bias
+       tensor); compiled ``flex`` for ``causal`` training and scoring of whole sequences in
+       fp16/bf16 from :data:`FLEX_MIN_LENGTH` keys on (no padding, dropout, extra mask or
+       learned-scale gradient: what was measured) where triton can compile it.
     2. ``fold`` where it serves (CPU, float32/64, no KV cache, no dropout, no extra attn_mask)
        and either the variant is ``causal``/``one_sided`` with :data:`FOLD_MIN_LENGTH` keys or
        more, or the dense mask would exceed :data:`DENSE_MASK_BUDGET`, or learned slope scales
@@ -108,11 +119,17 @@ def auto_backend(call: Call) -> str:
        ``(B, H, T, S)`` tensor per layer: docs/learned_scales.md).
     3. ``sdpa`` otherwise (it serves every call: decoding steps, dropout, half precision, ...).
 
-    ``flex`` is never chosen: on the CPU it was slower than these in every case measured but
+    On the CPU ``flex`` is never chosen: it was slower than these in every case measured but
     one_sided inference (up to 10 %), has no CPU backward and compiles per shape.
     """
-    if call.device == "cuda" and flash.unsupported(call) is None:
-        return "flash"
+    if call.device == "cuda":
+        if flash.unsupported(call) is None:
+            return "flash"
+        if (call.variant == "causal" and call.query_len == call.key_len >= FLEX_MIN_LENGTH
+                and call.dtype in (torch.float16, torch.bfloat16) and not call.padded
+                and not call.attn_mask and not call.scale_grad
+                and flex.unsupported(call) is None and flex.compilable()):
+            return "flex"
     if fold.unsupported(call) is None:
         # one (H, T, S) bias for the batch, padded or not (sdpa: dense.padding_column)
         mask_bytes = call.heads * call.query_len * call.key_len * call.dtype.itemsize

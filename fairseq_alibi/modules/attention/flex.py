@@ -20,6 +20,11 @@ def available() -> bool:
     return importlib.util.find_spec("torch.nn.attention.flex_attention") is not None
 
 
+def compilable() -> bool:
+    """Whether ``torch.compile`` can build the fused kernel here (it needs triton on GPUs)."""
+    return importlib.util.find_spec("triton") is not None
+
+
 def unsupported(call) -> Optional[str]:
     """``None`` if :func:`attention` can serve ``call`` (a ``dispatch.Call``), else why not."""
     if not available():
@@ -114,6 +119,8 @@ def attention(q, k, v, alibi, key_padding_mask, attn_mask, dropout_p, scale):
     S = k.size(2)
     slopes, future = alibi.head_slopes()
     pad = None if key_padding_mask is None else key_padding_mask.to(torch.bool)
+    if future is not None:
+        future = future.to(q.device)
     score_mod = alibi_score_mod(alibi.variant, slopes.to(q.device), future, S - T, pad)
     if attn_mask is not None:
         extra = attn_mask.to(q.device)
