@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Train short, test long, in one command: an ALiBi and a sinusoidal transformer LM trained at
 # L=64 tokens on a corpus built from Python's own documentation (no download), evaluated at
-# L, 2L, 4L and 8L. Sets up ./.venv first if needed. Measured from a fresh clone (2026-11-21,
-# `time bash examples/quickstart.sh`, 2 idle AMD EPYC cores, .venv already set up): 4 min 8 s
-# wall, 467 CPU-seconds; longer on a busy machine (docs/quickstart.md#time-and-determinism).
+# L, 2L, 4L and 8L. Sets up ./.venv first if needed. Measured from a fresh clone (2026-11-24,
+# 2 idle AMD EPYC cores, .venv already set up): 3 min 35 s wall, 443 CPU-seconds; longer on a
+# busy machine (docs/quickstart.md#time-and-determinism).
 #
 #   bash examples/quickstart.sh                      # the default experiment
 #   bash examples/quickstart.sh --smoke              # every step in about a minute

@@ -309,8 +309,9 @@ def write_csv(path, runs, summary):
                                          ("length_ratio", "{:.3f}"))] + ["", "", "", ""])
 
 
-def plot(path, summary, N, title, bounds=None):
-    """BLEU by bucket, one line per model (the mean), the min–max over seeds as error bars."""
+def pyplot():
+    """matplotlib's ``pyplot`` drawing to files (Agg), or ``None`` (said on stderr) where
+    matplotlib is not installed."""
     try:
         logging.getLogger("matplotlib").setLevel(logging.WARNING)  # the root logger may be DEBUG
         import matplotlib
@@ -319,6 +320,14 @@ def plot(path, summary, N, title, bounds=None):
         import matplotlib.pyplot as plt
     except ImportError:
         print("matplotlib not installed: no plot", file=sys.stderr)
+        return None
+    return plt
+
+
+def plot(path, summary, N, title, bounds=None):
+    """BLEU by bucket, one line per model (the mean), the min–max over seeds as error bars."""
+    plt = pyplot()
+    if plt is None:
         return
     header = bucket_names(N, bounds or length_buckets(N))
     fig, ax = plt.subplots(figsize=(6.5, 4.0))

@@ -38,6 +38,7 @@ import json
 import os
 import resource
 import shutil
+import statistics
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -49,6 +50,7 @@ from benchmarks.common import comma_choices
 from experiments import punctuation_restoration as restoration
 from experiments.seq2seq_runs import (
     START,
+    bucket_names,
     evaluate,
     final_checkpoint,
     generate_command,
@@ -70,6 +72,8 @@ ALIBI = ("--arch", "alibi_transformer", "--encoder-alibi-variant", "offset",
          "--decoder-alibi-variant", "causal")
 POINTER = ("--cross-alibi", "pointer")
 LENGTH_SCALE = ("--cross-attention-length-scale", "{mean_source}")
+#: Press's slopes of the 2 biased heads (1/16, 1/256) times 16: 1 and 1/16
+STEEP = ("--cross-alibi-slope-scale", "16")
 #: the EOS guard's strength at decoding (``--model-overrides``), for the ``pointer`` checkpoint
 EOS_GUARD = 2.0
 
@@ -105,8 +109,14 @@ CONFIGS = {
     "pointer_eos": Config("the pointer checkpoints decoded with the EOS guard (no training)",
                           checkpoint_of="pointer",
                           decode_overrides={"cross_alibi_eos_guard": EOS_GUARD}),
-    "recommended": Config("pointer + length scale + start marker, decoded with the EOS guard",
-                          ALIBI + POINTER + LENGTH_SCALE, start_marker=True,
+    "pointer_steep": Config("pointer with 16 times the slopes (1 and 1/16 on the 2 biased "
+                            "heads)", ALIBI + POINTER + STEEP),
+    "recommended": Config("the pointer_steep checkpoints decoded with the EOS guard",
+                          checkpoint_of="pointer_steep",
+                          decode_overrides={"cross_alibi_eos_guard": EOS_GUARD}),
+    "pointer_all": Config("pointer (Press's slopes) + length scale + start marker, decoded "
+                          "with the EOS guard", ALIBI + POINTER + LENGTH_SCALE,
+                          start_marker=True,
                           decode_overrides={"cross_alibi_eos_guard": EOS_GUARD}),
 }
 
@@ -352,13 +362,30 @@ def timing_table(timing):
     return "\n".join(lines) + "\n"
 
 
+def kept_table(runs, N):
+    """BLEU of each longer bucket ÷ the same run's BLEU in range (N/2, N], per seed, as the
+    mean (min–max) over seeds: the figure of "train short, test long"."""
+    header = bucket_names(N, length_buckets(N))
+    lines = ["| BLEU kept (÷ the run's BLEU in " + header[0] + ") | " + " | ".join(header[1:])
+             + " |", "|---|" + "---:|" * (len(header) - 1)]
+    for name, seeds in runs.items():
+        cells = []
+        for b in range(1, len(header)):
+            kept = [rows[b]["bleu"] / rows[0]["bleu"] for rows in seeds.values()
+                    if rows[0]["bleu"] and rows[b]["bleu"] is not None]
+            cells.append(f"{statistics.fmean(kept):.0%} ({min(kept):.0%}–{max(kept):.0%})"
+                         if kept else "–")
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def write_results(out, runs, timing, meta):
     N = meta["data"]["N"]
     summary = summarize({name: list(seeds.values()) for name, seeds in runs.items()})
     runs_cpu = sum(v for seeds in timing.values() for t in seeds.values()
                    for k, v in t.items() if k.endswith("cpu_s"))
     meta["runs_cpu_s"] = round(runs_cpu, 1)
-    table = markdown_tables(summary, N)
+    table = markdown_tables(summary, N) + "\n" + kept_table(runs, N)
     what = "\n".join(f"- `{name}`: {CONFIGS[name].what}" for name in runs)
     report = (f"{table}\n{what}\n\nWall and CPU time of each run (CPU: the run's own process, "
               f"user + system):\n\n{timing_table(timing)}\n"

@@ -15,8 +15,10 @@ option         added to (or multiplying) the logit of query ``t``, key ``j``, he
 length scale   content logit ``q·k/√d`` times ``log S_b / log N`` (:func:`length_scale`)
 =============  =================================================================================
 
-``m_h`` are Press et al.'s slopes over the ``K`` biased heads (``get_slopes(K)``); the other
-``H - K`` heads get no bias (content only). Everything is computed in float32, whatever the
+``m_h`` are Press et al.'s slopes over the ``K`` biased heads (``get_slopes(K)``), times
+``--cross-alibi-slope-scale X`` (default 1; with ``K = 2`` Press's slopes are 1/16 and 1/256,
+``X = 16`` makes them 1 and 1/16: one head held within a few tokens of the anchor, one loose);
+the other ``H - K`` heads get no bias (content only). Everything is computed in float32, whatever the
 model's precision, and from differences ``j - anchor`` (never the "row trick").
 """
 

@@ -678,7 +678,7 @@ def test_quickstart_header_gives_the_measured_time():
     header = "".join(l for l in (REPO / "examples" / "quickstart.sh").read_text().splitlines(True)
                      if l.startswith("#"))
     measured = (REPO / "docs" / "quickstart.md").read_text()
-    for figure in ("4 min 8 s", "467 CPU-seconds"):
+    for figure in ("3 min 35 s", "443 CPU-seconds"):
         assert figure in " ".join(header.split()) and figure in measured
     assert "About 10 minutes" not in header
 

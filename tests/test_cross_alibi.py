@@ -31,7 +31,8 @@ RATIO = ["--cross-alibi", "ratio", "--cross-alibi-ratio", 0.7]
 SCALE = ["--cross-attention-length-scale", 6]
 OPTIONS = {"pointer": POINTER, "ratio": RATIO, "length_scale": SCALE,
            "pointer_scaled": POINTER + SCALE + ["--cross-alibi-heads", 3],
-           "ratio_one_head": RATIO + ["--cross-alibi-heads", 1]}
+           "ratio_one_head": RATIO + ["--cross-alibi-heads", 1],
+           "pointer_steep": POINTER + ["--cross-alibi-slope-scale", 16]}
 
 
 @pytest.fixture(scope="module")
@@ -81,7 +82,8 @@ def reference_cross_attention(flags):
                     anchors.append(p)
             else:
                 anchors = [float(options["--cross-alibi-ratio"]) * t for t in range(T)]
-            slopes = press_slopes(k)
+            slopes = [float(options.get("--cross-alibi-slope-scale", 1)) * m
+                      for m in press_slopes(k)]
             for h in range(k):
                 for t in range(T):
                     for j in range(S):
@@ -303,6 +305,8 @@ def test_shape_training_differs_from_stock_and_grows_the_table(data):
     (["--cross-alibi", "ratio", "--cross-alibi-ratio", 1, "--cross-alibi-eos-guard", 2],
      "needs --cross-alibi pointer"),
     (["--cross-alibi", "pointer", "--cross-alibi-eos-guard", -3], "-1 \\(off\\) or a distance"),
+    (["--cross-alibi-slope-scale", 16], "with --cross-alibi none there is none"),
+    (["--cross-alibi", "pointer", "--cross-alibi-slope-scale", 0], "must be positive"),
     (["--position-shift", 4], "both sides use ALiBi"),
     (["--position-shift", -1, "--encoder-alibi-variant", "none"], ">= 0"),
     (["--position-shift", 4, "--encoder-alibi-variant", "none", "--encoder-learned-pos"],
@@ -344,7 +348,7 @@ def test_a_stock_checkpoint_names_every_side_in_one_message(data, tmp_path):
 # ---------------------------------------------------------------- checkpoints
 
 
-NEW_OPTIONS = ("cross_alibi", "cross_alibi_heads", "cross_alibi_ratio",
+NEW_OPTIONS = ("cross_alibi", "cross_alibi_heads", "cross_alibi_ratio", "cross_alibi_slope_scale",
                "cross_attention_length_scale", "cross_alibi_eos_guard", "position_shift")
 
 

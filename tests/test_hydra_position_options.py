@@ -87,22 +87,46 @@ def test_translation_config_exposes_the_cross_attention_options(tmp_path):
 
     defaults = compose(CONFIG / "translation", "iwslt14_de_en_alibi").model
     assert (defaults.cross_alibi, defaults.cross_alibi_heads, defaults.cross_alibi_ratio,
-            defaults.cross_attention_length_scale, defaults.cross_alibi_eos_guard,
-            defaults.position_shift) == ("none", None, None, 0, -1, 0)
+            defaults.cross_alibi_slope_scale, defaults.cross_attention_length_scale,
+            defaults.cross_alibi_eos_guard, defaults.position_shift) == \
+        ("none", None, None, 1, 0, -1, 0)
     sizes = [f"model.{k}={v}" for k, v in dict(
         encoder_layers=1, decoder_layers=1, encoder_embed_dim=32, decoder_embed_dim=32,
         encoder_ffn_embed_dim=64, decoder_ffn_embed_dim=64, encoder_attention_heads=4,
         decoder_attention_heads=4).items()]
     cfg = compose(CONFIG / "translation", "iwslt14_de_en_alibi",
                   ["model.cross_alibi=pointer", "model.cross_alibi_eos_guard=2",
-                   "model.cross_attention_length_scale=8", *[f"+{s}" for s in sizes]])
+                   "model.cross_attention_length_scale=8", "model.cross_alibi_slope_scale=16",
+                   *[f"+{s}" for s in sizes]])
     _, task = setup_from_command_line(write_dictionaries(tmp_path), "--task", "translation",
                                       "--source-lang", "src", "--target-lang", "tgt",
                                       "--arch", "alibi_transformer")
     model = task.build_model(cfg.model)
     cross = [m for m in model.modules() if isinstance(m, CrossPositionAttention)]
     assert len(cross) == 1 and cross[0].mode == "pointer" and cross[0].length_reference == 8
+    assert cross[0].slopes.tolist() == [1.0, 1 / 16, 0.0, 0.0]  # 16 x Press's 2 heads
     assert model.decoder.cross_alibi_eos_guard == 2
     with pytest.raises(ValueError, match="needs --cross-alibi-ratio"):
         task.build_model(compose(CONFIG / "translation", "iwslt14_de_en_alibi",
                                  ["model.cross_alibi=ratio", *[f"+{s}" for s in sizes]]).model)
+
+
+def test_the_pointer_config_builds_the_recommended_model(tmp_path):
+    """The shipped recipe of docs/translation.md's measured recommendation: the pointer with
+    16 x Press's slopes on half the heads and the EOS guard, on the IWSLT recipe."""
+    from fairseq_alibi.modules.cross_position import CrossPositionAttention
+    from tests.test_translation_model import write_dictionaries
+    from tests.helpers import setup_from_command_line
+
+    cfg = compose(CONFIG / "translation", "iwslt14_de_en_alibi_pointer")
+    assert cfg.model._name == "alibi_transformer_iwslt_de_en"
+    assert cfg.lr_scheduler.warmup_updates == 4000 and cfg.task.source_lang == "de"
+    _, task = setup_from_command_line(write_dictionaries(tmp_path), "--task", "translation",
+                                      "--source-lang", "src", "--target-lang", "tgt",
+                                      "--arch", "alibi_transformer")
+    model = task.build_model(cfg.model)
+    cross = [m for m in model.modules() if isinstance(m, CrossPositionAttention)]
+    assert len(cross) == 6 and {m.mode for m in cross} == {"pointer"}
+    assert cross[0].slopes.tolist() == [1.0, 1 / 16, 0.0, 0.0]
+    assert model.decoder.cross_alibi_eos_guard == 2
+

@@ -93,6 +93,8 @@ def test_from_logs_summarises_the_seeds(tmp_path):
     assert "| alibi | 100.0 (100.0–100.0) | " in report and "mean (min–max) over 2 seeds" in report
     assert "| alibi | 1, 1 of 1 | 1, 0 of 1 |" in report  # starts, seed by seed
     assert "Runs: 21.0 CPU-s in all" in report  # (9 + 1.5) x 2
+    low = second["bleu"]["min"] / 100  # BLEU kept at 2N: 100 % (seed 1) and low (seed 2)
+    assert f"| alibi | {(1 + low) / 2:.0%} ({low:.0%}–100%) | – | – |" in report
     rows = (out / "results.csv").read_text().splitlines()
     assert rows[0].startswith("model,seed,bucket,sentences,statistic,bleu")
     assert sum(r.startswith("alibi,all,5-8,1,") for r in rows) == 4  # mean, min, max, std
@@ -124,6 +126,14 @@ def test_smoke_runs_end_to_end_and_checks_the_hypotheses(tmp_path):
         assert [r["sentences"] for r in seeds["1"]] == [3, 3, 3, 3]
         assert f"{name} seed 1: translated all 12 test inputs" in proc.stdout
     assert saved["meta"]["total_wall_s"] > 0 and saved["meta"]["runs_cpu_s"] > 0
+    # the pointer's trace on the same test pairs: one row per bucket and pointer layer
+    from experiments import pointer_trace
+
+    assert pointer_trace.main(["--out", str(out), "--config", "pointer"]) == 0
+    rows = json.loads((out / "pointer_trace.json").read_text())
+    assert [r["sentences"] for r in rows] == [3, 3, 3, 3]
+    assert all(r["step"] > 0 and 0 < r["end"] < 100 and 0 <= r["on_pointer"] <= 1 for r in rows)
+    assert (out / "pointer_trace.png").is_file()
     # a fairseq-generate that translated fewer inputs than there are is caught
     log = out / "runs" / "alibi" / "seed1" / "generate.log"
     log.write_text("".join(line + "\n" for line in log.read_text().splitlines()

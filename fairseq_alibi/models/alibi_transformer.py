@@ -153,6 +153,14 @@ def _check_cross_options(args):
         if not 1 <= args.cross_alibi_heads <= heads:
             raise ValueError(f"--cross-alibi-heads must be between 1 and the "
                              f"{heads} decoder attention heads, got {args.cross_alibi_heads}")
+    slope_scale = args.cross_alibi_slope_scale
+    if slope_scale != 1.0:
+        if mode == "none":
+            raise ValueError("--cross-alibi-slope-scale scales the slopes of the --cross-alibi "
+                             "bias; with --cross-alibi none there is none: drop it, or pass "
+                             "--cross-alibi pointer (or ratio)")
+        if not slope_scale > 0:
+            raise ValueError(f"--cross-alibi-slope-scale must be positive, got {slope_scale}")
     ratio = args.cross_alibi_ratio
     if mode == "ratio" and ratio is None:
         raise ValueError("--cross-alibi ratio needs --cross-alibi-ratio R, the source tokens "
@@ -360,6 +368,11 @@ class AlibiTransformerModel(ScalesFollowPrunedLayers, TransformerModel):
             "others are content only (default: half the heads, at least 1)",
         )
         parser.add_argument(
+            "--cross-alibi-slope-scale", type=float, metavar="X",
+            help="the --cross-alibi heads' slopes are X times Press's slopes of K heads "
+            "(default 1; 16 with 2 biased heads: slopes 1 and 1/16)",
+        )
+        parser.add_argument(
             "--cross-alibi-ratio", type=float, metavar="R",
             help="--cross-alibi ratio: source tokens per target token of the training corpus "
             "(required with ratio)",
@@ -540,6 +553,7 @@ def _alibi_defaults(args):
     args.cross_alibi = safe_getattr(args, "cross_alibi", "none")
     args.cross_alibi_heads = safe_getattr(args, "cross_alibi_heads", None)
     args.cross_alibi_ratio = safe_getattr(args, "cross_alibi_ratio", None)
+    args.cross_alibi_slope_scale = float(safe_getattr(args, "cross_alibi_slope_scale", 1.0))
     args.cross_attention_length_scale = float(
         safe_getattr(args, "cross_attention_length_scale", 0.0))
     args.cross_alibi_eos_guard = float(safe_getattr(args, "cross_alibi_eos_guard", -1.0))

@@ -71,6 +71,7 @@ def build_cross_attention(embed_dim, cfg, quant_noise=0.0, qn_block_size=8):
         embed_dim, heads,
         mode=mode,
         biased_heads=safe_getattr(cfg, "cross_alibi_heads", None) or default_cross_heads(heads),
+        slope_scale=float(safe_getattr(cfg, "cross_alibi_slope_scale", 1.0) or 1.0),
         ratio=safe_getattr(cfg, "cross_alibi_ratio", None),
         length_reference=float(safe_getattr(cfg, "cross_attention_length_scale", 0.0) or 0.0),
         attention=safe_getattr(cfg, "alibi_attention", "auto"),
@@ -98,14 +99,14 @@ class CrossPositionAttention(MultiheadAttention):
     """Encoder-decoder attention ``softmax(f_b·QKᵀ/√d + bias + padding)·V``.
 
     ``mode``: ``none``, ``pointer`` or ``ratio``; ``biased_heads`` ``K``: how many heads (the
-    first) get the bias, with slopes ``get_slopes(K)``; ``ratio``: ``r`` for ``ratio``;
+    first) get the bias, with slopes ``slope_scale·get_slopes(K)``; ``ratio``: ``r`` for ``ratio``;
     ``length_reference``: ``N`` of the length scale ``f_b = log S_b / log N`` (0: ``f_b = 1``);
     ``attention``: ``--alibi-attention`` (``naive`` runs the explicit reference, anything else
     ``sdpa``).
     """
 
     def __init__(self, embed_dim, num_heads, mode="none", biased_heads=1, ratio=None,
-                 length_reference=0.0, attention="auto", **kwargs):
+                 length_reference=0.0, attention="auto", slope_scale=1.0, **kwargs):
         super().__init__(embed_dim, num_heads, encoder_decoder_attention=True, **kwargs)
         if mode not in CROSS_ALIBI_MODES:
             raise ValueError(f"unknown --cross-alibi {mode!r}; choose one of: "
@@ -113,6 +114,7 @@ class CrossPositionAttention(MultiheadAttention):
         self.mode, self.length_reference = mode, float(length_reference)
         self.biased_heads = int(biased_heads) if mode != "none" else 0
         self.ratio = None if ratio is None else float(ratio)
+        self.slope_scale = float(slope_scale)
         self.attention_backend = attention
         if self.biased_heads:
             # not saved (it follows from K), kept float32 by _apply
@@ -124,12 +126,13 @@ class CrossPositionAttention(MultiheadAttention):
 
     def extra_repr(self):
         return (f"mode={self.mode}, biased_heads={self.biased_heads}, ratio={self.ratio}, "
-                f"length_reference={self.length_reference}")
+                f"slope_scale={self.slope_scale}, length_reference={self.length_reference}")
 
     def _head_slopes(self):
-        """``(H,)`` float32: Press's slopes of the ``K`` biased heads, then ``H - K`` zeros."""
+        """``(H,)`` float32: Press's slopes of the ``K`` biased heads (times the slope scale),
+        then ``H - K`` zeros."""
         slopes = torch.zeros(self.num_heads)
-        slopes[: self.biased_heads] = get_slopes(self.biased_heads)
+        slopes[: self.biased_heads] = get_slopes(self.biased_heads) * self.slope_scale
         return slopes
 
     def _apply(self, fn, *args, **kwargs):
