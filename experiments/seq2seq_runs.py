@@ -330,20 +330,22 @@ def plot(path, summary, N, title, bounds=None):
     if plt is None:
         return
     header = bucket_names(N, bounds or length_buckets(N))
-    fig, ax = plt.subplots(figsize=(6.5, 4.0))
+    fig, ax = plt.subplots(figsize=(8.5, 4.0))
+    colors = plt.get_cmap("tab20").colors  # more models than the default cycle's 10 colours
     for k, (name, rows) in enumerate(summary.items()):
         x = [i + 0.03 * (k - len(summary) / 2) for i in range(len(rows))]  # apart, not hidden
         cells = [r["bleu"] or {"mean": float("nan"), "min": float("nan"),
                                "max": float("nan")} for r in rows]  # nan: an empty bucket
         mean = [c["mean"] for c in cells]
         spread = [[c["mean"] - c["min"] for c in cells], [c["max"] - c["mean"] for c in cells]]
-        ax.errorbar(x, mean, yerr=spread, marker="o", capsize=3, label=name)
+        ax.errorbar(x, mean, yerr=spread, marker="os^Dv"[k % 5], capsize=3, label=name,
+                    color=colors[(2 * k) % 20 + (k // 10) % 2])
     ax.axvspan(-0.3, 0.3, color="grey", alpha=0.15, label=f"training lengths (<= N={N})")
     ax.set_xticks(range(len(header)), header)
     ax.set_xlabel("source length (tokens)")
     ax.set_ylabel("BLEU")
     ax.set_title(title)
-    ax.legend(fontsize="small")
+    ax.legend(fontsize="small", loc="center left", bbox_to_anchor=(1.01, 0.5))
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
