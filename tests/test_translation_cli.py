@@ -232,6 +232,7 @@ def test_joined_dictionary_and_shared_embeddings(corpus, alibi_user_dir, tmp_pat
 
 @pytest.mark.slow
 @pytest.mark.parametrize("config,model", [("iwslt14_de_en_alibi", "AlibiTransformerModel"),
+                                          ("iwslt14_de_en_alibi_pointer", "AlibiTransformerModel"),
                                           ("iwslt14_de_en_sinusoidal", "TransformerModel")])
 def test_shipped_configs_compose_and_train_two_updates(corpus, alibi_user_dir, tmp_path,
                                                        config, model):
@@ -249,6 +250,14 @@ def test_shipped_configs_compose_and_train_two_updates(corpus, alibi_user_dir, t
         cwd=tmp_path)  # any folder: the config finds the plugin itself
     assert f"model: {model}" in out and '"train_num_updates": "2"' in out
     assert (tmp_path / "checkpoints" / "checkpoint_last.pt").is_file()
+    if config.endswith("pointer"):  # the recommended cross-attention options, saved
+        import torch
+
+        saved = torch.load(tmp_path / "checkpoints" / "checkpoint_last.pt",
+                           weights_only=False)["cfg"]["model"]
+        saved = vars(saved) if not isinstance(saved, dict) else saved  # a Namespace (legacy)
+        assert (saved["cross_alibi"], saved["cross_alibi_slope_scale"],
+                saved["cross_alibi_eos_guard"]) == ("pointer", 16.0, 2.0)
 
 
 # ---------------------------------------------------------------- bad input at the command line
