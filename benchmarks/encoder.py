@@ -11,10 +11,17 @@ the unbiased causal one (half the work); forward only, ``flex (compiled)`` too. 
 
 Model level: ``alibi_roberta`` training steps (``masked_lm`` criterion, Adam, fairseq's
 Trainer) per ``--alibi-variant``, against ``--alibi-variant none`` — stock RoBERTa attention
-with learned position embeddings.
+with learned position embeddings — with the GPT-2 vocabulary (50,265 symbols, as RoBERTa's
+dictionary): a toy vocabulary hides what the output layer costs.
+
+Masked-LM heads: the same training step with the CLAP head (``--mlm-head clap``, with and
+without ALiBi) against the stock RoBERTa head, paired per round, at the GPT-2 vocabulary size,
+and, as the reference of what it cost before, the CLAP head computed as it used to be
+(``normalize(W)`` materialised at every step).
 """
 
 import math
+import os
 
 import torch
 import torch.nn.functional as F
@@ -26,6 +33,8 @@ from fairseq_alibi.modules.attention.fold import folded_attention
 from benchmarks.attention import compiled_flex as _compiled_flex
 
 ENCODER_VARIANTS = ("symmetric", "one_sided", "offset", "asymmetric")
+#: RoBERTa's dictionary: the 50,257 GPT-2 BPE ids, 4 specials, 3 filler words and <mask>
+GPT2_VOCAB = 50265
 
 
 def attention_table(quick, rounds, log):
@@ -79,12 +88,18 @@ def attention_table(quick, rounds, log):
                          "× bidirectional"], rows)
 
 
-def build_masked_lm(data, variant, length, dims):
+def build_masked_lm(data, variant, length, dims, extra=()):
     return train.trainer_from_flags([
         data, "--task", "masked_lm", "--arch", "alibi_roberta", "--alibi-variant", variant,
         "--cpu", "--tokens-per-sample", str(length), "--criterion", "masked_lm",
         "--optimizer", "adam", "--lr", "1e-4", "--clip-norm", "1.0", "--seed", "1", *dims,
+        *extra,
     ])
+
+
+def dictionary_folder(work, vocab):
+    """A dictionary of ``vocab`` symbols in all (the task adds 4 specials and ``<mask>``)."""
+    return train.write_dictionary(os.path.join(work, f"encoder-dict-{vocab}"), vocab - 5)
 
 
 def masked_batch(task, batch, length, seed, ratio=0.15):
@@ -104,8 +119,6 @@ def masked_batch(task, batch, length, seed, ratio=0.15):
 
 
 def model_table(work, quick, rounds, log):
-    import os
-
     from fairseq.models import MODEL_REGISTRY
 
     import fairseq_alibi  # noqa: F401
@@ -119,8 +132,8 @@ def model_table(work, quick, rounds, log):
     else:
         dims = ["--encoder-layers", "2", "--encoder-embed-dim", "256",
                 "--encoder-ffn-embed-dim", "1024", "--encoder-attention-heads", "4"]
-        lengths, tokens_per_batch, vocab = (512, 1024), 4096, 1000
-    data = train.write_dictionary(os.path.join(work, "encoder-dict"), vocab)
+        lengths, tokens_per_batch, vocab = (512, 1024), 4096, GPT2_VOCAB
+    data = dictionary_folder(work, vocab)
     rows = []
     for L in lengths:
         batch = max(1, tokens_per_batch // L)
@@ -138,9 +151,82 @@ def model_table(work, quick, rounds, log):
             name = "none (stock: learned positions)" if v == "none" else v
             rows.append([L, name, f"{batch * L / timed.median(v):,.0f}",
                          f"{1 / timed.ratio(v, 'none'):.2f}"])
-    shape = (f"alibi_roberta, {' '.join(dims).replace('--encoder-', '')}, vocab {vocab}, "
+    shape = (f"alibi_roberta, {' '.join(dims).replace('--encoder-', '')}, vocab {vocab:,}, "
              f"{tokens_per_batch} tokens/batch, float32, {rounds} interleaved round(s), median")
     return shape, table(["L", "--alibi-variant", "train tokens/s", "throughput × none"], rows)
+
+
+#: the heads compared: name -> (--alibi-variant, extra flags); the stock head of the same
+#: variant is each CLAP row's pair
+HEAD_CASES = {
+    "none, roberta head": ("none", []),
+    "offset, roberta head": ("offset", []),
+    "offset, clap + zero mask": ("offset", ["--mlm-head", "clap", "--zero-mask-embedding"]),
+    "none, clap": ("none", ["--mlm-head", "clap"]),
+    "offset, clap + zero mask, normalize(W) materialised (before)":
+        ("offset", ["--mlm-head", "clap", "--zero-mask-embedding"]),
+}
+HEAD_PAIRS = {"offset, clap + zero mask": "offset, roberta head",
+              "none, clap": "none, roberta head",
+              "offset, clap + zero mask, normalize(W) materialised (before)":
+                  "offset, roberta head"}
+
+
+def materialise_normalized_weight(head):
+    """Make ``head`` compute CLAP as it did before: ``β · linear(x, normalize(W))`` with the
+    whole normalised matrix built (forward and backward) at every call; the reference row."""
+    from fairseq_alibi.modules.clap_head import normalize_rows
+
+    def forward(features, masked_tokens=None, **kwargs):
+        if masked_tokens is not None:
+            features = features[masked_tokens, :]
+        weight = normalize_rows(head.weight)
+        return head.beta.to(features.dtype) * F.linear(features, weight.to(features.dtype))
+
+    head.forward = forward
+
+
+def head_table(work, quick, rounds, log):
+    """Training tokens/s of the CLAP head against the stock head, at the GPT-2 vocabulary."""
+    from fairseq.models import MODEL_REGISTRY
+
+    import fairseq_alibi  # noqa: F401
+
+    if "alibi_roberta" not in MODEL_REGISTRY:
+        return None
+    if quick:
+        dims = ["--encoder-layers", "1", "--encoder-embed-dim", "32",
+                "--encoder-ffn-embed-dim", "64", "--encoder-attention-heads", "2"]
+        L, batch, vocab = 16, 4, 100
+    else:  # the setting in which a user measured the head at a third of every step
+        dims = ["--encoder-layers", "4", "--encoder-embed-dim", "256",
+                "--encoder-ffn-embed-dim", "1024", "--encoder-attention-heads", "4"]
+        L, batch, vocab = 64, 16, GPT2_VOCAB
+    data = dictionary_folder(work, vocab)
+    models = {}
+    for name, (variant, extra) in HEAD_CASES.items():
+        models[name] = build_masked_lm(data, variant, L, dims, extra)
+        if "(before)" in name:
+            materialise_normalized_weight(models[name][0].model.encoder.lm_head)
+    samples = {n: masked_batch(task, batch, L, seed=0) for n, (_, task) in models.items()}
+
+    def step(name):
+        def call():
+            models[name][0].train_step([samples[name]])
+        return call
+
+    log(f"[encoder] masked-LM heads, vocab {vocab}")
+    timed = Rounds({n: step(n) for n in models}, rounds, warmup=1 if quick else 2)
+    rows = []
+    for name in models:
+        pair = HEAD_PAIRS.get(name)
+        rows.append([name, f"{batch * L / timed.median(name):,.0f}",
+                     f"{1 / timed.ratio(name, pair):.2f}" if pair else "–",
+                     f"{1 / timed.ratio(name, 'none, roberta head'):.2f}"])
+    shape = (f"alibi_roberta, {' '.join(dims).replace('--encoder-', '')}, L={L}, {batch} "
+             f"sequences/batch, vocab {vocab:,}, float32, {rounds} interleaved round(s), median")
+    return shape, table(["configuration", "train tokens/s", "× the stock head (same variant)",
+                         "× none, roberta head"], rows)
 
 
 def run(work, quick=False, rounds=5, log=print):
@@ -152,4 +238,13 @@ def run(work, quick=False, rounds=5, log=print):
     if found is not None:
         shape, body = found
         out.append(("Encoder variants, masked-LM training (" + shape + ")", body, ""))
-    return out
+    return out + run_heads(work, quick, rounds, log)
+
+
+def run_heads(work, quick=False, rounds=5, log=print):
+    rounds = 1 if quick else rounds
+    found = head_table(work, quick, rounds, log)
+    if found is None:
+        return []
+    shape, body = found
+    return [("Masked-LM heads, training (" + shape + ")", body, "")]

@@ -1,6 +1,7 @@
 """All benchmarks in one command; every figure is a ratio measured side by side in this run.
 
-    python -m benchmarks.run [--quick] [--only attention,decoding,train,eval,encoder,translation,cross] [--rounds N]
+    python -m benchmarks.run [--quick] [--only attention,decoding,train,eval,encoder,heads,translation,cross]
+                             [--rounds N]
                              [--threads N] [--markdown FILE]
 
 ``--quick`` runs every benchmark at toy sizes in about a minute (the test suite does, so the
@@ -19,7 +20,7 @@ import torch
 
 from benchmarks import common
 
-ALL = ("attention", "decoding", "train", "eval", "encoder", "translation", "cross")
+ALL = ("attention", "decoding", "train", "eval", "encoder", "heads", "translation", "cross")
 
 
 def parse_args(argv=None):
@@ -94,6 +95,11 @@ def main(argv=None):
             from benchmarks import encoder
 
             for shape, body, notes in encoder.run(work, args.quick, args.rounds, log=log):
+                emit(shape, body, notes)
+        if "heads" in args.only and "encoder" not in args.only:  # (`encoder` includes them)
+            from benchmarks import encoder
+
+            for shape, body, notes in encoder.run_heads(work, args.quick, args.rounds, log=log):
                 emit(shape, body, notes)
         if "translation" in args.only:
             from benchmarks import translation

@@ -16,6 +16,8 @@ TOOLS = {
                 "stock transformer_lm and ALiBi-fork checkpoints -> this plugin"),
     "checkpoints": ("fairseq_alibi.cli.checkpoints", "main", "inspect or repair a save folder"),
     "corpus": ("fairseq_alibi.cli.corpus", "main", "build the quickstart corpus"),
+    "glue": ("fairseq_alibi.cli.glue", "main",
+             "fine-tune an encoder on GLUE, N seeds a task, collapsed runs flagged"),
     "export-hf": ("fairseq_alibi.cli.huggingface", "export_main",
                   "fairseq ALiBi LM -> Hugging Face BLOOM/MPT folder"),
     "import-hf": ("fairseq_alibi.cli.huggingface", "import_main",

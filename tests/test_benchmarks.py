@@ -24,6 +24,7 @@ SECTIONS = [
     "### fairseq-eval-lm, sliding window (",
     "### Encoder variants, attention (",
     "### Encoder variants, masked-LM training (",
+    "### Masked-LM heads, training (",
     "### Translation training: alibi_transformer ÷ transformer (",
     "### Translation generation, beam 4: alibi_transformer ÷ transformer (",
     "### Translation training, cross-attention options ÷ alibi_transformer (",

@@ -284,6 +284,57 @@ def test_clap_head_is_the_formula(normalize, untie):
     assert torch.allclose(got.double(), want, atol=1e-5, rtol=0)
 
 
+def clap_reference(features, weight, beta):
+    """CLAP in float64 as the formula reads: ``β · x · normalize(W)ᵀ`` (zero rows stay 0)."""
+    norm = weight.norm(dim=-1, keepdim=True)
+    unit = torch.where(norm > 0, weight / torch.where(norm > 0, norm, 1.0), 0.0)
+    return beta * features @ unit.T
+
+
+@pytest.mark.parametrize("dtype,tolerance", [(torch.float32, 2e-5), (torch.bfloat16, 5e-2)])
+def test_clap_head_outputs_and_gradients_equal_the_float64_formula(dtype, tolerance):
+    """The head scales ``x·Wᵀ`` by the rows' inverse norms instead of normalising ``W``:
+    logits and the gradients of the features, ``W`` and ``β`` are those of the formula,
+    the zero (padding) row included (logit 0, no gradient)."""
+    from fairseq_alibi.modules.clap_head import ClapHead
+
+    gen = torch.Generator().manual_seed(0)
+    weight = torch.randn(40, 12, generator=gen) * torch.rand(40, 1, generator=gen) * 3
+    weight[1] = 0  # a tied embedding's padding row
+    head = ClapHead(12, 40, torch.nn.Parameter(weight.to(dtype)), initial_beta=1.7)
+    head.beta.data = head.beta.data.to(dtype)
+    features = torch.randn(3, 5, 12, generator=gen)
+    masked = torch.rand(3, 5, generator=gen) < 0.5
+    grad = torch.randn(int(masked.sum()), 40, generator=gen)
+    x = features.to(dtype).requires_grad_()
+    logits = head(x, masked_tokens=masked)
+    logits.backward(grad.to(dtype))
+
+    x64, w64 = x.detach().double().requires_grad_(), head.weight.detach().double().requires_grad_()
+    b64 = head.beta.detach().double().requires_grad_()
+    want = clap_reference(x64[masked], w64, b64)
+    want.backward(grad.double())
+    scale = lambda t: t.abs().max().item()  # noqa: E731
+    for got, ref in [(logits, want), (x.grad, x64.grad), (head.weight.grad, w64.grad),
+                     (head.beta.grad, b64.grad)]:
+        assert got.dtype == dtype and got.shape == ref.shape
+        assert (got.double() - ref).abs().max() <= tolerance * max(1.0, scale(ref))
+    assert (logits[:, 1] == 0).all() and (head.weight.grad[1] == 0).all()
+
+
+def test_clap_head_never_builds_the_normalised_matrix(monkeypatch):
+    """What makes it as fast as the stock head: no ``V × d`` normalised copy of ``W``."""
+    import fairseq_alibi.modules.clap_head as clap_head
+
+    def refuse(weight):
+        raise AssertionError("normalize_rows called on the whole output matrix")
+
+    monkeypatch.setattr(clap_head, "normalize_rows", refuse)
+    head = clap_head.ClapHead(8, 30, torch.nn.Parameter(torch.randn(30, 8)))
+    head(torch.randn(4, 8, requires_grad=True)).sum().backward()
+    assert head.weight.grad is not None
+
+
 def test_clap_inputs_are_unit_vectors_and_mask_is_zero():
     model = build("offset", mlm_head="clap", zero_mask_embedding=True)
     embed = model.encoder.sentence_encoder.embed_tokens

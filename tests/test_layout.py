@@ -13,7 +13,8 @@ from tests.helpers import REPO
 PACKAGE = REPO / "fairseq_alibi"
 TOOLS = ("fairseq_alibi.cli", "fairseq_alibi.preprocess")
 #: the ``python -m fairseq_alibi.<tool>`` aliases the docs use, and the modules they stand for
-ALIASES = ("quickstart", "sweep", "corpus", "convert", "checkpoints", "export_hf", "import_hf")
+ALIASES = ("quickstart", "sweep", "corpus", "convert", "checkpoints", "export_hf", "import_hf",
+           "glue")
 #: what each layer of the library may not import (the layers below it in docs/architecture.md)
 LAYERS = {
     "fairseq_alibi/alibi.py": ("fairseq_alibi",),  # the math imports nothing of the package

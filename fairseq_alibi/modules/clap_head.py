@@ -9,6 +9,13 @@ L2-normalised token embeddings, scaled by one learned temperature ``β``::
 With the weight tied to the input embedding, the inputs are normalised the same way
 (:class:`EncoderTokenEmbedding`), so a token is represented by its direction only, on both
 sides of the model.
+
+The head never builds ``normalize(W)``: with a GPT-2 vocabulary ``W`` is 50k × d, and
+normalising it whole (forward and backward, several full-size temporaries) at every step cost a
+third of a small encoder's training step. It computes the same logits as
+``β · (x·Wᵀ) · diag(1/‖w‖)``, scaling the few masked tokens' logits column-wise by the rows'
+inverse norms (:class:`_ScaledByInverseNorms`, with its gradient written out), so ``W`` is
+only read: once for its row norms, once by the matmul, as the stock head reads it.
 """
 
 from typing import Optional
@@ -30,6 +37,56 @@ def normalize_rows(weight: torch.Tensor) -> torch.Tensor:
     nonzero = norm > 0
     unit = w / torch.where(nonzero, norm, torch.ones_like(norm))
     return unit.masked_fill(~nonzero, 0.0).type_as(weight)
+
+
+def inverse_row_norms(weight: torch.Tensor) -> torch.Tensor:
+    """``1/‖w‖₂`` of every row, in float32; 0 for a zero row (it has no direction, as in
+    :func:`normalize_rows`)."""
+    norm = torch.linalg.vector_norm(weight, dim=-1, dtype=torch.float32)
+    return torch.where(norm > 0, 1.0 / torch.where(norm > 0, norm, 1.0), 0.0)
+
+
+class _ScaledByInverseNorms(torch.autograd.Function):
+    """``β · linear(x, normalize_rows(W))`` computed as ``β · (x·Wᵀ) · r`` with ``r = 1/‖w‖``.
+
+    Gradients, with ``g`` the logits' gradient, ``s = x·Wᵀ``, ``G = gᵀ·x`` and
+    ``t_v = G_v·w_v = Σ_n g_nv s_nv``::
+
+        ∂x = (β · g · r)·W        ∂β = Σ_v t_v r_v        ∂w_v = β r_v G_v − β t_v r_v³ w_v
+
+    (the second term of ``∂w_v`` is the normalisation's: it removes ``G_v``'s component along
+    ``w_v``). ``G`` is the one ``V × d`` tensor built, the same as the stock head's weight
+    gradient, and it is scaled into ``∂W`` in place. A zero row has ``r = 0``: logit 0, no
+    gradient.
+    """
+
+    @staticmethod
+    def forward(ctx, features, weight, beta):
+        inverse = inverse_row_norms(weight)
+        scale = beta.detach().float() * inverse
+        logits = F.linear(features, weight.to(features.dtype))
+        logits.mul_(scale.to(logits.dtype))
+        ctx.save_for_backward(features, weight, beta, inverse)
+        return logits
+
+    @staticmethod
+    def backward(ctx, grad):
+        features, weight, beta, inverse = ctx.saved_tensors
+        beta_value = beta.detach().float()
+        scale = beta_value * inverse
+        grad_features = grad_weight = grad_beta = None
+        if ctx.needs_input_grad[0]:
+            grad_features = (grad * scale.to(grad.dtype)) @ weight.to(grad.dtype)
+        if ctx.needs_input_grad[1] or ctx.needs_input_grad[2]:
+            outer = grad.t().to(weight.dtype) @ features.to(weight.dtype)  # G, (V, d)
+            along = torch.bmm(outer.unsqueeze(1), weight.unsqueeze(2)).view(-1).float()  # t
+            if ctx.needs_input_grad[2]:
+                grad_beta = (along * inverse).sum().to(beta.dtype)
+            if ctx.needs_input_grad[1]:
+                radial = -beta_value * along * inverse.pow(3)
+                grad_weight = outer.mul_(scale.to(outer.dtype).unsqueeze(1)).addcmul_(
+                    weight, radial.to(weight.dtype).unsqueeze(1))
+        return grad_features, grad_weight, grad_beta
 
 
 class ClapHead(nn.Module):
@@ -61,8 +118,9 @@ class ClapHead(nn.Module):
     def forward(self, features, masked_tokens=None, **kwargs):
         if masked_tokens is not None:  # as the stock head: project the masked tokens only
             features = features[masked_tokens, :]
-        weight = normalize_rows(self.weight) if self.normalize else self.weight
-        return self.beta.to(features.dtype) * F.linear(features, weight.to(features.dtype))
+        if self.normalize:
+            return _ScaledByInverseNorms.apply(features, self.weight, self.beta)
+        return self.beta.to(features.dtype) * F.linear(features, self.weight.to(features.dtype))
 
 
 class EncoderTokenEmbedding(nn.Embedding):
