@@ -9,7 +9,11 @@ Some failures reach the user through stock fairseq code that the plugin does not
 * a checkpoint file that is empty or cut short (a killed save, a full disk) fails inside
   ``torch.load`` with a bare ``EOFError`` or a zip error, without the file's name;
 * ``--tokens-per-sample 0`` given to ``fairseq-eval-lm`` (where the model, built from the
-  checkpoint, never sees it) divides by zero while fairseq splits the data into blocks.
+  checkpoint, never sees it) divides by zero while fairseq splits the data into blocks;
+* a checkpoint of another size restored into the model being built (fine-tuning a
+  custom-size encoder with the architecture's default sizes): torch's ``size mismatch for ...``
+  sits a hundred lines above fairseq's ``please ensure that the architectures match``; the
+  hint names the size flags the checkpoint was trained with.
 
 Importing the package chains a ``sys.excepthook`` that lets Python print the traceback as
 usual, then adds one line, prefixed ``fairseq_alibi:``, saying what went wrong and what to do.
@@ -22,6 +26,7 @@ before hydra's report.
 """
 
 import os
+import re
 import sys
 from typing import Iterator, Optional
 
@@ -86,6 +91,57 @@ def _zero_block_size(exc: BaseException) -> Optional[str]:
     return None
 
 
+_SIZE_MISMATCH = re.compile(
+    r"size mismatch for ([\w.]+): copying a param with shape torch\.Size\(\[([\d, ]*)\]\) "
+    r"from checkpoint, the shape in current model is torch\.Size\(\[([\d, ]*)\]\)")
+#: what the model options that size a network are called (layers, widths, heads)
+_SIZE_OPTIONS = re.compile(r"(^|_)(layers|embed_dim|ffn_embed_dim|attention_heads|input_dim|"
+                           r"output_dim)$")
+
+
+def _options(model_cfg) -> dict:
+    """A model configuration (argparse or OmegaConf) as a plain dict; {} if unreadable."""
+    if model_cfg is None:
+        return {}
+    if hasattr(model_cfg, "__dict__") and not hasattr(model_cfg, "keys"):
+        return dict(vars(model_cfg))
+    try:
+        return {k: model_cfg.get(k) for k in model_cfg.keys()}
+    except Exception:  # noqa: BLE001 - a hint must never fail
+        return {}
+
+
+def _size_mismatch(exc: BaseException) -> Optional[str]:
+    """The hint for a checkpoint of another size restored by fairseq's trainer: the first
+    mismatching weight, and the size options of the checkpoint that differ from the model's."""
+    found = _SIZE_MISMATCH.search(str(exc)) if isinstance(exc, RuntimeError) else None
+    if found is None:
+        return None
+    name, saved_shape, built_shape = found.groups()
+    flags = []
+    for frame in _frames(exc):
+        code = frame.f_code
+        if code.co_name == "load_checkpoint" and code.co_filename.endswith(
+                os.path.join("fairseq", "trainer.py")):
+            state, trainer = frame.f_locals.get("state"), frame.f_locals.get("self")
+            try:
+                saved = _options(state["cfg"]["model"])
+                built = _options(trainer.cfg.model)
+            except Exception:  # noqa: BLE001
+                break
+            for key, value in saved.items():
+                if _SIZE_OPTIONS.search(key) and isinstance(value, int) and \
+                        not isinstance(value, bool) and built.get(key) != value:
+                    flags.append(f"--{key.replace('_', '-')} {value}")
+            break
+    what = (f"the checkpoint's model has other sizes than the one being built ({name}: "
+            f"[{saved_shape}] in the checkpoint, [{built_shape}] built)")
+    if flags:
+        return f"{what}: build it with the sizes it was trained with, add {' '.join(flags)}"
+    return (f"{what}: give the size flags it was trained with (--encoder-layers, "
+            "--encoder-embed-dim, --encoder-ffn-embed-dim, --encoder-attention-heads, ...)")
+
+
 class OneLineError(ValueError):
     """Bad input whose message is the whole story (what is wrong and the fix): an uncaught one
     is printed as that one line, without the traceback, by this module's hook and by IPython."""
@@ -105,7 +161,7 @@ def hint_for(exc: BaseException) -> Optional[str]:
         if isinstance(cause, ValueError) and raised_by_plugin(cause):
             return one_line(cause)
     for found in chain:
-        hint = _unreadable_checkpoint(found) or _zero_block_size(found)
+        hint = _unreadable_checkpoint(found) or _zero_block_size(found) or _size_mismatch(found)
         if hint:
             return hint
     return None

@@ -698,3 +698,31 @@ def test_pile_json_error_reads_once(line, reason):
         parse_document("shard.jsonl", 3, line)
     assert str(error.value) == f"shard.jsonl:3: not valid JSON ({reason})"
     assert " at at " not in str(error.value)
+
+
+# issue 26: fine-tuning a custom-size encoder with the architecture's default sizes
+
+
+def test_checkpoint_of_another_size_names_the_size_flags(tiny_lm_data, tmp_path):
+    """fairseq's trainer buries torch's ``size mismatch`` under ``please ensure that the
+    architectures match``; the hint names the flags that build the checkpoint's sizes."""
+    from fairseq.trainer import Trainer
+
+    from fairseq_alibi.error_hints import hint_for
+
+    encoder = ["--task", "masked_lm", "--criterion", "masked_lm", "--arch", "alibi_roberta_base",
+               "--tokens-per-sample", 16, "--optimizer", "adam", "--lr", 1e-3,
+               "--encoder-layers", 2, "--encoder-attention-heads", 4]
+    custom = saved_in_process(tmp_path / "custom" / "model.pt", tiny_lm_data, *encoder,
+                              "--encoder-embed-dim", 32, "--encoder-ffn-embed-dim", 64)
+    cfg, task = setup_from_command_line(tiny_lm_data, "--cpu", *encoder,
+                                        "--encoder-embed-dim", 48)  # FFN: the default 3072
+    model = task.build_model(cfg.model)
+    trainer = Trainer(cfg, task, model, task.build_criterion(cfg.criterion))
+    with pytest.raises(Exception, match="please ensure that the architectures match") as failed:
+        trainer.load_checkpoint(str(custom), reset_optimizer=True)
+    assert hint_for(failed.value) == (
+        "the checkpoint's model has other sizes than the one being built "
+        "(encoder.sentence_encoder.embed_tokens.weight: [65, 32] in the checkpoint, [65, 48] "
+        "built): build it with the sizes it was trained with, add --encoder-embed-dim 32 "
+        "--encoder-ffn-embed-dim 64")
