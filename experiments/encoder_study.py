@@ -50,7 +50,7 @@ from typing import Dict, List, Optional, Sequence
 from benchmarks.common import machine, table, today
 from experiments.lm_runs import start_run, write_json
 from experiments.wikitext2_extrapolation import DEFAULT_WIKITEXT, wikitext_files
-from fairseq_alibi.cli.common import console_script, cpu_seconds, run_logged
+from fairseq_alibi.cli.common import console_script, cpu_seconds
 from fairseq_alibi.paths import user_dir
 
 REPO = Path(__file__).resolve().parents[1]
@@ -83,12 +83,11 @@ class Config:
 #: every configuration of the study; the order is the order of the tables
 CONFIGS: Dict[str, Config] = {
     "learned": Config("learned positions (stock RoBERTa)", ["--alibi-variant", "none"]),
-    "symmetric": Config("symmetric", ["--alibi-variant", "symmetric"], long=True),
-    "one_sided": Config("one_sided", ["--alibi-variant", "one_sided"], long=True),
+    "symmetric": Config("symmetric", ["--alibi-variant", "symmetric"]),
+    "one_sided": Config("one_sided", ["--alibi-variant", "one_sided"]),
     "offset": Config("offset", ["--alibi-variant", "offset"], long=True),
     "asymmetric": Config("asymmetric (learned future slopes)",
-                         ["--alibi-variant", "asymmetric", "--alibi-learnable-future-slopes"],
-                         long=True),
+                         ["--alibi-variant", "asymmetric", "--alibi-learnable-future-slopes"]),
     "zero_clap": Config("zero-CLAP (offset, CLAP head, zero <mask>)",
                         ["--alibi-variant", "offset", "--mlm-head", "clap",
                          "--zero-mask-embedding"], long=True),
@@ -100,12 +99,12 @@ CONFIGS: Dict[str, Config] = {
                                                           "--alibi-global-tokens", "1"],
                            long=True),
     "partial_heads": Config("offset, ALiBi on half the heads",
-                            ["--alibi-variant", "offset", "--alibi-heads", "4"], long=True),
+                            ["--alibi-variant", "offset", "--alibi-heads", "2"], long=True),
     "mean_pooler": Config("offset, mean pooler", finetune=["--classification-pooler", "mean"],
                           checkpoint_of="offset", long=True),
     "recommended": Config("recommended: offset + global token + half the heads + mean pooler",
                           ["--alibi-variant", "offset", "--alibi-global-tokens", "1",
-                           "--alibi-heads", "4"], finetune=["--classification-pooler", "mean"],
+                           "--alibi-heads", "2"], finetune=["--classification-pooler", "mean"],
                           long=True),
 }
 #: stock RoBERTa cannot be built with sinusoidal positions through fairseq-train (see why_not)
@@ -126,15 +125,15 @@ class Settings:
     """Size, data and budget, the same for every configuration."""
 
     layers: int = 4
-    dim: int = 256
-    heads: int = 8
-    ffn: int = 1024
+    dim: int = 128
+    heads: int = 4
+    ffn: int = 512
     vocab: int = 8000
     L: int = 32
     batch: int = 32  # sequences per pretraining update
-    updates: int = 2000
+    updates: int = 3000
     lr: float = 1e-3
-    warmup: int = 200
+    warmup: int = 300
     heldout_lines: Optional[int] = None  # of WikiText-2's test split (None: all)
     mlm_seeds: Sequence[int] = (1, 2, 3)
     lengths: Sequence[int] = (1, 2, 4, 8)  # × L
@@ -249,6 +248,20 @@ def prepare(out: Path, args, s: Settings, env, log) -> dict:
 # ------------------------------------------------------------------------------ pretraining
 
 
+def run_streamed(cmd: List[str], log_file: Path, env: dict, what: str) -> str:
+    """Run ``cmd`` with its output written to ``log_file`` as it comes (a long run can be
+    watched); its output, or an error with the log's tail."""
+    with open(log_file, "w") as f:
+        f.write("$ " + " ".join(cmd) + "\n")
+        f.flush()
+        code = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, env=env).returncode
+    output = log_file.read_text()
+    if code != 0:
+        raise RuntimeError(f"{what} failed (exit {code}); full output in {log_file}:\n"
+                           + output[-3000:])
+    return output
+
+
 def pretrain(name: str, data: dict, out: Path, s: Settings, args, env, log) -> dict:
     """``fairseq-train --task masked_lm`` of one configuration (resumed if cut short)."""
     folder = out / "pretrain" / name
@@ -272,7 +285,7 @@ def pretrain(name: str, data: dict, out: Path, s: Settings, args, env, log) -> d
            "--log-interval", str(max(1, s.updates // 20)), "--no-progress-bar", "--cpu"]
     log(f"pretraining {name} ({s.updates} updates of {s.batch} × {s.L} tokens) ...")
     started, cpu = time.time(), cpu_seconds()
-    output = run_logged(cmd, folder / f"train-{int(started)}.log", env, f"pretraining {name}")
+    output = run_streamed(cmd, folder / f"train-{int(started)}.log", env, f"pretraining {name}")
     losses = [float(x.split()[1]) for x in output.split("| ") if x.startswith("loss ")]
     result = {"checkpoint": str(folder / "checkpoints" / "checkpoint_last.pt"),
               "seconds": round(time.time() - started, 1),
@@ -361,7 +374,7 @@ def glue_run(name: str, checkpoint: str, data: dict, out: Path, s: Settings, arg
     log(f"GLUE{' (whole inputs)' if long else ''} for {name}: {', '.join(tasks)} × "
         f"{len(s.glue_seeds)} seeds ...")
     started, cpu = time.time(), cpu_seconds()
-    run_logged(cmd, folder / f"glue-{int(started)}.log", env, f"fairseq-alibi glue for {name}")
+    run_streamed(cmd, folder / f"glue-{int(started)}.log", env, f"fairseq-alibi glue for {name}")
     record = json.loads((folder / "glue.json").read_text())
     record["study_cpu_seconds"] = round(cpu_seconds() - cpu, 1)
     record["finished_seconds"] = round(time.time() - started, 1)
