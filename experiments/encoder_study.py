@@ -36,14 +36,12 @@ Configurations whose options this checkout's ``alibi_roberta`` lacks are listed 
 import argparse
 import json
 import math
-import os
 import random
-import shutil
 import statistics
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
@@ -750,8 +748,8 @@ def report(out: Path, names: List[str], skipped: Dict[str, str], s: Settings, ar
             rows.append([task, name, how] + cells)
     if rows:
         lines += ["### Inputs longer than pretraining", "",
-                  f"Dev sets split by input length (tokens as the model sees them, `<s>` and "
-                  f"separators included; "
+                  "Dev sets split by input length (tokens as the model sees them, `<s>` and "
+                  "separators included; "
                   + "; ".join(f"{t}: " + ", ".join(f"{c[b]} in {b}" for b in buckets)
                               for t, c in counts.items())
                   + "); median over seeds of accuracy (SST-2) / Pearson (STS-B) × 100 in each "
@@ -780,7 +778,8 @@ def report(out: Path, names: List[str], skipped: Dict[str, str], s: Settings, ar
         n_inputs = next(iter(found["reach"].values()))["before"]
         lines += ["### `<s>`'s attention reach", "",
                   f"Attention-weighted mean distance Σ_j p(0→j)·j of the first token's query, "
-                  f"on {n_inputs['inputs']} SST-2 dev inputs (mean {n_inputs['mean_input_length']:.1f}"
+                  f"on {n_inputs['inputs']} SST-2 dev inputs (mean "
+                  f"{n_inputs['mean_input_length']:.1f}"
                   " tokens, cut to L), per layer: mean over heads (min–max over heads); before "
                   "= the pretrained model, after = SST-2 seed 1 fine-tuned. reach.csv has every "
                   "head.", "",

@@ -44,7 +44,7 @@ import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
@@ -193,7 +193,6 @@ def read_pretrained(path) -> Pretrained:
             f"{source} is a checkpoint of {arch or 'an unknown model'}"
             f"{f' ({kind})' if kind else ''}: fairseq-alibi glue fine-tunes masked-LM encoders "
             "(alibi_roberta, or stock roberta), pretrained with fairseq-train --task masked_lm")
-    flags = []
     if kind == "RobertaModel":  # stock RoBERTa weights are an alibi_roberta `none` model
         arch = "alibi_roberta"
         model = dict(model, alibi_variant="none")
@@ -661,10 +660,12 @@ def parse_args(argv=None):
         description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 2)[2])
     parser.add_argument("--checkpoint", required=True, help="the pretrained encoder (.pt)")
     parser.add_argument("--data", required=True,
-                        help="folder of <TASK>-bin folders (python -m fairseq_alibi.preprocess.glue)")
+                        help="folder of <TASK>-bin folders "
+                        "(python -m fairseq_alibi.preprocess.glue)")
     parser.add_argument("--out", required=True, help="where runs, checkpoints and tables go")
     parser.add_argument("--tasks", default=None,
-                        help=f"comma-separated, of {','.join(RECIPES)} (default: every one in --data)")
+                        help=f"comma-separated, of {','.join(RECIPES)} "
+                        "(default: every one in --data)")
     parser.add_argument("--seeds", default=",".join(map(str, DEFAULT_SEEDS)),
                         help="fine-tuning seeds, comma-separated (default 1,2,3,4,5)")
     parser.add_argument("--max-length", default=None,
@@ -797,7 +798,8 @@ def main(argv=None):
         f"GLUE dev, fine-tuned from `{pretrained.path}`", "",
         f"Command: `{command}`  ",
         f"Model: `--arch {pretrained.arch} {' '.join(pretrained.flags)}`  ",
-        f"Inputs: {'cut to ' + str(max_length) + ' tokens (longer segment first)' if max_length else 'whole'}; "
+        "Inputs: " + (f"cut to {max_length} tokens (longer segment first)" if max_length
+                      else "whole") + "; "
         f"recipe: Adam (0.9, 0.98), lr {args.lr or 'per task'}, {args.epochs} epochs, "
         f"{args.warmup_ratio:.0%} warm-up then linear decay, best epoch by the dev metric  ",
         f"Seeds: {', '.join(map(str, args.seeds))}; metrics × 100",
