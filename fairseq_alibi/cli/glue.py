@@ -540,9 +540,11 @@ def run_one(name: str, seed: int, data: dict, pretrained: Pretrained, restore: s
         env["CUDA_VISIBLE_DEVICES"] = str(gpu)
     log(f"{name} seed {seed}: fine-tuning{'' if gpu is None else f' on GPU {gpu}'} ...")
     started, cpu_before = time.time(), cpu_seconds()
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
-    output = proc.stdout + proc.stderr
-    (folder / "train.log").write_text("$ " + " ".join(cmd) + "\n" + output)
+    with open(folder / "train.log", "w") as log_file:  # written as it runs: it can be watched
+        log_file.write("$ " + " ".join(cmd) + "\n")
+        log_file.flush()
+        proc = subprocess.run(cmd, stdout=log_file, stderr=subprocess.STDOUT, env=env)
+    output = (folder / "train.log").read_text()
     best = save_dir / "checkpoint_best.pt"
     if proc.returncode != 0 or not best.is_file():
         hint = [line for line in output.splitlines() if line.startswith("fairseq_alibi: ")]
