@@ -87,6 +87,30 @@ def test_summary_counts_collapses_and_takes_medians():
     assert "- SST-2 seed 2: all 872 dev predictions are class '1'" in text
 
 
+def test_runs_in_turn_on_one_device_and_one_per_gpu_on_several():
+    import threading
+    import time
+
+    busy, seen, lock = set(), [], threading.Lock()
+
+    def runner(job, device):
+        with lock:
+            assert device not in busy  # a GPU runs one fine-tuning at a time
+            busy.add(device)
+            seen.append((job, device))
+        time.sleep(0.02)
+        with lock:
+            busy.discard(device)
+        return job
+
+    jobs = [("SST-2", s) for s in range(1, 9)]
+    assert glue.run_grid(jobs, [None], runner) == jobs  # the CPU: in order
+    assert [d for _, d in seen] == [None] * 8
+    seen.clear()
+    assert glue.run_grid(jobs, [0, 1, 2], runner) == jobs  # results in the jobs' order
+    assert sorted(j for j, _ in seen) == sorted(jobs) and {d for _, d in seen} == {0, 1, 2}
+
+
 # ---------------------------------------------------------------- long inputs
 
 
