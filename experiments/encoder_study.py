@@ -74,13 +74,29 @@ class Config:
     note: str = ""
 
     @property
-    def learned_positions(self):
-        return "none" in list(self.pretrain)
+    def sinusoidal(self):
+        return SINUSOIDAL_FLAG in list(self.pretrain)
 
+    @property
+    def learned_positions(self):
+        return "none" in list(self.pretrain) and not self.sinusoidal
+
+
+#: the study's own flag of fairseq-train (:func:`fairseq_train_sinusoidal`): stock RoBERTa with
+#: sinusoidal positions, which its architecture hard-codes as learned (no flag for it)
+SINUSOIDAL_FLAG = "--sinusoidal-positions"
+WHY_NO_SINUSOIDAL_GLUE = (
+    "masked-LM only: stock RoBERTa's architecture sets `encoder_learned_pos = True` with no "
+    "flag for it, so the study pretrains it through fairseq-train's own `cli_main` with one "
+    f"added flag ({SINUSOIDAL_FLAG}); `fairseq-alibi glue` fine-tunes with the flags stock "
+    "fairseq-train knows, which cannot rebuild it")
 
 #: every configuration of the study; the order is the order of the tables
 CONFIGS: Dict[str, Config] = {
     "learned": Config("learned positions (stock RoBERTa)", ["--alibi-variant", "none"]),
+    "sinusoidal": Config("sinusoidal positions (stock RoBERTa, encoder_learned_pos false)",
+                         ["--alibi-variant", "none", SINUSOIDAL_FLAG], glue=False,
+                         note=WHY_NO_SINUSOIDAL_GLUE),
     "offset": Config("offset", ["--alibi-variant", "offset"], long=True),
     "zero_clap": Config("zero-CLAP (offset, CLAP head, zero <mask>)",
                         ["--alibi-variant", "offset", "--mlm-head", "clap",
@@ -91,7 +107,9 @@ CONFIGS: Dict[str, Config] = {
                          ["--alibi-variant", "asymmetric", "--alibi-learnable-future-slopes"]),
     "learned_scales": Config("offset, learned per-head slope scales",
                              ["--alibi-variant", "offset", "--alibi-learned-scales", "per_head"],
-                             glue=False),
+                             glue=False, note="masked-LM only: a pretraining option, measured "
+                             "for length (the GLUE grid is the baseline, the plain variants, "
+                             "zero-CLAP and the options of issue #26)"),
     # the options of issue #26 (flags as they will be named); skipped until this checkout has them
     "global_token": Config("offset, global first token", ["--alibi-variant", "offset",
                                                           "--alibi-global-tokens", "1"],
@@ -105,13 +123,8 @@ CONFIGS: Dict[str, Config] = {
                            "--alibi-heads", "2"], finetune=["--classification-pooler", "mean"],
                           long=True),
 }
-#: stock RoBERTa cannot be built with sinusoidal positions through fairseq-train (see why_not)
-SKIPPED = {
-    "sinusoidal": "stock RoBERTa's architecture sets `encoder_learned_pos = True` and offers no "
-                  "flag for it, so `fairseq-train` cannot build a sinusoidal RoBERTa (only a "
-                  "hydra override `+model.encoder_learned_pos=false` can, and its checkpoint "
-                  "then cannot be fine-tuned with the flags fairseq-train knows)",
-}
+#: configurations that cannot run at all here, and why
+SKIPPED: Dict[str, str] = {}
 BASELINE = "learned"
 
 
@@ -165,6 +178,7 @@ def known_options() -> set:
     from fairseq_alibi.cli.glue import model_options
 
     known = {o for action in model_options().values() for o in action.option_strings}
+    known.add(SINUSOIDAL_FLAG)  # the study's own (fairseq_train_sinusoidal)
     for config in (TaskConfig, SentencePredictionConfig):
         known |= {"--" + name.replace("_", "-") for name in config.__dataclass_fields__}
     return known
@@ -246,13 +260,31 @@ def prepare(out: Path, args, s: Settings, env, log) -> dict:
 # ------------------------------------------------------------------------------ pretraining
 
 
+def fairseq_train_sinusoidal():
+    """``fairseq-train`` (fairseq's own ``cli_main``) with one more flag,
+    ``--sinusoidal-positions``, which sets ``encoder_learned_pos = False`` before stock RoBERTa's architecture reads it (as
+    the hydra override ``+model.encoder_learned_pos=false`` would): RoBERTa with sinusoidal
+    positions. Run as ``python -c "from experiments.encoder_study import
+    fairseq_train_sinusoidal as f; f()" ARGS``."""
+    from fairseq_cli.train import cli_main
+
+    def add_flag(parser):
+        if SINUSOIDAL_FLAG not in parser._option_string_actions:  # fairseq calls this twice
+            parser.add_argument(SINUSOIDAL_FLAG, dest="encoder_learned_pos",
+                                action="store_false", default=True,
+                                help="sinusoidal instead of learned position embeddings")
+
+    cli_main(modify_parser=add_flag)
+
+
 def run_streamed(cmd: List[str], log_file: Path, env: dict, what: str) -> str:
     """Run ``cmd`` with its output written to ``log_file`` as it comes (a long run can be
     watched); its output, or an error with the log's tail."""
     with open(log_file, "w") as f:
         f.write("$ " + " ".join(cmd) + "\n")
         f.flush()
-        code = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, env=env).returncode
+        code = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, env=env,
+                              cwd=REPO).returncode
     output = log_file.read_text()
     if code != 0:
         raise RuntimeError(f"{what} failed (exit {code}); full output in {log_file}:\n"
@@ -267,7 +299,11 @@ def pretrain(name: str, data: dict, out: Path, s: Settings, args, env, log) -> d
     if done.is_file():
         return json.loads(done.read_text())
     folder.mkdir(parents=True, exist_ok=True)
-    cmd = [console_script("fairseq-train"), data["text"], "--user-dir", user_dir(),
+    train = [console_script("fairseq-train")]
+    if CONFIGS[name].sinusoidal:
+        train = [sys.executable, "-c", "from experiments.encoder_study import "
+                 "fairseq_train_sinusoidal as f; f()"]
+    cmd = [*train, data["text"], "--user-dir", user_dir(),
            "--task", "masked_lm", "--criterion", "masked_lm", *model_flags(s),
            *CONFIGS[name].pretrain,
            "--tokens-per-sample", str(s.L), "--sample-break-mode", "none",
@@ -297,7 +333,8 @@ def pretrain(name: str, data: dict, out: Path, s: Settings, args, env, log) -> d
 # --------------------------------------------------------------------- masked-LM perplexity
 
 
-def mlm_perplexity(checkpoint: str, data: str, length: int, seed: int) -> dict:
+def mlm_perplexity(checkpoint: str, data: str, length: int, seed: int,
+                   sinusoidal: bool = False) -> dict:
     """Masked-LM perplexity of the held-out split (``test``) in blocks of ``length`` tokens,
     masked with ``seed``, in this process: what ``fairseq-validate --valid-subset test
     --tokens-per-sample length --seed seed`` computes."""
@@ -306,9 +343,12 @@ def mlm_perplexity(checkpoint: str, data: str, length: int, seed: int) -> dict:
 
     import fairseq_alibi  # noqa: F401
 
+    overrides = {"data": data, "tokens_per_sample": length, "seed": seed,
+                 "sample_break_mode": "none"}
+    if sinusoidal:  # its positions are a formula: any count (learned ones stop at theirs)
+        overrides["max_positions"] = length
     models, cfg, task = checkpoint_utils.load_model_ensemble_and_task(
-        [checkpoint], arg_overrides={"data": data, "tokens_per_sample": length, "seed": seed,
-                                     "sample_break_mode": "none"})
+        [checkpoint], arg_overrides=overrides)
     model = models[0].eval()
     criterion = task.build_criterion(cfg.criterion)
     task.load_dataset("test", combine=False, epoch=1)
@@ -342,7 +382,8 @@ def mlm(name: str, checkpoint: str, data: dict, out: Path, s: Settings, args, lo
             path = folder / f"N{n}_seed{seed}.json"
             if not path.is_file():
                 started = time.process_time()
-                result = mlm_perplexity(checkpoint, data["text"], n, seed)
+                result = mlm_perplexity(checkpoint, data["text"], n, seed,
+                                        sinusoidal=CONFIGS[name].sinusoidal)
                 result["cpu_seconds"] = round(time.process_time() - started, 1)
                 write_json(path, result)
             found[(n, seed)] = json.loads(path.read_text())
@@ -787,7 +828,9 @@ def report(out: Path, names: List[str], skipped: Dict[str, str], s: Settings, ar
     write_csv(out / "reach.csv", ["config", "when", "layer", "head", "reach"], csv_rows)
 
     spent = cpu_time(out)
-    lines += ["### Not run", ""] + [f"- `{n}`: {why}" for n, why in skipped.items()] + [""]
+    partial = {n: CONFIGS[n].note for n in names if CONFIGS[n].note}
+    lines += ["### Not run", ""] + [f"- `{n}`: {why}" for n, why in skipped.items()]
+    lines += [f"- `{n}`: {why}" for n, why in partial.items()] + [""]
     lines += ["### CPU time", "",
               ", ".join(f"{k} {v / 3600:.2f} h" for k, v in spent.items())
               + f"; total {sum(spent.values()) / 3600:.2f} CPU-hours (the pieces' own records).",
