@@ -268,13 +268,15 @@ def fairseq_train_sinusoidal():
     fairseq_train_sinusoidal as f; f()" ARGS``."""
     from fairseq_cli.train import cli_main
 
-    def add_flag(parser):
-        if SINUSOIDAL_FLAG not in parser._option_string_actions:  # fairseq calls this twice
-            parser.add_argument(SINUSOIDAL_FLAG, dest="encoder_learned_pos",
-                                action="store_false", default=True,
-                                help="sinusoidal instead of learned position embeddings")
+    cli_main(modify_parser=add_sinusoidal_flag)
 
-    cli_main(modify_parser=add_flag)
+
+def add_sinusoidal_flag(parser):
+    """fairseq's ``modify_parser`` hook: ``--sinusoidal-positions`` sets
+    ``encoder_learned_pos = False``."""
+    if SINUSOIDAL_FLAG not in parser._option_string_actions:  # fairseq calls the hook twice
+        parser.add_argument(SINUSOIDAL_FLAG, dest="encoder_learned_pos", action="store_false",
+                            default=True, help="sinusoidal instead of learned positions")
 
 
 def run_streamed(cmd: List[str], log_file: Path, env: dict, what: str) -> str:

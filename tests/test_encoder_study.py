@@ -38,6 +38,29 @@ def test_parse_adds_the_baseline_and_the_checkpoints_fine_tuned():
         study.parse_args(["--configs", "offset,nope"])
 
 
+def test_the_sinusoidal_flag_builds_stock_roberta_with_sinusoidal_positions(tmp_path):
+    from fairseq import options, tasks
+    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+    from fairseq.modules import SinusoidalPositionalEmbedding
+
+    from tests.helpers import write_dictionary
+
+    config = study.CONFIGS["sinusoidal"]
+    assert config.sinusoidal and not config.learned_positions and not config.glue
+    assert study.CONFIGS["learned"].learned_positions
+    flags = [str(write_dictionary(tmp_path, 30)), "--task", "masked_lm",
+             "--arch", "alibi_roberta_base", "--encoder-layers", "1", "--encoder-embed-dim",
+             "16", "--encoder-ffn-embed-dim", "32", "--encoder-attention-heads", "2",
+             "--tokens-per-sample", "16", *config.pretrain[2:], *config.pretrain[:2]]
+    args = options.parse_args_and_arch(options.get_training_parser(), flags,
+                                       modify_parser=study.add_sinusoidal_flag)
+    cfg = convert_namespace_to_omegaconf(args)
+    model = tasks.setup_task(cfg.task).build_model(cfg.model)
+    positions = model.encoder.sentence_encoder.embed_positions
+    assert isinstance(positions, SinusoidalPositionalEmbedding)
+    assert not any("embed_positions" in k for k in model.state_dict())  # nothing learned
+
+
 def test_length_buckets_and_their_scores(tmp_path):
     assert [study.bucket_of(n, 32) for n in (1, 32, 33, 64, 65, 128, 129)] == [
         "≤ L (32)", "≤ L (32)", "L–2L (33–64)", "L–2L (33–64)", "2L–4L (65–128)",
