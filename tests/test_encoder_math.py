@@ -306,7 +306,7 @@ def test_clap_head_outputs_and_gradients_equal_the_float64_formula(dtype, tolera
     features = torch.randn(3, 5, 12, generator=gen)
     masked = torch.rand(3, 5, generator=gen) < 0.5
     grad = torch.randn(int(masked.sum()), 40, generator=gen)
-    x = features.to(dtype).requires_grad_()
+    x = features.to(dtype).clone().requires_grad_()
     logits = head(x, masked_tokens=masked)
     logits.backward(grad.to(dtype))
 
@@ -320,6 +320,18 @@ def test_clap_head_outputs_and_gradients_equal_the_float64_formula(dtype, tolera
         assert got.dtype == dtype and got.shape == ref.shape
         assert (got.double() - ref).abs().max() <= tolerance * max(1.0, scale(ref))
     assert (logits[:, 1] == 0).all() and (head.weight.grad[1] == 0).all()
+
+    # every position (no masked_tokens, as the hub's fill_mask and evaluation call it)
+    head.weight.grad = head.beta.grad = None
+    x = features.to(dtype).clone().requires_grad_()
+    every = torch.randn(3, 5, 40, generator=gen)
+    head(x).backward(every.to(dtype))
+    x64 = x.detach().double().requires_grad_()
+    w64, b64 = w64.detach().requires_grad_(), b64.detach().requires_grad_()
+    clap_reference(x64, w64, b64).backward(every.double())
+    for got, ref in [(x.grad, x64.grad), (head.weight.grad, w64.grad), (head.beta.grad, b64.grad)]:
+        assert got.shape == ref.shape
+        assert (got.double() - ref).abs().max() <= tolerance * max(1.0, scale(ref))
 
 
 def test_clap_head_never_builds_the_normalised_matrix(monkeypatch):

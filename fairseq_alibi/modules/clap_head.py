@@ -77,8 +77,10 @@ class _ScaledByInverseNorms(torch.autograd.Function):
         grad_features = grad_weight = grad_beta = None
         if ctx.needs_input_grad[0]:
             grad_features = (grad * scale.to(grad.dtype)) @ weight.to(grad.dtype)
-        if ctx.needs_input_grad[1] or ctx.needs_input_grad[2]:
-            outer = grad.t().to(weight.dtype) @ features.to(weight.dtype)  # G, (V, d)
+        if ctx.needs_input_grad[1] or ctx.needs_input_grad[2]:  # any leading dims: (N, ·)
+            flat_grad, flat_features = grad.reshape(-1, grad.size(-1)), features.reshape(
+                -1, features.size(-1))
+            outer = flat_grad.t().to(weight.dtype) @ flat_features.to(weight.dtype)  # G, (V, d)
             along = torch.bmm(outer.unsqueeze(1), weight.unsqueeze(2)).view(-1).float()  # t
             if ctx.needs_input_grad[2]:
                 grad_beta = (along * inverse).sum().to(beta.dtype)
