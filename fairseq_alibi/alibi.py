@@ -23,6 +23,9 @@ Slope scales (data2vec 2.0's ``learned_alibi_scale``; :data:`SCALE_MODES`): laye
 use the slopes ``s[l, h]·m_h`` (``s[l, h]·m_f,h`` for ``asymmetric``'s look-ahead keys), i.e.
 ``bias_{l,h}(i, j) = s[l, h] · bias_h(i, j)``, masked keys staying masked. The run-time
 ``slope_scale`` (slope interpolation) multiplies on top: ``slope_scale · s[l, h] · m_h``.
+
+The models' bias module (the slopes as a buffer, the scales, a cache) is
+:class:`fairseq_alibi.modules.bias.AlibiBias`; it calls these functions.
 """
 
 import math
@@ -123,58 +126,3 @@ def alibi_bias(slopes, query_len, key_len, variant="causal", future_slopes=None,
     if masked is not None:  # filled after the cast: the mask value is the target dtype's
         bias = bias.masked_fill(masked, mask_value(dtype))
     return bias
-
-
-class AlibiPositionalBias(torch.nn.Module):
-    """A variant's slopes (a float32 buffer) and its bias for any length (calling it).
-
-    ``future_slope_ratio`` (``asymmetric`` only, optionally learned) gives ``m_f = ratio·m``;
-    ``slope_scale`` multiplies every slope at run time and is not saved. Here ``s = 1``; the
-    models build :class:`~fairseq_alibi.modules.bias_cache.CachedAlibiBias` (learned scales
-    ``s``: :mod:`fairseq_alibi.modules.learned_scales`; the bias memoised).
-    """
-
-    def __init__(self, num_heads: int, variant: str = "causal", future_slope_ratio: float = 1.0,
-                 learnable_future_slopes: bool = False, slope_scale: float = 1.0):
-        super().__init__()
-        self.variant = check_variant(variant, num_heads)
-        if not slope_scale > 0:
-            raise ValueError(f"the ALiBi slope scale must be positive, got {slope_scale}")
-        self.num_heads, self.slope_scale = num_heads, float(slope_scale)
-        self.register_buffer("slopes", variant_slopes(num_heads, variant))
-        ratio = torch.full((num_heads,), float(future_slope_ratio)) \
-            if variant == "asymmetric" else None
-        if ratio is not None and learnable_future_slopes:
-            self.future_slope_ratio = torch.nn.Parameter(ratio)
-        else:
-            self.register_buffer("future_slope_ratio", ratio)
-
-    def _apply(self, fn, *args, **kwargs):
-        # model.half() / .bfloat16() must not round the slopes: the bias is built in float32
-        exact = self.slopes.float()
-        out = super()._apply(fn, *args, **kwargs)
-        self.slopes = exact.to(self.slopes.device)
-        return out
-
-    def layer_scale(self, layer: Optional[int] = None):
-        """``s[layer]``, multiplying layer ``layer``'s slopes, or ``None``: nothing multiplied."""
-        return None
-
-    def at_layer(self, layer: int):
-        """What layer ``layer``'s attention asks for its slopes and bias (here: this module)."""
-        return self
-
-    def head_slopes(self, layer: Optional[int] = None):
-        """``(slopes, future_slopes)``, float32 ``(H,)``: ``slope_scale·s[layer]·m`` and
-        ``ratio·`` that (``None`` but for ``asymmetric``), with the gradients of ``s``/ratio."""
-        slopes = self.slopes.float() * self.slope_scale
-        scale = self.layer_scale(layer)
-        if scale is not None:
-            slopes = slopes * scale
-        ratio = self.future_slope_ratio
-        return slopes, None if ratio is None else slopes * ratio.float()
-
-    def forward(self, query_len: int, key_len: int, dtype: torch.dtype = torch.float32,
-                layer: Optional[int] = None):
-        slopes, future = self.head_slopes(layer)
-        return alibi_bias(slopes, query_len, key_len, self.variant, future, dtype)

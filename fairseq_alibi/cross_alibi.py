@@ -26,6 +26,9 @@ from typing import Optional
 
 import torch
 
+#: the values of ``--cross-alibi``
+CROSS_ALIBI_MODES = ("none", "pointer", "ratio")
+
 
 def source_positions(key_padding_mask, bsz: int, src_len: int, device):
     """``(j, S)``: float32 ``(B, src_len)`` key positions counted from each row's first real

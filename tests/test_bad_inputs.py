@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from fairseq_alibi.modules import set_attention_backend
+from fairseq_alibi.modules.alibi_multihead_attention import set_attention_backend
 
 from tests.helpers import (
     MODELS,

@@ -19,10 +19,11 @@ import copy
 import pytest
 import torch
 
-from fairseq_alibi.alibi import AlibiPositionalBias, alibi_bias, variant_slopes
-from fairseq_alibi.modules import AlibiMultiheadAttention, set_attention_backend
+from fairseq_alibi.alibi import alibi_bias, variant_slopes
+from fairseq_alibi.modules.bias import AlibiBias
+from fairseq_alibi.modules.alibi_multihead_attention import AlibiMultiheadAttention, set_attention_backend
 from fairseq_alibi.modules.attention import dispatch, flash, flex, fold
-from fairseq_alibi.modules.bias_cache import CachedAlibiBias
+from fairseq_alibi.modules.bias import AlibiBias
 from tests.test_learned_scales import reference, scaled_module
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -73,10 +74,10 @@ def layer(variant, dtype, learned="none", seed=0):
     ratio = 0.7 if variant == "asymmetric" else 1.0
     torch.manual_seed(seed)
     if learned == "none":
-        alibi = CachedAlibiBias(HEADS, variant, future_slope_ratio=ratio)
+        alibi = AlibiBias(HEADS, variant=variant, future_slope_ratio=ratio)
     else:
         alibi = scaled_module(variant, learned, ratio=ratio)
-    attn = AlibiMultiheadAttention(DIM, HEADS, alibi, layer_index=1)
+    attn = AlibiMultiheadAttention(DIM, HEADS, alibi.layer(1))
     for p in attn.parameters():  # biases away from zero, so that every term counts
         if p.dim() == 1 and p is not getattr(alibi, "scales", None):
             torch.nn.init.normal_(p, std=0.3)
@@ -190,7 +191,7 @@ def test_learned_scale_gradients_match_float64(backend, variant, dtype):
     scales64 = scales_of(twin, "per_layer_head")
     want = reference(twin, x.double(), scales64, 1, variant, ratio, pad)
     (want * upstream.double()).sum().backward()
-    got = attn.alibi.scales.grad
+    got = attn.alibi.stack.scales.grad
     assert got is not None and torch.isfinite(got).all()
     assert (got[[0, 2]] == 0).all()  # only layer 1's scales take part
     assert rel_err(got[1], scales64.grad[1]) < REL_TOL[dtype] * 4  # a sum over every logit
@@ -223,7 +224,7 @@ def test_long_bf16_keeps_the_bias_resolution(backend, variant):
     heads, head_dim = 8, 64
     torch.manual_seed(0)
     q, k, v = (torch.randn(1, heads, LONG, head_dim, device="cuda").bfloat16() for _ in range(3))
-    alibi = CachedAlibiBias(heads, variant).cuda()
+    alibi = AlibiBias(heads, variant=variant).cuda()
     with torch.no_grad():
         got = dispatch.attend(backend, q, k, v, alibi)[:, :, -64:]
     slopes = variant_slopes(heads, variant).double()

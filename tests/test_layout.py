@@ -14,23 +14,71 @@ PACKAGE = REPO / "fairseq_alibi"
 TOOLS = ("fairseq_alibi.cli", "fairseq_alibi.preprocess")
 #: the ``python -m fairseq_alibi.<tool>`` aliases the docs use, and the modules they stand for
 ALIASES = ("quickstart", "sweep", "corpus", "convert", "checkpoints", "export_hf", "import_hf")
-#: what each layer of the library may not import (the layers below it in docs/architecture.md)
+#: what each layer of the library may import of the package (docs/architecture.md's layers)
+MATH = ("fairseq_alibi.alibi", "fairseq_alibi.cross_alibi")
+ATTENTION = MATH + ("fairseq_alibi.modules.attention",)
+OPTIONS = ATTENTION + ("fairseq_alibi.options", "fairseq_alibi.config_access")
 LAYERS = {
-    "fairseq_alibi/alibi.py": ("fairseq_alibi",),  # the math imports nothing of the package
-    "fairseq_alibi/cross_alibi.py": ("fairseq_alibi",),
-    "fairseq_alibi/modules": ("fairseq_alibi.models", "fairseq_alibi.criterions") + TOOLS,
-    "fairseq_alibi/models": ("fairseq_alibi.criterions",) + TOOLS,
+    "fairseq_alibi/alibi.py": (),  # the math imports nothing of the package
+    "fairseq_alibi/cross_alibi.py": (),
+    "fairseq_alibi/config_access.py": (),
+    "fairseq_alibi/files.py": (),
+    "fairseq_alibi/modules/attention": ATTENTION,
+    "fairseq_alibi/options.py": OPTIONS,
+    "fairseq_alibi/modules": OPTIONS + ("fairseq_alibi.modules",),
 }
+#: what the models may not import: the tools and the criteria (which build on the models)
+MODELS_MAY_NOT = ("fairseq_alibi.criterions",) + TOOLS
 
 
 def imported_modules(path):
+    """Every module ``path`` imports, as absolute names (relative imports resolved)."""
     tree = ast.parse(path.read_text(), filename=str(path))
+    package = path.relative_to(REPO).with_suffix("").parts[:-1]
+    if path.name == "__init__.py":
+        package = path.relative_to(REPO).parts[:-1]
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             yield from (alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            yield node.module
-            yield from (f"{node.module}.{alias.name}" for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module
+            if node.level:
+                parent = package[: len(package) - node.level + 1]
+                base = ".".join(parent + ((node.module,) if node.module else ()))
+            if base:
+                yield base
+                yield from (f"{base}.{alias.name}" for alias in node.names)
+
+
+def test_relative_imports_are_read_as_absolute_ones():
+    found = set(imported_modules(PACKAGE / "modules" / "attention" / "__init__.py"))
+    assert "fairseq_alibi.modules.attention.dispatch" in found
+
+
+def test_no_model_module_imports_another():
+    """Each model family is one file; what they share is in modules/stacks.py and
+    models/common.py, never in another model's file."""
+    families = sorted(p.stem for p in (PACKAGE / "models").glob("alibi_*.py"))
+    for family in families:
+        others = {f"fairseq_alibi.models.{other}" for other in families if other != family}
+        imported = set(imported_modules(PACKAGE / "models" / f"{family}.py"))
+        assert not any(name.startswith(tuple(others)) for name in imported), family
+
+
+def test_every_alias_module_is_a_tool_of_the_one_table():
+    """``python -m fairseq_alibi.<tool>`` modules hold no table of their own: each is the same
+    two lines, resolved through TOOLS by its name."""
+    from fairseq_alibi.__main__ import TOOLS
+
+    aliases = {path.stem for path in PACKAGE.glob("*.py")
+               if "run_alias(__name__, __spec__)" in path.read_text()}
+    assert aliases == set(ALIASES)
+    assert {alias.replace("_", "-") for alias in ALIASES} <= set(TOOLS)
+    for alias in ALIASES:
+        code = [line for line in (PACKAGE / f"{alias}.py").read_text().splitlines()
+                if line.strip() and not line.startswith('"""')]
+        assert code == ["from fairseq_alibi.__main__ import run_alias",
+                        "run_alias(__name__, __spec__)"], alias
 
 
 def library_files():
@@ -61,7 +109,17 @@ def test_each_layer_imports_only_the_layers_above_it(layer):
         f"{path.relative_to(REPO)} imports {name}"
         for path in files
         for name in imported_modules(path)
-        if name.startswith(LAYERS[layer])
+        if name.startswith("fairseq_alibi") and name != "fairseq_alibi"
+        and not name.startswith(LAYERS[layer])
+    ]
+    assert not offenders, offenders
+
+
+def test_the_models_import_no_tool_and_no_criterion():
+    offenders = [
+        f"{path.relative_to(REPO)} imports {name}"
+        for path in sorted((PACKAGE / "models").rglob("*.py"))
+        for name in imported_modules(path) if name.startswith(MODELS_MAY_NOT)
     ]
     assert not offenders, offenders
 

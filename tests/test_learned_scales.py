@@ -20,10 +20,10 @@ import pytest
 import torch
 
 from fairseq_alibi.alibi import SCALE_MODES, mask_value, variant_slopes
-from fairseq_alibi.modules import AlibiMultiheadAttention
+from fairseq_alibi.modules.alibi_multihead_attention import AlibiMultiheadAttention
 from fairseq_alibi.modules.attention import dispatch, flash, flex
 from fairseq_alibi.modules.attention.dispatch import Call
-from fairseq_alibi.modules.bias_cache import CachedAlibiBias
+from fairseq_alibi.modules.bias import AlibiBias
 from tests.helpers import (
     REPO, build_model, decode_token_by_token, load, setup_from_command_line, train,
     write_dictionary,
@@ -44,7 +44,7 @@ def eager_flex(monkeypatch):
 
 def scaled_module(variant, mode, init=1.0, ratio=1.0):
     """A bias with learned scales set away from 1, so that every scale counts."""
-    alibi = CachedAlibiBias(HEADS, variant, future_slope_ratio=ratio, num_layers=LAYERS,
+    alibi = AlibiBias(HEADS, variant=variant, future_slope_ratio=ratio, num_layers=LAYERS,
                             learned_scales=mode, scale_init=init)
     with torch.no_grad():
         torch.manual_seed(7)
@@ -113,7 +113,7 @@ def test_matches_float64_reference(variant, mode, backend, train, eager_flex):
     alibi = scaled_module(variant, mode, ratio=ratio)
     layer = 1
     torch.manual_seed(0)
-    attn = AlibiMultiheadAttention(DIM, HEADS, alibi, attention=backend, layer_index=layer)
+    attn = AlibiMultiheadAttention(DIM, HEADS, alibi.layer(layer), attention=backend)
     attn.train(train)
     T, B = 9, 2
     x = torch.randn(T, B, DIM)
@@ -143,7 +143,7 @@ def test_cuda_backends_serve_inference_and_flash_refuses_training(variant):
     import copy
 
     alibi = scaled_module(variant, "per_layer_head").cuda()
-    attn = AlibiMultiheadAttention(DIM, HEADS, alibi, attention="naive", layer_index=2).cuda()
+    attn = AlibiMultiheadAttention(DIM, HEADS, alibi.layer(2), attention="naive").cuda()
     x = torch.randn(9, 2, DIM, device="cuda")
     with torch.no_grad():
         expected, _ = attn(x, x, x, need_weights=False)
@@ -171,7 +171,7 @@ def test_scale_gradients_match_finite_differences(variant, backend):
     with torch.no_grad():
         alibi.scales.copy_(torch.tensor([0.5, 1.25, 1.5, 2.75]).expand(LAYERS, HEADS))
     torch.manual_seed(1)
-    attn = AlibiMultiheadAttention(DIM, HEADS, alibi, attention=backend, layer_index=2).double()
+    attn = AlibiMultiheadAttention(DIM, HEADS, alibi.layer(2), attention=backend).double()
     x = torch.randn(7, 2, DIM, dtype=torch.float64)
     weights = torch.randn(7, 2, DIM, dtype=torch.float64)
 
@@ -200,19 +200,20 @@ def test_every_mode_has_the_documented_shape():
     shapes = {"shared": (1, 1), "per_head": (1, HEADS), "per_layer": (LAYERS, 1),
               "per_layer_head": (LAYERS, HEADS)}
     for mode, shape in shapes.items():
-        alibi = CachedAlibiBias(HEADS, "causal", num_layers=LAYERS, learned_scales=mode,
+        alibi = AlibiBias(HEADS, variant="causal", num_layers=LAYERS, learned_scales=mode,
                                 scale_init=0.5)
         assert tuple(alibi.scales.shape) == shape
         assert torch.all(alibi.scales == 0.5)
         assert alibi.scales.requires_grad
-    fixed = CachedAlibiBias(HEADS, "causal", num_layers=LAYERS)
+    fixed = AlibiBias(HEADS, variant="causal", num_layers=LAYERS)
     assert fixed.scales is None and "scales" not in fixed.state_dict()
-    assert all(fixed.at_layer(i) is fixed for i in range(LAYERS))  # nothing is multiplied
+    # nothing is multiplied: every layer shares one bias tensor
+    assert all(fixed.layer(i).dense(5, 5) is fixed.layer(0).dense(5, 5) for i in range(LAYERS))
 
 
 def test_fixed_scale_init_multiplies_without_a_parameter():
-    fixed = CachedAlibiBias(HEADS, "offset", scale_init=0.5)
-    base = CachedAlibiBias(HEADS, "offset")
+    fixed = AlibiBias(HEADS, variant="offset", scale_init=0.5)
+    base = AlibiBias(HEADS, variant="offset")
     assert fixed.scales is None and not list(fixed.parameters())
     torch.testing.assert_close(fixed(5, 5), base(5, 5) * 0.5)
 
@@ -222,8 +223,8 @@ def test_slope_scale_multiplies_on_top_of_learned_scales():
     interpolated = scaled_module("causal", "per_head")
     interpolated.slope_scale = 0.25
     with torch.no_grad():
-        torch.testing.assert_close(interpolated.head_slopes(0)[0],
-                                   learned.head_slopes(0)[0] * 0.25)
+        torch.testing.assert_close(interpolated.slopes_of(0)[0],
+                                   learned.slopes_of(0)[0] * 0.25)
         visible = learned(6, 6, layer=0) > mask_value(torch.float32)  # masked keys stay masked
         torch.testing.assert_close(interpolated(6, 6, layer=0)[visible],
                                    learned(6, 6, layer=0)[visible] * 0.25)
@@ -233,9 +234,9 @@ def test_slope_scale_multiplies_on_top_of_learned_scales():
 def test_per_layer_scales_need_the_layer():
     alibi = scaled_module("causal", "per_layer")
     with pytest.raises(ValueError, match="need the index of the layer"):
-        alibi.head_slopes()
+        alibi.slopes_of()
     with pytest.raises(ValueError, match="need the index of the layer"):
-        alibi.head_slopes(LAYERS)
+        alibi.slopes_of(LAYERS)
 
 
 # ------------------------------------------------------------------ options and clear errors
@@ -249,9 +250,9 @@ def lm_data(tmp_path_factory):
 @pytest.mark.parametrize("init", [0, -1, float("nan")])
 def test_non_positive_initial_scale_is_a_clear_error(init):
     with pytest.raises(ValueError, match="--alibi-scale-init must be a positive number"):
-        CachedAlibiBias(HEADS, "causal", learned_scales="per_head", scale_init=init)
+        AlibiBias(HEADS, variant="causal", learned_scales="per_head", scale_init=init)
     with pytest.raises(ValueError, match="--alibi-scale-init must be a positive number"):
-        CachedAlibiBias(HEADS, "offset", scale_init=init)  # a fixed scale is checked too
+        AlibiBias(HEADS, variant="offset", scale_init=init)  # a fixed scale is checked too
 
 
 def test_every_family_names_its_scale_init_flag(lm_data, tmp_path):
@@ -282,7 +283,7 @@ def setup_and_build_translation(data, *extra):
 
 def test_unknown_mode_is_a_clear_error():
     with pytest.raises(ValueError, match="unknown --alibi-learned-scales 'per_token'"):
-        CachedAlibiBias(HEADS, "causal", learned_scales="per_token")
+        AlibiBias(HEADS, variant="causal", learned_scales="per_token")
 
 
 def test_scales_without_alibi_are_a_clear_error(lm_data):
@@ -309,7 +310,7 @@ def test_every_family_learns_its_scales_per_layer(lm_data, tmp_path):
     for name, (scales, shape, init) in found.items():
         assert tuple(scales.shape) == shape and torch.all(scales == init), name
     for model, expected in ((lm, [0, 1]), (enc, [0, 1]), (mt, [0, 1, 0, 1])):
-        indices = [m.layer_index for m in model.modules()
+        indices = [m.alibi.index for m in model.modules()
                    if isinstance(m, AlibiMultiheadAttention)]
         assert indices == expected
     # the scales are parameters the optimizer sees
@@ -348,7 +349,7 @@ def test_scales_of_another_mode_are_a_clear_error(lm_data):
 
 def test_scales_survive_half_precision_and_a_state_dict_round_trip():
     alibi = scaled_module("offset", "per_layer_head")
-    copy = CachedAlibiBias(HEADS, "offset", num_layers=LAYERS, learned_scales="per_layer_head")
+    copy = AlibiBias(HEADS, variant="offset", num_layers=LAYERS, learned_scales="per_layer_head")
     copy.load_state_dict(alibi.state_dict())
     assert torch.equal(copy.scales, alibi.scales)
     assert copy.half().slopes.dtype == torch.float32  # the slopes stay exact
@@ -382,7 +383,7 @@ def test_attend_reports_whether_the_scales_need_a_gradient(monkeypatch):
     real = dispatch.auto_backend
     monkeypatch.setattr(dispatch, "auto_backend", lambda call: seen.append(call) or real(call))
     alibi = scaled_module("causal", "per_head")
-    attn = AlibiMultiheadAttention(DIM, HEADS, alibi, attention="auto", layer_index=0)
+    attn = AlibiMultiheadAttention(DIM, HEADS, alibi.layer(0), attention="auto")
     x = torch.randn(5, 1, DIM)
     attn(x, x, x, need_weights=False)
     with torch.no_grad():

@@ -14,8 +14,8 @@ from fairseq.models import ARCH_MODEL_REGISTRY
 
 from fairseq_alibi.alibi import ENCODER_VARIANTS
 from fairseq_alibi.models.alibi_transformer import AlibiTransformerModel
-from fairseq_alibi.models.checks import UNBOUNDED_POSITIONS
-from fairseq_alibi.modules import AlibiMultiheadAttention, set_attention_backend
+from fairseq_alibi.modules.stacks import UNBOUNDED_POSITIONS
+from fairseq_alibi.modules.alibi_multihead_attention import AlibiMultiheadAttention, set_attention_backend
 from fairseq_alibi.modules.attention import REGISTRY, dispatch, flex
 from tests.helpers import setup_from_command_line
 from tests.test_encoder_math import naive_bias, naive_slopes

@@ -118,6 +118,8 @@ def available() -> bool:
 
 def unsupported(call) -> Optional[str]:
     """``None`` if :func:`attention` can serve ``call`` (a ``dispatch.Call``), else why not."""
+    if call.kind != "distance":
+        return "a bias of its own per batch row (cross-attention) is not a fold of slopes"
     if not available():
         return f"this torch ({torch.__version__}) has no fused CPU kernel with a log-sum-exp"
     if call.device != "cpu":
@@ -401,7 +403,7 @@ def folded_attention(
 ) -> Tensor:
     """ALiBi attention of ``(B, H, L, D)`` queries/keys/values, no bias tensor; ``(B, H, L, D)``.
 
-    ``slopes``/``future_slopes`` as from :meth:`AlibiPositionalBias.head_slopes`;
+    ``slopes``/``future_slopes`` as from ``AttentionBias.head_slopes()``;
     ``key_padding_mask`` ``(B, L)``, True = padding. Check :func:`unsupported` first.
     """
     slopes = slopes.to(q.device, torch.float32)
