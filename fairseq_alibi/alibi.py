@@ -24,6 +24,16 @@ use the slopes ``s[l, h]·m_h`` (``s[l, h]·m_f,h`` for ``asymmetric``'s look-ah
 ``bias_{l,h}(i, j) = s[l, h] · bias_h(i, j)``, masked keys staying masked. The run-time
 ``slope_scale`` (slope interpolation) multiplies on top: ``slope_scale · s[l, h] · m_h``.
 
+Partial heads (x-transformers' ``alibi_num_heads``, data2vec 2.0's ``num_alibi_heads``;
+``--alibi-heads K``): only heads ``h < K`` carry the bias, with Press's slopes of ``K`` heads;
+``m_h = 0`` for the others (no distance bias; a variant's masks still apply).
+
+Global tokens (``--alibi-global-tokens N``, data2vec 2.0's extra tokens; for encoders, whose
+first token ``<s>`` is read by the classification head): the first ``N`` positions are exempt
+from the bias as queries and as keys, ``bias_h(i, j) = 0`` if ``i < N`` or ``j < N``, and from
+``one_sided``'s direction masks too (every head sees them, they see every key); ``causal``
+stays causal.
+
 The models' bias module (the slopes as a buffer, the scales, a cache) is
 :class:`fairseq_alibi.modules.bias.AlibiBias`; it calls these functions.
 """
@@ -76,9 +86,21 @@ def check_variant(variant: str, num_heads: Optional[int] = None, allowed=VARIANT
     return variant
 
 
-def variant_slopes(num_heads: int, variant: str) -> torch.Tensor:
-    """The slopes a variant uses: ``one_sided`` gives each half the full range of ``H/2`` heads."""
+def variant_slopes(num_heads: int, variant: str, biased_heads: Optional[int] = None):
+    """The slopes a variant uses: ``one_sided`` gives each half the full range of ``H/2`` heads.
+
+    ``biased_heads`` ``K`` (partial heads): Press's slopes of ``K`` heads, then ``H - K`` zeros
+    (``one_sided``, whose heads are split by direction, takes all of them).
+    """
     check_variant(variant, num_heads)
+    if biased_heads is not None and biased_heads != num_heads:
+        if variant == "one_sided":
+            raise ValueError("one_sided ALiBi splits its heads by direction: it takes no partial "
+                             "heads (--alibi-heads); use all heads, or symmetric/offset")
+        if not 1 <= biased_heads <= num_heads:
+            raise ValueError(f"the heads with an ALiBi bias must be between 1 and the "
+                             f"{num_heads} attention heads, got {biased_heads}")
+        return torch.cat([get_slopes(biased_heads), torch.zeros(num_heads - biased_heads)])
     if variant == "one_sided":
         return torch.cat([get_slopes(num_heads // 2)] * 2)
     return get_slopes(num_heads)
@@ -90,13 +112,14 @@ def mask_value(dtype: torch.dtype) -> float:
 
 
 def alibi_bias(slopes, query_len, key_len, variant="causal", future_slopes=None,
-               dtype=torch.float32) -> torch.Tensor:
+               dtype=torch.float32, global_tokens: int = 0) -> torch.Tensor:
     """The ALiBi bias, shape ``(H, query_len, key_len)``, to add to the attention logits.
 
     ``bias[h, t, j]`` for query position ``i = key_len - query_len + t`` and key ``j`` follows
     the module's table. ``slopes`` is ``(H,)`` (see :func:`variant_slopes`); ``future_slopes``
-    (``(H,)``) is required by ``asymmetric`` only. Computed in float32 on ``slopes.device``,
-    returned in ``dtype``; masked keys hold :func:`mask_value` of ``dtype``.
+    (``(H,)``) is required by ``asymmetric`` only; ``global_tokens`` ``N``: positions ``< N``
+    exempt (the module's docstring). Computed in float32 on ``slopes.device``, returned in
+    ``dtype``; masked keys hold :func:`mask_value` of ``dtype``.
     """
     num_heads, device = slopes.shape[0], slopes.device
     check_variant(variant, num_heads)
@@ -122,7 +145,14 @@ def alibi_bias(slopes, query_len, key_len, variant="causal", future_slopes=None,
         bias = -m * rel.abs()
         looks_ahead = torch.arange(num_heads, device=device) >= num_heads // 2
         masked = torch.where(looks_ahead[:, None, None], rel > 0, rel < 0)
-    bias = bias.expand(num_heads, -1, -1).to(dtype)
+    bias = bias.expand(num_heads, -1, -1)
+    if global_tokens > 0:
+        keys = torch.arange(key_len, device=device)
+        exempt = (pos_q[:, None] < global_tokens) | (keys < global_tokens)[None, :]
+        bias = bias.masked_fill(exempt, 0.0)
+        if masked is not None and variant != "causal":  # causality is not a distance bias
+            masked = masked & ~exempt
+    bias = bias.to(dtype)
     if masked is not None:  # filled after the cast: the mask value is the target dtype's
         bias = bias.masked_fill(masked, mask_value(dtype))
     return bias

@@ -64,12 +64,15 @@ def _at_least(low):
 
 @dataclass(frozen=True)
 class Side:
-    """What one family's stack may be: its variants (the first is the default), the flag
-    prefix, and whether the variant is an option at all (a causal LM's is not)."""
+    """What one family's stack may be: the flag prefix, its variants and the default one (a
+    causal LM's is no option), and whether its first positions hold the same tokens in every
+    row (right padding and a first token such as ``<s>``: what global tokens need; fairseq pads
+    LM prompts and translation sources on the left)."""
 
     prefix: str
     variants: Tuple[str, ...]
     default: str
+    fixed_first_tokens: bool = False
 
     @property
     def flag(self) -> str:
@@ -81,12 +84,14 @@ class Side:
             return len(self.variants) > 1
         if name in ("future_slope_ratio", "learnable_future_slopes"):
             return "asymmetric" in self.variants
+        if name == "global_tokens":
+            return self.fixed_first_tokens
         return True
 
 
 #: the sides of the model families
 LM = Side("alibi_", ("causal",), "causal")
-ENCODER = Side("alibi_", ENCODER_VARIANTS, "offset")
+ENCODER = Side("alibi_", ENCODER_VARIANTS, "offset", fixed_first_tokens=True)
 TRANSLATION_ENCODER = Side("encoder_alibi_", ENCODER_VARIANTS, "offset")
 TRANSLATION_DECODER = Side("decoder_alibi_", ("causal", "none"), "causal")
 
@@ -115,6 +120,14 @@ class StackOptions(FairseqDataclass):
     scale_init: float = field(default=1.0, metadata={
         "help": "initial value of the learned slope scales (with none: a fixed multiplier); "
                 "must be positive, 1.0 = Press et al.'s slopes", "check": _scale_init})
+    heads: Optional[int] = field(default=None, metadata={
+        "help": "partial-head ALiBi: only the first K attention heads carry the bias, with "
+                "Press's slopes of K heads; the others have none (default: every head)",
+        "check": _at_least(1)})
+    global_tokens: int = field(default=0, metadata={
+        "help": "the first N positions (<s>, read by the classification head) are exempt from "
+                "the bias as queries and as keys, and from one_sided's direction masks; 0 = "
+                "none", "check": _at_least(0)})
     attention: ChoiceEnum(ATTENTION_BACKENDS) = field(default="auto", metadata={
         "help": "attention implementation; saved with the model, can be overridden at load "
                 "time with --model-overrides \"{'alibi_attention': 'naive'}\"",
@@ -135,6 +148,10 @@ class StackOptions(FairseqDataclass):
                              f"{', '.join(side.variants)}")
         if self.variant != "none":
             check_variant(self.variant, num_heads)  # one_sided's even head count
+        p = side.flag
+        if self.heads is not None and self.heads > num_heads:
+            raise ValueError(f"{p}-heads must be between 1 and the {num_heads} attention heads, "
+                             f"got {self.heads}")
 
     def check(self, side: Side, num_heads: int):
         """Clear errors for values and combinations that cannot work (named as typed)."""
@@ -145,10 +162,15 @@ class StackOptions(FairseqDataclass):
             raise ValueError(
                 f"{p}-future-slope-ratio / {p}-learnable-future-slopes set the forward slopes "
                 f"of {p}-variant asymmetric; they do nothing with {self.variant!r}")
-        if self.variant == "none" and (self.learned_scales != "none" or self.scale_init != 1.0):
+        if self.variant == "none" and (self.learned_scales != "none" or self.scale_init != 1.0
+                                       or self.heads is not None or self.global_tokens):
             raise ValueError(
-                f"{p}-learned-scales / {p}-scale-init scale the ALiBi slopes; {p}-variant none "
-                f"has none: drop them or choose an ALiBi variant")
+                f"{p}-learned-scales / {p}-scale-init / {p}-heads / {p}-global-tokens shape "
+                f"the ALiBi bias; {p}-variant none has none: drop them or choose an ALiBi "
+                "variant")
+        if self.variant == "one_sided" and self.heads not in (None, num_heads):
+            raise ValueError(f"{p}-variant one_sided splits its heads by direction: it takes no "
+                             f"{p}-heads; drop it, or use symmetric or offset")
 
     def check_model_wide(self):
         for f in dataclasses.fields(self):
@@ -307,6 +329,8 @@ def _fields(cls, side: Optional[Side]):
     for ``side`` (``None``: every field, unprefixed: :class:`CrossOptions`)."""
     found = []
     for f in dataclasses.fields(cls):
+        if f.name.startswith("_"):  # FairseqDataclass's _name: not an option
+            continue
         if side is None:
             found.append((f.name, f, f.type, f.default))
             continue

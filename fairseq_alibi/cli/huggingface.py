@@ -159,6 +159,8 @@ def blocking_options(model_cfg, family: str) -> list:
     if family == "mpt":
         wanted.update(layernorm_embedding=False, activation_fn="gelu")
     wanted.update(alibi_slope_scale=1.0, decoder_layers_to_keep=None)
+    if _option(model_cfg, "alibi_heads") == cfg_get(model_cfg, "decoder_attention_heads"):
+        wanted.pop("alibi_heads")  # every head named: the same as none named
     blocked = []
     for key, value in wanted.items():
         given = _option(model_cfg, key)
@@ -166,7 +168,8 @@ def blocking_options(model_cfg, family: str) -> list:
             continue
         if given != value and str(given) != str(value) and not (given in (None, False, 0, "none")
                                                                 and value in (None, False, 0)):
-            blocked.append(f"--{key.replace('_', '-')} {given} (needs {value})")
+            needs = "it dropped: every head has a slope there" if value is None else value
+            blocked.append(f"--{key.replace('_', '-')} {given} (needs {needs})")
     return blocked
 
 

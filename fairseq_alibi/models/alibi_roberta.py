@@ -58,6 +58,7 @@ from fairseq_alibi.modules.compact import (
     describe_parameters,
     share_layer_parameters,
 )
+from fairseq_alibi.modules.pooling import POOLERS, pool_the_mean, saved_pooler, set_real_tokens
 from fairseq_alibi.modules.stacks import UNBOUNDED_POSITIONS, AlibiTransformerEncoder
 from fairseq_alibi.paths import config_dir
 
@@ -98,6 +99,10 @@ class RobertaOptions(FairseqDataclass):
         "help": "factorised embedding (ALBERT): tokens embedded in E dims, projected to "
                 "--encoder-embed-dim; the masked-LM head maps back to E for the tied output "
                 "embedding (default: --encoder-embed-dim, no factorisation)"})
+    classification_pooler: ChoiceEnum(POOLERS) = field(default="first", metadata={
+        "help": "what a sentence classification head reads: first (the <s> token, as stock "
+                "RoBERTa) or mean (the mean of the real tokens' features, JinaBERT's pooling); "
+                "saved with the head"})
 
     def check(self, embed_dim: int):
         """Clear errors for values and combinations that cannot work."""
@@ -115,6 +120,9 @@ class RobertaOptions(FairseqDataclass):
                     "--encoder-input-dim (a factorised embedding) needs --mlm-head roberta: the "
                     "CLAP head compares the features with the embeddings directly, so both must "
                     "have --encoder-embed-dim dims")
+        if self.classification_pooler not in POOLERS:
+            raise ValueError(f"unknown --classification-pooler {self.classification_pooler!r}; "
+                             f"choose one of: {', '.join(POOLERS)}")
         if self.embedding_padding_idx not in EMBEDDING_PADDING:
             raise ValueError(
                 f"unknown --embedding-padding-idx {self.embedding_padding_idx!r}; choose one of: "
@@ -406,12 +414,33 @@ class AlibiRobertaModel(ScalesFollowPrunedLayers, RobertaModel):
                                         args.encoder_embed_dim))
         return model
 
+    def register_classification_head(self, name, num_classes=None, inner_dim=None, **kwargs):
+        """The stock head, reading the mean of the real tokens with ``--classification-pooler
+        mean`` (:mod:`fairseq_alibi.modules.pooling`)."""
+        super().register_classification_head(name, num_classes, inner_dim, **kwargs)
+        if self.encoder.roberta_options.classification_pooler == "mean":
+            pool_the_mean(self.classification_heads[name])
+
+    def forward(self, src_tokens, *args, **kwargs):
+        set_real_tokens(self.classification_heads.values(),
+                        src_tokens.ne(self.encoder.dictionary.pad()))
+        return super().forward(src_tokens, *args, **kwargs)
+
     def upgrade_state_dict_named(self, state_dict, name):
+        prefix = f"{name}." if name else ""
+        heads = f"{prefix}classification_heads."
+        pooler = self.encoder.roberta_options.classification_pooler
+        for head in sorted({k[len(heads):].split(".")[0] for k in state_dict
+                            if k.startswith(heads)}):
+            saved = saved_pooler(state_dict, f"{heads}{head}.")
+            if saved != pooler:
+                raise ValueError(
+                    f"this checkpoint's classification head {head!r} pools with "
+                    f"--classification-pooler {saved}, the model being built with {pooler}: "
+                    f"pass --classification-pooler {saved}")
         # The stock method sizes the checkpoint's classification heads from
         # `out_proj.weight`, which a spectral-norm head (--spectral-norm-classification-head)
         # saves as `out_proj.weight_orig`: show it under the expected name while it looks.
-        prefix = f"{name}." if name else ""
-        heads = f"{prefix}classification_heads."
         shown = [
             k[: -len("_orig")] for k in state_dict
             if k.startswith(heads) and k.endswith(".out_proj.weight_orig")

@@ -165,7 +165,7 @@ def bloom_options(embed_dim: int) -> dict:
         "decoder_input_dim": embed_dim, "decoder_output_dim": embed_dim,
         "adaptive_input": False, "adaptive_softmax_cutoff": None, "character_embeddings": False,
         "cross_self_attention": False, "share_decoder_layers": False,
-        "alibi_learned_scales": "none", "alibi_scale_init": 1.0,
+        "alibi_learned_scales": "none", "alibi_scale_init": 1.0, "alibi_heads": None,
         "scale_fc": False, "scale_attn": False, "scale_heads": False, "scale_resids": False,
     }
 

@@ -64,8 +64,9 @@ class AlibiBias(torch.nn.Module):
 
     ``options`` (:class:`~fairseq_alibi.options.StackOptions`, keyword ``values`` replacing its
     fields) give the variant, the asymmetric forward slopes, the learned or fixed slope scales
-    ``s`` of ``num_layers`` layers and the run-time ``slope_scale`` (not saved). Layer ``l``'s
-    slopes are ``slope_scale·s[l, h]·m_h`` (:meth:`slopes_of`).
+    ``s`` of ``num_layers`` layers, the heads that carry a bias, the global tokens and the
+    run-time ``slope_scale`` (not saved). Layer ``l``'s slopes are ``slope_scale·s[l, h]·m_h``
+    (:meth:`slopes_of`).
     """
 
     kind = "distance"
@@ -78,7 +79,8 @@ class AlibiBias(torch.nn.Module):
         options.check_model_wide()
         self.options, self.variant, self.num_heads = options, options.variant, num_heads
         self.slope_scale = float(options.slope_scale)
-        self.register_buffer("slopes", variant_slopes(num_heads, self.variant))
+        self.global_tokens = int(options.global_tokens)
+        self.register_buffer("slopes", variant_slopes(num_heads, self.variant, options.heads))
         ratio = None
         if self.variant == "asymmetric":
             ratio = torch.full((num_heads,), float(options.future_slope_ratio))
@@ -90,15 +92,18 @@ class AlibiBias(torch.nn.Module):
         self.scales = make_scales(self.learned_scales, options.scale_init, num_layers, num_heads)
         self.fixed_scale = fixed_scale(options.scale_init) if self.scales is None else None
         self._register_load_state_dict_pre_hook(load_scales, with_module=True)
+        self._register_load_state_dict_pre_hook(_check_saved_slopes, with_module=True)
         self.cache = BiasCache()
         self._views: Dict[int, "LayerBias"] = {}
         # a decoding step's row is a view of one table unless the scales are learned (per
-        # layer, with a gradient) or one_sided's heads look ahead
-        self._steps_from_rows = self.scales is None and self.variant != "one_sided"
+        # layer, with a gradient), one_sided's heads look ahead or the first keys are global
+        self._steps_from_rows = (self.scales is None and self.variant != "one_sided"
+                                 and not self.global_tokens)
 
     def extra_repr(self):
         return (f"variant={self.variant}, num_heads={self.num_heads}, "
-                f"learned_scales={self.learned_scales}, slope_scale={self.slope_scale}")
+                f"learned_scales={self.learned_scales}, slope_scale={self.slope_scale}, "
+                f"global_tokens={self.global_tokens}")
 
     def _apply(self, fn, *args, **kwargs):
         # model.half() / .bfloat16() must not round the slopes: the bias is built in float32
@@ -154,11 +159,28 @@ class AlibiBias(torch.nn.Module):
 
     def _build(self, query_len, key_len, dtype, layer):
         slopes, future = self.slopes_of(layer)
-        return alibi_bias(slopes, query_len, key_len, self.variant, future, dtype)
+        return alibi_bias(slopes, query_len, key_len, self.variant, future, dtype,
+                          self.global_tokens)
 
     def forward(self, query_len: int, key_len: int, dtype=torch.float32,
                 layer: Optional[int] = None) -> Tensor:
         return self.bias(query_len, key_len, dtype, layer)
+
+
+def _check_saved_slopes(module, state_dict, prefix, *args):
+    """A load hook: a checkpoint's slopes must be the ones this module computes (they follow
+    from the variant, the head count and ``--alibi-heads``, all saved in the options), else
+    the checkpoint was trained as another model: a clear error rather than silently using them."""
+    saved = state_dict.get(f"{prefix}slopes")
+    if saved is None or (saved.shape == module.slopes.shape
+                         and torch.equal(saved.float(), module.slopes.float())):
+        return
+    biased = int(saved.float().ne(0).sum())
+    raise ValueError(
+        f"this checkpoint's ALiBi slopes ({prefix}slopes: {saved.numel()} heads, {biased} with a "
+        f"bias) are not those of the model being built ({module.variant}, {module.num_heads} "
+        f"heads, {int(module.slopes.ne(0).sum())} with a bias): build it with the variant, "
+        "attention heads and --alibi-heads it was trained with (saved in its options)")
 
 
 class LayerBias:
@@ -171,6 +193,7 @@ class LayerBias:
     def __init__(self, stack: AlibiBias, index: int):
         self.stack, self.index = stack, index
         self.variant, self.num_heads = stack.variant, stack.num_heads
+        self.global_tokens = stack.global_tokens
 
     @property
     def scales_need_grad(self) -> bool:

@@ -80,7 +80,7 @@ class RowBias:
     ``(B, H, T, S)`` bias, cast to the attention's dtype when asked (``None``: no bias, a zero).
     Only the dense backends take it."""
 
-    kind, variant, scales_need_grad = "rows", None, False
+    kind, variant, scales_need_grad, global_tokens = "rows", None, False, 0
 
     def __init__(self, bias: Optional[Tensor], num_heads: int, device):
         self.bias, self.num_heads, self.device = bias, num_heads, device

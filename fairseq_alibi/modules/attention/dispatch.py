@@ -41,6 +41,7 @@ class AttentionBias(Protocol):
     kind: str
     variant: Optional[str]  # the ALiBi variant ("distance"), None for "rows"
     num_heads: int
+    global_tokens: int  # the first positions exempt from the bias ("distance"), 0 for "rows"
 
     @property
     def scales_need_grad(self) -> bool:
@@ -110,6 +111,7 @@ class Call(NamedTuple):
     grad: bool = False  # autograd will need its backward
     scale_grad: bool = False  # learned slope scales (--alibi-learned-scales) need their gradient
     kind: str = "distance"  # the bias's AttentionBias.kind
+    global_tokens: int = 0  # AttentionBias.global_tokens
 
 
 #: from this many keys on, causal and one_sided attention is faster folded than with the dense
@@ -192,7 +194,7 @@ def attend(name, q, k, v, alibi, key_padding_mask=None, attn_mask=None, dropout_
         padded=key_padding_mask is not None, attn_mask=attn_mask is not None,
         dropout_p=dropout_p,
         grad=torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad),
-        scale_grad=alibi.scales_need_grad, kind=alibi.kind,
+        scale_grad=alibi.scales_need_grad, kind=alibi.kind, global_tokens=alibi.global_tokens,
     )
     return REGISTRY[resolve(name, call)].run(q, k, v, alibi, key_padding_mask, attn_mask,
                                              dropout_p, scale)
