@@ -97,7 +97,7 @@ def methods(B, H, L, D, with_flex):
         "BLOOM baddbmm": (lambda q, k, v: bloom_attention(
             q, k, v, bloom_bias, causal_mask, scale), bloom_bias.numel() * 4),
         "naive": (lambda q, k, v: dense_backends.naive(
-            q, k, v, alibi, None, None, 0.0, scale), dense_bytes),
+            q, k, v, alibi.layer(0), None, None, 0.0, scale), dense_bytes),
     }
     if with_flex:
         found["flex (compiled)"] = (lambda q, k, v: compiled_flex(q, k, v, alibi, scale), 0)

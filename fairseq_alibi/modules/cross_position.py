@@ -168,7 +168,7 @@ class CrossPositionAttention(MultiheadAttention):
             positions, real_len = source_positions(key_padding_mask, bsz,
                                                    saved["prev_key"].size(2), q.device)
             saved["source_positions"], saved["last_source"] = positions, real_len - 1
-            if key_padding_mask is not None and self.mode != "none":
+            if key_padding_mask is not None:
                 # the padding merged into the bias (one op per step, no mask of its own), by a
                 # value that stays finite in the attention's dtype
                 saved["source_padding"] = key_padding_mask.float() * mask_value(q.dtype)
@@ -201,9 +201,37 @@ class CrossPositionAttention(MultiheadAttention):
             if incremental_state is not None:
                 self.set_incremental_state(incremental_state, _STATE, state)
 
+        if incremental_state is not None and tgt_len == 1 and attn_mask is None \
+                and not before_softmax and not self.training:
+            if bias is None and "source_padding" in saved:
+                bias = saved["source_padding"][:, None, None, :]
+            return self._decoding_step(q, k, v, bias, need_weights or need_head_weights,
+                                       need_head_weights)
         return attend_and_project(self, "naive" if self.attention_backend == "naive" else "auto",
                                   q, k, v, RowBias(bias, H, q.device), key_padding_mask,
                                   attn_mask, need_weights, need_head_weights, before_softmax)
+
+    def _decoding_step(self, q, k, v, bias, need_weights, need_head_weights):
+        """A decoding step (one query per row, no dropout), with the weights fairseq's decoder
+        asks of every cross-attention: three batched matrix products of ``(B·H, ·, ·)`` views,
+        the bias added inside the first (``baddbmm``). The same function as the general path,
+        in fewer, larger operations: a small decoder's step costs what their count costs
+        (docs/translation.md, "Speed of the cross-attention options")."""
+        B, H, _, D = q.shape
+        S = k.size(2)
+        keys_t = k.view(B * H, S, D).transpose(1, 2)
+        if bias is None:
+            scores = torch.bmm(q.reshape(B * H, 1, D), keys_t).mul_(self.scaling)
+        else:
+            scores = torch.baddbmm(bias.to(q.dtype).expand(B, H, 1, S).reshape(B * H, 1, S),
+                                   q.reshape(B * H, 1, D), keys_t, alpha=self.scaling)
+        probs = torch.softmax(scores.float(), dim=-1)
+        out = torch.bmm(probs.type_as(q), v.view(B * H, S, D))
+        out = self.out_proj(out.view(1, B, H * D))  # (B, H, 1, D) in memory: (1, B, H·D)
+        if not need_weights:
+            return out, None
+        weights = probs.view(B, H, 1, S).transpose(1, 0)
+        return out, (weights if need_head_weights else weights.mean(dim=0))
 
     def eos_distance(self, incremental_state) -> Optional[Tensor]:
         """``(B,)``: how many source tokens the pointer is before each row's last real source
