@@ -929,14 +929,16 @@ def describe_machine(device):
     return line
 
 
+def exit_on_sigterm(signum, frame):
+    """Stopped from outside: stop the processes this one started in sessions of their own
+    (the part a run is waiting for goes down through ``run_child``'s handler), then exit."""
+    for proc in CHILD_GROUPS:
+        stop_group(proc)
+    raise SystemExit(128 + signum)
+
+
 def run_part(args):
     """One part, in this process (``--run-part``), until ``--deadline``."""
-    def stopped_from_outside(signum, frame):
-        for proc in CHILD_GROUPS:
-            stop_group(proc)
-        raise SystemExit(128 + signum)
-
-    signal.signal(signal.SIGTERM, stopped_from_outside)
     part = Part(args.out, args.run_part, args.deadline)
     user_dir = os.path.join(common.REPO, "fairseq_alibi")
     name, fairseq_log = args.run_part, os.path.join(args.out, "fairseq.log")
@@ -1056,4 +1058,5 @@ def main(argv=None, started=None):
 
 
 if __name__ == "__main__":
+    signal.signal(signal.SIGTERM, exit_on_sigterm)
     sys.exit(main(started=STARTED))

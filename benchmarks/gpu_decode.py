@@ -184,12 +184,13 @@ def run(part, work: str, device: str, quick: bool, user_dir: str, log_to: str):
     runs = {"CPU fp32": ["--cpu"], f"{device} fp32": cpu, f"{device} fp16": cpu + ["--fp16"]}
     steps["decode"] = {}
     for name, extra in runs.items():
-        steps["decode"][("lm", name)] = ("fairseq_cli.interactive", [
-            lm_bin, "--task", "language_modeling", "--user-dir", user_dir,
-            "--path", os.path.join(work, "lm", "checkpoint_last.pt"), "--beam", BEAM,
-            "--nbest", 1, "--min-len", size["min_len"], "--max-len-b", size["max_len"],
-            "--input", prompts,
-            "--batch-size", 16, "--buffer-size", 16, *extra], log_to)
+        # (fairseq-interactive's own main, with numpy 2's missing np.compat.long put back)
+        steps["decode"][("lm", name)] = ("benchmarks.fairseq_on_numpy2", [
+            "fairseq_cli.interactive", lm_bin, "--task", "language_modeling",
+            "--user-dir", user_dir, "--path", os.path.join(work, "lm", "checkpoint_last.pt"),
+            "--beam", BEAM, "--nbest", 1, "--min-len", size["min_len"],
+            "--max-len-b", size["max_len"], "--input", prompts, "--batch-size", 16,
+            "--buffer-size", 16, *extra], log_to)
         steps["decode"][("translation", name)] = ("fairseq_cli.generate", [
             rev_bin, "--user-dir", user_dir, "--gen-subset", "test",
             "--path", os.path.join(work, "translation", "checkpoint_last.pt"), "--beam", BEAM,
@@ -242,6 +243,7 @@ def run(part, work: str, device: str, quick: bool, user_dir: str, log_to: str):
                          "max Δ score, identical ones", "max Δ token score, identical ones",
                          "max Δ best score, all", "tolerance", "within"], rows)
     notes = (f"lm: `alibi_transformer_lm` 2 × 64, trained at L = {LM_L}, `fairseq-interactive` "
+             "(through `benchmarks/fairseq_on_numpy2.py` where numpy lacks `np.compat`) "
              f"on {PROMPT_WORDS}-word prompts, `--min-len {size['min_len']} --max-len-b "
              f"{size['max_len']}`; "
              "translation: `alibi_transformer` 2+2 × 64, `--cross-alibi pointer "

@@ -170,3 +170,20 @@ def test_quick_cpu_run_of_the_default_parts_writes_every_figure(tmp_path):
     for line in ("[tests] ", "[decode] lm: cpu fp32 vs CPU fp32: ", "[memory] L=128 ",
                  "[flex] L=128 D=64: "):
         assert line in proc.stderr and line in (tmp_path / "log.txt").read_text(), line
+
+
+def test_fairseq_tools_run_with_np_compat_long_put_back_where_numpy_2_removed_it(
+        tmp_path, monkeypatch):
+    import numpy
+
+    from benchmarks import fairseq_on_numpy2
+
+    (tmp_path / "made_up_tool.py").write_text(
+        "import sys, numpy\n"
+        "open(sys.argv[1], 'w').write(numpy.dtype(numpy.compat.long).name + ' ' + sys.argv[0])\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(sys, "argv", list(sys.argv))
+    monkeypatch.delattr(numpy, "compat", raising=False)  # as in numpy 2
+    out = tmp_path / "out.txt"
+    fairseq_on_numpy2.main(["made_up_tool", str(out)])
+    assert out.read_text() == f"int64 {tmp_path / 'made_up_tool.py'}"
