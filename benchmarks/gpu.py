@@ -42,6 +42,7 @@ STARTED = time.time()  # --budget counts from here, before the slow imports belo
 
 import argparse
 import collections
+import importlib.util
 import json
 import math
 import os
@@ -297,7 +298,7 @@ def summarize_tests(records, output):
     outcome = {}
     for r in records:
         kind = r["outcome"]
-        if kind == "failed" and r["when"] in ("setup", "teardown"):
+        if kind == "failed" and r["when"] in ("setup", "teardown", "collect"):
             kind = "error"  # (a crashed xdist worker's report has when "???": a failure)
         if rank[kind] >= rank[outcome.get(r["test"], "passed")]:
             outcome[r["test"]] = kind
@@ -334,6 +335,9 @@ def run_tests(part, out, quick, workers):
     record, path = os.path.join(out, "tests.jsonl"), os.path.join(out, "tests.log")
     if os.path.exists(record):
         os.remove(record)
+    if workers > 1 and importlib.util.find_spec("xdist") is None:
+        part.note(f"pytest-xdist is not installed: the tests run in one process, not {workers}")
+        workers = 1
     args = ["tests/test_cuda.py", "-v", "--tb=short", "-p", "no:cacheprovider",
             "-p", "benchmarks.pytest_record"] + (["-x"] if quick else []) + (
             ["-n", str(workers)] if workers > 1 else [])
@@ -1044,7 +1048,11 @@ def main(argv=None, started=None):
         limit = None if limit == math.inf else limit
         part.update(status="running", limit_s=limit and round(limit))
         log(f"[gpu] {name}: started" + (f", limit {limit:.0f} s" if limit else ""))
-        returncode, seconds, stopped = run_child(argv, name, limit)
+        try:
+            returncode, seconds, stopped = run_child(argv, name, limit)
+        except BaseException:  # (this run stopped from outside: the part is stopped too)
+            Part(args.out, name).update(status="stopped with the run")
+            raise
         part = Part(args.out, name)  # (the part's process wrote its figures there)
         status = ("done" if returncode == 0 else
                   f"stopped at its limit ({limit:.0f} s)" if stopped else

@@ -20,14 +20,23 @@ def _message(report):
     return str(report.longrepr).strip().splitlines()[-1] if report.longrepr else None
 
 
-def pytest_runtest_logreport(report):
+def _write(test, when, outcome, seconds, message):
     path = os.environ.get("PYTEST_RECORD")
     if not path or os.environ.get("PYTEST_XDIST_WORKER"):
         return
-    if report.passed and report.when != "call":
-        return  # a passing setup or teardown says nothing
-    message = None if report.passed else _message(report)
-    line = {"test": report.nodeid, "when": report.when, "outcome": report.outcome,
-            "seconds": round(report.duration, 3), "message": message and message[:1000]}
+    line = {"test": test, "when": when, "outcome": outcome, "seconds": round(seconds, 3),
+            "message": message and message[:1000]}
     with open(path, "a") as f:
         f.write(json.dumps(line) + "\n")
+
+
+def pytest_runtest_logreport(report):
+    if report.passed and report.when != "call":
+        return  # a passing setup or teardown says nothing
+    _write(report.nodeid, report.when, report.outcome, report.duration,
+           None if report.passed else _message(report))
+
+
+def pytest_collectreport(report):
+    if report.failed:  # a test file that does not even import
+        _write(report.nodeid or "(collection)", "collect", "failed", 0, _message(report))

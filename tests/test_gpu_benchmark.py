@@ -84,17 +84,22 @@ def test_the_pytest_plugin_records_each_outcome(tmp_path):
         "def test_passes():\n    pass\n"
         "def test_fails():\n    assert 1 == 2, 'one is not two'\n"
         "def test_skips():\n    pytest.skip('not here')\n")
+    (tmp_path / "test_broken.py").write_text("import no_such_module_here\n")
     record = tmp_path / "record.jsonl"
     env = dict(os.environ, PYTEST_RECORD=str(record), PYTHONPATH=str(REPO))
     env.pop("PYTEST_XDIST_WORKER", None)  # (this suite may itself run under xdist)
-    subprocess.run([sys.executable, "-m", "pytest", "test_made_up.py", "-q", "-p",
-                    "no:cacheprovider", "-p", "benchmarks.pytest_record"], cwd=tmp_path,
-                   env=env, capture_output=True, timeout=120)
-    found = {r["test"].split("::")[1]: r for r in gpu.read_records(record)}
-    assert {name: r["outcome"] for name, r in found.items()} == {
-        "test_passes": "passed", "test_fails": "failed", "test_skips": "skipped"}
+    for test_file in ("test_made_up.py", "test_broken.py"):  # (a broken file stops a session)
+        subprocess.run([sys.executable, "-m", "pytest", test_file, "-q", "-p",
+                        "no:cacheprovider", "-p", "benchmarks.pytest_record"], cwd=tmp_path,
+                       env=env, capture_output=True, timeout=120)
+    found = {r["test"].split("::")[-1]: r for r in gpu.read_records(record)}
+    assert {name: (r["when"], r["outcome"]) for name, r in found.items()} == {
+        "test_passes": ("call", "passed"), "test_fails": ("call", "failed"),
+        "test_skips": ("call", "skipped"), "test_broken.py": ("collect", "failed")}
     assert found["test_fails"]["message"].startswith("AssertionError: one is not two")
     assert found["test_skips"]["message"] == "Skipped: not here"
+    assert "no_such_module_here" in found["test_broken.py"]["message"]
+    assert gpu.summarize_tests(gpu.read_records(record), "")["errors"] == 1
 
 
 def test_the_budget_goes_to_each_part_less_what_the_later_ones_need():
