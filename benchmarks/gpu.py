@@ -982,11 +982,12 @@ def run_part(args):
     return 0
 
 
-def run_child(argv, name, limit):
+def run_child(argv, args, name, limit):
     """``name`` in a process of its own: its deadline ``GRACE`` seconds before ``limit``, then
     stopped. ``(exit status, seconds, whether it was stopped)``."""
     start = time.time()
-    cmd = [sys.executable, "-m", "benchmarks.gpu", *argv, "--run-part", name]
+    cmd = [sys.executable, "-m", "benchmarks.gpu", *argv, "--run-part", name,  # (from REPO:)
+           "--out", os.path.abspath(args.out), "--data", os.path.abspath(args.data)]
     if limit is not None:
         cmd += ["--deadline", repr(start + limit - GRACE)]
     proc = subprocess.Popen(cmd, cwd=common.REPO, start_new_session=True)
@@ -1049,7 +1050,7 @@ def main(argv=None, started=None):
         part.update(status="running", limit_s=limit and round(limit))
         log(f"[gpu] {name}: started" + (f", limit {limit:.0f} s" if limit else ""))
         try:
-            returncode, seconds, stopped = run_child(argv, name, limit)
+            returncode, seconds, stopped = run_child(argv, args, name, limit)
         except BaseException:  # (this run stopped from outside: the part is stopped too)
             Part(args.out, name).update(status="stopped with the run")
             raise
