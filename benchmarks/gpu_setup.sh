@@ -138,7 +138,7 @@ try:
 except ImportError:
     triton_version = "none"
 cuda = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no CUDA device"
-print(f"gpu_setup: Python {sys.version.split()[0]}, torch {torch.__version__} (CUDA "
+print(f"gpu_setup: {sys.executable}: Python {sys.version.split()[0]}, torch {torch.__version__} (CUDA "
       f"{torch.version.cuda}, {cuda}), triton {triton_version}, numpy {numpy.__version__}, "
       f"fairseq {fairseq.__version__} ({md.version('fairseq-fixed')}), hydra-core "
       f"{md.version('hydra-core')}, omegaconf {md.version('omegaconf')}, fairseq_alibi from "
