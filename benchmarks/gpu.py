@@ -262,6 +262,19 @@ def cuda_peak_bytes(fn):
     return torch.cuda.max_memory_allocated() - base
 
 
+def layer_bias(heads, variant, device):
+    """What an attention backend's ``run`` takes as its bias for ``heads`` heads of ``variant``:
+    a layer's view of a model's bias module (``modules/bias.py``, main since the option/stack/
+    bias redesign), or, in a tree from before it, ``modules/bias_cache.py``'s module itself."""
+    try:
+        from fairseq_alibi.modules.bias import AlibiBias
+    except ImportError:  # (before the redesign: this branch's base)
+        from fairseq_alibi.modules.bias_cache import CachedAlibiBias
+
+        return CachedAlibiBias(heads, variant).to(device)
+    return AlibiBias(heads, variant=variant).to(device).layer(0)
+
+
 def allow_many_flex_graphs():
     """One process here compiles flex for many variants, head sizes and grad modes: more graphs
     than dynamo's default recompile limit (8), past which it would silently run flex eagerly."""
@@ -397,12 +410,11 @@ def attention_methods(q, k, v, variant, device):
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     from fairseq_alibi.modules.attention import dispatch, flash, flex
-    from fairseq_alibi.modules.bias_cache import CachedAlibiBias
 
     H, L, D = q.shape[1], q.shape[2], q.shape[3]
     scale = D**-0.5
     causal = variant == "causal"
-    alibi = CachedAlibiBias(H, variant).to(device)
+    alibi = layer_bias(H, variant, device)
 
     def backend(name):
         run = dispatch.REGISTRY[name].run
@@ -517,7 +529,6 @@ def run_attention(quick, device, lengths=None, variants=None, dims=None, dtype=t
     return results, shape, body
 
 
-
 # ------------------------------------------------------------------ flex ALiBi ÷ flex, no bias
 
 
@@ -535,7 +546,6 @@ def run_flex(part, quick, device, length=None, dims=None, rounds=3):
         with warnings.catch_warnings():  # its "use torch.compile" advice: the CPU runs eager
             warnings.filterwarnings("ignore", message=".*flex_attention.*", category=UserWarning)
             return flex_attention(*args, **kwargs)
-    from fairseq_alibi.modules.bias_cache import CachedAlibiBias
 
     allow_many_flex_graphs()
     torch.manual_seed(0)
@@ -557,7 +567,7 @@ def run_flex(part, quick, device, length=None, dims=None, rounds=3):
                    for _ in range(3))
         grad = torch.randn_like(q)
         scale = D**-0.5
-        alibi = CachedAlibiBias(H, "causal").to(device)
+        alibi = layer_bias(H, "causal", device)
         block_mask = flex._block_mask("causal", H, L, L, q.device)
         plain = flex._compiled_flex() if cuda else eager_flex
         cases = {
