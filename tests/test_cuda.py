@@ -15,6 +15,7 @@ dtype (the CPU tests' float32 tolerance for float32). A missing or wrong bias co
 """
 
 import copy
+import os
 
 import pytest
 import torch
@@ -48,6 +49,21 @@ def many_flex_graphs():
 
     with torch._dynamo.config.patch(recompile_limit=256, accumulated_recompile_limit=4096):
         yield
+
+
+@pytest.fixture(autouse=True)
+def a_cuda_fault_ends_the_process():
+    """A CUDA fault (a misaligned or illegal address) poisons the process: every later test in
+    it would fail with the same error. It is reported at the end of the test that caused it;
+    then a pytest-xdist worker exits, and xdist reports that test as crashed and runs the rest
+    on a fresh worker; a run without xdist stops there."""
+    yield
+    try:
+        torch.cuda.synchronize()
+    except RuntimeError as error:  # (torch.AcceleratorError is a RuntimeError)
+        if os.environ.get("PYTEST_XDIST_WORKER"):
+            os._exit(3)
+        pytest.exit(f"CUDA fault, later tests in this process cannot run: {error}", returncode=1)
 
 
 def skip_unservable(backend, variant, dtype, **call):
