@@ -264,14 +264,9 @@ def cuda_peak_bytes(fn):
 
 def layer_bias(heads, variant, device):
     """What an attention backend's ``run`` takes as its bias for ``heads`` heads of ``variant``:
-    a layer's view of a model's bias module (``modules/bias.py``, main since the option/stack/
-    bias redesign), or, in a tree from before it, ``modules/bias_cache.py``'s module itself."""
-    try:
-        from fairseq_alibi.modules.bias import AlibiBias
-    except ImportError:  # (before the redesign: this branch's base)
-        from fairseq_alibi.modules.bias_cache import CachedAlibiBias
+    a layer's view of a model's bias module (``modules/bias.py``)."""
+    from fairseq_alibi.modules.bias import AlibiBias
 
-        return CachedAlibiBias(heads, variant).to(device)
     return AlibiBias(heads, variant=variant).to(device).layer(0)
 
 
