@@ -168,19 +168,20 @@ class AlibiBias(torch.nn.Module):
 
 
 def _check_saved_slopes(module, state_dict, prefix, *args):
-    """A load hook: a checkpoint's slopes must be the ones this module computes (they follow
-    from the variant, the head count and ``--alibi-heads``, all saved in the options), else
-    the checkpoint was trained as another model: a clear error rather than silently using them."""
+    """A load hook: a checkpoint's slopes are what the model uses (a saved buffer, so slopes
+    set by hand stay as saved), but the heads that carry a bias must be this module's: other
+    ones mean the checkpoint was trained with another head count or ``--alibi-heads`` (saved in
+    its options), which is a clear error rather than a model computing something else."""
     saved = state_dict.get(f"{prefix}slopes")
     if saved is None or (saved.shape == module.slopes.shape
-                         and torch.equal(saved.float(), module.slopes.float())):
+                         and torch.equal(saved.ne(0), module.slopes.ne(0))):
         return
-    biased = int(saved.float().ne(0).sum())
     raise ValueError(
-        f"this checkpoint's ALiBi slopes ({prefix}slopes: {saved.numel()} heads, {biased} with a "
-        f"bias) are not those of the model being built ({module.variant}, {module.num_heads} "
-        f"heads, {int(module.slopes.ne(0).sum())} with a bias): build it with the variant, "
-        "attention heads and --alibi-heads it was trained with (saved in its options)")
+        f"this checkpoint's ALiBi slopes ({prefix}slopes: {saved.numel()} heads, "
+        f"{int(saved.ne(0).sum())} with a bias) are not those of the model being built "
+        f"({module.variant}, {module.num_heads} heads, {int(module.slopes.ne(0).sum())} with a "
+        "bias): build it with the attention heads and --alibi-heads it was trained with (saved "
+        "in its options)")
 
 
 class LayerBias:
