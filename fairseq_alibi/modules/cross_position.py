@@ -187,8 +187,12 @@ class CrossPositionAttention(MultiheadAttention):
             previous = self.position_state(incremental_state)
             if self.mode == "pointer":
                 step = self.pointer_step  # F.linear: no module call at every decoding step
-                steps = F.softplus(F.linear(query, step.weight, step.bias).float()).squeeze(-1).t()
-                anchors = pointer_positions(steps, previous["pointer"] if previous else None)
+                steps = F.linear(query, step.weight, step.bias)  # (T, B, 1)
+                if steps.dtype != torch.float32:
+                    steps = steps.float()
+                steps = F.softplus(steps).view(tgt_len, bsz)
+                anchors = pointer_positions(steps.t() if tgt_len > 1 else steps.view(bsz, 1),
+                                            previous["pointer"] if previous else None)
                 state = {"pointer": anchors[:, -1]}
             else:  # r·t, t counted in the state
                 seen = previous["steps"] if previous else q.new_zeros(bsz, dtype=torch.float32)
@@ -204,7 +208,7 @@ class CrossPositionAttention(MultiheadAttention):
         if incremental_state is not None and tgt_len == 1 and attn_mask is None \
                 and not before_softmax and not self.training:
             if bias is None and "source_padding" in saved:
-                bias = saved["source_padding"][:, None, None, :]
+                bias = saved["source_padding"].view(bsz, 1, 1, -1)
             return self._decoding_step(q, k, v, bias, need_weights or need_head_weights,
                                        need_head_weights)
         return attend_and_project(self, "naive" if self.attention_backend == "naive" else "auto",
@@ -223,10 +227,16 @@ class CrossPositionAttention(MultiheadAttention):
         if bias is None:
             scores = torch.bmm(q.reshape(B * H, 1, D), keys_t).mul_(self.scaling)
         else:
-            scores = torch.baddbmm(bias.to(q.dtype).expand(B, H, 1, S).reshape(B * H, 1, S),
-                                   q.reshape(B * H, 1, D), keys_t, alpha=self.scaling)
-        probs = torch.softmax(scores.float(), dim=-1)
-        out = torch.bmm(probs.type_as(q), v.view(B * H, S, D))
+            if bias.dtype != q.dtype:
+                bias = bias.to(q.dtype)
+            if bias.size(1) != H:  # the padding alone: one row per sequence
+                bias = bias.expand(B, H, 1, S)
+            scores = torch.baddbmm(bias.reshape(B * H, 1, S), q.reshape(B * H, 1, D), keys_t,
+                                   alpha=self.scaling)
+        probs = torch.softmax(scores, dim=-1, dtype=torch.float32)
+        if probs.dtype != q.dtype:
+            probs = probs.to(q.dtype)
+        out = torch.bmm(probs, v.view(B * H, S, D))
         out = self.out_proj(out.view(1, B, H * D))  # (B, H, 1, D) in memory: (1, B, H·D)
         if not need_weights:
             return out, None
