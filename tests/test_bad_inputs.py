@@ -26,6 +26,7 @@ from tests.helpers import (
     build_model,
     decode_token_by_token,
     run_cli,
+    saved_in_process,
     setup_from_command_line,
     train,
     write_tiny_bpe,
@@ -213,29 +214,6 @@ def test_empty_training_file(lm_checkpoint, tmp_path, alibi_user_dir, tiny_lm_da
 
 # ---------------------------------------------------------------- first contact (issue 12)
 # One test per row of the issue: what an experienced fairseq user hit following the docs.
-
-
-def saved_in_process(path, data, *flags):
-    """A fairseq checkpoint of a model built in this process from fairseq-train flags
-    (untrained: these tests only need files fairseq reads as it reads a trained one)."""
-    from omegaconf import OmegaConf
-
-    cfg, task = setup_from_command_line(data, "--cpu", *flags)
-    model = task.build_model(cfg.model)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    torch.save({
-        "args": None,
-        "cfg": OmegaConf.to_container(cfg, resolve=True, enum_to_str=True),
-        "model": model.state_dict(),
-        "criterion": {},
-        "optimizer_history": [{"criterion_name": "CrossEntropyCriterion",
-                               "optimizer_name": "Adam", "lr_scheduler_state": {},
-                               "num_updates": 0}],
-        "task_state": {},
-        "extra_state": {},
-        "last_optimizer_state": None,
-    }, path)
-    return path
 
 
 STOCK = {  # the same tiny models, stock architectures

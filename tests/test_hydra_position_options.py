@@ -5,8 +5,9 @@ starts by the shipped configs' callback, as the command line refuses the flags
 import pytest
 
 from fairseq_alibi.hydra_support import RegisterFairseqAlibi
-from tests.helpers import REPO, run_cli
-from tests.test_configs import compose
+from tests.helpers import (
+    REPO, compose, run_cli, setup_from_command_line, write_translation_dictionaries,
+)
 
 CONFIG = REPO / "config"
 LM_ERROR = ("error: model.decoder_learned_pos=true: alibi_transformer_lm has no position "
@@ -82,8 +83,6 @@ def test_translation_config_exposes_the_cross_attention_options(tmp_path):
     """The shipped translation config lists the cross-attention options with their defaults
     (stock cross-attention), and an override reaches the built model."""
     from fairseq_alibi.modules.cross_position import CrossPositionAttention
-    from tests.test_translation_model import write_dictionaries
-    from tests.helpers import setup_from_command_line
 
     defaults = compose(CONFIG / "translation", "iwslt14_de_en_alibi").model
     assert (defaults.cross_alibi, defaults.cross_alibi_heads, defaults.cross_alibi_ratio,
@@ -98,7 +97,8 @@ def test_translation_config_exposes_the_cross_attention_options(tmp_path):
                   ["model.cross_alibi=pointer", "model.cross_alibi_eos_guard=2",
                    "model.cross_attention_length_scale=8", "model.cross_alibi_slope_scale=16",
                    *[f"+{s}" for s in sizes]])
-    _, task = setup_from_command_line(write_dictionaries(tmp_path), "--task", "translation",
+    _, task = setup_from_command_line(write_translation_dictionaries(tmp_path),
+                                      "--task", "translation",
                                       "--source-lang", "src", "--target-lang", "tgt",
                                       "--arch", "alibi_transformer")
     model = task.build_model(cfg.model)
@@ -115,13 +115,12 @@ def test_the_pointer_config_builds_the_recommended_model(tmp_path):
     """The shipped recipe of docs/translation.md's measured recommendation: the pointer with
     16 x Press's slopes on half the heads and the EOS guard, on the IWSLT recipe."""
     from fairseq_alibi.modules.cross_position import CrossPositionAttention
-    from tests.test_translation_model import write_dictionaries
-    from tests.helpers import setup_from_command_line
 
     cfg = compose(CONFIG / "translation", "iwslt14_de_en_alibi_pointer")
     assert cfg.model._name == "alibi_transformer_iwslt_de_en"
     assert cfg.lr_scheduler.warmup_updates == 4000 and cfg.task.source_lang == "de"
-    _, task = setup_from_command_line(write_dictionaries(tmp_path), "--task", "translation",
+    _, task = setup_from_command_line(write_translation_dictionaries(tmp_path),
+                                      "--task", "translation",
                                       "--source-lang", "src", "--target-lang", "tgt",
                                       "--arch", "alibi_transformer")
     model = task.build_model(cfg.model)

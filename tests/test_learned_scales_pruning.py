@@ -11,15 +11,16 @@ from fairseq import checkpoint_utils
 
 from tests.helpers import (
     MODELS,
+    TINY_TRANSLATION,
     build_from_command_line,
     load,
     run_cli,
+    saved_in_process,
     setup_from_command_line,
     train,
     write_dictionary,
+    write_translation_dictionaries,
 )
-from tests.test_bad_inputs import saved_in_process
-from tests.test_translation_model import TINY, write_dictionaries
 
 LAYERS = 3
 
@@ -32,7 +33,7 @@ FAMILIES = {
                 {"encoder": ("encoder.sentence_encoder.layers",
                              "encoder.sentence_encoder.alibi.scales", "0,2")}),
     "translation": (["--task", "translation", "--source-lang", "src", "--target-lang", "tgt",
-                     "--arch", "alibi_transformer", *TINY, "--encoder-layers", LAYERS,
+                     "--arch", "alibi_transformer", *TINY_TRANSLATION, "--encoder-layers", LAYERS,
                      "--decoder-layers", LAYERS, "--encoder-alibi-variant", "one_sided",
                      "--encoder-alibi-learned-scales", "per_layer",
                      "--decoder-alibi-learned-scales", "per_layer_head"],
@@ -45,7 +46,7 @@ FAMILIES = {
 def data(tmp_path_factory):
     root = tmp_path_factory.mktemp("pruning")
     return {"lm": write_dictionary(root / "lm", 40), "encoder": root / "lm",
-            "translation": write_dictionaries(root / "pair")}
+            "translation": write_translation_dictionaries(root / "pair")}
 
 
 def checkpoint_with_distinct_scales(path, data, flags, sides):
