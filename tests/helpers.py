@@ -158,6 +158,15 @@ def train(model, data, user_dir, save_dir, *extra, **kwargs):
     return run_cli("fairseq-train", *train_args(model, data, user_dir, save_dir, *extra), **kwargs)
 
 
+#: MODELS' tiny sizes with the stock architectures (checkpoints the plugin must refuse or name)
+STOCK = {
+    "lm": [*MODELS["lm"], "--arch", "transformer_lm"],
+    "encoder": ["--task", "masked_lm", "--criterion", "masked_lm", "--arch", "roberta_base",
+                "--encoder-layers", 2, "--encoder-embed-dim", 32, "--encoder-ffn-embed-dim", 64,
+                "--encoder-attention-heads", 4, "--tokens-per-sample", 16, "--batch-size", 8],
+}
+
+
 def last_line(output):
     """The last non-empty line a command printed (where the plugin puts its one-line fix)."""
     return output.strip().splitlines()[-1]
