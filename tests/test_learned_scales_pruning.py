@@ -195,4 +195,7 @@ def test_fairseq_eval_lm_prunes_a_trained_per_layer_checkpoint(tiny_lm_data, ali
     full = perplexity("{}")
     assert perplexity("{'decoder_layers_to_keep': '0,1,2'}") == full  # every row, in order
     pruned = perplexity("{'decoder_layers_to_keep': '0,2'}")  # loads: no shape error
-    assert 1.0 < pruned < 1e6 and pruned != full
+    # measured 2026-11-26: full 100.1, pruned 108.4 at --seed 1 (full 101.4, 99.5 and pruned
+    # 105.0, 102.5 at seeds 2, 3; the same on 2 threads); the bounds add the seeds' spread
+    assert 97.5 < full < 103.5
+    assert 96 < pruned < 115 and pruned != full
