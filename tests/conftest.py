@@ -1,4 +1,5 @@
-"""Session-wide fixtures: tiny corpora written by the tests (helpers are in ``tests/helpers.py``)."""
+"""Session-wide fixtures: tiny corpora written by the tests, and a tiny LM trained on one (helpers
+are in ``tests/helpers.py``)."""
 
 import pytest
 

@@ -1,7 +1,8 @@
-"""What the tests share: fairseq's real command lines, tiny models and training runs, and tiny data.
+"""What the tests share: fairseq's real command lines, tiny models and training runs, tiny data,
+and the float64 references the models are checked against.
 
-Fixtures (the session-wide tiny corpora) are in ``conftest.py``; everything else a test file
-imports from here.
+Fixtures (the session-wide tiny corpora and trained LM) are in ``conftest.py``; everything else
+a test file imports from here, never from another test file (tests/test_layout.py checks).
 """
 
 import copy
