@@ -135,7 +135,8 @@ def is_a_test_module(name):
 
 def test_no_test_module_imports_another():
     """Tests share code through tests/helpers.py (fixtures: conftest.py) only: a test module
-    imported by another ties the two files together (and runs its module-level code twice)."""
+    imported by another ties the two files together (one cannot change or move without the
+    other), and the importer runs the imported file's module-level setup."""
     offenders = [
         f"{path.relative_to(REPO)} imports {name}"
         for path in sorted((REPO / "tests").glob("*.py"))
