@@ -15,6 +15,7 @@ import fairseq_alibi  # noqa: F401  (registers alibi_roberta)
 from fairseq_alibi.alibi import alibi_bias, mask_value, variant_slopes
 from fairseq_alibi.modules.bias import AlibiBias
 from fairseq_alibi.modules.stacks import UNBOUNDED_POSITIONS
+from tests.helpers import naive_bias, naive_slopes
 
 ALIBI_VARIANTS = ["symmetric", "one_sided", "offset", "asymmetric"]
 ALL_VARIANTS = ALIBI_VARIANTS + ["none"]
@@ -142,28 +143,6 @@ def tokens(batch=3, length=10, seed=0, mask_at=None):
     if mask_at is not None:
         t[:, mask_at] = dictionary().index("<mask>")
     return t
-
-
-def naive_slopes(variant, heads):
-    """2^(-8k/n), k = 1..n, with n = H (n = H/2 per half for one_sided)."""
-    n = heads // 2 if variant == "one_sided" else heads
-    return [2.0 ** (-8.0 * k / n) for k in range(1, n + 1)] * (heads // n)
-
-
-def naive_bias(variant, h, heads, i, j, m, ratio):
-    """The bias of one (head, query, key) from the definitions; None = the key is invisible."""
-    if variant == "symmetric":
-        return -m * abs(i - j)
-    if variant == "offset":
-        return -m * (i - j) if j <= i else -m * (j - i - 0.5)
-    if variant == "asymmetric":
-        return -m * (i - j) if j <= i else -m * ratio * (j - i)
-    if variant == "one_sided":
-        looks_ahead = h >= heads // 2
-        if (looks_ahead and j < i) or (not looks_ahead and j > i):
-            return None
-        return -m * abs(i - j)
-    raise AssertionError(variant)
 
 
 def naive_encoder(model, src, variant, ratio=1.0):

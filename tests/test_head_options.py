@@ -24,10 +24,11 @@ from tests.helpers import (
     MODELS,
     REPO,
     build_model,
+    compose,
     setup_from_command_line,
     write_dictionary,
 )
-from tests.test_configs import compose
+
 
 HEADS, DIM = 4, 32
 BACKENDS = ["naive", "sdpa", "fold", "flex", "auto"]

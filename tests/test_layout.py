@@ -31,12 +31,13 @@ LAYERS = {
 MODELS_MAY_NOT = ("fairseq_alibi.criterions",) + TOOLS
 
 
-def imported_modules(path):
-    """Every module ``path`` imports, as absolute names (relative imports resolved)."""
+def imported_modules(path, root=REPO):
+    """Every module ``path`` imports, as absolute names (relative imports resolved against its
+    place under ``root``)."""
     tree = ast.parse(path.read_text(), filename=str(path))
-    package = path.relative_to(REPO).with_suffix("").parts[:-1]
+    package = path.relative_to(root).with_suffix("").parts[:-1]
     if path.name == "__init__.py":
-        package = path.relative_to(REPO).parts[:-1]
+        package = path.relative_to(root).parts[:-1]
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             yield from (alias.name for alias in node.names)
@@ -122,6 +123,45 @@ def test_the_models_import_no_tool_and_no_criterion():
         for name in imported_modules(path) if name.startswith(MODELS_MAY_NOT)
     ]
     assert not offenders, offenders
+
+
+def is_a_test_module(name):
+    """``tests.test_x`` (or ``test_x``, imported with the tests folder on sys.path), or a name
+    inside one."""
+    parts = name.split(".")
+    return parts[0].startswith("test_") or (
+        parts[0] == "tests" and len(parts) > 1 and parts[1].startswith("test_"))
+
+
+def test_no_test_module_imports_another():
+    """Tests share code through tests/helpers.py (fixtures: conftest.py) only: a test module
+    imported by another ties the two files together (one cannot change or move without the
+    other), and the importer runs the imported file's module-level setup."""
+    offenders = [
+        f"{path.relative_to(REPO)} imports {name}"
+        for path in sorted((REPO / "tests").glob("*.py"))
+        for name in imported_modules(path) if is_a_test_module(name)
+    ]
+    assert not offenders, offenders
+
+
+@pytest.mark.parametrize("source,imports_a_test_module", [
+    ("from tests.test_x import y", True),
+    ("import tests.test_x", True),
+    ("from tests import test_x", True),
+    ("from .test_x import y", True),
+    ("from . import test_x", True),
+    ("import test_x", True),
+    ("from tests.helpers import REPO", False),
+    ("from tests import helpers", False),
+    ("from . import helpers", False),
+])
+def test_the_test_import_check_reads_every_form(source, imports_a_test_module, tmp_path):
+    (tmp_path / "tests").mkdir()
+    probe = tmp_path / "tests" / "test_probe.py"
+    probe.write_text(source + "\n")
+    found = imported_modules(probe, root=tmp_path)
+    assert any(is_a_test_module(name) for name in found) == imports_a_test_module
 
 
 def test_no_script_edits_sys_path():

@@ -19,14 +19,15 @@ import textwrap
 import pytest
 import torch
 
-from fairseq_alibi.alibi import SCALE_MODES, mask_value, variant_slopes
+from fairseq_alibi.alibi import SCALE_MODES, mask_value
 from fairseq_alibi.modules.alibi_multihead_attention import AlibiMultiheadAttention
 from fairseq_alibi.modules.attention import dispatch, flash, flex
 from fairseq_alibi.modules.attention.dispatch import Call
 from fairseq_alibi.modules.bias import AlibiBias
 from tests.helpers import (
-    REPO, build_model, decode_token_by_token, load, setup_from_command_line, train,
-    write_dictionary,
+    REPO, TINY_TRANSLATION, build_model, decode_token_by_token, load, reference_scaled_attention,
+    scaled_bias, setup_from_command_line, train, write_dictionary,
+    write_translation_dictionaries,
 )
 
 VARIANTS = ["causal", "symmetric", "one_sided", "offset", "asymmetric"]
@@ -42,63 +43,6 @@ def eager_flex(monkeypatch):
     monkeypatch.setattr(flex, "_compiled_flex", lambda: flex_attention)
 
 
-def scaled_module(variant, mode, init=1.0, ratio=1.0):
-    """A bias with learned scales set away from 1, so that every scale counts."""
-    alibi = AlibiBias(HEADS, variant=variant, future_slope_ratio=ratio, num_layers=LAYERS,
-                            learned_scales=mode, scale_init=init)
-    with torch.no_grad():
-        torch.manual_seed(7)
-        alibi.scales.uniform_(0.3, 3.0)
-    return alibi
-
-
-MASKED = -1e9
-
-
-def reference_bias(variant, slopes, future, T):
-    """``(H, T, T)`` float64 bias straight from the table of fairseq_alibi/alibi.py; -inf masked.
-    ``slopes``/``future`` float64 ``(H,)`` (differentiable)."""
-    i = torch.arange(T, dtype=torch.float64)[:, None]
-    j = torch.arange(T, dtype=torch.float64)[None, :]
-    d = (i - j)[None]  # i - j
-    m = slopes[:, None, None]
-    # a finite stand-in for -inf: a row with no visible key stays finite, as the module's does
-    inf = torch.tensor(MASKED, dtype=torch.float64)
-    if variant == "causal":
-        return torch.where(d >= 0, -m * d, inf)
-    if variant == "symmetric":
-        return -m * d.abs()
-    if variant == "offset":
-        return torch.where(d >= 0, -m * d, -m * (-d - 0.5))
-    if variant == "asymmetric":
-        return torch.where(d >= 0, -m * d, -future[:, None, None] * (-d))
-    ahead = (torch.arange(len(slopes)) >= len(slopes) // 2)[:, None, None]
-    hidden = torch.where(ahead, d > 0, d < 0)
-    return torch.where(hidden, inf, -m * d.abs())
-
-
-def reference(attn, x, scales, layer, variant, ratio, key_padding_mask=None):
-    """softmax(QKᵀ/√d + s[layer, h]·bias_h) V in float64; differentiable in ``scales``."""
-    x = x.double()
-    T, B, C = x.shape
-    H, D = attn.num_heads, attn.head_dim
-    w = {n: p.detach().double() for n, p in attn.named_parameters()}
-
-    def proj(name):
-        return (x @ w[f"{name}.weight"].T + w[f"{name}.bias"]).view(T, B, H, D)
-
-    q, k, v = proj("q_proj"), proj("k_proj"), proj("v_proj")
-    row = scales[layer if scales.size(0) > 1 else 0]
-    base = variant_slopes(H, variant).double()
-    slopes = base * row
-    bias = reference_bias(variant, slopes, slopes * ratio, T)
-    scores = torch.einsum("ibhd,jbhd->bhij", q, k) / D**0.5 + bias
-    if key_padding_mask is not None:
-        scores = scores.masked_fill(key_padding_mask[:, None, None, :], MASKED)
-    out = torch.einsum("bhij,jbhd->ibhd", torch.softmax(scores, -1), v).reshape(T, B, C)
-    return out @ w["out_proj.weight"].T + w["out_proj.bias"]
-
-
 CPU_TRAIN_BACKENDS = ["naive", "sdpa", "fold"]
 
 
@@ -110,7 +54,7 @@ def test_matches_float64_reference(variant, mode, backend, train, eager_flex):
     if backend == "flex" and train:
         pytest.skip("flex_attention has no CPU backward (tests/test_dispatch.py)")
     ratio = 0.7 if variant == "asymmetric" else 1.0
-    alibi = scaled_module(variant, mode, ratio=ratio)
+    alibi = scaled_bias(HEADS, LAYERS, variant, mode, ratio=ratio)
     layer = 1
     torch.manual_seed(0)
     attn = AlibiMultiheadAttention(DIM, HEADS, alibi.layer(layer), attention=backend)
@@ -122,7 +66,7 @@ def test_matches_float64_reference(variant, mode, backend, train, eager_flex):
     with torch.set_grad_enabled(train):
         out, _ = attn(x, x, x, key_padding_mask=pad, need_weights=False)
     scales64 = alibi.scales.detach().double().requires_grad_()
-    expected = reference(attn, x, scales64, layer, variant, ratio, pad)
+    expected = reference_scaled_attention(attn, x, scales64, layer, variant, ratio, pad)
     keep = ~pad.T[:, :, None]  # padded query rows are not compared (their value is arbitrary)
     torch.testing.assert_close(torch.where(keep, out.double(), 0.0),
                                torch.where(keep, expected.detach(), 0.0), **TOL)
@@ -142,7 +86,7 @@ def test_matches_float64_reference(variant, mode, backend, train, eager_flex):
 def test_cuda_backends_serve_inference_and_flash_refuses_training(variant):
     import copy
 
-    alibi = scaled_module(variant, "per_layer_head").cuda()
+    alibi = scaled_bias(HEADS, LAYERS, variant, "per_layer_head").cuda()
     attn = AlibiMultiheadAttention(DIM, HEADS, alibi.layer(2), attention="naive").cuda()
     x = torch.randn(9, 2, DIM, device="cuda")
     with torch.no_grad():
@@ -167,7 +111,7 @@ def test_scale_gradients_match_finite_differences(variant, backend):
     difference; its gradient is autograd's through the same bias, checked against float64
     above.)"""
     ratio = 0.75 if variant == "asymmetric" else 1.0
-    alibi = scaled_module(variant, "per_layer_head", ratio=ratio).double()
+    alibi = scaled_bias(HEADS, LAYERS, variant, "per_layer_head", ratio=ratio).double()
     with torch.no_grad():
         alibi.scales.copy_(torch.tensor([0.5, 1.25, 1.5, 2.75]).expand(LAYERS, HEADS))
     torch.manual_seed(1)
@@ -219,8 +163,8 @@ def test_fixed_scale_init_multiplies_without_a_parameter():
 
 
 def test_slope_scale_multiplies_on_top_of_learned_scales():
-    learned = scaled_module("causal", "per_head")
-    interpolated = scaled_module("causal", "per_head")
+    learned = scaled_bias(HEADS, LAYERS, "causal", "per_head")
+    interpolated = scaled_bias(HEADS, LAYERS, "causal", "per_head")
     interpolated.slope_scale = 0.25
     with torch.no_grad():
         torch.testing.assert_close(interpolated.slopes_of(0)[0],
@@ -232,7 +176,7 @@ def test_slope_scale_multiplies_on_top_of_learned_scales():
 
 
 def test_per_layer_scales_need_the_layer():
-    alibi = scaled_module("causal", "per_layer")
+    alibi = scaled_bias(HEADS, LAYERS, "causal", "per_layer")
     with pytest.raises(ValueError, match="need the index of the layer"):
         alibi.slopes_of()
     with pytest.raises(ValueError, match="need the index of the layer"):
@@ -264,20 +208,16 @@ def test_every_family_names_its_scale_init_flag(lm_data, tmp_path):
                     "--alibi-scale-init", init)
     with pytest.raises(ValueError, match="--alibi-scale-init must be a positive number"):
         build_model("encoder", lm_data, "--alibi-scale-init", init)
-    from tests.test_translation_model import write_dictionaries
-
-    pair = write_dictionaries(tmp_path / "pair")
+    pair = write_translation_dictionaries(tmp_path / "pair")
     for side in ("encoder", "decoder"):
         with pytest.raises(ValueError, match=f"--{side}-alibi-scale-init must be a positive"):
             setup_and_build_translation(pair, f"--{side}-alibi-scale-init", init)
 
 
 def setup_and_build_translation(data, *extra):
-    from tests.test_translation_model import TINY
-
     cfg, task = setup_from_command_line(
         data, "--task", "translation", "--source-lang", "src", "--target-lang", "tgt",
-        "--arch", "alibi_transformer", *TINY, *extra)
+        "--arch", "alibi_transformer", *TINY_TRANSLATION, *extra)
     return task.build_model(cfg.model), task
 
 
@@ -293,11 +233,9 @@ def test_scales_without_alibi_are_a_clear_error(lm_data):
 
 
 def test_every_family_learns_its_scales_per_layer(lm_data, tmp_path):
-    from tests.test_translation_model import write_dictionaries
-
     lm, _ = build_model("lm", lm_data, "--alibi-learned-scales", "per_layer_head")
     enc, _ = build_model("encoder", lm_data, "--alibi-learned-scales", "per_layer")
-    pair = write_dictionaries(tmp_path / "pair")
+    pair = write_translation_dictionaries(tmp_path / "pair")
     mt, _ = setup_and_build_translation(pair, "--encoder-alibi-learned-scales", "per_head",
                                         "--decoder-alibi-learned-scales", "per_layer_head",
                                         "--decoder-alibi-scale-init", "0.5")
@@ -348,7 +286,7 @@ def test_scales_of_another_mode_are_a_clear_error(lm_data):
 
 
 def test_scales_survive_half_precision_and_a_state_dict_round_trip():
-    alibi = scaled_module("offset", "per_layer_head")
+    alibi = scaled_bias(HEADS, LAYERS, "offset", "per_layer_head")
     copy = AlibiBias(HEADS, variant="offset", num_layers=LAYERS, learned_scales="per_layer_head")
     copy.load_state_dict(alibi.state_dict())
     assert torch.equal(copy.scales, alibi.scales)
@@ -382,7 +320,7 @@ def test_attend_reports_whether_the_scales_need_a_gradient(monkeypatch):
     seen = []
     real = dispatch.auto_backend
     monkeypatch.setattr(dispatch, "auto_backend", lambda call: seen.append(call) or real(call))
-    alibi = scaled_module("causal", "per_head")
+    alibi = scaled_bias(HEADS, LAYERS, "causal", "per_head")
     attn = AlibiMultiheadAttention(DIM, HEADS, alibi.layer(0), attention="auto")
     x = torch.randn(5, 1, DIM)
     attn(x, x, x, need_weights=False)
