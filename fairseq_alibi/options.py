@@ -5,14 +5,11 @@ and under which prefix, and they reach fairseq through fairseq's own dataclass-t
 machinery (``gen_parser_from_dataclass``, or the model's config dataclass), and reach the layers
 as one object (:func:`read`), never as ``getattr`` reads with local defaults:
 
-==================  ==================  =================================================
-declaration         prefix              families
-==================  ==================  =================================================
-:class:`StackOptions`   ``alibi_``      ``alibi_transformer_lm`` (causal), ``alibi_roberta``
-                    ``encoder_alibi_``  ``alibi_transformer``'s encoder
-                    ``decoder_alibi_``  ``alibi_transformer``'s decoder
-:class:`CrossOptions`   (none)          ``alibi_transformer``'s cross-attention and SHAPE
-==================  ==================  =================================================
+* :class:`StackOptions`, a layer stack's, under ``alibi_`` (``alibi_transformer_lm``'s causal
+  decoder: :data:`LM`; ``alibi_roberta``'s encoder: :data:`ENCODER`), ``encoder_alibi_`` and
+  ``decoder_alibi_`` (``alibi_transformer``'s sides: :data:`TRANSLATION_ENCODER`,
+  :data:`TRANSLATION_DECODER`);
+* :class:`CrossOptions`, ``alibi_transformer``'s cross-attention and SHAPE, unprefixed.
 
 :class:`StackOptions` fields marked ``model_wide`` (the attention backend, the run-time slope
 scale) are declared once per model under ``alibi_`` and shared by its stacks; a stack's
@@ -21,11 +18,10 @@ from its :class:`Side`. Adding a field to :class:`StackOptions` adds the option 
 (``docs/architecture.md``, "Where to add things").
 
 A field's ``metadata``: ``help``; ``check``, a function of the value returning what is wrong
-with it (or ``None``), said after the flag's name; ``model_wide``; ``side`` (see ``variant``).
+with it (or ``None``), said after the flag's name; ``model_wide``.
 Checks that involve several options are the ``check`` method of the declaration.
 """
 
-import argparse
 import dataclasses
 import logging
 import math
@@ -35,6 +31,7 @@ from typing import Dict, Iterable, Optional, Tuple
 from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 
 from fairseq_alibi.alibi import ENCODER_VARIANTS, SCALE_MODES, check_variant
+from fairseq_alibi.config_access import cfg_get, cfg_set
 from fairseq_alibi.cross_alibi import CROSS_ALIBI_MODES
 from fairseq_alibi.modules.attention.dispatch import ATTENTION_BACKENDS
 
@@ -107,7 +104,7 @@ class StackOptions(FairseqDataclass):
         "help": "ALiBi bias of the self-attention: offset (future keys -m(j-i-0.5)), "
                 "symmetric -m|i-j|, one_sided (half the heads look back, half ahead), "
                 "asymmetric (forward slope = ratio x backward), causal -m(i-j); none = stock "
-                "position embeddings, no bias", "side": True})
+                "position embeddings, no bias"})
     future_slope_ratio: float = field(default=1.0, metadata={
         "help": "asymmetric only: forward slope = R x backward slope, per head",
         "check": _at_least(0)})
@@ -306,15 +303,16 @@ def _field(cls, name) -> dataclasses.Field:
 
 
 def _check_field(f: dataclasses.Field, value, prefix: str = ""):
+    """A one-line error naming the flag (``prefix`` + the field's name) if ``value`` is not one
+    of the field's choices or fails its ``check``."""
+    flag = "--" + (prefix + f.name).replace("_", "-")
+    choices = _choices(f)
+    if choices is not None and str(value) not in choices:
+        raise ValueError(f"unknown {flag} {str(value)!r}; choose one of: {', '.join(choices)}")
     check = f.metadata.get("check")
     reason = check(value) if check is not None else None
-    choices = _choices(f)
-    if reason is None and choices is not None and str(value) not in choices:
-        reason = f"{value!r} is not a choice; choose one of: {', '.join(choices)}"
-        flag = "--" + (prefix + f.name).replace("_", "-")
-        raise ValueError(f"unknown {flag} {str(value)!r}; choose one of: {', '.join(choices)}")
     if reason is not None:
-        raise ValueError(f"--{(prefix + f.name).replace('_', '-')} {reason}")
+        raise ValueError(f"{flag} {reason}")
 
 
 def _choices(f: dataclasses.Field) -> Optional[Tuple[str, ...]]:
@@ -325,8 +323,8 @@ def _choices(f: dataclasses.Field) -> Optional[Tuple[str, ...]]:
 
 
 def _fields(cls, side: Optional[Side]):
-    """``[(name, declared field, the field with this side's default)]`` of ``cls`` declared
-    for ``side`` (``None``: every field, unprefixed: :class:`CrossOptions`)."""
+    """``[(name, field, type, default)]`` of the fields of ``cls`` that ``side`` declares, named
+    and typed as it declares them (``None``: every field, unprefixed: :class:`CrossOptions`)."""
     found = []
     for f in dataclasses.fields(cls):
         if f.name.startswith("_"):  # FairseqDataclass's _name: not an option
@@ -378,8 +376,6 @@ def add_args(parser, cls, *sides: Optional[Side]):
 def _get(cfg, key, default=None):
     """``cfg.key`` of an argparse Namespace, an OmegaConf node or a dict; ``default`` when it is
     absent or ``None``."""
-    from fairseq_alibi.config_access import cfg_get
-
     value = cfg_get(cfg, key, None)
     return default if value is None else value
 
@@ -409,15 +405,7 @@ def fill_defaults(cfg, cls, *sides: Optional[Side]):
     ``None``) to its declared default, and the others to their declared type (an int given for a
     float option, say); ``cfg`` is an argparse Namespace or an open OmegaConf node."""
     for name, f, kind, default in (t for side in sides for t in _fields(cls, side)):
-        value = _typed(_base_type(kind), _get(cfg, name, default))
-        _set(cfg, name, value)
-
-
-def _set(cfg, key, value):
-    if isinstance(cfg, argparse.Namespace):
-        setattr(cfg, key, value)
-    else:
-        cfg[key] = value
+        cfg_set(cfg, name, _typed(_base_type(kind), _get(cfg, name, default)))
 
 
 def read(cls, cfg, side: Optional[Side] = None):
