@@ -77,6 +77,9 @@ logger = logging.getLogger(__name__)
 
 #: the decoder's self-attention: causal ALiBi, or ``none`` (stock positions)
 DECODER_VARIANTS = ("causal", "none")
+#: ``--cross-alibi-eos-guard-layer``: whose pointer the EOS guard reads (``min``: the one
+#: furthest behind)
+EOS_GUARD_LAYERS = ("last", "first", "min")
 
 MODEL_NAME = "alibi_transformer"
 
@@ -185,6 +188,13 @@ def _check_cross_options(args):
         if not guard >= 0:
             raise ValueError(f"--cross-alibi-eos-guard must be -1 (off) or a distance >= 0 in "
                              f"source tokens, got {guard}")
+    guard_layer = args.cross_alibi_eos_guard_layer
+    if guard_layer not in EOS_GUARD_LAYERS:
+        raise ValueError(f"unknown --cross-alibi-eos-guard-layer {guard_layer!r}; choose one of: "
+                         f"{', '.join(EOS_GUARD_LAYERS)}")
+    if guard_layer != "last" and guard == -1:
+        raise ValueError("--cross-alibi-eos-guard-layer chooses the pointer that the EOS guard "
+                         "reads: it needs --cross-alibi-eos-guard D")
     if (mode != "none" or scale) and safe_getattr(args, "no_cross_attention", False):
         raise ValueError("--cross-alibi / --cross-attention-length-scale act on the "
                          "cross-attention, which --no-cross-attention removes: drop one of them")
@@ -263,15 +273,28 @@ class CrossPositionDecoderMixin:
     layer's pointer is more than ``D`` source tokens before the row's last real source token.
     ``get_normalized_probs`` then gives EOS no probability, so stock ``fairseq-generate``,
     ``fairseq-interactive`` and the hub need nothing; at the generator's ``max_len`` EOS is the
-    only token left and still ends the hypothesis.
+    only token left and still ends the hypothesis. ``--cross-alibi-eos-guard-layer`` chooses the
+    pointer read: ``last`` (default), ``first``, or ``min``, the pointer furthest behind (the
+    largest distance left over the layers).
     """
 
     def guard_eos(self, args):
         self.cross_alibi_eos_guard = float(safe_getattr(args, "cross_alibi_eos_guard", -1.0))
+        self.cross_alibi_eos_guard_layer = safe_getattr(args, "cross_alibi_eos_guard_layer",
+                                                        None) or "last"
         attentions = [m for m in self.modules() if isinstance(m, CrossPositionAttention)]
-        # the last layer's pointer, as a plain reference (the layer owns the module)
-        object.__setattr__(self, "guard_attention", attentions[-1] if attentions else None)
+        read = {"last": attentions[-1:], "first": attentions[:1], "min": attentions}
+        # the pointers read, as plain references (the layers own the modules)
+        object.__setattr__(self, "guard_attentions", read[self.cross_alibi_eos_guard_layer])
         return self
+
+    def eos_distance(self, incremental_state):
+        """``(B,)``: source tokens left before the last one, by the guarded pointer (with
+        ``min``, the pointer furthest behind), or ``None`` before the first step."""
+        left = [m.eos_distance(incremental_state) for m in self.guard_attentions]
+        if not left or left[0] is None:
+            return None
+        return left[0] if len(left) == 1 else torch.stack(left).amax(0)
 
     def forward(self, prev_output_tokens, encoder_out=None, incremental_state=None,
                 features_only=False, **kwargs):
@@ -280,7 +303,7 @@ class CrossPositionDecoderMixin:
                                    features_only=features_only, **kwargs)
         if self.cross_alibi_eos_guard >= 0 and incremental_state is not None \
                 and not features_only and not self.training:
-            left = self.guard_attention.eos_distance(incremental_state)
+            left = self.eos_distance(incremental_state)
             if left is not None:
                 forbid_early_eos(x, left, self.dictionary.eos(), self.cross_alibi_eos_guard)
         return x, extra
@@ -386,8 +409,13 @@ class AlibiTransformerModel(ScalesFollowPrunedLayers, TransformerModel):
         parser.add_argument(
             "--cross-alibi-eos-guard", type=float, metavar="D",
             help="decoding only, with --cross-alibi pointer: EOS is forbidden while the last "
-            "layer's pointer is more than D source tokens before the last source token; -1 = "
-            "off (default)",
+            "layer's pointer (--cross-alibi-eos-guard-layer) is more than D source tokens before "
+            "the last source token; -1 = off (default)",
+        )
+        parser.add_argument(
+            "--cross-alibi-eos-guard-layer", choices=EOS_GUARD_LAYERS,
+            help="the pointer the EOS guard reads: last (default), first, or min (the pointer "
+            "furthest behind over the layers); a decoding option (--model-overrides)",
         )
         parser.add_argument(
             "--position-shift", type=int, metavar="K",
@@ -557,6 +585,8 @@ def _alibi_defaults(args):
     args.cross_attention_length_scale = float(
         safe_getattr(args, "cross_attention_length_scale", 0.0))
     args.cross_alibi_eos_guard = float(safe_getattr(args, "cross_alibi_eos_guard", -1.0))
+    args.cross_alibi_eos_guard_layer = safe_getattr(args, "cross_alibi_eos_guard_layer",
+                                                    None) or "last"
     args.position_shift = int(safe_getattr(args, "position_shift", 0))
     for side in ("encoder", "decoder"):
         setattr(args, f"{side}_alibi_learned_scales",
