@@ -99,7 +99,7 @@ BASELINES = {"alibi": tl.ALIBI, "sinusoidal": tl.SINUSOIDAL}
 
 #: ``--smoke``: every step at toy sizes, a thinned grid (the tests run it)
 SMOKE = dict(sizes={"small": Size(1, 16, 32, 4, 3), "large": Size(1, 16, 32, 8, 3)},
-             scales=(4, 16), top=1, margins=(2,), layers=("last", "min"))
+             scales=(4, 16), top=1, margins=(2,), layers=("min",))
 
 
 def heads_of(rule, size):
@@ -554,7 +554,7 @@ def write(out, args, command, started, grid, scores, baselines, ranked, going_on
                                for n, s in sizes.items()) + "\n",
         "## The rule\n",
         __doc__.split("The rule, written before any run. ")[1].split("\n\nRuns already")[0]
-        .replace("\n", " ") + "\n",
+        .replace("\n", " ").replace("``", "`") + "\n",
         "## Validation (every candidate)\n",
         validation_table(lines),
         f"Scales ranked on the small size: {', '.join(f'{x:g}' for x in ranked) or '–'}; "
