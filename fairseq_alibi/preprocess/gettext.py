@@ -466,6 +466,9 @@ def main(argv=None):
         bucket = stats["buckets"].get(name)
         where = f"  source tokens ({bucket['source_tokens'][0]},{bucket['source_tokens'][1]}], " \
                 f"{bucket['available']} available" if bucket else ""
+        if name == "valid":
+            where = "  the test's buckets: " + ", ".join(
+                str(v["pairs"]) for v in stats["valid_buckets"].values())
         print(f"{name:>6}: {count:6d} pairs{where}")
     print(f"length ratio r = {stats['length_ratio']:.4f} source tokens per target token on train; "
           f"mean training source length {stats['mean_train_source_length']:.2f} tokens")
