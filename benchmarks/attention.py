@@ -31,7 +31,7 @@ from benchmarks.common import Rounds, backward_call, forward_call, mib, peak_byt
 from fairseq_alibi.modules.attention import dense as dense_backends
 from fairseq_alibi.modules.attention import flex
 from fairseq_alibi.modules.attention.fold import folded_attention
-from fairseq_alibi.modules.bias_cache import CachedAlibiBias
+from fairseq_alibi.modules.bias import AlibiBias
 
 FORWARD_ONLY = {"flex (compiled)"}
 
@@ -65,7 +65,7 @@ def original_mask(slopes, batch, length):
 def compiled_flex(q, k, v, alibi, scale):
     """The compiled flex_attention kernel with the ``flex`` backend's score_mod and block mask."""
     B, H, L, D = q.shape
-    score_mod = flex.alibi_score_mod(alibi.variant, *alibi.head_slopes())
+    score_mod = flex.alibi_score_mod(alibi.variant, *alibi.slopes_of())
     block_mask = flex._block_mask(alibi.variant, H, L, L, q.device)
     return flex._compiled_flex()(q, k, v, score_mod=score_mod, block_mask=block_mask,
                                  scale=scale)
@@ -74,13 +74,13 @@ def compiled_flex(q, k, v, alibi, scale):
 def methods(B, H, L, D, with_flex):
     """name -> (function of (q, k, v), bytes of bias it keeps between calls)."""
     scale = 1 / math.sqrt(D)
-    alibi = CachedAlibiBias(H, "causal")
-    slopes, _ = alibi.head_slopes()
+    alibi = AlibiBias(H, variant="causal")
+    slopes, _ = alibi.slopes_of()
     original = original_mask(slopes, B, L)  # kept by the model, like the original's buffer
     bloom_bias = bloom_alibi(slopes, B, L)
     causal_mask = torch.ones(L, L, dtype=torch.bool).triu(1)
 
-    # built once and shared by every layer in a model (CachedAlibiBias memoises it)
+    # built once and shared by every layer in a model (AlibiBias memoises it)
     dense = alibi(L, L)[None]
     dense_bytes = dense.numel() * dense.element_size()
 
@@ -97,7 +97,7 @@ def methods(B, H, L, D, with_flex):
         "BLOOM baddbmm": (lambda q, k, v: bloom_attention(
             q, k, v, bloom_bias, causal_mask, scale), bloom_bias.numel() * 4),
         "naive": (lambda q, k, v: dense_backends.naive(
-            q, k, v, alibi, None, None, 0.0, scale), dense_bytes),
+            q, k, v, alibi.layer(0), None, None, 0.0, scale), dense_bytes),
     }
     if with_flex:
         found["flex (compiled)"] = (lambda q, k, v: compiled_flex(q, k, v, alibi, scale), 0)
@@ -151,7 +151,7 @@ def run_modules(quick=False, rounds=5, lengths=None, log=print):
     """
     from fairseq.modules import MultiheadAttention
 
-    from fairseq_alibi.modules import AlibiMultiheadAttention
+    from fairseq_alibi.modules.alibi_multihead_attention import AlibiMultiheadAttention
 
     torch.manual_seed(0)
     B, H, D = (2, 4, 16) if quick else (4, 8, 64)
@@ -159,15 +159,15 @@ def run_modules(quick=False, rounds=5, lengths=None, log=print):
     lengths = lengths or ((64,) if quick else (1024, 2048))
     rounds = 1 if quick else rounds
     stock = MultiheadAttention(C, H, self_attention=True)
-    alibi = CachedAlibiBias(H, "causal")  # as a model builds it
-    ours = AlibiMultiheadAttention(C, H, alibi)
+    alibi = AlibiBias(H, variant="causal")  # as a model builds it
+    ours = AlibiMultiheadAttention(C, H, alibi.layer(0))
     ours.load_state_dict(stock.state_dict())
     rows = []
     for L in lengths:
         x = torch.randn(L, B, C)
         grad = torch.randn(L, B, C)
         causal = torch.triu(torch.full((L, L), float("-inf")), 1)
-        slopes, _ = alibi.head_slopes()
+        slopes, _ = alibi.slopes_of()
         original = original_mask(slopes, B, L)
         cases = {
             "stock fairseq (no bias)":

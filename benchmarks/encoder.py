@@ -21,7 +21,7 @@ import torch.nn.functional as F
 
 from benchmarks import train
 from benchmarks.common import Rounds, backward_call, forward_call, table
-from fairseq_alibi.alibi import AlibiPositionalBias
+from fairseq_alibi.modules.bias import AlibiBias
 from fairseq_alibi.modules.attention.fold import folded_attention
 from benchmarks.attention import compiled_flex as _compiled_flex
 
@@ -46,9 +46,10 @@ def attention_table(quick, rounds, log):
         }
         flex = {}
         for variant in ENCODER_VARIANTS:
-            alibi = AlibiPositionalBias(H, variant, future_slope_ratio=0.5)
+            ratio = 0.5 if variant == "asymmetric" else 1.0
+            alibi = AlibiBias(H, variant=variant, future_slope_ratio=ratio)
 
-            slopes, future = alibi.head_slopes()
+            slopes, future = alibi.slopes_of()
             dense = alibi(L, L)[None]  # built once per batch, shared by a model's layers
 
             def folded(q, k, v, variant=variant, slopes=slopes, future=future):

@@ -4,7 +4,7 @@
 
 One forward and backward through a stack of ``--layers`` ALiBi self-attention layers
 (:class:`~fairseq_alibi.modules.AlibiMultiheadAttention`, 8 heads of 32 dims) sharing one
-:class:`~fairseq_alibi.modules.bias_cache.CachedAlibiBias`, as a model's layers do: fixed
+:class:`~fairseq_alibi.modules.bias.AlibiBias`, as a model's layers do: fixed
 slopes, and ``per_layer_head`` learned scales (the case that could bring back one ``(H, L, L)``
 bias per layer), with ``auto`` and with each backend forced. Peak = tensor bytes alive at once
 above the start (:func:`benchmarks.common.peak_bytes`: exact, not disturbed by other
@@ -17,17 +17,17 @@ import sys
 import torch
 
 from benchmarks.common import machine, peak_bytes, table, today
-from fairseq_alibi.modules.bias_cache import CachedAlibiBias
-from fairseq_alibi.modules import AlibiMultiheadAttention
+from fairseq_alibi.modules.bias import AlibiBias
+from fairseq_alibi.modules.alibi_multihead_attention import AlibiMultiheadAttention
 
 HEADS, HEAD_DIM = 8, 32
 
 
 def stack(variant, learned, backend, layers):
-    alibi = CachedAlibiBias(HEADS, variant, num_layers=layers, learned_scales=learned)
+    alibi = AlibiBias(HEADS, num_layers=layers, variant=variant, learned_scales=learned)
     torch.manual_seed(0)
-    return alibi, [AlibiMultiheadAttention(HEADS * HEAD_DIM, HEADS, alibi, attention=backend,
-                                           layer_index=i) for i in range(layers)]
+    return alibi, [AlibiMultiheadAttention(HEADS * HEAD_DIM, HEADS, alibi.layer(i),
+                                           attention=backend) for i in range(layers)]
 
 
 def train_step(layers, x):
@@ -62,7 +62,7 @@ def measure(variant, length, layers, batch):
         x.grad = None
         if alibi.scales is not None:
             alibi.scales.grad = None
-        alibi._cache.clear()  # the step builds its bias (shared by the layers): count it
+        alibi.cache.clear()  # the step builds its bias (shared by the layers): count it
         rows[label] = peak_bytes(step)
     return rows
 

@@ -1,6 +1,11 @@
 """``fairseq-alibi <tool> ...`` (or ``python -m fairseq_alibi <tool> ...``): every tool of the
 package behind one command, as fairseq has ``fairseq-*``; ``--user-dir`` prints the directory to
-pass to fairseq's ``--user-dir``. ``python -m fairseq_alibi.<tool>`` works as well."""
+pass to fairseq's ``--user-dir``.
+
+``python -m fairseq_alibi.<tool>`` works as well (``convert``, ``export_hf``, ...): the docs, the
+error messages and the forks' users say it that way. Each such module is the same two lines,
+:func:`run_alias`, which finds its tool here by the module's own name, so :data:`TOOLS` stays
+the one table of the tools."""
 
 import argparse
 import importlib
@@ -21,6 +26,18 @@ TOOLS = {
     "import-hf": ("fairseq_alibi.cli.huggingface", "import_main",
                   "Hugging Face BLOOM/MPT folder -> fairseq checkpoint"),
 }
+
+
+def run_alias(name: str, spec) -> None:
+    """What ``python -m fairseq_alibi.<tool>`` runs: ``fairseq-alibi <tool>`` with the same
+    arguments (the tool named by the alias module, ``spec.name``; ``export_hf`` is
+    ``export-hf``). Importing an alias module runs nothing."""
+    if name != "__main__":
+        return
+    tool = spec.name.rsplit(".", 1)[-1].replace("_", "-")
+    if tool not in TOOLS:
+        raise SystemExit(f"{spec.name}: no tool {tool!r} in fairseq_alibi's TOOLS")
+    sys.exit(main([tool, *sys.argv[1:]]))
 
 
 def main(argv=None):

@@ -23,6 +23,19 @@ Slope scales (data2vec 2.0's ``learned_alibi_scale``; :data:`SCALE_MODES`): laye
 use the slopes ``s[l, h]·m_h`` (``s[l, h]·m_f,h`` for ``asymmetric``'s look-ahead keys), i.e.
 ``bias_{l,h}(i, j) = s[l, h] · bias_h(i, j)``, masked keys staying masked. The run-time
 ``slope_scale`` (slope interpolation) multiplies on top: ``slope_scale · s[l, h] · m_h``.
+
+Partial heads (x-transformers' ``alibi_num_heads``, data2vec 2.0's ``num_alibi_heads``;
+``--alibi-heads K``): only heads ``h < K`` carry the bias, with Press's slopes of ``K`` heads;
+``m_h = 0`` for the others (no distance bias; a variant's masks still apply).
+
+Global tokens (``--alibi-global-tokens N``, data2vec 2.0's extra tokens; for encoders, whose
+first token ``<s>`` is read by the classification head): the first ``N`` positions are exempt
+from the bias as queries and as keys, ``bias_h(i, j) = 0`` if ``i < N`` or ``j < N``, and from
+``one_sided``'s direction masks too (every head sees them, they see every key); ``causal``
+stays causal.
+
+The models' bias module (the slopes as a buffer, the scales, a cache) is
+:class:`fairseq_alibi.modules.bias.AlibiBias`; it calls these functions.
 """
 
 import math
@@ -73,9 +86,21 @@ def check_variant(variant: str, num_heads: Optional[int] = None, allowed=VARIANT
     return variant
 
 
-def variant_slopes(num_heads: int, variant: str) -> torch.Tensor:
-    """The slopes a variant uses: ``one_sided`` gives each half the full range of ``H/2`` heads."""
+def variant_slopes(num_heads: int, variant: str, biased_heads: Optional[int] = None):
+    """The slopes a variant uses: ``one_sided`` gives each half the full range of ``H/2`` heads.
+
+    ``biased_heads`` ``K`` (partial heads): Press's slopes of ``K`` heads, then ``H - K`` zeros
+    (``one_sided``, whose heads are split by direction, takes all of them).
+    """
     check_variant(variant, num_heads)
+    if biased_heads is not None and biased_heads != num_heads:
+        if variant == "one_sided":
+            raise ValueError("one_sided ALiBi splits its heads by direction: it takes no partial "
+                             "heads (--alibi-heads); use all heads, or symmetric/offset")
+        if not 1 <= biased_heads <= num_heads:
+            raise ValueError(f"the heads with an ALiBi bias must be between 1 and the "
+                             f"{num_heads} attention heads, got {biased_heads}")
+        return torch.cat([get_slopes(biased_heads), torch.zeros(num_heads - biased_heads)])
     if variant == "one_sided":
         return torch.cat([get_slopes(num_heads // 2)] * 2)
     return get_slopes(num_heads)
@@ -87,13 +112,14 @@ def mask_value(dtype: torch.dtype) -> float:
 
 
 def alibi_bias(slopes, query_len, key_len, variant="causal", future_slopes=None,
-               dtype=torch.float32) -> torch.Tensor:
+               dtype=torch.float32, global_tokens: int = 0) -> torch.Tensor:
     """The ALiBi bias, shape ``(H, query_len, key_len)``, to add to the attention logits.
 
     ``bias[h, t, j]`` for query position ``i = key_len - query_len + t`` and key ``j`` follows
     the module's table. ``slopes`` is ``(H,)`` (see :func:`variant_slopes`); ``future_slopes``
-    (``(H,)``) is required by ``asymmetric`` only. Computed in float32 on ``slopes.device``,
-    returned in ``dtype``; masked keys hold :func:`mask_value` of ``dtype``.
+    (``(H,)``) is required by ``asymmetric`` only; ``global_tokens`` ``N``: positions ``< N``
+    exempt (the module's docstring). Computed in float32 on ``slopes.device``, returned in
+    ``dtype``; masked keys hold :func:`mask_value` of ``dtype``.
     """
     num_heads, device = slopes.shape[0], slopes.device
     check_variant(variant, num_heads)
@@ -119,62 +145,14 @@ def alibi_bias(slopes, query_len, key_len, variant="causal", future_slopes=None,
         bias = -m * rel.abs()
         looks_ahead = torch.arange(num_heads, device=device) >= num_heads // 2
         masked = torch.where(looks_ahead[:, None, None], rel > 0, rel < 0)
-    bias = bias.expand(num_heads, -1, -1).to(dtype)
+    bias = bias.expand(num_heads, -1, -1)
+    if global_tokens > 0:
+        keys = torch.arange(key_len, device=device)
+        exempt = (pos_q[:, None] < global_tokens) | (keys < global_tokens)[None, :]
+        bias = bias.masked_fill(exempt, 0.0)
+        if masked is not None and variant != "causal":  # causality is not a distance bias
+            masked = masked & ~exempt
+    bias = bias.to(dtype)
     if masked is not None:  # filled after the cast: the mask value is the target dtype's
         bias = bias.masked_fill(masked, mask_value(dtype))
     return bias
-
-
-class AlibiPositionalBias(torch.nn.Module):
-    """A variant's slopes (a float32 buffer) and its bias for any length (calling it).
-
-    ``future_slope_ratio`` (``asymmetric`` only, optionally learned) gives ``m_f = ratio·m``;
-    ``slope_scale`` multiplies every slope at run time and is not saved. Here ``s = 1``; the
-    models build :class:`~fairseq_alibi.modules.bias_cache.CachedAlibiBias` (learned scales
-    ``s``: :mod:`fairseq_alibi.modules.learned_scales`; the bias memoised).
-    """
-
-    def __init__(self, num_heads: int, variant: str = "causal", future_slope_ratio: float = 1.0,
-                 learnable_future_slopes: bool = False, slope_scale: float = 1.0):
-        super().__init__()
-        self.variant = check_variant(variant, num_heads)
-        if not slope_scale > 0:
-            raise ValueError(f"the ALiBi slope scale must be positive, got {slope_scale}")
-        self.num_heads, self.slope_scale = num_heads, float(slope_scale)
-        self.register_buffer("slopes", variant_slopes(num_heads, variant))
-        ratio = torch.full((num_heads,), float(future_slope_ratio)) \
-            if variant == "asymmetric" else None
-        if ratio is not None and learnable_future_slopes:
-            self.future_slope_ratio = torch.nn.Parameter(ratio)
-        else:
-            self.register_buffer("future_slope_ratio", ratio)
-
-    def _apply(self, fn, *args, **kwargs):
-        # model.half() / .bfloat16() must not round the slopes: the bias is built in float32
-        exact = self.slopes.float()
-        out = super()._apply(fn, *args, **kwargs)
-        self.slopes = exact.to(self.slopes.device)
-        return out
-
-    def layer_scale(self, layer: Optional[int] = None):
-        """``s[layer]``, multiplying layer ``layer``'s slopes, or ``None``: nothing multiplied."""
-        return None
-
-    def at_layer(self, layer: int):
-        """What layer ``layer``'s attention asks for its slopes and bias (here: this module)."""
-        return self
-
-    def head_slopes(self, layer: Optional[int] = None):
-        """``(slopes, future_slopes)``, float32 ``(H,)``: ``slope_scale·s[layer]·m`` and
-        ``ratio·`` that (``None`` but for ``asymmetric``), with the gradients of ``s``/ratio."""
-        slopes = self.slopes.float() * self.slope_scale
-        scale = self.layer_scale(layer)
-        if scale is not None:
-            slopes = slopes * scale
-        ratio = self.future_slope_ratio
-        return slopes, None if ratio is None else slopes * ratio.float()
-
-    def forward(self, query_len: int, key_len: int, dtype: torch.dtype = torch.float32,
-                layer: Optional[int] = None):
-        slopes, future = self.head_slopes(layer)
-        return alibi_bias(slopes, query_len, key_len, self.variant, future, dtype)

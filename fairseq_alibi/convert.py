@@ -1,8 +1,5 @@
-"""``python -m fairseq_alibi.convert``: the command-line tool :mod:`fairseq_alibi.cli.convert`."""
+"""``python -m fairseq_alibi.convert``: ``fairseq-alibi convert`` (fairseq_alibi/__main__.py's TOOLS)."""
 
-import sys
+from fairseq_alibi.__main__ import run_alias
 
-from fairseq_alibi.cli.convert import main
-
-if __name__ == "__main__":
-    sys.exit(main())
+run_alias(__name__, __spec__)

@@ -1,8 +1,5 @@
-"""``python -m fairseq_alibi.corpus``: the command-line tool :mod:`fairseq_alibi.cli.corpus`."""
+"""``python -m fairseq_alibi.corpus``: ``fairseq-alibi corpus`` (fairseq_alibi/__main__.py's TOOLS)."""
 
-import sys
+from fairseq_alibi.__main__ import run_alias
 
-from fairseq_alibi.cli.corpus import main
-
-if __name__ == "__main__":
-    sys.exit(main())
+run_alias(__name__, __spec__)

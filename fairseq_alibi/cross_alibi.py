@@ -26,6 +26,9 @@ from typing import Optional
 
 import torch
 
+#: the values of ``--cross-alibi``
+CROSS_ALIBI_MODES = ("none", "pointer", "ratio")
+
 
 def source_positions(key_padding_mask, bsz: int, src_len: int, device):
     """``(j, S)``: float32 ``(B, src_len)`` key positions counted from each row's first real
@@ -48,13 +51,14 @@ def cross_alibi_bias(slopes: torch.Tensor, anchors: torch.Tensor, positions: tor
     for the content-only heads; ``anchors`` ``(B, T)`` source positions (the pointer ``p_t`` or
     ``r·t``); ``positions`` ``(B, S)`` the keys' positions (:func:`source_positions`);
     ``padding`` ``(B, S)``: 0, or a large finite negative on padding keys (``None``: no
-    padding keys).
+    padding keys). All float32 (a decoding step calls this for every layer: no conversions).
     """
-    distance = (positions.float()[:, None, None, :] - anchors.float()[:, None, :, None]).abs_()
-    slopes = slopes.float().view(1, -1, 1, 1)
+    (B, S), T = positions.shape, anchors.size(1)
+    distance = (positions.view(B, 1, 1, S) - anchors.view(B, 1, T, 1)).abs_()
+    slopes = slopes.view(1, -1, 1, 1)
     if padding is None:
         return distance.mul_(slopes).neg_()
-    return torch.addcmul(padding.float()[:, None, None, :], distance, slopes, value=-1.0)
+    return torch.addcmul(padding.view(B, 1, 1, S), distance, slopes, value=-1.0)
 
 
 def pointer_positions(steps: torch.Tensor, previous=None) -> torch.Tensor:

@@ -11,7 +11,7 @@ Some failures reach the user through stock fairseq code that the plugin does not
 * ``--tokens-per-sample 0`` given to ``fairseq-eval-lm`` (where the model, built from the
   checkpoint, never sees it) divides by zero while fairseq splits the data into blocks.
 
-Importing the package chains a ``sys.excepthook`` that lets Python print the traceback as
+Importing the package chains a ``sys.excepthook`` (:func:`install`) that lets Python print the traceback as
 usual, then adds one line, prefixed ``fairseq_alibi:``, saying what went wrong and what to do.
 An uncaught :class:`OneLineError` (the plugin's refusal of bad input, whose message already is
 the fix, e.g. ``from_pretrained`` given a stock checkpoint) is printed as its one line instead.
@@ -140,6 +140,3 @@ def install():
 
         hook.__name__, hook.__module__ = _excepthook.__name__, __name__
         sys.excepthook = hook
-
-
-install()

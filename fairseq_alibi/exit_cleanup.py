@@ -1,4 +1,4 @@
-"""Stop fairseq's batch-prefetch threads cleanly when the interpreter exits (registered on import)."""
+"""Stop fairseq's batch-prefetch threads cleanly when the interpreter exits (:func:`install`)."""
 
 import atexit
 
@@ -34,4 +34,7 @@ def _stop_background_batch_threads():
             thread.join(timeout=0.01)
 
 
-atexit.register(_stop_background_batch_threads)
+def install():
+    """Run the stop at exit (idempotent: ``atexit.unregister`` first)."""
+    atexit.unregister(_stop_background_batch_threads)
+    atexit.register(_stop_background_batch_threads)

@@ -1,8 +1,5 @@
-"""``python -m fairseq_alibi.export_hf``: ``fairseq-alibi export-hf``, in :mod:`fairseq_alibi.cli.huggingface`."""
+"""``python -m fairseq_alibi.export_hf``: ``fairseq-alibi export-hf`` (fairseq_alibi/__main__.py's TOOLS)."""
 
-import sys
+from fairseq_alibi.__main__ import run_alias
 
-from fairseq_alibi.cli.huggingface import export_main as main
-
-if __name__ == "__main__":
-    sys.exit(main())
+run_alias(__name__, __spec__)

@@ -23,6 +23,7 @@ import torch
 from fairseq import hub_utils
 from omegaconf import open_dict
 
+from fairseq_alibi.config_access import cfg_get
 from fairseq_alibi.error_hints import OneLineError, raised_by_plugin
 
 #: ``from_pretrained`` argument -> the GPT-2 BPE file it names
@@ -53,10 +54,10 @@ def check_gpt2_bpe(bpe_cfg, searched, given=()):
 
     ``given``: the arguments the caller passed explicitly (a URL there is their choice).
     """
-    if bpe_cfg is None or _cfg_get(bpe_cfg, "_name") != "gpt2":
+    if bpe_cfg is None or cfg_get(bpe_cfg, "_name") != "gpt2":
         return
     for arg, name in GPT2_BPE_FILES.items():
-        path = _cfg_get(bpe_cfg, arg)
+        path = cfg_get(bpe_cfg, arg)
         if arg in given and _is_url(path):
             continue
         if path and not _is_url(path) and os.path.isfile(path):
@@ -104,12 +105,6 @@ def refuse_unconverted_press_file(checkpoint: str):
     except Exception:  # noqa: BLE001 - unreadable here: the caller's error stands
         return
     refuse_unconverted_press_checkpoint(state, checkpoint)
-
-
-def _cfg_get(cfg, key, default=None):
-    if hasattr(cfg, "get"):
-        return cfg.get(key, default)
-    return getattr(cfg, key, default)
 
 
 def load_pretrained(model_class, expected_name, model_name_or_path, checkpoint_file,

@@ -1,8 +1,5 @@
-"""``python -m fairseq_alibi.import_hf``: ``fairseq-alibi import-hf``, in :mod:`fairseq_alibi.cli.huggingface`."""
+"""``python -m fairseq_alibi.import_hf``: ``fairseq-alibi import-hf`` (fairseq_alibi/__main__.py's TOOLS)."""
 
-import sys
+from fairseq_alibi.__main__ import run_alias
 
-from fairseq_alibi.cli.huggingface import import_main as main
-
-if __name__ == "__main__":
-    sys.exit(main())
+run_alias(__name__, __spec__)

@@ -4,7 +4,8 @@ torch >= 2.6 unpickles checkpoints with ``weights_only=True``, which refuses any
 tensors and plain containers. fairseq's argparse-era checkpoints (RoBERTa, the paper's
 WikiText-103 models) hold an ``argparse.Namespace`` and numpy scalars, and fail with
 ``Unsupported global: argparse.Namespace``. Rather than turning the safe loader off, the few
-harmless classes found in fairseq checkpoints are added to its allow-list.
+harmless classes found in fairseq checkpoints are added to its allow-list
+(:func:`allow_fairseq_checkpoints`, called by :func:`fairseq_alibi.registration.register`).
 """
 
 import argparse
@@ -67,6 +68,3 @@ def allow_fairseq_checkpoints():
     add = getattr(torch.serialization, "add_safe_globals", None)
     if add is not None:  # torch < 2.4 loads everything anyway
         add(SAFE_CHECKPOINT_GLOBALS)
-
-
-allow_fairseq_checkpoints()

@@ -1,8 +1,9 @@
-"""Session-wide fixtures: tiny corpora written by the tests (helpers are in ``tests/helpers.py``)."""
+"""Session-wide fixtures: tiny corpora written by the tests, and a tiny LM trained on one (helpers
+are in ``tests/helpers.py``)."""
 
 import pytest
 
-from tests.helpers import preprocess, user_dir, write_tiny_corpus
+from tests.helpers import preprocess, train, user_dir, write_tiny_corpus
 
 
 def pytest_configure(config):
@@ -29,3 +30,12 @@ def tiny_lm_data(tmp_path_factory):
         "--testpref", root / "raw/test.txt", "--destdir", root / "bin", "--workers", "1",
     )
     return root / "bin"
+
+
+@pytest.fixture(scope="session")
+def trained_lm_checkpoint(tmp_path_factory, tiny_lm_data, alibi_user_dir):
+    """``checkpoint_last.pt`` of the tiny LM after 2 updates of fairseq-train (tests read it or
+    copy it, never change it)."""
+    save = tmp_path_factory.mktemp("trained_lm")
+    train("lm", tiny_lm_data, alibi_user_dir, save, "--max-update", 2)
+    return save / "checkpoint_last.pt"

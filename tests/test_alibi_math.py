@@ -6,13 +6,12 @@ import pytest
 import torch
 
 from fairseq_alibi.alibi import (
-    AlibiPositionalBias,
     alibi_bias,
     check_variant,
     get_slopes,
     mask_value,
 )
-from fairseq_alibi.modules.bias_cache import CachedAlibiBias
+from fairseq_alibi.modules.bias import AlibiBias
 
 
 def reference_slopes(n):
@@ -117,7 +116,7 @@ def test_unknown_variant_is_a_clear_error():
 
 
 def test_shared_bias_is_memoised_and_never_sized_by_a_maximum_length():
-    alibi = CachedAlibiBias(8)
+    alibi = AlibiBias(8)
     first = alibi(16, 16)
     assert alibi(16, 16) is first  # all layers of a forward share one tensor
     step = alibi(1, 300)  # one decoding step: (H, 1, k), nothing of size (k, k)
@@ -127,30 +126,33 @@ def test_shared_bias_is_memoised_and_never_sized_by_a_maximum_length():
 
 
 @pytest.mark.parametrize("variant", ["causal", "symmetric", "one_sided", "offset", "asymmetric"])
-def test_the_models_memoised_bias_is_the_math_modules_bit_for_bit(variant):
-    """CachedAlibiBias (what the models build) returns exactly what AlibiPositionalBias
-    computes: full blocks, KV-cache blocks and decoding rows, in every dtype."""
-    math_only = AlibiPositionalBias(8, variant, future_slope_ratio=0.5, slope_scale=0.75)
-    cached = CachedAlibiBias(8, variant, future_slope_ratio=0.5, slope_scale=0.75)
-    assert cached.state_dict().keys() == math_only.state_dict().keys()
+def test_the_models_memoised_bias_is_the_math_functions_bit_for_bit(variant):
+    """AlibiBias (what the models build: memoised, decoding rows from a table) returns exactly
+    what :func:`alibi_bias` computes from its slopes: full blocks, KV-cache blocks and decoding
+    rows, in every dtype, the memoised ones included."""
+    ratio = 0.5 if variant == "asymmetric" else 1.0
+    cached = AlibiBias(8, variant=variant, future_slope_ratio=ratio, slope_scale=0.75)
+    slopes = get_slopes(4).repeat(2) if variant == "one_sided" else get_slopes(8)
+    slopes = slopes * 0.75
+    future = slopes * 0.5 if variant == "asymmetric" else None
     for dtype in (torch.float32, torch.bfloat16):
         for query_len, key_len in ((7, 7), (3, 9), (1, 9), (1, 2000), (7, 7)):
-            assert torch.equal(cached(query_len, key_len, dtype),
-                               math_only(query_len, key_len, dtype)), (query_len, key_len)
+            want = alibi_bias(slopes, query_len, key_len, variant, future, dtype)
+            assert torch.equal(cached(query_len, key_len, dtype), want), (query_len, key_len)
 
 
 def test_half_conversion_keeps_float32_slopes():
-    alibi = AlibiPositionalBias(12).half()
+    alibi = AlibiBias(12).half()
     assert alibi.slopes.dtype == torch.float32
     assert torch.equal(alibi.slopes, get_slopes(12))
 
 
 def test_slope_scale_multiplies_slopes_exactly():
-    plain, scaled = AlibiPositionalBias(8), AlibiPositionalBias(8, slope_scale=0.25)
+    plain, scaled = AlibiBias(8), AlibiBias(8, slope_scale=0.25)
     assert torch.equal(scaled(6, 6), alibi_bias(get_slopes(8) * 0.25, 6, 6))
     assert not torch.equal(scaled(6, 6), plain(6, 6))
     with pytest.raises(ValueError, match="positive"):
-        AlibiPositionalBias(8, slope_scale=0)
+        AlibiBias(8, slope_scale=0)
 
 
 @pytest.mark.parametrize("variant", ["causal", "symmetric", "one_sided", "offset", "asymmetric"])
@@ -160,11 +162,11 @@ def test_decoding_step_row_is_exactly_the_last_row_of_the_bias(variant, dtype):
     bit for bit the last row of the full bias, at every length, after the table grows, and
     after the slope scale changes. (The reference is the last of the bias's last 16 rows, not
     of all ``k``: the rows of a block are those of the full matrix, test above.)"""
-    alibi = CachedAlibiBias(8, variant, future_slope_ratio=0.5)
+    alibi = AlibiBias(8, variant=variant, future_slope_ratio=0.5)
     for key_len in (1, 2, 37, 1024, 1025, 3000, 1):
         if key_len == 1025:
             alibi.slope_scale = 0.25
-        slopes, future = alibi.head_slopes()
+        slopes, future = alibi.slopes_of()
         want = alibi_bias(slopes, min(key_len, 16), key_len, variant, future, dtype)[:, -1:]
         got = alibi(1, key_len, dtype)
         assert got.shape == (8, 1, key_len) and got.dtype == dtype
@@ -172,7 +174,7 @@ def test_decoding_step_row_is_exactly_the_last_row_of_the_bias(variant, dtype):
 
 
 def test_decoding_steps_slice_one_cached_table():
-    alibi = CachedAlibiBias(8)
+    alibi = AlibiBias(8)
     first = alibi(1, 100)
     for key_len in range(101, 130):  # one step after another: views of the same table
         step = alibi(1, key_len)

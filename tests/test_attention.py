@@ -7,8 +7,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from fairseq_alibi.alibi import AlibiPositionalBias, alibi_bias, get_slopes, variant_slopes
-from fairseq_alibi.modules import AlibiMultiheadAttention, set_attention_backend
+from fairseq_alibi.alibi import alibi_bias, get_slopes, variant_slopes
+from fairseq_alibi.modules.bias import AlibiBias
+from fairseq_alibi.modules.alibi_multihead_attention import AlibiMultiheadAttention, set_attention_backend
 from fairseq_alibi.modules.attention import flash, flex, fold
 from fairseq_alibi.modules.attention.fold import alibi_fold, folded_attention, split_slopes
 
@@ -63,7 +64,7 @@ def reference(attn, x, key_padding_mask, variant, ratio=1.0):
     q = (x @ w["q_proj.weight"].T + w["q_proj.bias"]).view(T, B, H, D)
     k = (x @ w["k_proj.weight"].T + w["k_proj.bias"]).view(T, B, H, D)
     v = (x @ w["v_proj.weight"].T + w["v_proj.bias"]).view(T, B, H, D)
-    slopes = attn.alibi.slopes.double().tolist()
+    slopes = attn.alibi.stack.slopes.double().tolist()
     HEAD_SLOPES[variant] = slopes
     bias = torch.full((H, T, T), float("-inf"), dtype=torch.float64)
     for h in range(H):
@@ -82,8 +83,8 @@ def reference(attn, x, key_padding_mask, variant, ratio=1.0):
 
 def make_attention(variant, heads=4, dim=32, dropout=0.0, ratio=1.0):
     torch.manual_seed(0)
-    alibi = AlibiPositionalBias(heads, variant, future_slope_ratio=ratio)
-    attn = AlibiMultiheadAttention(dim, heads, alibi, dropout=dropout)
+    alibi = AlibiBias(heads, variant=variant, future_slope_ratio=ratio)
+    attn = AlibiMultiheadAttention(dim, heads, alibi.layer(0), dropout=dropout)
     for p in attn.parameters():  # non-zero biases so that every term is exercised
         torch.nn.init.normal_(p, std=0.3)
     return attn
@@ -188,11 +189,11 @@ def test_gradients_flow_to_projections():
 
 
 def test_unsupported_options_are_clear_errors():
-    alibi = AlibiPositionalBias(4)
+    alibi = AlibiBias(4)
     with pytest.raises(ValueError, match="add_bias_kv"):
-        AlibiMultiheadAttention(32, 4, alibi, add_bias_kv=True)
+        AlibiMultiheadAttention(32, 4, alibi.layer(0), add_bias_kv=True)
     with pytest.raises(ValueError, match="heads"):
-        AlibiMultiheadAttention(32, 8, alibi)
+        AlibiMultiheadAttention(32, 8, alibi.layer(0))
     assert get_slopes(4).shape == (4,)
 
 
@@ -201,11 +202,11 @@ def test_unsupported_options_are_clear_errors():
 
 def make_backend_attention(variant, heads=4, dim=32, ratio=0.7, learnable=False, seed=0):
     torch.manual_seed(seed)
-    alibi = AlibiPositionalBias(
-        heads, variant, future_slope_ratio=ratio, learnable_future_slopes=learnable,
+    alibi = AlibiBias(
+        heads, variant=variant, future_slope_ratio=ratio, learnable_future_slopes=learnable,
         slope_scale=0.8,
     )
-    return AlibiMultiheadAttention(dim, heads, alibi).eval()
+    return AlibiMultiheadAttention(dim, heads, alibi.layer(0)).eval()
 
 
 def padding_mask(B, T, left=False):
@@ -259,7 +260,7 @@ def test_values_and_gradients_match_naive(variant, padded, trainable_backend):
     grad = torch.randn(T, B, 32) * keep
     params = [p for p in attn.parameters()] + [x.requires_grad_()]
     if variant == "asymmetric":
-        params.append(attn.alibi.future_slope_ratio)
+        params.append(attn.alibi.stack.future_slope_ratio)
     results = {}
     for name in ("naive", backend):
         out = run(attn, name, x, pad, train=True)
@@ -337,9 +338,9 @@ def test_decoding_rows_given_to_cuda_kernels_are_aligned(dtype):
     read it with "misaligned address" (fairseq-generate crashed on an H100, tests/test_cuda.py),
     so sdpa hands them an aligned copy. Checked here on the rows themselves."""
     from fairseq_alibi.modules.attention.dense import CUDA_BIAS_ALIGNMENT, aligned
-    from fairseq_alibi.modules.bias_cache import CachedAlibiBias
+    from fairseq_alibi.modules.bias import AlibiBias
 
-    alibi = CachedAlibiBias(4, "causal")
+    alibi = AlibiBias(4, variant="causal")
     offsets = set()
     for key_len in range(1, 40):
         row = alibi(1, key_len, dtype)

@@ -214,7 +214,9 @@ def test_compact_lm_trains_resumes_and_evaluates(tiny_lm_data, alibi_user_dir, t
                   0, "--tokens-per-sample", 4 * L)
     tokens = int(re.search(r"Evaluated ([\d,]+) tokens", out).group(1).replace(",", ""))
     ppl = float(re.search(r"Perplexity: ([\d.]+)", out).group(1))
-    assert tokens > 0 and 1.0 < ppl < 1e4
+    # measured 2026-11-26: 69.7 at --seed 1 (66.4, 69.0 at seeds 2, 3; the same on 2 threads);
+    # the bounds add the seeds' spread on each side
+    assert tokens > 0 and 63 < ppl < 73
 
 
 @pytest.mark.slow
@@ -234,4 +236,6 @@ def test_compact_encoder_trains_resumes_and_evaluates(tiny_lm_data, alibi_user_d
                   4096, "--num-workers", 0, "--valid-subset", "valid",
                   "--model-overrides", "{'tokens_per_sample': %d}" % (4 * L))
     loss = float(re.search(r"valid on 'valid' subset \| loss ([\d.]+)", out).group(1))
-    assert 0 < loss < 20
+    # measured 2026-11-26: 6.003 at --seed 1 (6.025, 6.016 at seeds 2, 3; the same on 2 threads),
+    # near the uniform guess log2(65) after 4 updates; the bounds add the seeds' spread
+    assert 5.98 < loss < 6.05

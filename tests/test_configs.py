@@ -21,7 +21,7 @@ from fairseq_alibi.__main__ import user_dir
 from fairseq_alibi.preprocess import glue, pile, wikitext
 from fairseq_alibi.preprocess.encoders import Gpt2BpeEncoder
 from tests import helpers as fx
-from tests.helpers import REPO, run_cli
+from tests.helpers import REPO, compose, run_cli
 
 #: end to end through fairseq's real command lines
 pytestmark = pytest.mark.slow
@@ -243,22 +243,6 @@ def test_fairseq_hydra_train_from_any_folder(family, name, extra, data, runs_roo
 
 
 # --- what the configs claim to be ------------------------------------------------------------
-
-
-def compose(config_dir, name, overrides=()):
-    """Compose a config as fairseq-hydra-train does (fairseq's ConfigStore schema, then the
-    registered dataclasses' defaults), without running it."""
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
-
-    import fairseq_alibi.hydra_support  # noqa: F401  (the resolver, as hydra's callback would)
-    from fairseq.dataclass.initialize import add_defaults, hydra_init
-
-    hydra_init(name)
-    with initialize_config_dir(config_dir=str(config_dir), version_base="1.1"):
-        cfg = hydra_compose(config_name=name, overrides=list(overrides))
-    add_defaults(cfg)
-    return cfg
 
 
 def arch_model_config(arch, task="language_modeling"):

@@ -132,7 +132,11 @@ def test_converted_model_runs_through_eval_lm_beyond_the_learned_positions(
     tokens_l, ppl_l = eval_lm(converted["learned"], tiny_lm_data, alibi_user_dir, L)
     tokens_4l, ppl_4l = eval_lm(converted["learned"], tiny_lm_data, alibi_user_dir, 4 * L)
     assert tokens_l > 0 and tokens_l == tokens_4l  # nothing skipped at 4L
-    assert 1.0 < ppl_l < 1e4 and 1.0 < ppl_4l < 1e4
+    # measured 2026-11-26 (--seed 1 of the stock model; seeds 2, 3; the same on 2 threads):
+    # at L 103.0 (110.3, 105.2), at 4L 105.7 (111.3, 108.7), 4L / L 1.026 (1.009, 1.033); the
+    # bounds add the seeds' spread on each side
+    assert 95 < ppl_l < 118 and 99 < ppl_4l < 117
+    assert 0.98 < ppl_4l / ppl_l < 1.06  # beyond the learned positions, no blow-up
 
 
 @pytest.mark.slow
@@ -285,7 +289,9 @@ def test_distillation_trains_resumes_and_leaves_the_teacher_out(
     assert not state.get("criterion")
     assert state["cfg"]["criterion"]["teacher_path"] == str(stock["sinusoidal"])
     tokens, ppl = eval_lm(save / "checkpoint_last.pt", tiny_lm_data, alibi_user_dir, 4 * L)
-    assert tokens > 0 and 1.0 < ppl < 1e4
+    # measured 2026-11-26: 69.1 at --seed 1 (73.8, 72.7 at seeds 2, 3; the same on 2 threads);
+    # the bounds add the seeds' spread on each side
+    assert tokens > 0 and 64 < ppl < 79
 
 
 def test_distillation_refuses_a_teacher_with_another_dictionary(written, tmp_path):

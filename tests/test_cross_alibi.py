@@ -14,17 +14,17 @@ import torch.nn.functional as F
 from fairseq_alibi.alibi import mask_value
 from fairseq_alibi.modules.cross_position import CrossPositionAttention
 from fairseq_alibi.modules.position_shift import ShiftedPositions
-from tests.helpers import setup_from_command_line
-from tests.test_translation_model import (
-    HEADS,
-    TINY,
+from tests.helpers import (
+    TINY_TRANSLATION,
+    TRANSLATION_HEADS,
     assert_cached_decoding_matches_the_full_forward,
-    attention,
-    batch,
-    build,
-    reference_logits,
-    sentences,
-    write_dictionaries,
+    build_translation,
+    reference_attention,
+    reference_translation_logits,
+    setup_from_command_line,
+    token_sentences,
+    translation_batch,
+    write_translation_dictionaries,
 )
 
 POINTER = ["--cross-alibi", "pointer"]
@@ -38,12 +38,12 @@ OPTIONS = {"pointer": POINTER, "ratio": RATIO, "length_scale": SCALE,
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
-    return write_dictionaries(tmp_path_factory.mktemp("cross_dicts"))
+    return write_translation_dictionaries(tmp_path_factory.mktemp("cross_dicts"))
 
 
 def build_cross(data, *flags, **kwargs):
     """``build``, with the pointer's step depending on the state (its weight starts at 0)."""
-    model, task = build(data, *flags, **kwargs)
+    model, task = build_translation(data, *flags, **kwargs)
     with torch.no_grad():
         for name, p in model.named_parameters():
             if name.endswith("pointer_step.weight"):
@@ -66,12 +66,12 @@ def reference_cross_attention(flags):
     """The cross-attention of the options ``flags`` written out for one unpadded sentence."""
     options = dict(zip(flags[::2], flags[1::2]))
     mode = options.get("--cross-alibi", "none")
-    k = int(options.get("--cross-alibi-heads", HEADS // 2))
+    k = int(options.get("--cross-alibi-heads", TRANSLATION_HEADS // 2))
     reference = float(options.get("--cross-attention-length-scale", 0))
 
     def cross(layer, y, x, w, prefix):
         T, S = len(y), len(x)
-        bias = torch.zeros(HEADS, T, S, dtype=torch.float64)
+        bias = torch.zeros(TRANSLATION_HEADS, T, S, dtype=torch.float64)
         if mode != "none":
             if mode == "pointer":
                 weight, step_bias = w[f"{prefix}.pointer_step.weight"][0], \
@@ -94,7 +94,7 @@ def reference_cross_attention(flags):
             w = dict(w)
             for name in ("weight", "bias"):
                 w[f"{prefix}.q_proj.{name}"] = w[f"{prefix}.q_proj.{name}"] * factor
-        return attention(y, x, w, prefix, bias)
+        return reference_attention(y, x, w, prefix, bias)
 
     return cross
 
@@ -108,14 +108,14 @@ def test_left_padded_batch_matches_the_float64_reference(data, option, backend):
     model, task = build_cross(data, *flags, "--alibi-attention", backend)
     cross = [m for m in model.modules() if isinstance(m, CrossPositionAttention)]
     assert len(cross) == 2 and {m.attention_backend for m in cross} == {backend}
-    sources = sentences(task, [11, 7, 2])  # left padding of 0, 4 and 9 tokens
-    targets = sentences(task, [5, 9, 3], side="tgt", seed=1)
-    src, lengths, prev = batch(task, sources, targets)
+    sources = token_sentences(task, [11, 7, 2])  # left padding of 0, 4 and 9 tokens
+    targets = token_sentences(task, [5, 9, 3], side="tgt", seed=1)
+    src, lengths, prev = translation_batch(task, sources, targets)
     with torch.no_grad():
         got = model(src, lengths, prev)[0]
     for b, (source, target) in enumerate(zip(sources, targets)):
         prev_b = torch.cat([target[-1:], target[:-1]])
-        want = reference_logits(model, source, prev_b, "offset",
+        want = reference_translation_logits(model, source, prev_b, "offset",
                                 cross_attention=reference_cross_attention(flags))
         assert torch.allclose(got[b, : len(target)].double(), want, atol=1e-5, rtol=0), b
 
@@ -124,10 +124,11 @@ def test_left_padded_batch_matches_the_float64_reference(data, option, backend):
 def test_the_bias_moves_the_attention(data, option):
     """Not a no-op: the same weights without the bias give other logits."""
     model, task = build_cross(data, *OPTIONS[option])
-    plain, _ = build(data)
+    plain, _ = build_translation(data)
     plain.load_state_dict({k: v for k, v in model.state_dict().items()
                            if "pointer_step" not in k}, strict=True)
-    src, lengths, prev = batch(task, sentences(task, [9, 4]), sentences(task, [6, 3], side="tgt"))
+    src, lengths, prev = translation_batch(task, token_sentences(task, [9, 4]),
+                                           token_sentences(task, [6, 3], side="tgt"))
     with torch.no_grad():
         assert not torch.allclose(model(src, lengths, prev)[0], plain(src, lengths, prev)[0],
                                   atol=1e-3)
@@ -135,10 +136,10 @@ def test_the_bias_moves_the_attention(data, option):
 
 def test_a_left_padded_row_equals_the_same_row_alone(data):
     model, task = build_cross(data, *POINTER, *SCALE)
-    sources = sentences(task, [13, 5])
-    targets = sentences(task, [7, 7], side="tgt")
-    src, lengths, prev = batch(task, sources, targets)
-    alone_src, alone_lengths, alone_prev = batch(task, sources[1:], targets[1:])
+    sources = token_sentences(task, [13, 5])
+    targets = token_sentences(task, [7, 7], side="tgt")
+    src, lengths, prev = translation_batch(task, sources, targets)
+    alone_src, alone_lengths, alone_prev = translation_batch(task, sources[1:], targets[1:])
     with torch.no_grad():
         padded = model(src, lengths, prev)[0][1]
         alone = model(alone_src, alone_lengths, alone_prev)[0][0]
@@ -162,7 +163,8 @@ def test_cached_decoding_on_the_stock_decoder(data):
 
 def test_the_pointer_is_carried_and_reordered_with_the_beam(data):
     model, task = build_cross(data, *POINTER)
-    src, lengths, prev = batch(task, sentences(task, [12, 12]), sentences(task, [6, 6], "tgt"))
+    src, lengths, prev = translation_batch(task, token_sentences(task, [12, 12]),
+                                           token_sentences(task, [6, 6], "tgt"))
     attn = model.decoder.layers[1].encoder_attn
     with torch.no_grad():
         encoder_out = model.encoder(src, src_lengths=lengths)
@@ -197,7 +199,8 @@ def step_logits(model, src, lengths, prev, steps):
 def test_eos_guard_forbids_eos_before_the_end_and_allows_it_at_the_end(data):
     model, task = guarded(data, step_bias=math.log(math.e - 1))  # one source token per step
     eos = task.target_dictionary.eos()
-    src, lengths, prev = batch(task, sentences(task, [7, 2]), sentences(task, [9, 9], "tgt"))
+    src, lengths, prev = translation_batch(task, token_sentences(task, [7, 2]),
+                                           token_sentences(task, [9, 9], "tgt"))
     # real source lengths 8 and 3 (eos included): last real tokens at 7 and 2, pointer p_t = t
     guarded_steps = step_logits(model, src, lengths, prev, 8)
     model.decoder.cross_alibi_eos_guard = -1.0
@@ -253,8 +256,8 @@ def test_eos_guard_reads_the_chosen_layers_pointer(data, layer):
         for bias, decoder_layer in zip((1.2, -0.4), model.decoder.layers):
             decoder_layer.encoder_attn.pointer_step.bias.fill_(bias)
     eos = task.target_dictionary.eos()
-    src, lengths, prev = batch(task, sentences(task, [11, 6, 15]),
-                               sentences(task, [steps, steps, steps], "tgt"))
+    src, lengths, prev = translation_batch(task, token_sentences(task, [11, 6, 15]),
+                                           token_sentences(task, [steps, steps, steps], "tgt"))
     guarded_steps = step_logits(model, src, lengths, prev, steps)
     model.decoder.cross_alibi_eos_guard = -1.0
     free_steps = step_logits(model, src, lengths, prev, steps)
@@ -276,7 +279,8 @@ def test_eos_guard_reads_the_chosen_layers_pointer(data, layer):
 
 def test_eos_guard_is_off_in_teacher_forcing_and_training(data):
     model, task = guarded(data, step_bias=-20.0)
-    src, lengths, prev = batch(task, sentences(task, [20]), sentences(task, [5], "tgt"))
+    src, lengths, prev = translation_batch(task, token_sentences(task, [20]),
+                                           token_sentences(task, [5], "tgt"))
     with torch.no_grad():
         full = model(src, lengths, prev)[0]
     assert full[..., task.target_dictionary.eos()].abs().max() < 1e3
@@ -286,7 +290,8 @@ def test_beam_search_still_ends_when_the_pointer_never_reaches_the_end(data):
     """A pointer that does not move forbids EOS at every step: the generator's max length still
     ends every hypothesis (fairseq leaves only EOS open there), with a finite score."""
     model, task = guarded(data, step_bias=-30.0)  # step ~ 1e-13
-    src, lengths, _ = batch(task, sentences(task, [30, 12]), sentences(task, [1, 1], "tgt"))
+    src, lengths, _ = translation_batch(task, token_sentences(task, [30, 12]),
+                                        token_sentences(task, [1, 1], "tgt"))
     generator = task.build_generator([model], argparse.Namespace(beam=3, max_len_a=0,
                                                                  max_len_b=6))
     sample = {"net_input": {"src_tokens": src, "src_lengths": lengths}, "id": torch.arange(2)}
@@ -308,11 +313,12 @@ SHAPE = ["--encoder-alibi-variant", "none", "--decoder-alibi-variant", "none",
 
 
 def test_training_offsets_vary_per_sentence_within_the_range(data):
-    model, task = build(data, *SHAPE)
+    model, task = build_translation(data, *SHAPE)
     embed = model.encoder.embed_positions
     assert isinstance(embed, ShiftedPositions) and isinstance(model.decoder.embed_positions,
                                                               ShiftedPositions)
-    src, _, _ = batch(task, sentences(task, [6, 3] * 8), sentences(task, [1] * 16, "tgt"))
+    src, _, _ = translation_batch(task, token_sentences(task, [6, 3] * 8),
+                                  token_sentences(task, [1] * 16, "tgt"))
     embed.train()
     torch.manual_seed(0)
     shifted = embed(src)
@@ -335,18 +341,21 @@ def test_training_offsets_vary_per_sentence_within_the_range(data):
 
 
 def test_inference_offset_is_zero_and_equals_stock(data):
-    model, task = build(data, *SHAPE)
-    stock, _ = build(data, arch="transformer")
+    model, task = build_translation(data, *SHAPE)
+    stock, _ = build_translation(data, arch="transformer")
     stock.load_state_dict(model.state_dict(), strict=True)
-    src, lengths, prev = batch(task, sentences(task, [9, 4]), sentences(task, [6, 3], "tgt"))
+    src, lengths, prev = translation_batch(task, token_sentences(task, [9, 4]),
+                                           token_sentences(task, [6, 3], "tgt"))
     with torch.no_grad():
         assert torch.equal(model(src, lengths, prev)[0], stock(src, lengths, prev)[0])
 
 
 def test_shape_training_differs_from_stock_and_grows_the_table(data):
-    model, task = build(data, "--encoder-alibi-variant", "none", "--position-shift", 3000)
+    model, task = build_translation(data, "--encoder-alibi-variant", "none",
+                                    "--position-shift", 3000)
     embed = model.encoder.embed_positions.train()
-    src, _, _ = batch(task, sentences(task, [1500]), sentences(task, [1], "tgt"))
+    src, _, _ = translation_batch(task, token_sentences(task, [1500]),
+                                  token_sentences(task, [1], "tgt"))
     out = embed(src)
     assert torch.isfinite(out).all() and embed.inner.weights.size(0) >= 1500 + 3000
 
@@ -378,19 +387,19 @@ def test_shape_training_differs_from_stock_and_grows_the_table(data):
 ])
 def test_nonsense_combinations_are_one_line_errors(data, flags, error):
     with pytest.raises(ValueError, match=error) as raised:
-        build(data, *flags)
+        build_translation(data, *flags)
     assert "\n" not in str(raised.value)
 
 
 def test_unknown_mode_is_refused(data, capsys):
     with pytest.raises(SystemExit):
-        build(data, "--cross-alibi", "diagonal")
+        build_translation(data, "--cross-alibi", "diagonal")
     assert "--cross-alibi: invalid choice: 'diagonal'" in capsys.readouterr().err
 
 
 def test_a_checkpoint_without_the_pointer_is_a_clear_error(data):
-    plain, _ = build(data)
-    pointer, _ = build(data, *POINTER)
+    plain, _ = build_translation(data)
+    pointer, _ = build_translation(data, *POINTER)
     with pytest.raises(ValueError, match="without --cross-alibi pointer"):
         pointer.load_state_dict(plain.state_dict(), strict=True)
     with pytest.raises(ValueError, match="with --cross-alibi pointer"):
@@ -401,7 +410,7 @@ def test_a_stock_checkpoint_names_every_side_in_one_message(data, tmp_path):
     """A stock transformer checkpoint (sinusoidal on both sides), written by fairseq's Trainer,
     into the default model (ALiBi on both sides): one error with both flags."""
     path, _, _ = write_checkpoint(data, tmp_path, "--arch", "transformer")
-    model, _ = build(data)
+    model, _ = build_translation(data)
     with pytest.raises(ValueError) as raised:
         model.load_state_dict(torch.load(path, weights_only=False)["model"], strict=True)
     message = str(raised.value)
@@ -422,8 +431,8 @@ def write_checkpoint(data, save, *flags, strip=()):
     from fairseq.trainer import Trainer
 
     cfg, task = setup_from_command_line(
-        data, "--task", "translation", "--source-lang", "src", "--target-lang", "tgt", *TINY,
-        "--optimizer", "adam", "--lr", 0.001, "--save-dir", save, "--cpu", *flags)
+        data, "--task", "translation", "--source-lang", "src", "--target-lang", "tgt",
+        *TINY_TRANSLATION, "--optimizer", "adam", "--lr", 0.001, "--save-dir", save, "--cpu", *flags)
     model = task.build_model(cfg.model)
     trainer = Trainer(cfg, task, model, task.build_criterion(cfg.criterion))
     trainer.consolidate_optimizer()
@@ -451,7 +460,8 @@ def test_a_checkpoint_written_before_these_options_loads_and_computes_the_same(d
     (loaded,), _ = checkpoint_utils.load_model_ensemble([str(path)], task=task)
     loaded.eval()
     assert type(loaded.decoder.layers[0].encoder_attn).__name__ == "MultiheadAttention"
-    src, lengths, prev = batch(task, sentences(task, [9, 4]), sentences(task, [6, 3], "tgt"))
+    src, lengths, prev = translation_batch(task, token_sentences(task, [9, 4]),
+                                           token_sentences(task, [6, 3], "tgt"))
     with torch.no_grad():
         assert torch.equal(loaded(src, lengths, prev)[0], model(src, lengths, prev)[0])
 
@@ -464,7 +474,8 @@ def test_a_pointer_checkpoint_loads_with_its_options(data, tmp_path):
     (loaded,), _ = checkpoint_utils.load_model_ensemble([str(path)], task=task)
     loaded.eval()
     assert loaded.decoder.cross_alibi_eos_guard == 1.0
-    src, lengths, prev = batch(task, sentences(task, [9, 4]), sentences(task, [6, 3], "tgt"))
+    src, lengths, prev = translation_batch(task, token_sentences(task, [9, 4]),
+                                           token_sentences(task, [6, 3], "tgt"))
     with torch.no_grad():
         assert torch.equal(loaded(src, lengths, prev)[0], model(src, lengths, prev)[0])
 
@@ -475,7 +486,8 @@ def test_a_pointer_checkpoint_loads_with_its_options(data, tmp_path):
 @pytest.mark.parametrize("dtype", [torch.bfloat16])
 def test_half_precision_keeps_the_slopes_and_stays_close(data, dtype):
     model, task = build_cross(data, *POINTER, "--cross-alibi-heads", 3)
-    src, lengths, prev = batch(task, sentences(task, [40, 9]), sentences(task, [6, 3], "tgt"))
+    src, lengths, prev = translation_batch(task, token_sentences(task, [40, 9]),
+                                           token_sentences(task, [6, 3], "tgt"))
     with torch.no_grad():
         want = model(src, lengths, prev)[0]
         attn = model.decoder.layers[0].encoder_attn

@@ -6,8 +6,8 @@ variant × {float32, bfloat16, float16} × {a training step (output and input gr
 with left padding, cached decoding}; the learned slope scales' gradient; one bf16 layer at 8192
 tokens whose bias keeps its resolution; flex compiling once per shape, not per call.
 
-The reference is ``tests/test_learned_scales.reference`` (float64, on the CPU, from the same
-weights and inputs rounded to the dtype under test), so only the computation's own rounding is
+The reference is ``tests/helpers.reference_scaled_attention`` (float64, on the CPU, from the
+same weights and inputs rounded to the dtype under test), so only the computation's own rounding is
 measured: ``‖got - ref‖ / ‖ref‖`` must stay under :data:`REL_TOL`, a few units of rounding of the
 dtype (the CPU tests' float32 tolerance for float32). A missing or wrong bias costs far more
 (checked: :func:`test_the_tolerance_catches_a_missing_bias`). Run on the device with
@@ -15,15 +15,16 @@ dtype (the CPU tests' float32 tolerance for float32). A missing or wrong bias co
 """
 
 import copy
+import os
 
 import pytest
 import torch
 
-from fairseq_alibi.alibi import AlibiPositionalBias, alibi_bias, variant_slopes
-from fairseq_alibi.modules import AlibiMultiheadAttention, set_attention_backend
+from fairseq_alibi.alibi import alibi_bias, variant_slopes
+from fairseq_alibi.modules.bias import AlibiBias
+from fairseq_alibi.modules.alibi_multihead_attention import AlibiMultiheadAttention, set_attention_backend
 from fairseq_alibi.modules.attention import dispatch, flash, flex, fold
-from fairseq_alibi.modules.bias_cache import CachedAlibiBias
-from tests.test_learned_scales import reference, scaled_module
+from tests.helpers import reference_scaled_attention, scaled_bias
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -33,6 +34,7 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 #: float32 as the CPU tests (tests/test_attention.py: rtol 1e-4)
 REL_TOL = {torch.float32: 1e-4, torch.bfloat16: 4 * 2**-7, torch.float16: 4 * 2**-10}
 HEADS, DIM, T, B = 4, 128, 48, 3
+LAYERS = 3  # of the bias with learned scales; the attention is its layer 1
 
 
 def cuda_backends():
@@ -48,6 +50,21 @@ def many_flex_graphs():
 
     with torch._dynamo.config.patch(recompile_limit=256, accumulated_recompile_limit=4096):
         yield
+
+
+@pytest.fixture(autouse=True)
+def a_cuda_fault_ends_the_process():
+    """A CUDA fault (a misaligned or illegal address) poisons the process: every later test in
+    it would fail with the same error. It is reported at the end of the test that caused it;
+    then a pytest-xdist worker exits, and xdist reports that test as crashed and runs the rest
+    on a fresh worker; a run without xdist stops there."""
+    yield
+    try:
+        torch.cuda.synchronize()
+    except RuntimeError as error:  # (torch.AcceleratorError is a RuntimeError)
+        if os.environ.get("PYTEST_XDIST_WORKER"):
+            os._exit(3)
+        pytest.exit(f"CUDA fault, later tests in this process cannot run: {error}", returncode=1)
 
 
 def skip_unservable(backend, variant, dtype, **call):
@@ -73,10 +90,10 @@ def layer(variant, dtype, learned="none", seed=0):
     ratio = 0.7 if variant == "asymmetric" else 1.0
     torch.manual_seed(seed)
     if learned == "none":
-        alibi = CachedAlibiBias(HEADS, variant, future_slope_ratio=ratio)
+        alibi = AlibiBias(HEADS, variant=variant, future_slope_ratio=ratio)
     else:
-        alibi = scaled_module(variant, learned, ratio=ratio)
-    attn = AlibiMultiheadAttention(DIM, HEADS, alibi, layer_index=1)
+        alibi = scaled_bias(HEADS, LAYERS, variant, learned, ratio=ratio)
+    attn = AlibiMultiheadAttention(DIM, HEADS, alibi.layer(1))
     for p in attn.parameters():  # biases away from zero, so that every term counts
         if p.dim() == 1 and p is not getattr(alibi, "scales", None):
             torch.nn.init.normal_(p, std=0.3)
@@ -87,7 +104,7 @@ def layer(variant, dtype, learned="none", seed=0):
 
 
 def scales_of(cpu_twin, learned):
-    alibi = cpu_twin.alibi
+    alibi = cpu_twin.alibi.stack
     if learned == "none":
         return torch.ones(1, HEADS, dtype=torch.float64)
     return alibi.scales.detach().double().requires_grad_()
@@ -120,7 +137,7 @@ def test_training_step_matches_float64(backend, variant, dtype, padded):
     (out * upstream.cuda()).sum().backward()
 
     x64 = x.double().requires_grad_()
-    want = reference(twin, x64, scales_of(twin, "none"), 1, variant, ratio, pad)
+    want = reference_scaled_attention(twin, x64, scales_of(twin, "none"), 1, variant, ratio, pad)
     (want * upstream.double()).sum().backward()
     assert out.dtype == dtype and torch.isfinite(out).all() and torch.isfinite(x_cuda.grad).all()
     assert rel_err(out, want, keep) < REL_TOL[dtype]
@@ -145,7 +162,8 @@ def test_cached_decoding_matches_float64(backend, dtype, padded):
         steps = [attn(xc[t:t + 1], xc[t:t + 1], xc[t:t + 1], incremental_state=state,
                       key_padding_mask=None if pad is None else pad[:, t:t + 1].cuda(),
                       need_weights=False)[0] for t in range(T)]
-        want = reference(twin, x.double(), scales_of(twin, "none"), 1, "causal", ratio, pad)
+        want = reference_scaled_attention(twin, x.double(), scales_of(twin, "none"), 1, "causal",
+                                          ratio, pad)
     got = torch.cat(steps)
     assert torch.isfinite(got).all()
     assert rel_err(got, want, keep) < REL_TOL[dtype]
@@ -188,9 +206,9 @@ def test_learned_scale_gradients_match_float64(backend, variant, dtype):
     out, _ = attn(*(x.cuda(),) * 3, key_padding_mask=pad.cuda(), need_weights=False)
     (out * upstream.cuda()).sum().backward()
     scales64 = scales_of(twin, "per_layer_head")
-    want = reference(twin, x.double(), scales64, 1, variant, ratio, pad)
+    want = reference_scaled_attention(twin, x.double(), scales64, 1, variant, ratio, pad)
     (want * upstream.double()).sum().backward()
-    got = attn.alibi.scales.grad
+    got = attn.alibi.stack.scales.grad
     assert got is not None and torch.isfinite(got).all()
     assert (got[[0, 2]] == 0).all()  # only layer 1's scales take part
     assert rel_err(got[1], scales64.grad[1]) < REL_TOL[dtype] * 4  # a sum over every logit
@@ -202,9 +220,10 @@ def test_the_tolerance_catches_a_missing_bias():
     attn, twin, ratio = layer("causal", torch.bfloat16)
     x = torch.randn(T, B, DIM).to(torch.bfloat16)
     with torch.no_grad():
-        want = reference(twin, x.double(), scales_of(twin, "none"), 1, "causal", ratio, None)
-        half = reference(twin, x.double(), scales_of(twin, "none") / 2, 1, "causal", ratio, None)
-        none = reference(twin, x.double(), scales_of(twin, "none") * 0, 1, "causal", ratio, None)
+        scales = scales_of(twin, "none")
+        want = reference_scaled_attention(twin, x.double(), scales, 1, "causal", ratio)
+        half = reference_scaled_attention(twin, x.double(), scales / 2, 1, "causal", ratio)
+        none = reference_scaled_attention(twin, x.double(), scales * 0, 1, "causal", ratio)
     assert rel_err(half, want) > 2 * REL_TOL[torch.bfloat16]  # half the slopes
     assert rel_err(none, want) > 4 * REL_TOL[torch.bfloat16]  # no bias (causal mask kept)
 
@@ -223,9 +242,9 @@ def test_long_bf16_keeps_the_bias_resolution(backend, variant):
     heads, head_dim = 8, 64
     torch.manual_seed(0)
     q, k, v = (torch.randn(1, heads, LONG, head_dim, device="cuda").bfloat16() for _ in range(3))
-    alibi = CachedAlibiBias(heads, variant).cuda()
+    alibi = AlibiBias(heads, variant=variant).cuda()
     with torch.no_grad():
-        got = dispatch.attend(backend, q, k, v, alibi)[:, :, -64:]
+        got = dispatch.attend(backend, q, k, v, alibi.layer(0))[:, :, -64:]
     slopes = variant_slopes(heads, variant).double()
     s = head_dim**-0.5
     qd, kd, vd = (t.double().cpu() for t in (q[:, :, -64:], k, v))

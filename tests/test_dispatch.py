@@ -7,8 +7,9 @@ import itertools
 import pytest
 import torch
 
-from fairseq_alibi.alibi import VARIANTS, AlibiPositionalBias
-from fairseq_alibi.modules import AlibiMultiheadAttention, set_attention_backend
+from fairseq_alibi.alibi import VARIANTS
+from fairseq_alibi.modules.bias import AlibiBias
+from fairseq_alibi.modules.alibi_multihead_attention import AlibiMultiheadAttention, set_attention_backend
 from fairseq_alibi.modules.attention import (
     ATTENTION_BACKENDS,
     REGISTRY,
@@ -166,9 +167,9 @@ def test_one_list_of_names_and_one_validation():
         assert check_attention_backend(name) == name
     with pytest.raises(ValueError, match="unknown ALiBi attention backend 'cuda-magic'.*auto, fold"):
         check_attention_backend("cuda-magic")
-    alibi = AlibiPositionalBias(4)
+    alibi = AlibiBias(4)
     with pytest.raises(ValueError, match="unknown ALiBi attention backend"):
-        AlibiMultiheadAttention(32, 4, alibi, attention="cuda-magic")
+        AlibiMultiheadAttention(32, 4, alibi.layer(0), attention="cuda-magic")
     with pytest.raises(ValueError, match="unknown ALiBi attention backend"):
         set_attention_backend(torch.nn.Sequential(), "sdpa-fold")
 
@@ -191,7 +192,7 @@ def test_a_named_backend_that_cannot_serve_is_a_clear_error(monkeypatch):
         assert dispatch.resolve(name, Call("mps", torch.float16, "one_sided", 1, 8, 2, 8,
                                            True, True, 0.1, True)) == name
     # the module raises it too, at the call that cannot be served
-    attn = AlibiMultiheadAttention(32, 4, AlibiPositionalBias(4), attention="flex").train()
+    attn = AlibiMultiheadAttention(32, 4, AlibiBias(4).layer(0), attention="flex").train()
     with pytest.raises(ValueError, match="no CPU backward"):
         attn(*(torch.randn(5, 2, 32),) * 3, need_weights=False)
 
@@ -204,7 +205,7 @@ def test_the_module_runs_the_backend_it_was_given(monkeypatch):
             ran.append(_name)
             return _run(*args)
         monkeypatch.setitem(REGISTRY, name, dispatch.Backend(spy, backend.unsupported))
-    attn = AlibiMultiheadAttention(32, 4, AlibiPositionalBias(4)).eval()
+    attn = AlibiMultiheadAttention(32, 4, AlibiBias(4).layer(0)).eval()
     x = torch.randn(6, 2, 32)
     with torch.no_grad():
         for name in ("fold", "sdpa", "naive", "auto"):

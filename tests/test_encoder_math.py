@@ -12,8 +12,10 @@ from fairseq.models import ARCH_CONFIG_REGISTRY, ARCH_MODEL_REGISTRY
 from fairseq.models.roberta import RobertaModel
 
 import fairseq_alibi  # noqa: F401  (registers alibi_roberta)
-from fairseq_alibi.alibi import AlibiPositionalBias, alibi_bias, mask_value, variant_slopes
-from fairseq_alibi.models.checks import UNBOUNDED_POSITIONS
+from fairseq_alibi.alibi import alibi_bias, mask_value, variant_slopes
+from fairseq_alibi.modules.bias import AlibiBias
+from fairseq_alibi.modules.stacks import UNBOUNDED_POSITIONS
+from tests.helpers import naive_bias, naive_slopes
 
 ALIBI_VARIANTS = ["symmetric", "one_sided", "offset", "asymmetric"]
 ALL_VARIANTS = ALIBI_VARIANTS + ["none"]
@@ -141,28 +143,6 @@ def tokens(batch=3, length=10, seed=0, mask_at=None):
     if mask_at is not None:
         t[:, mask_at] = dictionary().index("<mask>")
     return t
-
-
-def naive_slopes(variant, heads):
-    """2^(-8k/n), k = 1..n, with n = H (n = H/2 per half for one_sided)."""
-    n = heads // 2 if variant == "one_sided" else heads
-    return [2.0 ** (-8.0 * k / n) for k in range(1, n + 1)] * (heads // n)
-
-
-def naive_bias(variant, h, heads, i, j, m, ratio):
-    """The bias of one (head, query, key) from the definitions; None = the key is invisible."""
-    if variant == "symmetric":
-        return -m * abs(i - j)
-    if variant == "offset":
-        return -m * (i - j) if j <= i else -m * (j - i - 0.5)
-    if variant == "asymmetric":
-        return -m * (i - j) if j <= i else -m * ratio * (j - i)
-    if variant == "one_sided":
-        looks_ahead = h >= heads // 2
-        if (looks_ahead and j < i) or (not looks_ahead and j > i):
-            return None
-        return -m * abs(i - j)
-    raise AssertionError(variant)
 
 
 def naive_encoder(model, src, variant, ratio=1.0):
@@ -419,7 +399,7 @@ def test_half_precision_agrees_with_float32(variant, dtype):
 def test_bad_options_are_clear_errors():
     with pytest.raises(ValueError, match="even number of attention heads"):
         build("one_sided", heads=3)
-    with pytest.raises(ValueError, match="unknown ALiBi variant 'sinusoidal'"):
+    with pytest.raises(ValueError, match="unknown --alibi-variant 'sinusoidal'; choose one of: symmetric"):
         build("sinusoidal")
     with pytest.raises(ValueError, match="asymmetric"):
         build("offset", alibi_future_slope_ratio=0.5)
@@ -502,8 +482,9 @@ def test_learned_positions_of_another_length_are_a_clear_error():
 def test_alibi_bias_module_is_shared_and_saved_once():
     model = build("asymmetric", alibi_future_slope_ratio=0.5)
     enc = model.encoder.sentence_encoder
-    assert all(layer.self_attn.alibi is enc.alibi for layer in enc.layers)
+    assert all(layer.self_attn.alibi.stack is enc.alibi for layer in enc.layers)
+    assert [layer.self_attn.alibi.index for layer in enc.layers] == list(range(len(enc.layers)))
     keys = [k for k in model.state_dict() if "alibi" in k]
     assert sorted(keys) == ["encoder.sentence_encoder.alibi.future_slope_ratio",
                             "encoder.sentence_encoder.alibi.slopes"]
-    assert isinstance(enc.alibi, AlibiPositionalBias) and enc.embed_positions is None
+    assert isinstance(enc.alibi, AlibiBias) and enc.embed_positions is None

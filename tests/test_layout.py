@@ -14,23 +14,72 @@ PACKAGE = REPO / "fairseq_alibi"
 TOOLS = ("fairseq_alibi.cli", "fairseq_alibi.preprocess")
 #: the ``python -m fairseq_alibi.<tool>`` aliases the docs use, and the modules they stand for
 ALIASES = ("quickstart", "sweep", "corpus", "convert", "checkpoints", "export_hf", "import_hf")
-#: what each layer of the library may not import (the layers below it in docs/architecture.md)
+#: what each layer of the library may import of the package (docs/architecture.md's layers)
+MATH = ("fairseq_alibi.alibi", "fairseq_alibi.cross_alibi")
+ATTENTION = MATH + ("fairseq_alibi.modules.attention",)
+OPTIONS = ATTENTION + ("fairseq_alibi.options", "fairseq_alibi.config_access")
 LAYERS = {
-    "fairseq_alibi/alibi.py": ("fairseq_alibi",),  # the math imports nothing of the package
-    "fairseq_alibi/cross_alibi.py": ("fairseq_alibi",),
-    "fairseq_alibi/modules": ("fairseq_alibi.models", "fairseq_alibi.criterions") + TOOLS,
-    "fairseq_alibi/models": ("fairseq_alibi.criterions",) + TOOLS,
+    "fairseq_alibi/alibi.py": (),  # the math imports nothing of the package
+    "fairseq_alibi/cross_alibi.py": (),
+    "fairseq_alibi/config_access.py": (),
+    "fairseq_alibi/files.py": (),
+    "fairseq_alibi/modules/attention": ATTENTION,
+    "fairseq_alibi/options.py": OPTIONS,
+    "fairseq_alibi/modules": OPTIONS + ("fairseq_alibi.modules",),
 }
+#: what the models may not import: the tools and the criteria (which build on the models)
+MODELS_MAY_NOT = ("fairseq_alibi.criterions",) + TOOLS
 
 
-def imported_modules(path):
+def imported_modules(path, root=REPO):
+    """Every module ``path`` imports, as absolute names (relative imports resolved against its
+    place under ``root``)."""
     tree = ast.parse(path.read_text(), filename=str(path))
+    package = path.relative_to(root).with_suffix("").parts[:-1]
+    if path.name == "__init__.py":
+        package = path.relative_to(root).parts[:-1]
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             yield from (alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            yield node.module
-            yield from (f"{node.module}.{alias.name}" for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module
+            if node.level:
+                parent = package[: len(package) - node.level + 1]
+                base = ".".join(parent + ((node.module,) if node.module else ()))
+            if base:
+                yield base
+                yield from (f"{base}.{alias.name}" for alias in node.names)
+
+
+def test_relative_imports_are_read_as_absolute_ones():
+    found = set(imported_modules(PACKAGE / "modules" / "attention" / "__init__.py"))
+    assert "fairseq_alibi.modules.attention.dispatch" in found
+
+
+def test_no_model_module_imports_another():
+    """Each model family is one file; what they share is in modules/stacks.py and
+    models/common.py, never in another model's file."""
+    families = sorted(p.stem for p in (PACKAGE / "models").glob("alibi_*.py"))
+    for family in families:
+        others = {f"fairseq_alibi.models.{other}" for other in families if other != family}
+        imported = set(imported_modules(PACKAGE / "models" / f"{family}.py"))
+        assert not any(name.startswith(tuple(others)) for name in imported), family
+
+
+def test_every_alias_module_is_a_tool_of_the_one_table():
+    """``python -m fairseq_alibi.<tool>`` modules hold no table of their own: each is the same
+    two lines, resolved through TOOLS by its name."""
+    from fairseq_alibi.__main__ import TOOLS
+
+    aliases = {path.stem for path in PACKAGE.glob("*.py")
+               if "run_alias(__name__, __spec__)" in path.read_text()}
+    assert aliases == set(ALIASES)
+    assert {alias.replace("_", "-") for alias in ALIASES} <= set(TOOLS)
+    for alias in ALIASES:
+        code = [line for line in (PACKAGE / f"{alias}.py").read_text().splitlines()
+                if line.strip() and not line.startswith('"""')]
+        assert code == ["from fairseq_alibi.__main__ import run_alias",
+                        "run_alias(__name__, __spec__)"], alias
 
 
 def library_files():
@@ -61,9 +110,58 @@ def test_each_layer_imports_only_the_layers_above_it(layer):
         f"{path.relative_to(REPO)} imports {name}"
         for path in files
         for name in imported_modules(path)
-        if name.startswith(LAYERS[layer])
+        if name.startswith("fairseq_alibi") and name != "fairseq_alibi"
+        and not name.startswith(LAYERS[layer])
     ]
     assert not offenders, offenders
+
+
+def test_the_models_import_no_tool_and_no_criterion():
+    offenders = [
+        f"{path.relative_to(REPO)} imports {name}"
+        for path in sorted((PACKAGE / "models").rglob("*.py"))
+        for name in imported_modules(path) if name.startswith(MODELS_MAY_NOT)
+    ]
+    assert not offenders, offenders
+
+
+def is_a_test_module(name):
+    """``tests.test_x`` (or ``test_x``, imported with the tests folder on sys.path), or a name
+    inside one."""
+    parts = name.split(".")
+    return parts[0].startswith("test_") or (
+        parts[0] == "tests" and len(parts) > 1 and parts[1].startswith("test_"))
+
+
+def test_no_test_module_imports_another():
+    """Tests share code through tests/helpers.py (fixtures: conftest.py) only: a test module
+    imported by another ties the two files together (one cannot change or move without the
+    other), and the importer runs the imported file's module-level setup."""
+    offenders = [
+        f"{path.relative_to(REPO)} imports {name}"
+        for path in sorted((REPO / "tests").glob("*.py"))
+        for name in imported_modules(path) if is_a_test_module(name)
+    ]
+    assert not offenders, offenders
+
+
+@pytest.mark.parametrize("source,imports_a_test_module", [
+    ("from tests.test_x import y", True),
+    ("import tests.test_x", True),
+    ("from tests import test_x", True),
+    ("from .test_x import y", True),
+    ("from . import test_x", True),
+    ("import test_x", True),
+    ("from tests.helpers import REPO", False),
+    ("from tests import helpers", False),
+    ("from . import helpers", False),
+])
+def test_the_test_import_check_reads_every_form(source, imports_a_test_module, tmp_path):
+    (tmp_path / "tests").mkdir()
+    probe = tmp_path / "tests" / "test_probe.py"
+    probe.write_text(source + "\n")
+    found = imported_modules(probe, root=tmp_path)
+    assert any(is_a_test_module(name) for name in found) == imports_a_test_module
 
 
 def test_no_script_edits_sys_path():

@@ -19,14 +19,15 @@ import textwrap
 import pytest
 import torch
 
-from fairseq_alibi.alibi import SCALE_MODES, mask_value, variant_slopes
-from fairseq_alibi.modules import AlibiMultiheadAttention
+from fairseq_alibi.alibi import SCALE_MODES, mask_value
+from fairseq_alibi.modules.alibi_multihead_attention import AlibiMultiheadAttention
 from fairseq_alibi.modules.attention import dispatch, flash, flex
 from fairseq_alibi.modules.attention.dispatch import Call
-from fairseq_alibi.modules.bias_cache import CachedAlibiBias
+from fairseq_alibi.modules.bias import AlibiBias
 from tests.helpers import (
-    REPO, build_model, decode_token_by_token, load, setup_from_command_line, train,
-    write_dictionary,
+    REPO, TINY_TRANSLATION, build_model, decode_token_by_token, load, reference_scaled_attention,
+    scaled_bias, setup_from_command_line, train, write_dictionary,
+    write_translation_dictionaries,
 )
 
 VARIANTS = ["causal", "symmetric", "one_sided", "offset", "asymmetric"]
@@ -42,63 +43,6 @@ def eager_flex(monkeypatch):
     monkeypatch.setattr(flex, "_compiled_flex", lambda: flex_attention)
 
 
-def scaled_module(variant, mode, init=1.0, ratio=1.0):
-    """A bias with learned scales set away from 1, so that every scale counts."""
-    alibi = CachedAlibiBias(HEADS, variant, future_slope_ratio=ratio, num_layers=LAYERS,
-                            learned_scales=mode, scale_init=init)
-    with torch.no_grad():
-        torch.manual_seed(7)
-        alibi.scales.uniform_(0.3, 3.0)
-    return alibi
-
-
-MASKED = -1e9
-
-
-def reference_bias(variant, slopes, future, T):
-    """``(H, T, T)`` float64 bias straight from the table of fairseq_alibi/alibi.py; -inf masked.
-    ``slopes``/``future`` float64 ``(H,)`` (differentiable)."""
-    i = torch.arange(T, dtype=torch.float64)[:, None]
-    j = torch.arange(T, dtype=torch.float64)[None, :]
-    d = (i - j)[None]  # i - j
-    m = slopes[:, None, None]
-    # a finite stand-in for -inf: a row with no visible key stays finite, as the module's does
-    inf = torch.tensor(MASKED, dtype=torch.float64)
-    if variant == "causal":
-        return torch.where(d >= 0, -m * d, inf)
-    if variant == "symmetric":
-        return -m * d.abs()
-    if variant == "offset":
-        return torch.where(d >= 0, -m * d, -m * (-d - 0.5))
-    if variant == "asymmetric":
-        return torch.where(d >= 0, -m * d, -future[:, None, None] * (-d))
-    ahead = (torch.arange(len(slopes)) >= len(slopes) // 2)[:, None, None]
-    hidden = torch.where(ahead, d > 0, d < 0)
-    return torch.where(hidden, inf, -m * d.abs())
-
-
-def reference(attn, x, scales, layer, variant, ratio, key_padding_mask=None):
-    """softmax(QKᵀ/√d + s[layer, h]·bias_h) V in float64; differentiable in ``scales``."""
-    x = x.double()
-    T, B, C = x.shape
-    H, D = attn.num_heads, attn.head_dim
-    w = {n: p.detach().double() for n, p in attn.named_parameters()}
-
-    def proj(name):
-        return (x @ w[f"{name}.weight"].T + w[f"{name}.bias"]).view(T, B, H, D)
-
-    q, k, v = proj("q_proj"), proj("k_proj"), proj("v_proj")
-    row = scales[layer if scales.size(0) > 1 else 0]
-    base = variant_slopes(H, variant).double()
-    slopes = base * row
-    bias = reference_bias(variant, slopes, slopes * ratio, T)
-    scores = torch.einsum("ibhd,jbhd->bhij", q, k) / D**0.5 + bias
-    if key_padding_mask is not None:
-        scores = scores.masked_fill(key_padding_mask[:, None, None, :], MASKED)
-    out = torch.einsum("bhij,jbhd->ibhd", torch.softmax(scores, -1), v).reshape(T, B, C)
-    return out @ w["out_proj.weight"].T + w["out_proj.bias"]
-
-
 CPU_TRAIN_BACKENDS = ["naive", "sdpa", "fold"]
 
 
@@ -110,10 +54,10 @@ def test_matches_float64_reference(variant, mode, backend, train, eager_flex):
     if backend == "flex" and train:
         pytest.skip("flex_attention has no CPU backward (tests/test_dispatch.py)")
     ratio = 0.7 if variant == "asymmetric" else 1.0
-    alibi = scaled_module(variant, mode, ratio=ratio)
+    alibi = scaled_bias(HEADS, LAYERS, variant, mode, ratio=ratio)
     layer = 1
     torch.manual_seed(0)
-    attn = AlibiMultiheadAttention(DIM, HEADS, alibi, attention=backend, layer_index=layer)
+    attn = AlibiMultiheadAttention(DIM, HEADS, alibi.layer(layer), attention=backend)
     attn.train(train)
     T, B = 9, 2
     x = torch.randn(T, B, DIM)
@@ -122,7 +66,7 @@ def test_matches_float64_reference(variant, mode, backend, train, eager_flex):
     with torch.set_grad_enabled(train):
         out, _ = attn(x, x, x, key_padding_mask=pad, need_weights=False)
     scales64 = alibi.scales.detach().double().requires_grad_()
-    expected = reference(attn, x, scales64, layer, variant, ratio, pad)
+    expected = reference_scaled_attention(attn, x, scales64, layer, variant, ratio, pad)
     keep = ~pad.T[:, :, None]  # padded query rows are not compared (their value is arbitrary)
     torch.testing.assert_close(torch.where(keep, out.double(), 0.0),
                                torch.where(keep, expected.detach(), 0.0), **TOL)
@@ -142,8 +86,8 @@ def test_matches_float64_reference(variant, mode, backend, train, eager_flex):
 def test_cuda_backends_serve_inference_and_flash_refuses_training(variant):
     import copy
 
-    alibi = scaled_module(variant, "per_layer_head").cuda()
-    attn = AlibiMultiheadAttention(DIM, HEADS, alibi, attention="naive", layer_index=2).cuda()
+    alibi = scaled_bias(HEADS, LAYERS, variant, "per_layer_head").cuda()
+    attn = AlibiMultiheadAttention(DIM, HEADS, alibi.layer(2), attention="naive").cuda()
     x = torch.randn(9, 2, DIM, device="cuda")
     with torch.no_grad():
         expected, _ = attn(x, x, x, need_weights=False)
@@ -167,11 +111,11 @@ def test_scale_gradients_match_finite_differences(variant, backend):
     difference; its gradient is autograd's through the same bias, checked against float64
     above.)"""
     ratio = 0.75 if variant == "asymmetric" else 1.0
-    alibi = scaled_module(variant, "per_layer_head", ratio=ratio).double()
+    alibi = scaled_bias(HEADS, LAYERS, variant, "per_layer_head", ratio=ratio).double()
     with torch.no_grad():
         alibi.scales.copy_(torch.tensor([0.5, 1.25, 1.5, 2.75]).expand(LAYERS, HEADS))
     torch.manual_seed(1)
-    attn = AlibiMultiheadAttention(DIM, HEADS, alibi, attention=backend, layer_index=2).double()
+    attn = AlibiMultiheadAttention(DIM, HEADS, alibi.layer(2), attention=backend).double()
     x = torch.randn(7, 2, DIM, dtype=torch.float64)
     weights = torch.randn(7, 2, DIM, dtype=torch.float64)
 
@@ -200,30 +144,31 @@ def test_every_mode_has_the_documented_shape():
     shapes = {"shared": (1, 1), "per_head": (1, HEADS), "per_layer": (LAYERS, 1),
               "per_layer_head": (LAYERS, HEADS)}
     for mode, shape in shapes.items():
-        alibi = CachedAlibiBias(HEADS, "causal", num_layers=LAYERS, learned_scales=mode,
+        alibi = AlibiBias(HEADS, variant="causal", num_layers=LAYERS, learned_scales=mode,
                                 scale_init=0.5)
         assert tuple(alibi.scales.shape) == shape
         assert torch.all(alibi.scales == 0.5)
         assert alibi.scales.requires_grad
-    fixed = CachedAlibiBias(HEADS, "causal", num_layers=LAYERS)
+    fixed = AlibiBias(HEADS, variant="causal", num_layers=LAYERS)
     assert fixed.scales is None and "scales" not in fixed.state_dict()
-    assert all(fixed.at_layer(i) is fixed for i in range(LAYERS))  # nothing is multiplied
+    # nothing is multiplied: every layer shares one bias tensor
+    assert all(fixed.layer(i).dense(5, 5) is fixed.layer(0).dense(5, 5) for i in range(LAYERS))
 
 
 def test_fixed_scale_init_multiplies_without_a_parameter():
-    fixed = CachedAlibiBias(HEADS, "offset", scale_init=0.5)
-    base = CachedAlibiBias(HEADS, "offset")
+    fixed = AlibiBias(HEADS, variant="offset", scale_init=0.5)
+    base = AlibiBias(HEADS, variant="offset")
     assert fixed.scales is None and not list(fixed.parameters())
     torch.testing.assert_close(fixed(5, 5), base(5, 5) * 0.5)
 
 
 def test_slope_scale_multiplies_on_top_of_learned_scales():
-    learned = scaled_module("causal", "per_head")
-    interpolated = scaled_module("causal", "per_head")
+    learned = scaled_bias(HEADS, LAYERS, "causal", "per_head")
+    interpolated = scaled_bias(HEADS, LAYERS, "causal", "per_head")
     interpolated.slope_scale = 0.25
     with torch.no_grad():
-        torch.testing.assert_close(interpolated.head_slopes(0)[0],
-                                   learned.head_slopes(0)[0] * 0.25)
+        torch.testing.assert_close(interpolated.slopes_of(0)[0],
+                                   learned.slopes_of(0)[0] * 0.25)
         visible = learned(6, 6, layer=0) > mask_value(torch.float32)  # masked keys stay masked
         torch.testing.assert_close(interpolated(6, 6, layer=0)[visible],
                                    learned(6, 6, layer=0)[visible] * 0.25)
@@ -231,11 +176,11 @@ def test_slope_scale_multiplies_on_top_of_learned_scales():
 
 
 def test_per_layer_scales_need_the_layer():
-    alibi = scaled_module("causal", "per_layer")
+    alibi = scaled_bias(HEADS, LAYERS, "causal", "per_layer")
     with pytest.raises(ValueError, match="need the index of the layer"):
-        alibi.head_slopes()
+        alibi.slopes_of()
     with pytest.raises(ValueError, match="need the index of the layer"):
-        alibi.head_slopes(LAYERS)
+        alibi.slopes_of(LAYERS)
 
 
 # ------------------------------------------------------------------ options and clear errors
@@ -249,9 +194,9 @@ def lm_data(tmp_path_factory):
 @pytest.mark.parametrize("init", [0, -1, float("nan")])
 def test_non_positive_initial_scale_is_a_clear_error(init):
     with pytest.raises(ValueError, match="--alibi-scale-init must be a positive number"):
-        CachedAlibiBias(HEADS, "causal", learned_scales="per_head", scale_init=init)
+        AlibiBias(HEADS, variant="causal", learned_scales="per_head", scale_init=init)
     with pytest.raises(ValueError, match="--alibi-scale-init must be a positive number"):
-        CachedAlibiBias(HEADS, "offset", scale_init=init)  # a fixed scale is checked too
+        AlibiBias(HEADS, variant="offset", scale_init=init)  # a fixed scale is checked too
 
 
 def test_every_family_names_its_scale_init_flag(lm_data, tmp_path):
@@ -263,26 +208,22 @@ def test_every_family_names_its_scale_init_flag(lm_data, tmp_path):
                     "--alibi-scale-init", init)
     with pytest.raises(ValueError, match="--alibi-scale-init must be a positive number"):
         build_model("encoder", lm_data, "--alibi-scale-init", init)
-    from tests.test_translation_model import write_dictionaries
-
-    pair = write_dictionaries(tmp_path / "pair")
+    pair = write_translation_dictionaries(tmp_path / "pair")
     for side in ("encoder", "decoder"):
         with pytest.raises(ValueError, match=f"--{side}-alibi-scale-init must be a positive"):
             setup_and_build_translation(pair, f"--{side}-alibi-scale-init", init)
 
 
 def setup_and_build_translation(data, *extra):
-    from tests.test_translation_model import TINY
-
     cfg, task = setup_from_command_line(
         data, "--task", "translation", "--source-lang", "src", "--target-lang", "tgt",
-        "--arch", "alibi_transformer", *TINY, *extra)
+        "--arch", "alibi_transformer", *TINY_TRANSLATION, *extra)
     return task.build_model(cfg.model), task
 
 
 def test_unknown_mode_is_a_clear_error():
     with pytest.raises(ValueError, match="unknown --alibi-learned-scales 'per_token'"):
-        CachedAlibiBias(HEADS, "causal", learned_scales="per_token")
+        AlibiBias(HEADS, variant="causal", learned_scales="per_token")
 
 
 def test_scales_without_alibi_are_a_clear_error(lm_data):
@@ -292,11 +233,9 @@ def test_scales_without_alibi_are_a_clear_error(lm_data):
 
 
 def test_every_family_learns_its_scales_per_layer(lm_data, tmp_path):
-    from tests.test_translation_model import write_dictionaries
-
     lm, _ = build_model("lm", lm_data, "--alibi-learned-scales", "per_layer_head")
     enc, _ = build_model("encoder", lm_data, "--alibi-learned-scales", "per_layer")
-    pair = write_dictionaries(tmp_path / "pair")
+    pair = write_translation_dictionaries(tmp_path / "pair")
     mt, _ = setup_and_build_translation(pair, "--encoder-alibi-learned-scales", "per_head",
                                         "--decoder-alibi-learned-scales", "per_layer_head",
                                         "--decoder-alibi-scale-init", "0.5")
@@ -309,7 +248,7 @@ def test_every_family_learns_its_scales_per_layer(lm_data, tmp_path):
     for name, (scales, shape, init) in found.items():
         assert tuple(scales.shape) == shape and torch.all(scales == init), name
     for model, expected in ((lm, [0, 1]), (enc, [0, 1]), (mt, [0, 1, 0, 1])):
-        indices = [m.layer_index for m in model.modules()
+        indices = [m.alibi.index for m in model.modules()
                    if isinstance(m, AlibiMultiheadAttention)]
         assert indices == expected
     # the scales are parameters the optimizer sees
@@ -347,8 +286,8 @@ def test_scales_of_another_mode_are_a_clear_error(lm_data):
 
 
 def test_scales_survive_half_precision_and_a_state_dict_round_trip():
-    alibi = scaled_module("offset", "per_layer_head")
-    copy = CachedAlibiBias(HEADS, "offset", num_layers=LAYERS, learned_scales="per_layer_head")
+    alibi = scaled_bias(HEADS, LAYERS, "offset", "per_layer_head")
+    copy = AlibiBias(HEADS, variant="offset", num_layers=LAYERS, learned_scales="per_layer_head")
     copy.load_state_dict(alibi.state_dict())
     assert torch.equal(copy.scales, alibi.scales)
     assert copy.half().slopes.dtype == torch.float32  # the slopes stay exact
@@ -381,8 +320,8 @@ def test_attend_reports_whether_the_scales_need_a_gradient(monkeypatch):
     seen = []
     real = dispatch.auto_backend
     monkeypatch.setattr(dispatch, "auto_backend", lambda call: seen.append(call) or real(call))
-    alibi = scaled_module("causal", "per_head")
-    attn = AlibiMultiheadAttention(DIM, HEADS, alibi, attention="auto", layer_index=0)
+    alibi = scaled_bias(HEADS, LAYERS, "causal", "per_head")
+    attn = AlibiMultiheadAttention(DIM, HEADS, alibi.layer(0), attention="auto")
     x = torch.randn(5, 1, DIM)
     attn(x, x, x, need_weights=False)
     with torch.no_grad():

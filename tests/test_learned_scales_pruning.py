@@ -11,15 +11,16 @@ from fairseq import checkpoint_utils
 
 from tests.helpers import (
     MODELS,
+    TINY_TRANSLATION,
     build_from_command_line,
     load,
     run_cli,
+    saved_in_process,
     setup_from_command_line,
     train,
     write_dictionary,
+    write_translation_dictionaries,
 )
-from tests.test_bad_inputs import saved_in_process
-from tests.test_translation_model import TINY, write_dictionaries
 
 LAYERS = 3
 
@@ -32,7 +33,7 @@ FAMILIES = {
                 {"encoder": ("encoder.sentence_encoder.layers",
                              "encoder.sentence_encoder.alibi.scales", "0,2")}),
     "translation": (["--task", "translation", "--source-lang", "src", "--target-lang", "tgt",
-                     "--arch", "alibi_transformer", *TINY, "--encoder-layers", LAYERS,
+                     "--arch", "alibi_transformer", *TINY_TRANSLATION, "--encoder-layers", LAYERS,
                      "--decoder-layers", LAYERS, "--encoder-alibi-variant", "one_sided",
                      "--encoder-alibi-learned-scales", "per_layer",
                      "--decoder-alibi-learned-scales", "per_layer_head"],
@@ -45,7 +46,7 @@ FAMILIES = {
 def data(tmp_path_factory):
     root = tmp_path_factory.mktemp("pruning")
     return {"lm": write_dictionary(root / "lm", 40), "encoder": root / "lm",
-            "translation": write_dictionaries(root / "pair")}
+            "translation": write_translation_dictionaries(root / "pair")}
 
 
 def checkpoint_with_distinct_scales(path, data, flags, sides):
@@ -194,4 +195,7 @@ def test_fairseq_eval_lm_prunes_a_trained_per_layer_checkpoint(tiny_lm_data, ali
     full = perplexity("{}")
     assert perplexity("{'decoder_layers_to_keep': '0,1,2'}") == full  # every row, in order
     pruned = perplexity("{'decoder_layers_to_keep': '0,2'}")  # loads: no shape error
-    assert 1.0 < pruned < 1e6 and pruned != full
+    # measured 2026-11-26: full 100.1, pruned 108.4 at --seed 1 (full 101.4, 99.5 and pruned
+    # 105.0, 102.5 at seeds 2, 3; the same on 2 threads); the bounds add the seeds' spread
+    assert 97.5 < full < 103.5
+    assert 96 < pruned < 115 and pruned != full

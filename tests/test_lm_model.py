@@ -12,7 +12,7 @@ from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 from fairseq.models import ARCH_MODEL_REGISTRY
 
 import fairseq_alibi  # noqa: F401  (registers the models)
-from fairseq_alibi.models.checks import UNBOUNDED_POSITIONS
+from fairseq_alibi.modules.stacks import UNBOUNDED_POSITIONS
 
 TINY = ["--decoder-layers", "2", "--decoder-embed-dim", "32", "--decoder-ffn-embed-dim", "64",
         "--decoder-attention-heads", "4", "--decoder-input-dim", "32", "--decoder-output-dim", "32"]

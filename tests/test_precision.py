@@ -17,8 +17,9 @@ a machine with a GPU.
 import pytest
 import torch
 
-from fairseq_alibi.alibi import AlibiPositionalBias, mask_value
-from fairseq_alibi.modules import AlibiMultiheadAttention
+from fairseq_alibi.alibi import mask_value
+from fairseq_alibi.modules.bias import AlibiBias
+from fairseq_alibi.modules.alibi_multihead_attention import AlibiMultiheadAttention
 from tests.helpers import run_cli
 from tests.helpers import build_model, load
 
@@ -30,7 +31,7 @@ HEADS = 8  # slopes 1/2 ... 1/256, exact in every float format
 
 def near_diagonal(variant, dtype, window=64):
     """Rows of query ``AT`` of the bias for ``LONG`` keys, in ``dtype`` and in float32."""
-    alibi = AlibiPositionalBias(HEADS, variant, future_slope_ratio=0.5)
+    alibi = AlibiBias(HEADS, variant=variant, future_slope_ratio=0.5)
     query_len = LONG - AT  # queries are aligned to the end of the keys: the first one is AT
     keys = slice(AT - window, AT + window + 1)
     half = alibi(query_len, LONG, dtype)[:, 0, keys]
@@ -47,7 +48,7 @@ def test_bias_next_to_the_diagonal_is_exact_at_position_8000(variant, dtype):
     assert torch.equal(half.float()[visible], full[visible])  # exactly the float32 values
     assert (half[~visible] == mask_value(dtype)).all() and torch.isfinite(half).all()
 
-    slopes, future = alibi.head_slopes()
+    slopes, future = alibi.slopes_of()
     future = slopes if future is None else future
     past_step = half[:, centre - 1].float() - half[:, centre - 2].float()  # keys AT-1, AT-2
     ahead_step = half[:, centre + 1].float() - half[:, centre + 2].float()  # keys AT+1, AT+2
@@ -65,8 +66,8 @@ def test_bias_next_to_the_diagonal_is_exact_at_position_8000(variant, dtype):
 
 def attention_layer(variant, heads=2, dim=16):
     torch.manual_seed(0)
-    alibi = AlibiPositionalBias(heads, variant, future_slope_ratio=0.5)
-    return AlibiMultiheadAttention(dim, heads, alibi)
+    alibi = AlibiBias(heads, variant=variant, future_slope_ratio=0.5)
+    return AlibiMultiheadAttention(dim, heads, alibi.layer(0))
 
 
 def forward_backward(attn, x):
@@ -92,7 +93,7 @@ def test_one_layer_at_8192_tokens_in_bf16(variant):
     out, dx, dw = forward_backward(attn, x.bfloat16())
     assert out.dtype == torch.bfloat16 and all_finite(out, dx, dw)
     assert torch.allclose(out.float(), reference, atol=0.05, rtol=0.05)
-    assert attn.alibi.slopes.dtype == torch.float32  # the cast never rounds the slopes
+    assert attn.alibi.stack.slopes.dtype == torch.float32  # the cast never rounds the slopes
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
@@ -149,5 +150,5 @@ checkpoint: {{save_dir: {tmp_path / 'ck'}}}
     assert "'bf16': True" in out and '"num_updates": "4"' in out
     state = load(tmp_path / "ck" / "checkpoint_last.pt")
     assert state["cfg"]["common"]["bf16"] and state["optimizer_history"][-1]["num_updates"] == 4
-    assert torch.equal(state["model"]["decoder.alibi.slopes"], AlibiPositionalBias(4).slopes)
+    assert torch.equal(state["model"]["decoder.alibi.slopes"], AlibiBias(4).slopes)
     assert all(torch.isfinite(w).all() for w in state["model"].values())

@@ -13,7 +13,8 @@ import sys
 import pytest
 import torch
 
-from fairseq_alibi.alibi import AlibiPositionalBias, alibi_bias, get_slopes, variant_slopes
+from fairseq_alibi.alibi import alibi_bias, get_slopes, variant_slopes
+from fairseq_alibi.modules.bias import AlibiBias
 from tests.helpers import build_from_command_line, write_dictionary
 from tests.helpers import run_cli
 
@@ -39,8 +40,8 @@ def lm(dict_dir, *extra):
 @pytest.mark.parametrize("ratio", RATIOS)
 def test_bias_module_scales_every_slope_exactly_by_the_ratio(ratio):
     heads = 8
-    scaled = AlibiPositionalBias(heads, slope_scale=ratio)
-    slopes, _ = scaled.head_slopes()
+    scaled = AlibiBias(heads, slope_scale=ratio)
+    slopes, _ = scaled.slopes_of()
     assert torch.equal(slopes, get_slopes(heads) * ratio)
     if ratio in (0.25, 0.5):  # powers of two: the product is exact
         assert slopes.double().tolist() == [m * ratio for m in get_slopes(heads).double().tolist()]
@@ -80,7 +81,7 @@ def test_encoder_slope_scale(dict_dir):
         "--encoder-embed-dim", "32", "--encoder-ffn-embed-dim", "64",
         "--encoder-attention-heads", "4", "--alibi-variant", "one_sided",
         "--alibi-slope-scale", "0.5")
-    slopes, _ = model.encoder.sentence_encoder.alibi.head_slopes()
+    slopes, _ = model.encoder.sentence_encoder.alibi.slopes_of()
     assert torch.equal(slopes, variant_slopes(4, "one_sided") * 0.5)
 
 
@@ -130,7 +131,7 @@ def test_override_reaches_the_loaded_model_not_the_checkpoint(trained, tiny_lm_d
         [str(trained)], arg_overrides={"alibi_slope_scale": 0.25,
                                        "data": str(tiny_lm_data)})
     assert model.decoder.alibi.slope_scale == 0.25
-    assert torch.equal(model.decoder.alibi.head_slopes()[0], get_slopes(4) * 0.25)
+    assert torch.equal(model.decoder.alibi.slopes_of()[0], get_slopes(4) * 0.25)
     assert torch.equal(model.decoder.alibi.slopes, get_slopes(4))
 
 

@@ -16,17 +16,14 @@ import pytest
 from fairseq_alibi.preprocess.common import DataError
 from fairseq_alibi.preprocess.parallel import main as prepare_main
 from fairseq_alibi.preprocess.parallel import restoration_pair, sentences_of
-from tests.helpers import BIN, REPO, run_cli
+from tests.helpers import BIN, REPO, TINY_TRANSLATION, run_cli
 
 WORDS = [f"w{i}" for i in range(16)]
 TRAIN_MAX = 10  # words per training source
 TEST_LENGTHS = (4 * TRAIN_MAX, 4 * TRAIN_MAX + 4)
 TEST_LINES = 20  # with --batch-size 8, stock generate's default drops 4 of them (see below)
-TINY = ["--encoder-layers", 2, "--decoder-layers", 2, "--encoder-embed-dim", 32,
-        "--decoder-embed-dim", 32, "--encoder-ffn-embed-dim", 64, "--decoder-ffn-embed-dim", 64,
-        "--encoder-attention-heads", 4, "--decoder-attention-heads", 4]
-TRAIN = ["--task", "translation", "--source-lang", "src", "--target-lang", "tgt", *TINY,
-         "--optimizer", "adam", "--lr", 0.003, "--lr-scheduler", "inverse_sqrt",
+TRAIN = ["--task", "translation", "--source-lang", "src", "--target-lang", "tgt",
+         *TINY_TRANSLATION, "--optimizer", "adam", "--lr", 0.003, "--lr-scheduler", "inverse_sqrt",
          "--warmup-updates", 5, "--criterion", "label_smoothed_cross_entropy",
          "--label-smoothing", 0.1, "--max-tokens", 256, "--cpu", "--num-workers", 0, "--seed", 1,
          "--no-epoch-checkpoints", "--log-format", "json", "--log-interval", 1,

@@ -4,140 +4,38 @@ cached beam-search decoding, every mirrored architecture, stock equivalence of `
 task's length limits, and clear errors for bad options and checkpoints of the wrong kind."""
 
 import argparse
-import math
 
 import pytest
 import torch
-import torch.nn.functional as F
-from fairseq.data import data_utils
 from fairseq.models import ARCH_MODEL_REGISTRY
 
 from fairseq_alibi.alibi import ENCODER_VARIANTS
 from fairseq_alibi.models.alibi_transformer import AlibiTransformerModel
-from fairseq_alibi.models.checks import UNBOUNDED_POSITIONS
-from fairseq_alibi.modules import AlibiMultiheadAttention, set_attention_backend
+from fairseq_alibi.modules.stacks import UNBOUNDED_POSITIONS
+from fairseq_alibi.modules.alibi_multihead_attention import AlibiMultiheadAttention, set_attention_backend
 from fairseq_alibi.modules.attention import REGISTRY, dispatch, flex
-from tests.helpers import setup_from_command_line
-from tests.test_encoder_math import naive_bias, naive_slopes
+from tests.helpers import (
+    TGT_WORDS,
+    TINY_TRANSLATION,
+    assert_cached_decoding_matches_the_full_forward,
+    build_translation,
+    reference_translation_logits,
+    setup_from_command_line,
+    token_sentences,
+    translation_batch,
+    write_translation_dictionaries,
+)
 
 ALIBI_VARIANTS = [v for v in ENCODER_VARIANTS if v != "none"]
 ARCHS = sorted(a for a, m in ARCH_MODEL_REGISTRY.items() if m is AlibiTransformerModel)
-DIM, HEADS, SRC_WORDS, TGT_WORDS = 32, 4, 20, 24
-TINY = ["--encoder-layers", 2, "--decoder-layers", 2, "--encoder-embed-dim", DIM,
-        "--decoder-embed-dim", DIM, "--encoder-ffn-embed-dim", 64, "--decoder-ffn-embed-dim", 64,
-        "--encoder-attention-heads", HEADS, "--decoder-attention-heads", HEADS]
-
-
-def write_dictionaries(folder, src_words=SRC_WORDS, tgt_words=TGT_WORDS):
-    folder.mkdir(parents=True, exist_ok=True)
-    for lang, words in (("src", src_words), ("tgt", tgt_words)):
-        (folder / f"dict.{lang}.txt").write_text(
-            "".join(f"{lang}{i} {100 - i}\n" for i in range(words)))
-    return folder
 
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
-    return write_dictionaries(tmp_path_factory.mktemp("translation_dicts"))
-
-
-def build(data, *extra, arch="alibi_transformer", perturb=True, seed=0):
-    cfg, task = setup_from_command_line(
-        data, "--task", "translation", "--source-lang", "src", "--target-lang", "tgt",
-        "--arch", arch, *TINY, *extra)
-    torch.manual_seed(seed)
-    model = task.build_model(cfg.model)
-    if perturb:  # non-zero biases and layer-norm affines, so that every term counts
-        with torch.no_grad():
-            for name, p in model.named_parameters():
-                if name.endswith(".bias") or "layer_norm" in name:
-                    p.add_(torch.randn_like(p) * 0.1)
-    return model.eval(), task
-
-
-def sentences(task, lengths, side="src", seed=0):
-    d = task.source_dictionary if side == "src" else task.target_dictionary
-    g = torch.Generator().manual_seed(seed)
-    return [torch.cat([torch.randint(d.nspecial, len(d), (n,), generator=g),
-                       torch.tensor([d.eos()])]) for n in lengths]
-
-
-def batch(task, sources, targets):
-    """fairseq's translation batch: sources padded on the left, targets on the right."""
-    pad, eos = task.source_dictionary.pad(), task.source_dictionary.eos()
-    src = data_utils.collate_tokens(sources, pad, eos, left_pad=True)
-    prev = data_utils.collate_tokens(targets, pad, eos, left_pad=False,
-                                     move_eos_to_beginning=True)
-    lengths = torch.tensor([len(s) for s in sources])
-    return src, lengths, prev
+    return write_translation_dictionaries(tmp_path_factory.mktemp("translation_dicts"))
 
 
 # ---------------------------------------------------------------- the float64 reference
-
-
-def attention(x, keys, w, prefix, bias):
-    """Multi-head attention in float64; ``bias`` (H, T, S) with -inf for hidden keys."""
-    T, S = x.size(0), keys.size(0)
-    D = DIM // HEADS
-    q = (x @ w[f"{prefix}.q_proj.weight"].T + w[f"{prefix}.q_proj.bias"]).view(T, HEADS, D)
-    k = (keys @ w[f"{prefix}.k_proj.weight"].T + w[f"{prefix}.k_proj.bias"]).view(S, HEADS, D)
-    v = (keys @ w[f"{prefix}.v_proj.weight"].T + w[f"{prefix}.v_proj.bias"]).view(S, HEADS, D)
-    scores = torch.einsum("thd,shd->hts", q, k) / math.sqrt(D) + bias
-    out = torch.einsum("hts,shd->thd", torch.softmax(scores, dim=-1), v).reshape(T, DIM)
-    return out @ w[f"{prefix}.out_proj.weight"].T + w[f"{prefix}.out_proj.bias"]
-
-
-def norm(x, w, name):
-    return F.layer_norm(x, (DIM,), w[f"{name}.weight"], w[f"{name}.bias"])
-
-
-def ffn(x, w, p):
-    return torch.relu(x @ w[f"{p}.fc1.weight"].T + w[f"{p}.fc1.bias"]) @ w[f"{p}.fc2.weight"].T \
-        + w[f"{p}.fc2.bias"]
-
-
-def bias_matrix(variant, n_queries, n_keys, ratio=1.0):
-    """The ALiBi bias from its definition, on positions 0..n-1 of an *unpadded* sentence."""
-    bias = torch.zeros(HEADS, n_queries, n_keys, dtype=torch.float64)
-    slopes = naive_slopes("causal" if variant == "causal" else variant, HEADS)
-    for h in range(HEADS):
-        for i in range(n_queries):
-            for j in range(n_keys):
-                if variant == "causal":
-                    b = -slopes[h] * (i - j) if j <= i else None
-                else:
-                    b = naive_bias(variant, h, HEADS, i, j, slopes[h], ratio)
-                bias[h, i, j] = float("-inf") if b is None else b
-    return bias
-
-
-def stock_cross_attention(layer, y, x, w, prefix):
-    """The stock cross-attention of the reference: no position bias."""
-    return attention(y, x, w, prefix, torch.zeros(HEADS, len(y), len(x), dtype=torch.float64))
-
-
-def reference_logits(model, source, prev_output, variant, ratio=1.0,
-                     cross_attention=stock_cross_attention):
-    """Post-norm transformer (ReLU, scaled embeddings) written out in float64 for ONE sentence
-    pair, no padding anywhere: (target length, vocabulary) logits. ``cross_attention(layer,
-    y, x, w, prefix)``: decoder layer ``layer``'s attention of states ``y`` to the source ``x``."""
-    w = {n: p.detach().double() for n, p in model.named_parameters()}
-    w.update({n: b.double() for n, b in model.named_buffers()})
-    x = math.sqrt(DIM) * w["encoder.embed_tokens.weight"][source]
-    enc_bias = bias_matrix(variant, len(source), len(source), ratio)
-    for n in range(2):
-        p = f"encoder.layers.{n}"
-        x = norm(x + attention(x, x, w, f"{p}.self_attn", enc_bias), w, f"{p}.self_attn_layer_norm")
-        x = norm(x + ffn(x, w, p), w, f"{p}.final_layer_norm")
-    y = math.sqrt(DIM) * w["decoder.embed_tokens.weight"][prev_output]
-    dec_bias = bias_matrix("causal", len(prev_output), len(prev_output))
-    for n in range(2):
-        p = f"decoder.layers.{n}"
-        y = norm(y + attention(y, y, w, f"{p}.self_attn", dec_bias), w, f"{p}.self_attn_layer_norm")
-        y = norm(y + cross_attention(n, y, x, w, f"{p}.encoder_attn"), w,
-                 f"{p}.encoder_attn_layer_norm")
-        y = norm(y + ffn(y, w, p), w, f"{p}.final_layer_norm")
-    return y @ w["decoder.output_projection.weight"].T
 
 
 ATTENTIONS = ["naive", "sdpa", "fold", "flex"]
@@ -163,7 +61,7 @@ def select_attention(name, monkeypatch, calls):
 
 @pytest.mark.parametrize("attention_name", ATTENTIONS)
 def test_the_attention_flag_reaches_every_self_attention_layer(data, attention_name):
-    model, _ = build(data, "--alibi-attention", attention_name)
+    model, _ = build_translation(data, "--alibi-attention", attention_name)
     layers = [m for m in model.modules() if isinstance(m, AlibiMultiheadAttention)]
     assert len(layers) == 4 and {m.attention_backend for m in layers} == {attention_name}
 
@@ -177,35 +75,35 @@ def test_left_padded_batch_matches_float64_reference_on_unpadded_sentences(
     calls = []
     backend = select_attention(attention_name, monkeypatch, calls)
     # built once per variant (the flag's wiring: the test above), then switched to the backend
-    model, task = build(data, "--encoder-alibi-variant", variant, *extra)
+    model, task = build_translation(data, "--encoder-alibi-variant", variant, *extra)
     set_attention_backend(model, backend)
     # unequal lengths: left padding of 0, 4 and 9 sources tokens; one target with no padding
-    sources = sentences(task, [11, 7, 2])
-    targets = sentences(task, [5, 9, 3], side="tgt", seed=1)
-    src, lengths, prev = batch(task, sources, targets)
+    sources = token_sentences(task, [11, 7, 2])
+    targets = token_sentences(task, [5, 9, 3], side="tgt", seed=1)
+    src, lengths, prev = translation_batch(task, sources, targets)
     assert src[2, 0] == task.source_dictionary.pad() and src[0, 0] != task.source_dictionary.pad()
     with torch.no_grad():
         got = model(src, lengths, prev)[0]
     for b, (source, target) in enumerate(zip(sources, targets)):
         prev_b = torch.cat([target[-1:], target[:-1]])  # eos first, as fairseq shifts
-        want = reference_logits(model, source, prev_b, variant, ratio)
+        want = reference_translation_logits(model, source, prev_b, variant, ratio)
         assert torch.allclose(got[b, : len(target)].double(), want, atol=1e-5, rtol=0), b
     # every ALiBi self-attention call (2 encoder + 2 decoder layers) went to that backend
     assert calls == [attention_name] * 4
 
 
 def test_sources_with_no_padding_at_all_match_the_reference(data):
-    model, task = build(data)
-    sources = sentences(task, [6, 6])
-    targets = sentences(task, [4, 4], side="tgt")
-    src, lengths, prev = batch(task, sources, targets)
+    model, task = build_translation(data)
+    sources = token_sentences(task, [6, 6])
+    targets = token_sentences(task, [4, 4], side="tgt")
+    src, lengths, prev = translation_batch(task, sources, targets)
     assert not src.eq(task.source_dictionary.pad()).any()
     with torch.no_grad():
         got = model(src, lengths, prev)[0]
     for b in range(2):
         prev_b = torch.cat([targets[b][-1:], targets[b][:-1]])
-        assert torch.allclose(got[b].double(), reference_logits(model, sources[b], prev_b, "offset"),
-                              atol=1e-5, rtol=0)
+        want = reference_translation_logits(model, sources[b], prev_b, "offset")
+        assert torch.allclose(got[b].double(), want, atol=1e-5, rtol=0)
 
 
 # ---------------------------------------------------------------- cached decoding
@@ -215,40 +113,16 @@ def test_sources_with_no_padding_at_all_match_the_reference(data):
 def test_cached_decoding_with_beam_reorder_equals_the_full_forward(data, variant):
     """Step-by-step decoding with a KV cache, cross-attention and a beam reorder in the middle,
     48 target tokens (no training length exists here, and nothing is sized by one)."""
-    model, task = build(data, "--encoder-alibi-variant", variant)
+    model, task = build_translation(data, "--encoder-alibi-variant", variant)
     assert_cached_decoding_matches_the_full_forward(model, task)
-
-
-def assert_cached_decoding_matches_the_full_forward(model, task):
-    """Decode 48 target tokens step by step (two sources of 30 and 12 tokens, a beam of 2 each,
-    reordered at step 20) and compare every step's logits with the teacher-forced forward."""
-    first, second = sentences(task, [30, 12])
-    sources = [first, first, second, second]  # two sentences, a beam of 2 each
-    targets = sentences(task, [47, 47, 47, 47], side="tgt", seed=2)
-    src, lengths, prev = batch(task, sources, targets)
-    # beam search reorders within each sentence's beam, and may copy a hypothesis into two slots
-    order = torch.tensor([1, 1, 3, 2])
-    with torch.no_grad():
-        encoder_out = model.encoder(src, src_lengths=lengths)
-        state, steps = {}, []
-        for t in range(prev.size(1)):
-            if t == 20:
-                model.decoder.reorder_incremental_state_scripting(state, order)
-                encoder_out = model.encoder.reorder_encoder_out(encoder_out, order)
-                prev = prev[order]
-                steps = [s[order] for s in steps]
-            steps.append(model.decoder(prev[:, : t + 1], encoder_out=encoder_out,
-                                       incremental_state=state)[0][:, -1])
-        full = model(src[order], lengths[order], prev)[0]
-    assert torch.allclose(torch.stack(steps, 1), full, atol=1e-5, rtol=0)
 
 
 def test_beam_search_scores_every_source_far_longer_than_the_default_limit(data):
     """SequenceGenerator through the task, sources of 1500 tokens (over the stock 1024)."""
-    model, task = build(data, "--decoder-layers", 1, "--encoder-layers", 1)
+    model, task = build_translation(data, "--decoder-layers", 1, "--encoder-layers", 1)
     assert task.max_positions() == (UNBOUNDED_POSITIONS, UNBOUNDED_POSITIONS)
-    sources = sentences(task, [1500, 40])
-    src, lengths, _ = batch(task, sources, sentences(task, [1, 1], side="tgt"))
+    sources = token_sentences(task, [1500, 40])
+    src, lengths, _ = translation_batch(task, sources, token_sentences(task, [1, 1], side="tgt"))
     generator = task.build_generator([model], argparse.Namespace(beam=2, max_len_a=0, max_len_b=8))
     sample = {"net_input": {"src_tokens": src, "src_lengths": lengths}, "id": torch.arange(2)}
     with torch.no_grad():
@@ -269,11 +143,12 @@ def test_the_mirrored_architectures_are_registered():
 
 @pytest.mark.parametrize("arch", ARCHS)
 def test_every_architecture_builds_and_runs_at_test_dims(data, arch):
-    model, task = build(data, arch=arch)
+    model, task = build_translation(data, arch=arch)
     assert model.encoder.embed_positions is None and model.decoder.embed_positions is None
     assert model.max_positions() == (UNBOUNDED_POSITIONS, UNBOUNDED_POSITIONS)
-    sources = sentences(task, [40, 13])  # longer than anything a test trains on
-    src, lengths, prev = batch(task, sources, sentences(task, [30, 9], side="tgt"))
+    sources = token_sentences(task, [40, 13])  # longer than anything a test trains on
+    src, lengths, prev = translation_batch(task, sources,
+                                           token_sentences(task, [30, 9], side="tgt"))
     with torch.no_grad():
         out = model(src, lengths, prev)[0]
     assert out.shape == (2, 31, len(task.target_dictionary)) and torch.isfinite(out).all()
@@ -285,14 +160,15 @@ def test_stock_flags_train_layerdrop_prenorm_checkpointing_shared_embeddings(tmp
     words = "".join(f"w{i} {100 - i}\n" for i in range(20))
     for lang in ("src", "tgt"):
         (joined / f"dict.{lang}.txt").write_text(words)
-    model, task = build(joined, "--share-all-embeddings", "--encoder-normalize-before",
+    model, task = build_translation(joined, "--share-all-embeddings", "--encoder-normalize-before",
                         "--decoder-normalize-before", "--encoder-layerdrop", 0.5,
                         "--decoder-layerdrop", 0.5, "--checkpoint-activations",
                         "--encoder-alibi-variant", "symmetric")
     assert model.encoder.embed_tokens is model.decoder.embed_tokens
     assert model.decoder.output_projection.weight is model.encoder.embed_tokens.weight
     model.train()
-    src, lengths, prev = batch(task, sentences(task, [9, 4]), sentences(task, [6, 3], side="tgt"))
+    src, lengths, prev = translation_batch(task, token_sentences(task, [9, 4]),
+                                           token_sentences(task, [6, 3], side="tgt"))
     out = model(src, lengths, prev)[0]
     out.float().sum().backward()
     grads = [p.grad for p in model.parameters() if p.grad is not None]
@@ -300,10 +176,12 @@ def test_stock_flags_train_layerdrop_prenorm_checkpointing_shared_embeddings(tmp
 
 
 def test_none_on_both_sides_is_exactly_stock_transformer(data):
-    model, task = build(data, "--encoder-alibi-variant", "none", "--decoder-alibi-variant", "none")
-    stock, _ = build(data, arch="transformer")
+    model, task = build_translation(data, "--encoder-alibi-variant", "none",
+                                    "--decoder-alibi-variant", "none")
+    stock, _ = build_translation(data, arch="transformer")
     stock.load_state_dict(model.state_dict(), strict=True)
-    src, lengths, prev = batch(task, sentences(task, [9, 4]), sentences(task, [6, 3], side="tgt"))
+    src, lengths, prev = translation_batch(task, token_sentences(task, [9, 4]),
+                                           token_sentences(task, [6, 3], side="tgt"))
     with torch.no_grad():
         assert torch.equal(model(src, lengths, prev)[0], stock(src, lengths, prev)[0])
     assert task.max_positions() == (1024, 1024)
@@ -312,19 +190,19 @@ def test_none_on_both_sides_is_exactly_stock_transformer(data):
 def test_each_side_is_chosen_independently_and_the_options_are_not_mutated(data):
     cfg, task = setup_from_command_line(
         data, "--task", "translation", "--source-lang", "src", "--target-lang", "tgt",
-        "--arch", "alibi_transformer", *TINY, "--encoder-alibi-variant", "none")
+        "--arch", "alibi_transformer", *TINY_TRANSLATION, "--encoder-alibi-variant", "none")
     model = task.build_model(cfg.model)
     assert model.encoder.embed_positions is not None and not model.encoder_uses_alibi
     assert model.decoder.embed_positions is None and model.decoder_uses_alibi
     assert not cfg.model.no_token_positional_embeddings  # what the checkpoint saves
     assert task.max_positions() == (1024, UNBOUNDED_POSITIONS)
-    assert set(model.state_dict()) - set(build(data, arch="transformer")[0].state_dict()) == {
-        "decoder.alibi.slopes"}
+    stock, _ = build_translation(data, arch="transformer")
+    assert set(model.state_dict()) - set(stock.state_dict()) == {"decoder.alibi.slopes"}
 
 
 def test_state_dict_is_stock_plus_slopes(data):
-    model, _ = build(data, "--encoder-alibi-variant", "asymmetric")
-    stock, _ = build(data, arch="transformer", perturb=False)
+    model, _ = build_translation(data, "--encoder-alibi-variant", "asymmetric")
+    stock, _ = build_translation(data, arch="transformer", perturb=False)
     stock_keys = {k for k in stock.state_dict() if ".embed_positions." not in k}
     assert set(model.state_dict()) - stock_keys == {
         "encoder.alibi.slopes", "encoder.alibi.future_slope_ratio", "decoder.alibi.slopes"}
@@ -336,7 +214,7 @@ def test_state_dict_is_stock_plus_slopes(data):
 
 def test_unknown_variant_on_the_command_line_names_the_choices(data, capsys):
     with pytest.raises(SystemExit):
-        build(data, "--encoder-alibi-variant", "bidirectional")
+        build_translation(data, "--encoder-alibi-variant", "bidirectional")
     error = capsys.readouterr().err.strip().splitlines()[-1]
     assert "--encoder-alibi-variant: invalid choice: 'bidirectional'" in error
     assert "offset" in error
@@ -347,7 +225,7 @@ def test_unknown_variant_in_a_config_is_a_clear_error(data):
 
     cfg, task = setup_from_command_line(
         data, "--task", "translation", "--source-lang", "src", "--target-lang", "tgt",
-        "--arch", "alibi_transformer", *TINY)
+        "--arch", "alibi_transformer", *TINY_TRANSLATION)
     options = dict(vars(cfg.model), decoder_alibi_variant="symmetric")
     for model_cfg in (argparse.Namespace(**options), OmegaConf.create(options)):  # CLI, hydra
         with pytest.raises(ValueError, match="unknown --decoder-alibi-variant 'symmetric'.*causal"):
@@ -356,27 +234,28 @@ def test_unknown_variant_in_a_config_is_a_clear_error(data):
 
 def test_odd_head_count_with_one_sided_is_a_clear_error(data):
     with pytest.raises(ValueError, match="even number of attention heads.*got 3"):
-        build(data, "--encoder-alibi-variant", "one_sided", "--encoder-attention-heads", 3,
-              "--encoder-embed-dim", 33, "--decoder-embed-dim", 33)
+        build_translation(data, "--encoder-alibi-variant", "one_sided",
+                          "--encoder-attention-heads", 3, "--encoder-embed-dim", 33,
+                          "--decoder-embed-dim", 33)
 
 
 def test_learned_positions_with_an_alibi_side_are_a_clear_error(data):
     with pytest.raises(ValueError, match="--decoder-learned-pos.*--decoder-alibi-variant none"):
-        build(data, "--decoder-learned-pos")
-    model, _ = build(data, "--encoder-learned-pos", "--encoder-alibi-variant", "none")
+        build_translation(data, "--decoder-learned-pos")
+    model, _ = build_translation(data, "--encoder-learned-pos", "--encoder-alibi-variant", "none")
     assert model.encoder.embed_positions.weight.requires_grad  # stock learned positions
 
 
 def test_future_slope_ratio_without_asymmetric_is_a_clear_error(data):
     with pytest.raises(ValueError, match="asymmetric"):
-        build(data, "--encoder-alibi-future-slope-ratio", 0.5)
+        build_translation(data, "--encoder-alibi-future-slope-ratio", 0.5)
 
 
 @pytest.mark.parametrize("learned", [False, True], ids=["sinusoidal", "learned"])
 def test_stock_checkpoint_into_the_alibi_model_is_a_clear_error(data, learned):
     flags = ["--encoder-learned-pos", "--decoder-learned-pos"] if learned else []
-    stock, _ = build(data, *flags, arch="transformer")
-    model, _ = build(data)
+    stock, _ = build_translation(data, *flags, arch="transformer")
+    model, _ = build_translation(data)
     # learned positions are saved; sinusoidal ones are not (no tensor of theirs is persistent)
     error = "position embeddings.*not alibi_transformer" if learned else "no ALiBi slopes.*stock"
     with pytest.raises(ValueError, match=error):
@@ -384,8 +263,8 @@ def test_stock_checkpoint_into_the_alibi_model_is_a_clear_error(data, learned):
 
 
 def test_checkpoint_of_another_side_choice_is_a_clear_error(data):
-    alibi, _ = build(data)
-    stock_decoder, _ = build(data, "--decoder-alibi-variant", "none")
+    alibi, _ = build_translation(data)
+    stock_decoder, _ = build_translation(data, "--decoder-alibi-variant", "none")
     with pytest.raises(ValueError, match="ALiBi on the decoder.*--decoder-alibi-variant none"):
         stock_decoder.load_state_dict(alibi.state_dict(), strict=True)
     with pytest.raises(ValueError, match="no ALiBi slopes.*decoder"):
@@ -393,18 +272,19 @@ def test_checkpoint_of_another_side_choice_is_a_clear_error(data):
 
 
 def test_checkpoint_of_another_encoder_variant_is_a_clear_error(data):
-    one_sided, _ = build(data, "--encoder-alibi-variant", "one_sided")
-    offset, _ = build(data)
+    one_sided, _ = build_translation(data, "--encoder-alibi-variant", "one_sided")
+    offset, _ = build_translation(data)
     with pytest.raises(ValueError, match="slopes of one_sided.*--encoder-alibi-variant"):
         offset.load_state_dict(one_sided.state_dict(), strict=True)
-    asymmetric, _ = build(data, "--encoder-alibi-variant", "asymmetric")
+    asymmetric, _ = build_translation(data, "--encoder-alibi-variant", "asymmetric")
     with pytest.raises(ValueError, match="asymmetric ALiBi"):
         offset.load_state_dict(asymmetric.state_dict(), strict=True)
 
 
 def test_a_dictionary_that_does_not_match_is_a_clear_error(data, tmp_path):
-    model, _ = build(data)
-    other, _ = build(write_dictionaries(tmp_path / "other", tgt_words=TGT_WORDS + 5))
+    model, _ = build_translation(data)
+    other, _ = build_translation(
+        write_translation_dictionaries(tmp_path / "other", tgt_words=TGT_WORDS + 5))
     with pytest.raises(ValueError, match=f"dictionary of {TGT_WORDS + 4} symbols.*has "
                                          f"{TGT_WORDS + 9}"):
         other.load_state_dict(model.state_dict(), strict=True)

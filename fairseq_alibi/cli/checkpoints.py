@@ -37,7 +37,7 @@ from typing import List, Optional
 
 import torch
 
-from fairseq_alibi import safe_loading  # noqa: F401  (fairseq checkpoints under torch.load(weights_only))
+import fairseq_alibi  # noqa: F401  (fairseq checkpoints under torch.load(weights_only): registration.py)
 
 
 class CheckpointError(Exception):

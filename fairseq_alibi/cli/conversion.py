@@ -4,44 +4,17 @@ checkpoint, its model configuration of any era, one error type, atomic writes.
 ``convert``, ``forks`` and ``hf`` import this module; it imports none of them (no import circle).
 """
 
-import argparse
 import os
-import shutil
-import tempfile
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Optional
 
 import torch
+
+from fairseq_alibi.files import atomic_directory
+
 
 
 class ConversionError(ValueError):
     """The checkpoint cannot be converted; the message says why and what to do."""
-
-
-def model_cfg_get(model_cfg, key, default=None):
-    """``model_cfg[key]`` of a dict, OmegaConf or argparse configuration (``default`` if absent)."""
-    if isinstance(model_cfg, argparse.Namespace):
-        return getattr(model_cfg, key, default)
-    return model_cfg.get(key, default) if hasattr(model_cfg, "get") else default
-
-
-def model_cfg_set(model_cfg, key, value):
-    """``model_cfg[key] = value`` for a dict, OmegaConf or argparse configuration."""
-    from omegaconf import OmegaConf, open_dict
-
-    if isinstance(model_cfg, argparse.Namespace):
-        setattr(model_cfg, key, value)
-    elif OmegaConf.is_config(model_cfg):
-        with open_dict(model_cfg):  # configs converted from argparse checkpoints are "struct"
-            model_cfg[key] = value
-    else:
-        model_cfg[key] = value
-
-
-def architecture_of(model_cfg) -> Optional[str]:
-    """The architecture a checkpoint's model config names (``_name``, or ``arch`` for argparse)."""
-    return model_cfg_get(model_cfg, "_name") or model_cfg_get(model_cfg, "arch")
 
 
 def placeholder_dictionary(size: int):
@@ -56,6 +29,29 @@ def placeholder_dictionary(size: int):
     return dictionary
 
 
+class PlaceholderTask:
+    """What ``build_model`` reads of a task: the dictionaries (only their sizes matter)."""
+
+    def __init__(self, source, target=None):
+        self.source_dictionary = source
+        self.target_dictionary = target if target is not None else source
+
+    def max_positions(self):
+        return None
+
+
+def build_model(model_cfg, task):
+    """The model a (converted) configuration describes, for ``task`` (a
+    :class:`PlaceholderTask`); the configuration is left as it was."""
+    import copy
+
+    from fairseq import models
+
+    import fairseq_alibi  # noqa: F401  (registers the models)
+
+    return models.build_model(copy.deepcopy(model_cfg), task)
+
+
 def model_config(state) -> object:
     """The model configuration of a loaded checkpoint, or a clear error if it has none."""
     if not isinstance(state, dict) or "model" not in state:
@@ -67,14 +63,6 @@ def model_config(state) -> object:
             "cannot be known; it was not written by fairseq-train"
         )
     return cfg["model"]
-
-
-def plain_cfg(cfg):
-    from omegaconf import OmegaConf
-
-    if OmegaConf.is_config(cfg):
-        return OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
-    return cfg
 
 
 def read_checkpoint(path) -> dict:
@@ -117,20 +105,8 @@ def write_atomically(state, target: Path):
             tmp.unlink()
 
 
-@contextmanager
 def atomic_folder(target):
-    """Yield a temporary folder beside ``target``; rename it to ``target`` when the block ends
-    without an error, delete it otherwise (nothing half-written is ever left at ``target``)."""
-    target = Path(target)
-    if target.exists() and any(target.iterdir()):
-        raise ConversionError(f"{target} exists and is not empty: choose another --out")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
-    try:
-        yield tmp
-        if target.exists():
-            target.rmdir()
-        os.replace(tmp, target)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp)
+    """:func:`fairseq_alibi.files.atomic_directory` for an ``--out`` folder: a non-empty one is a
+    :class:`ConversionError`."""
+    return atomic_directory(target, not_empty=lambda path: ConversionError(
+        f"{path} exists and is not empty: choose another --out"))

@@ -44,15 +44,14 @@ import torch
 from fairseq_alibi.cli import forks
 from fairseq_alibi.cli.conversion import (  # noqa: F401  (ConversionError: the tools' error type)
     ConversionError,
-    architecture_of,
-    model_cfg_get,
-    model_cfg_set,
+    PlaceholderTask,
+    build_model,
     model_config,
     placeholder_dictionary,
-    plain_cfg,
     read_checkpoint,
     write_atomically,
 )
+from fairseq_alibi.config_access import architecture_of, cfg_get, cfg_set, plain_cfg
 from fairseq_alibi.models.checks import vocabulary_size
 
 POSITION_PREFIX = "decoder.embed_positions."
@@ -106,12 +105,12 @@ def check_convertible(model_cfg):
             f"and translation models are converted only from EIFY's ALiBi fork "
             f"(docs/migrating.md)"
         )
-    if model_cfg_get(model_cfg, "character_embeddings", False):
+    if cfg_get(model_cfg, "character_embeddings", False):
         raise ConversionError(
             "character-level input embeddings (--character-embeddings) are not supported by the "
             "converter; convert a model with token (or adaptive) input embeddings"
         )
-    if model_cfg_get(model_cfg, "cross_self_attention", False):
+    if cfg_get(model_cfg, "cross_self_attention", False):
         raise ConversionError(
             "--cross-self-attention models cannot use ALiBi self-attention; nothing to convert"
         )
@@ -120,16 +119,16 @@ def check_convertible(model_cfg):
 
 def position_kind(model_cfg) -> str:
     """``learned``, ``sinusoidal`` or ``none``: the position embeddings the stock model had."""
-    if model_cfg_get(model_cfg, "no_token_positional_embeddings", False):
+    if cfg_get(model_cfg, "no_token_positional_embeddings", False):
         return "none"
-    return "learned" if model_cfg_get(model_cfg, "decoder_learned_pos", False) else "sinusoidal"
+    return "learned" if cfg_get(model_cfg, "decoder_learned_pos", False) else "sinusoidal"
 
 
 def alibi_state(num_heads: int) -> dict:
     """The state-dict entries of the ALiBi bias module of a ``num_heads``-head decoder."""
-    from fairseq_alibi.alibi import AlibiPositionalBias
+    from fairseq_alibi.modules.bias import AlibiBias
 
-    module = AlibiPositionalBias(num_heads, "causal")
+    module = AlibiBias(num_heads, variant="causal")
     return {ALIBI_PREFIX + k: v for k, v in module.state_dict().items()}
 
 
@@ -145,14 +144,7 @@ def convert_weights(weights: dict, num_heads: int):
 
 def build_alibi_model(model_cfg, vocab_size: int):
     """The ALiBi model a converted configuration describes (placeholder dictionary)."""
-    import copy
-
-    from fairseq import models
-
-    class _Task:  # build_model only reads the dictionaries
-        source_dictionary = target_dictionary = placeholder_dictionary(vocab_size)
-
-    return models.build_model(copy.deepcopy(model_cfg), _Task())
+    return build_model(model_cfg, PlaceholderTask(placeholder_dictionary(vocab_size)))
 
 
 def convert_checkpoint(state: dict, arch: Optional[str] = None, check: bool = True,
@@ -168,7 +160,7 @@ def convert_checkpoint(state: dict, arch: Optional[str] = None, check: bool = Tr
     model_cfg = model_config(state)
     source_arch = check_convertible(model_cfg)
     target_arch = target_architecture(source_arch, arch)
-    heads = model_cfg_get(model_cfg, "decoder_attention_heads")
+    heads = cfg_get(model_cfg, "decoder_attention_heads")
     if not isinstance(heads, int) or heads < 1:
         raise ConversionError(f"the model configuration has no head count ({heads!r})")
 
@@ -182,7 +174,7 @@ def convert_checkpoint(state: dict, arch: Optional[str] = None, check: bool = Tr
                        ("share_decoder_layers", False)):
         if key == "arch" and not isinstance(model_cfg, argparse.Namespace):
             continue  # hydra configs name the architecture in _name only
-        model_cfg_set(model_cfg, key, value)
+        cfg_set(model_cfg, key, value)
 
     optimizer = None
     if check:

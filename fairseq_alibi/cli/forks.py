@@ -28,12 +28,12 @@ from typing import Optional
 import torch
 
 from fairseq_alibi.cli.conversion import (
+    PlaceholderTask,
+    build_model,
     ConversionError,
-    architecture_of,
-    model_cfg_get,
-    model_cfg_set,
     placeholder_dictionary,
 )
+from fairseq_alibi.config_access import architecture_of, cfg_get, cfg_set, plain_cfg
 
 SOURCES = ("stock", "press", "eify")
 
@@ -55,16 +55,6 @@ ROBERTA_ARCHITECTURES = {
 FOREIGN_CONFIG_KEYS = ("max_tokens", "tpu")
 
 
-def _as_plain(cfg):
-    from omegaconf import OmegaConf
-
-    if OmegaConf.is_config(cfg):
-        return OmegaConf.to_container(cfg, resolve=False, enum_to_str=True)
-    if isinstance(cfg, argparse.Namespace):
-        return dict(vars(cfg))
-    return dict(cfg) if cfg is not None else {}
-
-
 def detect_fork(state) -> Optional[str]:
     """``"eify"`` when the checkpoint holds options only EIFY's fork writes, else ``None``.
 
@@ -72,9 +62,9 @@ def detect_fork(state) -> Optional[str]:
     """
     cfg = state.get("cfg") or {}
     model_cfg, task_cfg = cfg.get("model"), cfg.get("task")
-    if any(model_cfg_get(model_cfg, k) is not None for k in EIFY_MODEL_KEYS):
+    if any(cfg_get(model_cfg, k) is not None for k in EIFY_MODEL_KEYS):
         return "eify"
-    if any(model_cfg_get(task_cfg, k) is not None for k in EIFY_TASK_KEYS):
+    if any(cfg_get(task_cfg, k) is not None for k in EIFY_TASK_KEYS):
         return "eify"
     if architecture_of(model_cfg) in EIFY_ARCHITECTURES:
         return "eify"
@@ -98,8 +88,8 @@ def uses_fork_math(state) -> bool:
 
     cfg = state.get("cfg") or {}
     model_cfg, task_cfg = cfg.get("model"), cfg.get("task")
-    return (any(model_cfg_get(model_cfg, k) for k in FORK_MODEL_OPTIONS)
-            or bool(model_cfg_get(task_cfg, "omit_mask")))
+    return (any(cfg_get(model_cfg, k) for k in FORK_MODEL_OPTIONS)
+            or bool(cfg_get(task_cfg, "omit_mask")))
 
 
 def unsupported(key, value, why: str) -> ConversionError:
@@ -124,14 +114,14 @@ def clean_lm_config(model_cfg, source: str) -> list:
     has no equivalent for is refused by name instead.
     """
     if source == "eify":
-        if model_cfg_get(model_cfg, "decoder_alibi") is False:
+        if cfg_get(model_cfg, "decoder_alibi") is False:
             raise ConversionError(
                 "this EIFY-fork language model was trained without ALiBi (decoder_alibi=False): "
                 "it is a stock transformer_lm; convert it with --from stock"
             )
     known = _lm_config_fields()
     dropped = []
-    plain = _as_plain(model_cfg)
+    plain = plain_cfg(model_cfg, resolve=False)
     for key, value in plain.items():
         if key in known:
             continue
@@ -162,11 +152,11 @@ def _delete(cfg, key):
 
 def roberta_options(model_cfg, task_cfg) -> dict:
     """This plugin's ``alibi_roberta`` options for an EIFY RoBERTa configuration (by name)."""
-    get = lambda k, d=None: model_cfg_get(model_cfg, k, d)  # noqa: E731
+    get = lambda k, d=None: cfg_get(model_cfg, k, d)  # noqa: E731
     alibi, asym = bool(get("encoder_alibi", False)), bool(get("encoder_alibi_asymmetrical", False))
     clap, zero = bool(get("contrastive_pretraining", False)), bool(get("zero_masking", False))
     l2norm = bool(get("l2norm_embedding", True))
-    omit_mask = bool(model_cfg_get(task_cfg, "omit_mask", False))
+    omit_mask = bool(cfg_get(task_cfg, "omit_mask", False))
     if zero and get("mask_prob", 0.0):
         raise unsupported("mask_prob", get("mask_prob"),
                           "zero masking of random tokens at every forward, inference included")
@@ -196,20 +186,6 @@ def roberta_options(model_cfg, task_cfg) -> dict:
     )
 
 
-def roberta_flags(options: dict) -> str:
-    """The command-line options that build the converted model (fine-tuning, GLUE)."""
-    flags = [f"--alibi-variant {options['alibi_variant']}", f"--mlm-head {options['mlm_head']}"]
-    if options["clap_no_normalize"]:
-        flags.append("--clap-no-normalize")
-    if options["zero_mask_embedding"]:
-        flags.append("--zero-mask-embedding")
-    if options["embedding_omits_mask"]:
-        flags.append("--embedding-omits-mask")
-    if options["embedding_padding_idx"] != "pad":
-        flags.append(f"--embedding-padding-idx {options['embedding_padding_idx']}")
-    return " ".join(flags)
-
-
 def model_overrides(model_cfg, target: str) -> list:
     """``++model.KEY=VALUE`` hydra overrides for every saved model option that differs from what
     the ``target`` architecture sets: with them, ``fairseq-hydra-train`` (e.g. the GLUE configs)
@@ -228,7 +204,7 @@ def model_overrides(model_cfg, target: str) -> list:
             "dropout", "attention_dropout", "activation_dropout", "pooler_dropout",
             "encoder_layerdrop", "no_token_positional_embeddings"}
     overrides = []
-    for key, value in _as_plain(model_cfg).items():
+    for key, value in plain_cfg(model_cfg, resolve=False).items():
         if key in skip or key not in options or value is None or defaults.get(key) == value:
             continue
         text = str(value).lower() if isinstance(value, bool) else str(value)
@@ -241,27 +217,6 @@ def _roberta_dictionary(rows: int, omits_mask: bool):
     dictionary = placeholder_dictionary(rows if omits_mask else rows - 1)
     dictionary.add_symbol("<mask>")
     return dictionary
-
-
-class _PlaceholderTask:
-    """What ``build_model`` reads of a task: the dictionaries (only their sizes matter)."""
-
-    def __init__(self, source, target=None):
-        self.source_dictionary = source
-        self.target_dictionary = target if target is not None else source
-
-    def max_positions(self):
-        return None
-
-
-def build_model(model_cfg, task):
-    import copy
-
-    from fairseq import models
-
-    import fairseq_alibi  # noqa: F401  (registers the models)
-
-    return models.build_model(copy.deepcopy(model_cfg), task)
 
 
 def matching_optimizer_state(source_weights: dict, model, optimizer_state):
@@ -338,6 +293,8 @@ def fill_weights(model, weights: dict, what: str) -> dict:
 
 def convert_eify_roberta(state: dict, dict_path=None) -> dict:
     """Convert a loaded EIFY RoBERTa checkpoint in place; return a summary."""
+    from fairseq_alibi.models.alibi_roberta import roberta_flags
+
     cfg = state["cfg"]
     model_cfg, task_cfg = cfg["model"], cfg.get("task")
     arch = architecture_of(model_cfg)
@@ -349,23 +306,23 @@ def convert_eify_roberta(state: dict, dict_path=None) -> dict:
     rows = int(weights[key].shape[0])
 
     for name in EIFY_MODEL_KEYS:
-        if model_cfg_get(model_cfg, name) is not None:
+        if cfg_get(model_cfg, name) is not None:
             _delete(model_cfg, name)
     for name, value in options.items():
-        model_cfg_set(model_cfg, name, value)
+        cfg_set(model_cfg, name, value)
     if options["mlm_head"] == "clap":  # the fork's CLAP head is tied whatever this says
-        model_cfg_set(model_cfg, "untie_weights_roberta", False)
+        cfg_set(model_cfg, "untie_weights_roberta", False)
     target = ROBERTA_ARCHITECTURES.get(arch, "alibi_roberta")
-    model_cfg_set(model_cfg, "_name", target)
+    cfg_set(model_cfg, "_name", target)
     if isinstance(model_cfg, argparse.Namespace):
-        model_cfg_set(model_cfg, "arch", target)
+        cfg_set(model_cfg, "arch", target)
     if task_cfg is not None:
         for name in EIFY_TASK_KEYS:
-            if model_cfg_get(task_cfg, name) is not None:
+            if cfg_get(task_cfg, name) is not None:
                 _delete(task_cfg, name)
 
     dictionary = _roberta_dictionary(rows, options["embedding_omits_mask"])
-    model = build_model(model_cfg, _PlaceholderTask(dictionary))
+    model = build_model(model_cfg, PlaceholderTask(dictionary))
     _load_into(model, weights, target, model_cfg, state)
     dictionary_note = check_roberta_dictionary(dict_path, rows, options["embedding_omits_mask"])
     return {
@@ -377,15 +334,6 @@ def convert_eify_roberta(state: dict, dict_path=None) -> dict:
         "beta": float(weights["encoder.lm_head.beta"]) if "encoder.lm_head.beta" in weights
         else None,
     }
-
-
-def dictionary_symbols(path) -> list:
-    """The symbols of a fairseq ``dict.txt``, in order (the 4 specials not included)."""
-    symbols = []
-    for line in Path(path).read_text(encoding="utf-8").splitlines():
-        if line.strip():
-            symbols.append(line.rsplit(" ", 1)[0] if " " in line else line)
-    return symbols
 
 
 def check_roberta_dictionary(dict_path, rows: int, omits_mask: bool) -> dict:
@@ -407,7 +355,9 @@ def check_roberta_dictionary(dict_path, rows: int, omits_mask: bool) -> dict:
     if len(lines) == needed:
         return result
     surplus = [line.split(" ", 1)[0] for line in lines[needed:]]
-    if len(lines) > needed and all(s.startswith("madeupword") for s in surplus):
+    from fairseq_alibi.models.checks import only_filler_symbols
+
+    if len(lines) > needed and only_filler_symbols(surplus):
         result["trimmed"] = lines[:needed]
         result["dropped_symbols"] = surplus
         return result
@@ -422,7 +372,7 @@ def check_roberta_dictionary(dict_path, rows: int, omits_mask: bool) -> dict:
 
 def translation_options(model_cfg) -> dict:
     """``alibi_transformer`` options for an EIFY ``transformer`` configuration (by name)."""
-    get = lambda k, d=None: model_cfg_get(model_cfg, k, d)  # noqa: E731
+    get = lambda k, d=None: cfg_get(model_cfg, k, d)  # noqa: E731
     encoder, asym = bool(get("encoder_alibi", False)), bool(get("encoder_alibi_asymmetrical", False))
     decoder = bool(get("decoder_alibi", False))
     if not (encoder or decoder):
@@ -462,16 +412,16 @@ def convert_eify_translation(state: dict) -> dict:
             raise ConversionError(f"no token embedding ({key}): is this a translation checkpoint?")
         sizes[side] = int(weights[key].shape[0])
     for name in EIFY_MODEL_KEYS:
-        if model_cfg_get(model_cfg, name) is not None:
+        if cfg_get(model_cfg, name) is not None:
             _delete(model_cfg, name)
     for name, value in options.items():
-        model_cfg_set(model_cfg, name, value)
+        cfg_set(model_cfg, name, value)
     target = f"alibi_{arch}" if f"alibi_{arch}" in ARCH_MODEL_REGISTRY else "alibi_transformer"
-    model_cfg_set(model_cfg, "_name", target)
-    if isinstance(model_cfg, argparse.Namespace) or model_cfg_get(model_cfg, "arch"):
-        model_cfg_set(model_cfg, "arch", target)
+    cfg_set(model_cfg, "_name", target)
+    if isinstance(model_cfg, argparse.Namespace) or cfg_get(model_cfg, "arch"):
+        cfg_set(model_cfg, "arch", target)
 
-    task = _PlaceholderTask(placeholder_dictionary(sizes["encoder"]),
+    task = PlaceholderTask(placeholder_dictionary(sizes["encoder"]),
                             placeholder_dictionary(sizes["decoder"]))
     model = build_model(model_cfg, task)
     _load_into(model, weights, target, model_cfg, state)

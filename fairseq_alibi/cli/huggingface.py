@@ -33,13 +33,12 @@ import torch
 
 from fairseq_alibi.cli.conversion import (
     ConversionError,
-    architecture_of,
     atomic_folder,
-    model_cfg_get,
     model_config,
     read_checkpoint,
     write_atomically,
 )
+from fairseq_alibi.config_access import architecture_of, cfg_get
 
 FAMILIES = ("bloom", "mpt")
 SPECIALS = ("<s>", "<pad>", "</s>", "<unk>")  # fairseq's rows 0-3
@@ -146,7 +145,7 @@ def zero_biases(family, layers):
 
 
 def _option(model_cfg, key):
-    value = model_cfg_get(model_cfg, key)
+    value = cfg_get(model_cfg, key)
     return str(value) if hasattr(value, "name") else value  # enums saved by hydra
 
 
@@ -154,12 +153,14 @@ def blocking_options(model_cfg, family: str) -> list:
     """``["--flag value (needs X)", ...]``: what keeps this configuration from being ``family``."""
     from fairseq_alibi.models.alibi_transformer_lm import bloom_options
 
-    dim = model_cfg_get(model_cfg, "decoder_embed_dim")
+    dim = cfg_get(model_cfg, "decoder_embed_dim")
     wanted = bloom_options(dim)
     wanted.pop("no_scale_embedding")  # a scale is folded into the weights (tied: exact)
     if family == "mpt":
         wanted.update(layernorm_embedding=False, activation_fn="gelu")
     wanted.update(alibi_slope_scale=1.0, decoder_layers_to_keep=None)
+    if _option(model_cfg, "alibi_heads") == cfg_get(model_cfg, "decoder_attention_heads"):
+        wanted.pop("alibi_heads")  # every head named: the same as none named
     blocked = []
     for key, value in wanted.items():
         given = _option(model_cfg, key)
@@ -167,7 +168,8 @@ def blocking_options(model_cfg, family: str) -> list:
             continue
         if given != value and str(given) != str(value) and not (given in (None, False, 0, "none")
                                                                 and value in (None, False, 0)):
-            blocked.append(f"--{key.replace('_', '-')} {given} (needs {value})")
+            needs = "it dropped: every head has a slope there" if value is None else value
+            blocked.append(f"--{key.replace('_', '-')} {given} (needs {needs})")
     return blocked
 
 
@@ -196,7 +198,7 @@ def export_family(model_cfg, weights) -> str:
     if not bloom:
         return "bloom"
     mpt = blocking_options(model_cfg, "mpt")
-    layers = model_cfg_get(model_cfg, "decoder_layers")
+    layers = cfg_get(model_cfg, "decoder_layers")
     if not mpt:
         nonzero = [k for k in zero_biases("mpt", layers) if weights[k].abs().max() != 0]
         if not nonzero:
@@ -214,20 +216,20 @@ def export_family(model_cfg, weights) -> str:
 
 def hf_config(family, model_cfg, vocab_size, dictionary):
     transformers = import_transformers()
-    dim = model_cfg_get(model_cfg, "decoder_embed_dim")
-    heads = model_cfg_get(model_cfg, "decoder_attention_heads")
-    layers = model_cfg_get(model_cfg, "decoder_layers")
+    dim = cfg_get(model_cfg, "decoder_embed_dim")
+    heads = cfg_get(model_cfg, "decoder_attention_heads")
+    layers = cfg_get(model_cfg, "decoder_layers")
     ids = dict(bos_token_id=dictionary.bos(), eos_token_id=dictionary.eos(),
                pad_token_id=dictionary.pad())
     if family == "bloom":
         return transformers.BloomConfig(
             vocab_size=vocab_size, hidden_size=dim, n_layer=layers, n_head=heads,
-            layer_norm_epsilon=1e-5, hidden_dropout=float(model_cfg_get(model_cfg, "dropout", 0)),
-            attention_dropout=float(model_cfg_get(model_cfg, "attention_dropout", 0)),
+            layer_norm_epsilon=1e-5, hidden_dropout=float(cfg_get(model_cfg, "dropout", 0)),
+            attention_dropout=float(cfg_get(model_cfg, "attention_dropout", 0)),
             tie_word_embeddings=True, **ids)
     return transformers.MptConfig(
         vocab_size=vocab_size, d_model=dim, n_layers=layers, n_heads=heads, expansion_ratio=4,
-        max_seq_len=int(model_cfg_get(model_cfg, "tokens_per_sample", 2048) or 2048),
+        max_seq_len=int(cfg_get(model_cfg, "tokens_per_sample", 2048) or 2048),
         layer_norm_epsilon=1e-5, no_bias=True, tie_word_embeddings=True,
         attn_config={"alibi": True, "alibi_bias_max": 8}, **ids)
 
@@ -258,9 +260,9 @@ def export_checkpoint(ckpt, dict_path, out, bpe="gpt2", bpe_files=None):
     model_cfg = refuse_unless_alibi_lm(state)
     weights = state["model"]
     family = export_family(model_cfg, weights)
-    layers = model_cfg_get(model_cfg, "decoder_layers")
-    heads = model_cfg_get(model_cfg, "decoder_attention_heads")
-    dim = model_cfg_get(model_cfg, "decoder_embed_dim")
+    layers = cfg_get(model_cfg, "decoder_layers")
+    heads = cfg_get(model_cfg, "decoder_attention_heads")
+    dim = cfg_get(model_cfg, "decoder_embed_dim")
     dictionary = load_dictionary(dict_path)
     vocab = weights["decoder.embed_tokens.weight"].shape[0]
     if len(dictionary) != vocab:
@@ -269,7 +271,7 @@ def export_checkpoint(ckpt, dict_path, out, bpe="gpt2", bpe_files=None):
     check_press_slopes(weights, heads)
     imported = imported_layout(state, bpe, bpe_files or {}, Path(ckpt).parent)
     rows = imported["rows"] if imported else None
-    scale = 1.0 if model_cfg_get(model_cfg, "no_scale_embedding", False) else math.sqrt(dim)
+    scale = 1.0 if cfg_get(model_cfg, "no_scale_embedding", False) else math.sqrt(dim)
     hf_weights = exported_weights(family, weights, layers, heads, rows, scale)
     transformers = import_transformers()
     if imported:

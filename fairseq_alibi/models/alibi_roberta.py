@@ -30,30 +30,27 @@ lifted so that long inputs are kept, unless ``--shorten-method`` asks to shorten
 
 import json
 import logging
+from dataclasses import dataclass, field
+from typing import Optional
 
 import torch
 from omegaconf import OmegaConf
+from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 from fairseq.models import register_model, register_model_architecture
 from fairseq.models.roberta import RobertaEncoder, RobertaModel
 from fairseq.models.roberta.model import base_architecture as roberta_base_architecture
-from fairseq.models.transformer import TransformerConfig, TransformerEncoder
 from fairseq.modules.transformer_sentence_encoder import init_bert_params
 from fairseq.utils import safe_getattr, safe_hasattr
 
-from fairseq_alibi.alibi import ENCODER_VARIANTS, SCALE_MODES, check_variant
-from fairseq_alibi.modules.attention import ATTENTION_BACKENDS, check_attention_backend
-from fairseq_alibi.modules.bias_cache import CachedAlibiBias
-from fairseq_alibi.modules.learned_scales import check_scale_options
+from fairseq_alibi import options
+from fairseq_alibi.hub import load_pretrained
 from fairseq_alibi.models.checks import (
-    UNBOUNDED_POSITIONS,
     check_tokens_per_sample,
     reject_other_dictionary,
     reject_position_embeddings,
 )
-from fairseq_alibi.hub import load_pretrained
+from fairseq_alibi.models.common import lift_task_length_limit
 from fairseq_alibi.models.layer_pruning import ScalesFollowPrunedLayers
-from fairseq_alibi.paths import config_dir
-from fairseq_alibi.modules import AlibiTransformerEncoderLayer, wrap_layer
 from fairseq_alibi.modules.clap_head import ClapHead, EncoderTokenEmbedding
 from fairseq_alibi.modules.compact import (
     FactorizedEmbedding,
@@ -61,12 +58,90 @@ from fairseq_alibi.modules.compact import (
     describe_parameters,
     share_layer_parameters,
 )
+from fairseq_alibi.modules.pooling import POOLERS, pool_the_mean, saved_pooler, set_real_tokens
+from fairseq_alibi.modules.stacks import UNBOUNDED_POSITIONS, AlibiTransformerEncoder
+from fairseq_alibi.paths import config_dir
 
 logger = logging.getLogger(__name__)
 
 MLM_HEADS = ("roberta", "clap")
 #: --embedding-padding-idx: the dictionary's pad (stock) or none (EIFY's CLAP/zero masking)
 EMBEDDING_PADDING = ("pad", "none")
+
+
+@dataclass
+class RobertaOptions(FairseqDataclass):
+    """``alibi_roberta``'s options besides the ALiBi stack's
+    (:class:`~fairseq_alibi.options.StackOptions`): the masked-LM head, the embedding, and the
+    ALBERT-style compact encoders."""
+
+    mlm_head: ChoiceEnum(MLM_HEADS) = field(default="roberta", metadata={
+        "help": "masked-LM head: roberta (dense, GELU, layer norm, tied projection, bias) or "
+                "clap (beta * x . normalize(E)^T; inputs L2-normalised too)"})
+    clap_initial_beta: float = field(default=1.0, metadata={
+        "help": "initial value of the learned CLAP temperature beta"})
+    clap_no_normalize: bool = field(default=False, metadata={
+        "help": "CLAP head without the L2 normalisation (of the head weight and the inputs)"})
+    zero_mask_embedding: bool = field(default=False, metadata={
+        "help": "the <mask> token embeds to a fixed zero vector instead of a learned one"})
+    embedding_omits_mask: bool = field(default=False, metadata={
+        "help": "with --zero-mask-embedding: the embedding and the masked-LM output have no row "
+                "for <mask> (the last dictionary symbol, added by the task), which is never "
+                "predicted (EIFY's omit_mask, the zero-clap checkpoints)"})
+    embedding_padding_idx: ChoiceEnum(EMBEDDING_PADDING) = field(default="pad", metadata={
+        "help": "pad: the token embedding's padding row is frozen, as in stock RoBERTa; none: "
+                "it is initialised and trained like any other row (EIFY's CLAP and "
+                "zero-masking models); padding is masked in attention either way"})
+    share_encoder_layers: bool = field(default=False, metadata={
+        "help": "ALBERT-style cross-layer sharing: every encoder layer uses the parameters of "
+                "the first (one layer's parameters, --encoder-layers layers computed)"})
+    encoder_input_dim: Optional[int] = field(default=None, metadata={
+        "help": "factorised embedding (ALBERT): tokens embedded in E dims, projected to "
+                "--encoder-embed-dim; the masked-LM head maps back to E for the tied output "
+                "embedding (default: --encoder-embed-dim, no factorisation)"})
+    classification_pooler: ChoiceEnum(POOLERS) = field(default="first", metadata={
+        "help": "what a sentence classification head reads: first (the <s> token, as stock "
+                "RoBERTa) or mean (the mean of the real tokens' features, JinaBERT's pooling); "
+                "saved with the head"})
+
+    def check(self, embed_dim: int):
+        """Clear errors for values and combinations that cannot work."""
+        if self.mlm_head not in MLM_HEADS:
+            raise ValueError(
+                f"unknown --mlm-head {self.mlm_head!r}; choose one of: {', '.join(MLM_HEADS)}")
+        if self.mlm_head != "clap" and (self.clap_initial_beta != 1.0 or self.clap_no_normalize):
+            raise ValueError("--clap-initial-beta / --clap-no-normalize need --mlm-head clap")
+        if self.encoder_input_dim is not None:
+            if not self.encoder_input_dim > 0:
+                raise ValueError(
+                    f"--encoder-input-dim must be positive, got {self.encoder_input_dim}")
+            if self.mlm_head == "clap" and self.encoder_input_dim != embed_dim:
+                raise ValueError(
+                    "--encoder-input-dim (a factorised embedding) needs --mlm-head roberta: the "
+                    "CLAP head compares the features with the embeddings directly, so both must "
+                    "have --encoder-embed-dim dims")
+        if self.classification_pooler not in POOLERS:
+            raise ValueError(f"unknown --classification-pooler {self.classification_pooler!r}; "
+                             f"choose one of: {', '.join(POOLERS)}")
+        if self.embedding_padding_idx not in EMBEDDING_PADDING:
+            raise ValueError(
+                f"unknown --embedding-padding-idx {self.embedding_padding_idx!r}; choose one of: "
+                f"{', '.join(EMBEDDING_PADDING)}")
+        if self.embedding_omits_mask and not self.zero_mask_embedding:
+            raise ValueError(
+                "--embedding-omits-mask needs --zero-mask-embedding: a <mask> with no embedding "
+                "row can only embed to zero")
+        if self.encoder_input_dim not in (None, embed_dim) and (
+                self.embedding_omits_mask or self.embedding_padding_idx != "pad"):
+            raise ValueError(
+                "--embedding-omits-mask / --embedding-padding-idx none are options of the forks' "
+                "full-size embeddings; they do not combine with --encoder-input-dim")
+
+    @property
+    def normalize(self) -> bool:
+        """The CLAP head's L2 normalisation (of its weight and the inputs)."""
+        return self.mlm_head == "clap" and not self.clap_no_normalize
+
 
 #: the options ``encoder.model_kind`` records, by name, so a checkpoint says how it was built
 KIND_FIELDS = ("alibi_variant", "mlm_head", "clap_normalize", "zero_mask_embedding")
@@ -80,13 +155,12 @@ _LEGACY_KIND_VALUES = (
 )
 
 
-def _kind_of(args) -> dict:
-    clap = args.mlm_head == "clap"
+def _kind_of(stack: options.StackOptions, roberta: RobertaOptions) -> dict:
     return dict(
-        alibi_variant=str(args.alibi_variant),
-        mlm_head=str(args.mlm_head),
-        clap_normalize=bool(clap and not args.clap_no_normalize),
-        zero_mask_embedding=bool(args.zero_mask_embedding),
+        alibi_variant=stack.variant,
+        mlm_head=roberta.mlm_head,
+        clap_normalize=roberta.normalize,
+        zero_mask_embedding=roberta.zero_mask_embedding,
     )
 
 
@@ -104,14 +178,22 @@ def decode_kind(saved: torch.Tensor) -> dict:
             for field, values, v in zip(KIND_FIELDS, _LEGACY_KIND_VALUES, saved.tolist())}
 
 
+def roberta_flags(values: dict) -> str:
+    """The command-line flags of ``alibi_roberta`` options given by name (the variant and head
+    always; the embedding options when they differ from stock RoBERTa's)."""
+    flags = [f"--alibi-variant {values['alibi_variant']}", f"--mlm-head {values['mlm_head']}"]
+    for name in ("clap_no_normalize", "zero_mask_embedding", "embedding_omits_mask"):
+        if values.get(name):
+            flags.append("--" + name.replace("_", "-"))
+    if values.get("embedding_padding_idx", "pad") != "pad":
+        flags.append(f"--embedding-padding-idx {values['embedding_padding_idx']}")
+    return " ".join(flags)
+
+
 def _kind_flags(kind: dict) -> str:
     """The command-line flags that build a model of this kind."""
-    flags = [f"--alibi-variant {kind['alibi_variant']}", f"--mlm-head {kind['mlm_head']}"]
-    if kind["mlm_head"] == "clap" and not kind["clap_normalize"]:
-        flags.append("--clap-no-normalize")
-    if kind["zero_mask_embedding"]:
-        flags.append("--zero-mask-embedding")
-    return " ".join(flags)
+    return roberta_flags(dict(
+        kind, clap_no_normalize=kind["mlm_head"] == "clap" and not kind["clap_normalize"]))
 
 
 def _kind_overrides(kind: dict) -> str:
@@ -138,150 +220,31 @@ def _how_to_build(kind: dict, hydra: bool) -> str:
     return f"the flags `{_kind_flags(kind)}`"
 
 
-def _check_options(args):
-    """Clear errors for option values and combinations that cannot work."""
-    check_tokens_per_sample(args)
-    check_variant(args.alibi_variant, args.encoder_attention_heads, allowed=ENCODER_VARIANTS)
-    if args.mlm_head not in MLM_HEADS:
-        raise ValueError(
-            f"unknown --mlm-head {args.mlm_head!r}; choose one of: {', '.join(MLM_HEADS)}"
-        )
-    check_attention_backend(args.alibi_attention)
-    check_scale_options(args.alibi_learned_scales, args.alibi_scale_init)
-    if args.alibi_variant != "asymmetric" and (
-        args.alibi_future_slope_ratio != 1.0 or args.alibi_learnable_future_slopes
-    ):
-        raise ValueError(
-            "--alibi-future-slope-ratio / --alibi-learnable-future-slopes set the forward slopes "
-            f"of --alibi-variant asymmetric; they do nothing with {args.alibi_variant!r}"
-        )
-    if not args.alibi_future_slope_ratio >= 0:
-        raise ValueError(
-            f"--alibi-future-slope-ratio must be >= 0 (forward slope = ratio × backward slope), "
-            f"got {args.alibi_future_slope_ratio}"
-        )
-    if args.mlm_head != "clap" and (args.clap_initial_beta != 1.0 or args.clap_no_normalize):
-        raise ValueError("--clap-initial-beta / --clap-no-normalize need --mlm-head clap")
-    if args.encoder_input_dim is not None:
-        if not args.encoder_input_dim > 0:
-            raise ValueError(f"--encoder-input-dim must be positive, got {args.encoder_input_dim}")
-        if args.mlm_head == "clap" and args.encoder_input_dim != args.encoder_embed_dim:
-            raise ValueError(
-                "--encoder-input-dim (a factorised embedding) needs --mlm-head roberta: the CLAP "
-                "head compares the features with the embeddings directly, so both must have "
-                "--encoder-embed-dim dims"
-            )
-    if args.alibi_variant == "none" and (
-        args.alibi_attention != "auto" or args.alibi_slope_scale != 1.0
-    ):
-        logger.warning(
-            "--alibi-variant none has no ALiBi bias: --alibi-attention and --alibi-slope-scale "
-            "are ignored (stock attention and learned positions are used)"
-        )
-    if args.alibi_variant == "none" and (
-        args.alibi_learned_scales != "none" or args.alibi_scale_init != 1.0
-    ):
-        raise ValueError(
-            "--alibi-learned-scales / --alibi-scale-init scale the ALiBi slopes; --alibi-variant "
-            "none has none: drop them or choose an ALiBi variant"
-        )
-
-
-def _check_embedding_options(args):
-    """Clear errors for the embedding options of the forks' checkpoints."""
-    if args.embedding_padding_idx not in EMBEDDING_PADDING:
-        raise ValueError(
-            f"unknown --embedding-padding-idx {args.embedding_padding_idx!r}; choose one of: "
-            f"{', '.join(EMBEDDING_PADDING)}"
-        )
-    if args.embedding_omits_mask and not args.zero_mask_embedding:
-        raise ValueError(
-            "--embedding-omits-mask needs --zero-mask-embedding: a <mask> with no embedding row "
-            "can only embed to zero"
-        )
-    if args.encoder_input_dim not in (None, args.encoder_embed_dim) and (
-        args.embedding_omits_mask or args.embedding_padding_idx != "pad"
-    ):
-        raise ValueError(
-            "--embedding-omits-mask / --embedding-padding-idx none are options of the forks' "
-            "full-size embeddings; they do not combine with --encoder-input-dim"
-        )
-
-
-def _lift_task_length_limit(task):
-    """Let the task keep inputs of any length: the ALiBi encoder has no maximum.
-
-    fairseq drops (train) or refuses (valid) samples longer than
-    ``min(task.max_positions(), model.max_positions())``; sentence_prediction's
-    ``--max-positions`` and masked_lm's ``--tokens-per-sample`` only exist there because
-    learned position embeddings stop at that length. When ``--shorten-method`` asks to shorten
-    the inputs to that length instead, the task is left as configured.
-    """
-    limit = task.max_positions() if task is not None else None
-    if not isinstance(limit, int) or isinstance(limit, bool) or limit >= UNBOUNDED_POSITIONS:
-        return
-    if str(safe_getattr(getattr(task, "cfg", None), "shorten_method", "none")) != "none":
-        return
-    task.max_positions = lambda: UNBOUNDED_POSITIONS  # this task object only, never saved
-    logger.info(
-        f"ALiBi encoder: the task's length limit ({limit}) is lifted, longer inputs are kept"
-    )
-
-
-class AlibiTransformerEncoder(TransformerEncoder):
-    """Stock ``TransformerEncoder``: no position embeddings, ALiBi self-attention layers."""
-
-    def __init__(self, args, dictionary, embed_tokens, **kwargs):
-        args.no_token_positional_embeddings = True  # the bias replaces them
-        super().__init__(args, dictionary, embed_tokens, **kwargs)
-
-    def build_encoder_layer(self, args):
-        cfg = TransformerConfig.from_namespace(args)  # drops our fields: read them from args
-        if not hasattr(self, "alibi"):  # one bias module for all layers, built with the first
-            self.alibi = CachedAlibiBias(
-                cfg.encoder.attention_heads,
-                self.args.alibi_variant,
-                future_slope_ratio=self.args.alibi_future_slope_ratio,
-                learnable_future_slopes=self.args.alibi_learnable_future_slopes,
-                slope_scale=self.args.alibi_slope_scale,
-                num_layers=cfg.encoder.layers,
-                learned_scales=str(safe_getattr(self.args, "alibi_learned_scales", "none")),
-                scale_init=float(safe_getattr(self.args, "alibi_scale_init", 1.0)),
-            )
-            self.alibi_layers_built = 0
-        layer = AlibiTransformerEncoderLayer(
-            cfg, self.alibi, attention=self.args.alibi_attention, return_fc=self.return_fc,
-            layer_index=self.alibi_layers_built,
-        )
-        self.alibi_layers_built += 1
-        return wrap_layer(layer, cfg)
-
-    def max_positions(self):
-        return UNBOUNDED_POSITIONS
-
-
 class AlibiRobertaEncoder(RobertaEncoder):
     """``RobertaEncoder`` whose embedding, sentence encoder and LM head follow our flags."""
 
-    def __init__(self, args, dictionary):
+    def __init__(self, args, dictionary, stack: options.StackOptions, roberta: RobertaOptions):
+        # the build hooks run inside RobertaEncoder.__init__: the options must be there first
+        object.__setattr__(self, "alibi_options", stack)
+        object.__setattr__(self, "roberta_options", roberta)
         super().__init__(args, dictionary)
         # saved with the weights, so that a checkpoint of another kind gives a clear error
-        self.register_buffer("model_kind", encode_kind(_kind_of(args)))
+        self.register_buffer("model_kind", encode_kind(_kind_of(stack, roberta)))
 
     @property
     def uses_alibi(self):
-        return self.args.alibi_variant != "none"
+        return self.alibi_options.uses_alibi
 
     def build_embedding(self, vocab_size, embedding_dim, padding_idx):
-        zero_index = None
-        if self.args.zero_mask_embedding:
+        zero_index, roberta = None, self.roberta_options
+        if roberta.zero_mask_embedding:
             zero_index = self.dictionary.index("<mask>")
             if zero_index == self.dictionary.unk():
                 raise ValueError(
                     "--zero-mask-embedding: the dictionary has no <mask> symbol (tasks masked_lm "
                     "and sentence_prediction add it); drop the flag or use one of those tasks"
                 )
-        if self.args.embedding_omits_mask:  # EIFY's omit_mask: <mask> is the id after the table
+        if roberta.embedding_omits_mask:  # EIFY's omit_mask: <mask> is the id after the table
             if zero_index != len(self.dictionary) - 1:
                 raise ValueError(
                     "--embedding-omits-mask: <mask> must be the last symbol of the dictionary "
@@ -289,11 +252,11 @@ class AlibiRobertaEncoder(RobertaEncoder):
                     f"{len(self.dictionary)}; use the dict.txt the model was trained with"
                 )
             vocab_size -= 1
-        if self.args.embedding_padding_idx == "none":  # the encoder still masks padding
+        if roberta.embedding_padding_idx == "none":  # the encoder still masks padding
             padding_idx = None
-        normalize = self.args.mlm_head == "clap" and not self.args.clap_no_normalize
+        normalize = roberta.normalize
         if self.factorized:
-            table = EncoderTokenEmbedding(vocab_size, self.args.encoder_input_dim, padding_idx,
+            table = EncoderTokenEmbedding(vocab_size, roberta.encoder_input_dim, padding_idx,
                                           normalize=normalize, zero_index=zero_index)
             return FactorizedEmbedding(table, embedding_dim)
         return EncoderTokenEmbedding(
@@ -303,11 +266,12 @@ class AlibiRobertaEncoder(RobertaEncoder):
     @property
     def factorized(self):
         """``--encoder-input-dim`` asks for a smaller embedding than the model dimension."""
-        dim = self.args.encoder_input_dim
+        dim = self.roberta_options.encoder_input_dim
         return dim is not None and dim != self.args.encoder_embed_dim
 
     def build_encoder(self, args, dictionary, embed_tokens):
-        if self.args.embedding_padding_idx == "none" and embed_tokens.padding_idx is None:
+        if self.roberta_options.embedding_padding_idx == "none" and \
+                embed_tokens.padding_idx is None:
             # the stock encoder takes its pad id (padding mask, learned positions) from the
             # embedding: give it the dictionary's for the build, and keep the pad row trainable
             embed_tokens.padding_idx = dictionary.pad()
@@ -321,28 +285,24 @@ class AlibiRobertaEncoder(RobertaEncoder):
         if not self.uses_alibi:
             encoder = super().build_encoder(args, dictionary, embed_tokens)
         else:
-            encoder = AlibiTransformerEncoder(args, dictionary, embed_tokens)
+            encoder = AlibiTransformerEncoder(args, dictionary, embed_tokens, self.alibi_options)
             encoder.apply(init_bert_params)
-        if args.share_encoder_layers:
+        if self.roberta_options.share_encoder_layers:
             share_layer_parameters(encoder.layers)
         return encoder
 
     def build_lm_head(self, embed_dim, output_dim, activation_fn, weight):
-        if self.args.embedding_omits_mask:  # <mask> is never predicted: no output for it
+        roberta = self.roberta_options
+        if roberta.embedding_omits_mask:  # <mask> is never predicted: no output for it
             output_dim -= 1
-        if self.args.mlm_head != "clap":
+        if roberta.mlm_head != "clap":
             if self.factorized:  # dense H -> E, then the E-dim (tied) output embedding
                 return FactorizedLMHead(
-                    embed_dim, self.args.encoder_input_dim, output_dim, activation_fn, weight
+                    embed_dim, roberta.encoder_input_dim, output_dim, activation_fn, weight
                 )
             return super().build_lm_head(embed_dim, output_dim, activation_fn, weight)
-        return ClapHead(
-            embed_dim,
-            output_dim,
-            weight,
-            initial_beta=self.args.clap_initial_beta,
-            normalize=not self.args.clap_no_normalize,
-        )
+        return ClapHead(embed_dim, output_dim, weight, initial_beta=roberta.clap_initial_beta,
+                        normalize=not roberta.clap_no_normalize)
 
     def max_positions(self):
         return UNBOUNDED_POSITIONS if self.uses_alibi else super().max_positions()
@@ -350,7 +310,7 @@ class AlibiRobertaEncoder(RobertaEncoder):
     def upgrade_state_dict_named(self, state_dict, name):
         reject_other_dictionary(
             state_dict, f"{name}.sentence_encoder.embed_tokens.weight", self.dictionary,
-            omits_mask=self.args.embedding_omits_mask,
+            omits_mask=self.roberta_options.embedding_omits_mask,
         )
         kind_key = f"{name}.model_kind"
         encoder = f"{name}.sentence_encoder"
@@ -380,7 +340,8 @@ class AlibiRobertaEncoder(RobertaEncoder):
                 "fork converts with `python -m fairseq_alibi.convert --input CHECKPOINT --output "
                 "CONVERTED.pt` (docs/migrating.md)"
             )
-        elif self.args.mlm_head != "roberta" or self.args.zero_mask_embedding:
+        elif self.roberta_options.mlm_head != "roberta" or \
+                self.roberta_options.zero_mask_embedding:
             raise ValueError(
                 "this is a stock RoBERTa checkpoint (learned positions, RoBERTa LM head): load "
                 f"it with {_how_to_build(stock, hydra)}"
@@ -424,110 +385,62 @@ class AlibiRobertaModel(ScalesFollowPrunedLayers, RobertaModel):
     @staticmethod
     def add_args(parser):
         RobertaModel.add_args(parser)
-        parser.add_argument(
-            "--alibi-variant", choices=ENCODER_VARIANTS,
-            help="bidirectional ALiBi bias: symmetric -m|i-j|; one_sided (half the heads look "
-            "back, half ahead); offset (default; future keys -m(j-i-0.5)); asymmetric (forward "
-            "slope = ratio x backward); none = stock learned position embeddings, no bias",
-        )
-        parser.add_argument(
-            "--alibi-future-slope-ratio", type=float, metavar="R",
-            help="asymmetric only: forward slope = R x backward slope, per head (default 1.0)",
-        )
-        parser.add_argument(
-            "--alibi-learnable-future-slopes", action="store_true",
-            help="asymmetric only: learn the forward/backward slope ratio of every head",
-        )
-        parser.add_argument(
-            "--alibi-attention", choices=ATTENTION_BACKENDS,
-            help="attention implementation (default auto); can be overridden at load time",
-        )
-        parser.add_argument(
-            "--alibi-slope-scale", type=float, metavar="S",
-            help="multiply every ALiBi slope by S at run time (default 1.0 = as trained)",
-        )
-        parser.add_argument(
-            "--alibi-learned-scales", choices=SCALE_MODES,
-            help="learn a multiplier of the ALiBi slopes (data2vec 2.0's learned alibi scale): "
-            "none (fixed slopes, default), shared, per_head, per_layer, per_layer_head",
-        )
-        parser.add_argument(
-            "--alibi-scale-init", type=float, metavar="S",
-            help="initial value of the learned slope scales (with none: a fixed multiplier); "
-            "positive, default 1.0",
-        )
-        parser.add_argument(
-            "--share-encoder-layers", action="store_true",
-            help="ALBERT-style cross-layer sharing: every encoder layer uses the parameters of "
-            "the first (one layer's parameters, --encoder-layers layers computed)",
-        )
-        parser.add_argument(
-            "--encoder-input-dim", type=int, metavar="E",
-            help="factorised embedding (ALBERT): tokens embedded in E dims, projected to "
-            "--encoder-embed-dim; the masked-LM head maps back to E for the tied output "
-            "embedding (default: --encoder-embed-dim, no factorisation)",
-        )
-        parser.add_argument(
-            "--mlm-head", choices=MLM_HEADS,
-            help="masked-LM head: roberta (dense, GELU, layer norm, tied projection, bias) or "
-            "clap (beta * x . normalize(E)^T; inputs L2-normalised too)",
-        )
-        parser.add_argument(
-            "--clap-initial-beta", type=float, metavar="B",
-            help="initial value of the learned CLAP temperature beta (default 1.0)",
-        )
-        parser.add_argument(
-            "--clap-no-normalize", action="store_true",
-            help="CLAP head without the L2 normalisation (of the head weight and the inputs)",
-        )
-        parser.add_argument(
-            "--zero-mask-embedding", action="store_true",
-            help="the <mask> token embeds to a fixed zero vector instead of a learned one",
-        )
-        parser.add_argument(
-            "--embedding-omits-mask", action="store_true",
-            help="with --zero-mask-embedding: the embedding and the masked-LM output have no "
-            "row for <mask> (the last dictionary symbol, added by the task), which is never "
-            "predicted (EIFY's omit_mask, the zero-clap checkpoints)",
-        )
-        parser.add_argument(
-            "--embedding-padding-idx", choices=EMBEDDING_PADDING,
-            help="pad (default): the token embedding's padding row is frozen, as in stock "
-            "RoBERTa; none: it is initialised and trained like any other row (EIFY's CLAP and "
-            "zero-masking models); padding is masked in attention either way",
-        )
+        options.add_args(parser, options.StackOptions, options.ENCODER)
+        options.add_args(parser, RobertaOptions, None)
 
     @classmethod
     def build_model(cls, args, task):
-        from omegaconf import OmegaConf
-
         if OmegaConf.is_config(args):
             OmegaConf.set_struct(args, False)
         alibi_roberta_architecture(args)
-        _check_options(args)
-        _check_embedding_options(args)
+        check_tokens_per_sample(args)
+        stack = options.read(options.StackOptions, args, options.ENCODER)
+        options.check_stacks({options.ENCODER: (stack, args.encoder_attention_heads)})
+        roberta = options.read(RobertaOptions, args)
+        roberta.check(args.encoder_embed_dim)
         if not safe_hasattr(args, "max_positions"):  # as the stock model: sized by the task
             if not safe_hasattr(args, "tokens_per_sample"):
                 args.tokens_per_sample = task.max_positions()
             args.max_positions = args.tokens_per_sample
-        encoder = AlibiRobertaEncoder(args, task.source_dictionary)
+        encoder = AlibiRobertaEncoder(args, task.source_dictionary, stack, roberta)
         if OmegaConf.is_config(args):
             OmegaConf.set_struct(args, True)
         if encoder.uses_alibi:
-            _lift_task_length_limit(task)
+            lift_task_length_limit(task, True)
         model = cls(args, encoder)
-        embedding_dim = args.encoder_input_dim if encoder.factorized else args.encoder_embed_dim
+        embedding_dim = roberta.encoder_input_dim if encoder.factorized else args.encoder_embed_dim
         logger.info(describe_parameters(model, len(encoder.sentence_encoder.layers),
-                                        args.share_encoder_layers, embedding_dim,
+                                        roberta.share_encoder_layers, embedding_dim,
                                         args.encoder_embed_dim))
         return model
 
+    def register_classification_head(self, name, num_classes=None, inner_dim=None, **kwargs):
+        """The stock head, reading the mean of the real tokens with ``--classification-pooler
+        mean`` (:mod:`fairseq_alibi.modules.pooling`)."""
+        super().register_classification_head(name, num_classes, inner_dim, **kwargs)
+        if self.encoder.roberta_options.classification_pooler == "mean":
+            pool_the_mean(self.classification_heads[name])
+
+    def forward(self, src_tokens, *args, **kwargs):
+        set_real_tokens(self.classification_heads.values(),
+                        src_tokens.ne(self.encoder.dictionary.pad()))
+        return super().forward(src_tokens, *args, **kwargs)
+
     def upgrade_state_dict_named(self, state_dict, name):
+        prefix = f"{name}." if name else ""
+        heads = f"{prefix}classification_heads."
+        pooler = self.encoder.roberta_options.classification_pooler
+        for head in sorted({k[len(heads):].split(".")[0] for k in state_dict
+                            if k.startswith(heads)}):
+            saved = saved_pooler(state_dict, f"{heads}{head}.")
+            if saved != pooler:
+                raise ValueError(
+                    f"this checkpoint's classification head {head!r} pools with "
+                    f"--classification-pooler {saved}, the model being built with {pooler}: "
+                    f"pass --classification-pooler {saved}")
         # The stock method sizes the checkpoint's classification heads from
         # `out_proj.weight`, which a spectral-norm head (--spectral-norm-classification-head)
         # saves as `out_proj.weight_orig`: show it under the expected name while it looks.
-        prefix = f"{name}." if name else ""
-        heads = f"{prefix}classification_heads."
         shown = [
             k[: -len("_orig")] for k in state_dict
             if k.startswith(heads) and k.endswith(".out_proj.weight_orig")
@@ -542,30 +455,11 @@ class AlibiRobertaModel(ScalesFollowPrunedLayers, RobertaModel):
                 state_dict.pop(key, None)
 
 
-def _alibi_defaults(args):
-    args.alibi_variant = safe_getattr(args, "alibi_variant", "offset")
-    args.alibi_future_slope_ratio = float(safe_getattr(args, "alibi_future_slope_ratio", 1.0))
-    args.alibi_learnable_future_slopes = bool(
-        safe_getattr(args, "alibi_learnable_future_slopes", False)
-    )
-    args.alibi_attention = safe_getattr(args, "alibi_attention", "auto")
-    args.alibi_slope_scale = float(safe_getattr(args, "alibi_slope_scale", 1.0))
-    args.alibi_learned_scales = safe_getattr(args, "alibi_learned_scales", "none")
-    args.alibi_scale_init = float(safe_getattr(args, "alibi_scale_init", 1.0))
-    args.mlm_head = safe_getattr(args, "mlm_head", "roberta")
-    args.clap_initial_beta = float(safe_getattr(args, "clap_initial_beta", 1.0))
-    args.clap_no_normalize = bool(safe_getattr(args, "clap_no_normalize", False))
-    args.zero_mask_embedding = bool(safe_getattr(args, "zero_mask_embedding", False))
-    args.share_encoder_layers = bool(safe_getattr(args, "share_encoder_layers", False))
-    args.encoder_input_dim = safe_getattr(args, "encoder_input_dim", None)
-    args.embedding_omits_mask = bool(safe_getattr(args, "embedding_omits_mask", False))
-    args.embedding_padding_idx = safe_getattr(args, "embedding_padding_idx", "pad")
-
-
 @register_model_architecture("alibi_roberta", "alibi_roberta")
 def alibi_roberta_architecture(args):
     """RoBERTa-base sizes (12 layers, 768 dims, 3072 FFN, 12 heads), offset ALiBi."""
-    _alibi_defaults(args)
+    options.fill_defaults(args, options.StackOptions, options.ENCODER)
+    options.fill_defaults(args, RobertaOptions, None)
     roberta_base_architecture(args)
 
 

@@ -12,41 +12,35 @@ the two projections included, instead of ``V·H``); see :mod:`fairseq_alibi.modu
 """
 
 import copy
+import dataclasses
 import logging
 from dataclasses import dataclass, field
 
 import torch
-
-from fairseq.models import (
-    ARCH_CONFIG_REGISTRY,
-    ARCH_MODEL_INV_REGISTRY,
-    register_model,
-    register_model_architecture,
-)
-from fairseq.models.transformer import TransformerConfig, TransformerDecoder
+from fairseq.models import register_model, register_model_architecture
 from fairseq.models.transformer_lm import (
     TransformerLanguageModel,
     TransformerLanguageModelConfig,
 )
 
-from fairseq.dataclass import ChoiceEnum
-
-from fairseq_alibi.alibi import SCALE_MODES
-from fairseq_alibi.modules.bias_cache import CachedAlibiBias
-from fairseq_alibi.modules.attention import ATTENTION_BACKENDS
-from fairseq_alibi.modules import AlibiTransformerDecoderLayer, wrap_layer
+from fairseq_alibi import options
 from fairseq_alibi.hub import AlibiLanguageModelHubInterface, load_pretrained
 from fairseq_alibi.models.checks import (
-    UNBOUNDED_POSITIONS,
     check_tokens_per_sample,
     refuse_position_embedding_flags,
+    reject_missing_slopes,
     reject_other_dictionary,
     reject_position_embeddings,
 )
+from fairseq_alibi.models.common import mirror_stock_architectures
 from fairseq_alibi.models.layer_pruning import ScalesFollowPrunedLayers
 from fairseq_alibi.modules.compact import describe_parameters, share_layer_parameters
+from fairseq_alibi.modules.stacks import AlibiTransformerDecoder
 
 logger = logging.getLogger(__name__)
+
+MODEL_NAME = "alibi_transformer_lm"
+
 
 def check_factorized_embedding(args, embed_tokens):
     """A clear error for a tied output layer whose size differs from the input embedding's.
@@ -69,28 +63,7 @@ def check_factorized_embedding(args, embed_tokens):
 
 
 @dataclass
-class AlibiTransformerLanguageModelConfig(TransformerLanguageModelConfig):
-    alibi_attention: ChoiceEnum(ATTENTION_BACKENDS) = field(
-        default="auto",
-        metadata={"help": "attention implementation; saved with the model, can be overridden "
-                  "at load time with --model-overrides \"{'alibi_attention': 'naive'}\""},
-    )
-    alibi_slope_scale: float = field(
-        default=1.0,
-        metadata={"help": "multiply every ALiBi slope by this at run time (slope "
-                  "interpolation: L_train / L_eval); a load-time override, 1.0 = as trained"},
-    )
-    alibi_learned_scales: ChoiceEnum(SCALE_MODES) = field(
-        default="none",
-        metadata={"help": "learn a multiplier of the ALiBi slopes (data2vec 2.0's learned "
-                  "alibi scale): none (fixed slopes, the default), shared (one), per_head, "
-                  "per_layer, per_layer_head; saved with the model (docs/learned_scales.md)"},
-    )
-    alibi_scale_init: float = field(
-        default=1.0,
-        metadata={"help": "initial value of the learned slope scales (with none: a fixed "
-                  "multiplier); must be positive, 1.0 = Press et al.'s slopes"},
-    )
+class _LanguageModelConfig(TransformerLanguageModelConfig):
     share_decoder_layers: bool = field(
         default=False,
         metadata={"help": "ALBERT-style cross-layer sharing: every decoder layer uses the "
@@ -99,51 +72,20 @@ class AlibiTransformerLanguageModelConfig(TransformerLanguageModelConfig):
     )
 
 
-class AlibiTransformerDecoder(TransformerDecoder):
-    """Stock ``TransformerDecoder``: no position embeddings, ALiBi self-attention layers."""
-
-    def __init__(self, args, dictionary, embed_tokens, no_encoder_attn=True, **kwargs):
-        args.no_token_positional_embeddings = True  # the bias replaces them
-        super().__init__(args, dictionary, embed_tokens, no_encoder_attn, **kwargs)
-
-    def build_decoder_layer(self, args, no_encoder_attn=False):
-        cfg = TransformerConfig.from_namespace(args)
-        if not hasattr(self, "alibi"):  # one bias module for all layers, built with the first
-            self.alibi = CachedAlibiBias(
-                cfg.decoder.attention_heads,
-                "causal",
-                slope_scale=getattr(self.args, "alibi_slope_scale", 1.0),
-                num_layers=cfg.decoder.layers,
-                learned_scales=str(getattr(self.args, "alibi_learned_scales", "none")),
-                scale_init=float(getattr(self.args, "alibi_scale_init", 1.0)),
-            )
-            self.alibi_layers_built = 0
-        attention = getattr(self.args, "alibi_attention", "auto")  # validated by the layer
-        layer = AlibiTransformerDecoderLayer(cfg, self.alibi, no_encoder_attn, attention=attention,
-                                             layer_index=self.alibi_layers_built)
-        self.alibi_layers_built += 1
-        return wrap_layer(layer, cfg)
-
-    def buffered_future_mask(self, tensor):
-        return None  # causality is part of the causal ALiBi bias: no (T, T) mask to build
-
-    def max_positions(self):
-        return UNBOUNDED_POSITIONS
-
-    def upgrade_state_dict_named(self, state_dict, name):
-        reject_position_embeddings(state_dict, name, "alibi_transformer_lm")
-        reject_other_dictionary(state_dict, f"{name}.embed_tokens.weight", self.dictionary)
-        if f"{name}.alibi.slopes" not in state_dict:
-            raise ValueError(
-                f"this checkpoint has no ALiBi slopes ({name}.alibi.slopes): it was written by "
-                "a stock model with position embeddings, not alibi_transformer_lm. Load it with "
-                "its own architecture, or convert it with `python -m fairseq_alibi.convert`"
-            )
-        return super().upgrade_state_dict_named(state_dict, name)
+#: stock ``transformer_lm``'s config, plus the ALiBi options of a causal stack
+#: (:data:`fairseq_alibi.options.LM`: ``--alibi-attention``, ``--alibi-slope-scale``,
+#: ``--alibi-learned-scales``, ...) and ``--share-decoder-layers``
+AlibiTransformerLanguageModelConfig = dataclasses.make_dataclass(
+    "AlibiTransformerLanguageModelConfig",
+    options.dataclass_fields(options.StackOptions, options.LM),
+    bases=(_LanguageModelConfig,),
+)
 
 
-@register_model("alibi_transformer_lm", dataclass=AlibiTransformerLanguageModelConfig)
+@register_model(MODEL_NAME, dataclass=AlibiTransformerLanguageModelConfig)
 class AlibiTransformerLanguageModel(ScalesFollowPrunedLayers, TransformerLanguageModel):
+    """Stock ``transformer_lm`` whose decoder is the ALiBi stack (no position embeddings)."""
+
     alibi_scales_keys = {"decoder": "decoder.alibi.scales"}  # --decoder-layers-to-keep
 
     @classmethod
@@ -153,19 +95,22 @@ class AlibiTransformerLanguageModel(ScalesFollowPrunedLayers, TransformerLanguag
     @classmethod
     def add_args(cls, parser):
         super().add_args(parser)
-        refuse_position_embedding_flags(parser, "alibi_transformer_lm")
+        refuse_position_embedding_flags(parser, MODEL_NAME)
 
     @classmethod
     def from_pretrained(cls, model_name_or_path, checkpoint_file="model.pt",
                         data_name_or_path=".", **kwargs):
         """The stock hub loader, offline, refusing stock checkpoints, scoring any length."""
-        loaded = load_pretrained(cls, "alibi_transformer_lm", model_name_or_path,
-                                 checkpoint_file, data_name_or_path, **kwargs)
+        loaded = load_pretrained(cls, MODEL_NAME, model_name_or_path, checkpoint_file,
+                                 data_name_or_path, **kwargs)
         return AlibiLanguageModelHubInterface(loaded["args"], loaded["task"], loaded["models"])
 
     @classmethod
     def build_model(cls, args, task):
         check_tokens_per_sample(args)
+        stack = options.read(options.StackOptions, args, options.LM)
+        stack.check(options.LM, args.decoder_attention_heads)
+        stack.check_model_wide()
         # Let the stock model build the token embedding (plain, adaptive or character
         # input) without any layers, then build the ALiBi decoder around that embedding.
         embedding_args = copy.deepcopy(args)
@@ -176,7 +121,7 @@ class AlibiTransformerLanguageModel(ScalesFollowPrunedLayers, TransformerLanguag
         if args.decoder_layers_to_keep:
             args.decoder_layers = len(args.decoder_layers_to_keep.split(","))
         check_factorized_embedding(args, embed_tokens)
-        decoder = AlibiTransformerDecoder(args, task.target_dictionary, embed_tokens)
+        decoder = AlibiTransformerDecoder(args, task.target_dictionary, embed_tokens, stack)
         shared = getattr(args, "share_decoder_layers", False)  # absent from older checkpoints
         if shared:
             share_layer_parameters(decoder.layers)
@@ -186,24 +131,16 @@ class AlibiTransformerLanguageModel(ScalesFollowPrunedLayers, TransformerLanguag
                                         args.decoder_embed_dim))
         return model
 
-
-def _mirror_stock_architectures():
-    """Register ``alibi_<arch>`` for every stock ``transformer_lm`` architecture.
-
-    ``alibi_transformer_lm`` (base), ``alibi_transformer_lm_wiki103`` (the paper's 16-layer,
-    1024-dim, 8-head adaptive-input model), ``alibi_transformer_lm_gpt``,
-    ``alibi_transformer_lm_gpt2_small``, ``alibi_transformer_lm_gpt2_medium``, ... each set the
-    same defaults as their stock namesake.
-    """
-    for arch in sorted(ARCH_MODEL_INV_REGISTRY["transformer_lm"]):
-        if arch == "transformer_lm":  # registered with the model, from the dataclass defaults
-            continue
-        register_model_architecture("alibi_transformer_lm", f"alibi_{arch}")(
-            ARCH_CONFIG_REGISTRY[arch]
-        )
+    def upgrade_state_dict_named(self, state_dict, name):
+        decoder = f"{name}.decoder" if name else "decoder"
+        reject_position_embeddings(state_dict, decoder, MODEL_NAME)
+        reject_other_dictionary(state_dict, f"{decoder}.embed_tokens.weight",
+                                self.decoder.dictionary)
+        reject_missing_slopes(state_dict, {decoder: True}, MODEL_NAME)
+        return super().upgrade_state_dict_named(state_dict, name)
 
 
-_mirror_stock_architectures()
+mirror_stock_architectures("transformer_lm", MODEL_NAME)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -228,7 +165,7 @@ def bloom_options(embed_dim: int) -> dict:
         "decoder_input_dim": embed_dim, "decoder_output_dim": embed_dim,
         "adaptive_input": False, "adaptive_softmax_cutoff": None, "character_embeddings": False,
         "cross_self_attention": False, "share_decoder_layers": False,
-        "alibi_learned_scales": "none", "alibi_scale_init": 1.0,
+        "alibi_learned_scales": "none", "alibi_scale_init": 1.0, "alibi_heads": None,
         "scale_fc": False, "scale_attn": False, "scale_heads": False, "scale_resids": False,
     }
 

@@ -10,8 +10,7 @@ import argparse
 
 from fairseq.utils import safe_getattr
 
-#: what ``max_positions()`` reports: ALiBi has no length limit, only memory does
-UNBOUNDED_POSITIONS = 1_000_000_000
+from fairseq_alibi.config_access import architecture_of, cfg_get
 
 
 def reject_position_embeddings(state_dict, prefix, model_name, fix=None):
@@ -28,6 +27,12 @@ def reject_position_embeddings(state_dict, prefix, model_name, fix=None):
             f"this checkpoint has position embeddings ({stale[0]}): it was trained by a stock "
             f"model, not {model_name}. {fix}"
         )
+
+
+def only_filler_symbols(symbols) -> bool:
+    """Whether ``symbols`` are all fairseq's filler entries (``madeupword0000``...), which pad a
+    dictionary to a multiple of 8 and never occur in text."""
+    return all(symbol.startswith("madeupword") for symbol in symbols)
 
 
 def reject_other_dictionary(state_dict, key, dictionary, omits_mask=False):
@@ -55,7 +60,7 @@ def reject_other_dictionary(state_dict, key, dictionary, omits_mask=False):
     mask_note = " (the task's <mask> not counted)" if omits_mask else ""
     surplus = [dictionary[i] for i in range(weight.size(0) + (0 if omits_mask else 1),
                                             len(dictionary)) if dictionary[i] != "<mask>"]
-    if surplus and all(s.startswith("madeupword") for s in surplus):
+    if surplus and only_filler_symbols(surplus):
         raise ValueError(
             f"this checkpoint was trained without the last {len(surplus)} entries of the data "
             f"directory's dict.txt ({', '.join(surplus)}; EIFY's zero-clap Pile models): write the "
@@ -67,6 +72,37 @@ def reject_other_dictionary(state_dict, key, dictionary, omits_mask=False):
         f"data directory's dict.txt has {expected}{mask_note}: give the data directory the "
         f"model was trained with (or one binarized with its dict.txt, fairseq-preprocess "
         f"--srcdict)"
+    )
+
+
+def reject_missing_slopes(state_dict, sides, model_name, stock_flag=None):
+    """One error naming every ALiBi stack whose slopes the checkpoint lacks.
+
+    ``sides``: the state-dict prefix of each stack (``decoder``, ``encoder``) -> whether the model
+    being built has ALiBi there; ``stock_flag``: the flag that gives a side stock positions
+    (``--{side}-alibi-variant none``), else the advice is to convert the checkpoint. A stock
+    checkpoint lacks every side's slopes: one message gives the whole fix (learned positions
+    get :func:`reject_position_embeddings`'s).
+    """
+    missing = [prefix for prefix, uses_alibi in sides.items()
+               if uses_alibi and f"{prefix}.alibi.slopes" not in state_dict]
+    if not missing:
+        return
+    for prefix in missing:
+        reject_position_embeddings(state_dict, prefix, model_name)
+    keys = ", ".join(f"{prefix}.alibi.slopes" for prefix in missing)
+    names = [prefix.rsplit(".", 1)[-1] for prefix in missing]
+    if stock_flag is None:
+        fix = "or convert it with `python -m fairseq_alibi.convert`"
+    else:
+        flags = " ".join(stock_flag.format(side=name) for name in names)
+        fix = (f"or pass `{flags}` if {'those sides' if len(names) > 1 else 'that side'} used "
+               "stock positions")
+    raise ValueError(
+        f"this checkpoint has no ALiBi slopes ({keys}): it was not written by {model_name} "
+        f"with ALiBi on the {' and '.join(names)} (a stock checkpoint, with position "
+        f"embeddings?). Load it with the "
+        f"architecture it was trained with, {fix}"
     )
 
 
@@ -144,10 +180,10 @@ def refuse_position_embedding_options(model_cfg):
     """
     from fairseq.models import ARCH_MODEL_NAME_REGISTRY
 
-    arch = _cfg_value(model_cfg, "_name") or _cfg_value(model_cfg, "arch")
+    arch = architecture_of(model_cfg)
     model = ARCH_MODEL_NAME_REGISTRY.get(arch, arch) if isinstance(arch, str) else None
     for option, variant_option in POSITION_EMBEDDING_OPTIONS.get(model, {}).items():
-        value = _cfg_value(model_cfg, option)
+        value = cfg_get(model_cfg, option)
         if not value:
             continue
         value = "true" if value is True else value  # as a hydra config spells it
@@ -157,7 +193,7 @@ def refuse_position_embedding_options(model_cfg):
                 f"replaces them); drop {option} from the model config, or train a stock model "
                 f"for learned positions"
             )
-        if _cfg_value(model_cfg, variant_option) != "none":  # absent: the default, ALiBi
+        if cfg_get(model_cfg, variant_option) != "none":  # absent: the default, ALiBi
             side = option.split("_")[0]
             raise ValueError(
                 f"model.{option}={value} asks for learned position embeddings, which ALiBi "
@@ -183,7 +219,7 @@ FORK_ARCHITECTURES = {"transformer_lm": ("transformer_lm_alibi",)}
 
 
 def unconverted_fork_error(cfg, arch) -> ValueError:
-    options = [k for k in FORK_MODEL_OPTIONS if _cfg_value(cfg, k)]
+    options = [k for k in FORK_MODEL_OPTIONS if cfg_get(cfg, k)]
     what = ", ".join(f"{k}=True" for k in options) or f"the architecture {arch}"
     return ValueError(
         f"this checkpoint was trained with EIFY's ALiBi fork ({what} in its model config), which "
@@ -220,7 +256,7 @@ def is_unconverted_press_config(model_cfg) -> bool:
     if model_cfg is None or isinstance(model_cfg, argparse.Namespace) or not hasattr(
             model_cfg, "keys"):
         return False
-    arch = _cfg_value(model_cfg, "_name") or _cfg_value(model_cfg, "arch")
+    arch = architecture_of(model_cfg)
     try:
         keys = set(model_cfg.keys())
     except Exception:  # noqa: BLE001 - an unusual config object: nothing to check
@@ -242,75 +278,8 @@ def refuse_unconverted_press_checkpoint(state, checkpoint=None):
     """The Press-fork error for a loaded checkpoint (``load_checkpoint_to_cpu``) whose saved
     model config is the fork's; anything else passes."""
     cfg = state.get("cfg") if isinstance(state, dict) else None
-    model_cfg = _cfg_value(cfg, "model") if cfg is not None else None
+    model_cfg = cfg_get(cfg, "model") if cfg is not None else None
     if is_unconverted_press_config(model_cfg):
-        raise unconverted_press_error(_cfg_value(model_cfg, "_name"), checkpoint)
+        raise unconverted_press_error(cfg_get(model_cfg, "_name"), checkpoint)
 
 
-def _cfg_value(cfg, key):
-    try:
-        return getattr(cfg, key, None) if not hasattr(cfg, "get") else cfg.get(key, None)
-    except Exception:  # noqa: BLE001 - an unusual config object: nothing to check
-        return None
-
-
-def refuse_unconverted_fork_checkpoints():
-    """Make stock models refuse the forks' configurations with a clear error (idempotent).
-
-    Loading a fork checkpoint as it is builds the stock model its config names (``roberta``,
-    ``transformer``), which ignores the fork's options (``encoder_alibi``, ...) and then fails
-    deep in ``load_state_dict`` (missing position embeddings) or computes something else. fairseq
-    calls the architecture function of every argparse-style model on the checkpoint's config
-    first: each stock one of those models is wrapped to stop there with what to do. The fork's
-    own LM architecture (``transformer_lm_alibi``) is registered to say the same. Configs without
-    the fork's options (everything fairseq and this plugin write) pass through unchanged.
-
-    Press's fork (:func:`is_unconverted_press_config`): the stock ``transformer_lm_*``
-    architectures are wrapped the same way. fairseq calls them on a checkpoint whose config
-    names one of them (``transformer_lm_wiki103``, the paper's models); a config naming
-    ``transformer_lm`` itself is built through the model's dataclass, which calls no
-    architecture function and drops ``max_tokens`` first: stock ``fairseq-eval-lm`` cannot be
-    stopped there without patching fairseq (docs/migrating.md).
-    """
-    from fairseq.models import (
-        ARCH_CONFIG_REGISTRY,
-        ARCH_MODEL_INV_REGISTRY,
-        register_model_architecture,
-    )
-
-    for model in ("roberta", "transformer"):
-        for arch in ARCH_MODEL_INV_REGISTRY.get(model, ()):
-            original = ARCH_CONFIG_REGISTRY[arch]
-            if getattr(original, "refuses_unconverted_forks", False):
-                continue
-
-            def guarded(cfg, _original=original, _arch=arch):
-                if any(_cfg_value(cfg, k) for k in FORK_MODEL_OPTIONS):
-                    raise unconverted_fork_error(cfg, _arch)
-                return _original(cfg)
-
-            guarded.refuses_unconverted_forks = True
-            guarded.__doc__, guarded.__name__ = original.__doc__, original.__name__
-            ARCH_CONFIG_REGISTRY[arch] = guarded
-    for arch in ARCH_MODEL_INV_REGISTRY.get("transformer_lm", ()):
-        original = ARCH_CONFIG_REGISTRY[arch]
-        if getattr(original, "refuses_unconverted_forks", False):
-            continue
-
-        def guarded_lm(cfg, _original=original, _arch=arch):
-            if is_unconverted_press_config(cfg):
-                raise unconverted_press_error(_arch)
-            return _original(cfg)
-
-        guarded_lm.refuses_unconverted_forks = True
-        guarded_lm.__doc__, guarded_lm.__name__ = original.__doc__, original.__name__
-        ARCH_CONFIG_REGISTRY[arch] = guarded_lm
-    for model, archs in FORK_ARCHITECTURES.items():
-        for arch in archs:
-            if arch in ARCH_CONFIG_REGISTRY:
-                continue
-
-            def fork_architecture(cfg, _arch=arch):
-                raise unconverted_fork_error(cfg, _arch)
-
-            register_model_architecture(model, arch)(fork_architecture)

@@ -1,7 +1,4 @@
-from .alibi_multihead_attention import AlibiMultiheadAttention, set_attention_backend  # noqa: F401
-from .alibi_transformer_layer import (  # noqa: F401
-    AlibiTransformerDecoderLayer,
-    AlibiTransformerEncoderLayer,
-    CrossPositionDecoderLayer,
-    wrap_layer,
-)
+"""The layers: the stacks' bias (:mod:`.bias`), the attention backends (:mod:`.attention`), the
+ALiBi attention and transformer layers, the stacks the models build (:mod:`.stacks`), the
+cross-attention position options, the CLAP head and the compact modules. Import from the
+submodules (this package imports none of them, so that importing one stays cheap)."""

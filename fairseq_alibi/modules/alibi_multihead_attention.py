@@ -2,8 +2,8 @@
 
 fairseq's own attention only adds a 3-D float mask on its fast path and encoder layers
 ``masked_fill`` any float mask away, so the bias cannot be passed through ``attn_mask``: this
-module owns the attention computation and hands it, with the model's shared
-:class:`~fairseq_alibi.alibi.AlibiPositionalBias`, to the backend it is configured with
+module owns the attention computation and hands it, with its layer's view of the stack's
+bias (:meth:`fairseq_alibi.modules.bias.AlibiBias.layer`), to the backend it is configured with
 (``attention``: ``--alibi-attention``, see :mod:`fairseq_alibi.modules.attention`).
 Projections, parameter names, the incremental-state layout (``prev_key``/``prev_value`` as
 ``(B, H, T, D)``) and beam reordering are the parent's, so checkpoints and fairseq's
@@ -16,24 +16,22 @@ import torch
 from fairseq.modules import MultiheadAttention
 from torch import Tensor
 
-from fairseq_alibi.alibi import AlibiPositionalBias
 from fairseq_alibi.modules.attention import attend, check_attention_backend, dense
+from fairseq_alibi.modules.attention.dispatch import AttentionBias
 
 
 class AlibiMultiheadAttention(MultiheadAttention):
     """Self-attention ``softmax(QKᵀ/√d + ALiBi + masks) V``.
 
-    ``alibi`` is the model's shared bias module (held by reference, not as a submodule, so that
-    its slopes are saved once per model); ``layer_index`` the layer's place in its stack (it
-    picks the layer's learned slope scales, if the bias has any: ``alibi.at_layer``);
-    ``attention`` the backend name (``auto``, ``fold``, ``sdpa``, ``flex``, ``flash``,
+    ``alibi`` is the layer's view of its stack's bias (an :class:`AttentionBias`: held by
+    reference, so that the stack's slopes are saved once, with the layer's own slope scales
+    if any); ``attention`` the backend name (``auto``, ``fold``, ``sdpa``, ``flex``, ``flash``,
     ``naive``). ``attn_mask`` and ``key_padding_mask`` keep their
     fairseq meaning and are added on top of the bias. The attention weights (``need_weights``)
     and the raw scores (``before_softmax``) are computed explicitly, whatever the backend.
     """
 
-    def __init__(self, embed_dim, num_heads, alibi: AlibiPositionalBias, attention="auto",
-                 layer_index: int = 0, **kwargs):
+    def __init__(self, embed_dim, num_heads, alibi: AttentionBias, attention="auto", **kwargs):
         if kwargs.get("add_bias_kv") or kwargs.get("add_zero_attn"):
             raise ValueError(
                 "ALiBi attention does not support add_bias_kv/add_zero_attn (the extra key has "
@@ -43,11 +41,10 @@ class AlibiMultiheadAttention(MultiheadAttention):
             raise ValueError(f"ALiBi bias has {alibi.num_heads} heads, attention {num_heads}")
         super().__init__(embed_dim, num_heads, self_attention=True, **kwargs)
         object.__setattr__(self, "alibi", alibi)
-        self.layer_index = layer_index
         self.attention_backend = check_attention_backend(attention)
 
     def extra_repr(self):
-        return f"attention_backend={self.attention_backend}, layer_index={self.layer_index}"
+        return f"attention_backend={self.attention_backend}, variant={self.alibi.variant}"
 
     def forward(
         self,
@@ -67,7 +64,6 @@ class AlibiMultiheadAttention(MultiheadAttention):
         need_weights = need_weights or need_head_weights
         tgt_len, bsz, embed_dim = query.size()
         H, D = self.num_heads, self.head_dim
-        alibi = self.alibi.at_layer(self.layer_index)  # the shared module itself if unscaled
 
         def heads(x):  # (T, B, C) -> (B, H, T, D)
             return x.contiguous().view(x.size(0), bsz, H, D).permute(1, 2, 0, 3)
@@ -92,7 +88,7 @@ class AlibiMultiheadAttention(MultiheadAttention):
 
         if key_padding_mask is not None and key_padding_mask.dim() == 0:
             key_padding_mask = None
-        return attend_and_project(self, self.attention_backend, q, k, v, alibi,
+        return attend_and_project(self, self.attention_backend, q, k, v, self.alibi,
                                   key_padding_mask, attn_mask, need_weights, need_head_weights,
                                   before_softmax)
 

@@ -3,9 +3,10 @@
 Each layer overrides one hook, ``build_self_attention``; everything else (layer norms, FFN,
 dropout, residuals, quant-noise, pre/post-norm) is fairseq's own. The decoder layers' second
 hook, ``build_encoder_attention``, gives the cross-attention a position signal when the model's
-options ask for one (``--cross-alibi``, ``--cross-attention-length-scale``:
-:mod:`fairseq_alibi.modules.cross_position`) and is stock otherwise. ``attention`` is the backend of the layer's self-attention (``--alibi-attention``),
-``layer_index`` its place in the stack (which learned slope scales it uses, if any).
+:class:`~fairseq_alibi.options.CrossOptions` ask for one
+(:mod:`fairseq_alibi.modules.cross_position`) and is stock otherwise. A layer is given its view
+of the stack's bias (``alibi``: :meth:`fairseq_alibi.modules.bias.AlibiBias.layer`) and the
+attention backend (``--alibi-attention``).
 """
 
 from fairseq.distributed import fsdp_wrap
@@ -29,13 +30,12 @@ def wrap_layer(layer, cfg):
     return fsdp_wrap(layer, min_num_params=cfg.min_params_to_wrap if not checkpoint else 0)
 
 
-def _keep_reference(layer, alibi, attention, layer_index):
-    # The parent builds its attention inside __init__, so the shared bias and the backend must
-    # be reachable before nn.Module.__init__ runs; a plain reference also keeps the bias out of
-    # the layer's state dict (the model owns it once).
-    object.__setattr__(layer, "alibi", alibi)
-    object.__setattr__(layer, "attention_backend", check_attention_backend(attention))
-    object.__setattr__(layer, "alibi_layer_index", layer_index)
+def keep_references(module, **references):
+    """Plain attributes set before ``nn.Module.__init__`` runs: fairseq builds a layer's
+    attention (and a stack's layers) inside ``__init__``, so what the hooks read must be there
+    first; plain references also keep a shared bias out of the layer's state dict."""
+    for name, value in references.items():
+        object.__setattr__(module, name, value)
 
 
 def _self_attention(layer, embed_dim, num_heads, cfg, add_bias_kv=False, add_zero_attn=False):
@@ -45,7 +45,6 @@ def _self_attention(layer, embed_dim, num_heads, cfg, add_bias_kv=False, add_zer
         num_heads,
         layer.alibi,
         attention=layer.attention_backend,
-        layer_index=layer.alibi_layer_index,
         dropout=cfg.attention_dropout,
         add_bias_kv=add_bias_kv,
         add_zero_attn=add_zero_attn,
@@ -56,24 +55,29 @@ def _self_attention(layer, embed_dim, num_heads, cfg, add_bias_kv=False, add_zer
 
 class CrossPositionHook:
     """``build_encoder_attention``: :class:`~fairseq_alibi.modules.cross_position.CrossPositionAttention`
-    when ``cfg`` asks for a cross-attention position option, fairseq's own otherwise."""
+    when the layer's ``cross`` options ask for a position signal, fairseq's own otherwise."""
 
     def build_encoder_attention(self, embed_dim, cfg):
-        attention = build_cross_attention(embed_dim, cfg, self.quant_noise,
-                                          self.quant_noise_block_size)
+        attention = build_cross_attention(embed_dim, cfg, self.cross, self.attention_backend,
+                                          self.quant_noise, self.quant_noise_block_size)
         return super().build_encoder_attention(embed_dim, cfg) if attention is None else attention
 
 
 class CrossPositionDecoderLayer(CrossPositionHook, TransformerDecoderLayerBase):
     """The stock decoder layer (stock self-attention) with the cross-attention hook."""
 
+    def __init__(self, cfg, no_encoder_attn=False, cross=None, attention="auto", **kwargs):
+        keep_references(self, cross=cross, attention_backend=check_attention_backend(attention))
+        super().__init__(cfg, no_encoder_attn, **kwargs)
+
 
 class AlibiTransformerDecoderLayer(CrossPositionHook, TransformerDecoderLayerBase):
-    def __init__(self, cfg, alibi, no_encoder_attn=False, attention="auto", layer_index=0,
+    def __init__(self, cfg, alibi, no_encoder_attn=False, attention="auto", cross=None,
                  **kwargs):
         if cfg.cross_self_attention:
             raise ValueError("--cross-self-attention is not supported with ALiBi self-attention")
-        _keep_reference(self, alibi, attention, layer_index)
+        keep_references(self, alibi=alibi, cross=cross,
+                        attention_backend=check_attention_backend(attention))
         super().__init__(cfg, no_encoder_attn, **kwargs)
 
     def build_self_attention(self, embed_dim, cfg, add_bias_kv=False, add_zero_attn=False):
@@ -82,8 +86,8 @@ class AlibiTransformerDecoderLayer(CrossPositionHook, TransformerDecoderLayerBas
 
 
 class AlibiTransformerEncoderLayer(TransformerEncoderLayerBase):
-    def __init__(self, cfg, alibi, attention="auto", layer_index=0, **kwargs):
-        _keep_reference(self, alibi, attention, layer_index)
+    def __init__(self, cfg, alibi, attention="auto", **kwargs):
+        keep_references(self, alibi=alibi, attention_backend=check_attention_backend(attention))
         super().__init__(cfg, **kwargs)
 
     def build_self_attention(self, embed_dim, cfg):

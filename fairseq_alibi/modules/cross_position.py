@@ -16,9 +16,9 @@ anchor in the source, and/or multiplies the content logits by ``log S / log N``:
 * ``ratio``: the anchor ``r·t``; the state holds only the step count ``t``.
 
 The bias is per row ``(B, H, T, S)`` (left padding shifts each row's positions), built in
-float32 and cast to the model's precision, and goes through the dense path: ``sdpa``, or
-``naive`` with ``--alibi-attention naive`` (and whenever fairseq asks for the weights). Sources
-are sentences, so the dense bias is small; the fold/flex/flash kernels have no per-row bias.
+float32 and cast to the model's precision: a :class:`RowBias`, which the dispatch gives to the
+dense backends only (``auto`` runs ``sdpa``; ``naive`` with ``--alibi-attention naive``, and
+whenever fairseq asks for the weights). Sources are sentences, so the dense bias is small.
 """
 
 from typing import Dict, Optional
@@ -26,20 +26,18 @@ from typing import Dict, Optional
 import torch
 import torch.nn.functional as F
 from fairseq.modules import MultiheadAttention
-from fairseq.utils import safe_getattr
 from torch import Tensor
 
 from fairseq_alibi.alibi import get_slopes, mask_value
 from fairseq_alibi.cross_alibi import (
+    CROSS_ALIBI_MODES,
     cross_alibi_bias,
     length_scale,
     pointer_positions,
     source_positions,
 )
 from fairseq_alibi.modules.alibi_multihead_attention import attend_and_project
-
-#: the values of ``--cross-alibi``
-CROSS_ALIBI_MODES = ("none", "pointer", "ratio")
+from fairseq_alibi.options import CrossOptions
 
 #: the incremental-state entry of a layer's position (beside the parent's ``attn_state``)
 _STATE = "cross_position"
@@ -54,42 +52,40 @@ def default_cross_heads(num_heads: int) -> int:
     return max(1, num_heads // 2)
 
 
-def uses_cross_position(cfg) -> bool:
-    return safe_getattr(cfg, "cross_alibi", "none") != "none" or \
-        float(safe_getattr(cfg, "cross_attention_length_scale", 0.0) or 0.0) > 0
-
-
-def build_cross_attention(embed_dim, cfg, quant_noise=0.0, qn_block_size=8):
-    """The decoder layer's ``encoder_attn`` for ``cfg`` (a fairseq ``TransformerConfig`` holding
-    the model's options), or ``None`` when no cross-attention position option is on (the stock
-    attention is kept, so models and checkpoints without them compute what they did)."""
-    if not uses_cross_position(cfg):
+def build_cross_attention(embed_dim, cfg, cross: CrossOptions, attention: str,
+                          quant_noise=0.0, qn_block_size=8):
+    """The decoder layer's ``encoder_attn`` for the model's cross-attention options, or
+    ``None`` when none is on (the stock attention is kept, so models and checkpoints without
+    them compute what they did); ``cfg`` the layer's fairseq ``TransformerConfig`` (sizes,
+    dropout), ``attention`` the model's ``--alibi-attention``."""
+    if cross is None or not cross.uses_cross_position:
         return None
-    mode = safe_getattr(cfg, "cross_alibi", "none")
     heads = cfg.decoder.attention_heads
     return CrossPositionAttention(
         embed_dim, heads,
-        mode=mode,
-        biased_heads=safe_getattr(cfg, "cross_alibi_heads", None) or default_cross_heads(heads),
-        slope_scale=float(safe_getattr(cfg, "cross_alibi_slope_scale", 1.0) or 1.0),
-        ratio=safe_getattr(cfg, "cross_alibi_ratio", None),
-        length_reference=float(safe_getattr(cfg, "cross_attention_length_scale", 0.0) or 0.0),
-        attention=safe_getattr(cfg, "alibi_attention", "auto"),
+        mode=cross.cross_alibi,
+        biased_heads=cross.cross_alibi_heads or default_cross_heads(heads),
+        slope_scale=cross.cross_alibi_slope_scale,
+        ratio=cross.cross_alibi_ratio,
+        length_reference=cross.cross_attention_length_scale,
+        attention=attention,
         kdim=cfg.encoder.embed_dim, vdim=cfg.encoder.embed_dim,
         dropout=cfg.attention_dropout, q_noise=quant_noise, qn_block_size=qn_block_size,
     )
 
 
-class _RowBias:
-    """What the dense backends call for the bias: this call's float32 ``(B, H, T, S)`` bias
-    cast to the attention's dtype at the end (``None``: no bias, a zero)."""
+class RowBias:
+    """A bias of its own per batch row (kind ``rows`` of
+    :class:`~fairseq_alibi.modules.attention.dispatch.AttentionBias`): this call's float32
+    ``(B, H, T, S)`` bias, cast to the attention's dtype when asked (``None``: no bias, a zero).
+    Only the dense backends take it."""
 
-    variant = "cross"
+    kind, variant, scales_need_grad, global_tokens = "rows", None, False, 0
 
-    def __init__(self, bias: Optional[Tensor], device):
-        self.bias, self.device = bias, device
+    def __init__(self, bias: Optional[Tensor], num_heads: int, device):
+        self.bias, self.num_heads, self.device = bias, num_heads, device
 
-    def __call__(self, query_len, key_len, dtype):
+    def dense(self, query_len, key_len, dtype):
         if self.bias is None:
             return torch.zeros((1, 1, 1, 1), dtype=dtype, device=self.device)
         return self.bias.to(dtype)
@@ -101,8 +97,8 @@ class CrossPositionAttention(MultiheadAttention):
     ``mode``: ``none``, ``pointer`` or ``ratio``; ``biased_heads`` ``K``: how many heads (the
     first) get the bias, with slopes ``slope_scale·get_slopes(K)``; ``ratio``: ``r`` for ``ratio``;
     ``length_reference``: ``N`` of the length scale ``f_b = log S_b / log N`` (0: ``f_b = 1``);
-    ``attention``: ``--alibi-attention`` (``naive`` runs the explicit reference, anything else
-    ``sdpa``).
+    ``attention``: ``--alibi-attention`` (``naive`` runs the explicit reference; any other
+    choice leaves it to ``auto``, which gives a per-row bias to ``sdpa``).
     """
 
     def __init__(self, embed_dim, num_heads, mode="none", biased_heads=1, ratio=None,
@@ -172,7 +168,7 @@ class CrossPositionAttention(MultiheadAttention):
             positions, real_len = source_positions(key_padding_mask, bsz,
                                                    saved["prev_key"].size(2), q.device)
             saved["source_positions"], saved["last_source"] = positions, real_len - 1
-            if key_padding_mask is not None and self.mode != "none":
+            if key_padding_mask is not None:
                 # the padding merged into the bias (one op per step, no mask of its own), by a
                 # value that stays finite in the attention's dtype
                 saved["source_padding"] = key_padding_mask.float() * mask_value(q.dtype)
@@ -191,8 +187,12 @@ class CrossPositionAttention(MultiheadAttention):
             previous = self.position_state(incremental_state)
             if self.mode == "pointer":
                 step = self.pointer_step  # F.linear: no module call at every decoding step
-                steps = F.softplus(F.linear(query, step.weight, step.bias).float()).squeeze(-1).t()
-                anchors = pointer_positions(steps, previous["pointer"] if previous else None)
+                steps = F.linear(query, step.weight, step.bias)  # (T, B, 1)
+                if steps.dtype != torch.float32:
+                    steps = steps.float()
+                steps = F.softplus(steps).view(tgt_len, bsz)
+                anchors = pointer_positions(steps.t() if tgt_len > 1 else steps.view(bsz, 1),
+                                            previous["pointer"] if previous else None)
                 state = {"pointer": anchors[:, -1]}
             else:  # r·t, t counted in the state
                 seen = previous["steps"] if previous else q.new_zeros(bsz, dtype=torch.float32)
@@ -205,9 +205,43 @@ class CrossPositionAttention(MultiheadAttention):
             if incremental_state is not None:
                 self.set_incremental_state(incremental_state, _STATE, state)
 
-        return attend_and_project(self, "naive" if self.attention_backend == "naive" else "sdpa",
-                                  q, k, v, _RowBias(bias, q.device), key_padding_mask, attn_mask,
-                                  need_weights, need_head_weights, before_softmax)
+        if incremental_state is not None and tgt_len == 1 and attn_mask is None \
+                and not before_softmax and not self.training:
+            if bias is None and "source_padding" in saved:
+                bias = saved["source_padding"].view(bsz, 1, 1, -1)
+            return self._decoding_step(q, k, v, bias, need_weights or need_head_weights,
+                                       need_head_weights)
+        return attend_and_project(self, "naive" if self.attention_backend == "naive" else "auto",
+                                  q, k, v, RowBias(bias, H, q.device), key_padding_mask,
+                                  attn_mask, need_weights, need_head_weights, before_softmax)
+
+    def _decoding_step(self, q, k, v, bias, need_weights, need_head_weights):
+        """A decoding step (one query per row, no dropout), with the weights fairseq's decoder
+        asks of every cross-attention: three batched matrix products of ``(B·H, ·, ·)`` views,
+        the bias added inside the first (``baddbmm``). The same function as the general path,
+        in fewer, larger operations: a small decoder's step costs what their count costs
+        (docs/translation.md, "Speed of the cross-attention options")."""
+        B, H, _, D = q.shape
+        S = k.size(2)
+        keys_t = k.view(B * H, S, D).transpose(1, 2)
+        if bias is None:
+            scores = torch.bmm(q.reshape(B * H, 1, D), keys_t).mul_(self.scaling)
+        else:
+            if bias.dtype != q.dtype:
+                bias = bias.to(q.dtype)
+            if bias.size(1) != H:  # the padding alone: one row per sequence
+                bias = bias.expand(B, H, 1, S)
+            scores = torch.baddbmm(bias.reshape(B * H, 1, S), q.reshape(B * H, 1, D), keys_t,
+                                   alpha=self.scaling)
+        probs = torch.softmax(scores, dim=-1, dtype=torch.float32)
+        if probs.dtype != q.dtype:
+            probs = probs.to(q.dtype)
+        out = torch.bmm(probs, v.view(B * H, S, D))
+        out = self.out_proj(out.view(1, B, H * D))  # (B, H, 1, D) in memory: (1, B, H·D)
+        if not need_weights:
+            return out, None
+        weights = probs.view(B, H, 1, S).transpose(1, 0)
+        return out, (weights if need_head_weights else weights.mean(dim=0))
 
     def eos_distance(self, incremental_state) -> Optional[Tensor]:
         """``(B,)``: how many source tokens the pointer is before each row's last real source

@@ -12,20 +12,18 @@
 * :func:`run_cli`: turns :class:`DataError` into a one-line message and exit status 1.
 """
 
-import contextlib
 import io
 import json
 import logging
 import multiprocessing
-import os
-import shutil
 import signal
 import sys
-import tempfile
 from collections import deque
 from pathlib import Path
 
 import numpy as np
+
+from fairseq_alibi import files
 
 logger = logging.getLogger("fairseq_alibi.preprocess")
 
@@ -45,36 +43,11 @@ def require(module: str):
         ) from e
 
 
-@contextlib.contextmanager
 def atomic_directory(dest, overwrite: bool = False):
-    """Yield an empty temporary folder beside ``dest`` that becomes ``dest`` on success.
-
-    ``dest`` must not exist, be empty, or ``overwrite`` must be set (then the old folder is
-    replaced only once the new one is complete). On any exception, including KeyboardInterrupt
-    and the SystemExit that :func:`run_cli` raises on SIGTERM, the temporary folder is removed.
-    """
-    dest = Path(dest).absolute()
-    if dest.exists() and not dest.is_dir():
-        raise DataError(f"{dest} exists and is not a folder")
-    if dest.exists() and any(dest.iterdir()) and not overwrite:
-        raise DataError(f"{dest} already exists and is not empty; pass --overwrite to replace it")
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    partial = Path(tempfile.mkdtemp(prefix=f".{dest.name}.partial-", dir=dest.parent))
-    try:
-        yield partial
-        umask = os.umask(0)
-        os.umask(umask)
-        partial.chmod(0o777 & ~umask)  # mkdtemp makes it private; give it a normal folder's mode
-        if dest.exists():
-            old = Path(tempfile.mkdtemp(prefix=f".{dest.name}.old-", dir=dest.parent))
-            dest.rename(old / dest.name)
-            partial.rename(dest)
-            shutil.rmtree(old)
-        else:
-            partial.rename(dest)
-    except BaseException:
-        shutil.rmtree(partial, ignore_errors=True)
-        raise
+    """:func:`fairseq_alibi.files.atomic_directory`, refusing a non-empty ``dest`` (without
+    ``overwrite``) with a :class:`DataError`. A SIGTERM (:func:`run_cli`) unwinds through it too."""
+    return files.atomic_directory(dest, overwrite, not_empty=lambda path: DataError(
+        f"{path} already exists and is not empty; pass --overwrite to replace it"))
 
 
 class _SilentBar:

@@ -21,11 +21,12 @@ def unsupported(call) -> Optional[str]:
 
 
 def dense_mask(alibi, bsz, tgt_len, src_len, dtype, key_padding_mask, attn_mask) -> Tensor:
-    """``(1 or B, H, tgt, src)`` additive mask: the shared bias plus any fairseq masks.
+    """``(1 or B, H, tgt, src)`` additive mask: the bias plus any fairseq masks.
 
-    ``alibi(tgt_len, src_len, dtype)`` is the ``(H, tgt, src)`` bias shared by the batch, or a
-    4-D one of its own per row (cross-attention's position bias: modules/cross_position.py)."""
-    mask = alibi(tgt_len, src_len, dtype)
+    ``alibi.dense(tgt_len, src_len, dtype)`` is the ``(H, tgt, src)`` bias shared by the batch
+    (kind ``distance``), or a 4-D one of its own per row (kind ``rows``: the cross-attention's
+    position bias)."""
+    mask = alibi.dense(tgt_len, src_len, dtype)
     if mask.dim() == 3:
         mask = mask.unsqueeze(0)
     if attn_mask is not None:  # fairseq's (tgt, src) mask: bool (True = masked) or float
@@ -86,7 +87,7 @@ def aligned(mask: Tensor) -> Tensor:
     """``mask``, copied if its data does not start on a :data:`CUDA_BIAS_ALIGNMENT` boundary.
 
     A decoding step's bias row is a view into one cached table at any offset
-    (``CachedAlibiBias._last_query_row``); CUDA's memory-efficient kernel read such a view with
+    (``BiasCache.last_query_row``); CUDA's memory-efficient kernel read such a view with
     "CUDA error: misaligned address" in float32 (a fault that poisons the process) and refused
     it in float16 ("p.attn_bias_ptr is not correctly aligned"): fairseq-generate crashed on the
     first step (H100, torch 2.11; docs/benchmarks.md, "GPU"). The copy is one ``(H, 1, S)`` row.

@@ -2,9 +2,9 @@
 
 Every backend has the same signature, ``run(q, k, v, alibi, key_padding_mask, attn_mask,
 dropout_p, scale) -> out`` for ``(B, H, T, D)`` queries and ``(B, H, S, D)`` keys/values
-(queries aligned to the end of the keys, as in a KV cache), where ``alibi`` is the model's
-:class:`~fairseq_alibi.alibi.AlibiPositionalBias` (slopes via ``alibi.head_slopes()``, the
-dense bias via ``alibi(T, S, dtype)``), and one ``unsupported(call) -> reason or None``:
+(queries aligned to the end of the keys, as in a KV cache), where ``alibi`` is an
+:class:`AttentionBias` (a layer's view of its stack's bias, or the cross-attention's per-row
+bias), and one ``unsupported(call) -> reason or None``:
 
 =========  ===================================================================================
 ``fold``   the bias folded into PyTorch's fused CPU kernel, no bias tensor (:mod:`.fold`)
@@ -20,11 +20,38 @@ the attention module with the explicit computation, whatever the backend.)
 """
 
 from dataclasses import dataclass
-from typing import Callable, NamedTuple
+from typing import Callable, NamedTuple, Optional, Protocol, Tuple
 
 import torch
+from torch import Tensor
 
 from fairseq_alibi.modules.attention import dense, flash, flex, fold
+
+
+class AttentionBias(Protocol):
+    """What the backends read of a bias.
+
+    ``kind``: ``"distance"``, the ALiBi bias of a variant, ``-m_h·f(i - j)`` from the slopes
+    (:class:`~fairseq_alibi.modules.bias.LayerBias`), which every backend computes its own way;
+    or ``"rows"``, a dense bias of its own per batch row, ``(B, H, T, S)`` (the cross-attention
+    position bias: :class:`~fairseq_alibi.modules.cross_position.RowBias`), which only the
+    dense backends (``sdpa``, ``naive``) take.
+    """
+
+    kind: str
+    variant: Optional[str]  # the ALiBi variant ("distance"), None for "rows"
+    num_heads: int
+    global_tokens: int  # the first positions exempt from the bias ("distance"), 0 for "rows"
+
+    @property
+    def scales_need_grad(self) -> bool:
+        """Whether learned slope scales need their gradient now (``Call.scale_grad``)."""
+
+    def head_slopes(self) -> Tuple[Tensor, Optional[Tensor]]:
+        """``(slopes, future_slopes)``, float32 ``(H,)`` ("distance" only)."""
+
+    def dense(self, query_len: int, key_len: int, dtype: torch.dtype) -> Tensor:
+        """The bias as a tensor: ``(H, T, S)`` ("distance"), ``(B, H, T, S)`` ("rows")."""
 
 
 @dataclass(frozen=True)
@@ -83,6 +110,8 @@ class Call(NamedTuple):
     dropout_p: float = 0.0
     grad: bool = False  # autograd will need its backward
     scale_grad: bool = False  # learned slope scales (--alibi-learned-scales) need their gradient
+    kind: str = "distance"  # the bias's AttentionBias.kind
+    global_tokens: int = 0  # AttentionBias.global_tokens
 
 
 #: from this many keys on, causal and one_sided attention is faster folded than with the dense
@@ -154,14 +183,10 @@ def resolve(name: str, call: Call) -> str:
     return name
 
 
-def _scales_need_grad(alibi) -> bool:
-    scales = getattr(alibi, "scales", None)  # learned slope scales (modules/learned_scales.py)
-    return scales is not None and scales.requires_grad
-
-
 def attend(name, q, k, v, alibi, key_padding_mask=None, attn_mask=None, dropout_p=0.0,
            scale=None):
-    """ALiBi attention of ``(B, H, T, D)`` tensors with backend ``name`` (or ``auto``)."""
+    """ALiBi attention of ``(B, H, T, D)`` tensors with backend ``name`` (or ``auto``);
+    ``alibi`` an :class:`AttentionBias`."""
     B, H, T, D = q.shape
     scale = D**-0.5 if scale is None else scale
     call = Call(
@@ -169,7 +194,7 @@ def attend(name, q, k, v, alibi, key_padding_mask=None, attn_mask=None, dropout_
         padded=key_padding_mask is not None, attn_mask=attn_mask is not None,
         dropout_p=dropout_p,
         grad=torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad),
-        scale_grad=torch.is_grad_enabled() and _scales_need_grad(alibi),
+        scale_grad=alibi.scales_need_grad, kind=alibi.kind, global_tokens=alibi.global_tokens,
     )
     return REGISTRY[resolve(name, call)].run(q, k, v, alibi, key_padding_mask, attn_mask,
                                              dropout_p, scale)

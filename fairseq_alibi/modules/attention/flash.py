@@ -21,6 +21,11 @@ def installed() -> bool:
 
 def unsupported(call) -> Optional[str]:
     """``None`` if :func:`attention` can serve ``call`` (a ``dispatch.Call``), else why not."""
+    if call.kind != "distance":
+        return "flash_attn's alibi_slopes take no bias of its own per batch row (cross-attention)"
+    if call.global_tokens:
+        return ("global tokens (--alibi-global-tokens) are not part of this kernel's bias: use "
+                "sdpa or naive (auto does)")
     if call.device != "cuda":
         return "flash_attn runs on CUDA only"
     if not installed():

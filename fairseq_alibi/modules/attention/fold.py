@@ -118,6 +118,11 @@ def available() -> bool:
 
 def unsupported(call) -> Optional[str]:
     """``None`` if :func:`attention` can serve ``call`` (a ``dispatch.Call``), else why not."""
+    if call.kind != "distance":
+        return "a bias of its own per batch row (cross-attention) is not a fold of slopes"
+    if call.global_tokens:
+        return ("global tokens (--alibi-global-tokens) are not part of this kernel's bias: use "
+                "sdpa or naive (auto does)")
     if not available():
         return f"this torch ({torch.__version__}) has no fused CPU kernel with a log-sum-exp"
     if call.device != "cpu":
@@ -401,7 +406,7 @@ def folded_attention(
 ) -> Tensor:
     """ALiBi attention of ``(B, H, L, D)`` queries/keys/values, no bias tensor; ``(B, H, L, D)``.
 
-    ``slopes``/``future_slopes`` as from :meth:`AlibiPositionalBias.head_slopes`;
+    ``slopes``/``future_slopes`` as from ``AttentionBias.head_slopes()``;
     ``key_padding_mask`` ``(B, L)``, True = padding. Check :func:`unsupported` first.
     """
     slopes = slopes.to(q.device, torch.float32)

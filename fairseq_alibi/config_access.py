@@ -1,0 +1,45 @@
+"""Reading and writing a fairseq configuration of any era: an ``argparse.Namespace`` (fairseq
+before hydra, and the forks' checkpoints), an OmegaConf node (hydra, saved ``cfg``) or a plain
+dict. The one home of these helpers: the models, the hub and the tools all use them."""
+
+import argparse
+
+
+def cfg_get(cfg, key, default=None):
+    """``cfg[key]`` / ``cfg.key``; ``default`` when absent (or when ``cfg`` is no config)."""
+    try:
+        if hasattr(cfg, "get") and not isinstance(cfg, argparse.Namespace):
+            return cfg.get(key, default)
+        return getattr(cfg, key, default)
+    except Exception:  # noqa: BLE001 - an unusual config object: treated as not holding it
+        return default
+
+
+def cfg_set(cfg, key, value):
+    """``cfg[key] = value`` for a Namespace, an OmegaConf node (struct or not) or a dict."""
+    from omegaconf import OmegaConf, open_dict
+
+    if isinstance(cfg, argparse.Namespace):
+        setattr(cfg, key, value)
+    elif OmegaConf.is_config(cfg):
+        with open_dict(cfg):  # configs converted from argparse checkpoints are "struct"
+            cfg[key] = value
+    else:
+        cfg[key] = value
+
+
+def architecture_of(model_cfg):
+    """The architecture a model config names (``_name``, or ``arch`` for argparse)."""
+    return cfg_get(model_cfg, "_name") or cfg_get(model_cfg, "arch")
+
+
+def plain_cfg(cfg, resolve: bool = True) -> dict:
+    """A config as a plain dict (enums as strings; ``resolve=False`` keeps interpolations such
+    as the forks' ``${task.max_tokens}`` as written); ``{}`` for ``None``."""
+    from omegaconf import OmegaConf
+
+    if OmegaConf.is_config(cfg):
+        return OmegaConf.to_container(cfg, resolve=resolve, enum_to_str=True)
+    if isinstance(cfg, argparse.Namespace):
+        return dict(vars(cfg))
+    return dict(cfg) if cfg is not None else {}

@@ -1,0 +1,207 @@
+"""The ALiBi bias of one layer stack: what the models build, and what each layer's attention reads.
+
+:class:`AlibiBias` is a stack's one bias module (saved once per stack: ``<stack>.alibi.slopes``,
+``.future_slope_ratio`` for ``asymmetric``, ``.scales`` for learned slope scales). Its members
+are the learned scales ``s`` (:mod:`fairseq_alibi.modules.learned_scales`) and a
+:class:`BiasCache`; the values are :func:`fairseq_alibi.alibi.alibi_bias`'s. A layer reads it
+through its view, :meth:`AlibiBias.layer` (a :class:`LayerBias`), which is what the attention
+backends are handed: an :class:`~fairseq_alibi.modules.attention.dispatch.AttentionBias`.
+"""
+
+import dataclasses
+from typing import Dict, Optional, Tuple
+
+import torch
+from torch import Tensor
+
+from fairseq_alibi.alibi import VARIANTS, alibi_bias, variant_slopes
+from fairseq_alibi.modules.learned_scales import fixed_scale, load_scales, make_scales, scale_row
+from fairseq_alibi.options import Side, StackOptions
+
+#: how a bias built without the model's own options (a test, a benchmark) names them
+_ANY_STACK = Side("alibi_", VARIANTS, "causal")
+
+
+class BiasCache:
+    """What a stack's layers share between calls: the last bias built (the layers of one
+    forward pass ask for the same one; never one sized by a maximum length) and the table that
+    a decoding step's row is a view of. A plain object: ``nn.Module.__setattr__`` is slow."""
+
+    def __init__(self):
+        self.clear()
+
+    def clear(self):
+        self.key, self.bias, self.rows, self.rows_key = None, None, None, None
+
+    def get(self, key, build):
+        if self.key != key:
+            self.bias = None  # freed before the next one is built
+            self.bias = build()
+            self.key = key
+        return self.bias
+
+    def last_query_row(self, key_len: int, dtype, slope_scale: float, slopes) -> Tensor:
+        """``(H, 1, k)``: a decoding step's row ``-m·(k-1-j)``, a view of a cached table.
+
+        The query sits at the last position, every key behind it: the look-back bias of every
+        variant but ``one_sided``. It is the last ``k`` columns of ``-m·(N-1-j)``, ``N >= k``, so
+        one ``(H, N)`` table (grown by doubling) serves every step. ``slopes``: a function
+        giving the float32 slopes when the table is (re)built.
+        """
+        rows = self.rows
+        if rows is None or self.rows_key != (dtype, slope_scale) or rows.size(1) < key_len:
+            m = slopes()
+            size = 1 << max(10, (key_len - 1).bit_length())
+            distances = torch.arange(size - 1, -1, -1, dtype=torch.float32, device=m.device)
+            # float32, then cast: exactly the values of alibi_bias
+            rows = self.rows = ((-m)[:, None] * distances).to(dtype)
+            self.rows_key = (dtype, slope_scale)
+        return rows[:, None, rows.size(1) - key_len:]
+
+
+class AlibiBias(torch.nn.Module):
+    """One stack's ALiBi bias: its variant's slopes (a float32 buffer), for any length.
+
+    ``options`` (:class:`~fairseq_alibi.options.StackOptions`, keyword ``values`` replacing its
+    fields) give the variant, the asymmetric forward slopes, the learned or fixed slope scales
+    ``s`` of ``num_layers`` layers, the heads that carry a bias, the global tokens and the
+    run-time ``slope_scale`` (not saved). Layer ``l``'s slopes are ``slope_scale·s[l, h]·m_h``
+    (:meth:`slopes_of`).
+    """
+
+    kind = "distance"
+
+    def __init__(self, num_heads: int, options: Optional[StackOptions] = None,
+                 num_layers: int = 1, **values):
+        super().__init__()
+        options = dataclasses.replace(options or StackOptions(), **values)
+        options.check_values(_ANY_STACK, num_heads)  # combinations: the model's options check
+        options.check_model_wide()
+        self.options, self.variant, self.num_heads = options, options.variant, num_heads
+        self.slope_scale = float(options.slope_scale)
+        self.global_tokens = int(options.global_tokens)
+        self.register_buffer("slopes", variant_slopes(num_heads, self.variant, options.heads))
+        ratio = None
+        if self.variant == "asymmetric":
+            ratio = torch.full((num_heads,), float(options.future_slope_ratio))
+        if ratio is not None and options.learnable_future_slopes:
+            self.future_slope_ratio = torch.nn.Parameter(ratio)
+        else:
+            self.register_buffer("future_slope_ratio", ratio)
+        self.learned_scales = str(options.learned_scales)
+        self.scales = make_scales(self.learned_scales, options.scale_init, num_layers, num_heads)
+        self.fixed_scale = fixed_scale(options.scale_init) if self.scales is None else None
+        self._register_load_state_dict_pre_hook(load_scales, with_module=True)
+        self._register_load_state_dict_pre_hook(_check_saved_slopes, with_module=True)
+        self.cache = BiasCache()
+        self._views: Dict[int, "LayerBias"] = {}
+        # a decoding step's row is a view of one table unless the scales are learned (per
+        # layer, with a gradient), one_sided's heads look ahead or the first keys are global
+        self._steps_from_rows = (self.scales is None and self.variant != "one_sided"
+                                 and not self.global_tokens)
+
+    def extra_repr(self):
+        return (f"variant={self.variant}, num_heads={self.num_heads}, "
+                f"learned_scales={self.learned_scales}, slope_scale={self.slope_scale}, "
+                f"global_tokens={self.global_tokens}")
+
+    def _apply(self, fn, *args, **kwargs):
+        # model.half() / .bfloat16() must not round the slopes: the bias is built in float32
+        exact = self.slopes.float()
+        out = super()._apply(fn, *args, **kwargs)
+        self.slopes = exact.to(self.slopes.device)
+        self.cache.clear()
+        return out
+
+    def layer(self, index: int) -> "LayerBias":
+        """Layer ``index``'s view of this bias (what its attention hands the backends)."""
+        view = self._views.get(index)
+        if view is None:
+            view = self._views[index] = LayerBias(self, index)
+        return view
+
+    @property
+    def scales_need_grad(self) -> bool:
+        """Whether the learned slope scales need their gradient now."""
+        return torch.is_grad_enabled() and self.scales is not None and self.scales.requires_grad
+
+    def _learned(self):
+        return [p for p in (self.scales, self.future_slope_ratio)
+                if isinstance(p, torch.nn.Parameter)]
+
+    def slopes_of(self, layer: Optional[int] = None) -> Tuple[Tensor, Optional[Tensor]]:
+        """``(slopes, future_slopes)``, float32 ``(H,)``: ``slope_scale·s[layer]·m`` and
+        ``ratio·`` that (``None`` but for ``asymmetric``), with the gradients of ``s``/ratio."""
+        slopes = self.slopes.float() * self.slope_scale
+        if self.scales is not None:
+            slopes = slopes * self.scales[scale_row(self.scales, layer)].float()
+        elif self.fixed_scale is not None:
+            slopes = slopes * self.fixed_scale
+        ratio = self.future_slope_ratio
+        return slopes, None if ratio is None else slopes * ratio.float()
+
+    def bias(self, query_len: int, key_len: int, dtype=torch.float32,
+             layer: Optional[int] = None) -> Tensor:
+        """The ``(H, query_len, key_len)`` bias of layer ``layer`` (queries aligned to the end of
+        the keys), memoised: the layers that share a scale row share one tensor. A bias that
+        carries a gradient is built per call and never kept (a kept one would hold a graph that
+        a backward frees)."""
+        if query_len == 1 and self._steps_from_rows:  # a decoding step, first: its hot path
+            return self.cache.last_query_row(key_len, dtype, self.slope_scale,
+                                             lambda: self.slopes_of()[0])
+        learned = self._learned()
+        if torch.is_grad_enabled() and any(p.requires_grad for p in learned):
+            return self._build(query_len, key_len, dtype, layer)
+        row = None if self.scales is None else scale_row(self.scales, layer)
+        key = (row, query_len, key_len, dtype, self.slopes.device, self.slope_scale,
+               tuple(p._version for p in learned))
+        return self.cache.get(key, lambda: self._build(query_len, key_len, dtype, layer))
+
+    def _build(self, query_len, key_len, dtype, layer):
+        slopes, future = self.slopes_of(layer)
+        return alibi_bias(slopes, query_len, key_len, self.variant, future, dtype,
+                          self.global_tokens)
+
+    def forward(self, query_len: int, key_len: int, dtype=torch.float32,
+                layer: Optional[int] = None) -> Tensor:
+        return self.bias(query_len, key_len, dtype, layer)
+
+
+def _check_saved_slopes(module, state_dict, prefix, *args):
+    """A load hook: a checkpoint's slopes are what the model uses (a saved buffer, so slopes
+    set by hand stay as saved), but the heads that carry a bias must be this module's: other
+    ones mean the checkpoint was trained with another head count or ``--alibi-heads`` (saved in
+    its options), which is a clear error rather than a model computing something else."""
+    saved = state_dict.get(f"{prefix}slopes")
+    if saved is None or (saved.shape == module.slopes.shape
+                         and torch.equal(saved.ne(0), module.slopes.ne(0))):
+        return
+    raise ValueError(
+        f"this checkpoint's ALiBi slopes ({prefix}slopes: {saved.numel()} heads, "
+        f"{int(saved.ne(0).sum())} with a bias) are not those of the model being built "
+        f"({module.variant}, {module.num_heads} heads, {int(module.slopes.ne(0).sum())} with a "
+        "bias): build it with the attention heads and --alibi-heads it was trained with (saved "
+        "in its options)")
+
+
+class LayerBias:
+    """Layer ``index``'s view of its stack's :class:`AlibiBias`: what the attention backends
+    read (:class:`~fairseq_alibi.modules.attention.dispatch.AttentionBias`), with that layer's
+    slopes. Not a module: the state stays in the stack's bias."""
+
+    kind = "distance"
+
+    def __init__(self, stack: AlibiBias, index: int):
+        self.stack, self.index = stack, index
+        self.variant, self.num_heads = stack.variant, stack.num_heads
+        self.global_tokens = stack.global_tokens
+
+    @property
+    def scales_need_grad(self) -> bool:
+        return self.stack.scales_need_grad
+
+    def head_slopes(self) -> Tuple[Tensor, Optional[Tensor]]:
+        return self.stack.slopes_of(self.index)
+
+    def dense(self, query_len: int, key_len: int, dtype=torch.float32) -> Tensor:
+        return self.stack.bias(query_len, key_len, dtype, self.index)

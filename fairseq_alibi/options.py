@@ -1,0 +1,432 @@
+"""Every ALiBi option, declared once: its name, help, default, choices and validation.
+
+A model family does not declare ALiBi options of its own; it lists which declarations it has
+and under which prefix, and they reach fairseq through fairseq's own dataclass-to-argparse
+machinery (``gen_parser_from_dataclass``, or the model's config dataclass), and reach the layers
+as one object (:func:`read`), never as ``getattr`` reads with local defaults:
+
+* :class:`StackOptions`, a layer stack's, under ``alibi_`` (``alibi_transformer_lm``'s causal
+  decoder: :data:`LM`; ``alibi_roberta``'s encoder: :data:`ENCODER`), ``encoder_alibi_`` and
+  ``decoder_alibi_`` (``alibi_transformer``'s sides: :data:`TRANSLATION_ENCODER`,
+  :data:`TRANSLATION_DECODER`);
+* :class:`CrossOptions`, ``alibi_transformer``'s cross-attention and SHAPE, unprefixed.
+
+:class:`StackOptions` fields marked ``model_wide`` (the attention backend, the run-time slope
+scale) are declared once per model under ``alibi_`` and shared by its stacks; a stack's
+``variant`` choices (and whether the asymmetric variant's forward-slope options exist) come
+from its :class:`Side`. Adding a field to :class:`StackOptions` adds the option to every family
+(``docs/architecture.md``, "Where to add things").
+
+A field's ``metadata``: ``help``; ``check``, a function of the value returning what is wrong
+with it (or ``None``), said after the flag's name; ``model_wide``.
+Checks that involve several options are the ``check`` method of the declaration.
+"""
+
+import dataclasses
+import logging
+import math
+from dataclasses import dataclass, field
+from typing import Dict, Iterable, Optional, Tuple
+
+from fairseq.dataclass import ChoiceEnum, FairseqDataclass
+
+from fairseq_alibi.alibi import ENCODER_VARIANTS, SCALE_MODES, check_variant
+from fairseq_alibi.config_access import cfg_get, cfg_set
+from fairseq_alibi.cross_alibi import CROSS_ALIBI_MODES
+from fairseq_alibi.modules.attention.dispatch import ATTENTION_BACKENDS
+
+logger = logging.getLogger(__name__)
+
+
+def _positive(value):
+    if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+        return f"must be positive, got {value!r}"
+    return None
+
+
+def _scale_init(value):
+    if _positive(value):
+        return ("must be a positive number (it multiplies every ALiBi slope; 1.0 = Press et "
+                f"al.'s slopes), got {value!r}")
+    return None
+
+
+def _at_least(low):
+    def check(value):
+        if value is not None and not value >= low:
+            return f"must be >= {low}, got {value!r}"
+        return None
+    return check
+
+
+@dataclass(frozen=True)
+class Side:
+    """What one family's stack may be: the flag prefix, its variants and the default one (a
+    causal LM's is no option), and whether its first positions hold the same tokens in every
+    row (right padding and a first token such as ``<s>``: what global tokens need; fairseq pads
+    LM prompts and translation sources on the left)."""
+
+    prefix: str
+    variants: Tuple[str, ...]
+    default: str
+    fixed_first_tokens: bool = False
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.prefix.rstrip("_").replace("_", "-")
+
+    def has(self, name: str) -> bool:
+        """Whether this side declares the field ``name`` of :class:`StackOptions`."""
+        if name == "variant":
+            return len(self.variants) > 1
+        if name in ("future_slope_ratio", "learnable_future_slopes"):
+            return "asymmetric" in self.variants
+        if name == "global_tokens":
+            return self.fixed_first_tokens
+        return True
+
+
+#: the sides of the model families
+LM = Side("alibi_", ("causal",), "causal")
+ENCODER = Side("alibi_", ENCODER_VARIANTS, "offset", fixed_first_tokens=True)
+TRANSLATION_ENCODER = Side("encoder_alibi_", ENCODER_VARIANTS, "offset")
+TRANSLATION_DECODER = Side("decoder_alibi_", ("causal", "none"), "causal")
+
+#: the prefix of the model-wide fields
+MODEL_WIDE_PREFIX = "alibi_"
+
+
+@dataclass
+class StackOptions(FairseqDataclass):
+    """The ALiBi options of one layer stack (one shared bias, its layers' attention)."""
+
+    variant: str = field(default="causal", metadata={
+        "help": "ALiBi bias of the self-attention: offset (future keys -m(j-i-0.5)), "
+                "symmetric -m|i-j|, one_sided (half the heads look back, half ahead), "
+                "asymmetric (forward slope = ratio x backward), causal -m(i-j); none = stock "
+                "position embeddings, no bias"})
+    future_slope_ratio: float = field(default=1.0, metadata={
+        "help": "asymmetric only: forward slope = R x backward slope, per head",
+        "check": _at_least(0)})
+    learnable_future_slopes: bool = field(default=False, metadata={
+        "help": "asymmetric only: learn the forward/backward slope ratio of every head"})
+    learned_scales: ChoiceEnum(SCALE_MODES) = field(default="none", metadata={
+        "help": "learn a multiplier of the ALiBi slopes (data2vec 2.0's learned alibi scale): "
+                "none (fixed slopes), shared (one), per_head, per_layer, per_layer_head; saved "
+                "with the model (docs/learned_scales.md)"})
+    scale_init: float = field(default=1.0, metadata={
+        "help": "initial value of the learned slope scales (with none: a fixed multiplier); "
+                "must be positive, 1.0 = Press et al.'s slopes", "check": _scale_init})
+    heads: Optional[int] = field(default=None, metadata={
+        "help": "partial-head ALiBi: only the first K attention heads carry the bias, with "
+                "Press's slopes of K heads; the others have none (default: every head)",
+        "check": _at_least(1)})
+    global_tokens: int = field(default=0, metadata={
+        "help": "the first N positions (<s>, read by the classification head) are exempt from "
+                "the bias as queries and as keys, and from one_sided's direction masks; 0 = "
+                "none", "check": _at_least(0)})
+    attention: ChoiceEnum(ATTENTION_BACKENDS) = field(default="auto", metadata={
+        "help": "attention implementation; saved with the model, can be overridden at load "
+                "time with --model-overrides \"{'alibi_attention': 'naive'}\"",
+        "model_wide": True})
+    slope_scale: float = field(default=1.0, metadata={
+        "help": "multiply every ALiBi slope by this at run time (slope interpolation: "
+                "L_train / L_eval); a load-time override, 1.0 = as trained",
+        "model_wide": True, "check": _positive})
+
+    def check_values(self, side: Side, num_heads: int):
+        """Clear errors for values that cannot work, each alone (named as typed)."""
+        for f in dataclasses.fields(self):
+            if f.metadata.get("model_wide") or not side.has(f.name):
+                continue
+            _check_field(f, getattr(self, f.name), side.prefix)
+        if self.variant not in side.variants:
+            raise ValueError(f"unknown {side.flag}-variant {self.variant!r}; choose one of: "
+                             f"{', '.join(side.variants)}")
+        if self.variant != "none":
+            check_variant(self.variant, num_heads)  # one_sided's even head count
+        p = side.flag
+        if self.heads is not None and self.heads > num_heads:
+            raise ValueError(f"{p}-heads must be between 1 and the {num_heads} attention heads, "
+                             f"got {self.heads}")
+
+    def check(self, side: Side, num_heads: int):
+        """Clear errors for values and combinations that cannot work (named as typed)."""
+        self.check_values(side, num_heads)
+        p = side.flag
+        if self.variant != "asymmetric" and (self.future_slope_ratio != 1.0
+                                             or self.learnable_future_slopes):
+            raise ValueError(
+                f"{p}-future-slope-ratio / {p}-learnable-future-slopes set the forward slopes "
+                f"of {p}-variant asymmetric; they do nothing with {self.variant!r}")
+        if self.variant == "none" and (self.learned_scales != "none" or self.scale_init != 1.0
+                                       or self.heads is not None or self.global_tokens):
+            raise ValueError(
+                f"{p}-learned-scales / {p}-scale-init / {p}-heads / {p}-global-tokens shape "
+                f"the ALiBi bias; {p}-variant none has none: drop them or choose an ALiBi "
+                "variant")
+        if self.variant == "one_sided" and self.heads not in (None, num_heads):
+            raise ValueError(f"{p}-variant one_sided splits its heads by direction: it takes no "
+                             f"{p}-heads; drop it, or use symmetric or offset")
+
+    def check_model_wide(self):
+        for f in dataclasses.fields(self):
+            if f.metadata.get("model_wide"):
+                _check_field(f, getattr(self, f.name), MODEL_WIDE_PREFIX)
+
+    @property
+    def uses_alibi(self) -> bool:
+        return self.variant != "none"
+
+
+def check_stacks(stacks):
+    """Validate a model's stacks, ``{side: (options, attention heads)}``, and its model-wide
+    options (once); warn when no stack uses ALiBi and a model-wide option was set anyway."""
+    for side, (stack, heads) in stacks.items():
+        stack.check(side, heads)
+    first = next(iter(stacks.values()))[0]
+    first.check_model_wide()
+    if not any(stack.uses_alibi for stack, _ in stacks.values()) and (
+            first.attention != "auto" or first.slope_scale != 1.0):
+        logger.warning("no ALiBi bias (every --*alibi-variant is none): --alibi-attention and "
+                       "--alibi-slope-scale are ignored (stock attention and positions are used)")
+
+
+#: ``--cross-alibi-eos-guard-layer``: whose pointer the EOS guard reads (``min``: the one
+#: furthest behind)
+EOS_GUARD_LAYERS = ("last", "first", "min")
+
+
+@dataclass
+class CrossOptions(FairseqDataclass):
+    """The encoder-decoder options: a position signal for the cross-attention
+    (:mod:`fairseq_alibi.cross_alibi`) and SHAPE for a stock side. Off by default."""
+
+    cross_alibi: ChoiceEnum(CROSS_ALIBI_MODES) = field(default="none", metadata={
+        "help": "cross-attention position bias on --cross-alibi-heads heads: none (stock), "
+                "pointer -m|j - p_t| around a learned monotonic source pointer "
+                "p_t = p_{t-1} + softplus(w.x_t + b), ratio -m|j - r.t| (r: --cross-alibi-ratio)"})
+    cross_alibi_heads: Optional[int] = field(default=None, metadata={
+        "help": "how many decoder heads get the --cross-alibi bias (slopes of K heads); the "
+                "others are content only (default: half the heads, at least 1)"})
+    cross_alibi_slope_scale: float = field(default=1.0, metadata={
+        "help": "the --cross-alibi heads' slopes are X times Press's slopes of K heads "
+                "(16 with 2 biased heads: slopes 1 and 1/16)", "check": _positive})
+    cross_alibi_ratio: Optional[float] = field(default=None, metadata={
+        "help": "--cross-alibi ratio: source tokens per target token of the training corpus "
+                "(required with ratio)"})
+    cross_attention_length_scale: float = field(default=0.0, metadata={
+        "help": "multiply the cross-attention content logits by log S / log N (S: the row's "
+                "real source length; N > 1, e.g. the mean training source length); 0 = off"})
+    cross_alibi_eos_guard: float = field(default=-1.0, metadata={
+        "help": "decoding only, with --cross-alibi pointer: EOS is forbidden while the "
+                "guarded pointer (--cross-alibi-eos-guard-layer) is more than D source tokens "
+                "before the last source token; -1 = off"})
+    cross_alibi_eos_guard_layer: ChoiceEnum(EOS_GUARD_LAYERS) = field(default="last", metadata={
+        "help": "the pointer the EOS guard reads: last, first, or min (the pointer furthest "
+                "behind over the layers); a decoding option (--model-overrides)"})
+    position_shift: int = field(default=0, metadata={
+        "help": "SHAPE on a side with --*-alibi-variant none: offset each training sentence's "
+                "sinusoidal positions by a random integer in [0, K] (0 at inference); 0 = off",
+        "check": _at_least(0)})
+
+    @property
+    def uses_cross_position(self) -> bool:
+        return self.cross_alibi != "none" or self.cross_attention_length_scale > 0
+
+    def check(self, decoder_heads: int, stock_sides: Iterable[str], model_cfg):
+        """Clear errors for the cross-attention options and SHAPE; ``stock_sides``: the sides
+        with stock positions, ``model_cfg`` the stock options they interact with."""
+        mode, heads = self.cross_alibi, decoder_heads
+        if mode not in CROSS_ALIBI_MODES:
+            raise ValueError(f"unknown --cross-alibi {mode!r}; choose one of: "
+                             f"{', '.join(CROSS_ALIBI_MODES)}")
+        needs_mode = ("with --cross-alibi none there is none: drop it, or pass --cross-alibi "
+                      "pointer (or ratio)")
+        if self.cross_alibi_heads is not None:
+            if mode == "none":
+                raise ValueError("--cross-alibi-heads chooses the heads of the --cross-alibi "
+                                 f"bias; {needs_mode}")
+            if not 1 <= self.cross_alibi_heads <= heads:
+                raise ValueError(f"--cross-alibi-heads must be between 1 and the {heads} "
+                                 f"decoder attention heads, got {self.cross_alibi_heads}")
+        if self.cross_alibi_slope_scale != 1.0:
+            if mode == "none":
+                raise ValueError("--cross-alibi-slope-scale scales the slopes of the "
+                                 f"--cross-alibi bias; {needs_mode}")
+            _check_field(_field(CrossOptions, "cross_alibi_slope_scale"),
+                         self.cross_alibi_slope_scale)
+        ratio = self.cross_alibi_ratio
+        if mode == "ratio" and ratio is None:
+            raise ValueError("--cross-alibi ratio needs --cross-alibi-ratio R, the source tokens "
+                             "per target token of the training corpus (total source tokens / "
+                             "total target tokens)")
+        if ratio is not None and mode != "ratio":
+            raise ValueError(f"--cross-alibi-ratio anchors --cross-alibi ratio; it does nothing "
+                             f"with --cross-alibi {mode}: drop it, or pass --cross-alibi ratio")
+        if ratio is not None and not ratio > 0:
+            raise ValueError(f"--cross-alibi-ratio must be positive (source tokens per target "
+                             f"token), got {ratio}")
+        scale = self.cross_attention_length_scale
+        if not (scale == 0 or scale > 1):
+            raise ValueError(f"--cross-attention-length-scale N must be 0 (off) or a reference "
+                             f"source length above 1 (e.g. the mean training source length), "
+                             f"got {scale}")
+        guard = self.cross_alibi_eos_guard
+        if guard != -1:
+            if mode != "pointer":
+                raise ValueError("--cross-alibi-eos-guard D reads the source pointer: it needs "
+                                 f"--cross-alibi pointer (got --cross-alibi {mode})")
+            if not guard >= 0:
+                raise ValueError(f"--cross-alibi-eos-guard must be -1 (off) or a distance >= 0 "
+                                 f"in source tokens, got {guard}")
+        _check_field(_field(CrossOptions, "cross_alibi_eos_guard_layer"),
+                     self.cross_alibi_eos_guard_layer)
+        if self.cross_alibi_eos_guard_layer != "last" and guard == -1:
+            raise ValueError("--cross-alibi-eos-guard-layer chooses the pointer that the EOS guard "
+                             "reads: it needs --cross-alibi-eos-guard D")
+        if self.uses_cross_position and _get(model_cfg, "no_cross_attention", False):
+            raise ValueError("--cross-alibi / --cross-attention-length-scale act on the "
+                             "cross-attention, which --no-cross-attention removes: drop one of "
+                             "them")
+        shift = self.position_shift
+        if shift:
+            _check_field(_field(CrossOptions, "position_shift"), shift)
+            stock = list(stock_sides)
+            if not stock:
+                raise ValueError("--position-shift offsets stock sinusoidal positions; both sides "
+                                 "use ALiBi (relative positions already): drop it, or pass "
+                                 "--encoder-alibi-variant none / --decoder-alibi-variant none")
+            replaced = [f"--{side}-learned-pos" for side in stock
+                        if _get(model_cfg, f"{side}_learned_pos", False)]
+            if _get(model_cfg, "no_token_positional_embeddings", False):
+                replaced.append("--no-token-positional-embeddings")
+            if replaced:
+                raise ValueError(f"--position-shift offsets sinusoidal positions, which "
+                                 f"{replaced[0]} replaces (a learned table has a fixed size): "
+                                 "drop one of them")
+
+
+# ---------------------------------------------------------------------------------------------
+# declarations -> fairseq (dataclass fields, argparse), configurations -> option objects
+
+
+def _field(cls, name) -> dataclasses.Field:
+    return next(f for f in dataclasses.fields(cls) if f.name == name)
+
+
+def _check_field(f: dataclasses.Field, value, prefix: str = ""):
+    """A one-line error naming the flag (``prefix`` + the field's name) if ``value`` is not one
+    of the field's choices or fails its ``check``."""
+    flag = "--" + (prefix + f.name).replace("_", "-")
+    choices = _choices(f)
+    if choices is not None and str(value) not in choices:
+        raise ValueError(f"unknown {flag} {str(value)!r}; choose one of: {', '.join(choices)}")
+    check = f.metadata.get("check")
+    reason = check(value) if check is not None else None
+    if reason is not None:
+        raise ValueError(f"{flag} {reason}")
+
+
+def _choices(f: dataclasses.Field) -> Optional[Tuple[str, ...]]:
+    kind = f.type
+    if isinstance(kind, type) and hasattr(kind, "__members__"):
+        return tuple(kind.__members__)
+    return None
+
+
+def _fields(cls, side: Optional[Side]):
+    """``[(name, field, type, default)]`` of the fields of ``cls`` that ``side`` declares, named
+    and typed as it declares them (``None``: every field, unprefixed: :class:`CrossOptions`)."""
+    found = []
+    for f in dataclasses.fields(cls):
+        if f.name.startswith("_"):  # FairseqDataclass's _name: not an option
+            continue
+        if side is None:
+            found.append((f.name, f, f.type, f.default))
+            continue
+        if not side.has(f.name):
+            continue
+        if f.metadata.get("model_wide"):
+            found.append((MODEL_WIDE_PREFIX + f.name, f, f.type, f.default))
+        elif f.name == "variant":
+            found.append((side.prefix + f.name, f, ChoiceEnum(list(side.variants)),
+                          side.default))
+        else:
+            found.append((side.prefix + f.name, f, f.type, f.default))
+    return found
+
+
+def dataclass_fields(cls, *sides: Optional[Side]):
+    """The fields of ``cls`` as ``sides`` name them, for ``dataclasses.make_dataclass`` (a
+    model config dataclass: the LM's); model-wide fields once."""
+    seen, found = set(), []
+    for side in sides:
+        for name, f, kind, default in _fields(cls, side):
+            if name in seen:
+                continue
+            seen.add(name)
+            found.append((name, kind, field(default=default, metadata=dict(f.metadata))))
+    return found
+
+
+def declared(cls, *sides: Optional[Side]) -> type:
+    """A dataclass holding ``cls``'s fields as ``sides`` name them (see :func:`dataclass_fields`)."""
+    return dataclasses.make_dataclass(
+        f"{cls.__name__}Declared", dataclass_fields(cls, *sides), bases=(FairseqDataclass,))
+
+
+def add_args(parser, cls, *sides: Optional[Side]):
+    """Declare ``cls``'s options on an argparse model's parser, as ``sides`` name them, with no
+    argparse defaults: as every fairseq architecture function, :func:`fill_defaults` fills what
+    was not given (so an architecture may set its own defaults, and saved options stay as the
+    user gave them)."""
+    from fairseq.dataclass.utils import gen_parser_from_dataclass
+
+    gen_parser_from_dataclass(parser, declared(cls, *sides)(), delete_default=True)
+
+
+def _get(cfg, key, default=None):
+    """``cfg.key`` of an argparse Namespace, an OmegaConf node or a dict; ``default`` when it is
+    absent or ``None``."""
+    value = cfg_get(cfg, key, None)
+    return default if value is None else value
+
+
+def _typed(kind, value):
+    if value is None:
+        return None
+    if kind is bool:
+        return bool(value)
+    if kind is float:
+        return float(value)
+    if kind is int:
+        return int(value)
+    return str(value)  # a choice (an enum member or a string)
+
+
+def _base_type(kind):
+    if getattr(kind, "__origin__", None) is not None:  # Optional[X]
+        return next(a for a in kind.__args__ if a is not type(None))
+    if isinstance(kind, type) and hasattr(kind, "__members__"):
+        return str
+    return kind
+
+
+def fill_defaults(cfg, cls, *sides: Optional[Side]):
+    """Set every option of ``cls`` (as ``sides`` name them) that ``cfg`` lacks (or holds as
+    ``None``) to its declared default, and the others to their declared type (an int given for a
+    float option, say); ``cfg`` is an argparse Namespace or an open OmegaConf node."""
+    for name, f, kind, default in (t for side in sides for t in _fields(cls, side)):
+        cfg_set(cfg, name, _typed(_base_type(kind), _get(cfg, name, default)))
+
+
+def read(cls, cfg, side: Optional[Side] = None):
+    """The option object of ``cls`` for ``side`` from a model configuration (a Namespace, an
+    OmegaConf node or a dict), missing values at their declared defaults."""
+    values: Dict[str, object] = {}
+    for name, f, kind, default in _fields(cls, side):
+        values[f.name] = _typed(_base_type(kind), _get(cfg, name, default))
+    if side is not None and not side.has("variant"):
+        values["variant"] = side.default
+    return cls(**values)

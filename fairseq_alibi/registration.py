@@ -1,0 +1,44 @@
+"""Everything importing the package does to the process, in one place.
+
+``import fairseq_alibi`` (or fairseq's ``--user-dir``, which imports it) calls :func:`register`
+once. Each side effect, and why:
+
+1. **fairseq's registries** (models, architectures, the ``lm_distillation`` criterion, the
+   ``hf_tokenizer`` BPE): importing :mod:`fairseq_alibi.models`, :mod:`~fairseq_alibi.criterions`
+   and :mod:`~fairseq_alibi.hf_tokenizer` registers them (fairseq's decorators), including
+   ``alibi_<arch>`` for every stock ``transformer_lm`` and ``transformer`` architecture.
+2. **Stock architectures refuse the forks' checkpoints**
+   (:func:`~fairseq_alibi.models.stock_guards.guard_stock_architectures`): fairseq's
+   ``ARCH_CONFIG_REGISTRY`` entries of ``roberta``, ``transformer`` and ``transformer_lm`` are
+   wrapped to stop an unconverted fork checkpoint with the convert command instead of a deep
+   ``load_state_dict`` failure; after (1), so that the mirrors wrap the stock functions.
+3. **Safe loading** (:func:`~fairseq_alibi.safe_loading.allow_fairseq_checkpoints`): the classes
+   of argparse-era checkpoints join ``torch.load(weights_only=True)``'s allow-list; the safe
+   loader stays on.
+4. **The one-line fix after a failure** (:func:`~fairseq_alibi.error_hints.install`): a
+   ``sys.excepthook`` that lets Python print the traceback, then adds the fix fairseq buries.
+5. **A clean exit** (:func:`~fairseq_alibi.exit_cleanup.install`): an ``atexit`` handler that
+   stops fairseq's batch-prefetch threads (Python 3.11 aborts a finished run otherwise).
+
+Not here: the hydra resolver ``fairseq_alibi.user_dir``, registered when hydra imports
+:mod:`fairseq_alibi.hydra_support` (the shipped configs' callback), never by ``import
+fairseq_alibi``.
+"""
+
+_registered = False
+
+
+def register():
+    """Make the side effects above (idempotent)."""
+    global _registered
+    if _registered:
+        return
+    from fairseq_alibi import criterions, error_hints, exit_cleanup, hf_tokenizer, models  # noqa: F401
+    from fairseq_alibi.models.stock_guards import guard_stock_architectures
+    from fairseq_alibi.safe_loading import allow_fairseq_checkpoints
+
+    guard_stock_architectures()
+    allow_fairseq_checkpoints()
+    error_hints.install()
+    exit_cleanup.install()
+    _registered = True
