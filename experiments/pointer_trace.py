@@ -43,17 +43,17 @@ from fairseq_alibi.cross_alibi import pointer_positions
 from fairseq_alibi.modules.cross_position import CrossPositionAttention
 
 
-def load(checkpoint, data):
-    """The model and the test split of ``data`` (a binarized folder)."""
+def load(checkpoint, data, split="test"):
+    """The model and the split ``split`` of ``data`` (a binarized folder)."""
     from fairseq_alibi.models.alibi_transformer import AlibiTransformerModel
 
     hub = AlibiTransformerModel.from_pretrained(str(Path(checkpoint).parent),
                                                 Path(checkpoint).name,
                                                 data_name_or_path=str(data))
-    hub.task.load_dataset("test")
+    hub.task.load_dataset(split)
     model = hub.models[0]
     model.eval()
-    return model, hub.task.dataset("test")
+    return model, hub.task.dataset(split)
 
 
 def trace(model, sample):
@@ -93,16 +93,28 @@ def main(argv=None):
     parser.add_argument("--config", default="pointer", choices=[n for n, c in CONFIGS.items()
                                                                  if not c.checkpoint_of])
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--checkpoint", default=None,
+                        help="trace this checkpoint instead (e.g. a run of --select: "
+                             "OUT/runs/<corpus>/<size>/<setting>/seed<k>/checkpoints/...; "
+                             "--data names its data folder, OUT the folder written to)")
+    parser.add_argument("--split", choices=("test", "valid"), default="test",
+                        help="the pairs traced: the test buckets or the validation buckets")
     args = parser.parse_args(argv)
     out = Path(args.out)
     data = Path(args.data) if args.data else out / "data"
     meta = load_data(data)
-    record = run_dir(out, args.config, args.seed) / "train.json"
-    if not record.is_file():
-        raise SystemExit(f"no trained {args.config} seed {args.seed} in {out} ({record})")
-    checkpoint = json.loads(record.read_text())["checkpoint"]
-    model, dataset = load(checkpoint, data_bin(data, CONFIGS[args.config]))
-    sources = test_sources(data, meta)
+    if args.checkpoint:
+        checkpoint, what = args.checkpoint, f"`{args.checkpoint}`"
+        binaries = data_bin(data, CONFIGS["pointer"])  # the data as it is (no marker)
+    else:
+        record = run_dir(out, args.config, args.seed) / "train.json"
+        if not record.is_file():
+            raise SystemExit(f"no trained {args.config} seed {args.seed} in {out} ({record})")
+        checkpoint = json.loads(record.read_text())["checkpoint"]
+        what = f"`{args.config}` seed {args.seed} ({checkpoint})"
+        binaries = data_bin(data, CONFIGS[args.config])
+    model, dataset = load(checkpoint, binaries, args.split)
+    sources = test_sources(data, meta, args.split)
     pad = dataset.src_dict.pad()
 
     rows, example = [], None
@@ -130,8 +142,7 @@ def main(argv=None):
                          "pair_ratio": statistics.mean(b for _, b in paces[layer]),
                          "on_pointer": statistics.mean(on[layer])})
 
-    lines = [f"Pointer of `{args.config}` seed {args.seed} ({checkpoint}), teacher-forced on "
-             "every test pair:", "",
+    lines = [f"Pointer of {what}, teacher-forced on every {args.split} pair:", "",
              "| source tokens | layer | pairs | pointer at the end ÷ last source token | "
              "pointer step | source ÷ target tokens | biased heads' argmax within 1 of it |",
              "|---|---:|---:|---:|---:|---:|---:|"]
@@ -158,7 +169,7 @@ def plot(path, S, T, layers, first):
     ax.plot([0, T - 1], [0, S - 1], "k--", label="diagonal (S/T per step)")
     ax.set_xlabel("target position t")
     ax.set_ylabel("source position j")
-    ax.set_title(f"longest test pair ({S} source tokens), last layer's biased heads")
+    ax.set_title(f"longest pair ({S} source tokens), last layer's biased heads")
     ax.legend(fontsize="small")
     fig.tight_layout()
     fig.savefig(path, dpi=110)

@@ -103,29 +103,55 @@ def write_pairs(texts, prefix, start_marker=False):
 buckets = length_buckets
 
 
+def bucket_stretches(stream, N, per_bucket, rng, what):
+    """``per_bucket`` stretches of each bucket of :func:`buckets`, interleaved along ``stream``
+    (bucket by bucket, then again), their lengths drawn from ``rng``; a ``SystemExit`` naming
+    ``what`` when the text is too short."""
+    lengths = []
+    for _ in range(per_bucket):
+        lengths += [rng.randint(low, high) for low, high in buckets(N)]
+    found = stretches(stream, lengths)
+    if len(found) < len(lengths):
+        raise SystemExit(f"the {what} holds only {len(found)} of the {len(lengths)} stretches "
+                         "asked for: lower --per-bucket or --N")
+    return found
+
+
 def build_data(train_lines, test_lines, out, N, per_bucket, seed, split_punctuation, vocab,
-               start_marker=False):
+               start_marker=False, valid_per_bucket=None):
+    """``text/{train,valid,test}.{src,tgt}`` and their binaries in ``out``; ``(training pairs,
+    test pairs)``. The test stretches (``per_bucket`` a bucket) come from the test text; the
+    validation stretches (``valid_per_bucket`` a bucket, default ``per_bucket``: the same
+    buckets as the test's) from the tail of the training text, which training never sees, and
+    the training stretches (N/4 to N words) from the rest of it."""
+    valid_per_bucket = per_bucket if valid_per_bucket is None else valid_per_bucket
     rng = random.Random(seed)
     text = out / "text"
     text.mkdir(parents=True, exist_ok=True)
     train_stream = tokens_of(train_lines, split_punctuation)
-    train = stretches(train_stream, iter(lambda: rng.randint(max(1, N // 4), N), None))
+    # the validation text: as many words from the end as its stretches need, at a word
+    needed = valid_per_bucket * sum(high for _, high in buckets(N)) + 1
+    cut = len(train_stream)
+    for _ in range(needed):
+        cut -= 1
+        while cut > 0 and PUNCTUATION.match(train_stream[cut]):
+            cut -= 1
+    if cut <= 0:
+        raise SystemExit(f"the training text is too short for {valid_per_bucket} validation "
+                         f"stretches a bucket at --N {N}: lower --per-bucket or --N")
+    train = stretches(train_stream[:cut], iter(lambda: rng.randint(max(1, N // 4), N), None))
     rng.shuffle(train)
-    n_valid = max(50, len(train) // 50)
-    write_pairs(train[n_valid:], text / "train", start_marker)
-    write_pairs(train[:n_valid], text / "valid", start_marker)
-    # test: the buckets interleaved along the test text, per_bucket stretches each
-    lengths = []
-    for _ in range(per_bucket):
-        lengths += [rng.randint(low, high) for low, high in buckets(N)]
-    test = stretches(tokens_of(test_lines, split_punctuation), lengths)
-    if len(test) < len(lengths):
-        raise SystemExit(f"the test text holds only {len(test)} of the {len(lengths)} stretches "
-                         "asked for: lower --per-bucket or --N")
+    write_pairs(train, text / "train", start_marker)
+    valid_rng = random.Random(f"valid {seed}")  # the test lengths stay those of the seed
+    write_pairs(bucket_stretches(train_stream[cut:], N, valid_per_bucket, valid_rng,
+                                 "validation part of the training text"), text / "valid",
+                start_marker)
+    test = bucket_stretches(tokens_of(test_lines, split_punctuation), N, per_bucket, rng,
+                            "test text")
     write_pairs(test, text / "test", start_marker)
     prepare(out / "bin", "src", "tgt", text / "train", text / "valid", text / "test",
             joined_dictionary=True, nwords=vocab, workers=1, overwrite=True)
-    return len(train) - n_valid, len(test)
+    return len(train), len(test)
 
 
 def train(name, out, args, env):

@@ -65,16 +65,18 @@ def run_timed(cmd, env, log):
 
 
 def train_command(data_bin, save_dir, model_flags, *, layers, dim, lr, max_tokens, max_update,
-                  seed, warmup=100, cpu=True, langs=("src", "tgt")):
+                  seed, warmup=100, cpu=True, langs=("src", "tgt"), heads=4, ffn=None):
     """``fairseq-train`` of a small translation model: the recipe every run shares (Adam,
-    inverse-sqrt schedule, label smoothing 0.1, no validation, one checkpoint at the end)."""
+    inverse-sqrt schedule, label smoothing 0.1, no validation, one checkpoint at the end);
+    ``heads`` attention heads on both sides, FFN ``ffn`` dims (default ``4 * dim``)."""
+    ffn = ffn or 4 * dim
     return [console_script("fairseq-train"), data_bin, "--user-dir", user_dir(),
             "--task", "translation",
             "--source-lang", langs[0], "--target-lang", langs[1], *model_flags,
             "--encoder-layers", layers, "--decoder-layers", layers,
             "--encoder-embed-dim", dim, "--decoder-embed-dim", dim,
-            "--encoder-ffn-embed-dim", 4 * dim, "--decoder-ffn-embed-dim", 4 * dim,
-            "--encoder-attention-heads", 4, "--decoder-attention-heads", 4,
+            "--encoder-ffn-embed-dim", ffn, "--decoder-ffn-embed-dim", ffn,
+            "--encoder-attention-heads", heads, "--decoder-attention-heads", heads,
             "--share-all-embeddings",
             "--dropout", "0.1", "--optimizer", "adam", "--adam-betas", "(0.9,0.98)",
             "--lr", lr, "--lr-scheduler", "inverse_sqrt", "--warmup-updates", warmup,
@@ -97,14 +99,14 @@ def final_checkpoint(save_dir, max_update, name):
 
 
 def generate_command(data_bin, checkpoint, *, cpu=True, model_overrides=None, beam=4,
-                     langs=("src", "tgt")):
-    """``fairseq-generate`` of every test input (``--required-batch-size-multiple 1``: with
-    fairseq's default of 8 the last batch can be dropped, see docs/translation.md)."""
+                     langs=("src", "tgt"), subset="test"):
+    """``fairseq-generate`` of every input of ``subset`` (``--required-batch-size-multiple 1``:
+    with fairseq's default of 8 the last batch can be dropped, see docs/translation.md)."""
     overrides = ["--model-overrides", repr(model_overrides)] if model_overrides else []
     return [console_script("fairseq-generate"), data_bin, "--user-dir", user_dir(),
             "--path", checkpoint,
             "--source-lang", langs[0], "--target-lang", langs[1],
-            "--gen-subset", "test", "--beam", beam, "--batch-size", "32",
+            "--gen-subset", subset, "--beam", beam, "--batch-size", "32",
             "--required-batch-size-multiple", "1", "--max-len-a", "1.5", "--max-len-b", "10",
             *(["--cpu"] if cpu else []), "--num-workers", "0", *overrides]
 

@@ -206,7 +206,7 @@ def build_gettext(data, args):
            "--out", data / "plain" / "bin", "--N", args.N, "--per-bucket", args.per_bucket,
            "--seed", args.data_seed, "--nwords", vocab]
     if args.smoke:  # a few inputs per bucket are enough to run every step
-        cmd += ["--min-per-bucket", 1, "--valid-size", 50]
+        cmd += ["--min-per-bucket", 1]
     run_timed(cmd, thread_env(1), data / "gettext.log")
     stats = json.loads((data / "plain" / "bin" / "stats.json").read_text())
     return {"text": f"gettext catalogs, {GETTEXT_LANG} -> en "
@@ -252,10 +252,11 @@ def load_data(data):
     return json.loads(meta_file.read_text())
 
 
-def test_sources(data, meta):
-    """The test sources as written (no marker): what the buckets are counted on."""
-    test = data / meta["plain_text"] / f"test.{meta['langs'][0]}"
-    return test.read_text(encoding="utf-8").splitlines()
+def test_sources(data, meta, split="test"):
+    """The sources of ``split`` (``test``, or ``valid``: the validation buckets) as written (no
+    marker): what the buckets are counted on."""
+    sources = data / meta["plain_text"] / f"{split}.{meta['langs'][0]}"
+    return sources.read_text(encoding="utf-8").splitlines()
 
 
 # ---------------------------------------------------------------------------------- the runs
@@ -273,48 +274,69 @@ def data_bin(data, config):
     return data / variant(config) / "bin"
 
 
-def train_run(name, seed, out, data, data_meta, args, env):
-    """Train ``name`` with ``seed`` (unless this very command already did); its record."""
-    config = CONFIGS[name]
-    where = run_dir(out, name, seed)
+def train_once(label, where, cmd, env, max_update):
+    """Run the ``fairseq-train`` command ``cmd`` with its log and record in ``where``, unless
+    this very command already did (its checkpoint still there); the record (command, wall and
+    CPU time, checkpoint)."""
+    cmd = [str(c) for c in cmd]
     where.mkdir(parents=True, exist_ok=True)
-    figures = data_meta["figures"][variant(config)]  # the marker is a source token too
-    model = [a.format(**figures) for a in config.model]
-    cmd = [str(c) for c in train_command(
-        data_bin(data, config), where / "checkpoints", model, layers=args.layers, dim=args.dim,
-        lr=args.lr, max_tokens=args.max_tokens, max_update=args.max_update, seed=seed,
-        cpu=args.device == "cpu", langs=data_meta["langs"])]
     record_file = where / "train.json"
     if record_file.is_file():
         record = json.loads(record_file.read_text())
         if record["command"] == cmd and Path(record["checkpoint"]).is_file():
-            print(f"[translation_length] {name} seed {seed}: trained before, reused", flush=True)
+            print(f"[translation_length] {label}: trained before, reused", flush=True)
             return record
     _, wall, cpu = run_timed(cmd, env, where / "train.log")
     record = {"command": cmd, "wall_s": round(wall, 1), "cpu_s": round(cpu, 1),
-              "checkpoint": str(final_checkpoint(where / "checkpoints", args.max_update, name))}
+              "checkpoint": str(final_checkpoint(where / "checkpoints", max_update, label))}
     record_file.write_text(json.dumps(record, indent=2) + "\n")
-    print(f"[translation_length] {name} seed {seed}: trained in {wall:.0f} s "
+    print(f"[translation_length] {label}: trained in {wall:.0f} s ({cpu:.0f} CPU-s)", flush=True)
+    return record
+
+
+def generate_once(label, log, cmd, env, expected, reuse=False, subset="test"):
+    """Run the ``fairseq-generate`` command ``cmd`` into ``log`` (its record beside it, with the
+    suffix ``.json``) and check that every one of the ``expected`` inputs was translated; with
+    ``reuse``, a log of this very command that passes the check is kept instead. The record."""
+    cmd = [str(c) for c in cmd]
+    record_file = log.with_suffix(".json")
+    if reuse and record_file.is_file() and log.is_file():
+        record = json.loads(record_file.read_text())
+        if record.get("command") == cmd:
+            read_generate_log(label, log.read_text(), log, expected)
+            return record
+    log.parent.mkdir(parents=True, exist_ok=True)
+    output, wall, cpu = run_timed(cmd, env, log)
+    read_generate_log(label, output, log, expected)  # every input translated
+    record = {"command": cmd, "wall_s": round(wall, 1), "cpu_s": round(cpu, 1)}
+    record_file.write_text(json.dumps(record, indent=2) + "\n")
+    print(f"[translation_length] {label}: translated all {expected} {subset} inputs in "
+          f"{wall:.0f} s "
           f"({cpu:.0f} CPU-s)", flush=True)
     return record
+
+
+def train_run(name, seed, out, data, data_meta, args, env):
+    """Train ``name`` with ``seed`` (unless this very command already did); its record."""
+    config = CONFIGS[name]
+    figures = data_meta["figures"][variant(config)]  # the marker is a source token too
+    model = [a.format(**figures) for a in config.model]
+    where = run_dir(out, name, seed)
+    cmd = train_command(
+        data_bin(data, config), where / "checkpoints", model, layers=args.layers, dim=args.dim,
+        lr=args.lr, max_tokens=args.max_tokens, max_update=args.max_update, seed=seed,
+        cpu=args.device == "cpu", langs=data_meta["langs"])
+    return train_once(f"{name} seed {seed}", where, cmd, env, args.max_update)
 
 
 def generate_run(name, seed, out, data, args, env, langs, expected):
     config = CONFIGS[name]
     trained = run_dir(out, config.checkpoint_of or name, seed)
     checkpoint = json.loads((trained / "train.json").read_text())["checkpoint"]
-    where = run_dir(out, name, seed)
-    where.mkdir(parents=True, exist_ok=True)
     cmd = generate_command(data_bin(data, config), checkpoint, cpu=args.device == "cpu",
                            model_overrides=config.decode_overrides or None, langs=langs)
-    log = where / "generate.log"
-    output, wall, cpu = run_timed(cmd, env, log)
-    read_generate_log(f"{name} seed {seed}", output, log, expected)  # every input translated
-    record = {"wall_s": round(wall, 1), "cpu_s": round(cpu, 1)}
-    (where / "generate.json").write_text(json.dumps(record, indent=2) + "\n")
-    print(f"[translation_length] {name} seed {seed}: translated all {expected} test inputs in "
-          f"{wall:.0f} s ({cpu:.0f} CPU-s)", flush=True)
-    return record
+    return generate_once(f"{name} seed {seed}", run_dir(out, name, seed) / "generate.log", cmd,
+                         env, expected)
 
 
 def in_parallel(jobs, tasks):
@@ -408,7 +430,17 @@ def write_results(out, runs, timing, meta):
 
 def parse(argv):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--corpus", choices=("restoration", "gettext"), default="restoration")
+    parser.add_argument("--corpus", choices=("restoration", "gettext"), default=None,
+                        help="default restoration; with --select, gettext")
+    parser.add_argument("--select", action="store_true",
+                        help="the selection procedure of experiments/translation_selection.py: "
+                             "settings chosen on the validation buckets at two sizes, the test "
+                             "buckets read once (default --out outputs/translation_select)")
+    parser.add_argument("--restoration-data", default=None,
+                        help="--select: the restoration corpus (default OUT/data/restoration)")
+    parser.add_argument("--docs", default=None,
+                        help="--select: copy the tables, CSVs and plots into this folder "
+                             "(translation_selection*)")
     parser.add_argument("--configs", default="all",
                         help=f"comma-separated, from {','.join(CONFIGS)} (default: all)")
     parser.add_argument("--seeds", default="1,2,3", help="training seeds, comma-separated")
@@ -443,6 +475,8 @@ def parse(argv):
     sizes.add_argument("--dim", type=int, default=64, help="model dims (FFN 4x, 4 heads)")
     sizes.add_argument("--lr", type=float, default=0.004)
     args = parser.parse_args(argv)
+    args.corpus = args.corpus or ("gettext" if args.select and not args.smoke else
+                                  "restoration")
     if args.smoke:
         for key, value in SMOKE.items():
             setattr(args, key, value)
@@ -456,7 +490,13 @@ def parse(argv):
         parser.error("--seeds: give at least one seed")
     if args.jobs < 1:
         parser.error("--jobs must be at least 1")
-    if not (args.data_only or args.from_logs):
+    if args.select:
+        given = [flag for flag in ("--configs", "--layers", "--dim", "--max-update",
+                                   "--data-only") if flag in (argv or sys.argv)]
+        if given:
+            parser.error(f"--select trains the grid of experiments/translation_selection.py "
+                         f"(its sizes, settings and decodings): drop {', '.join(given)}")
+    elif not (args.data_only or args.from_logs):
         known = model_options()
         missing = {name: missing_options(config, known) for name, config in CONFIGS.items()}
         available = [name for name in CONFIGS if not missing[name]]
@@ -480,6 +520,10 @@ def main(argv=None):
     args = parse(argv)
     command = "python -m experiments.translation_length " + " ".join(
         argv if argv is not None else sys.argv[1:])
+    if args.select:
+        from experiments import translation_selection
+
+        return translation_selection.run(args, command)
     out = Path(args.out or f"outputs/translation_length/{args.corpus}").absolute()
     data = Path(args.data).absolute() if args.data else out / "data"
     started = time.time()

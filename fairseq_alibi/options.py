@@ -192,6 +192,11 @@ def check_stacks(stacks):
                        "--alibi-slope-scale are ignored (stock attention and positions are used)")
 
 
+#: ``--cross-alibi-eos-guard-layer``: whose pointer the EOS guard reads (``min``: the one
+#: furthest behind)
+EOS_GUARD_LAYERS = ("last", "first", "min")
+
+
 @dataclass
 class CrossOptions(FairseqDataclass):
     """The encoder-decoder options: a position signal for the cross-attention
@@ -214,9 +219,12 @@ class CrossOptions(FairseqDataclass):
         "help": "multiply the cross-attention content logits by log S / log N (S: the row's "
                 "real source length; N > 1, e.g. the mean training source length); 0 = off"})
     cross_alibi_eos_guard: float = field(default=-1.0, metadata={
-        "help": "decoding only, with --cross-alibi pointer: EOS is forbidden while the last "
-                "layer's pointer is more than D source tokens before the last source token; "
-                "-1 = off"})
+        "help": "decoding only, with --cross-alibi pointer: EOS is forbidden while the "
+                "guarded pointer (--cross-alibi-eos-guard-layer) is more than D source tokens "
+                "before the last source token; -1 = off"})
+    cross_alibi_eos_guard_layer: ChoiceEnum(EOS_GUARD_LAYERS) = field(default="last", metadata={
+        "help": "the pointer the EOS guard reads: last, first, or min (the pointer furthest "
+                "behind over the layers); a decoding option (--model-overrides)"})
     position_shift: int = field(default=0, metadata={
         "help": "SHAPE on a side with --*-alibi-variant none: offset each training sentence's "
                 "sinusoidal positions by a random integer in [0, K] (0 at inference); 0 = off",
@@ -272,6 +280,11 @@ class CrossOptions(FairseqDataclass):
             if not guard >= 0:
                 raise ValueError(f"--cross-alibi-eos-guard must be -1 (off) or a distance >= 0 "
                                  f"in source tokens, got {guard}")
+        _check_field(_field(CrossOptions, "cross_alibi_eos_guard_layer"),
+                     self.cross_alibi_eos_guard_layer)
+        if self.cross_alibi_eos_guard_layer != "last" and guard == -1:
+            raise ValueError("--cross-alibi-eos-guard-layer chooses the pointer that the EOS guard "
+                             "reads: it needs --cross-alibi-eos-guard D")
         if self.uses_cross_position and _get(model_cfg, "no_cross_attention", False):
             raise ValueError("--cross-alibi / --cross-attention-length-scale act on the "
                              "cross-attention, which --no-cross-attention removes: drop one of "

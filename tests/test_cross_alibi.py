@@ -11,6 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from fairseq_alibi.alibi import mask_value
 from fairseq_alibi.modules.cross_position import CrossPositionAttention
 from fairseq_alibi.modules.position_shift import ShiftedPositions
 from tests.helpers import (
@@ -215,6 +216,67 @@ def test_eos_guard_forbids_eos_before_the_end_and_allows_it_at_the_end(data):
                 assert g[row, eos] == f[row, eos], (t, row)
 
 
+def hand_pointers(model, src, lengths, prev):
+    """Each decoder layer's pointer ``p_t`` (L, B, T), teacher-forced, summed step by step in
+    float64 from the layer's own cross-attention input (read by a hook)."""
+    inputs = []
+    hooks = [layer.encoder_attn.register_forward_hook(
+        lambda module, args, kwargs, out: inputs.append(
+            (module, kwargs["query"] if "query" in kwargs else args[0])),
+        with_kwargs=True) for layer in model.decoder.layers]
+    try:
+        with torch.no_grad():
+            model(src, lengths, prev)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    pointers = []
+    for module, query in inputs:  # (T, B, C)
+        w = module.pointer_step.weight.double()
+        b = module.pointer_step.bias.double()
+        p, rows = torch.zeros(query.size(1), dtype=torch.float64), []
+        for t in range(query.size(0)):
+            if t:  # p_0 = 0, p_t = p_(t-1) + softplus(w.x_t + b)
+                p = p + F.softplus(query[t].double() @ w.t() + b).squeeze(-1)
+            rows.append(p)
+        pointers.append(torch.stack(rows, -1))
+    return torch.stack(pointers)
+
+
+@pytest.mark.parametrize("layer", ["last", "first", "min"])
+def test_eos_guard_reads_the_chosen_layers_pointer(data, layer):
+    """--cross-alibi-eos-guard-layer: decoding with each choice floors EOS exactly where the
+    guard computed by hand from the teacher-forced pointers of the layers says (last, first,
+    or the pointer furthest behind), and changes no other logit."""
+    D, steps = 2.0, 9
+    model, task = build_cross(data, *POINTER, "--cross-alibi-eos-guard", D,
+                              "--cross-alibi-eos-guard-layer", layer)
+    assert model.decoder.cross_alibi_eos_guard_layer == layer
+    with torch.no_grad():  # layer 0's pointer fast, layer 1's slow: the choice matters
+        for bias, decoder_layer in zip((1.2, -0.4), model.decoder.layers):
+            decoder_layer.encoder_attn.pointer_step.bias.fill_(bias)
+    eos = task.target_dictionary.eos()
+    src, lengths, prev = translation_batch(task, token_sentences(task, [11, 6, 15]),
+                                           token_sentences(task, [steps, steps, steps], "tgt"))
+    guarded_steps = step_logits(model, src, lengths, prev, steps)
+    model.decoder.cross_alibi_eos_guard = -1.0
+    free_steps = step_logits(model, src, lengths, prev, steps)
+    left = (lengths.double() - 1)[None, :, None] - hand_pointers(model, src, lengths, prev)
+    read = {"last": left[-1], "first": left[0], "min": left.amax(0)}[layer]  # (B, T)
+    assert (read - D).abs().min() > 1e-4  # no step at the threshold: the test is exact
+    forbidden = read > D
+    # the choices disagree somewhere, and the guard both forbids and allows in this batch
+    assert not torch.equal(left[0] > D, left[-1] > D) and forbidden.any() and (~forbidden).any()
+    others = torch.arange(free_steps[0].size(1)) != eos
+    for t, (g, f) in enumerate(zip(guarded_steps, free_steps)):
+        assert torch.equal(g[:, others], f[:, others])
+        for row in range(g.size(0)):
+            if forbidden[row, t]:
+                assert g[row, eos] == mask_value(g.dtype), (t, row)
+            else:
+                assert g[row, eos] == f[row, eos], (t, row)
+
+
 def test_eos_guard_is_off_in_teacher_forcing_and_training(data):
     model, task = guarded(data, step_bias=-20.0)
     src, lengths, prev = translation_batch(task, token_sentences(task, [20]),
@@ -314,6 +376,8 @@ def test_shape_training_differs_from_stock_and_grows_the_table(data):
     (["--cross-alibi", "ratio", "--cross-alibi-ratio", 1, "--cross-alibi-eos-guard", 2],
      "needs --cross-alibi pointer"),
     (["--cross-alibi", "pointer", "--cross-alibi-eos-guard", -3], "-1 \\(off\\) or a distance"),
+    (["--cross-alibi", "pointer", "--cross-alibi-eos-guard-layer", "min"],
+     "--cross-alibi-eos-guard-layer .* needs --cross-alibi-eos-guard D"),
     (["--cross-alibi-slope-scale", 16], "with --cross-alibi none there is none"),
     (["--cross-alibi", "pointer", "--cross-alibi-slope-scale", 0], "must be positive"),
     (["--position-shift", 4], "both sides use ALiBi"),

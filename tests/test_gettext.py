@@ -86,7 +86,7 @@ def locale(tmp_path):
 
 
 def build(locale, out, **kwargs):
-    options = dict(locale_dirs=[locale], n=4, per_bucket=10, valid_size=5, min_per_bucket=3)
+    options = dict(locale_dirs=[locale], n=4, per_bucket=10, valid_per_bucket=5, min_per_bucket=3)
     options.update(kwargs)
     return gt.build("fr", out, **options)
 
@@ -213,16 +213,23 @@ def test_build_splits_by_source_length(locale, tmp_path):
     buckets = {"test1": (2, 4), "test2": (4, 8), "test3": (8, 16), "test4": (16, 32)}
     lengths = {split: [len(line.split()) for line in text(out / f"{split}.fr")]
                for split in ["train", "valid", *buckets]}
-    assert lengths["train"] and max(lengths["train"]) <= n and max(lengths["valid"]) <= n
+    assert lengths["train"] and max(lengths["train"]) <= n
     for name, (low, high) in buckets.items():
         assert len(lengths[name]) == 10 and all(low < k <= high for k in lengths[name]), name
         assert stats["buckets"][name]["pairs"] == 10
-    assert stats["splits"] == {"train": len(lengths["train"]), "valid": 5, "test": 40,
+    assert stats["splits"] == {"train": len(lengths["train"]), "valid": 20, "test": 40,
                                **{name: 10 for name in buckets}}
     # the test file is the buckets in order, and test.bucket says which
     for lang in ("fr", "en"):
         assert text(out / f"test.{lang}") == sum((text(out / f"{b}.{lang}") for b in buckets), [])
     assert text(out / "test.bucket") == [f"({lo},{hi}]" for lo, hi in buckets.values() for _ in range(10)]
+    # the validation split: the same buckets, 5 pairs each, in order, valid.bucket says which
+    want = [f"({lo},{hi}]" for lo, hi in buckets.values() for _ in range(5)]
+    assert text(out / "valid.bucket") == want
+    assert all(lo < k <= hi for k, (lo, hi) in zip(lengths["valid"], [
+        tuple(map(int, b.strip("(]").split(","))) for b in want]))
+    assert [v["pairs"] for v in stats["valid_buckets"].values()] == [5, 5, 5, 5]
+    assert not list(out.glob("valid[0-9]*"))  # fairseq-train refuses unread valid1, valid2...
     # no pair twice, no test or validation source in training
     sources = {split: text(out / f"{split}.fr") for split in ["train", "valid", *buckets]}
     everything = sum(sources.values(), [])
@@ -235,8 +242,24 @@ def test_build_splits_by_source_length(locale, tmp_path):
     assert stats["mean_train_source_length"] == pytest.approx(
         sum(len(s.split()) for s, _ in train) / len(train))
     assert json.loads((out / "stats.json").read_text()) == stats
-    assert "Fichier" in sources["train"] + sources["valid"]  # 1 token: never a test pair
+    assert "Fichier" in sources["train"]  # 1 token: never a test or validation pair
     assert [p.name for p in tmp_path.iterdir() if ".partial-" in p.name] == []
+
+
+def test_validation_buckets_leave_the_test_pairs_and_thin_ones_are_refused(locale, tmp_path):
+    pairs, _ = gt.read_pairs(gt.find_catalogs("fr", [locale])[0])
+    tokenized = [(gt.tokenize(s), gt.tokenize(t)) for s, t in pairs]
+    without = gt.split_by_length(tokenized, 4, 10, 0, seed=2)
+    with_valid = gt.split_by_length(tokenized, 4, 10, 5, seed=2)
+    for b in range(1, 5):
+        assert with_valid[f"test{b}"] == without[f"test{b}"]
+        assert without[f"valid{b}"] == [] and len(with_valid[f"valid{b}"]) == 5
+    # the in-range validation pairs are the only ones training loses
+    assert sorted(without["train"]) == sorted(with_valid["train"] + with_valid["valid1"])
+    # (2,4] has about 35 pairs: 30 for the test, too few left for validation
+    with pytest.raises(DataError, match=r"too few pairs for the valid buckets of --N 4: \(2,4\] "
+                                        r"has \d+ pairs, fewer than --min-per-bucket 30"):
+        build(locale, tmp_path / "x", per_bucket=30, valid_per_bucket=30, min_per_bucket=30)
 
 
 def test_build_is_deterministic(locale, tmp_path):
@@ -313,7 +336,7 @@ def test_errors(locale, tmp_path, capsys):
     out = tmp_path / "out"
     out.mkdir()
     argv = ["--lang", "fr", "--out", str(out), "--locale-dir", str(locale), "--N", "4",
-            "--per-bucket", "10", "--valid-size", "5", "--min-per-bucket", "3"]
+            "--per-bucket", "10", "--valid-per-bucket", "5", "--min-per-bucket", "3"]
     assert run_cli(gt.main, argv) == 1
     error = capsys.readouterr().err.strip().splitlines()[-1]
     assert error == f"error: {out} already exists: pass --force to replace it, or choose another --out"
@@ -340,8 +363,9 @@ def test_real_french_catalogs():
     pairs, stats = gt.read_pairs(catalogs)
     tokenized = [(gt.tokenize(s), gt.tokenize(t)) for s, t in pairs]
     assert all(gt.detokenize(" ".join(s)) == p[0] for (s, _), p in zip(tokenized, pairs))
-    splits = gt.split_by_length(tokenized, 16, 200, 500, seed=1)
-    assert all(len(s) <= 16 for s, _ in splits["train"] + splits["valid"])
+    splits = gt.split_by_length(tokenized, 16, 100, 100, seed=1)
+    assert all(len(s) <= 16 for s, _ in splits["train"])
     if len(catalogs) >= 50:  # a machine like this one: enough for the experiment
         assert len(splits["train"]) > 5000
-        assert all(len(splits[f"test{b}"]) >= 100 for b in range(1, 5))
+        assert all(len(splits[f"{kind}{b}"]) == 100 for b in range(1, 5)
+                   for kind in ("test", "valid"))

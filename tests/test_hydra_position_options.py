@@ -160,8 +160,8 @@ def test_translation_config_exposes_the_cross_attention_options(tmp_path):
     defaults = compose(CONFIG / "translation", "iwslt14_de_en_alibi").model
     assert (defaults.cross_alibi, defaults.cross_alibi_heads, defaults.cross_alibi_ratio,
             defaults.cross_alibi_slope_scale, defaults.cross_attention_length_scale,
-            defaults.cross_alibi_eos_guard, defaults.position_shift) == \
-        ("none", None, None, 1, 0, -1, 0)
+            defaults.cross_alibi_eos_guard, defaults.cross_alibi_eos_guard_layer,
+            defaults.position_shift) == ("none", None, None, 1, 0, -1, "last", 0)
     sizes = [f"model.{k}={v}" for k, v in dict(
         encoder_layers=1, decoder_layers=1, encoder_embed_dim=32, decoder_embed_dim=32,
         encoder_ffn_embed_dim=64, decoder_ffn_embed_dim=64, encoder_attention_heads=4,
@@ -169,6 +169,7 @@ def test_translation_config_exposes_the_cross_attention_options(tmp_path):
     cfg = compose(CONFIG / "translation", "iwslt14_de_en_alibi",
                   ["model.cross_alibi=pointer", "model.cross_alibi_eos_guard=2",
                    "model.cross_attention_length_scale=8", "model.cross_alibi_slope_scale=16",
+                   "model.cross_alibi_eos_guard_layer=min",
                    *[f"+{s}" for s in sizes]])
     _, task = setup_from_command_line(write_translation_dictionaries(tmp_path),
                                       "--task", "translation",
@@ -179,6 +180,13 @@ def test_translation_config_exposes_the_cross_attention_options(tmp_path):
     assert len(cross) == 1 and cross[0].mode == "pointer" and cross[0].length_reference == 8
     assert cross[0].slopes.tolist() == [1.0, 1 / 16, 0.0, 0.0]  # 16 x Press's 2 heads
     assert model.decoder.cross_alibi_eos_guard == 2
+    assert model.decoder.cross_alibi_eos_guard_layer == "min"
+    with pytest.raises(ValueError, match="unknown --cross-alibi-eos-guard-layer 'middle'; "
+                                         "choose one of: last, first, min"):
+        task.build_model(compose(CONFIG / "translation", "iwslt14_de_en_alibi",
+                                 ["model.cross_alibi=pointer", "model.cross_alibi_eos_guard=2",
+                                  "model.cross_alibi_eos_guard_layer=middle",
+                                  *[f"+{s}" for s in sizes]]).model)
     with pytest.raises(ValueError, match="needs --cross-alibi-ratio"):
         task.build_model(compose(CONFIG / "translation", "iwslt14_de_en_alibi",
                                  ["model.cross_alibi=ratio", *[f"+{s}" for s in sizes]]).model)

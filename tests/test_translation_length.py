@@ -168,3 +168,118 @@ def test_gettext_data_is_built_plain_and_marked(tmp_path):
     assert marked == [f"@start@ {line}" for line in sources]
     assert "@start@ " in (out / "data" / "marked" / "bin" / "dict.fr.txt").read_text()
     assert not (out / "runs").exists()
+
+
+# ------------------------------------------------------------------ the selection (--select)
+
+
+def rows(bleu, length=(1.0, 1.0, 1.0, 1.0)):
+    """One run's per-bucket figures, as evaluate() gives them (BLEU and length only)."""
+    return [{"bucket": b, "bleu": x, "length_ratio": r}
+            for b, x, r in zip(("9-16", "17-32", "33-64", "65-128"), bleu, length)]
+
+
+def test_the_rule_scores_admits_and_chooses():
+    from experiments import translation_selection as ts
+
+    # kept 2N-4N 0.66 -> 1.1, kept 4N-8N 0.48 -> 1.2: the score is the worse, 1.1
+    assert ts.seed_score(rows((50, 45, 33, 24))) == pytest.approx(1.1)
+    good = {1: rows((50, 45, 33, 24)), 2: rows((48, 40, 30, 20))}
+    verdict = ts.judge(good, baseline_in_range=49.5)
+    assert verdict["failed"] == [] and verdict["in_range"] == 49.0
+    assert verdict["score"] == pytest.approx(min(1.1, (30 / 48) / 0.6, (20 / 48) / 0.4))
+    short = {1: rows((50, 45, 33, 24), (1.0, 0.95, 0.9, 0.85)), 2: good[2]}
+    assert ts.judge(short, 49.5)["failed"] == ["length seed 1"]
+    assert ts.judge(good, 50.5)["failed"] == ["in-range BLEU"]  # 49.0 < 50.5 - 1
+
+    sizes = {"small": ts.Size(2, 64, 256, 4, 10), "large": ts.Size(2, 256, 512, 8, 10)}
+    grid = {"margins": (2,), "layers": ("min",)}
+    best_but_short = {1: rows((50, 50, 50, 50), (1, 1, 1, 0.5)), 2: rows((50, 50, 50, 50))}
+    scores = {
+        "small": {("pointer_x4_k2", "noguard"): best_but_short,
+                  ("pointer_x4_k2", "min_2"): good,
+                  ("pointer_x16_k2", "noguard"): {1: rows((50, 20, 10, 5)),
+                                                  2: rows((50, 20, 10, 5))},
+                  ("pointer_x16_k2", "min_2"): {1: rows((50, 40, 31, 21)),
+                                                2: rows((50, 40, 31, 21))}},
+        "large": {("pointer_x4_k2", "noguard"): good, ("pointer_x4_k2", "min_2"): good,
+                  ("pointer_x4_k4", "noguard"): good,
+                  ("pointer_x4_k4", "min_2"): {1: rows((50, 45, 25, 24)),
+                                               2: rows((50, 45, 25, 24))}}}
+    baselines = {"small": 49.0, "large": 49.0}
+    # the scales at the small size: 4's best admissible decoding (min_2) beats 16's
+    assert ts.rank_scales(scores, baselines, (4, 16), grid) == [4, 16]
+    table = ts.choose(scores, baselines, (4,), grid, sizes)
+    key, candidate, at, verdicts = table[0]
+    assert candidate == (4, "2", "min_2")  # the inadmissible noguard scores higher, ranks last
+    assert at == {"small": ("pointer_x4_k2", "min_2"), "large": ("pointer_x4_k2", "min_2")}
+    assert {c for _, c, _, _ in table[-2:]} == {(4, "2", "noguard"), (4, "half", "noguard")}
+    assert all(key[0] < 0 for key, _, _, _ in table[-2:])  # short on seed 1: not admissible
+    assert ts.flags_of(candidate) == ("--cross-alibi pointer --cross-alibi-slope-scale 4 "
+                                      "--cross-alibi-heads 2 --cross-alibi-eos-guard 2 "
+                                      "--cross-alibi-eos-guard-layer min")
+    # at the small size alone, K = 2 and half the heads are the same runs: listed once
+    small_only = ts.choose(scores, baselines, (4, 16), grid, {"small": sizes["small"]})
+    assert len(small_only) == 4 and {c[1] for _, c, _, _ in small_only} == {"2"}
+
+
+def test_decodings_and_trained_settings():
+    from experiments import translation_selection as ts
+
+    grid = {"margins": (1, 3), "layers": ("last", "first", "min")}
+    assert ts.decodings("alibi", grid) == {"plain": {}}
+    pointer = ts.decodings("pointer_x16_k4", grid)
+    assert len(pointer) == 7 and pointer["noguard"] == {}
+    assert pointer["first_3"] == {"cross_alibi_eos_guard": 3.0,
+                                  "cross_alibi_eos_guard_layer": "first"}
+    assert ts.trained_flags("pointer_x16_k4")[-4:] == ["--cross-alibi-slope-scale", "16",
+                                                      "--cross-alibi-heads", "4"]
+    assert ts.trained_flags("sinusoidal") == list(tl.SINUSOIDAL)
+    assert ts.heads_of("half", ts.SIZES["large"]) == 4 and ts.heads_of("2", ts.SIZES["large"]) == 2
+
+
+def test_select_refuses_the_options_of_the_plain_grid(capsys):
+    with pytest.raises(SystemExit):
+        tl.parse(["--select", "--configs", "alibi", "--dim", "32"])
+    assert "--select trains the grid of experiments/translation_selection.py (its sizes, " \
+           "settings and decodings): drop --configs, --dim" in capsys.readouterr().err
+    assert tl.parse(["--select"]).corpus == "gettext"
+    assert tl.parse([]).corpus == "restoration"
+
+
+@pytest.mark.slow
+def test_select_smoke_chooses_on_validation_and_reads_the_test_once(tmp_path):
+    out, docs = tmp_path / "select", tmp_path / "docs"
+    docs.mkdir()
+    proc = subprocess.run([sys.executable, "-m", "experiments.translation_length", "--select",
+                           "--smoke", "--out", str(out), "--jobs", "2", "--docs", str(docs)],
+                          capture_output=True, text=True, timeout=900, cwd=str(REPO),
+                          env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    saved = json.loads((out / "selection.json").read_text())
+    assert saved["complete"] and saved["choice"]["flags"].startswith("--cross-alibi pointer")
+    assert saved["ranked_scales"] and saved["large_scales"] == saved["ranked_scales"][:1]
+    runs = out / "runs" / "restoration"
+    # every candidate decoded on validation; the test read only for the choice and baselines
+    valid_logs = sorted(runs.glob("*/*/seed1/valid/*.log"))
+    assert len(valid_logs) == 2 * 2 + 2 + 2 * 2 + 2  # (pointers x decodings + baselines) x 2
+    chosen = {size: tuple(at) for size, at in saved["choice"]["runs"].items()}
+    test_logs = {(p.parts[-5], p.parts[-4], p.stem) for p in runs.glob("*/*/seed1/test/*.log")}
+    assert test_logs == {(size, name, decoding) for size in ("small", "large")
+                         for name, decoding in [chosen[size], ("alibi", "plain"),
+                                                ("sinusoidal", "plain")]}
+    assert set(saved["test"]) == {"small", "large"} and set(saved["restoration"]) == {
+        "chosen", "alibi"}
+    for name in ("translation_selection.md", "translation_selection_validation.csv",
+                 "translation_selection_test_restoration_small.csv"):
+        assert (docs / name).is_file(), name
+    report = (docs / "translation_selection.md").read_text()
+    assert "## The rule" in report and "Chosen: **slope scale" in report
+    assert "## The goals, per size and seed" in report
+    # everything is reused: scoring again trains and decodes nothing
+    again = subprocess.run([sys.executable, "-m", "experiments.translation_length", "--select",
+                            "--smoke", "--out", str(out), "--from-logs"],
+                           capture_output=True, text=True, timeout=300, cwd=str(REPO))
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "trained in" not in again.stdout and "translated all" not in again.stdout
+    assert json.loads((out / "selection.json").read_text())["choice"] == saved["choice"]

@@ -14,6 +14,7 @@ one :class:`~fairseq_alibi.modules.bias.AlibiBias` is built with its first layer
 layer gets its view of it.
 """
 
+import torch
 from fairseq.models.transformer import (
     TransformerConfig,
     TransformerDecoder,
@@ -96,8 +97,10 @@ class EosGuard:
 
     ``--cross-alibi-eos-guard D`` acts on the decoder's output, at a decoding step only (an
     ``incremental_state``, not training, not teacher forcing): the logit of EOS is floored
-    (:func:`~fairseq_alibi.modules.cross_position.forbid_early_eos`) in every row whose last
-    layer's pointer is more than ``D`` source tokens before the row's last real source token.
+    (:func:`~fairseq_alibi.modules.cross_position.forbid_early_eos`) in every row whose guarded
+    pointer is more than ``D`` source tokens before the row's last real source token:
+    ``--cross-alibi-eos-guard-layer`` reads the ``last`` layer's (default), the ``first``, or
+    ``min``, the pointer furthest behind (the largest distance left over the layers).
     ``get_normalized_probs`` then gives EOS no probability, so stock ``fairseq-generate``,
     ``fairseq-interactive`` and the hub need nothing; at the generator's ``max_len`` EOS is the
     only token left and still ends the hypothesis.
@@ -107,8 +110,18 @@ class EosGuard:
         super().__init__(*args, **kwargs)
         self.cross_alibi_eos_guard = float(self.cross_options.cross_alibi_eos_guard)
         attentions = [m for m in self.modules() if isinstance(m, CrossPositionAttention)]
-        # the last layer's pointer, as a plain reference (the layer owns the module)
-        object.__setattr__(self, "guard_attention", attentions[-1] if attentions else None)
+        self.cross_alibi_eos_guard_layer = self.cross_options.cross_alibi_eos_guard_layer
+        read = {"last": attentions[-1:], "first": attentions[:1], "min": attentions}
+        # the pointers read, as plain references (the layers own the modules)
+        object.__setattr__(self, "guard_attentions", read[self.cross_alibi_eos_guard_layer])
+
+    def eos_distance(self, incremental_state):
+        """``(B,)``: source tokens left before the last one by the guarded pointer (with
+        ``min``, the pointer furthest behind), or ``None`` before the first step."""
+        left = [m.eos_distance(incremental_state) for m in self.guard_attentions]
+        if not left or left[0] is None:
+            return None
+        return left[0] if len(left) == 1 else torch.stack(left).amax(0)
 
     def forward(self, prev_output_tokens, encoder_out=None, incremental_state=None,
                 features_only=False, **kwargs):
@@ -117,7 +130,7 @@ class EosGuard:
                                    features_only=features_only, **kwargs)
         if self.cross_alibi_eos_guard >= 0 and incremental_state is not None \
                 and not features_only and not self.training:
-            left = self.guard_attention.eos_distance(incremental_state)
+            left = self.eos_distance(incremental_state)
             if left is not None:
                 forbid_early_eos(x, left, self.dictionary.eos(), self.cross_alibi_eos_guard)
         return x, extra

@@ -43,15 +43,21 @@ carries the joiner ``{joiner}`` on that side (the OpenNMT tokenizer's "joiner an
 :func:`detokenize` gives the text back exactly. Lengths are counted in these tokens.
 
 Splits by source length (tokens), deterministic given ``--seed``: training pairs have a source of
-at most ``--N`` tokens; ``valid`` is drawn from the same range; the test buckets are
-(N/2, N] (held out of training), (N, 2N], (2N, 4N], (4N, 8N], up to ``--per-bucket`` pairs each.
-A pair longer than N is never trained on. Output (``--out``)::
+at most ``--N`` tokens; the test buckets are (N/2, N] (held out of training), (N, 2N], (2N, 4N],
+(4N, 8N], ``--per-bucket`` pairs each; ``valid`` has the same buckets, ``--valid-per-bucket``
+pairs each, disjoint from the test pairs and from training, so that settings are chosen on long
+inputs without reading the test buckets. A pair longer than N is never trained on. The test
+buckets are drawn first, so adding the validation buckets leaves the test pairs of a seed as
+they were. Output (``--out``)::
 
-    {{train,valid,test}}.{{LANG,en}}          the tokenized text (test = every bucket, in order)
+    {{train,valid,test}}.{{LANG,en}}          the tokenized text (valid, test: every bucket, in order)
     test{{1,2,3,4}}.{{LANG,en}}               one bucket each: (N/2,N], (N,2N], (2N,4N], (4N,8N]
-    test.bucket                           the bucket of each line of test.LANG, e.g. (8,16]
+    {{valid,test}}.bucket                   the bucket of each line of valid.LANG / test.LANG, e.g. (8,16]
     dict.{{LANG,en}}.txt, *.bin, *.idx      fairseq binaries: splits train, valid, test, test1-4
     stats.json                            catalogs used and skipped, counts, length ratio
+
+(``valid`` has no per-bucket files: fairseq-train refuses a data folder holding ``valid1``...
+that it would not read, and ``valid.bucket`` says where each bucket starts.)
 
 ``stats.json``'s ``length_ratio`` is r = source tokens per target token on train (total over
 total), what ``--cross-alibi-ratio`` expects.
@@ -306,24 +312,30 @@ def bucket_of(length, buckets):
     return next((b for b, (low, high) in enumerate(buckets, 1) if low < length <= high), 0)
 
 
-def split_by_length(pairs, n, per_bucket, valid_size, seed):
-    """``{split: [(source tokens, target tokens), ...]}`` with splits train, valid, test1-4.
+def split_by_length(pairs, n, per_bucket, valid_per_bucket, seed):
+    """``{split: [(source tokens, target tokens), ...]}`` with splits train, test1-4 and
+    valid1-4 (the validation buckets, the same source lengths as test1-4).
 
     ``pairs`` are tokenized and in a fixed order; the result depends only on them and ``seed``.
+    The test buckets take the first ``per_bucket`` pairs of each length in the shuffled order,
+    the validation buckets the next ``valid_per_bucket``, training the rest of at most ``n``.
     """
     pairs = list(pairs)
     random.Random(seed).shuffle(pairs)
     buckets = length_buckets(n)
-    splits = {f"test{b}": [] for b in range(1, len(buckets) + 1)}
-    rest = []
+    splits = {f"{kind}{b}": [] for kind in ("test", "valid")
+              for b in range(1, len(buckets) + 1)}
+    train = []
     for pair in pairs:
         length = len(pair[0])
         b = bucket_of(length, buckets)
         if b and len(splits[f"test{b}"]) < per_bucket:
             splits[f"test{b}"].append(pair)
+        elif b and len(splits[f"valid{b}"]) < valid_per_bucket:
+            splits[f"valid{b}"].append(pair)
         elif length <= n:
-            rest.append(pair)
-    splits["valid"], splits["train"] = rest[:valid_size], rest[valid_size:]
+            train.append(pair)
+    splits["train"] = train
     return splits
 
 
@@ -333,9 +345,11 @@ def write_text(folder, name, lang, pairs):
             f.writelines(" ".join(pair[side]) + "\n" for pair in pairs)
 
 
-def build(lang, out, locale_dirs=None, n=16, per_bucket=200, valid_size=500, min_per_bucket=20,
-          seed=1, nwords=None, workers=1, force=False):
-    """Build the corpus of ``lang`` into ``out``; returns its stats (as in stats.json)."""
+def build(lang, out, locale_dirs=None, n=16, per_bucket=200, valid_per_bucket=None,
+          min_per_bucket=20, seed=1, nwords=None, workers=1, force=False):
+    """Build the corpus of ``lang`` into ``out``; returns its stats (as in stats.json).
+    ``valid_per_bucket``: pairs of each validation bucket (default ``per_bucket``)."""
+    valid_per_bucket = per_bucket if valid_per_bucket is None else valid_per_bucket
     if lang == TARGET_LANG:
         raise DataError(f"--lang {lang} is the language of the msgids (the target side): "
                         "give the language of the translations, e.g. --lang fr")
@@ -349,36 +363,42 @@ def build(lang, out, locale_dirs=None, n=16, per_bucket=200, valid_size=500, min
     catalogs, name_lists = find_catalogs(lang, locale_dirs)
     pairs, stats = read_pairs(catalogs)
     tokenized = [(tokenize(s), tokenize(t)) for s, t in pairs]
-    splits = split_by_length(tokenized, n, per_bucket, valid_size, seed)
+    splits = split_by_length(tokenized, n, per_bucket, valid_per_bucket, seed)
 
     buckets = length_buckets(n)
     available = Counter(bucket_of(len(s), buckets) for s, _ in tokenized)
-    thin = [f"({low},{high}] has {len(splits[f'test{b}'])}"
-            for b, (low, high) in enumerate(buckets, 1) if len(splits[f"test{b}"]) < min_per_bucket]
-    if thin:
-        raise DataError(
-            f"too few pairs for the test buckets of --N {n}: {', '.join(thin)} pairs, fewer than "
-            f"--min-per-bucket {min_per_bucket}; lower --N (long messages are rare) or "
-            f"--min-per-bucket, or choose a --lang with more catalogs"
-        )
-    if len(splits["train"]) < 1 or len(splits["valid"]) < 1:
-        raise DataError(f"too few pairs of at most --N {n} source tokens: "
-                        f"{len(splits['train'])} left for training, {len(splits['valid'])} for "
-                        "validation; raise --N or lower --valid-size/--per-bucket")
+    for kind in ("test", "valid"):
+        thin = [f"({low},{high}] has {len(splits[f'{kind}{b}'])}"
+                for b, (low, high) in enumerate(buckets, 1)
+                if len(splits[f"{kind}{b}"]) < min_per_bucket]
+        if thin:
+            raise DataError(
+                f"too few pairs for the {kind} buckets of --N {n}: {', '.join(thin)} pairs, "
+                f"fewer than --min-per-bucket {min_per_bucket}; lower --N (long messages are "
+                f"rare), --min-per-bucket or --{'valid-' if kind == 'valid' else ''}per-bucket, "
+                f"or choose a --lang with more catalogs"
+            )
+    if len(splits["train"]) < 1:
+        raise DataError(f"no pair of at most --N {n} source tokens left for training: raise "
+                        "--N or lower --per-bucket/--valid-per-bucket")
 
     train = splits["train"]
     source_tokens = sum(len(s) for s, _ in train)
     target_tokens = sum(len(t) for _, t in train)
     tests = [f"test{b}" for b in range(1, len(buckets) + 1)]
+    valids = [f"valid{b}" for b in range(1, len(buckets) + 1)]
     stats.update({
         "lang": lang, "target_lang": TARGET_LANG, "locale_dirs": locale_dirs,
         "catalogs_name_lists_skipped": [str(p) for p in name_lists],
-        "N": n, "per_bucket": per_bucket, "valid_size": valid_size, "seed": seed,
+        "N": n, "per_bucket": per_bucket, "valid_per_bucket": valid_per_bucket, "seed": seed,
         "tokenizer": f"words and punctuation characters, joiner {JOINER!r} (reversible)",
-        "splits": {name: len(splits[name]) for name in ["train", "valid"] + tests},
+        "splits": {"train": len(train), "valid": sum(len(splits[name]) for name in valids),
+                   **{name: len(splits[name]) for name in tests}},
         "buckets": {name: {"source_tokens": list(buckets[b]),
                            "pairs": len(splits[name]), "available": available[b + 1]}
                     for b, name in enumerate(tests)},
+        "valid_buckets": {name: {"source_tokens": list(buckets[b]), "pairs": len(splits[name])}
+                          for b, name in enumerate(valids)},
         "longer_than_8N_unused": sum(len(s) > 8 * n for s, _ in tokenized),
         "length_ratio": source_tokens / target_tokens,
         "mean_pair_length_ratio": sum(len(s) / len(t) for s, t in train) / len(train),
@@ -388,12 +408,13 @@ def build(lang, out, locale_dirs=None, n=16, per_bucket=200, valid_size=500, min
     stats["splits"]["test"] = sum(stats["splits"][name] for name in tests)
 
     with atomic_directory(out, overwrite=force) as tmp:
-        for name in ["train", "valid"] + tests:
+        for name in ["train"] + tests:
             write_text(tmp, name, lang, splits[name])
-        write_text(tmp, "test", lang, [pair for name in tests for pair in splits[name]])
-        with open(tmp / "test.bucket", "w") as f:
-            f.writelines(f"({low},{high}]\n" for name, (low, high) in zip(tests, buckets)
-                         for _ in splits[name])
+        for split, names in (("test", tests), ("valid", valids)):
+            write_text(tmp, split, lang, [pair for name in names for pair in splits[name]])
+            with open(tmp / f"{split}.bucket", "w") as f:
+                f.writelines(f"({low},{high}]\n" for name, (low, high) in zip(names, buckets)
+                             for _ in splits[name])
         binaries = tmp / "bin"
         prepare(binaries, lang, TARGET_LANG, tmp / "train", tmp / "valid",
                 [tmp / "test"] + [tmp / name for name in tests], joined_dictionary=True,
@@ -424,8 +445,9 @@ def main(argv=None):
                         help="test pairs per bucket, at most (default 200)")
     parser.add_argument("--min-per-bucket", type=int, default=20,
                         help="fewer pairs than this in a bucket is an error (default 20)")
-    parser.add_argument("--valid-size", type=int, default=500,
-                        help="validation pairs, drawn from the training range (default 500)")
+    parser.add_argument("--valid-per-bucket", type=int, default=None,
+                        help="validation pairs per bucket, the same buckets as the test's and "
+                        "disjoint from them and from training (default: --per-bucket)")
     parser.add_argument("--seed", type=int, default=1, help="seed of the split (default 1)")
     parser.add_argument("--nwords", type=int, metavar="N",
                         help="keep the N most frequent tokens in the joined dictionary (the rest "
@@ -434,7 +456,7 @@ def main(argv=None):
     parser.add_argument("--force", action="store_true", help="replace an existing --out")
     args = parser.parse_args(argv)
     stats = build(args.lang, args.out, args.locale_dir, args.n, args.per_bucket,
-                  args.valid_size, args.min_per_bucket, args.seed, args.nwords, args.workers,
+                  args.valid_per_bucket, args.min_per_bucket, args.seed, args.nwords, args.workers,
                   args.force)
     print(f"{len(stats['catalogs_used'])} catalogs read, {len(stats['catalogs_corrupt'])} "
           f"unreadable, {len(stats['catalogs_name_lists_skipped'])} name lists skipped; "
@@ -444,6 +466,9 @@ def main(argv=None):
         bucket = stats["buckets"].get(name)
         where = f"  source tokens ({bucket['source_tokens'][0]},{bucket['source_tokens'][1]}], " \
                 f"{bucket['available']} available" if bucket else ""
+        if name == "valid":
+            where = "  the test's buckets: " + ", ".join(
+                str(v["pairs"]) for v in stats["valid_buckets"].values())
         print(f"{name:>6}: {count:6d} pairs{where}")
     print(f"length ratio r = {stats['length_ratio']:.4f} source tokens per target token on train; "
           f"mean training source length {stats['mean_train_source_length']:.2f} tokens")

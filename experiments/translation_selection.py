@@ -1,0 +1,627 @@
+"""Choose the cross-attention pointer's settings on validation, then read the test buckets once:
+the selection behind docs/translation.md's recipe.
+
+    python -m experiments.translation_length --select [--out DIR] [--data DIR]
+        [--restoration-data DIR] [--seeds 1,2,3] [--jobs 1] [--threads 1] [--docs docs]
+        [--from-logs] [--smoke]
+
+Everything is trained with every seed through ``fairseq-train`` and decoded by
+``fairseq-generate`` (beam 4, every input checked), as in :mod:`experiments.translation_length`,
+on French→English from the gettext catalogs (``--corpus``), whose ``valid`` split has the test's
+source-length buckets, (N/2, N], (N, 2N], (2N, 4N], (4N, 8N], with pairs of its own.
+
+1. **Small size** (:data:`SIZES`: 2+2 layers, 64 dims, FFN 256, 4 heads, 2,000 updates): the
+   baselines ``alibi`` (stock cross-attention) and ``sinusoidal``, and ``--cross-alibi pointer``
+   with ``K = 2`` biased heads at each slope scale of :data:`SCALES`. Every pointer checkpoint is
+   decoded on validation without the guard and with ``--cross-alibi-eos-guard D`` for every
+   margin ``D`` of :data:`MARGINS` and every ``--cross-alibi-eos-guard-layer`` of
+   :data:`GUARD_LAYERS` (``--model-overrides``: no retraining).
+2. The :data:`TOP_SCALES` best scales on the small size's validation (:func:`rank_scales`) go on.
+3. **Large size** (8 heads, 256 dims, FFN 512): the baselines, and the pointer at those scales
+   with ``K`` in :data:`LARGE_HEADS` (2, and half the heads), decoded on validation the same way.
+4. **The choice** (:func:`choose`), by the rule below, on validation only.
+5. **The test buckets, read once**: the chosen setting at both sizes and the baselines, every
+   seed; then punctuation-and-case restoration (WikiText-2) at the small size, the chosen setting
+   and ``alibi``.
+
+The rule, written before any run. For a candidate ``c`` (slope scale, ``K``, guard layer,
+margin), a size ``s`` and a seed: ``kept_b`` = BLEU of bucket ``b`` ÷ BLEU of (N/2, N], and
+``score = min(kept_(2N,4N] / 0.60, kept_(4N,8N] / 0.40)`` (1 = both goals just met). ``c`` is
+*admissible* at ``s`` when, on every seed, the output ÷ reference length is within 0.9–1.1 in
+every bucket, and its in-range BLEU (mean over seeds) is at least the ``alibi`` baseline's minus
+1. The chosen ``c`` maximises the minimum of ``score`` over both sizes and every seed among the
+candidates admissible at both sizes (none admissible: the fewest failed conditions first); ties
+go to the higher in-range BLEU. ``K`` is a rule across sizes: ``2`` (2 heads at either size) or
+``half`` (half the heads: 2 of 4, 4 of 8), the same checkpoint at the small size.
+:func:`rank_scales` orders the scales by the best minimum ``score`` over seeds any of their
+decoding settings reaches on the small size, admissible ones first.
+
+Runs already made by the same command are reused (train and decode records hold the command),
+so an interrupted grid picks up where it stopped; ``--from-logs`` scores what is there without
+training or decoding (whatever stage the grid reached). Writes ``OUT/selection.md`` (the
+procedure, every candidate's validation figures, the choice, the test tables and the goals),
+``OUT/selection.json``, ``OUT/validation.csv``, ``OUT/test_<corpus>.csv`` and
+``OUT/test_<corpus>_<size>.png``; ``--docs DIR`` copies those into ``DIR`` with the prefix
+``translation_selection``.
+"""
+
+import copy
+import itertools
+import json
+import resource
+import shutil
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from experiments import translation_length as tl
+from experiments.seq2seq_runs import (
+    evaluate,
+    generate_command,
+    length_buckets,
+    plot,
+    read_generate_log,
+    summarize,
+    train_command,
+)
+from fairseq_alibi.cli.common import machine, thread_env
+
+
+@dataclass(frozen=True)
+class Size:
+    layers: int
+    dim: int
+    ffn: int
+    heads: int
+    max_update: int
+
+
+#: the two model sizes: the documented small one and one with 8 decoder heads (its updates
+#: sized to the CPU budget: a run of 1,000 costs about 1.4 times a small run of 2,000, measured
+#: in docs/translation.md)
+SIZES = {"small": Size(layers=2, dim=64, ffn=256, heads=4, max_update=2000),
+         "large": Size(layers=2, dim=256, ffn=512, heads=8, max_update=1000)}
+#: the slope scales tried at the small size (``K = 2``: Press's 1/16 and 1/256 times X)
+SCALES = (4, 8, 16, 32)
+#: how many of them go on to the large size
+TOP_SCALES = 2
+#: ``K`` rules tried at the large size: 2 heads, or half the heads
+LARGE_HEADS = ("2", "half")
+#: the EOS guard's margins D and the pointer it reads, decoded on validation
+MARGINS = (1, 2, 3, 4)
+GUARD_LAYERS = ("last", "first", "min")
+#: the goals (BLEU kept at (2N, 4N] and (4N, 8N]; the length window; in-range BLEU vs alibi)
+GOALS = {"kept_4N": 0.60, "kept_8N": 0.40, "length": (0.9, 1.1), "in_range": 1.0,
+         "restoration_kept_4N": 0.80}
+BASELINES = {"alibi": tl.ALIBI, "sinusoidal": tl.SINUSOIDAL}
+
+#: ``--smoke``: every step at toy sizes, a thinned grid (the tests run it)
+SMOKE = dict(sizes={"small": Size(1, 16, 32, 4, 3), "large": Size(1, 16, 32, 8, 3)},
+             scales=(4, 16), top=1, margins=(2,), layers=("min",))
+
+
+def heads_of(rule, size):
+    return size.heads // 2 if rule == "half" else int(rule)
+
+
+def pointer_name(scale, k):
+    return f"pointer_x{scale:g}_k{k}"
+
+
+def trained_flags(name):
+    """The model options of a trained setting's name (a baseline or ``pointer_x<X>_k<K>``)."""
+    if name in BASELINES:
+        return list(BASELINES[name])
+    scale, k = name[len("pointer_x"):].split("_k")
+    return list(tl.ALIBI + tl.POINTER) + ["--cross-alibi-slope-scale", scale,
+                                          "--cross-alibi-heads", k]
+
+
+def decodings(name, grid):
+    """``{decoding: --model-overrides}`` of a trained setting: none for a baseline; for a
+    pointer, no guard and each margin at each guard layer."""
+    if name in BASELINES:
+        return {"plain": {}}
+    settings = {"noguard": {}}
+    for layer, margin in itertools.product(grid["layers"], grid["margins"]):
+        settings[f"{layer}_{margin}"] = {"cross_alibi_eos_guard": float(margin),
+                                         "cross_alibi_eos_guard_layer": layer}
+    return settings
+
+
+# ------------------------------------------------------------------------------- the runs
+
+
+class Grid:
+    """Where the runs of one corpus live, and how each is trained, decoded and scored."""
+
+    def __init__(self, out, corpus, data, meta, args, env):
+        self.out, self.corpus, self.data, self.meta = out, corpus, data, meta
+        self.args, self.env = args, env
+        self.expected = {split: len(tl.test_sources(data, meta, split))
+                         for split in ("valid", "test")}
+
+    def where(self, size_name, name, seed):
+        return self.out / "runs" / self.corpus / size_name / name / f"seed{seed}"
+
+    def train(self, size_name, size, name, seed):
+        where = self.where(size_name, name, seed)
+        cmd = train_command(self.data / "plain" / "bin", where / "checkpoints",
+                            trained_flags(name), layers=size.layers, dim=size.dim,
+                            ffn=size.ffn, heads=size.heads, lr=self.args.lr,
+                            max_tokens=self.args.max_tokens, max_update=size.max_update,
+                            seed=seed, cpu=self.args.device == "cpu", langs=self.meta["langs"])
+        return tl.train_once(f"{self.corpus} {size_name} {name} seed {seed}", where, cmd,
+                             self.env, size.max_update)
+
+    def decode(self, size_name, name, seed, split, decoding, overrides):
+        where = self.where(size_name, name, seed)
+        checkpoint = json.loads((where / "train.json").read_text())["checkpoint"]
+        cmd = generate_command(self.data / "plain" / "bin", checkpoint,
+                               cpu=self.args.device == "cpu", model_overrides=overrides or None,
+                               langs=self.meta["langs"], subset=split)
+        return tl.generate_once(f"{self.corpus} {size_name} {name} {decoding} seed {seed}",
+                                where / split / f"{decoding}.log", cmd, self.env,
+                                self.expected[split], reuse=True, subset=split)
+
+    def score(self, size_name, name, seed, split, decoding):
+        """Per bucket (:func:`~experiments.seq2seq_runs.evaluate`), or ``None`` if not decoded."""
+        log = self.where(size_name, name, seed) / split / f"{decoding}.log"
+        if not log.is_file():
+            return None
+        sources = tl.test_sources(self.data, self.meta, split)
+        hyps, refs, model_sources = read_generate_log(
+            f"{self.corpus} {size_name} {name} {decoding} seed {seed}", log.read_text(), log,
+            len(sources))
+        N = self.meta["N"]
+        return evaluate(hyps, refs, model_sources, sources, N, length_buckets(N))
+
+
+def cpu_seconds(out, corpus):
+    """CPU-seconds of every run recorded under ``out/runs/corpus``, training and decoding."""
+    total = {"train": 0.0, "decode": 0.0}
+    for record in (out / "runs" / corpus).rglob("*.json"):
+        total["train" if record.name == "train.json" else "decode"] += \
+            json.loads(record.read_text())["cpu_s"]
+    return total
+
+
+def run_all(tasks, jobs):
+    """Each callable of ``tasks``, ``jobs`` at a time."""
+    tl.in_parallel(jobs, tasks)
+
+
+def train_and_validate(grid, size_name, size, names, seeds, decode_grid, jobs, decode=True):
+    """Train each setting with each seed (seed by seed), each then decoded on validation."""
+    def one(name, seed):
+        grid.train(size_name, size, name, seed)
+        if decode:
+            for decoding, overrides in decodings(name, decode_grid).items():
+                grid.decode(size_name, name, seed, "valid", decoding, overrides)
+
+    run_all([lambda n=n, s=s: one(n, s) for s in seeds for n in names], jobs)
+
+
+# ------------------------------------------------------------------------------- the rule
+
+
+def kept(rows, bucket):
+    """BLEU of ``bucket`` ÷ BLEU in range (bucket 0) of one run's rows (0 when in-range BLEU is
+    0 or a bucket is empty)."""
+    low, high = rows[0]["bleu"], rows[bucket]["bleu"]
+    return high / low if low and high is not None else 0.0
+
+
+def seed_score(rows):
+    return min(kept(rows, 2) / GOALS["kept_4N"], kept(rows, 3) / GOALS["kept_8N"])
+
+
+def length_ok(rows):
+    low, high = GOALS["length"]
+    return all(r["length_ratio"] is not None and low <= r["length_ratio"] <= high for r in rows)
+
+
+def in_range(per_seed):
+    return statistics.fmean(rows[0]["bleu"] for rows in per_seed)
+
+
+def judge(per_seed, baseline_in_range):
+    """One candidate at one size: ``{score, failed, in_range}`` from its rows of every seed
+    (``score``: min over seeds; ``failed``: the conditions of the rule it misses)."""
+    failed = [f"length seed {k}" for k, rows in per_seed.items() if not length_ok(rows)]
+    bleu = in_range(per_seed.values())
+    if baseline_in_range is not None and bleu < baseline_in_range - GOALS["in_range"]:
+        failed.append("in-range BLEU")
+    return {"score": min(seed_score(rows) for rows in per_seed.values()), "failed": failed,
+            "in_range": bleu}
+
+
+def candidates(scores, sizes, scales, decode_grid):
+    """Every joint candidate ``(scale, K rule, decoding)`` whose runs exist at every size of
+    ``sizes`` (``{name: Size}``): ``{candidate: {size: (trained name, decoding)}}``; a rule that
+    names the same runs as an earlier one at every size is left out."""
+    found, seen = {}, set()
+    for scale, rule in itertools.product(scales, LARGE_HEADS):
+        for decoding in decodings(pointer_name(scale, 2), decode_grid):
+            at = {s: (pointer_name(scale, heads_of(rule, size)), decoding)
+                  for s, size in sizes.items()}
+            runs = tuple(sorted(at.items()))
+            if runs not in seen and all(at[s] in scores.get(s, {}) for s in sizes):
+                found[(scale, rule, decoding)] = at
+                seen.add(runs)
+    return found
+
+
+def judged(scores, baselines, at):
+    """``{size: judge(...)}`` of one candidate, and its key for :func:`choose` (admissible,
+    score, in-range BLEU)."""
+    verdicts = {s: judge(scores[s][at[s]], baselines.get(s)) for s in at}
+    failed = sum(len(v["failed"]) for v in verdicts.values())
+    score = min(v["score"] for v in verdicts.values())
+    bleu = statistics.fmean(v["in_range"] for v in verdicts.values())
+    return verdicts, (-failed, score, bleu)
+
+
+def rank_scales(scores, baselines, scales, decode_grid):
+    """The scales in order of the best candidate each has at the small size alone."""
+    best = {}
+    for scale in scales:
+        keys = [judged(scores, baselines, {"small": (pointer_name(scale, 2), d)})[1]
+                for d in decodings(pointer_name(scale, 2), decode_grid)
+                if (pointer_name(scale, 2), d) in scores.get("small", {})]
+        if keys:
+            best[scale] = max(keys)
+    return sorted(best, key=lambda scale: best[scale], reverse=True)
+
+
+def choose(scores, baselines, scales, decode_grid, sizes):
+    """Every candidate over ``sizes`` with its verdicts, best first: the first is the choice."""
+    table = []
+    for candidate, at in candidates(scores, sizes, scales, decode_grid).items():
+        verdicts, key = judged(scores, baselines, at)
+        table.append((key, candidate, at, verdicts))
+    table.sort(key=lambda row: row[0], reverse=True)
+    return table
+
+
+# ------------------------------------------------------------------------------- reporting
+
+
+def describe(candidate):
+    scale, rule, decoding = candidate
+    guard = "no EOS guard" if decoding == "noguard" else \
+        f"EOS guard {decoding.split('_')[1]} on the {decoding.split('_')[0]} pointer"
+    heads = "K = 2" if rule == "2" else "K = half the heads"
+    return f"slope scale {scale:g}, {heads}, {guard}"
+
+
+def flags_of(candidate):
+    scale, rule, decoding = candidate
+    flags = f"--cross-alibi pointer --cross-alibi-slope-scale {scale:g}"
+    if rule == "2":
+        flags += " --cross-alibi-heads 2"
+    if decoding != "noguard":
+        layer, margin = decoding.split("_")
+        flags += f" --cross-alibi-eos-guard {margin}"
+        if layer != "last":
+            flags += f" --cross-alibi-eos-guard-layer {layer}"
+    return flags
+
+
+def pct(x):
+    return f"{x:.0%}"
+
+
+def seeds_cell(values, fmt):
+    if not values:
+        return "–"
+    text = fmt(statistics.fmean(values))
+    return text + (f" ({fmt(min(values))}–{fmt(max(values))})" if len(values) > 1 else "")
+
+
+def validation_rows(scores, baselines):
+    """One line per (size, trained, decoding) on validation: in-range BLEU, kept, length."""
+    lines = []
+    for size_name, runs in scores.items():
+        for (name, decoding), per_seed in runs.items():
+            seeds = list(per_seed.values())
+            verdict = judge(per_seed, baselines.get(size_name) if name != "alibi" else None)
+            lines.append({
+                "size": size_name, "trained": name, "decoding": decoding,
+                "seeds": list(per_seed),
+                "in_range_bleu": [rows[0]["bleu"] for rows in seeds],
+                "kept_2N": [kept(rows, 1) for rows in seeds],
+                "kept_4N": [kept(rows, 2) for rows in seeds],
+                "kept_8N": [kept(rows, 3) for rows in seeds],
+                "length": [[r["length_ratio"] for r in rows] for rows in seeds],
+                "score": verdict["score"], "failed": verdict["failed"]})
+    return lines
+
+
+def validation_table(lines):
+    out = ["| size | trained | decoding | in-range BLEU | kept (N,2N] | kept (2N,4N] | "
+           "kept (4N,8N] | length, min–max over buckets and seeds | score (min over seeds) | "
+           "fails |", "|---|---|---|---:|---:|---:|---:|---:|---:|---|"]
+    for row in sorted(lines, key=lambda r: (r["size"] != "small", r["trained"], r["decoding"])):
+        lengths = [x for per in row["length"] for x in per if x is not None]
+        out.append(
+            f"| {row['size']} | {row['trained']} | {row['decoding']} | "
+            f"{seeds_cell(row['in_range_bleu'], '{:.1f}'.format)} | "
+            + " | ".join(seeds_cell(row[k], pct) for k in ("kept_2N", "kept_4N", "kept_8N"))
+            + f" | {min(lengths):.2f}–{max(lengths):.2f} | {row['score']:.2f} | "
+            f"{', '.join(row['failed']) or '–'} |")
+    return "\n".join(out) + "\n"
+
+
+def write_validation_csv(path, lines):
+    import csv
+
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["size", "trained", "decoding", "seed", "in_range_bleu", "kept_2N",
+                    "kept_4N", "kept_8N", "length_N", "length_2N", "length_4N", "length_8N",
+                    "candidate_score", "fails"])
+        for row in lines:
+            for i, seed in enumerate(row["seeds"]):
+                w.writerow([row["size"], row["trained"], row["decoding"], seed,
+                            f"{row['in_range_bleu'][i]:.2f}", f"{row['kept_2N'][i]:.3f}",
+                            f"{row['kept_4N'][i]:.3f}", f"{row['kept_8N'][i]:.3f}",
+                            *[f"{x:.3f}" if x is not None else "" for x in row["length"][i]],
+                            f"{row['score']:.3f}", "; ".join(row["failed"])])
+
+
+def test_tables(runs, N):
+    """BLEU, BLEU kept and length tables of the test runs ``{label: {seed: rows}}``, and their
+    summary over seeds."""
+    summary = summarize({label: list(seeds.values()) for label, seeds in runs.items()})
+    bleu, _, length = tl.markdown_tables(summary, N).split("\n\n")[:3]
+    return f"{bleu}\n\n{tl.kept_table(runs, N)}\n{length}\n", summary
+
+
+def goals_table(test, restoration, chosen_label):
+    """Each goal per size and seed: met or missed, with the figure."""
+    lines = ["| goal | size | seed | measured | |", "|---|---|---:|---|---|"]
+
+    def row(goal, size, seed, text, ok):
+        lines.append(f"| {goal} | {size} | {seed} | {text} | {'met' if ok else 'missed'} |")
+
+    low, high = GOALS["length"]
+    for size_name, runs in test.items():
+        chosen, alibi = runs.get(chosen_label, {}), runs.get("alibi", {})
+        for seed, rows in chosen.items():
+            row("≥ 60 % of in-range BLEU kept at (2N, 4N]", size_name, seed,
+                pct(kept(rows, 2)), kept(rows, 2) >= GOALS["kept_4N"])
+            row("≥ 40 % kept at (4N, 8N]", size_name, seed, pct(kept(rows, 3)),
+                kept(rows, 3) >= GOALS["kept_8N"])
+            ratios = [r["length_ratio"] for r in rows]
+            row("output ÷ reference length within 0.9–1.1 in every bucket", size_name, seed,
+                ", ".join(f"{x:.2f}" for x in ratios), all(low <= x <= high for x in ratios))
+        if chosen and alibi:
+            ours, theirs = in_range(chosen.values()), in_range(alibi.values())
+            row("in-range BLEU within 1 point of alibi, or better", size_name, "mean",
+                f"{ours:.1f} vs {theirs:.1f} ({ours - theirs:+.1f})",
+                ours >= theirs - GOALS["in_range"])
+    for seed, rows in restoration.get(chosen_label, {}).items():
+        row("restoration: ≥ 80 % kept at (2N, 4N]", "small", seed, pct(kept(rows, 2)),
+            kept(rows, 2) >= GOALS["restoration_kept_4N"])
+    return "\n".join(lines) + "\n"
+
+
+# ------------------------------------------------------------------------------- the command
+
+
+def data_for(corpus, path, args):
+    """The corpus ``corpus`` in ``path``, built there first if it has no ``data.json``."""
+    if (path / "data.json").is_file():
+        return tl.load_data(path)
+    built = copy.copy(args)
+    built.corpus, built.vocab = corpus, args.vocab if corpus == args.corpus else None
+    built.embedded = args.embedded or (args.smoke and corpus == "restoration")
+    meta = tl.build(path, built)
+    print(f"[selection] {corpus}: {meta['train_pairs']} training pairs, {meta['test_pairs']} "
+          f"test pairs: {path}", flush=True)
+    return meta
+
+
+def collect(grid, size_names, seeds, decode_grid, names_by_size, split="valid"):
+    """``{size: {(trained, decoding): {seed: rows}}}`` of what has been decoded on ``split``."""
+    scores = {}
+    for size_name in size_names:
+        for name in names_by_size.get(size_name, ()):
+            for decoding in decodings(name, decode_grid):
+                for seed in seeds:
+                    rows = grid.score(size_name, name, seed, split, decoding)
+                    if rows is not None:
+                        scores.setdefault(size_name, {}).setdefault((name, decoding), {})[
+                            seed] = rows
+    # a candidate counts only with every seed
+    return {s: {key: per for key, per in runs.items() if len(per) == len(seeds)}
+            for s, runs in scores.items()}
+
+
+def run(args, command):
+    """``--select``: the whole procedure (module docstring); 0 on success."""
+    started = time.time()
+    out = Path(args.out or "outputs/translation_select").absolute()
+    out.mkdir(parents=True, exist_ok=True)
+    sizes, decode_grid = SIZES, {"margins": MARGINS, "layers": GUARD_LAYERS}
+    scales, top = SCALES, TOP_SCALES
+    if args.smoke:
+        sizes = SMOKE["sizes"]
+        decode_grid = {"margins": SMOKE["margins"], "layers": SMOKE["layers"]}
+        scales, top = SMOKE["scales"], SMOKE["top"]
+    seeds, jobs = args.seeds, args.jobs
+    env = thread_env(args.threads or 1)
+
+    corpus = args.corpus
+    data = Path(args.data).absolute() if args.data else out / "data" / corpus
+    restoration_data = data if corpus == "restoration" else (
+        Path(args.restoration_data).absolute() if args.restoration_data
+        else out / "data" / "restoration")
+    meta = data_for(corpus, data, args)
+    grid = Grid(out, corpus, data, meta, args, env)
+    N = meta["N"]
+    work = not args.from_logs
+
+    # 1. the small size: baselines and every scale at K = 2, decoded on validation
+    small = sizes["small"]
+    names = {"small": list(BASELINES) + [pointer_name(x, 2) for x in scales]}
+    if work:
+        train_and_validate(grid, "small", small, names["small"], seeds, decode_grid, jobs)
+    scores = collect(grid, ["small"], seeds, decode_grid, names)
+    baselines = {s: in_range(runs[("alibi", "plain")].values())
+                 for s, runs in scores.items() if ("alibi", "plain") in runs}
+    ranked = rank_scales(scores, baselines, scales, decode_grid)
+    complete_small = all((n, d) in scores.get("small", {}) for n in names["small"]
+                         for d in decodings(n, decode_grid))
+    going_on = ranked[:top] if complete_small else []
+
+    # 2. the large size: baselines and the best scales with K = 2 and half the heads
+    large = sizes["large"]
+    names["large"] = list(BASELINES) + [pointer_name(x, heads_of(rule, large))
+                                        for x in going_on for rule in LARGE_HEADS]
+    if work and going_on:
+        train_and_validate(grid, "large", large, names["large"], seeds, decode_grid, jobs)
+    scores = collect(grid, ["small", "large"], seeds, decode_grid, names)
+    baselines = {s: in_range(runs[("alibi", "plain")].values())
+                 for s, runs in scores.items() if ("alibi", "plain") in runs}
+    complete = complete_small and going_on and all(
+        (n, d) in scores.get("large", {}) for n in names["large"]
+        for d in decodings(n, decode_grid))
+
+    # 3. the choice, on validation only
+    table = choose(scores, baselines, going_on or scales, decode_grid,
+                   sizes if complete else {"small": small})
+    chosen = table[0] if table and complete else None
+
+    # 4. the test buckets, read once: the choice at both sizes and the baselines
+    test, restoration = {}, {}
+    label = None
+    if chosen:
+        (_, candidate, at, _) = chosen
+        label = "chosen"
+        for size_name in ("small", "large"):
+            trained, decoding = at[size_name]
+            settings = [(label, trained, decoding)] + [(b, b, "plain") for b in BASELINES]
+            if work:
+                run_all([lambda t=t, d=d, s=s, n=size_name: grid.decode(
+                    n, t, s, "test", d, decodings(t, decode_grid)[d])
+                    for _, t, d in settings for s in seeds], jobs)
+            for shown, trained_name, decoding_name in settings:
+                for seed in seeds:
+                    rows = grid.score(size_name, trained_name, seed, "test", decoding_name)
+                    if rows is not None:
+                        test.setdefault(size_name, {}).setdefault(shown, {})[seed] = rows
+        # 5. restoration at the small size: the choice and alibi, trained and tested
+        rmeta = data_for("restoration", restoration_data, args)
+        rgrid = Grid(out, "restoration", restoration_data, rmeta, args, env)
+        trained, decoding = at["small"]
+        settings = [(label, trained, decoding), ("alibi", "alibi", "plain")]
+        if work:
+            def restore(t, d, s):
+                rgrid.train("small", small, t, s)
+                rgrid.decode("small", t, s, "test", d, decodings(t, decode_grid)[d])
+            run_all([lambda t=t, d=d, s=s: restore(t, d, s)
+                     for s in seeds for _, t, d in settings], jobs)
+        for shown, trained_name, decoding_name in settings:
+            for seed in seeds:
+                rows = rgrid.score("small", trained_name, seed, "test", decoding_name)
+                if rows is not None:
+                    restoration.setdefault(shown, {})[seed] = rows
+
+    report = write(out, args, command, started, grid, scores, baselines, ranked, going_on,
+                   table, chosen, test, restoration, N, complete, decode_grid, scales, sizes)
+    print(report)
+    return 0
+
+
+def write(out, args, command, started, grid, scores, baselines, ranked, going_on, table,
+          chosen, test, restoration, N, complete, decode_grid, scales, sizes):
+    lines = validation_rows(scores, baselines)
+    write_validation_csv(out / "validation.csv", lines)
+    cpu = {corpus: cpu_seconds(out, corpus) for corpus in dict.fromkeys([grid.corpus,
+                                                                           "restoration"])}
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    parts = [
+        "# Selection on validation, test read once\n",
+        f"Command: `{command}`\n",
+        f"Machine: {machine()}\n",
+        f"Sizes: " + "; ".join(f"{n}: {s.layers}+{s.layers} layers, {s.dim} dims, FFN {s.ffn}, "
+                               f"{s.heads} heads, {s.max_update} updates"
+                               for n, s in sizes.items()) + "\n",
+        "## The rule\n",
+        __doc__.split("The rule, written before any run. ")[1].split("\n\nRuns already")[0]
+        .replace("\n", " ").replace("``", "`") + "\n",
+        "## Validation (every candidate)\n",
+        validation_table(lines),
+        f"Scales ranked on the small size: {', '.join(f'{x:g}' for x in ranked) or '–'}; "
+        f"going on to the large size: {', '.join(f'{x:g}' for x in going_on) or '– (the small size is not complete)'}.\n",
+        "## The choice\n",
+    ]
+    if table:
+        parts.append("| rank | candidate | score (min over sizes and seeds) | fails | "
+                     "in-range BLEU |\n|---:|---|---:|---|---:|\n" + "".join(
+                         f"| {i} | {describe(c)} | {key[1]:.2f} | "
+                         f"{'; '.join(f'{s}: {f}' for s, v in verdicts.items() for f in v['failed']) or '–'}"
+                         f" | {key[2]:.1f} |\n" for i, (key, c, _, verdicts) in
+                         enumerate(table[:10], 1)))
+    if chosen:
+        parts.append(f"\nChosen: **{describe(chosen[1])}**: `{flags_of(chosen[1])}` "
+                     f"({', '.join(f'{s}: {t} decoded {d}' for s, (t, d) in chosen[2].items())}).\n")
+    else:
+        parts.append("\nNo choice yet: the grid has not finished both sizes on validation.\n")
+    summaries = {}
+    for size_name, runs in test.items():
+        text, summaries[size_name] = test_tables(runs, N)
+        parts += [f"## Test, {size_name} size ({grid.corpus}), read once\n", text]
+    if restoration:
+        text, summaries["restoration"] = test_tables(restoration, N)
+        parts += ["## Test, punctuation and case restoration (small size)\n", text]
+    if test:
+        parts += ["## The goals, per size and seed\n", goals_table(test, restoration, "chosen")]
+    total_cpu = round(own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime, 1)
+    parts.append(
+        "CPU time of the runs (their own processes): " + "; ".join(
+            f"{c}: {v['train']:.0f} CPU-s training, {v['decode']:.0f} decoding"
+            for c, v in cpu.items()) + f"; in all {sum(sum(v.values()) for v in cpu.values()) / 3600:.2f} "
+        f"CPU-hours. This command: {time.time() - started:.0f} s wall, {total_cpu} CPU-s.\n")
+    report = "\n".join(parts)
+    (out / "selection.md").write_text(report)
+    saved = {"command": command, "machine": machine(), "complete": bool(complete),
+             "sizes": {n: vars(s) for n, s in sizes.items()}, "scales": list(scales),
+             "decode_grid": {k: list(v) for k, v in decode_grid.items()},
+             "ranked_scales": ranked, "large_scales": going_on,
+             "baseline_in_range_valid": baselines,
+             "choice": {"candidate": list(chosen[1]), "flags": flags_of(chosen[1]),
+                        "runs": chosen[2]} if chosen else None,
+             "candidates": [{"candidate": list(c), "score": key[1], "failed_conditions": -key[0],
+                             "in_range_bleu": key[2],
+                             "verdicts": verdicts} for key, c, _, verdicts in table],
+             "validation": lines, "test": test, "restoration": restoration, "cpu_s": cpu}
+    (out / "selection.json").write_text(json.dumps(saved, indent=2, default=str))
+    written = [out / "selection.md", out / "validation.csv"]
+    for name, runs in list(test.items()) + ([("restoration", restoration)] if restoration
+                                             else []):
+        corpus, size_name = (("restoration", "small") if name == "restoration"
+                             else (grid.corpus, name))
+        csv_path = out / f"test_{corpus}_{size_name}.csv"
+        tl.write_csv(csv_path, runs, summaries[name])
+        png = out / f"test_{corpus}_{size_name}.png"
+        what = ("punctuation and case restoration" if corpus == "restoration"
+                else "French to English (gettext)")
+        plot(png, summaries[name], N, f"{what}, {size_name} size, test, trained on <= N={N} "
+                                      "tokens")
+        written += [csv_path] + ([png] if png.is_file() else [])
+    if args.docs:
+        docs = Path(args.docs)
+        for path in written:
+            shutil.copy(path, docs / f"translation_selection_{path.name}"
+                        if path.name != "selection.md" else docs / "translation_selection.md")
+    return report
+
+
+if __name__ == "__main__":
+    sys.exit("run it as: python -m experiments.translation_length --select ...")
