@@ -187,8 +187,20 @@ def materialise_normalized_weight(head):
     head.forward = forward
 
 
-def head_table(work, quick, rounds, log):
-    """Training tokens/s of the CLAP head against the stock head, at the GPT-2 vocabulary."""
+#: the options of the bias compared with offset alone (the encoder's forward+backward with each)
+OPTION_CASES = {
+    "offset": ("offset", []),
+    "offset, --alibi-global-tokens 1": ("offset", ["--alibi-global-tokens", "1"]),
+    "offset, --alibi-heads 2 (of 4)": ("offset", ["--alibi-heads", "2"]),
+    "offset, global token + 2 heads": ("offset", ["--alibi-global-tokens", "1",
+                                                   "--alibi-heads", "2"]),
+}
+OPTION_PAIRS = {name: "offset" for name in OPTION_CASES if name != "offset"}
+
+
+def paired_table(work, quick, rounds, log, cases, pairs, reference, what):
+    """Training tokens/s of each case, paired per round with its pair and with ``reference``,
+    at the size where a user measured the CLAP head at a third of every step."""
     from fairseq.models import MODEL_REGISTRY
 
     import fairseq_alibi  # noqa: F401
@@ -199,13 +211,13 @@ def head_table(work, quick, rounds, log):
         dims = ["--encoder-layers", "1", "--encoder-embed-dim", "32",
                 "--encoder-ffn-embed-dim", "64", "--encoder-attention-heads", "2"]
         L, batch, vocab = 16, 4, 100
-    else:  # the setting in which a user measured the head at a third of every step
+    else:
         dims = ["--encoder-layers", "4", "--encoder-embed-dim", "256",
                 "--encoder-ffn-embed-dim", "1024", "--encoder-attention-heads", "4"]
         L, batch, vocab = 64, 16, GPT2_VOCAB
     data = dictionary_folder(work, vocab)
     models = {}
-    for name, (variant, extra) in HEAD_CASES.items():
+    for name, (variant, extra) in cases.items():
         models[name] = build_masked_lm(data, variant, L, dims, extra)
         if "(before)" in name:
             materialise_normalized_weight(models[name][0].model.encoder.lm_head)
@@ -216,18 +228,39 @@ def head_table(work, quick, rounds, log):
             models[name][0].train_step([samples[name]])
         return call
 
-    log(f"[encoder] masked-LM heads, vocab {vocab}")
+    log(f"[encoder] {what}, vocab {vocab}")
     timed = Rounds({n: step(n) for n in models}, rounds, warmup=1 if quick else 2)
     rows = []
     for name in models:
-        pair = HEAD_PAIRS.get(name)
+        pair = pairs.get(name)
         rows.append([name, f"{batch * L / timed.median(name):,.0f}",
                      f"{1 / timed.ratio(name, pair):.2f}" if pair else "–",
-                     f"{1 / timed.ratio(name, 'none, roberta head'):.2f}"])
+                     f"{1 / timed.ratio(name, reference):.2f}"])
     shape = (f"alibi_roberta, {' '.join(dims).replace('--encoder-', '')}, L={L}, {batch} "
              f"sequences/batch, vocab {vocab:,}, float32, {rounds} interleaved round(s), median")
+    return shape, rows
+
+
+def head_table(work, quick, rounds, log):
+    """Training tokens/s of the CLAP head against the stock head, at the GPT-2 vocabulary."""
+    found = paired_table(work, quick, rounds, log, HEAD_CASES, HEAD_PAIRS,
+                         "none, roberta head", "masked-LM heads")
+    if found is None:
+        return None
+    shape, rows = found
     return shape, table(["configuration", "train tokens/s", "× the stock head (same variant)",
                          "× none, roberta head"], rows)
+
+
+def option_table(work, quick, rounds, log):
+    """Training tokens/s (forward+backward) with each option of the bias against offset."""
+    found = paired_table(work, quick, rounds, log, OPTION_CASES, OPTION_PAIRS, "offset",
+                         "bias options")
+    if found is None:
+        return None
+    shape, rows = found
+    return shape, table(["configuration", "train tokens/s", "throughput × offset"],
+                        [row[:3] for row in rows])
 
 
 def run(work, quick=False, rounds=5, log=print):
@@ -243,9 +276,13 @@ def run(work, quick=False, rounds=5, log=print):
 
 
 def run_heads(work, quick=False, rounds=5, log=print):
+    """The masked-LM heads' table and the bias options' table (``--only heads``)."""
     rounds = 1 if quick else rounds
-    found = head_table(work, quick, rounds, log)
-    if found is None:
-        return []
-    shape, body = found
-    return [("Masked-LM heads, training (" + shape + ")", body, "")]
+    out = []
+    for title, make in (("Masked-LM heads, training", head_table),
+                        ("Encoder bias options, training", option_table)):
+        found = make(work, quick, rounds, log)
+        if found is not None:
+            shape, body = found
+            out.append((f"{title} ({shape})", body, ""))
+    return out
