@@ -109,8 +109,8 @@ CONFIGS: Dict[str, Config] = {
                              ["--alibi-variant", "offset", "--alibi-learned-scales", "per_head"],
                              glue=False, note="masked-LM only: a pretraining option, measured "
                              "for length (the GLUE grid is the baseline, the plain variants, "
-                             "zero-CLAP and the options of issue #26)"),
-    # the options of issue #26 (flags as they will be named); skipped until this checkout has them
+                             "zero-CLAP and the bias and pooler options)"),
+    # the bias and pooler options; a checkout without them skips these rows (and says so)
     "global_token": Config("offset, global first token", ["--alibi-variant", "offset",
                                                           "--alibi-global-tokens", "1"],
                            long=True),
