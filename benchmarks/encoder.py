@@ -89,6 +89,19 @@ def attention_table(quick, rounds, log):
                          "× bidirectional"], rows)
 
 
+def timed_training_steps(models, batch, length, rounds, quick):
+    """:class:`Rounds` of one training step of each ``{name: (trainer, task)}``, interleaved,
+    each on its own fixed masked batch."""
+    samples = {n: masked_batch(task, batch, length, seed=0) for n, (_, task) in models.items()}
+
+    def step(name):
+        def call():
+            models[name][0].train_step([samples[name]])
+        return call
+
+    return Rounds({n: step(n) for n in models}, rounds, warmup=1 if quick else 2)
+
+
 def build_masked_lm(data, variant, length, dims, extra=()):
     return train.trainer_from_flags([
         data, "--task", "masked_lm", "--arch", "alibi_roberta", "--alibi-variant", variant,
@@ -139,15 +152,8 @@ def model_table(work, quick, rounds, log):
     for L in lengths:
         batch = max(1, tokens_per_batch // L)
         models = {v: build_masked_lm(data, v, L, dims) for v in ("none",) + ENCODER_VARIANTS}
-        samples = {v: masked_batch(task, batch, L, seed=0) for v, (_, task) in models.items()}
-
-        def step(v):
-            def call():
-                models[v][0].train_step([samples[v]])
-            return call
-
         log(f"[encoder] alibi_roberta L={L}")
-        timed = Rounds({v: step(v) for v in models}, rounds, warmup=1 if quick else 2)
+        timed = timed_training_steps(models, batch, L, rounds, quick)
         for v in models:
             name = "none (stock: learned positions)" if v == "none" else v
             rows.append([L, name, f"{batch * L / timed.median(v):,.0f}",
@@ -221,15 +227,8 @@ def paired_table(work, quick, rounds, log, cases, pairs, reference, what):
         models[name] = build_masked_lm(data, variant, L, dims, extra)
         if "(before)" in name:
             materialise_normalized_weight(models[name][0].model.encoder.lm_head)
-    samples = {n: masked_batch(task, batch, L, seed=0) for n, (_, task) in models.items()}
-
-    def step(name):
-        def call():
-            models[name][0].train_step([samples[name]])
-        return call
-
     log(f"[encoder] {what}, vocab {vocab}")
-    timed = Rounds({n: step(n) for n in models}, rounds, warmup=1 if quick else 2)
+    timed = timed_training_steps(models, batch, L, rounds, quick)
     rows = []
     for name in models:
         pair = pairs.get(name)

@@ -63,7 +63,7 @@ from experiments.seq2seq_runs import (
     train_command,
     write_csv,
 )
-from fairseq_alibi.cli.common import machine, thread_env
+from fairseq_alibi.cli.common import machine, parse_seeds, thread_env
 from fairseq_alibi.preprocess.parallel import prepare
 
 SINUSOIDAL = ("--arch", "alibi_transformer", "--encoder-alibi-variant", "none",
@@ -482,12 +482,7 @@ def parse(argv):
             setattr(args, key, value)
         args.embedded = True
         args.seeds = args.seeds if "--seeds" in (argv or sys.argv) else "1"
-    try:
-        args.seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
-    except ValueError:
-        parser.error(f"--seeds takes whole numbers separated by commas, got {args.seeds!r}")
-    if not args.seeds:
-        parser.error("--seeds: give at least one seed")
+    args.seeds = parse_seeds(parser, args.seeds)
     if args.jobs < 1:
         parser.error("--jobs must be at least 1")
     if args.select:

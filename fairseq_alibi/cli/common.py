@@ -55,3 +55,14 @@ def machine() -> dict:
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
     return dict(cpu=cpu, cores=os.cpu_count(), load_average=load,
                 platform=platform.platform(), python=platform.python_version())
+
+
+def parse_seeds(parser, text: str) -> List[int]:
+    """``--seeds 1,2,3`` as a list of ints; ``parser.error`` (exit 2, one line) otherwise."""
+    try:
+        seeds = [int(s) for s in text.split(",") if s.strip()]
+    except ValueError:
+        parser.error(f"--seeds takes whole numbers separated by commas, got {text!r}")
+    if not seeds:
+        parser.error("--seeds: give at least one seed")
+    return seeds

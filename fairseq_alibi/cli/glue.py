@@ -50,7 +50,7 @@ from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
-from fairseq_alibi.cli.common import console_script, cpu_seconds, machine, thread_env
+from fairseq_alibi.cli.common import console_script, cpu_seconds, machine, parse_seeds, thread_env
 from fairseq_alibi.error_hints import OneLineError
 from fairseq_alibi.paths import user_dir
 
@@ -689,12 +689,7 @@ def parse_args(argv=None):
                         help="delete each run's checkpoint once its dev set is scored")
     args = parser.parse_args(argv)
     args.fairseq_args = extra
-    try:
-        args.seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
-    except ValueError:
-        parser.error(f"--seeds takes whole numbers separated by commas, got {args.seeds!r}")
-    if not args.seeds:
-        parser.error("--seeds: give at least one seed")
+    args.seeds = parse_seeds(parser, args.seeds)
     if args.epochs < 1 or args.threads < 1 or not 0 <= args.warmup_ratio < 1:
         parser.error("--epochs and --threads must be at least 1, --warmup-ratio in [0, 1)")
     if args.max_length is not None and args.max_length != "none":
