@@ -197,7 +197,7 @@ def materialise_normalized_weight(head):
 OPTION_CASES = {
     "offset": ("offset", []),
     "offset, --alibi-global-tokens 1": ("offset", ["--alibi-global-tokens", "1"]),
-    "offset, --alibi-heads 2 (of 4)": ("offset", ["--alibi-heads", "2"]),
+    "offset, --alibi-heads 2": ("offset", ["--alibi-heads", "2"]),
     "offset, global token + 2 heads": ("offset", ["--alibi-global-tokens", "1",
                                                    "--alibi-heads", "2"]),
 }

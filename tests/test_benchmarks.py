@@ -25,6 +25,7 @@ SECTIONS = [
     "### Encoder variants, attention (",
     "### Encoder variants, masked-LM training (",
     "### Masked-LM heads, training (",
+    "### Encoder bias options, training (",
     "### Translation training: alibi_transformer ÷ transformer (",
     "### Translation generation, beam 4: alibi_transformer ÷ transformer (",
     "### Translation training, cross-attention options ÷ alibi_transformer (",
@@ -53,6 +54,9 @@ def test_quick_run_of_every_benchmark_writes_its_tables(tmp_path):
                    "BLOOM baddbmm", "naive", "flex (compiled)"]:
         assert f"| {method} |" in text, method
     assert "| flex (compiled) | no CPU backward |" in text
+    for option in ("offset, --alibi-global-tokens 1", "offset, --alibi-heads 2",
+                   "offset, global token + 2 heads"):
+        assert f"| {option} |" in text, option
     # the decoding benchmark has a ratio for every (decoder, sequences, cached tokens) case
     decoding = text.split("### Cached decoding")[1].split("###")[0]
     rows = [l.split("|")[1:-1] for l in decoding.splitlines() if l.startswith("| ")][1:]
