@@ -84,18 +84,33 @@ def train_command(data_bin, save_dir, model_flags, *, layers, dim, lr, max_token
             "--label-smoothing", "0.1", "--max-tokens", max_tokens, "--max-update", max_update,
             "--required-batch-size-multiple", "1", "--seed", seed,
             *(["--cpu"] if cpu else []), "--num-workers", "0", "--save-dir", save_dir,
-            "--no-epoch-checkpoints", "--no-last-checkpoints", "--disable-validation",
+            "--no-epoch-checkpoints", "--disable-validation",
             "--save-interval-updates", max_update, "--log-format", "simple",
             "--log-interval", "100", "--no-progress-bar"]
 
 
+#: a flag earlier runs' commands had: it only chose which file holds the last update
+#: (:func:`final_checkpoint`), so a run recorded with it is the same run
+DROPPED_FLAGS = ("--no-last-checkpoints",)
+
+
+def same_command(recorded, cmd):
+    """Whether a recorded command is ``cmd`` (flags of :data:`DROPPED_FLAGS` aside)."""
+    return [c for c in recorded if c not in DROPPED_FLAGS] == list(cmd)
+
+
 def final_checkpoint(save_dir, max_update, name):
-    """The checkpoint saved at the last update (``checkpoint_<epoch>_<max_update>.pt``)."""
-    found = sorted(Path(save_dir).glob(f"checkpoint_*_{max_update}.pt"),
+    """The checkpoint saved at the last update: ``checkpoint_<epoch>_<max_update>.pt``, or
+    ``checkpoint_last.pt`` when the last update ends an epoch (fairseq then writes no
+    update-numbered checkpoint; training stopped at ``max_update``, so the last is that one)."""
+    save_dir = Path(save_dir)
+    found = sorted(save_dir.glob(f"checkpoint_*_{max_update}.pt"),
                    key=lambda p: p.stat().st_mtime)
-    if not found:
-        raise SystemExit(f"{name}: no checkpoint of update {max_update} in {save_dir}")
-    return found[-1]
+    if found:
+        return found[-1]
+    if (save_dir / "checkpoint_last.pt").is_file():
+        return save_dir / "checkpoint_last.pt"
+    raise SystemExit(f"{name}: no checkpoint of update {max_update} in {save_dir}")
 
 
 def generate_command(data_bin, checkpoint, *, cpu=True, model_overrides=None, beam=4,

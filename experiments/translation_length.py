@@ -59,6 +59,7 @@ from experiments.seq2seq_runs import (
     plot,
     read_generate_log,
     run_timed,
+    same_command,
     summarize,
     train_command,
     write_csv,
@@ -283,7 +284,7 @@ def train_once(label, where, cmd, env, max_update):
     record_file = where / "train.json"
     if record_file.is_file():
         record = json.loads(record_file.read_text())
-        if record["command"] == cmd and Path(record["checkpoint"]).is_file():
+        if same_command(record["command"], cmd) and Path(record["checkpoint"]).is_file():
             print(f"[translation_length] {label}: trained before, reused", flush=True)
             return record
     _, wall, cpu = run_timed(cmd, env, where / "train.log")

@@ -193,8 +193,9 @@ def test_translation_config_exposes_the_cross_attention_options(tmp_path):
 
 
 def test_the_pointer_config_builds_the_recommended_model(tmp_path):
-    """The shipped recipe of docs/translation.md's measured recommendation: the pointer with
-    16 x Press's slopes on half the heads and the EOS guard, on the IWSLT recipe."""
+    """The shipped recipe of docs/translation.md's choice on validation: the pointer with
+    16 x Press's slopes on half the heads and the EOS guard at 1 on the last layer's pointer,
+    on the IWSLT recipe."""
     from fairseq_alibi.modules.cross_position import CrossPositionAttention
 
     cfg = compose(CONFIG / "translation", "iwslt14_de_en_alibi_pointer")
@@ -208,5 +209,6 @@ def test_the_pointer_config_builds_the_recommended_model(tmp_path):
     cross = [m for m in model.modules() if isinstance(m, CrossPositionAttention)]
     assert len(cross) == 6 and {m.mode for m in cross} == {"pointer"}
     assert cross[0].slopes.tolist() == [1.0, 1 / 16, 0.0, 0.0]
-    assert model.decoder.cross_alibi_eos_guard == 2
+    assert model.decoder.cross_alibi_eos_guard == 1  # chosen on the validation buckets
+    assert model.decoder.cross_alibi_eos_guard_layer == "last"
 

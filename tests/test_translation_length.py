@@ -179,6 +179,27 @@ def rows(bleu, length=(1.0, 1.0, 1.0, 1.0)):
             for b, x, r in zip(("9-16", "17-32", "33-64", "65-128"), bleu, length)]
 
 
+def test_the_last_update_at_an_epoch_end_is_found(tmp_path):
+    """When --max-update ends an epoch, fairseq writes no checkpoint_<epoch>_<update>.pt (it
+    saves update-numbered checkpoints inside an epoch only): the last checkpoint is that update's;
+    a run recorded with --no-last-checkpoints (which left nothing then) is the same command."""
+    from experiments.seq2seq_runs import final_checkpoint, same_command, train_command
+
+    save = tmp_path / "checkpoints"
+    save.mkdir()
+    with pytest.raises(SystemExit, match="no checkpoint of update 2000"):
+        final_checkpoint(save, 2000, "run")
+    (save / "checkpoint_last.pt").write_bytes(b"x")
+    assert final_checkpoint(save, 2000, "run") == save / "checkpoint_last.pt"
+    (save / "checkpoint_3_2000.pt").write_bytes(b"x")
+    assert final_checkpoint(save, 2000, "run") == save / "checkpoint_3_2000.pt"
+    cmd = [str(c) for c in train_command("bin", "save", [], layers=1, dim=8, lr=1e-3,
+                                         max_tokens=64, max_update=2000, seed=1)]
+    assert "--no-last-checkpoints" not in cmd
+    assert same_command(cmd[:-1] + ["--no-last-checkpoints", cmd[-1]], cmd)
+    assert not same_command(cmd + ["--seed", "2"], cmd)
+
+
 def test_the_rule_scores_admits_and_chooses():
     from experiments import translation_selection as ts
 
