@@ -56,6 +56,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from benchmarks.common import machine as describe_machine
 from experiments import translation_length as tl
 from experiments.seq2seq_runs import (
     evaluate,
@@ -548,7 +549,7 @@ def write(out, args, command, started, grid, scores, baselines, ranked, going_on
     parts = [
         "# Selection on validation, test read once\n",
         f"Command: `{command}`\n",
-        f"Machine: {machine()}\n",
+        f"Machine: {describe_machine()}\n",
         f"Sizes: " + "; ".join(f"{n}: {s.layers}+{s.layers} layers, {s.dim} dims, FFN {s.ffn}, "
                                f"{s.heads} heads, {s.max_update} updates"
                                for n, s in sizes.items()) + "\n",
