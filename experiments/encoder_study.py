@@ -118,7 +118,7 @@ CONFIGS: Dict[str, Config] = {
                             ["--alibi-variant", "offset", "--alibi-heads", "2"], long=True),
     "mean_pooler": Config("offset, mean pooler", finetune=["--classification-pooler", "mean"],
                           checkpoint_of="offset", long=True),
-    "recommended": Config("recommended: offset + global token + half the heads + mean pooler",
+    "combination": Config("offset + global token + half the heads + mean pooler (planned)",
                           ["--alibi-variant", "offset", "--alibi-global-tokens", "1",
                            "--alibi-heads", "2"], finetune=["--classification-pooler", "mean"],
                           long=True),

@@ -21,7 +21,7 @@ def test_configurations_needing_missing_options_are_named():
     assert study.missing_options("offset", known) == []
     assert study.missing_options("learned_scales", known) == []
     lacking = {"--alibi-global-tokens", "--alibi-heads", "--classification-pooler"}
-    assert study.missing_options("recommended", known - lacking) == [
+    assert study.missing_options("combination", known - lacking) == [
         "--alibi-global-tokens", "--alibi-heads", "--classification-pooler"]
     assert study.missing_options("mean_pooler", known - lacking) == ["--classification-pooler"]
     # a fine-tuning-only configuration fine-tunes another one's checkpoint
