@@ -25,6 +25,8 @@ from tests.helpers import (
     REPO,
     build_model,
     compose,
+    reference_bias,
+    reference_module_attention,
     setup_from_command_line,
     write_dictionary,
 )
@@ -32,50 +34,6 @@ from tests.helpers import (
 
 HEADS, DIM = 4, 32
 BACKENDS = ["naive", "sdpa", "fold", "flex", "auto"]
-
-
-def reference_bias(variant, slopes, future, T, global_tokens):
-    """``(H, T, T)`` float64 bias, literally from the table of fairseq_alibi/alibi.py's
-    docstring, written out per entry; ``-inf`` where masked."""
-    H = len(slopes)
-    bias = torch.zeros(H, T, T, dtype=torch.float64)
-    for h in range(H):
-        m = slopes[h]
-        for i in range(T):
-            for j in range(T):
-                if variant == "causal":
-                    value = -m * (i - j) if j <= i else -math.inf
-                elif variant == "symmetric":
-                    value = -m * abs(i - j)
-                elif variant == "offset":
-                    value = -m * (i - j) if j <= i else -m * (j - i - 0.5)
-                elif variant == "asymmetric":
-                    value = -m * (i - j) if j <= i else -future[h] * (j - i)
-                else:  # one_sided
-                    ahead = h >= H // 2
-                    value = (-m * abs(i - j)) if (j >= i if ahead else j <= i) else -math.inf
-                if i < global_tokens or j < global_tokens:
-                    value = -math.inf if variant == "causal" and j > i else 0.0
-                bias[h, i, j] = value
-    return bias
-
-
-def reference(attn, x, bias, key_padding_mask):
-    """The attention module's output, computed in float64 from its weights."""
-    x = x.double()
-    T, B, C = x.shape
-    H, D = attn.num_heads, attn.head_dim
-    w = {n: p.detach().double() for n, p in attn.named_parameters()}
-
-    def project(name):
-        return (x @ w[f"{name}.weight"].T + w[f"{name}.bias"]).view(T, B, H, D)
-
-    q, k, v = project("q_proj"), project("k_proj"), project("v_proj")
-    scores = torch.einsum("ibhd,jbhd->bhij", q, k) / D**0.5 + bias
-    if key_padding_mask is not None:
-        scores = scores.masked_fill(key_padding_mask[:, None, None, :], -math.inf)
-    out = torch.einsum("bhij,jbhd->ibhd", torch.softmax(scores, -1), v).reshape(T, B, C)
-    return out @ w["out_proj.weight"].T + w["out_proj.bias"]
 
 
 def attention(variant, **options):
@@ -120,7 +78,7 @@ def test_every_backend_matches_the_float64_reference_or_refuses(case, variant, b
         out, _ = attn(x, x, x, key_padding_mask=kpm, need_weights=False)
     slopes, future = alibi.slopes_of()
     future = future.tolist() if future is not None else None
-    want = reference(attn, x, reference_bias(variant, slopes.tolist(), future, T,
+    want = reference_module_attention(attn, x, reference_bias(variant, slopes.tolist(), future, T,
                                              alibi.global_tokens), kpm)
     real = ~kpm.T if padded else torch.ones(T, B, dtype=torch.bool)
     rows = torch.isfinite(want).all(-1) & real
