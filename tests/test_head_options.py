@@ -3,7 +3,6 @@ the classification pooler (``--classification-pooler``): exact against a float64
 every backend that claims them (the others refuse, so ``auto`` never picks them), padding
 invariance, save/load, hydra fields, and what export-hf cannot express."""
 
-import math
 
 import pytest
 import torch
