@@ -27,9 +27,9 @@ from benchmarks.common import table
 FAMILIES = {"language model": ("transformer_lm", "alibi_transformer_lm"),
             "translation decoder": ("transformer", "alibi_transformer")}
 #: the cross-attention position options (docs/translation.md) against today's alibi_transformer
-CROSS = {"pointer recipe (slope scale 16, EOS guard 2)": [
-    "--cross-alibi", "pointer", "--cross-alibi-slope-scale", "16",
-    "--cross-alibi-eos-guard", "2"],
+CROSS = {"pointer recipe (slope scale 16, 2 heads, EOS guard 2 on the min pointer)": [
+    "--cross-alibi", "pointer", "--cross-alibi-slope-scale", "16", "--cross-alibi-heads", "2",
+    "--cross-alibi-eos-guard", "2", "--cross-alibi-eos-guard-layer", "min"],
     "pointer, length scale 8, EOS guard 2": [
     "--cross-alibi", "pointer", "--cross-attention-length-scale", "8",
     "--cross-alibi-eos-guard", "2"],

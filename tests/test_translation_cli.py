@@ -254,7 +254,9 @@ def test_shipped_configs_compose_and_train_two_updates(corpus, alibi_user_dir, t
                            weights_only=False)["cfg"]["model"]
         saved = vars(saved) if not isinstance(saved, dict) else saved  # a Namespace (legacy)
         assert (saved["cross_alibi"], saved["cross_alibi_slope_scale"],
-                saved["cross_alibi_eos_guard"]) == ("pointer", 16.0, 1.0)  # chosen on validation
+                saved["cross_alibi_heads"], saved["cross_alibi_eos_guard"],
+                saved["cross_alibi_eos_guard_layer"]) == ("pointer", 16.0, 2, 2.0, "min")
+        # (chosen on validation)
 
 
 # ---------------------------------------------------------------- bad input at the command line
