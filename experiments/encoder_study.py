@@ -110,6 +110,10 @@ CONFIGS: Dict[str, Config] = {
                              glue=False, note="masked-LM only: a pretraining option, measured "
                              "for length (the GLUE grid is the baseline, the plain variants, "
                              "zero-CLAP and the bias and pooler options)"),
+    "steep_slopes": Config("offset, slopes × 4 (fixed)",
+                           ["--alibi-variant", "offset", "--alibi-scale-init", "4"], glue=False,
+                           note="masked-LM only: whether steeper slopes (less context from far "
+                           "away) keep the perplexity from rising beyond L"),
     # the bias and pooler options; a checkout without them skips these rows (and says so)
     "global_token": Config("offset, global first token", ["--alibi-variant", "offset",
                                                           "--alibi-global-tokens", "1"],
@@ -338,9 +342,17 @@ def pretrain(name: str, data: dict, out: Path, s: Settings, args, env, log) -> d
 def mlm_perplexity(checkpoint: str, data: str, length: int, seed: int,
                    sinusoidal: bool = False) -> dict:
     """Masked-LM perplexity of the held-out split (``test``) in blocks of ``length`` tokens,
-    masked with ``seed``, in this process: what ``fairseq-validate --valid-subset test
-    --tokens-per-sample length --seed seed`` computes."""
+    masked with ``seed``, in this process, two ways:
+
+    * ``perplexity``: every masked target, what ``fairseq-validate --valid-subset test
+      --tokens-per-sample length --seed seed`` computes;
+    * ``text_perplexity``: the masked text tokens only. ``masked_lm`` masks the block's first
+      token ``<s>`` at the same rate as the text and a model predicts it almost surely; it is 1
+      of ``length`` tokens, so it lowers ``perplexity`` more at short blocks than at long ones
+      and makes longer blocks look worse than they are.
+    """
     import torch
+    import torch.nn.functional as F
     from fairseq import checkpoint_utils, utils
 
     import fairseq_alibi  # noqa: F401
@@ -352,23 +364,34 @@ def mlm_perplexity(checkpoint: str, data: str, length: int, seed: int,
     models, cfg, task = checkpoint_utils.load_model_ensemble_and_task(
         [checkpoint], arg_overrides=overrides)
     model = models[0].eval()
-    criterion = task.build_criterion(cfg.criterion)
     task.load_dataset("test", combine=False, epoch=1)
     batches = task.get_batch_iterator(
         dataset=task.dataset("test"), max_tokens=max(4096, length),
         max_positions=utils.resolve_max_positions(task.max_positions(), model.max_positions()),
         ignore_invalid_inputs=False, required_batch_size_multiple=1, seed=seed,
     ).next_epoch_itr(shuffle=False)
-    loss = masked = tokens = blocks = 0.0
+    pad, bos = task.source_dictionary.pad(), task.source_dictionary.bos()
+    loss = masked = text_loss = text_masked = tokens = blocks = 0.0
     with torch.no_grad():
         for sample in batches:
-            batch_loss, sample_size, logged = task.valid_step(sample, model, criterion)
-            loss += float(batch_loss)
-            masked += float(sample_size)
-            tokens += float(logged["ntokens"])
-            blocks += float(logged["nsentences"])
+            tokens += float(sample["ntokens"])
+            blocks += float(sample["nsentences"])
+            targets = sample["target"]
+            chosen = targets.ne(pad)
+            if not chosen.any():
+                continue
+            # the masked_lm criterion's loss: the output layer on the masked positions only
+            logits = model(**sample["net_input"], masked_tokens=chosen)[0]
+            gold = targets[chosen]
+            per_token = F.cross_entropy(logits.float(), gold, reduction="none").double()
+            text = gold.ne(bos)
+            loss += float(per_token.sum())
+            masked += float(gold.numel())
+            text_loss += float(per_token[text].sum())
+            text_masked += float(text.sum())
     return {"perplexity": math.exp(loss / masked), "loss_nats": loss / masked,
-            "masked_tokens": int(masked), "tokens": int(tokens), "blocks": int(blocks)}
+            "masked_tokens": int(masked), "text_perplexity": math.exp(text_loss / text_masked),
+            "text_masked_tokens": int(text_masked), "tokens": int(tokens), "blocks": int(blocks)}
 
 
 def mlm(name: str, checkpoint: str, data: dict, out: Path, s: Settings, args, log) -> dict:
@@ -382,16 +405,16 @@ def mlm(name: str, checkpoint: str, data: dict, out: Path, s: Settings, args, lo
             continue  # learned positions stop at L: there is no model to score beyond
         for seed in s.mlm_seeds:
             path = folder / f"N{n}_seed{seed}.json"
-            if not path.is_file():
+            if not path.is_file() or "text_perplexity" not in json.loads(path.read_text()):
                 started = time.process_time()
                 result = mlm_perplexity(checkpoint, data["text"], n, seed,
                                         sinusoidal=CONFIGS[name].sinusoidal)
                 result["cpu_seconds"] = round(time.process_time() - started, 1)
                 write_json(path, result)
             found[(n, seed)] = json.loads(path.read_text())
-        ppl = statistics.mean(found[(n, s_)]["perplexity"] for s_ in s.mlm_seeds)
-        log(f"{name}: masked-LM perplexity at N={n}: {ppl:.2f} "
-            f"({found[(n, s.mlm_seeds[0])]['masked_tokens']} masked tokens per seed)")
+        ppl = statistics.mean(found[(n, s_)]["text_perplexity"] for s_ in s.mlm_seeds)
+        log(f"{name}: masked-LM perplexity of the text at N={n}: {ppl:.2f} "
+            f"({found[(n, s.mlm_seeds[0])]['text_masked_tokens']} masked tokens per seed)")
     return found
 
 
@@ -609,12 +632,13 @@ def plot(out: Path, found: dict, names: List[str], s: Settings):
     for k, name in enumerate(names):
         xs = [n for n in lengths if (name, n) in found["mlm"]]
         if xs:
-            ys = [statistics.mean(r["perplexity"] for r in found["mlm"][(name, n)]) for n in xs]
+            ys = [statistics.mean(r["text_perplexity"] for r in found["mlm"][(name, n)])
+                  for n in xs]
             ax.plot(xs, ys, marker=markers[k % len(markers)], label=name)
     ax.set_xscale("log", base=2)
     ax.set_xticks(lengths, [str(n) for n in lengths])
     ax.set_xlabel("tokens per block (L = %d)" % s.L)
-    ax.set_ylabel("masked-LM perplexity, held-out text")
+    ax.set_ylabel("masked-LM perplexity, held-out text (<s> not scored)")
     ax.set_title("Length extrapolation (lower is better)", fontsize=9)
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=7)
@@ -689,41 +713,53 @@ def report(out: Path, names: List[str], skipped: Dict[str, str], s: Settings, ar
                   "WikiText-2 test; GLUE rows: "
                   + ", ".join(f"{k} {v:,}" for k, v in data["rows"].items()) + ".", ""]
 
-    # masked-LM perplexity
-    rows, csv_rows = [], []
+    # masked-LM perplexity: of the text (the goal's measure) and as fairseq-validate counts
+    tables, csv_rows = {"text_perplexity": [], "perplexity": []}, []
     for name in names:
         if not any((name, n) in found["mlm"] for n in lengths):
             continue
-        cells, base = [], None
+        for key, rows in tables.items():
+            cells, base = [], None
+            for n in lengths:
+                runs = found["mlm"].get((name, n))
+                if not runs:
+                    cells.append("n/a (L positions)" if CONFIGS[name].learned_positions
+                                 else "–")
+                    continue
+                mean = statistics.mean(r[key] for r in runs)
+                base = mean if n == s.L else base
+                change = ("" if n == s.L or base is None
+                          else f" ({100 * (mean / base - 1):+.1f} %)")
+                cells.append(f"{mean:.2f}{change}")
+            rows.append([name] + cells)
         for n in lengths:
-            runs = found["mlm"].get((name, n))
-            if not runs:
-                cells.append("n/a (L positions)" if CONFIGS[name].learned_positions else "–")
-                continue
-            ppls = [r["perplexity"] for r in runs]
-            mean = statistics.mean(ppls)
-            base = mean if n == s.L else base
-            change = "" if n == s.L or base is None else f" ({100 * (mean / base - 1):+.1f} %)"
-            cells.append(f"{mean:.2f}{change}")
-            for seed, r in zip(s.mlm_seeds, runs):
-                csv_rows.append([name, n, seed, f"{r['perplexity']:.4f}", r["tokens"],
-                                 r["masked_tokens"], r["blocks"]])
-        rows.append([name] + cells)
-    if rows:
+            for seed, r in zip(s.mlm_seeds, found["mlm"].get((name, n)) or []):
+                csv_rows.append([name, n, seed, f"{r['text_perplexity']:.4f}",
+                                 r["text_masked_tokens"], f"{r['perplexity']:.4f}",
+                                 r["masked_tokens"], r["tokens"], r["blocks"]])
+    if tables["perplexity"]:
         counts = []
         for n in lengths:
             scored = next((found["mlm"][(k, n)][0] for k in names if (k, n) in found["mlm"]),
                           None)
             if scored:
                 counts.append(f"N={n}: {scored['tokens']:,} tokens, "
-                              f"{scored['masked_tokens']:,} masked")
+                              f"{scored['text_masked_tokens']:,} masked text tokens "
+                              f"(+{scored['masked_tokens'] - scored['text_masked_tokens']:,} "
+                              "masked `<s>`)")
+        header = ["configuration"] + [f"N={n}" + (" (L)" if n == s.L else "") for n in lengths]
         lines += ["### Masked-LM perplexity on held-out text", "",
                   f"Mean over masking seeds {', '.join(map(str, s.mlm_seeds))} (in brackets: "
-                  "change from L). Scored per seed: " + "; ".join(counts) + ".", "",
-                  table(["configuration"] + [f"N={n}" + (" (L)" if n == s.L else "")
-                                             for n in lengths], rows), ""]
-    write_csv(out / "mlm.csv", ["config", "N", "seed", "perplexity", "tokens", "masked_tokens",
-                                "blocks"], csv_rows)
+                  "change from L) of the masked text tokens. Scored per seed: "
+                  + "; ".join(counts) + ".", "",
+                  table(header, tables["text_perplexity"]), "",
+                  "As `fairseq-validate` counts it, every masked target: `masked_lm` also masks "
+                  "the block's first token `<s>` (1 token in N), which every model predicts "
+                  "almost surely, so this figure falls with 1/N and makes longer blocks look "
+                  "worse than the text is modelled:", "",
+                  table(header, tables["perplexity"]), ""]
+    write_csv(out / "mlm.csv", ["config", "N", "seed", "text_perplexity", "text_masked_tokens",
+                                "perplexity", "masked_tokens", "tokens", "blocks"], csv_rows)
 
     # GLUE
     rows, csv_rows = [], []

@@ -80,6 +80,31 @@ def test_length_buckets_and_their_scores(tmp_path):
                       "2L–4L (65–128)": {"n": 1, "values": [100.0, 100.0]}}
 
 
+def _criterion_perplexity(checkpoint, data, length, seed):
+    """exp(loss / masked targets) of fairseq's own ``valid_step`` (what fairseq-validate sums)."""
+    import math
+
+    import torch
+    from fairseq import checkpoint_utils, utils
+
+    models, cfg, task = checkpoint_utils.load_model_ensemble_and_task(
+        [str(checkpoint)], arg_overrides={"data": str(data), "tokens_per_sample": length,
+                                          "seed": seed, "sample_break_mode": "none"})
+    model = models[0].eval()
+    criterion = task.build_criterion(cfg.criterion)
+    task.load_dataset("test", combine=False, epoch=1)
+    batches = task.get_batch_iterator(
+        dataset=task.dataset("test"), max_tokens=max(4096, length),
+        max_positions=utils.resolve_max_positions(task.max_positions(), model.max_positions()),
+        required_batch_size_multiple=1, seed=seed).next_epoch_itr(shuffle=False)
+    loss = masked = 0.0
+    with torch.no_grad():
+        for sample in batches:
+            batch_loss, sample_size, _ = task.valid_step(sample, model, criterion)
+            loss, masked = loss + float(batch_loss), masked + float(sample_size)
+    return math.exp(loss / masked)
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(not (SHARED_DATA / "glue" / "SST-2").is_dir()
                     or not (SHARED_DATA / "wikitext-2").is_dir(), reason="needs ../shared/data")
@@ -104,6 +129,14 @@ def test_smoke_runs_every_step_and_resumes(tmp_path):
     glue = json.loads((out / "glue" / "offset" / "glue.json").read_text())
     assert {r["task"] for r in glue["runs"]} == {"SST-2", "STS-B"}
     assert all("collapsed" in r for r in glue["runs"])
+    # the perplexity of every masked target is fairseq's masked_lm criterion's; the text's
+    # leaves out the masked <s> (fewer targets, which were the easiest)
+    scored = json.loads((out / "mlm" / "offset" / "N16_seed1.json").read_text())
+    assert scored["perplexity"] == pytest.approx(
+        _criterion_perplexity(out / "pretrain" / "offset" / "checkpoints" / "checkpoint_last.pt",
+                              out / "data" / "text" / "bin", 16, 1), rel=1e-6)
+    assert 0 < scored["text_masked_tokens"] < scored["masked_tokens"]
+    assert scored["text_perplexity"] > scored["perplexity"]
     long = json.loads((out / "long" / "offset" / "glue.json").read_text())
     assert long["settings"]["max_length"] is None  # whole inputs
     seconds = time.time() - started

@@ -194,7 +194,7 @@ def test_translation_config_exposes_the_cross_attention_options(tmp_path):
 
 def test_the_pointer_config_builds_the_recommended_model(tmp_path):
     """The shipped recipe of docs/translation.md's choice on validation: the pointer with
-    16 x Press's slopes on half the heads and the EOS guard at 1 on the last layer's pointer,
+    16 x Press's slopes on 2 heads and the EOS guard at 2 on the pointer furthest behind (min),
     on the IWSLT recipe."""
     from fairseq_alibi.modules.cross_position import CrossPositionAttention
 
@@ -209,6 +209,7 @@ def test_the_pointer_config_builds_the_recommended_model(tmp_path):
     cross = [m for m in model.modules() if isinstance(m, CrossPositionAttention)]
     assert len(cross) == 6 and {m.mode for m in cross} == {"pointer"}
     assert cross[0].slopes.tolist() == [1.0, 1 / 16, 0.0, 0.0]
-    assert model.decoder.cross_alibi_eos_guard == 1  # chosen on the validation buckets
-    assert model.decoder.cross_alibi_eos_guard_layer == "last"
+    assert model.decoder.cross_alibi_eos_guard == 2  # chosen on the validation buckets
+    assert model.decoder.cross_alibi_eos_guard_layer == "min"
+    assert len(model.decoder.guard_attentions) == 6  # every layer's pointer is read
 

@@ -121,7 +121,10 @@ class EosGuard:
         left = [m.eos_distance(incremental_state) for m in self.guard_attentions]
         if not left or left[0] is None:
             return None
-        return left[0] if len(left) == 1 else torch.stack(left).amax(0)
+        furthest = left[0]
+        for other in left[1:]:  # one op a layer: this runs at every decoding step
+            furthest = torch.maximum(furthest, other)
+        return furthest
 
     def forward(self, prev_output_tokens, encoder_out=None, incremental_state=None,
                 features_only=False, **kwargs):
