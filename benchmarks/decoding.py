@@ -30,6 +30,13 @@ FAMILIES = {"language model": ("transformer_lm", "alibi_transformer_lm"),
 CROSS = {"pointer recipe (slope scale 16, 2 heads, EOS guard 2 on the min pointer)": [
     "--cross-alibi", "pointer", "--cross-alibi-slope-scale", "16", "--cross-alibi-heads", "2",
     "--cross-alibi-eos-guard", "2", "--cross-alibi-eos-guard-layer", "min"],
+    # what the recipe's guard costs: the same pointer guarded on the last layer's pointer only,
+    # and unguarded
+    "the same, EOS guard 2 on the last pointer": [
+    "--cross-alibi", "pointer", "--cross-alibi-slope-scale", "16", "--cross-alibi-heads", "2",
+    "--cross-alibi-eos-guard", "2"],
+    "the same, no EOS guard": [
+    "--cross-alibi", "pointer", "--cross-alibi-slope-scale", "16", "--cross-alibi-heads", "2"],
     "pointer, length scale 8, EOS guard 2": [
     "--cross-alibi", "pointer", "--cross-attention-length-scale", "8",
     "--cross-alibi-eos-guard", "2"],

@@ -339,20 +339,11 @@ def pretrain(name: str, data: dict, out: Path, s: Settings, args, env, log) -> d
 # --------------------------------------------------------------------- masked-LM perplexity
 
 
-def mlm_perplexity(checkpoint: str, data: str, length: int, seed: int,
-                   sinusoidal: bool = False) -> dict:
-    """Masked-LM perplexity of the held-out split (``test``) in blocks of ``length`` tokens,
-    masked with ``seed``, in this process, two ways:
-
-    * ``perplexity``: every masked target, what ``fairseq-validate --valid-subset test
-      --tokens-per-sample length --seed seed`` computes;
-    * ``text_perplexity``: the masked text tokens only. ``masked_lm`` masks the block's first
-      token ``<s>`` at the same rate as the text and a model predicts it almost surely; it is 1
-      of ``length`` tokens, so it lowers ``perplexity`` more at short blocks than at long ones
-      and makes longer blocks look worse than they are.
-    """
-    import torch
-    import torch.nn.functional as F
+def held_out_blocks(checkpoint: str, data: str, length: int, seed: int,
+                    sinusoidal: bool = False):
+    """``(model, cfg, task, batches)``: the pretrained model in eval mode and the held-out split
+    (``test``) in blocks of ``length`` tokens, masked with ``seed``, every block in order — what
+    ``fairseq-validate --valid-subset test --tokens-per-sample length --seed seed`` iterates."""
     from fairseq import checkpoint_utils, utils
 
     import fairseq_alibi  # noqa: F401
@@ -370,6 +361,24 @@ def mlm_perplexity(checkpoint: str, data: str, length: int, seed: int,
         max_positions=utils.resolve_max_positions(task.max_positions(), model.max_positions()),
         ignore_invalid_inputs=False, required_batch_size_multiple=1, seed=seed,
     ).next_epoch_itr(shuffle=False)
+    return model, cfg, task, batches
+
+
+def mlm_perplexity(checkpoint: str, data: str, length: int, seed: int,
+                   sinusoidal: bool = False) -> dict:
+    """Masked-LM perplexity of :func:`held_out_blocks`, in this process, two ways:
+
+    * ``perplexity``: every masked target, what ``fairseq-validate --valid-subset test
+      --tokens-per-sample length --seed seed`` computes;
+    * ``text_perplexity``: the masked text tokens only. ``masked_lm`` masks the block's first
+      token ``<s>`` at the same rate as the text and a model predicts it almost surely; it is 1
+      of ``length`` tokens, so it lowers ``perplexity`` more at short blocks than at long ones
+      and makes longer blocks look worse than they are.
+    """
+    import torch
+    import torch.nn.functional as F
+
+    model, _, task, batches = held_out_blocks(checkpoint, data, length, seed, sinusoidal)
     pad, bos = task.source_dictionary.pad(), task.source_dictionary.bos()
     loss = masked = text_loss = text_masked = tokens = blocks = 0.0
     with torch.no_grad():
@@ -389,6 +398,9 @@ def mlm_perplexity(checkpoint: str, data: str, length: int, seed: int,
             masked += float(gold.numel())
             text_loss += float(per_token[text].sum())
             text_masked += float(text.sum())
+    if not text_masked:
+        raise ValueError(f"no masked text token in the held-out split of {data} at "
+                         f"{length} tokens a block: give more held-out text (--heldout-lines)")
     return {"perplexity": math.exp(loss / masked), "loss_nats": loss / masked,
             "masked_tokens": int(masked), "text_perplexity": math.exp(text_loss / text_masked),
             "text_masked_tokens": int(text_masked), "tokens": int(tokens), "blocks": int(blocks)}
@@ -405,13 +417,14 @@ def mlm(name: str, checkpoint: str, data: dict, out: Path, s: Settings, args, lo
             continue  # learned positions stop at L: there is no model to score beyond
         for seed in s.mlm_seeds:
             path = folder / f"N{n}_seed{seed}.json"
-            if not path.is_file() or "text_perplexity" not in json.loads(path.read_text()):
+            result = load_json(path)
+            if not result or "text_perplexity" not in result:  # none, or scored before <s> was
                 started = time.process_time()
                 result = mlm_perplexity(checkpoint, data["text"], n, seed,
                                         sinusoidal=CONFIGS[name].sinusoidal)
                 result["cpu_seconds"] = round(time.process_time() - started, 1)
                 write_json(path, result)
-            found[(n, seed)] = json.loads(path.read_text())
+            found[(n, seed)] = result
         ppl = statistics.mean(found[(n, s_)]["text_perplexity"] for s_ in s.mlm_seeds)
         log(f"{name}: masked-LM perplexity of the text at N={n}: {ppl:.2f} "
             f"({found[(n, s.mlm_seeds[0])]['text_masked_tokens']} masked tokens per seed)")

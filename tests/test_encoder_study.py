@@ -81,22 +81,14 @@ def test_length_buckets_and_their_scores(tmp_path):
 
 
 def _criterion_perplexity(checkpoint, data, length, seed):
-    """exp(loss / masked targets) of fairseq's own ``valid_step`` (what fairseq-validate sums)."""
+    """exp(loss / masked targets) of fairseq's own ``valid_step`` (what fairseq-validate sums)
+    on the study's held-out blocks."""
     import math
 
     import torch
-    from fairseq import checkpoint_utils, utils
 
-    models, cfg, task = checkpoint_utils.load_model_ensemble_and_task(
-        [str(checkpoint)], arg_overrides={"data": str(data), "tokens_per_sample": length,
-                                          "seed": seed, "sample_break_mode": "none"})
-    model = models[0].eval()
+    model, cfg, task, batches = study.held_out_blocks(str(checkpoint), str(data), length, seed)
     criterion = task.build_criterion(cfg.criterion)
-    task.load_dataset("test", combine=False, epoch=1)
-    batches = task.get_batch_iterator(
-        dataset=task.dataset("test"), max_tokens=max(4096, length),
-        max_positions=utils.resolve_max_positions(task.max_positions(), model.max_positions()),
-        required_batch_size_multiple=1, seed=seed).next_epoch_itr(shuffle=False)
     loss = masked = 0.0
     with torch.no_grad():
         for sample in batches:
