@@ -290,32 +290,53 @@ def test_pile_malformed_input_names_file_and_line(tmp_path, bpe_dir):
     assert not (tmp_path / "out").exists() and not leftovers(tmp_path)
 
 
+# A worker started late (a loaded machine): SIGTERM reaches it while it runs the at-fork
+# hooks, where the inherited handler's SystemExit would be swallowed and the pool left waiting.
+SLOW_WORKER_START = (
+    "import os, sys, time; os.register_at_fork(after_in_child=lambda: time.sleep(3)); "
+    "from fairseq_alibi.preprocess import common, pile; sys.exit(common.run_cli(pile.main))"
+)
+
+
 @pytest.mark.slow
-def test_pile_sigterm_leaves_nothing_behind(tmp_path, bpe_dir):
+@pytest.mark.parametrize("launch", [["-m", "fairseq_alibi.preprocess.pile"],
+                                    ["-c", SLOW_WORKER_START]], ids=["pile", "slow_worker_start"])
+def test_pile_sigterm_leaves_nothing_behind(tmp_path, bpe_dir, launch):
     """SIGTERM mid-run: the shard is a pipe that never ends, so the run is caught in progress."""
     shard = tmp_path / "live.jsonl"
     os.mkfifo(shard)
+    log = tmp_path / "stderr.txt"
     proc = subprocess.Popen(
-        [PYTHON, "-m", "fairseq_alibi.preprocess.pile", "--train", str(shard), "--destdir",
-         str(tmp_path / "out"), "--gpt2-bpe", str(bpe_dir), "--workers", "2"],
-        stderr=subprocess.PIPE, text=True, env=dict(os.environ, OMP_NUM_THREADS="1"),
+        [PYTHON, *launch, "--train", str(shard), "--destdir", str(tmp_path / "out"),
+         "--gpt2-bpe", str(bpe_dir), "--workers", "2"],
+        stderr=log.open("w"), cwd=REPO,
+        env=dict(os.environ, OMP_NUM_THREADS="1", PYTHONFAULTHANDLER="1"),
     )
     writer = None
     try:
         while writer is None:  # the pipeline opens the pipe once it has started
-            assert proc.poll() is None, proc.stderr.read()[-3000:]
+            assert proc.poll() is None, log.read_text()[-3000:]
             try:
                 writer = os.open(shard, os.O_WRONLY | os.O_NONBLOCK)
             except OSError:
                 time.sleep(0.1)
         os.write(writer, "".join(json.dumps(d) + "\n" for d in fx.pile_documents(20)).encode())
         while not leftovers(tmp_path):  # its output folder is being written
-            assert proc.poll() is None, proc.stderr.read()[-3000:]
+            assert proc.poll() is None, log.read_text()[-3000:]
             time.sleep(0.1)
         proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=60) == 128 + signal.SIGTERM
+        try:
+            code = proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:  # a hang: every process's stack, for the report
+            for pid in subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True,
+                                      text=True).stdout.split() + [str(proc.pid)]:
+                os.kill(int(pid), signal.SIGABRT)
+            time.sleep(2)
+            pytest.fail("the pipeline did not exit on SIGTERM:\n" + log.read_text()[-6000:])
+        assert code == 128 + signal.SIGTERM, log.read_text()[-3000:]
     finally:
         proc.kill()
+        proc.wait()
         if writer is not None:
             os.close(writer)
     assert not (tmp_path / "out").exists() and not leftovers(tmp_path)

@@ -195,10 +195,25 @@ def _set_state(state):
     _WORKER_STATE.update(state)
 
 
-def _init_worker(state):
+def _block_sigterm():
+    """Block SIGTERM in this thread; returns the mask to restore (None where unsupported)."""
+    if not hasattr(signal, "pthread_sigmask"):
+        return None
+    return signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+
+
+def _restore_mask(mask):
+    if mask is not None:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+
+
+def _init_worker(state, mask):
     # A forked worker inherits run_cli's SIGTERM handler, which cannot run while the worker
-    # waits on the task queue's lock; Pool.terminate() would then wait for it forever.
+    # waits on the task queue's lock, and whose SystemExit is swallowed if it lands in an
+    # at-fork hook; Pool.terminate() would then wait for the worker forever. So the worker is
+    # born with SIGTERM blocked (ordered_map) and takes it, fatally, only from here on.
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    _restore_mask(mask)
     _set_state(state)
 
 
@@ -222,8 +237,13 @@ def ordered_map(fn, items, workers: int = 1, state=None):
         return
     methods = multiprocessing.get_all_start_methods()
     ctx = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
-    pool = ctx.Pool(workers, initializer=_init_worker, initargs=(state,))
+    pool = None
     try:
+        mask = _block_sigterm()  # held until the workers exist: see _init_worker
+        try:
+            pool = ctx.Pool(workers, initializer=_init_worker, initargs=(state, mask))
+        finally:
+            _restore_mask(mask)
         pending = deque()
         for item in items:
             pending.append(pool.apply_async(fn, (item,)))
@@ -232,12 +252,14 @@ def ordered_map(fn, items, workers: int = 1, state=None):
         while pending:
             yield pending.popleft().get()
     except BaseException:
-        pool.terminate()
+        if pool is not None:
+            pool.terminate()
         raise
     else:
         pool.close()  # let the workers finish cleanly (terminate can kill one mid-dequeue)
     finally:
-        pool.join()
+        if pool is not None:
+            pool.join()
 
 
 class IndexedWriter:
