@@ -6,7 +6,8 @@ cross-attention over a source of :data:`SOURCE_LENGTH` tokens, encoded once befo
 model's own encoder).
 
 The time of one decoding step with ``S`` tokens already in the KV cache, per model: both
-decoders get the same weights (the stock one its sinusoidal positions, which have none), their
+decoders read the same weight tensors (:func:`share_weights`; the stock one adds its sinusoidal
+positions, which have none), their
 caches are filled with the same random keys/values of ``S`` tokens (exactly what ``S`` earlier
 steps leave there), then ``steps`` tokens are decoded one at a time, as ``fairseq-generate`` and
 ``hub.generate`` do (``decoder(tokens, incremental_state=...)``). Each of ``rounds`` rounds is
@@ -104,6 +105,21 @@ def build(arch, dims, vocab=1000, extra=()):
     return model.decoder, step
 
 
+def share_weights(src, dst):
+    """Give ``dst`` the very parameter tensors of ``src`` that it has under the same names.
+
+    Equal values are not enough for a fair batch-1 comparison: the time of a step of this small
+    decoder depends on where in memory its weights happen to lie (four identical models with
+    copied weights: 0.99-1.10x of the first; with shared weights: 0.99-1.00x), so two models
+    that read the same tensors differ only by what they compute.
+    """
+    params = dict(src.named_parameters())
+    for name, _ in list(dst.named_parameters()):
+        if name in params:
+            owner, _, leaf = name.rpartition(".")
+            (dst.get_submodule(owner) if owner else dst)._parameters[leaf] = params[name]
+
+
 def filled_cache(decoder, batch, cached, keys):
     """An incremental state holding ``cached`` tokens of keys/values ``keys[layer]``."""
     state = {}
@@ -170,7 +186,7 @@ def run_cross(quick=False, rounds=5, log=print, cached=(16, 64, 256), batches=(1
     models = {base: build(base, dims)}
     for name, flags in CROSS.items():
         models[name] = build(base, dims, extra=flags)
-        models[name][0].load_state_dict(models[base][0].state_dict(), strict=False)
+        share_weights(models[base][0], models[name][0])  # the option's own stay its own
     rows = []
     for name in CROSS:
         for batch in batches:
@@ -189,6 +205,35 @@ def run_cross(quick=False, rounds=5, log=print, cached=(16, 64, 256), batches=(1
                          "with the option ms/step", "option ÷ alibi_transformer"], rows)
 
 
+def run_placement(quick=False, rounds=5, log=print, copies=4, cached=256):
+    """Returns ``(shape, table)``: why the decoders compared here share their weight tensors.
+
+    ``copies`` identical ``alibi_transformer`` decoders, one sequence, ``cached`` tokens: each
+    copy's step ÷ the first copy's, once with the first copy's weights copied into the others
+    (``load_state_dict``) and once with the very same tensors (:func:`share_weights`)."""
+    dims, steps, _, _, rounds = sizes(quick, rounds, (cached,), (1,))
+    layers, embed, heads = dims
+    rows = []
+    for how in ("copied", "shared"):
+        models = {f"copy {i + 1}": build("alibi_transformer", dims) for i in range(copies)}
+        first = models["copy 1"][0]
+        for name, (decoder, _) in list(models.items())[1:]:
+            if how == "copied":
+                decoder.load_state_dict(first.state_dict())
+            else:
+                share_weights(first, decoder)
+        for name in list(models)[1:]:
+            first_ms, copy_ms, ratio = paired(models, ("copy 1", name), cached, steps, rounds,
+                                              *inputs(1, cached, steps, dims))
+            rows.append([how, name, f"{first_ms:.3f}", f"{copy_ms:.3f}", f"{ratio:.2f}"])
+            log(f"[decoding] weights {how}, {name} ÷ copy 1: {ratio:.2f}")
+    shape = (f"alibi_transformer, {layers} layers, {embed} dims, {heads} heads, float32, one "
+             f"sequence, {cached} cached tokens, {rounds} round(s) of {PAIRS_PER_ROUND} pairs of "
+             f"{steps} steps, median of paired ratios")
+    return shape, table(["weights", "decoder", "copy 1 ms/step", "this copy ms/step",
+                         "÷ copy 1"], rows)
+
+
 def run(quick=False, rounds=5, log=print, cached=(256, 1024, 4096), batches=(1, 4)):
     """Returns ``(shape, table)``: per-step times and the ALiBi ÷ stock ratio per model family,
     batch and cache size."""
@@ -197,8 +242,7 @@ def run(quick=False, rounds=5, log=print, cached=(256, 1024, 4096), batches=(1, 
     rows = []
     for family, archs in FAMILIES.items():
         models = {arch: build(arch, dims) for arch in archs}
-        models[archs[1]][0].load_state_dict(  # same decoder weights; positions differ
-            models[archs[0]][0].state_dict(), strict=False)
+        share_weights(models[archs[0]][0], models[archs[1]][0])  # positions differ
         for batch in batches:
             for S in cached:
                 stock_ms, alibi_ms, ratio = paired(models, archs, S, steps, rounds,

@@ -77,6 +77,9 @@ def main(argv=None):
         shape, body = decoding.run(args.quick, args.rounds, log=log)
         emit("Cached decoding, per step: ALiBi ÷ stock decoders (" + shape + ")",
              body, decoding.NOTES)
+        shape, body = decoding.run_placement(args.quick, args.rounds, log=log)
+        emit("Cached decoding, per step: identical decoders, copied or shared weights ("
+             + shape + ")", body)
 
     with tempfile.TemporaryDirectory() as tmp:
         work = args.work_dir or tmp

@@ -54,10 +54,20 @@ def cross_alibi_bias(slopes: torch.Tensor, anchors: torch.Tensor, positions: tor
     padding keys). All float32 (a decoding step calls this for every layer: no conversions).
     """
     (B, S), T = positions.shape, anchors.size(1)
-    distance = (positions.view(B, 1, 1, S) - anchors.view(B, 1, T, 1)).abs_()
+    return bias_of_offsets(slopes, positions.view(B, 1, S) - anchors.view(B, T, 1), padding)
+
+
+def bias_of_offsets(slopes: torch.Tensor, offsets: torch.Tensor,
+                    padding: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """:func:`cross_alibi_bias` from the offsets ``offsets[b, t, j] = positions[b, j] -
+    anchors[b, t]``, ``(B, T, S)``: what a decoding step of the pointer carries (one subtraction
+    a step, ``j - p_t = (j - p_{t-1}) - step_t``, and the offset of the last source token is the
+    distance the EOS guard reads)."""
+    B, T, S = offsets.shape
+    distance = offsets.abs().view(B, 1, T, S)
     slopes = slopes.view(1, -1, 1, 1)
-    if padding is None:
-        return distance.mul_(slopes).neg_()
+    if padding is None:  # (B, 1, T, S) times (1, H, 1, 1): not in place
+        return torch.mul(distance, slopes).neg_()
     return torch.addcmul(padding.view(B, 1, 1, S), distance, slopes, value=-1.0)
 
 

@@ -20,6 +20,7 @@ SECTIONS = [
     "### Attention forward+backward and memory (",
     "### Attention modules, projections included (",
     "### Cached decoding, per step: ALiBi ÷ stock decoders (",
+    "### Cached decoding, per step: identical decoders, copied or shared weights (",
     "### Training throughput and peak memory (",
     "### fairseq-eval-lm, sliding window (",
     "### Encoder variants, attention (",

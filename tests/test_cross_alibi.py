@@ -120,6 +120,25 @@ def test_left_padded_batch_matches_the_float64_reference(data, option, backend):
         assert torch.allclose(got[b, : len(target)].double(), want, atol=1e-5, rtol=0), b
 
 
+def test_the_bias_formula_with_and_without_padding_keys():
+    """``cross_alibi_bias`` against the formula in float64, for several heads and queries, with
+    no padding (``None``: a batch whose sources all have the same length) and with padding."""
+    from fairseq_alibi.cross_alibi import cross_alibi_bias, source_positions
+
+    slopes = torch.tensor([1.0, 0.0625, 0.0, 0.0])
+    anchors = torch.tensor([[0.0, 1.5, 3.2], [0.0, 0.7, 9.0]])
+    for padding_mask in (None, torch.tensor([[False] * 6, [True, True] + [False] * 4])):
+        positions, _ = source_positions(padding_mask, 2, 6, "cpu")
+        padding = None if padding_mask is None else padding_mask.float() * -1e4
+        got = cross_alibi_bias(slopes, anchors, positions, padding)
+        want = torch.zeros(2, 4, 3, 6, dtype=torch.float64)
+        for b, h, t, j in torch.cartesian_prod(*map(torch.arange, want.shape)).tolist():
+            first = 0 if padding_mask is None else int(padding_mask[b].sum())
+            want[b, h, t, j] = -float(slopes[h]) * abs(j - first - float(anchors[b, t])) + (
+                -1e4 if padding_mask is not None and padding_mask[b, j] else 0.0)
+        assert got.shape == (2, 4, 3, 6) and torch.allclose(got.double(), want, atol=1e-5)
+
+
 @pytest.mark.parametrize("option", ["pointer", "ratio"])
 def test_the_bias_moves_the_attention(data, option):
     """Not a no-op: the same weights without the bias give other logits."""
@@ -171,10 +190,12 @@ def test_the_pointer_is_carried_and_reordered_with_the_beam(data):
         state = {}
         for t in range(4):
             model.decoder(prev[:, : t + 1], encoder_out=encoder_out, incremental_state=state)
-        pointer = attn.position_state(state)["pointer"].clone()
+        offsets = attn.position_state(state)["offsets"].clone()  # j - p_t
+        pointer = torch.arange(float(offsets.size(1))) - offsets  # unpadded: j counts from 0
         assert (pointer > 0).all() and not torch.equal(pointer[0], pointer[1])
+        assert torch.allclose(pointer, pointer[:, :1].expand_as(pointer))  # one p_t a row
         model.decoder.reorder_incremental_state_scripting(state, torch.tensor([1, 1]))
-        assert torch.equal(attn.position_state(state)["pointer"], pointer[[1, 1]])
+        assert torch.equal(attn.position_state(state)["offsets"], offsets[[1, 1]])
 
 
 # ---------------------------------------------------------------- the EOS guard
@@ -243,11 +264,13 @@ def hand_pointers(model, src, lengths, prev):
     return torch.stack(pointers)
 
 
-@pytest.mark.parametrize("layer", ["last", "first", "min"])
-def test_eos_guard_reads_the_chosen_layers_pointer(data, layer):
+@pytest.mark.parametrize("layer,source_padding", [
+    ("last", "left"), ("first", "left"), ("min", "left"), ("min", "right")])
+def test_eos_guard_reads_the_chosen_layers_pointer(data, layer, source_padding):
     """--cross-alibi-eos-guard-layer: decoding with each choice floors EOS exactly where the
     guard computed by hand from the teacher-forced pointers of the layers says (last, first,
-    or the pointer furthest behind), and changes no other logit."""
+    or the pointer furthest behind), and changes no other logit; with sources padded on the
+    left (fairseq's default) and on the right (``--left-pad-source False``)."""
     D, steps = 2.0, 9
     model, task = build_cross(data, *POINTER, "--cross-alibi-eos-guard", D,
                               "--cross-alibi-eos-guard-layer", layer)
@@ -256,8 +279,15 @@ def test_eos_guard_reads_the_chosen_layers_pointer(data, layer):
         for bias, decoder_layer in zip((1.2, -0.4), model.decoder.layers):
             decoder_layer.encoder_attn.pointer_step.bias.fill_(bias)
     eos = task.target_dictionary.eos()
-    src, lengths, prev = translation_batch(task, token_sentences(task, [11, 6, 15]),
+    sources = token_sentences(task, [11, 6, 15])
+    src, lengths, prev = translation_batch(task, sources,
                                            token_sentences(task, [steps, steps, steps], "tgt"))
+    if source_padding == "right":
+        from fairseq.data import data_utils
+
+        d = task.source_dictionary
+        src = data_utils.collate_tokens(sources, d.pad(), d.eos(), left_pad=False)
+        assert src[1, -1] == d.pad()
     guarded_steps = step_logits(model, src, lengths, prev, steps)
     model.decoder.cross_alibi_eos_guard = -1.0
     free_steps = step_logits(model, src, lengths, prev, steps)

@@ -22,7 +22,8 @@ import numpy as np
 import pytest
 
 from fairseq_alibi.preprocess import glue, pile, wikitext
-from fairseq_alibi.preprocess.common import DataError, atomic_directory
+from fairseq_alibi.preprocess.common import (
+    DataError, atomic_directory, ordered_map, worker_state)
 from fairseq_alibi.preprocess.encoders import NEWLINE, Gpt2BpeEncoder, SentencePieceEncoder
 from tests import helpers as fx
 from tests.helpers import REPO, SHARED_DATA, preprocess
@@ -290,24 +291,86 @@ def test_pile_malformed_input_names_file_and_line(tmp_path, bpe_dir):
     assert not (tmp_path / "out").exists() and not leftovers(tmp_path)
 
 
-# A worker started late (a loaded machine): SIGTERM reaches it while it runs the at-fork
-# hooks, where the inherited handler's SystemExit would be swallowed and the pool left waiting.
+def _square_plus_offset(x):
+    if isinstance(x, str):  # what to do wrong
+        if x == "die":
+            os._exit(3)
+        if x == "bad":
+            raise DataError("bad item")
+        raise ValueError(lambda: None)  # unpicklable
+    return x * x + worker_state()["offset"]
+
+
+def _worker_pids(_):
+    return os.getpid()
+
+
+@pytest.fixture
+def hang_guard():
+    """A deadlock aborts the run with every thread's stack instead of hanging it."""
+    import faulthandler
+
+    faulthandler.dump_traceback_later(120, exit=True)
+    yield
+    faulthandler.cancel_dump_traceback_later()
+
+
+@pytest.mark.parametrize("workers", [1, 3])
+def test_ordered_map_keeps_order_and_state(workers, hang_guard):
+    big = np.arange(200_000)  # items and results larger than a socket's buffer: no deadlock
+    out = list(ordered_map(_square_plus_offset, (big + i for i in range(20)), workers,
+                           {"offset": 1}))
+    assert all(np.array_equal(o, (big + i) ** 2 + 1) for i, o in enumerate(out))
+
+
+def test_ordered_map_errors_and_dead_workers(hang_guard):
+    # the worker's own exception, with its traceback as the cause
+    with pytest.raises(DataError, match="bad item") as info:
+        list(ordered_map(_square_plus_offset, [1, 2, "bad", 4], 2, {"offset": 0}))
+    assert "_square_plus_offset" in str(info.value.__cause__)
+    with pytest.raises(RuntimeError, match="could not send its error ValueError"):
+        list(ordered_map(_square_plus_offset, [1, "unpicklable"], 2, {"offset": 0}))
+    with pytest.raises(DataError, match=r"worker process exited \(code 3\).*fewer --workers"):
+        list(ordered_map(_square_plus_offset, [1, 2, "die", 4, 5], 2, {"offset": 0}))
+    # a consumer that stops early stops the workers (none left behind)
+    results = ordered_map(_worker_pids, range(100), 2)
+    pids = {next(results), next(results)}
+    results.close()
+    for pid in pids:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+
+
+# A worker started late (a loaded machine): SIGTERM reaches the pipeline while a worker still
+# runs the at-fork hooks, where a SIGTERM handler's SystemExit would be swallowed (the workers
+# are stopped with SIGKILL, which nothing delays).
 SLOW_WORKER_START = (
     "import os, sys, time; os.register_at_fork(after_in_child=lambda: time.sleep(3)); "
     "from fairseq_alibi.preprocess import common, pile; sys.exit(common.run_cli(pile.main))"
 )
-
-
-# Known open defect: one run in a few of the plain launch still hangs on SIGTERM (a worker
-# blocked on the task queue's lock after Pool.terminate), so it is reported, not gating.
-INTERMITTENT_HANG = pytest.mark.xfail(strict=False, reason="intermittent hang on SIGTERM under "
-                                      "load: a pool worker left waiting on the queue's lock")
+# A SIGTERM that lands just before the read of an idle pipe (a loaded machine: the process is
+# descheduled between its last check for signals and the read): its handler is due but the
+# read is not interrupted. ``interrupt_main`` makes exactly that state, on a cue from the test
+# (the file ``trip``), once the pipeline waits on the pipe; before the fix it waited forever.
+SIGTERM_BEFORE_READ = (
+    "import _thread, os, signal, sys, threading, time\n"
+    "def trip(cue):\n"
+    "    while not os.path.exists(cue):\n"
+    "        time.sleep(0.05)\n"
+    "    time.sleep(1)\n"
+    "    _thread.interrupt_main(signal.SIGTERM)\n"
+    "threading.Thread(target=trip, args=(sys.argv[sys.argv.index('--train') + 1] + '.trip',),"
+    " daemon=True).start()\n"
+    "from fairseq_alibi.preprocess import common, pile\n"
+    "sys.exit(common.run_cli(pile.main))"
+)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("launch", [
-    pytest.param(["-m", "fairseq_alibi.preprocess.pile"], id="pile", marks=INTERMITTENT_HANG),
-    pytest.param(["-c", SLOW_WORKER_START], id="slow_worker_start")])
+    pytest.param(["-m", "fairseq_alibi.preprocess.pile"], id="pile"),
+    pytest.param(["-c", SLOW_WORKER_START], id="slow_worker_start"),
+    pytest.param(["-c", SIGTERM_BEFORE_READ], id="sigterm_before_read")])
 def test_pile_sigterm_leaves_nothing_behind(tmp_path, bpe_dir, launch):
     """SIGTERM mid-run: the shard is a pipe that never ends, so the run is caught in progress."""
     shard = tmp_path / "live.jsonl"
@@ -331,15 +394,28 @@ def test_pile_sigterm_leaves_nothing_behind(tmp_path, bpe_dir, launch):
         while not leftovers(tmp_path):  # its output folder is being written
             assert proc.poll() is None, log.read_text()[-3000:]
             time.sleep(0.1)
-        proc.send_signal(signal.SIGTERM)
+        if launch[-1] == SIGTERM_BEFORE_READ:
+            Path(f"{shard}.trip").touch()  # the pipeline's own thread trips SIGTERM
+        else:
+            proc.send_signal(signal.SIGTERM)
         try:
             code = proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:  # a hang: every process's stack, for the report
-            for pid in subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True,
-                                      text=True).stdout.split() + [str(proc.pid)]:
-                os.kill(int(pid), signal.SIGABRT)
+        except subprocess.TimeoutExpired:  # a hang: signal state and stacks, for the report
+            pids = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True,
+                                  text=True).stdout.split() + [str(proc.pid)]
+            status = {pid: Path(f"/proc/{pid}/status") for pid in pids}
+            signals = "\n".join(
+                f"{pid} {line}" for pid, path in status.items() if path.exists()
+                for line in path.read_text().splitlines()
+                if line.startswith(("Sig", "ShdPnd", "State", "Threads")))
+            for pid in pids:
+                try:
+                    os.kill(int(pid), signal.SIGABRT)
+                except ProcessLookupError:  # it ended meanwhile
+                    pass
             time.sleep(2)
-            pytest.fail("the pipeline did not exit on SIGTERM:\n" + log.read_text()[-6000:])
+            pytest.fail(f"the pipeline did not exit on SIGTERM:\n{signals}\n"
+                        + log.read_text()[-8000:])
         assert code == 128 + signal.SIGTERM, log.read_text()[-3000:]
     finally:
         proc.kill()

@@ -11,8 +11,9 @@ anchor in the source, and/or multiplies the content logits by ``log S / log N``:
   One pointer per layer, not one shared: each layer reads a different state, the layers may
   track the source at different resolutions, and the pointer stays inside the layer's own
   build hook and incremental state (no cross-layer wiring, fairseq's beam reorder reaches it).
-  Teacher forcing computes it as a cumulative sum; decoding carries ``p_t`` in the incremental
-  state, reordered with the beam.
+  Teacher forcing computes it as a cumulative sum; decoding carries the offsets ``j - p_t`` of
+  the source's keys in the incremental state (one subtraction a step; the last source token's
+  is what the EOS guard reads), reordered with the beam.
 * ``ratio``: the anchor ``r·t``; the state holds only the step count ``t``.
 
 The bias is per row ``(B, H, T, S)`` (left padding shifts each row's positions), built in
@@ -31,6 +32,7 @@ from torch import Tensor
 from fairseq_alibi.alibi import get_slopes, mask_value
 from fairseq_alibi.cross_alibi import (
     CROSS_ALIBI_MODES,
+    bias_of_offsets,
     cross_alibi_bias,
     length_scale,
     pointer_positions,
@@ -138,8 +140,8 @@ class CrossPositionAttention(MultiheadAttention):
         return out
 
     def position_state(self, incremental_state) -> Optional[Dict[str, Tensor]]:
-        """A decoding step's ``pointer`` (``p_t`` of the last query, ``pointer``) or ``steps``
-        (queries seen, ``ratio``), ``(B,)``."""
+        """A decoding step's ``offsets`` (``pointer``: ``j - p_t`` of the last query, ``(B, S)``)
+        or ``steps`` (``ratio``: queries seen, ``(B,)``)."""
         if incremental_state is None:
             return None
         return self.get_incremental_state(incremental_state, _STATE)
@@ -162,12 +164,17 @@ class CrossPositionAttention(MultiheadAttention):
             # the source's keys, contiguous once (not copied by the kernel at every step)
             saved["prev_key"] = heads(self.k_proj(key)).contiguous()
             saved["prev_value"] = heads(self.v_proj(value)).contiguous()
-        if saved.get("last_source") is None:
+        if saved.get("source_positions") is None:
             # what follows from the source's padding, kept for the decoding steps in the
             # parent's buffer: reordered with the keys, by the parent's rule
             positions, real_len = source_positions(key_padding_mask, bsz,
                                                    saved["prev_key"].size(2), q.device)
-            saved["source_positions"], saved["last_source"] = positions, real_len - 1
+            saved["source_positions"] = positions
+            if key_padding_mask is not None and bool(key_padding_mask[:, -1].any()):
+                # not left-padded: the column of each row's last source token (the first
+                # maximum of the running count of real tokens)
+                saved["last_key"] = (~key_padding_mask.bool()).int().cumsum(dim=1).argmax(
+                    dim=1, keepdim=True)
             if key_padding_mask is not None:
                 # the padding merged into the bias (one op per step, no mask of its own), by a
                 # value that stays finite in the attention's dtype
@@ -185,22 +192,29 @@ class CrossPositionAttention(MultiheadAttention):
         bias = None
         if self.mode != "none":
             previous = self.position_state(incremental_state)
+            positions = saved["source_positions"]
             if self.mode == "pointer":
                 step = self.pointer_step  # F.linear: no module call at every decoding step
                 steps = F.linear(query, step.weight, step.bias)  # (T, B, 1)
                 if steps.dtype != torch.float32:
                     steps = steps.float()
-                steps = F.softplus(steps).view(tgt_len, bsz)
-                anchors = pointer_positions(steps.t() if tgt_len > 1 else steps.view(bsz, 1),
-                                            previous["pointer"] if previous else None)
-                state = {"pointer": anchors[:, -1]}
+                steps = F.softplus(steps)
+                if previous and tgt_len == 1:  # a decoding step: j - p_t = (j - p_{t-1}) - step_t
+                    offsets = (previous["offsets"] - steps.view(bsz, 1)).view(bsz, 1, -1)
+                else:
+                    anchors = pointer_positions(  # p_{t-1} = j - (j - p_{t-1})
+                        steps.view(tgt_len, bsz).t(),
+                        positions[:, -1] - previous["offsets"][:, -1] if previous else None)
+                    offsets = positions[:, None, :] - anchors[:, :, None]
+                state = {"offsets": offsets[:, -1]}
+                bias = bias_of_offsets(self.slopes, offsets, saved.get("source_padding"))
             else:  # r·t, t counted in the state
                 seen = previous["steps"] if previous else q.new_zeros(bsz, dtype=torch.float32)
                 targets = seen[:, None] if tgt_len == 1 else \
                     seen[:, None] + torch.arange(tgt_len, device=q.device)
-                anchors, state = targets * self.ratio, {"steps": seen + tgt_len}
-            bias = cross_alibi_bias(self.slopes, anchors, saved["source_positions"],
-                                    saved.get("source_padding"))
+                state = {"steps": seen + tgt_len}
+                bias = cross_alibi_bias(self.slopes, targets * self.ratio, positions,
+                                        saved.get("source_padding"))
             key_padding_mask = None  # in the bias
             if incremental_state is not None:
                 self.set_incremental_state(incremental_state, _STATE, state)
@@ -249,7 +263,9 @@ class CrossPositionAttention(MultiheadAttention):
         position = self.position_state(incremental_state)
         if not position:
             return None
-        return self._get_input_buffer(incremental_state)["last_source"] - position["pointer"]
+        offsets = position["offsets"]  # j - p_t: at the last source token, the distance left
+        last = self._get_input_buffer(incremental_state).get("last_key")
+        return offsets[:, -1] if last is None else offsets.gather(1, last).view(-1)
 
     def reorder_incremental_state(self, incremental_state, new_order: Tensor):
         """The parent's reorder of the source's keys (only when sentences leave the batch),

@@ -5,7 +5,7 @@
   SIGTERM never leaves a half-written dataset behind;
 * :func:`read_batches`: streams a text, ``.jsonl`` or ``.jsonl.zst`` file in numbered batches of
   lines with a progress bar over its bytes (a 14 GB shard is never held in memory);
-* :func:`ordered_map`: a process pool that keeps the output in input order and only a few
+* :func:`ordered_map`: worker processes that keep the output in input order and only a few
   batches in flight, so reading never runs ahead of encoding;
 * :class:`IndexedWriter`: fairseq's mmap indexed dataset, the format ``fairseq-preprocess``
   writes;
@@ -16,9 +16,14 @@ import io
 import json
 import logging
 import multiprocessing
+import os
+import queue
+import select
 import signal
+import stat
 import sys
-from collections import deque
+import threading
+import traceback
 from pathlib import Path
 
 import numpy as np
@@ -77,15 +82,24 @@ def progress_bar(total=None, desc="", unit="B", enabled=True, position=0):
 
 
 class _CountingReader(io.RawIOBase):
-    """A binary reader that reports how many bytes it has read (progress over the raw file)."""
+    """A binary reader that reports how many bytes it has read (progress over the raw file).
+
+    A pipe is read only once it has data (or has ended), waited for in half-second steps: Python
+    runs a signal's handler between bytecodes, so a SIGTERM that lands just before a blocking
+    ``read`` of an idle pipe would wait for the pipe's next byte (forever, if it never comes);
+    with the steps it is handled within half a second. Regular files never block for long.
+    """
 
     def __init__(self, raw, on_read):
         self._raw, self._on_read = raw, on_read
+        self._wait = os.name == "posix" and not stat.S_ISREG(os.fstat(raw.fileno()).st_mode)
 
     def readable(self):
         return True
 
     def readinto(self, buffer):
+        while self._wait and not select.select([self._raw], [], [], 0.5)[0]:
+            pass
         n = self._raw.readinto(buffer)
         if n:
             self._on_read(n)
@@ -147,7 +161,7 @@ def open_text(path, on_read=lambda n: None, newline=None):
     (``\\n``, ``\\r\\n`` or ``\\r``), ``"\\n"`` as ``cut`` and ``awk`` do.
     """
     path = Path(path)
-    raw = _CountingReader(open(path, "rb"), on_read)
+    raw = _CountingReader(open(path, "rb", buffering=0), on_read)  # one read() a call
     if path.suffix == ".zst":
         raw = _ZstdFrames(raw)
     return io.TextIOWrapper(io.BufferedReader(raw, 1 << 20), encoding="utf-8", newline=newline)
@@ -195,25 +209,12 @@ def _set_state(state):
     _WORKER_STATE.update(state)
 
 
-def _block_sigterm():
-    """Block SIGTERM in this thread; returns the mask to restore (None where unsupported)."""
-    if not hasattr(signal, "pthread_sigmask"):
-        return None
-    return signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
-
-
-def _restore_mask(mask):
-    if mask is not None:
-        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
-
-
-def _init_worker(state, mask):
-    # A forked worker inherits run_cli's SIGTERM handler, which cannot run while the worker
-    # waits on the task queue's lock, and whose SystemExit is swallowed if it lands in an
-    # at-fork hook; Pool.terminate() would then wait for the worker forever. So the worker is
-    # born with SIGTERM blocked (ordered_map) and takes it, fatally, only from here on.
+def _init_worker(state):
+    # The parent stops its workers with SIGKILL, which no handler, at-fork hook or lock can
+    # delay; a SIGTERM or Ctrl-C sent to the whole process group is the parent's to handle (it
+    # then stops the workers), so here it would only print a traceback per worker.
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    _restore_mask(mask)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     _set_state(state)
 
 
@@ -222,12 +223,119 @@ def worker_state():
     return _WORKER_STATE
 
 
+class _RemoteTraceback(Exception):
+    def __str__(self):
+        return "\n\n" + self.args[0]
+
+
+def _worker_main(conn, fn, state):
+    """A worker: items arrive on ``conn`` in order, results leave on it in the same order.
+
+    A thread keeps reading items while ``fn`` runs, so the parent's send of the next item
+    never waits on this worker's send of a result (both can exceed a socket's buffer).
+    """
+    _init_worker(state)
+    inbox = queue.SimpleQueue()
+
+    def receive():
+        while True:
+            try:
+                item = conn.recv()
+            except (EOFError, OSError):
+                item = None
+            inbox.put(item)
+            if item is None:
+                return
+
+    threading.Thread(target=receive, daemon=True).start()
+    while (item := inbox.get()) is not None:
+        try:
+            result = (True, fn(item))
+        except Exception as e:
+            result = (False, e, traceback.format_exc())
+        try:
+            conn.send(result)
+        except (BrokenPipeError, ConnectionResetError):
+            return  # the parent is gone
+        except Exception as e:  # pickling failed, so nothing was sent
+            what = "result" if result[0] else f"error {result[1]!r}"
+            conn.send((False, RuntimeError(f"a worker could not send its {what}: {e!r}"),
+                       "" if result[0] else result[2]))
+
+
+class _Workers:
+    """``n`` processes, each with its own pipe: no lock is shared, so stopping them (a kill)
+    can never leave the parent or a worker waiting on one, as ``Pool.terminate`` could."""
+
+    def __init__(self, n, fn, state):
+        methods = multiprocessing.get_all_start_methods()
+        ctx = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
+        self.procs, self.conns = [], []
+        try:
+            for _ in range(n):
+                parent, child = ctx.Pipe()
+                proc = ctx.Process(target=_worker_main, args=(child, fn, state), daemon=True)
+                self.procs.append(proc)
+                self.conns.append(parent)
+                proc.start()
+                child.close()
+        except BaseException:
+            self.kill()
+            raise
+
+    def _died(self, i):
+        self.procs[i].join(timeout=1)
+        code = self.procs[i].exitcode
+        how = ("closed its pipe" if code is None else f"was killed by signal {-code}"
+               if code < 0 else f"exited (code {code})")
+        return DataError(f"a worker process {how} while encoding (out of memory? try fewer "
+                         "--workers)")
+
+    def send(self, i, item):
+        try:
+            self.conns[i].send(item)
+        except (BrokenPipeError, ConnectionResetError):
+            raise self._died(i) from None
+
+    def receive(self, i):
+        try:
+            ok, *payload = self.conns[i].recv()
+        except (EOFError, ConnectionResetError):
+            raise self._died(i) from None
+        if ok:
+            return payload[0]
+        error, remote = payload
+        if remote:
+            raise error from _RemoteTraceback(remote)
+        raise error
+
+    def close(self):
+        """Normal end: each worker finishes its loop and exits."""
+        for conn in self.conns:
+            conn.send(None)
+        for proc, conn in zip(self.procs, self.conns):
+            proc.join()
+            conn.close()
+
+    def kill(self):
+        """Interrupted (an error, SIGTERM, Ctrl-C, the consumer gone): stop at once."""
+        for proc in self.procs:
+            if proc.pid is not None and proc.exitcode is None:
+                proc.kill()
+        for proc, conn in zip(self.procs, self.conns):
+            if proc.pid is not None:
+                proc.join()
+            conn.close()
+
+
 def ordered_map(fn, items, workers: int = 1, state=None):
     """``map(fn, items)`` on ``workers`` processes, results in input order.
 
-    At most ``2 * workers`` items are in flight: ``items`` (a generator reading a file) is
-    consumed only as fast as the workers keep up, unlike ``Pool.imap`` which reads all of it
-    ahead. ``fn`` runs in the workers and reads ``state`` with :func:`worker_state`.
+    Item ``i`` goes to worker ``i % workers``; at most two items per worker are in flight, so
+    ``items`` (a generator reading a file) is consumed only as fast as the workers keep up.
+    ``fn`` runs in the workers and reads ``state`` with :func:`worker_state`. A worker's
+    exception is raised here (with its traceback as the cause); a worker that dies is a
+    :class:`DataError`; any interruption kills the workers before it propagates.
     """
     state = state or {}
     if workers <= 1:
@@ -235,31 +343,23 @@ def ordered_map(fn, items, workers: int = 1, state=None):
         for item in items:
             yield fn(item)
         return
-    methods = multiprocessing.get_all_start_methods()
-    ctx = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
-    pool = None
+    pool = _Workers(workers, fn, state)
     try:
-        mask = _block_sigterm()  # held until the workers exist: see _init_worker
-        try:
-            pool = ctx.Pool(workers, initializer=_init_worker, initargs=(state, mask))
-        finally:
-            _restore_mask(mask)
-        pending = deque()
+        sent = received = 0
         for item in items:
-            pending.append(pool.apply_async(fn, (item,)))
-            if len(pending) >= 2 * workers:
-                yield pending.popleft().get()
-        while pending:
-            yield pending.popleft().get()
+            pool.send(sent % workers, item)
+            sent += 1
+            if sent - received >= 2 * workers:
+                yield pool.receive(received % workers)
+                received += 1
+        while received < sent:
+            yield pool.receive(received % workers)
+            received += 1
     except BaseException:
-        if pool is not None:
-            pool.terminate()
+        pool.kill()
         raise
     else:
-        pool.close()  # let the workers finish cleanly (terminate can kill one mid-dequeue)
-    finally:
-        if pool is not None:
-            pool.join()
+        pool.close()
 
 
 class IndexedWriter:
