@@ -72,6 +72,7 @@ class Config:
     glue: bool = True
     long: bool = False
     note: str = ""
+    length_scale: bool = False  # masked-LM scored with --alibi-length-scale L (no retraining)
 
     @property
     def sinusoidal(self):
@@ -125,6 +126,15 @@ CONFIGS: Dict[str, Config] = {
     "zero_clap_mean": Config("zero-CLAP, mean pooler", finetune=["--classification-pooler",
                                                                  "mean"],
                              checkpoint_of="zero_clap", long=True),
+    "offset_length_scale": Config(
+        "offset, slopes × log N / log L beyond L (`--alibi-length-scale L`)",
+        checkpoint_of="offset", length_scale=True, glue=False,
+        note="masked-LM only: an evaluation option of the offset model (no retraining); at L "
+        "and below it computes what offset computes, GLUE inputs cut to L included"),
+    "zero_clap_length_scale": Config(
+        "zero-CLAP, slopes × log N / log L beyond L (`--alibi-length-scale L`)",
+        checkpoint_of="zero_clap", length_scale=True, glue=False,
+        note="masked-LM only: an evaluation option of the zero-CLAP model (no retraining)"),
     "combination": Config("offset + global token + half the heads + mean pooler (planned)",
                           ["--alibi-variant", "offset", "--alibi-global-tokens", "1",
                            "--alibi-heads", "2"], finetune=["--classification-pooler", "mean"],
@@ -195,6 +205,8 @@ def missing_options(name: str, known: set) -> List[str]:
     """The options configuration ``name`` needs that this checkout lacks."""
     config = CONFIGS[name]
     wanted = [a for a in list(config.pretrain) + list(config.finetune) if a.startswith("--")]
+    if config.length_scale:
+        wanted.append("--alibi-length-scale")
     if config.checkpoint_of:
         wanted += missing_options(config.checkpoint_of, set())
     return [o for o in dict.fromkeys(wanted) if o not in known]
@@ -343,7 +355,7 @@ def pretrain(name: str, data: dict, out: Path, s: Settings, args, env, log) -> d
 
 
 def held_out_blocks(checkpoint: str, data: str, length: int, seed: int,
-                    sinusoidal: bool = False):
+                    sinusoidal: bool = False, model_overrides: Optional[dict] = None):
     """``(model, cfg, task, batches)``: the pretrained model in eval mode and the held-out split
     (``test``) in blocks of ``length`` tokens, masked with ``seed``, every block in order — what
     ``fairseq-validate --valid-subset test --tokens-per-sample length --seed seed`` iterates."""
@@ -355,6 +367,7 @@ def held_out_blocks(checkpoint: str, data: str, length: int, seed: int,
                  "sample_break_mode": "none"}
     if sinusoidal:  # its positions are a formula: any count (learned ones stop at theirs)
         overrides["max_positions"] = length
+    overrides.update(model_overrides or {})
     models, cfg, task = checkpoint_utils.load_model_ensemble_and_task(
         [checkpoint], arg_overrides=overrides)
     model = models[0].eval()
@@ -368,7 +381,7 @@ def held_out_blocks(checkpoint: str, data: str, length: int, seed: int,
 
 
 def mlm_perplexity(checkpoint: str, data: str, length: int, seed: int,
-                   sinusoidal: bool = False) -> dict:
+                   sinusoidal: bool = False, model_overrides: Optional[dict] = None) -> dict:
     """Masked-LM perplexity of :func:`held_out_blocks`, in this process, two ways:
 
     * ``perplexity``: every masked target, what ``fairseq-validate --valid-subset test
@@ -381,7 +394,8 @@ def mlm_perplexity(checkpoint: str, data: str, length: int, seed: int,
     import torch
     import torch.nn.functional as F
 
-    model, _, task, batches = held_out_blocks(checkpoint, data, length, seed, sinusoidal)
+    model, _, task, batches = held_out_blocks(checkpoint, data, length, seed, sinusoidal,
+                                              model_overrides)
     pad, bos = task.source_dictionary.pad(), task.source_dictionary.bos()
     loss = masked = text_loss = text_masked = tokens = blocks = 0.0
     with torch.no_grad():
@@ -423,8 +437,10 @@ def mlm(name: str, checkpoint: str, data: dict, out: Path, s: Settings, args, lo
             result = load_json(path)
             if not result or "text_perplexity" not in result:  # none, or scored before <s> was
                 started = time.process_time()
-                result = mlm_perplexity(checkpoint, data["text"], n, seed,
-                                        sinusoidal=CONFIGS[name].sinusoidal)
+                result = mlm_perplexity(
+                    checkpoint, data["text"], n, seed, sinusoidal=CONFIGS[name].sinusoidal,
+                    model_overrides={"alibi_length_scale": s.L} if CONFIGS[name].length_scale
+                    else None)
                 result["cpu_seconds"] = round(time.process_time() - started, 1)
                 write_json(path, result)
             found[(n, seed)] = result
@@ -986,7 +1002,7 @@ def main(argv=None):
         if not checkpoint:
             continue
         config = CONFIGS[name]
-        if "mlm" in args.steps and not config.checkpoint_of:
+        if "mlm" in args.steps and (not config.checkpoint_of or config.length_scale):
             attempt(f"mlm {name}", lambda: mlm(name, checkpoint, data, out, s, args, log))
         if "glue" in args.steps and config.glue:
             attempt(f"glue {name}", lambda: glue_run(name, checkpoint, data, out, s, args, env,

@@ -34,6 +34,12 @@ from the bias as queries and as keys, ``bias_h(i, j) = 0`` if ``i < N`` or ``j <
 ``one_sided``'s direction masks too (every head sees them, they see every key); ``causal``
 stays causal.
 
+Length scale (``--alibi-length-scale N``, evaluation of bidirectional encoders beyond their
+training length ``N``): a sequence of ``n > N`` real tokens uses the slopes ``f(n)·m_h`` with
+``f(n) = log n / log N`` (:func:`length_factors`; ``f = 1`` up to ``N``), each sequence its own
+``n``: a longer input gets steeper slopes, so that each head's attention does not spread over
+the keys a longer input adds (the masked-LM perplexity measured in docs/encoders.md).
+
 The models' bias module (the slopes as a buffer, the scales, a cache) is
 :class:`fairseq_alibi.modules.bias.AlibiBias`; it calls these functions.
 """
@@ -104,6 +110,13 @@ def variant_slopes(num_heads: int, variant: str, biased_heads: Optional[int] = N
     if variant == "one_sided":
         return torch.cat([get_slopes(num_heads // 2)] * 2)
     return get_slopes(num_heads)
+
+
+def length_factors(lengths: torch.Tensor, reference: int) -> torch.Tensor:
+    """``f(n) = max(1, log n / log N)``, float32, for the real lengths ``n`` (``lengths``) and
+    the training length ``N`` (``reference`` >= 2): the factor of a sequence's slopes."""
+    n = lengths.float().clamp(min=1)
+    return (n.log() / math.log(reference)).clamp(min=1.0)
 
 
 def mask_value(dtype: torch.dtype) -> float:

@@ -51,6 +51,12 @@ def _scale_init(value):
     return None
 
 
+def _length_reference(value):
+    if not (isinstance(value, int) and (value == 0 or value >= 2)):
+        return f"must be 0 (off) or the training length in tokens (>= 2), got {value!r}"
+    return None
+
+
 def _at_least(low):
     def check(value):
         if value is not None and not value >= low:
@@ -83,6 +89,8 @@ class Side:
             return "asymmetric" in self.variants
         if name == "global_tokens":
             return self.fixed_first_tokens
+        if name == "length_scale":  # bidirectional stacks only
+            return any(v not in ("causal", "none") for v in self.variants)
         return True
 
 
@@ -125,6 +133,11 @@ class StackOptions(FairseqDataclass):
         "help": "the first N positions (<s>, read by the classification head) are exempt from "
                 "the bias as queries and as keys, and from one_sided's direction masks; 0 = "
                 "none", "check": _at_least(0)})
+    length_scale: int = field(default=0, metadata={
+        "help": "evaluation beyond the training length N: a sequence of n > N real tokens "
+                "uses every slope x log n / log N (each sequence its own n; a per-sequence "
+                "bias, run by sdpa or naive); a load-time override, e.g. --model-overrides "
+                "\"{'alibi_length_scale': 512}\"; 0 = off", "check": _length_reference})
     attention: ChoiceEnum(ATTENTION_BACKENDS) = field(default="auto", metadata={
         "help": "attention implementation; saved with the model, can be overridden at load "
                 "time with --model-overrides \"{'alibi_attention': 'naive'}\"",
@@ -160,11 +173,12 @@ class StackOptions(FairseqDataclass):
                 f"{p}-future-slope-ratio / {p}-learnable-future-slopes set the forward slopes "
                 f"of {p}-variant asymmetric; they do nothing with {self.variant!r}")
         if self.variant == "none" and (self.learned_scales != "none" or self.scale_init != 1.0
-                                       or self.heads is not None or self.global_tokens):
+                                       or self.heads is not None or self.global_tokens
+                                       or self.length_scale):
             raise ValueError(
-                f"{p}-learned-scales / {p}-scale-init / {p}-heads / {p}-global-tokens shape "
-                f"the ALiBi bias; {p}-variant none has none: drop them or choose an ALiBi "
-                "variant")
+                f"{p}-learned-scales / {p}-scale-init / {p}-heads / {p}-global-tokens / "
+                f"{p}-length-scale shape the ALiBi bias; {p}-variant none has none: drop them "
+                "or choose an ALiBi variant")
         if self.variant == "one_sided" and self.heads not in (None, num_heads):
             raise ValueError(f"{p}-variant one_sided splits its heads by direction: it takes no "
                              f"{p}-heads; drop it, or use symmetric or offset")

@@ -135,10 +135,10 @@ def test_hydra_glue_config_without_variant_names_the_override(alibi_user_dir, tm
     data = tmp_path / "glue" / "RTE-bin"
     sizes = {"encoder_layers": 1, "encoder_embed_dim": 16, "encoder_ffn_embed_dim": 32,
              "encoder_attention_heads": 2}
-    checkpoint = saved_in_process(
-        tmp_path / "zero_clap" / "model.pt", data / "input0", "--task", "masked_lm",
+    checkpoint = saved_in_process(  # offset ALiBi and the RoBERTa head: the configs' `alibi`
+        tmp_path / "alibi" / "model.pt", data / "input0", "--task", "masked_lm",
         "--criterion", "masked_lm", "--arch", "alibi_roberta_base", "--alibi-variant", "offset",
-        "--mlm-head", "clap", "--zero-mask-embedding", "--tokens-per-sample", 64,
+        "--tokens-per-sample", 64,
         *[a for k, v in sizes.items() for a in (f"--{k.replace('_', '-')}", v)])
     out = run_cli(
         "fairseq-hydra-train", "--config-dir", f"{alibi_user_dir}/config/glue",
@@ -150,8 +150,10 @@ def test_hydra_glue_config_without_variant_names_the_override(alibi_user_dir, tm
         f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path, expect_ok=False)
     lines = out.strip().splitlines()
     hint = next(i for i, l in enumerate(lines) if l.startswith("fairseq_alibi: ValueError:"))
-    assert lines[hint].endswith("build it as the checkpoint was: the override `variant=zero_clap`")
-    assert "trained as `--alibi-variant offset --mlm-head clap --zero-mask-embedding`" in lines[hint]
+    assert lines[hint].endswith("build it as the checkpoint was: the override `variant=alibi`")
+    assert "trained as `--alibi-variant offset --mlm-head roberta`" in lines[hint]
+    assert "being built is `--alibi-variant offset --mlm-head clap --zero-mask-embedding`" \
+        in lines[hint]
     assert hint < next(i for i, l in enumerate(lines) if "Error executing job" in l)
 
 

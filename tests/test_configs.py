@@ -128,7 +128,8 @@ def train(family, name, data, tmp_root, extra=()):
         run_dir = tmp_root / "runs" / f"{family}-{name}-{len(_RUNS)}"
         overrides = tiny_overrides(family, name, data) + DEVICE + STEPS + list(extra)
         if family == "glue":
-            variant = next((e.split("=")[1] for e in extra if e.startswith("variant=")), "alibi")
+            variant = next((e.split("=")[1] for e in extra if e.startswith("variant=")),
+                           "zero_clap")
             restore = train("mlm", f"wikitext103_{variant}", data, tmp_root)
             overrides.append(f"checkpoint.restore_file={restore}")
         in_process_hydra_train(["--config-dir", CONFIG / family, "--config-name", name,
@@ -172,8 +173,8 @@ def test_config_trains_two_updates(family, name, data, runs_root):
     yaml_model = OmegaConf.load(CONFIG / family / f"{name}.yaml").get("model") or {}
     unknown = set(yaml_model) - known_model_options(cfg.model) - {"_name"}
     assert not unknown, f"options the model does not have: {unknown}"
-    if family in ("mlm", "glue"):  # the study configuration it is named for (GLUE: alibi)
-        variant = "alibi" if family == "glue" else max(
+    if family in ("mlm", "glue"):  # the study configuration it is named for (GLUE: zero_clap)
+        variant = "zero_clap" if family == "glue" else max(
             (v for v in STUDY if name.endswith(v)), key=len)
         m = cfg.model
         assert (m.alibi_variant, m.mlm_head, bool(m.zero_mask_embedding)) == STUDY[variant]
@@ -181,9 +182,9 @@ def test_config_trains_two_updates(family, name, data, runs_root):
 
 
 def test_glue_fine_tunes_every_study_variant(data, runs_root):
-    """variant= picks the pretrained model's kind (alibi: every GLUE config above; baseline: the
-    subprocess test below); the model refuses a checkpoint of another kind."""
-    for variant in ("learned_clap", "alibi_symmetric", "alibi_one_sided", "zero_clap"):
+    """variant= picks the pretrained model's kind (zero_clap: every GLUE config above; baseline:
+    the subprocess test below); the model refuses a checkpoint of another kind."""
+    for variant in ("learned_clap", "alibi_symmetric", "alibi_one_sided", "alibi"):
         state = load_state(train("glue", "rte", data, runs_root, [f"variant={variant}"]))
         m = state["cfg"].model
         assert (m.alibi_variant, m.mlm_head, bool(m.zero_mask_embedding)) == STUDY[variant]

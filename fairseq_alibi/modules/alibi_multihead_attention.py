@@ -88,7 +88,10 @@ class AlibiMultiheadAttention(MultiheadAttention):
 
         if key_padding_mask is not None and key_padding_mask.dim() == 0:
             key_padding_mask = None
-        return attend_and_project(self, self.attention_backend, q, k, v, self.alibi,
+        alibi = self.alibi
+        if incremental_state is None and alibi.stack.length_scale:  # whole sequences only
+            alibi = alibi.for_lengths(key_padding_mask, bsz, k.size(2))
+        return attend_and_project(self, self.attention_backend, q, k, v, alibi,
                                   key_padding_mask, attn_mask, need_weights, need_head_weights,
                                   before_softmax)
 

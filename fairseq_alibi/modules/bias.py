@@ -14,7 +14,7 @@ from typing import Dict, Optional, Tuple
 import torch
 from torch import Tensor
 
-from fairseq_alibi.alibi import VARIANTS, alibi_bias, variant_slopes
+from fairseq_alibi.alibi import VARIANTS, alibi_bias, length_factors, variant_slopes
 from fairseq_alibi.modules.learned_scales import fixed_scale, load_scales, make_scales, scale_row
 from fairseq_alibi.options import Side, StackOptions
 
@@ -79,6 +79,7 @@ class AlibiBias(torch.nn.Module):
         options.check_model_wide()
         self.options, self.variant, self.num_heads = options, options.variant, num_heads
         self.slope_scale = float(options.slope_scale)
+        self.length_scale = int(options.length_scale)
         self.global_tokens = int(options.global_tokens)
         self.register_buffer("slopes", variant_slopes(num_heads, self.variant, options.heads))
         ratio = None
@@ -103,7 +104,7 @@ class AlibiBias(torch.nn.Module):
     def extra_repr(self):
         return (f"variant={self.variant}, num_heads={self.num_heads}, "
                 f"learned_scales={self.learned_scales}, slope_scale={self.slope_scale}, "
-                f"global_tokens={self.global_tokens}")
+                f"length_scale={self.length_scale}, global_tokens={self.global_tokens}")
 
     def _apply(self, fn, *args, **kwargs):
         # model.half() / .bfloat16() must not round the slopes: the bias is built in float32
@@ -205,3 +206,50 @@ class LayerBias:
 
     def dense(self, query_len: int, key_len: int, dtype=torch.float32) -> Tensor:
         return self.stack.bias(query_len, key_len, dtype, self.index)
+
+    def for_lengths(self, key_padding_mask: Optional[Tensor], batch: int, key_len: int):
+        """What a whole-sequence call of this layer reads: this view, or, with the stack's
+        ``length_scale`` N and a sequence of more than N real tokens, a :class:`LengthScaledBias`
+        (each sequence's slopes times :func:`~fairseq_alibi.alibi.length_factors` of its real
+        length, which ``key_padding_mask`` gives)."""
+        reference = self.stack.length_scale
+        if not reference or key_len <= reference:
+            return self
+        if key_padding_mask is None:
+            lengths = torch.full((batch,), key_len, device=self.stack.slopes.device)
+        else:
+            lengths = key_len - key_padding_mask.to(torch.bool).sum(dim=1)
+        factors = length_factors(lengths, reference)
+        if bool((factors == 1).all()):
+            return self
+        return LengthScaledBias(self, factors)
+
+
+class LengthScaledBias:
+    """A layer's bias with slopes of its own per sequence (``--alibi-length-scale``): kind
+    ``rows``, a ``(B, H, T, S)`` tensor, which the dense backends (``sdpa``, ``naive``) take.
+    Built per call from :func:`~fairseq_alibi.alibi.alibi_bias` with each distinct factor's
+    slopes (masked keys stay masked); never cached: an evaluation of long inputs."""
+
+    kind = "rows"
+
+    def __init__(self, layer: LayerBias, factors: Tensor):
+        self.layer, self.factors = layer, factors
+        self.variant, self.num_heads = layer.variant, layer.num_heads
+        self.global_tokens = layer.global_tokens
+
+    @property
+    def scales_need_grad(self) -> bool:
+        return self.layer.scales_need_grad
+
+    def head_slopes(self):
+        raise TypeError("a length-scaled bias has slopes per sequence: use dense()")
+
+    def dense(self, query_len: int, key_len: int, dtype=torch.float32) -> Tensor:
+        slopes, future = self.layer.head_slopes()
+        distinct, row_of = torch.unique(self.factors, return_inverse=True)
+        tables = torch.stack([
+            alibi_bias(slopes * f, query_len, key_len, self.variant,
+                       None if future is None else future * f, dtype, self.global_tokens)
+            for f in distinct.tolist()])
+        return tables.index_select(0, row_of)

@@ -22,7 +22,8 @@ def installed() -> bool:
 def unsupported(call) -> Optional[str]:
     """``None`` if :func:`attention` can serve ``call`` (a ``dispatch.Call``), else why not."""
     if call.kind != "distance":
-        return "flash_attn's alibi_slopes take no bias of its own per batch row (cross-attention)"
+        return ("flash_attn's alibi_slopes take no bias of its own per batch row "
+                "(cross-attention, --alibi-length-scale)")
     if call.global_tokens:
         return ("global tokens (--alibi-global-tokens) are not part of this kernel's bias: use "
                 "sdpa or naive (auto does)")
