@@ -32,6 +32,18 @@ class BiasCache:
 
     def clear(self):
         self.key, self.bias, self.rows, self.rows_key = None, None, None, None
+        self.lengths_key, self.factors = None, None
+
+    def length_factors(self, key_padding_mask, batch: int, key_len: int, compute):
+        """The sequences' length-scale factors, computed once per forward pass: the layers of
+        one pass hand the same mask (kept here, so its identity cannot be another's)."""
+        version = None if key_padding_mask is None else key_padding_mask._version
+        key = self.lengths_key
+        if key is None or key[0] is not key_padding_mask or key[1:] != (version, batch, key_len):
+            self.factors = None  # freed before the next one is computed
+            self.factors = compute()
+            self.lengths_key = (key_padding_mask, version, batch, key_len)
+        return self.factors
 
     def get(self, key, build):
         if self.key != key:
@@ -215,14 +227,17 @@ class LayerBias:
         reference = self.stack.length_scale
         if not reference or key_len <= reference:
             return self
-        if key_padding_mask is None:
-            lengths = torch.full((batch,), key_len, device=self.stack.slopes.device)
-        else:
-            lengths = key_len - key_padding_mask.to(torch.bool).sum(dim=1)
-        factors = length_factors(lengths, reference)
-        if bool((factors == 1).all()):
-            return self
-        return LengthScaledBias(self, factors)
+
+        def compute():
+            if key_padding_mask is None:
+                lengths = torch.full((batch,), key_len, device=self.stack.slopes.device)
+            else:
+                lengths = key_len - key_padding_mask.to(torch.bool).sum(dim=1)
+            factors = length_factors(lengths, reference)
+            return None if bool((factors == 1).all()) else factors
+
+        factors = self.stack.cache.length_factors(key_padding_mask, batch, key_len, compute)
+        return self if factors is None else LengthScaledBias(self, factors)
 
 
 class LengthScaledBias:
