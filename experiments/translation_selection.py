@@ -20,9 +20,15 @@ source-length buckets, (N/2, N], (N, 2N], (2N, 4N], (4N, 8N], with pairs of its 
 3. **Large size** (8 heads, 256 dims, FFN 512): the baselines, and the pointer at those scales
    with ``K`` in :data:`LARGE_HEADS` (2, and half the heads), decoded on validation the same way.
 4. **The choice** (:func:`choose`), by the rule below, on validation only.
-5. **The test buckets, read once**: the chosen setting at both sizes and the baselines, every
-   seed; then punctuation-and-case restoration (WikiText-2) at the small size, the chosen setting
-   and ``alibi``.
+5. **The decode-time slope scale** (:func:`choose_decode_scale`): the chosen checkpoints at both
+   sizes decoded on validation with ``--cross-alibi-inference-slope-scale X'`` (the slopes
+   outside training) for each ``X'`` of :data:`DECODE_SCALES` (``--model-overrides``: no
+   retraining), everything else as chosen; judged by the same rule, the choice of step 4 among
+   them. (Added after the test buckets had been read once for step 4's choice: step 4's test
+   figures are kept in the report beside the final ones.)
+6. **The test buckets, read once** for each choice: the final setting at both sizes and the
+   baselines, every seed; then punctuation-and-case restoration (WikiText-2) at the small size,
+   the final setting and ``alibi``.
 
 The rule, written before any run. For a candidate ``c`` (slope scale, ``K``, guard layer,
 margin), a size ``s`` and a seed: ``kept_b`` = BLEU of bucket ``b`` ÷ BLEU of (N/2, N], and
@@ -93,6 +99,14 @@ LARGE_HEADS = ("2", "half")
 #: the EOS guard's margins D and the pointer it reads, decoded on validation
 MARGINS = (1, 2, 3, 4)
 GUARD_LAYERS = ("last", "first", "min")
+#: the slope scales the chosen checkpoints are decoded with in step 5 (its trained scale is
+#: step 4's choice itself)
+DECODE_SCALES = (24, 32, 48, 64)
+#: the label of step 4's choice in the test tables when step 5 moved it
+STEP4_LABEL = "chosen at the trained scale"
+#: restoration's test: the inference slope scale gettext's validation chose, when restoration's
+#: own chose another
+GETTEXT_LABEL = "at gettext's inference scale"
 #: the goals (BLEU kept at (2N, 4N] and (4N, 8N]; the length window; in-range BLEU vs alibi)
 GOALS = {"kept_4N": 0.60, "kept_8N": 0.40, "length": (0.9, 1.1), "in_range": 1.0,
          "restoration_kept_4N": 0.80}
@@ -100,7 +114,7 @@ BASELINES = {"alibi": tl.ALIBI, "sinusoidal": tl.SINUSOIDAL}
 
 #: ``--smoke``: every step at toy sizes, a thinned grid (the tests run it)
 SMOKE = dict(sizes={"small": Size(1, 16, 32, 4, 3), "large": Size(1, 16, 32, 8, 3)},
-             scales=(4, 16), top=1, margins=(2,), layers=("min",))
+             scales=(4, 16), top=1, margins=(2,), layers=("min",), decode_scales=(32,))
 
 
 def heads_of(rule, size):
@@ -130,6 +144,21 @@ def decodings(name, grid):
         settings[f"{layer}_{margin}"] = {"cross_alibi_eos_guard": float(margin),
                                          "cross_alibi_eos_guard_layer": layer}
     return settings
+
+
+def sharpened(decoding, scale):
+    """The name of ``decoding`` with the slopes of slope scale ``scale`` (step 5)."""
+    return f"{decoding}_decode_x{scale:g}"
+
+
+def overrides_of(name, decoding, grid):
+    """The ``--model-overrides`` of ``decoding`` (a name of :func:`decodings`, or one of
+    :func:`sharpened`) of the trained setting ``name``."""
+    guard, _, scale = decoding.partition("_decode_x")
+    overrides = dict(decodings(name, grid)[guard])
+    if scale:
+        overrides["cross_alibi_inference_slope_scale"] = float(scale)
+    return overrides
 
 
 # ------------------------------------------------------------------------------- the runs
@@ -277,6 +306,23 @@ def rank_scales(scores, baselines, scales, decode_grid):
     return sorted(best, key=lambda scale: best[scale], reverse=True)
 
 
+def choose_decode_scale(scores, baselines, chosen, decode_scales):
+    """Step 5: step 4's ``chosen`` row and the same checkpoints decoded with each slope scale
+    of ``decode_scales`` (those decoded on validation with every seed), best first by the rule:
+    the first is the final choice. Candidates are ``(scale, K rule, decoding, decode scale)``."""
+    key, (scale, rule, decoding), at, verdicts = chosen
+    table = [(key, (scale, rule, decoding, scale), at, verdicts)]
+    for x in decode_scales:
+        if x == scale:
+            continue
+        tried = {s: (trained, sharpened(d, x)) for s, (trained, d) in at.items()}
+        if all(tried[s] in scores.get(s, {}) for s in tried):
+            verdicts_x, key_x = judged(scores, baselines, tried)
+            table.append((key_x, (scale, rule, decoding, x), tried, verdicts_x))
+    table.sort(key=lambda row: row[0], reverse=True)
+    return table
+
+
 def choose(scores, baselines, scales, decode_grid, sizes):
     """Every candidate over ``sizes`` with its verdicts, best first: the first is the choice."""
     table = []
@@ -291,16 +337,24 @@ def choose(scores, baselines, scales, decode_grid, sizes):
 
 
 def describe(candidate):
-    scale, rule, decoding = candidate
+    """``(scale, K rule, decoding[, decode scale])`` in words."""
+    scale, rule, decoding, *decode = candidate
     guard = "no EOS guard" if decoding == "noguard" else \
         f"EOS guard {decoding.split('_')[1]} on the {decoding.split('_')[0]} pointer"
     heads = "K = 2" if rule == "2" else "K = half the heads"
-    return f"slope scale {scale:g}, {heads}, {guard}"
+    text = f"slope scale {scale:g}, {heads}, {guard}"
+    if decode and decode[0] != scale:
+        text += f", decoded at slope scale {decode[0]:g}"
+    return text
 
 
 def flags_of(candidate):
-    scale, rule, decoding = candidate
+    """The training flags of a candidate (the EOS guard and the inference slope scale act
+    outside training only, and are saved with the model)."""
+    scale, rule, decoding, *decode = candidate
     flags = f"--cross-alibi pointer --cross-alibi-slope-scale {scale:g}"
+    if decode and decode[0] != scale:
+        flags += f" --cross-alibi-inference-slope-scale {decode[0]:g}"
     if rule == "2":
         flags += " --cross-alibi-heads 2"
     if decoding != "noguard":
@@ -309,6 +363,15 @@ def flags_of(candidate):
         if layer != "last":
             flags += f" --cross-alibi-eos-guard-layer {layer}"
     return flags
+
+
+def decode_flags_of(candidate):
+    """What decoding a checkpoint trained without the inference slope scale adds
+    (``fairseq-generate``), or ``""``."""
+    scale, _, _, *decode = candidate
+    if not decode or decode[0] == scale:
+        return ""
+    return f"--model-overrides \"{{'cross_alibi_inference_slope_scale': {decode[0]:g}}}\""
 
 
 def pct(x):
@@ -448,11 +511,11 @@ def run(args, command):
     out = Path(args.out or "outputs/translation_select").absolute()
     out.mkdir(parents=True, exist_ok=True)
     sizes, decode_grid = SIZES, {"margins": MARGINS, "layers": GUARD_LAYERS}
-    scales, top = SCALES, TOP_SCALES
+    scales, top, decode_scales = SCALES, TOP_SCALES, DECODE_SCALES
     if args.smoke:
         sizes = SMOKE["sizes"]
         decode_grid = {"margins": SMOKE["margins"], "layers": SMOKE["layers"]}
-        scales, top = SMOKE["scales"], SMOKE["top"]
+        scales, top, decode_scales = SMOKE["scales"], SMOKE["top"], SMOKE["decode_scales"]
     seeds, jobs = args.seeds, args.jobs
     env = thread_env(args.threads or 1)
 
@@ -466,7 +529,7 @@ def run(args, command):
     N = meta["N"]
     work = not args.from_logs
 
-    # 1. the small size: baselines and every scale at K = 2, decoded on validation
+    # 1. (and 2.) the small size: baselines and every scale at K = 2, decoded on validation
     small = sizes["small"]
     names = {"small": list(BASELINES) + [pointer_name(x, 2) for x in scales]}
     if work:
@@ -479,7 +542,7 @@ def run(args, command):
                          for d in decodings(n, decode_grid))
     going_on = ranked[:top] if complete_small else []
 
-    # 2. the large size: baselines and the best scales with K = 2 and half the heads
+    # 3. the large size: baselines and the best scales with K = 2 and half the heads
     large = sizes["large"]
     names["large"] = list(BASELINES) + [pointer_name(x, heads_of(rule, large))
                                         for x in going_on for rule in LARGE_HEADS]
@@ -492,54 +555,116 @@ def run(args, command):
         (n, d) in scores.get("large", {}) for n in names["large"]
         for d in decodings(n, decode_grid))
 
-    # 3. the choice, on validation only
+    # 4. the choice, on validation only
     table = choose(scores, baselines, going_on or scales, decode_grid,
                    sizes if complete else {"small": small})
     chosen = table[0] if table and complete else None
 
-    # 4. the test buckets, read once: the choice at both sizes and the baselines
-    test, restoration = {}, {}
-    label = None
+    # 5. the decode-time slope scale of the chosen checkpoints, on validation only
+    decode_table, final = [], chosen
     if chosen:
-        (_, candidate, at, _) = chosen
+        at = chosen[2]
+        tries = [(s, t, sharpened(d, x)) for s, (t, d) in at.items() for x in decode_scales
+                 if x != chosen[1][0]]
+        if work:
+            run_all([lambda s=s, t=t, d=d, seed=seed: grid.decode(
+                s, t, seed, "valid", d, overrides_of(t, d, decode_grid))
+                for s, t, d in tries for seed in seeds], jobs)
+        for s, t, d in tries:
+            per_seed = {seed: grid.score(s, t, seed, "valid", d) for seed in seeds}
+            if all(rows is not None for rows in per_seed.values()):
+                scores[s][(t, d)] = per_seed
+        decode_table = choose_decode_scale(scores, baselines, chosen, decode_scales)
+        final = decode_table[0]
+
+    # 6. the test buckets, read once for each choice: the final one at both sizes and the
+    # baselines (and step 4's, when step 5 moved it: read before step 5 existed)
+    test, restoration, restoration_table = {}, {}, []
+    label = None
+    if final:
         label = "chosen"
+        earlier = [(STEP4_LABEL, chosen)] if final[2] != chosen[2] else []
         for size_name in ("small", "large"):
-            trained, decoding = at[size_name]
-            settings = [(label, trained, decoding)] + [(b, b, "plain") for b in BASELINES]
+            settings = [(label, *final[2][size_name])] + \
+                [(shown, *row[2][size_name]) for shown, row in earlier] + \
+                [(b, b, "plain") for b in BASELINES]
             if work:
                 run_all([lambda t=t, d=d, s=s, n=size_name: grid.decode(
-                    n, t, s, "test", d, decodings(t, decode_grid)[d])
+                    n, t, s, "test", d, overrides_of(t, d, decode_grid))
                     for _, t, d in settings for s in seeds], jobs)
             for shown, trained_name, decoding_name in settings:
                 for seed in seeds:
                     rows = grid.score(size_name, trained_name, seed, "test", decoding_name)
                     if rows is not None:
                         test.setdefault(size_name, {}).setdefault(shown, {})[seed] = rows
-        # 5. restoration at the small size: the choice and alibi, trained and tested
+        # restoration at the small size: step 4's training and alibi; the inference slope
+        # scale chosen again on restoration's own validation buckets (step 5: a decoding
+        # option, tuned per corpus); then its test, read once
         rmeta = data_for("restoration", restoration_data, args)
         rgrid = Grid(out, "restoration", restoration_data, rmeta, args, env)
-        trained, decoding = at["small"]
-        settings = [(label, trained, decoding), ("alibi", "alibi", "plain")]
+        trained, guard = chosen[2]["small"]
+        tries = [("alibi", "plain"), (trained, guard)] + [
+            (trained, sharpened(guard, x)) for x in decode_scales if x != chosen[1][0]]
         if work:
-            def restore(t, d, s):
+            def restore_valid(t, d, s):
                 rgrid.train("small", small, t, s)
-                rgrid.decode("small", t, s, "test", d, decodings(t, decode_grid)[d])
-            run_all([lambda t=t, d=d, s=s: restore(t, d, s)
-                     for s in seeds for _, t, d in settings], jobs)
-        for shown, trained_name, decoding_name in settings:
-            for seed in seeds:
-                rows = rgrid.score("small", trained_name, seed, "test", decoding_name)
-                if rows is not None:
-                    restoration.setdefault(shown, {})[seed] = rows
+                rgrid.decode("small", t, s, "valid", d, overrides_of(t, d, decode_grid))
+            run_all([lambda t=t, d=d, s=s: restore_valid(t, d, s)
+                     for s in seeds for t, d in tries], jobs)
+        rscores = {"small": {}}
+        for t, d in tries:
+            per_seed = {seed: rgrid.score("small", t, seed, "valid", d) for seed in seeds}
+            if all(rows is not None for rows in per_seed.values()):
+                rscores["small"][(t, d)] = per_seed
+        if all(key in rscores["small"] for key in tries[:2]):
+            rbaselines = {"small": in_range(rscores["small"][("alibi", "plain")].values())}
+            at = {"small": (trained, guard)}
+            verdicts, key = judged(rscores, rbaselines, at)
+            restoration_table = choose_decode_scale(rscores, rbaselines,
+                                                    (key, chosen[1], at, verdicts), decode_scales)
+            settings = [(label, *restoration_table[0][2]["small"])]
+            for shown, row in [(STEP4_LABEL, chosen), (GETTEXT_LABEL, final)]:
+                if row[2]["small"] not in [tuple(x[1:]) for x in settings]:
+                    settings.append((shown, *row[2]["small"]))
+            settings.append(("alibi", "alibi", "plain"))
+            if work:
+                run_all([lambda t=t, d=d, s=s: rgrid.decode(
+                    "small", t, s, "test", d, overrides_of(t, d, decode_grid))
+                    for s in seeds for _, t, d in settings], jobs)
+            for shown, trained_name, decoding_name in settings:
+                for seed in seeds:
+                    rows = rgrid.score("small", trained_name, seed, "test", decoding_name)
+                    if rows is not None:
+                        restoration.setdefault(shown, {})[seed] = rows
 
     report = write(out, args, command, started, grid, scores, baselines, ranked, going_on,
-                   table, chosen, test, restoration, N, complete, decode_grid, scales, sizes)
+                   table, chosen, decode_table, final, test, restoration, restoration_table,
+                   N, complete, decode_grid, scales, sizes)
     print(report)
     return 0
 
 
+def choice_table(rows):
+    """The candidates of :func:`choose` or :func:`choose_decode_scale`, best first."""
+    return ("| rank | candidate | score (min over sizes and seeds) | fails | in-range BLEU |\n"
+            "|---:|---|---:|---|---:|\n" + "".join(
+                f"| {i} | {describe(c)} | {key[1]:.2f} | "
+                f"{'; '.join(f'{s}: {f}' for s, v in verdicts.items() for f in v['failed']) or '–'}"
+                f" | {key[2]:.1f} |\n" for i, (key, c, _, verdicts) in enumerate(rows[:10], 1)))
+
+
+def decode_scales_of(decode_table):
+    return sorted(c[3] for _, c, _, _ in decode_table)
+
+
+def choice_json(row):
+    return {"candidate": list(row[1]), "flags": flags_of(row[1]),
+            "decode_flags": decode_flags_of(row[1]), "runs": row[2]} if row else None
+
+
 def write(out, args, command, started, grid, scores, baselines, ranked, going_on, table,
-          chosen, test, restoration, N, complete, decode_grid, scales, sizes):
+          chosen, decode_table, final, test, restoration, restoration_table, N, complete,
+          decode_grid, scales, sizes):
     lines = validation_rows(scores, baselines)
     write_validation_csv(out / "validation.csv", lines)
     cpu = {corpus: cpu_seconds(out, corpus) for corpus in dict.fromkeys([grid.corpus,
@@ -550,7 +675,7 @@ def write(out, args, command, started, grid, scores, baselines, ranked, going_on
         "# Selection on validation, test read once\n",
         f"Command: `{command}`\n",
         f"Machine: {describe_machine()}\n",
-        f"Sizes: " + "; ".join(f"{n}: {s.layers}+{s.layers} layers, {s.dim} dims, FFN {s.ffn}, "
+        "Sizes: " + "; ".join(f"{n}: {s.layers}+{s.layers} layers, {s.dim} dims, FFN {s.ffn}, "
                                f"{s.heads} heads, {s.max_update} updates"
                                for n, s in sizes.items()) + "\n",
         "## The rule\n",
@@ -563,26 +688,38 @@ def write(out, args, command, started, grid, scores, baselines, ranked, going_on
         "## The choice\n",
     ]
     if table:
-        parts.append("| rank | candidate | score (min over sizes and seeds) | fails | "
-                     "in-range BLEU |\n|---:|---|---:|---|---:|\n" + "".join(
-                         f"| {i} | {describe(c)} | {key[1]:.2f} | "
-                         f"{'; '.join(f'{s}: {f}' for s, v in verdicts.items() for f in v['failed']) or '–'}"
-                         f" | {key[2]:.1f} |\n" for i, (key, c, _, verdicts) in
-                         enumerate(table[:10], 1)))
+        parts.append(choice_table(table))
     if chosen:
-        parts.append(f"\nChosen: **{describe(chosen[1])}**: `{flags_of(chosen[1])}` "
-                     f"({', '.join(f'{s}: {t} decoded {d}' for s, (t, d) in chosen[2].items())}).\n")
+        parts.append(f"\nStep 4 chose **{describe(chosen[1])}**.\n")
+        parts += ["## The decode-time slope scale (step 5)\n",
+                  "The chosen checkpoints decoded with the slopes of each slope scale of "
+                  f"{', '.join(f'{x:g}' for x in decode_scales_of(decode_table))}, "
+                  "everything else as chosen, judged by the same rule:\n",
+                  choice_table(decode_table)]
+        decode = decode_flags_of(final[1])
+        parts.append(f"\nChosen: **{describe(final[1])}**: train with `{flags_of(final[1])}`"
+                     + (f" (a checkpoint trained without the inference slope scale: decode with "
+                        f"`{decode}`)" if decode else "") + " ("
+                     + ", ".join(f"{s}: {t} decoded {d}" for s, (t, d) in final[2].items())
+                     + ").\n")
     else:
         parts.append("\nNo choice yet: the grid has not finished both sizes on validation.\n")
     summaries = {}
     for size_name, runs in test.items():
         text, summaries[size_name] = test_tables(runs, N)
         parts += [f"## Test, {size_name} size ({grid.corpus}), read once\n", text]
+    if restoration_table:
+        parts += ["## Restoration: the inference slope scale on its validation (step 5)\n",
+                  "Step 4's restoration checkpoints (small size) decoded on restoration's "
+                  "validation buckets at each inference slope scale, by the same rule:\n",
+                  choice_table(restoration_table),
+                  f"\nChosen for restoration: **{describe(restoration_table[0][1])}**.\n"]
     if restoration:
         text, summaries["restoration"] = test_tables(restoration, N)
         parts += ["## Test, punctuation and case restoration (small size)\n", text]
     if test:
-        parts += ["## The goals, per size and seed\n", goals_table(test, restoration, "chosen")]
+        parts += ["## The goals, per size and seed (the final choice)\n",
+                  goals_table(test, restoration, "chosen")]
     total_cpu = round(own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime, 1)
     parts.append(
         "CPU time of the runs (their own processes): " + "; ".join(
@@ -596,8 +733,12 @@ def write(out, args, command, started, grid, scores, baselines, ranked, going_on
              "decode_grid": {k: list(v) for k, v in decode_grid.items()},
              "ranked_scales": ranked, "large_scales": going_on,
              "baseline_in_range_valid": baselines,
-             "choice": {"candidate": list(chosen[1]), "flags": flags_of(chosen[1]),
-                        "runs": chosen[2]} if chosen else None,
+             "choice": choice_json(final), "step4_choice": choice_json(chosen),
+             "restoration_choice": choice_json(restoration_table[0] if restoration_table
+                                               else None),
+             "decode_scales": [{"candidate": list(c), "score": key[1],
+                                "failed_conditions": -key[0], "in_range_bleu": key[2]}
+                               for key, c, _, _ in decode_table],
              "candidates": [{"candidate": list(c), "score": key[1], "failed_conditions": -key[0],
                              "in_range_bleu": key[2],
                              "verdicts": verdicts} for key, c, _, verdicts in table],

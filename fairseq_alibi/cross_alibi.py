@@ -38,8 +38,8 @@ def source_positions(key_padding_mask, bsz: int, src_len: int, device):
     if key_padding_mask is None:
         return keys.expand(bsz, -1), torch.full((bsz,), float(src_len), device=device)
     real = ~key_padding_mask.bool()
-    first_real = real.int().argmax(dim=1)  # the first maximum: the first real key
-    return keys[None, :] - first_real[:, None].float(), real.sum(dim=1).float()
+    first_real = real.int().argmax(dim=1, keepdim=True)  # the first maximum: the first real key
+    return keys - first_real, real.sum(dim=1, dtype=torch.float32)  # float32 - int64: float32
 
 
 def cross_alibi_bias(slopes: torch.Tensor, anchors: torch.Tensor, positions: torch.Tensor,
@@ -47,11 +47,12 @@ def cross_alibi_bias(slopes: torch.Tensor, anchors: torch.Tensor, positions: tor
     """``bias[b, h, t, j] = -m_h·|positions[b, j] - anchors[b, t]| + padding[b, j]``: float32
     ``(B, H, T, S)``.
 
-    ``slopes`` ``(H,)``: ``m_h`` of the ``K`` biased heads (Press's ``get_slopes(K)``), then 0
-    for the content-only heads; ``anchors`` ``(B, T)`` source positions (the pointer ``p_t`` or
+    ``slopes`` ``(H,)`` (or ``(1, H, 1, 1)``): ``m_h`` of the ``K`` biased heads (Press's
+    ``get_slopes(K)``), then 0 for the content-only heads; ``anchors`` ``(B, T)`` source positions (the pointer ``p_t`` or
     ``r·t``); ``positions`` ``(B, S)`` the keys' positions (:func:`source_positions`);
-    ``padding`` ``(B, S)``: 0, or a large finite negative on padding keys (``None``: no
-    padding keys). All float32 (a decoding step calls this for every layer: no conversions).
+    ``padding`` ``(B, S)`` (or ``(B, 1, 1, S)``): 0, or a large finite negative on padding keys
+    (``None``: no padding keys). All float32 (a decoding step calls this for every layer: no
+    conversions).
     """
     (B, S), T = positions.shape, anchors.size(1)
     return bias_of_offsets(slopes, positions.view(B, 1, S) - anchors.view(B, T, 1), padding)
@@ -62,13 +63,20 @@ def bias_of_offsets(slopes: torch.Tensor, offsets: torch.Tensor,
     """:func:`cross_alibi_bias` from the offsets ``offsets[b, t, j] = positions[b, j] -
     anchors[b, t]``, ``(B, T, S)``: what a decoding step of the pointer carries (one subtraction
     a step, ``j - p_t = (j - p_{t-1}) - step_t``, and the offset of the last source token is the
-    distance the EOS guard reads)."""
+    distance the EOS guard reads).
+
+    ``slopes`` ``(H,)`` or already ``(1, H, 1, 1)``, ``padding`` ``(B, S)`` or already
+    ``(B, 1, 1, S)``: a decoding step passes the broadcast shapes it keeps (each reshape is a
+    host-side cost of a step that does little else)."""
     B, T, S = offsets.shape
     distance = offsets.abs().view(B, 1, T, S)
-    slopes = slopes.view(1, -1, 1, 1)
+    if slopes.dim() == 1:
+        slopes = slopes.view(1, -1, 1, 1)
     if padding is None:  # (B, 1, T, S) times (1, H, 1, 1): not in place
         return torch.mul(distance, slopes).neg_()
-    return torch.addcmul(padding.view(B, 1, 1, S), distance, slopes, value=-1.0)
+    if padding.dim() == 2:
+        padding = padding.view(B, 1, 1, S)
+    return torch.addcmul(padding, distance, slopes, value=-1.0)
 
 
 def pointer_positions(steps: torch.Tensor, previous=None) -> torch.Tensor:

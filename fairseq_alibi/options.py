@@ -57,6 +57,12 @@ def _length_reference(value):
     return None
 
 
+def _off_or_positive(value):
+    if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
+        return f"must be 0 (off) or positive, got {value!r}"
+    return None
+
+
 def _at_least(low):
     def check(value):
         if value is not None and not value >= low:
@@ -226,6 +232,12 @@ class CrossOptions(FairseqDataclass):
     cross_alibi_slope_scale: float = field(default=1.0, metadata={
         "help": "the --cross-alibi heads' slopes are X times Press's slopes of K heads "
                 "(16 with 2 biased heads: slopes 1 and 1/16)", "check": _positive})
+    cross_alibi_inference_slope_scale: float = field(default=0.0, metadata={
+        "help": "outside training (validation, scoring, generation) the --cross-alibi heads' "
+                "slopes are X times Press's slopes instead of --cross-alibi-slope-scale times: "
+                "sharper slopes keep the biased heads on the pointer over sources longer than "
+                "training's; 0 = the training scale; a decoding option (--model-overrides)",
+        "check": _off_or_positive})
     cross_alibi_ratio: Optional[float] = field(default=None, metadata={
         "help": "--cross-alibi ratio: source tokens per target token of the training corpus "
                 "(required with ratio)"})
@@ -270,6 +282,12 @@ class CrossOptions(FairseqDataclass):
                                  f"--cross-alibi bias; {needs_mode}")
             _check_field(_field(CrossOptions, "cross_alibi_slope_scale"),
                          self.cross_alibi_slope_scale)
+        if self.cross_alibi_inference_slope_scale != 0:
+            if mode == "none":
+                raise ValueError("--cross-alibi-inference-slope-scale scales the slopes of the "
+                                 f"--cross-alibi bias outside training; {needs_mode}")
+            _check_field(_field(CrossOptions, "cross_alibi_inference_slope_scale"),
+                         self.cross_alibi_inference_slope_scale)
         ratio = self.cross_alibi_ratio
         if mode == "ratio" and ratio is None:
             raise ValueError("--cross-alibi ratio needs --cross-alibi-ratio R, the source tokens "

@@ -33,7 +33,11 @@ SCALE = ["--cross-attention-length-scale", 6]
 OPTIONS = {"pointer": POINTER, "ratio": RATIO, "length_scale": SCALE,
            "pointer_scaled": POINTER + SCALE + ["--cross-alibi-heads", 3],
            "ratio_one_head": RATIO + ["--cross-alibi-heads", 1],
-           "pointer_steep": POINTER + ["--cross-alibi-slope-scale", 16]}
+           "pointer_steep": POINTER + ["--cross-alibi-slope-scale", 16],
+           # outside training (these models are in eval mode) the slopes of scale 48
+           "pointer_sharp": POINTER + ["--cross-alibi-slope-scale", 16,
+                                       "--cross-alibi-inference-slope-scale", 48],
+           "ratio_sharp": RATIO + ["--cross-alibi-inference-slope-scale", 3]}
 
 
 @pytest.fixture(scope="module")
@@ -83,8 +87,9 @@ def reference_cross_attention(flags):
                     anchors.append(p)
             else:
                 anchors = [float(options["--cross-alibi-ratio"]) * t for t in range(T)]
-            slopes = [float(options.get("--cross-alibi-slope-scale", 1)) * m
-                      for m in press_slopes(k)]
+            scale = float(options.get("--cross-alibi-inference-slope-scale", 0)) or \
+                float(options.get("--cross-alibi-slope-scale", 1))  # the models are in eval mode
+            slopes = [scale * m for m in press_slopes(k)]
             for h in range(k):
                 for t in range(T):
                     for j in range(S):
@@ -190,12 +195,12 @@ def test_the_pointer_is_carried_and_reordered_with_the_beam(data):
         state = {}
         for t in range(4):
             model.decoder(prev[:, : t + 1], encoder_out=encoder_out, incremental_state=state)
-        offsets = attn.position_state(state)["offsets"].clone()  # j - p_t
+        offsets = attn.position_state(state)["offsets"][:, 0].clone()  # j - p_t, (B, 1, S)
         pointer = torch.arange(float(offsets.size(1))) - offsets  # unpadded: j counts from 0
         assert (pointer > 0).all() and not torch.equal(pointer[0], pointer[1])
         assert torch.allclose(pointer, pointer[:, :1].expand_as(pointer))  # one p_t a row
         model.decoder.reorder_incremental_state_scripting(state, torch.tensor([1, 1]))
-        assert torch.equal(attn.position_state(state)["offsets"], offsets[[1, 1]])
+        assert torch.equal(attn.position_state(state)["offsets"][:, 0], offsets[[1, 1]])
 
 
 # ---------------------------------------------------------------- the EOS guard
@@ -335,6 +340,55 @@ def test_beam_search_still_ends_when_the_pointer_never_reaches_the_end(data):
             assert (h["tokens"][:-1] != eos).all() and torch.isfinite(h["score"])
 
 
+# ---------------------------------------------------------------- the inference slope scale
+
+
+def test_the_inference_slope_scale_acts_outside_training_only(data):
+    """``--cross-alibi-inference-slope-scale 48`` on a model trained at 16: in training it is
+    the model at 16 (the same dropout), outside training the model at 48 (teacher forcing and
+    cached decoding alike), and a cast keeps its slopes exact."""
+    flags = [*POINTER, "--cross-alibi-slope-scale"]
+    sharp, task = build_cross(data, *flags, 16, "--cross-alibi-inference-slope-scale", 48)
+    at_16, _ = build_cross(data, *flags, 16)
+    at_48, _ = build_cross(data, *flags, 48)
+    for other in (at_16, at_48):
+        other.load_state_dict(sharp.state_dict())
+    src, lengths, prev = translation_batch(task, token_sentences(task, [14, 9]),
+                                           token_sentences(task, [6, 8], "tgt"))
+    with torch.no_grad():
+        assert torch.equal(sharp(src, lengths, prev)[0], at_48(src, lengths, prev)[0])
+        assert not torch.allclose(sharp(src, lengths, prev)[0], at_16(src, lengths, prev)[0])
+        trained = []
+        for model in (sharp.train(), at_16.train()):
+            torch.manual_seed(3)
+            trained.append(model(src, lengths, prev)[0])
+        assert torch.equal(*trained)
+    sharp.eval()
+    assert_cached_decoding_matches_the_full_forward(sharp, task)
+    cross = next(m for m in sharp.modules() if isinstance(m, CrossPositionAttention))
+    sharp.half().float()
+    assert cross.inference_slopes.dtype == torch.float32
+    assert cross.inference_slopes.view(-1).tolist() == [48 * m for m in press_slopes(2)] + [0, 0]
+    assert cross.slopes.tolist() == [16 * m for m in press_slopes(2)] + [0, 0]
+
+
+def test_the_inference_slope_scale_is_a_load_time_override(data, tmp_path):
+    """A checkpoint trained without the option, loaded with it: its generation uses the
+    sharper slopes (what ``--model-overrides`` gives fairseq-generate)."""
+    from fairseq import checkpoint_utils
+
+    path, _, task = write_checkpoint(data, tmp_path, "--arch", "alibi_transformer", *POINTER,
+                                     "--cross-alibi-slope-scale", 16)
+    (plain,), _ = checkpoint_utils.load_model_ensemble([str(path)], task=task)
+    (sharp,), _ = checkpoint_utils.load_model_ensemble(
+        [str(path)], task=task, arg_overrides={"cross_alibi_inference_slope_scale": 48.0})
+    cross = [m for m in sharp.modules() if isinstance(m, CrossPositionAttention)]
+    assert cross and all(m.inference_slope_scale == 48.0 and m.slope_scale == 16.0
+                         for m in cross)
+    assert all(m.inference_slope_scale == 16.0
+               for m in plain.modules() if isinstance(m, CrossPositionAttention))
+
+
 # ---------------------------------------------------------------- SHAPE
 
 
@@ -410,6 +464,9 @@ def test_shape_training_differs_from_stock_and_grows_the_table(data):
      "--cross-alibi-eos-guard-layer .* needs --cross-alibi-eos-guard D"),
     (["--cross-alibi-slope-scale", 16], "with --cross-alibi none there is none"),
     (["--cross-alibi", "pointer", "--cross-alibi-slope-scale", 0], "must be positive"),
+    (["--cross-alibi-inference-slope-scale", 48], "outside training; with --cross-alibi none"),
+    (["--cross-alibi", "pointer", "--cross-alibi-inference-slope-scale", -1],
+     "must be 0 \\(off\\) or positive"),
     (["--position-shift", 4], "both sides use ALiBi"),
     (["--position-shift", -1, "--encoder-alibi-variant", "none"], ">= 0"),
     (["--position-shift", 4, "--encoder-alibi-variant", "none", "--encoder-learned-pos"],
@@ -452,6 +509,7 @@ def test_a_stock_checkpoint_names_every_side_in_one_message(data, tmp_path):
 
 
 NEW_OPTIONS = ("cross_alibi", "cross_alibi_heads", "cross_alibi_ratio", "cross_alibi_slope_scale",
+               "cross_alibi_inference_slope_scale",
                "cross_attention_length_scale", "cross_alibi_eos_guard", "position_shift")
 
 

@@ -161,7 +161,8 @@ def test_translation_config_exposes_the_cross_attention_options(tmp_path):
     assert (defaults.cross_alibi, defaults.cross_alibi_heads, defaults.cross_alibi_ratio,
             defaults.cross_alibi_slope_scale, defaults.cross_attention_length_scale,
             defaults.cross_alibi_eos_guard, defaults.cross_alibi_eos_guard_layer,
-            defaults.position_shift) == ("none", None, None, 1, 0, -1, "last", 0)
+            defaults.position_shift, defaults.cross_alibi_inference_slope_scale) == (
+                "none", None, None, 1, 0, -1, "last", 0, 0)
     sizes = [f"model.{k}={v}" for k, v in dict(
         encoder_layers=1, decoder_layers=1, encoder_embed_dim=32, decoder_embed_dim=32,
         encoder_ffn_embed_dim=64, decoder_ffn_embed_dim=64, encoder_attention_heads=4,
@@ -170,6 +171,7 @@ def test_translation_config_exposes_the_cross_attention_options(tmp_path):
                   ["model.cross_alibi=pointer", "model.cross_alibi_eos_guard=2",
                    "model.cross_attention_length_scale=8", "model.cross_alibi_slope_scale=16",
                    "model.cross_alibi_eos_guard_layer=min",
+                   "model.cross_alibi_inference_slope_scale=32",
                    *[f"+{s}" for s in sizes]])
     _, task = setup_from_command_line(write_translation_dictionaries(tmp_path),
                                       "--task", "translation",
@@ -179,6 +181,7 @@ def test_translation_config_exposes_the_cross_attention_options(tmp_path):
     cross = [m for m in model.modules() if isinstance(m, CrossPositionAttention)]
     assert len(cross) == 1 and cross[0].mode == "pointer" and cross[0].length_reference == 8
     assert cross[0].slopes.tolist() == [1.0, 1 / 16, 0.0, 0.0]  # 16 x Press's 2 heads
+    assert cross[0].inference_slopes.view(-1).tolist() == [2.0, 2 / 16, 0.0, 0.0]  # 32 x
     assert model.decoder.cross_alibi_eos_guard == 2
     assert model.decoder.cross_alibi_eos_guard_layer == "min"
     with pytest.raises(ValueError, match="unknown --cross-alibi-eos-guard-layer 'middle'; "
@@ -194,8 +197,8 @@ def test_translation_config_exposes_the_cross_attention_options(tmp_path):
 
 def test_the_pointer_config_builds_the_recommended_model(tmp_path):
     """The shipped recipe of docs/translation.md's choice on validation: the pointer with
-    16 x Press's slopes on 2 heads and the EOS guard at 2 on the pointer furthest behind (min),
-    on the IWSLT recipe."""
+    16 x Press's slopes on 2 heads (48 x outside training) and the EOS guard at 2 on the
+    pointer furthest behind (min), on the IWSLT recipe."""
     from fairseq_alibi.modules.cross_position import CrossPositionAttention
 
     cfg = compose(CONFIG / "translation", "iwslt14_de_en_alibi_pointer")
@@ -209,6 +212,7 @@ def test_the_pointer_config_builds_the_recommended_model(tmp_path):
     cross = [m for m in model.modules() if isinstance(m, CrossPositionAttention)]
     assert len(cross) == 6 and {m.mode for m in cross} == {"pointer"}
     assert cross[0].slopes.tolist() == [1.0, 1 / 16, 0.0, 0.0]
+    assert cross[0].inference_slopes.view(-1).tolist() == [3.0, 3 / 16, 0.0, 0.0]  # 48 x
     assert model.decoder.cross_alibi_eos_guard == 2  # chosen on the validation buckets
     assert model.decoder.cross_alibi_eos_guard_layer == "min"
     assert len(model.decoder.guard_attentions) == 6  # every layer's pointer is read

@@ -244,6 +244,44 @@ def test_the_rule_scores_admits_and_chooses():
     assert len(small_only) == 4 and {c[1] for _, c, _, _ in small_only} == {"2"}
 
 
+def test_the_decode_time_slope_scale_is_chosen_by_the_same_rule():
+    """Step 5: the chosen checkpoints decoded at other slope scales compete with the choice by
+    the rule (an inadmissible one ranks below it however high it scores); the overrides and
+    the flags of a candidate decoded at another scale."""
+    from experiments import translation_selection as ts
+
+    grid = {"margins": (2,), "layers": ("min",)}
+    at = {"small": ("pointer_x16_k2", "min_2"), "large": ("pointer_x16_k2", "min_2")}
+    plain = {1: rows((50, 40, 25, 18)), 2: rows((50, 40, 26, 19))}
+    sharper = {1: rows((50, 45, 32, 22)), 2: rows((49, 44, 31, 21))}
+    too_sharp = {1: rows((40, 40, 40, 30)), 2: rows((40, 40, 40, 30))}  # in range: -10
+    scores = {size: {("pointer_x16_k2", "min_2"): plain,
+                     ("pointer_x16_k2", ts.sharpened("min_2", 32)): sharper,
+                     ("pointer_x16_k2", ts.sharpened("min_2", 64)): too_sharp}
+              for size in at}
+    baselines = {"small": 49.0, "large": 49.0}
+    verdicts, key = ts.judged(scores, baselines, at)
+    chosen = (key, (16, "2", "min_2"), at, verdicts)
+    table = ts.choose_decode_scale(scores, baselines, chosen, (16, 24, 32, 64))
+    # 16 is the choice itself, 24 was never decoded: three rows, 32 first, 64 last
+    assert [c for _, c, _, _ in table] == [(16, "2", "min_2", 32), (16, "2", "min_2", 16),
+                                            (16, "2", "min_2", 64)]
+    assert table[0][2] == {s: ("pointer_x16_k2", "min_2_decode_x32") for s in at}
+    assert table[-1][0][0] < 0  # in-range BLEU 10 below alibi: not admissible
+    final = table[0][1]
+    assert ts.describe(final).endswith(", decoded at slope scale 32")
+    assert ts.flags_of(final) == ts.flags_of(chosen[1]).replace(
+        "scale 16", "scale 16 --cross-alibi-inference-slope-scale 32")
+    assert ts.decode_flags_of(final) == \
+        "--model-overrides \"{'cross_alibi_inference_slope_scale': 32}\""
+    assert ts.decode_flags_of((16, "2", "min_2", 16)) == "" == ts.decode_flags_of(chosen[1])
+    assert ts.overrides_of("pointer_x16_k2", "min_2_decode_x32", grid) == {
+        "cross_alibi_eos_guard": 2.0, "cross_alibi_eos_guard_layer": "min",
+        "cross_alibi_inference_slope_scale": 32.0}
+    assert ts.overrides_of("pointer_x16_k2", "noguard", grid) == {}
+    assert ts.overrides_of("alibi", "plain", grid) == {}
+
+
 def test_decodings_and_trained_settings():
     from experiments import translation_selection as ts
 
@@ -268,6 +306,12 @@ def test_select_refuses_the_options_of_the_plain_grid(capsys):
     assert tl.parse([]).corpus == "restoration"
 
 
+def ts_label(name="STEP4_LABEL"):
+    from experiments import translation_selection as ts
+
+    return getattr(ts, name)
+
+
 @pytest.mark.slow
 def test_select_smoke_chooses_on_validation_and_reads_the_test_once(tmp_path):
     out, docs = tmp_path / "select", tmp_path / "docs"
@@ -281,22 +325,34 @@ def test_select_smoke_chooses_on_validation_and_reads_the_test_once(tmp_path):
     assert saved["complete"] and saved["choice"]["flags"].startswith("--cross-alibi pointer")
     assert saved["ranked_scales"] and saved["large_scales"] == saved["ranked_scales"][:1]
     runs = out / "runs" / "restoration"
-    # every candidate decoded on validation; the test read only for the choice and baselines
+    # every candidate decoded on validation, and step 4's choice at the decode-time scale;
+    # the test read only for the choices and the baselines
     valid_logs = sorted(runs.glob("*/*/seed1/valid/*.log"))
-    assert len(valid_logs) == 2 * 2 + 2 + 2 * 2 + 2  # (pointers x decodings + baselines) x 2
+    # (pointers x decodings + baselines) x 2 sizes, + 1 decode-time scale x 2 sizes
+    assert len(valid_logs) == 2 * 2 + 2 + 2 * 2 + 2 + 2
+    assert len([p for p in valid_logs if p.stem.endswith("_decode_x32")]) == 2
+    step4 = {size: tuple(at) for size, at in saved["step4_choice"]["runs"].items()}
     chosen = {size: tuple(at) for size, at in saved["choice"]["runs"].items()}
+    assert all(chosen[s][0] == step4[s][0] for s in chosen)  # the same checkpoints
+    assert [row["candidate"][3] for row in saved["decode_scales"]] != []
     test_logs = {(p.parts[-5], p.parts[-4], p.stem) for p in runs.glob("*/*/seed1/test/*.log")}
     assert test_logs == {(size, name, decoding) for size in ("small", "large")
-                         for name, decoding in [chosen[size], ("alibi", "plain"),
-                                                ("sinusoidal", "plain")]}
-    assert set(saved["test"]) == {"small", "large"} and set(saved["restoration"]) == {
-        "chosen", "alibi"}
+                         for name, decoding in {chosen[size], step4[size], ("alibi", "plain"),
+                                                ("sinusoidal", "plain")}}
+    moved = chosen != step4
+    assert set(saved["test"]["small"]) == {"chosen", "alibi", "sinusoidal"} | (
+        {ts_label()} if moved else set())
+    # restoration: its own inference slope scale, and the others read when it differs
+    assert {"chosen", "alibi"} <= set(saved["restoration"]) <= {
+        "chosen", "alibi", ts_label(), ts_label("GETTEXT_LABEL")}
+    assert saved["restoration_choice"]["candidate"][:3] == saved["step4_choice"]["candidate"]
     for name in ("translation_selection.md", "translation_selection_validation.csv",
                  "translation_selection_test_restoration_small.csv"):
         assert (docs / name).is_file(), name
     report = (docs / "translation_selection.md").read_text()
     assert "## The rule" in report and "Chosen: **slope scale" in report
     assert "## The goals, per size and seed" in report
+    assert "## The decode-time slope scale (step 5)" in report
     # everything is reused: scoring again trains and decodes nothing
     again = subprocess.run([sys.executable, "-m", "experiments.translation_length", "--select",
                             "--smoke", "--out", str(out), "--from-logs"],

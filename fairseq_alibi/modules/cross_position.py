@@ -68,6 +68,7 @@ def build_cross_attention(embed_dim, cfg, cross: CrossOptions, attention: str,
         mode=cross.cross_alibi,
         biased_heads=cross.cross_alibi_heads or default_cross_heads(heads),
         slope_scale=cross.cross_alibi_slope_scale,
+        inference_slope_scale=cross.cross_alibi_inference_slope_scale,
         ratio=cross.cross_alibi_ratio,
         length_reference=cross.cross_attention_length_scale,
         attention=attention,
@@ -97,14 +98,16 @@ class CrossPositionAttention(MultiheadAttention):
     """Encoder-decoder attention ``softmax(f_b·QKᵀ/√d + bias + padding)·V``.
 
     ``mode``: ``none``, ``pointer`` or ``ratio``; ``biased_heads`` ``K``: how many heads (the
-    first) get the bias, with slopes ``slope_scale·get_slopes(K)``; ``ratio``: ``r`` for ``ratio``;
+    first) get the bias, with slopes ``slope_scale·get_slopes(K)`` in training and
+    ``inference_slope_scale·get_slopes(K)`` outside it (0: ``slope_scale``); ``ratio``: ``r`` for ``ratio``;
     ``length_reference``: ``N`` of the length scale ``f_b = log S_b / log N`` (0: ``f_b = 1``);
     ``attention``: ``--alibi-attention`` (``naive`` runs the explicit reference; any other
     choice leaves it to ``auto``, which gives a per-row bias to ``sdpa``).
     """
 
     def __init__(self, embed_dim, num_heads, mode="none", biased_heads=1, ratio=None,
-                 length_reference=0.0, attention="auto", slope_scale=1.0, **kwargs):
+                 length_reference=0.0, attention="auto", slope_scale=1.0,
+                 inference_slope_scale=0.0, **kwargs):
         super().__init__(embed_dim, num_heads, encoder_decoder_attention=True, **kwargs)
         if mode not in CROSS_ALIBI_MODES:
             raise ValueError(f"unknown --cross-alibi {mode!r}; choose one of: "
@@ -113,10 +116,15 @@ class CrossPositionAttention(MultiheadAttention):
         self.biased_heads = int(biased_heads) if mode != "none" else 0
         self.ratio = None if ratio is None else float(ratio)
         self.slope_scale = float(slope_scale)
+        self.inference_slope_scale = float(inference_slope_scale) or self.slope_scale
         self.attention_backend = attention
         if self.biased_heads:
-            # not saved (it follows from K), kept float32 by _apply
+            # not saved (they follow from K and the scales), kept float32 by _apply: the
+            # training slopes, and outside training's in the shape a decoding step broadcasts
+            # (no reshape at every step)
             self.register_buffer("slopes", self._head_slopes(), persistent=False)
+            self.register_buffer("inference_slopes", self._head_slopes(inference=True).view(
+                1, -1, 1, 1), persistent=False)
         if mode == "pointer":
             self.pointer_step = torch.nn.Linear(embed_dim, 1)
             torch.nn.init.zeros_(self.pointer_step.weight)
@@ -124,24 +132,30 @@ class CrossPositionAttention(MultiheadAttention):
 
     def extra_repr(self):
         return (f"mode={self.mode}, biased_heads={self.biased_heads}, ratio={self.ratio}, "
-                f"slope_scale={self.slope_scale}, length_reference={self.length_reference}")
+                f"slope_scale={self.slope_scale}, "
+                f"inference_slope_scale={self.inference_slope_scale}, "
+                f"length_reference={self.length_reference}")
 
-    def _head_slopes(self):
-        """``(H,)`` float32: Press's slopes of the ``K`` biased heads (times the slope scale),
-        then ``H - K`` zeros."""
+    def _head_slopes(self, inference=False):
+        """``(H,)`` float32: Press's slopes of the ``K`` biased heads (times the slope scale,
+        or the inference one), then ``H - K`` zeros."""
         slopes = torch.zeros(self.num_heads)
-        slopes[: self.biased_heads] = get_slopes(self.biased_heads) * self.slope_scale
+        scale = self.inference_slope_scale if inference else self.slope_scale
+        slopes[: self.biased_heads] = get_slopes(self.biased_heads) * scale
         return slopes
 
     def _apply(self, fn, *args, **kwargs):
         out = super()._apply(fn, *args, **kwargs)
         if self.biased_heads:  # model.half() must not round the slopes
-            self.slopes = self._head_slopes().to(self.slopes.device)
+            device = self.slopes.device
+            self.slopes = self._head_slopes().to(device)
+            self.inference_slopes = self._head_slopes(inference=True).to(device).view(
+                1, -1, 1, 1)
         return out
 
     def position_state(self, incremental_state) -> Optional[Dict[str, Tensor]]:
-        """A decoding step's ``offsets`` (``pointer``: ``j - p_t`` of the last query, ``(B, S)``)
-        or ``steps`` (``ratio``: queries seen, ``(B,)``)."""
+        """A decoding step's ``offsets`` (``pointer``: ``j - p_t`` of the last query,
+        ``(B, 1, S)``) or ``steps`` (``ratio``: queries seen, ``(B,)``)."""
         if incremental_state is None:
             return None
         return self.get_incremental_state(incremental_state, _STATE)
@@ -177,8 +191,10 @@ class CrossPositionAttention(MultiheadAttention):
                     dim=1, keepdim=True)
             if key_padding_mask is not None:
                 # the padding merged into the bias (one op per step, no mask of its own), by a
-                # value that stays finite in the attention's dtype
-                saved["source_padding"] = key_padding_mask.float() * mask_value(q.dtype)
+                # value that stays finite in the attention's dtype; (B, 1, 1, S), the shape a
+                # decoding step adds
+                saved["source_padding"] = key_padding_mask.view(bsz, 1, 1, -1) * mask_value(
+                    q.dtype)  # bool times a float: float32
             if self.length_reference > 0:
                 saved["length_factor"] = length_scale(real_len, self.length_reference).view(
                     bsz, 1, 1, 1)
@@ -194,35 +210,48 @@ class CrossPositionAttention(MultiheadAttention):
             previous = self.position_state(incremental_state)
             positions = saved["source_positions"]
             if self.mode == "pointer":
-                step = self.pointer_step  # F.linear: no module call at every decoding step
-                steps = F.linear(query, step.weight, step.bias)  # (T, B, 1)
-                if steps.dtype != torch.float32:
-                    steps = steps.float()
-                steps = F.softplus(steps)
-                if previous and tgt_len == 1:  # a decoding step: j - p_t = (j - p_{t-1}) - step_t
-                    offsets = (previous["offsets"] - steps.view(bsz, 1)).view(bsz, 1, -1)
+                if not previous and tgt_len == 1:
+                    # the first query alone (a first decoding step): p_0 = 0, its step unused
+                    offsets = positions.view(bsz, 1, -1)
+                    state = {"offsets": offsets}
                 else:
+                    step = self.pointer_step  # F.linear: no module call at every step
+                    steps = F.linear(query, step.weight, step.bias)  # (T, B, 1)
+                    if steps.dtype != torch.float32:
+                        steps = steps.float()
+                    steps = F.softplus(steps)
+                if previous and tgt_len == 1:
+                    # a decoding step: j - p_t = (j - p_{t-1}) - step_t, the state updated in
+                    # place (a step's host-side work is most of what it costs: no new dict)
+                    offsets = previous["offsets"] - steps.view(bsz, 1, 1)
+                    previous["offsets"] = offsets
+                    state = None
+                elif tgt_len > 1:
                     anchors = pointer_positions(  # p_{t-1} = j - (j - p_{t-1})
                         steps.view(tgt_len, bsz).t(),
-                        positions[:, -1] - previous["offsets"][:, -1] if previous else None)
+                        positions[:, -1] - previous["offsets"][:, 0, -1] if previous else None)
                     offsets = positions[:, None, :] - anchors[:, :, None]
-                state = {"offsets": offsets[:, -1]}
-                bias = bias_of_offsets(self.slopes, offsets, saved.get("source_padding"))
+                    state = {"offsets": offsets[:, -1:]}
+                if state is not None and "last_key" in saved:
+                    state["last_key"] = saved["last_key"]  # beside the offsets: one dict read
+                bias = bias_of_offsets(self.slopes if self.training else self.inference_slopes,
+                                       offsets, saved.get("source_padding"))
             else:  # r·t, t counted in the state
                 seen = previous["steps"] if previous else q.new_zeros(bsz, dtype=torch.float32)
                 targets = seen[:, None] if tgt_len == 1 else \
                     seen[:, None] + torch.arange(tgt_len, device=q.device)
                 state = {"steps": seen + tgt_len}
-                bias = cross_alibi_bias(self.slopes, targets * self.ratio, positions,
-                                        saved.get("source_padding"))
+                bias = cross_alibi_bias(
+                    self.slopes if self.training else self.inference_slopes,
+                    targets * self.ratio, positions, saved.get("source_padding"))
             key_padding_mask = None  # in the bias
-            if incremental_state is not None:
+            if incremental_state is not None and state is not None:
                 self.set_incremental_state(incremental_state, _STATE, state)
 
         if incremental_state is not None and tgt_len == 1 and attn_mask is None \
                 and not before_softmax and not self.training:
             if bias is None and "source_padding" in saved:
-                bias = saved["source_padding"].view(bsz, 1, 1, -1)
+                bias = saved["source_padding"]
             return self._decoding_step(q, k, v, bias, need_weights or need_head_weights,
                                        need_head_weights)
         return attend_and_project(self, "naive" if self.attention_backend == "naive" else "auto",
@@ -257,15 +286,15 @@ class CrossPositionAttention(MultiheadAttention):
         weights = probs.view(B, H, 1, S).transpose(1, 0)
         return out, (weights if need_head_weights else weights.mean(dim=0))
 
+    def position_key(self) -> str:
+        """The incremental-state key of :meth:`position_state` (read directly by the EOS guard,
+        which runs at every decoding step)."""
+        return self._get_full_incremental_state_key(_STATE)
+
     def eos_distance(self, incremental_state) -> Optional[Tensor]:
-        """``(B,)``: how many source tokens the pointer is before each row's last real source
-        token, at this decoding step (``None`` before the first step)."""
-        position = self.position_state(incremental_state)
-        if not position:
-            return None
-        offsets = position["offsets"]  # j - p_t: at the last source token, the distance left
-        last = self._get_input_buffer(incremental_state).get("last_key")
-        return offsets[:, -1] if last is None else offsets.gather(1, last).view(-1)
+        """``(B, 1)``: how many source tokens the pointer is before each row's last real
+        source token, at this decoding step (``None`` before the first step)."""
+        return distance_left(self.position_state(incremental_state))
 
     def reorder_incremental_state(self, incremental_state, new_order: Tensor):
         """The parent's reorder of the source's keys (only when sentences leave the batch),
@@ -278,11 +307,23 @@ class CrossPositionAttention(MultiheadAttention):
         return incremental_state
 
 
-def forbid_early_eos(logits: Tensor, distance_left: Tensor, eos: int, distance: float):
+def distance_left(position: Optional[Dict[str, Tensor]]) -> Optional[Tensor]:
+    """``(B, 1)`` source tokens left before each row's last real source token by a layer's
+    pointer, from its position state (:meth:`CrossPositionAttention.position_state`; ``None``
+    before the first step)."""
+    if not position:
+        return None
+    offsets = position["offsets"]  # j - p_t: at the last source token, the distance left
+    last = position.get("last_key")  # sources padded on the right only
+    return offsets[..., -1] if last is None else offsets[:, 0].gather(1, last)
+
+
+def forbid_early_eos(logits: Tensor, distance_left: Tensor, eos: int, distance):
     """The EOS guard of a decoding step: the last position's EOS logit of the rows whose
     pointer is more than ``distance`` source tokens before their last real source token
-    (``distance_left``, ``(B,)``: :meth:`CrossPositionAttention.eos_distance`) becomes
-    :func:`~fairseq_alibi.alibi.mask_value` (in place; returns ``logits``).
+    (``distance_left``, ``(B, 1)``: :meth:`CrossPositionAttention.eos_distance`; ``distance``
+    a number or a 0-dim tensor) becomes :func:`~fairseq_alibi.alibi.mask_value` (in place;
+    returns ``logits``).
 
     A finite floor, not ``-inf``: at the generator's last step (``max_len``) fairseq leaves
     only EOS open, and an EOS of ``-inf`` there would leave no finite candidate (its
@@ -290,5 +331,7 @@ def forbid_early_eos(logits: Tensor, distance_left: Tensor, eos: int, distance: 
     never reaches the end cannot keep beam search from ending, and such a hypothesis scores
     below every one that ended on its own.
     """
-    logits[:, -1, eos].masked_fill_(distance_left > distance, mask_value(logits.dtype))
+    # (B, 1), the shape of distance_left: a decoding step's logits are (B, 1, V)
+    last = logits[..., eos] if logits.size(1) == 1 else logits[:, -1:, eos]
+    last.masked_fill_(distance_left > distance, mask_value(logits.dtype))
     return logits

@@ -30,7 +30,11 @@ from fairseq_alibi.modules.alibi_transformer_layer import (
     wrap_layer,
 )
 from fairseq_alibi.modules.bias import AlibiBias, LayerBias
-from fairseq_alibi.modules.cross_position import CrossPositionAttention, forbid_early_eos
+from fairseq_alibi.modules.cross_position import (
+    CrossPositionAttention,
+    distance_left,
+    forbid_early_eos,
+)
 from fairseq_alibi.options import CrossOptions, StackOptions
 
 #: what ``max_positions()`` reports: ALiBi has no length limit, only memory does
@@ -114,16 +118,20 @@ class EosGuard:
         read = {"last": attentions[-1:], "first": attentions[:1], "min": attentions}
         # the pointers read, as plain references (the layers own the modules)
         object.__setattr__(self, "guard_attentions", read[self.cross_alibi_eos_guard_layer])
+        # the margin as a 0-dim tensor per (margin, device): comparing with a Python float
+        # wraps it into a tensor at every step
+        self._guard_margins = {}
 
     def eos_distance(self, incremental_state):
-        """``(B,)``: source tokens left before the last one by the guarded pointer (with
+        """``(B, 1)``: source tokens left before the last one by the guarded pointer (with
         ``min``, the pointer furthest behind), or ``None`` before the first step."""
-        left = [m.eos_distance(incremental_state) for m in self.guard_attentions]
-        if not left or left[0] is None:
-            return None
-        furthest = left[0]
-        for other in left[1:]:  # one op a layer: this runs at every decoding step
-            furthest = torch.maximum(furthest, other)
+        # at every decoding step: the layers' states read directly, one op a layer
+        furthest = None
+        for m in self.guard_attentions:
+            left = distance_left(incremental_state.get(m.position_key()))
+            if left is None:
+                return None
+            furthest = left if furthest is None else torch.maximum(furthest, left)
         return furthest
 
     def forward(self, prev_output_tokens, encoder_out=None, incremental_state=None,
@@ -135,7 +143,12 @@ class EosGuard:
                 and not features_only and not self.training:
             left = self.eos_distance(incremental_state)
             if left is not None:
-                forbid_early_eos(x, left, self.dictionary.eos(), self.cross_alibi_eos_guard)
+                key = (self.cross_alibi_eos_guard, left.device)
+                margin = self._guard_margins.get(key)
+                if margin is None:
+                    margin = self._guard_margins[key] = torch.tensor(
+                        self.cross_alibi_eos_guard, device=left.device)
+                forbid_early_eos(x, left, self.dictionary.eos(), margin)
         return x, extra
 
 
