@@ -209,6 +209,30 @@ class Grid:
         return evaluate(hyps, refs, model_sources, sources, N, length_buckets(N))
 
 
+    def decode_every_seed(self, runs, seeds, split, decode_grid, jobs, train=None):
+        """Decode each ``(size, trained, decoding)`` of ``runs`` on ``split`` with every seed
+        (trained first with ``train``, a ``Size``, when given; made runs are reused)."""
+        def one(size_name, name, decoding, seed):
+            if train is not None:
+                self.train(size_name, train, name, seed)
+            self.decode(size_name, name, seed, split, decoding,
+                        overrides_of(name, decoding, decode_grid))
+        run_all([lambda r=r, seed=seed: one(*r, seed) for r in runs for seed in seeds], jobs)
+
+    def every_seed(self, size_name, name, decoding, seeds, split):
+        """``{seed: rows}`` of a decoding, or ``None`` unless every seed has been decoded."""
+        per_seed = {seed: self.score(size_name, name, seed, split, decoding) for seed in seeds}
+        return per_seed if all(rows is not None for rows in per_seed.values()) else None
+
+    def read(self, size_name, settings, seeds, split, into):
+        """``into[shown][seed] = rows`` for each ``(shown, trained, decoding)`` decoded."""
+        for shown, name, decoding in settings:
+            for seed in seeds:
+                rows = self.score(size_name, name, seed, split, decoding)
+                if rows is not None:
+                    into.setdefault(shown, {})[seed] = rows
+
+
 def cpu_seconds(out, corpus):
     """CPU-seconds of every run recorded under ``out/runs/corpus``, training and decoding."""
     total = {"train": 0.0, "decode": 0.0}
@@ -567,12 +591,10 @@ def run(args, command):
         tries = [(s, t, sharpened(d, x)) for s, (t, d) in at.items() for x in decode_scales
                  if x != chosen[1][0]]
         if work:
-            run_all([lambda s=s, t=t, d=d, seed=seed: grid.decode(
-                s, t, seed, "valid", d, overrides_of(t, d, decode_grid))
-                for s, t, d in tries for seed in seeds], jobs)
+            grid.decode_every_seed(tries, seeds, "valid", decode_grid, jobs)
         for s, t, d in tries:
-            per_seed = {seed: grid.score(s, t, seed, "valid", d) for seed in seeds}
-            if all(rows is not None for rows in per_seed.values()):
+            per_seed = grid.every_seed(s, t, d, seeds, "valid")
+            if per_seed:
                 scores[s][(t, d)] = per_seed
         decode_table = choose_decode_scale(scores, baselines, chosen, decode_scales)
         final = decode_table[0]
@@ -589,14 +611,12 @@ def run(args, command):
                 [(shown, *row[2][size_name]) for shown, row in earlier] + \
                 [(b, b, "plain") for b in BASELINES]
             if work:
-                run_all([lambda t=t, d=d, s=s, n=size_name: grid.decode(
-                    n, t, s, "test", d, overrides_of(t, d, decode_grid))
-                    for _, t, d in settings for s in seeds], jobs)
-            for shown, trained_name, decoding_name in settings:
-                for seed in seeds:
-                    rows = grid.score(size_name, trained_name, seed, "test", decoding_name)
-                    if rows is not None:
-                        test.setdefault(size_name, {}).setdefault(shown, {})[seed] = rows
+                grid.decode_every_seed([(size_name, t, d) for _, t, d in settings], seeds,
+                                       "test", decode_grid, jobs)
+            read = {}
+            grid.read(size_name, settings, seeds, "test", read)
+            if read:
+                test[size_name] = read
         # restoration at the small size: step 4's training and alibi; the inference slope
         # scale chosen again on restoration's own validation buckets (step 5: a decoding
         # option, tuned per corpus); then its test, read once
@@ -606,15 +626,12 @@ def run(args, command):
         tries = [("alibi", "plain"), (trained, guard)] + [
             (trained, sharpened(guard, x)) for x in decode_scales if x != chosen[1][0]]
         if work:
-            def restore_valid(t, d, s):
-                rgrid.train("small", small, t, s)
-                rgrid.decode("small", t, s, "valid", d, overrides_of(t, d, decode_grid))
-            run_all([lambda t=t, d=d, s=s: restore_valid(t, d, s)
-                     for s in seeds for t, d in tries], jobs)
+            rgrid.decode_every_seed([("small", t, d) for t, d in tries], seeds, "valid",
+                                    decode_grid, jobs, train=small)
         rscores = {"small": {}}
         for t, d in tries:
-            per_seed = {seed: rgrid.score("small", t, seed, "valid", d) for seed in seeds}
-            if all(rows is not None for rows in per_seed.values()):
+            per_seed = rgrid.every_seed("small", t, d, seeds, "valid")
+            if per_seed:
                 rscores["small"][(t, d)] = per_seed
         if all(key in rscores["small"] for key in tries[:2]):
             rbaselines = {"small": in_range(rscores["small"][("alibi", "plain")].values())}
@@ -628,14 +645,9 @@ def run(args, command):
                     settings.append((shown, *row[2]["small"]))
             settings.append(("alibi", "alibi", "plain"))
             if work:
-                run_all([lambda t=t, d=d, s=s: rgrid.decode(
-                    "small", t, s, "test", d, overrides_of(t, d, decode_grid))
-                    for s in seeds for _, t, d in settings], jobs)
-            for shown, trained_name, decoding_name in settings:
-                for seed in seeds:
-                    rows = rgrid.score("small", trained_name, seed, "test", decoding_name)
-                    if rows is not None:
-                        restoration.setdefault(shown, {})[seed] = rows
+                rgrid.decode_every_seed([("small", t, d) for _, t, d in settings], seeds,
+                                        "test", decode_grid, jobs)
+            rgrid.read("small", settings, seeds, "test", restoration)
 
     report = write(out, args, command, started, grid, scores, baselines, ranked, going_on,
                    table, chosen, decode_table, final, test, restoration, restoration_table,
@@ -648,9 +660,12 @@ def choice_table(rows):
     """The candidates of :func:`choose` or :func:`choose_decode_scale`, best first."""
     return ("| rank | candidate | score (min over sizes and seeds) | fails | in-range BLEU |\n"
             "|---:|---|---:|---|---:|\n" + "".join(
-                f"| {i} | {describe(c)} | {key[1]:.2f} | "
-                f"{'; '.join(f'{s}: {f}' for s, v in verdicts.items() for f in v['failed']) or '–'}"
-                f" | {key[2]:.1f} |\n" for i, (key, c, _, verdicts) in enumerate(rows[:10], 1)))
+                f"| {i} | {describe(c)} | {key[1]:.2f} | {failures(verdicts)} | {key[2]:.1f} |\n"
+                for i, (key, c, _, verdicts) in enumerate(rows[:10], 1)))
+
+
+def failures(verdicts):
+    return "; ".join(f"{s}: {f}" for s, v in verdicts.items() for f in v["failed"]) or "–"
 
 
 def decode_scales_of(decode_table):

@@ -48,8 +48,9 @@ def cross_alibi_bias(slopes: torch.Tensor, anchors: torch.Tensor, positions: tor
     ``(B, H, T, S)``.
 
     ``slopes`` ``(H,)`` (or ``(1, H, 1, 1)``): ``m_h`` of the ``K`` biased heads (Press's
-    ``get_slopes(K)``), then 0 for the content-only heads; ``anchors`` ``(B, T)`` source positions (the pointer ``p_t`` or
-    ``r·t``); ``positions`` ``(B, S)`` the keys' positions (:func:`source_positions`);
+    ``get_slopes(K)``), then 0 for the content-only heads; ``anchors`` ``(B, T)`` source
+    positions (the pointer ``p_t`` or ``r·t``); ``positions`` ``(B, S)`` the keys' positions
+    (:func:`source_positions`);
     ``padding`` ``(B, S)`` (or ``(B, 1, 1, S)``): 0, or a large finite negative on padding keys
     (``None``: no padding keys). All float32 (a decoding step calls this for every layer: no
     conversions).

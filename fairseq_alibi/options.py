@@ -276,18 +276,15 @@ class CrossOptions(FairseqDataclass):
             if not 1 <= self.cross_alibi_heads <= heads:
                 raise ValueError(f"--cross-alibi-heads must be between 1 and the {heads} "
                                  f"decoder attention heads, got {self.cross_alibi_heads}")
-        if self.cross_alibi_slope_scale != 1.0:
-            if mode == "none":
-                raise ValueError("--cross-alibi-slope-scale scales the slopes of the "
-                                 f"--cross-alibi bias; {needs_mode}")
-            _check_field(_field(CrossOptions, "cross_alibi_slope_scale"),
-                         self.cross_alibi_slope_scale)
-        if self.cross_alibi_inference_slope_scale != 0:
-            if mode == "none":
-                raise ValueError("--cross-alibi-inference-slope-scale scales the slopes of the "
-                                 f"--cross-alibi bias outside training; {needs_mode}")
-            _check_field(_field(CrossOptions, "cross_alibi_inference_slope_scale"),
-                         self.cross_alibi_inference_slope_scale)
+        for name, default, when in (("cross_alibi_slope_scale", 1.0, ""),
+                                    ("cross_alibi_inference_slope_scale", 0.0,
+                                     " outside training")):
+            value = getattr(self, name)
+            if value != default:
+                if mode == "none":
+                    raise ValueError(f"--{name.replace('_', '-')} scales the slopes of the "
+                                     f"--cross-alibi bias{when}; {needs_mode}")
+                _check_field(_field(CrossOptions, name), value)
         ratio = self.cross_alibi_ratio
         if mode == "ratio" and ratio is None:
             raise ValueError("--cross-alibi ratio needs --cross-alibi-ratio R, the source tokens "

@@ -153,3 +153,43 @@ def test_it_is_an_option_of_bidirectional_stacks_only(data, capsys):
     with pytest.raises(SystemExit):
         build_model("lm", data, "--alibi-length-scale", 8)
     assert "unrecognized arguments: --alibi-length-scale" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("learned,builds", [("none", 1), ("per_layer", 2)])
+def test_the_per_sequence_bias_is_built_once_per_pass_for_layers_that_share_slopes(
+        monkeypatch, learned, builds):
+    """Two layers of one stack, one forward pass (the same mask): the factors are computed
+    once and the (B, H, T, S) bias built once when the layers share their slopes, once per
+    layer when each has its own scale; the next pass builds it again."""
+    import fairseq_alibi.modules.bias as bias_module
+
+    alibi = AlibiBias(HEADS, variant="offset", length_scale=N, learned_scales=learned,
+                      num_layers=2)
+    if learned != "none":
+        with torch.no_grad():
+            alibi.scales.copy_(torch.tensor([[0.5], [2.0]]).expand_as(alibi.scales))
+    layers = [AlibiMultiheadAttention(DIM, HEADS, alibi.layer(i)).eval() for i in range(2)]
+    calls = []
+    real = bias_module.alibi_bias
+    monkeypatch.setattr(bias_module, "alibi_bias", lambda *a, **k: calls.append(a) or real(*a, **k))
+    T = max(LENGTHS)
+    kpm = torch.arange(T)[None, :] >= torch.tensor(LENGTHS)[:, None]
+    x = torch.randn(T, len(LENGTHS), DIM)
+    distinct = len({max(1.0, math.log(n) / math.log(N)) for n in LENGTHS})
+    with torch.no_grad():
+        outs = [layer(x, x, x, key_padding_mask=kpm, need_weights=False)[0] for layer in layers]
+        assert len(calls) == builds * distinct
+        next_mask = kpm.clone()  # the next pass: a mask of its own, shared by its layers
+        again = [layer(x, x, x, key_padding_mask=next_mask, need_weights=False)[0]
+                 for layer in layers]
+        assert len(calls) == 2 * builds * distinct
+    for a, b in zip(outs, again):
+        assert torch.equal(a, b)
+    for i, scale in enumerate((0.5, 2.0) if learned != "none" else (1.0, 1.0)):
+        # each layer with its own slopes: that layer alone with its slopes scaled by hand
+        alone = AlibiMultiheadAttention(DIM, HEADS, AlibiBias(
+            HEADS, variant="offset", length_scale=N, slope_scale=scale).layer(0)).eval()
+        alone.load_state_dict(layers[i].state_dict())
+        with torch.no_grad():
+            want = alone(x, x, x, key_padding_mask=kpm, need_weights=False)[0]
+        torch.testing.assert_close(outs[i], want, atol=1e-6, rtol=0)

@@ -28,6 +28,7 @@ class BiasCache:
     a decoding step's row is a view of. A plain object: ``nn.Module.__setattr__`` is slow."""
 
     def __init__(self):
+        self.factors_serial = 0  # never reset: a number no earlier factors had
         self.clear()
 
     def clear(self):
@@ -35,15 +36,17 @@ class BiasCache:
         self.lengths_key, self.factors = None, None
 
     def length_factors(self, key_padding_mask, batch: int, key_len: int, compute):
-        """The sequences' length-scale factors, computed once per forward pass: the layers of
-        one pass hand the same mask (kept here, so its identity cannot be another's)."""
+        """``(factors, serial)``: the sequences' length-scale factors, computed once per
+        forward pass (the layers of one pass hand the same mask, kept here so its identity
+        cannot be another's), and a number that names them in the bias cache's keys."""
         version = None if key_padding_mask is None else key_padding_mask._version
         key = self.lengths_key
         if key is None or key[0] is not key_padding_mask or key[1:] != (version, batch, key_len):
             self.factors = None  # freed before the next one is computed
             self.factors = compute()
+            self.factors_serial += 1
             self.lengths_key = (key_padding_mask, version, batch, key_len)
-        return self.factors
+        return self.factors, self.factors_serial
 
     def get(self, key, build):
         if self.key != key:
@@ -162,13 +165,21 @@ class AlibiBias(torch.nn.Module):
         if query_len == 1 and self._steps_from_rows:  # a decoding step, first: its hot path
             return self.cache.last_query_row(key_len, dtype, self.slope_scale,
                                              lambda: self.slopes_of()[0])
+        return self.memoised(None, query_len, key_len, dtype, layer,
+                             lambda: self._build(query_len, key_len, dtype, layer))
+
+    def memoised(self, tag, query_len: int, key_len: int, dtype, layer: Optional[int], build):
+        """``build()``, kept in the cache under ``tag`` and what the bias of ``layer`` depends
+        on (its scale row, the sizes, dtype, device, slope scale, the learned parameters'
+        versions), so that the layers of one pass that share a scale row build it once; with a
+        gradient to carry, built per call and never kept."""
         learned = self._learned()
         if torch.is_grad_enabled() and any(p.requires_grad for p in learned):
-            return self._build(query_len, key_len, dtype, layer)
+            return build()
         row = None if self.scales is None else scale_row(self.scales, layer)
-        key = (row, query_len, key_len, dtype, self.slopes.device, self.slope_scale,
+        key = (tag, row, query_len, key_len, dtype, self.slopes.device, self.slope_scale,
                tuple(p._version for p in learned))
-        return self.cache.get(key, lambda: self._build(query_len, key_len, dtype, layer))
+        return self.cache.get(key, build)
 
     def _build(self, query_len, key_len, dtype, layer):
         slopes, future = self.slopes_of(layer)
@@ -236,32 +247,33 @@ class LayerBias:
             factors = length_factors(lengths, reference)
             return None if bool((factors == 1).all()) else factors
 
-        factors = self.stack.cache.length_factors(key_padding_mask, batch, key_len, compute)
-        return self if factors is None else LengthScaledBias(self, factors)
+        factors, serial = self.stack.cache.length_factors(key_padding_mask, batch, key_len,
+                                                          compute)
+        return self if factors is None else LengthScaledBias(self, factors, serial)
 
 
-class LengthScaledBias:
+class LengthScaledBias(LayerBias):
     """A layer's bias with slopes of its own per sequence (``--alibi-length-scale``): kind
     ``rows``, a ``(B, H, T, S)`` tensor, which the dense backends (``sdpa``, ``naive``) take.
-    Built per call from :func:`~fairseq_alibi.alibi.alibi_bias` with each distinct factor's
-    slopes (masked keys stay masked); never cached: an evaluation of long inputs."""
+    Built from :func:`~fairseq_alibi.alibi.alibi_bias` with each distinct factor's slopes
+    (masked keys stay masked), once per forward pass for the layers that share a scale row
+    (:meth:`AlibiBias.memoised`, keyed on the factors' ``serial``)."""
 
     kind = "rows"
 
-    def __init__(self, layer: LayerBias, factors: Tensor):
-        self.layer, self.factors = layer, factors
-        self.variant, self.num_heads = layer.variant, layer.num_heads
-        self.global_tokens = layer.global_tokens
-
-    @property
-    def scales_need_grad(self) -> bool:
-        return self.layer.scales_need_grad
+    def __init__(self, layer: LayerBias, factors: Tensor, serial: int):
+        super().__init__(layer.stack, layer.index)
+        self.factors, self.serial = factors, serial
 
     def head_slopes(self):
         raise TypeError("a length-scaled bias has slopes per sequence: use dense()")
 
     def dense(self, query_len: int, key_len: int, dtype=torch.float32) -> Tensor:
-        slopes, future = self.layer.head_slopes()
+        return self.stack.memoised(("lengths", self.serial), query_len, key_len, dtype,
+                                   self.index, lambda: self._build(query_len, key_len, dtype))
+
+    def _build(self, query_len, key_len, dtype):
+        slopes, future = self.stack.slopes_of(self.index)
         distinct, row_of = torch.unique(self.factors, return_inverse=True)
         tables = torch.stack([
             alibi_bias(slopes * f, query_len, key_len, self.variant,

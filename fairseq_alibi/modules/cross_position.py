@@ -99,7 +99,8 @@ class CrossPositionAttention(MultiheadAttention):
 
     ``mode``: ``none``, ``pointer`` or ``ratio``; ``biased_heads`` ``K``: how many heads (the
     first) get the bias, with slopes ``slope_scale·get_slopes(K)`` in training and
-    ``inference_slope_scale·get_slopes(K)`` outside it (0: ``slope_scale``); ``ratio``: ``r`` for ``ratio``;
+    ``inference_slope_scale·get_slopes(K)`` outside it (0: ``slope_scale``); ``ratio``: ``r``
+    for ``ratio``;
     ``length_reference``: ``N`` of the length scale ``f_b = log S_b / log N`` (0: ``f_b = 1``);
     ``attention``: ``--alibi-attention`` (``naive`` runs the explicit reference; any other
     choice leaves it to ``auto``, which gives a per-row bias to ``sdpa``).
@@ -291,11 +292,6 @@ class CrossPositionAttention(MultiheadAttention):
         which runs at every decoding step)."""
         return self._get_full_incremental_state_key(_STATE)
 
-    def eos_distance(self, incremental_state) -> Optional[Tensor]:
-        """``(B, 1)``: how many source tokens the pointer is before each row's last real
-        source token, at this decoding step (``None`` before the first step)."""
-        return distance_left(self.position_state(incremental_state))
-
     def reorder_incremental_state(self, incremental_state, new_order: Tensor):
         """The parent's reorder of the source's keys (only when sentences leave the batch),
         then the position, which follows every beam reorder."""
@@ -321,7 +317,7 @@ def distance_left(position: Optional[Dict[str, Tensor]]) -> Optional[Tensor]:
 def forbid_early_eos(logits: Tensor, distance_left: Tensor, eos: int, distance):
     """The EOS guard of a decoding step: the last position's EOS logit of the rows whose
     pointer is more than ``distance`` source tokens before their last real source token
-    (``distance_left``, ``(B, 1)``: :meth:`CrossPositionAttention.eos_distance`; ``distance``
+    (``distance_left``, ``(B, 1)``: :func:`distance_left`; ``distance``
     a number or a 0-dim tensor) becomes :func:`~fairseq_alibi.alibi.mask_value` (in place;
     returns ``logits``).
 

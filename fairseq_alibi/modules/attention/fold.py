@@ -119,7 +119,8 @@ def available() -> bool:
 def unsupported(call) -> Optional[str]:
     """``None`` if :func:`attention` can serve ``call`` (a ``dispatch.Call``), else why not."""
     if call.kind != "distance":
-        return "a bias of its own per batch row (cross-attention, --alibi-length-scale) is not a fold of slopes"
+        return ("a bias of its own per batch row (cross-attention, --alibi-length-scale) is "
+                "not a fold of slopes")
     if call.global_tokens:
         return ("global tokens (--alibi-global-tokens) are not part of this kernel's bias: use "
                 "sdpa or naive (auto does)")
