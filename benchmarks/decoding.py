@@ -28,11 +28,12 @@ from benchmarks.common import table
 FAMILIES = {"language model": ("transformer_lm", "alibi_transformer_lm"),
             "translation decoder": ("transformer", "alibi_transformer")}
 #: the cross-attention position options (docs/translation.md) against today's alibi_transformer
-CROSS = {"pointer recipe (slope scale 16, 48 outside training, 2 heads, EOS guard 2 on the min "
-         "pointer)": [
+CROSS = {"pointer recipe (slope scale 16, 48 outside training beyond 17 source tokens, 2 heads, "
+         "EOS guard 2 on the min pointer)": [
     "--cross-alibi", "pointer", "--cross-alibi-slope-scale", "16",
-    "--cross-alibi-inference-slope-scale", "48", "--cross-alibi-heads", "2",
-    "--cross-alibi-eos-guard", "2", "--cross-alibi-eos-guard-layer", "min"],
+    "--cross-alibi-inference-slope-scale", "48", "--cross-alibi-inference-longer-than", "17",
+    "--cross-alibi-heads", "2", "--cross-alibi-eos-guard", "2",
+    "--cross-alibi-eos-guard-layer", "min"],
     # what the recipe's guard costs: the same pointer guarded on the last layer's pointer only,
     # and unguarded
     "the same, EOS guard 2 on the last pointer": [

@@ -139,9 +139,14 @@ def read_generate_log(name, output, log, expected):
             refs[int(tag[2:])] = rest.replace("<<unk>>", "<unk>")
         elif tag.startswith("S-"):
             model_sources[int(tag[2:])] = rest.replace("<<unk>>", "<unk>")
-    if len(hyps) != expected or f"Translated {expected} sentences" not in output:
+    if len(hyps) != expected:
         raise SystemExit(f"{name}: {len(hyps)} hypotheses for {expected} test inputs "
                          f"(see {log})")
+    # fairseq prints the count with thousands separators ("Translated 1,329 sentences")
+    if f"Translated {expected:,} sentences" not in output \
+            and f"Translated {expected} sentences" not in output:
+        raise SystemExit(f"{name}: {log} ends before fairseq-generate's summary (a run still "
+                         "going, or one stopped): wait for it, or remove the log to decode again")
     return hyps, refs, model_sources
 
 

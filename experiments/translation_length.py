@@ -164,10 +164,13 @@ def data_figures(text_dir, N, langs):
 
 
 def add_start_marker(text_dir, marked_dir, langs):
-    """A copy of the text of every split with :data:`START` before each source line."""
+    """A copy of the text of every split with :data:`START` before each source line (a corpus
+    built without validation buckets has no ``valid``)."""
     marked_dir.mkdir(parents=True, exist_ok=True)
     source, target = langs
     for split in ("train", "valid", "test"):
+        if split == "valid" and not (text_dir / f"{split}.{source}").is_file():
+            continue
         lines = (text_dir / f"{split}.{source}").read_text(encoding="utf-8").splitlines()
         (marked_dir / f"{split}.{source}").write_text(
             "".join(f"{START} {line}\n" for line in lines), encoding="utf-8")
@@ -206,6 +209,11 @@ def build_gettext(data, args):
     cmd = [sys.executable, "-m", "fairseq_alibi.preprocess.gettext", "--lang", GETTEXT_LANG,
            "--out", data / "plain" / "bin", "--N", args.N, "--per-bucket", args.per_bucket,
            "--seed", args.data_seed, "--nwords", vocab]
+    # a confirmation split (experiments.translation_selection): no validation buckets, after
+    # an earlier build's test and validation pairs
+    for flag in ("valid_per_bucket", "skip_per_bucket", "min_per_bucket"):
+        if getattr(args, flag, None) is not None:
+            cmd += [f"--{flag.replace('_', '-')}", getattr(args, flag)]
     if args.smoke:  # a few inputs per bucket are enough to run every step
         cmd += ["--min-per-bucket", 1]
     run_timed(cmd, thread_env(1), data / "gettext.log")
@@ -231,11 +239,12 @@ def build(data, args):
     langs = described["langs"]
     add_start_marker(partial / described["plain_text"], partial / "marked" / "text", langs)
     text = partial / "marked" / "text"
-    prepare(partial / "marked" / "bin", *langs, text / "train", text / "valid", text / "test",
+    valid = text / "valid" if (text / f"valid.{langs[0]}").is_file() else None
+    prepare(partial / "marked" / "bin", *langs, text / "train", valid, text / "test",
             joined_dictionary=True, nwords=described["vocab"] + 1, workers=1,
             overwrite=True)  # + 1: the marker takes a word of its own
     meta = dict(described, corpus=args.corpus, N=args.N, per_bucket=args.per_bucket,
-                data_seed=args.data_seed,
+                data_seed=args.data_seed, skip_per_bucket=getattr(args, "skip_per_bucket", None),
                 figures={"plain": data_figures(partial / described["plain_text"], args.N, langs),
                          "marked": data_figures(text, args.N, langs)},
                 built_in_s=round(time.time() - started, 1))

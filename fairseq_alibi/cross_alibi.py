@@ -47,8 +47,9 @@ def cross_alibi_bias(slopes: torch.Tensor, anchors: torch.Tensor, positions: tor
     """``bias[b, h, t, j] = -m_h·|positions[b, j] - anchors[b, t]| + padding[b, j]``: float32
     ``(B, H, T, S)``.
 
-    ``slopes`` ``(H,)`` (or ``(1, H, 1, 1)``): ``m_h`` of the ``K`` biased heads (Press's
-    ``get_slopes(K)``), then 0 for the content-only heads; ``anchors`` ``(B, T)`` source
+    ``slopes`` ``(H,)`` (or ``(1, H, 1, 1)``, or per row ``(B, H, 1, 1)``:
+    :func:`slopes_by_length`): ``m_h`` of the ``K`` biased heads (Press's ``get_slopes(K)``),
+    then 0 for the content-only heads; ``anchors`` ``(B, T)`` source
     positions (the pointer ``p_t`` or ``r·t``); ``positions`` ``(B, S)`` the keys' positions
     (:func:`source_positions`);
     ``padding`` ``(B, S)`` (or ``(B, 1, 1, S)``): 0, or a large finite negative on padding keys
@@ -66,7 +67,8 @@ def bias_of_offsets(slopes: torch.Tensor, offsets: torch.Tensor,
     a step, ``j - p_t = (j - p_{t-1}) - step_t``, and the offset of the last source token is the
     distance the EOS guard reads).
 
-    ``slopes`` ``(H,)`` or already ``(1, H, 1, 1)``, ``padding`` ``(B, S)`` or already
+    ``slopes`` ``(H,)`` or already ``(1, H, 1, 1)`` (or ``(B, H, 1, 1)``), ``padding``
+    ``(B, S)`` or already
     ``(B, 1, 1, S)``: a decoding step passes the broadcast shapes it keeps (each reshape is a
     host-side cost of a step that does little else)."""
     B, T, S = offsets.shape
@@ -78,6 +80,16 @@ def bias_of_offsets(slopes: torch.Tensor, offsets: torch.Tensor,
     if padding.dim() == 2:
         padding = padding.view(B, 1, 1, S)
     return torch.addcmul(padding, distance, slopes, value=-1.0)
+
+
+def slopes_by_length(slopes: torch.Tensor, longer: torch.Tensor,
+                     real_lengths: torch.Tensor, longer_than: int) -> torch.Tensor:
+    """``(B, H, 1, 1)`` float32: each row's slopes, ``longer`` (``(H,)`` or ``(1, H, 1, 1)``)
+    for a row whose real source length ``S_b`` exceeds ``longer_than``, ``slopes`` for the
+    others: sharper slopes for sources longer than training's, while a source like training's
+    is attended as in training."""
+    beyond = (real_lengths > longer_than).view(-1, 1, 1, 1)
+    return torch.where(beyond, longer.view(1, -1, 1, 1), slopes.view(1, -1, 1, 1))
 
 
 def pointer_positions(steps: torch.Tensor, previous=None) -> torch.Tensor:

@@ -238,6 +238,12 @@ class CrossOptions(FairseqDataclass):
                 "sharper slopes keep the biased heads on the pointer over sources longer than "
                 "training's; 0 = the training scale; a decoding option (--model-overrides)",
         "check": _off_or_positive})
+    cross_alibi_inference_longer_than: int = field(default=0, metadata={
+        "help": "--cross-alibi-inference-slope-scale only for sources longer than L tokens "
+                "(EOS included, as fairseq counts source positions; e.g. the longest training "
+                "source): the others keep the training slopes, attended as in training; 0 = "
+                "every source; a decoding option (--model-overrides)",
+        "check": _at_least(0)})
     cross_alibi_ratio: Optional[float] = field(default=None, metadata={
         "help": "--cross-alibi ratio: source tokens per target token of the training corpus "
                 "(required with ratio)"})
@@ -285,6 +291,13 @@ class CrossOptions(FairseqDataclass):
                     raise ValueError(f"--{name.replace('_', '-')} scales the slopes of the "
                                      f"--cross-alibi bias{when}; {needs_mode}")
                 _check_field(_field(CrossOptions, name), value)
+        longer_than = self.cross_alibi_inference_longer_than
+        if longer_than:
+            _check_field(_field(CrossOptions, "cross_alibi_inference_longer_than"), longer_than)
+            if self.cross_alibi_inference_slope_scale == 0:
+                raise ValueError("--cross-alibi-inference-longer-than L chooses the sources that "
+                                 "get --cross-alibi-inference-slope-scale: pass that scale too, "
+                                 "or drop it")
         ratio = self.cross_alibi_ratio
         if mode == "ratio" and ratio is None:
             raise ValueError("--cross-alibi ratio needs --cross-alibi-ratio R, the source tokens "

@@ -37,7 +37,11 @@ OPTIONS = {"pointer": POINTER, "ratio": RATIO, "length_scale": SCALE,
            # outside training (these models are in eval mode) the slopes of scale 48
            "pointer_sharp": POINTER + ["--cross-alibi-slope-scale", 16,
                                        "--cross-alibi-inference-slope-scale", 48],
-           "ratio_sharp": RATIO + ["--cross-alibi-inference-slope-scale", 3]}
+           "ratio_sharp": RATIO + ["--cross-alibi-inference-slope-scale", 3],
+           # the slopes of scale 48 only for sources of more than 10 tokens, per row
+           "pointer_sharp_long": POINTER + ["--cross-alibi-slope-scale", 16,
+                                            "--cross-alibi-inference-slope-scale", 48,
+                                            "--cross-alibi-inference-longer-than", 10]}
 
 
 @pytest.fixture(scope="module")
@@ -87,8 +91,10 @@ def reference_cross_attention(flags):
                     anchors.append(p)
             else:
                 anchors = [float(options["--cross-alibi-ratio"]) * t for t in range(T)]
-            scale = float(options.get("--cross-alibi-inference-slope-scale", 0)) or \
-                float(options.get("--cross-alibi-slope-scale", 1))  # the models are in eval mode
+            # the models are in eval mode: the inference scale, for sources longer than L
+            scale = float(options.get("--cross-alibi-slope-scale", 1))
+            if S > int(options.get("--cross-alibi-inference-longer-than", 0)):
+                scale = float(options.get("--cross-alibi-inference-slope-scale", 0)) or scale
             slopes = [scale * m for m in press_slopes(k)]
             for h in range(k):
                 for t in range(T):
@@ -387,6 +393,36 @@ def test_the_inference_slope_scale_is_a_load_time_override(data, tmp_path):
                          for m in cross)
     assert all(m.inference_slope_scale == 16.0
                for m in plain.modules() if isinstance(m, CrossPositionAttention))
+    (gated,), _ = checkpoint_utils.load_model_ensemble(
+        [str(path)], task=task, arg_overrides={"cross_alibi_inference_slope_scale": 48.0,
+                                               "cross_alibi_inference_longer_than": 10})
+    assert all(m.inference_longer_than == 10
+               for m in gated.modules() if isinstance(m, CrossPositionAttention))
+
+
+def test_the_inference_slope_scale_only_beyond_the_given_length(data):
+    """``--cross-alibi-inference-longer-than 10``: in one batch, the row of 12 source tokens
+    (EOS included) is the model decoded at 48 everywhere, the row of 8 the model at its training
+    scale; in training nothing changes."""
+    flags = [*POINTER, "--cross-alibi-slope-scale", 16, "--cross-alibi-inference-slope-scale", 48]
+    gated, task = build_cross(data, *flags, "--cross-alibi-inference-longer-than", 10)
+    everywhere, _ = build_cross(data, *flags)
+    trained, _ = build_cross(data, *POINTER, "--cross-alibi-slope-scale", 16)
+    for other in (everywhere, trained):
+        other.load_state_dict(gated.state_dict())
+    src, lengths, prev = translation_batch(task, token_sentences(task, [11, 7]),
+                                           token_sentences(task, [6, 8], "tgt"))
+    assert lengths.tolist() == [12, 8]  # EOS included
+    with torch.no_grad():
+        got = gated(src, lengths, prev)[0]
+        assert torch.equal(got[0], everywhere(src, lengths, prev)[0][0])
+        assert torch.equal(got[1], trained(src, lengths, prev)[0][1])
+        assert not torch.allclose(got[1], everywhere(src, lengths, prev)[0][1])
+        outputs = []
+        for model in (gated.train(), trained.train()):
+            torch.manual_seed(3)
+            outputs.append(model(src, lengths, prev)[0])
+        assert torch.equal(*outputs)
 
 
 # ---------------------------------------------------------------- SHAPE
@@ -467,6 +503,10 @@ def test_shape_training_differs_from_stock_and_grows_the_table(data):
     (["--cross-alibi-inference-slope-scale", 48], "outside training; with --cross-alibi none"),
     (["--cross-alibi", "pointer", "--cross-alibi-inference-slope-scale", -1],
      "must be 0 \\(off\\) or positive"),
+    (["--cross-alibi", "pointer", "--cross-alibi-inference-longer-than", 16],
+     "--cross-alibi-inference-longer-than L chooses .* pass that scale too"),
+    (["--cross-alibi", "pointer", "--cross-alibi-inference-slope-scale", 48,
+      "--cross-alibi-inference-longer-than", -1], "longer-than must be >= 0"),
     (["--position-shift", 4], "both sides use ALiBi"),
     (["--position-shift", -1, "--encoder-alibi-variant", "none"], ">= 0"),
     (["--position-shift", 4, "--encoder-alibi-variant", "none", "--encoder-learned-pos"],
@@ -509,7 +549,7 @@ def test_a_stock_checkpoint_names_every_side_in_one_message(data, tmp_path):
 
 
 NEW_OPTIONS = ("cross_alibi", "cross_alibi_heads", "cross_alibi_ratio", "cross_alibi_slope_scale",
-               "cross_alibi_inference_slope_scale",
+               "cross_alibi_inference_slope_scale", "cross_alibi_inference_longer_than",
                "cross_attention_length_scale", "cross_alibi_eos_guard", "position_shift")
 
 

@@ -369,3 +369,29 @@ def test_real_french_catalogs():
         assert len(splits["train"]) > 5000
         assert all(len(splits[f"{kind}{b}"]) == 100 for b in range(1, 5)
                    for kind in ("test", "valid"))
+
+
+def test_a_second_test_split_skips_an_earlier_builds_test_and_validation(locale, tmp_path):
+    """``--skip-per-bucket``: with the seed of an earlier build and M = its test + validation
+    pairs a bucket, a new test split disjoint from both (their pairs in no split of it);
+    ``--valid-per-bucket 0``: no validation split at all (nothing for fairseq to load)."""
+    pairs, _ = gt.read_pairs(gt.find_catalogs("fr", [locale])[0])
+    tokenized = [(gt.tokenize(s), gt.tokenize(t)) for s, t in pairs]
+    as_set = lambda split: {(tuple(s), tuple(t)) for s, t in split}  # noqa: E731
+    first = gt.split_by_length(tokenized, 4, 3, 2, seed=2)
+    second = gt.split_by_length(tokenized, 4, 6, 0, seed=2, skip_per_bucket=5)
+    held = set().union(*(as_set(first[f"{kind}{b}"]) for kind in ("test", "valid")
+                         for b in range(1, 5)))
+    for b in range(1, 5):
+        assert len(first[f"test{b}"]) == 3 and len(first[f"valid{b}"]) == 2
+        assert second[f"test{b}"] and not as_set(second[f"test{b}"]) & held
+        assert second[f"valid{b}"] == []
+    assert not as_set(second["train"]) & held  # skipped: not trained on either
+    in_range = as_set(first["train"]) - as_set(second["test1"])
+    assert in_range == as_set(second["train"])  # training loses the new in-range test only
+    stats = build(locale, tmp_path / "second", per_bucket=6, valid_per_bucket=0,
+                  skip_per_bucket=5, min_per_bucket=1, seed=2)
+    assert stats["skip_per_bucket"] == 5 and stats["splits"]["valid"] == 0
+    assert not list((tmp_path / "second").glob("valid*"))
+    with pytest.raises(DataError, match="give 0 or more"):
+        build(locale, tmp_path / "x", skip_per_bucket=-1)

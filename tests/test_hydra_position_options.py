@@ -161,8 +161,9 @@ def test_translation_config_exposes_the_cross_attention_options(tmp_path):
     assert (defaults.cross_alibi, defaults.cross_alibi_heads, defaults.cross_alibi_ratio,
             defaults.cross_alibi_slope_scale, defaults.cross_attention_length_scale,
             defaults.cross_alibi_eos_guard, defaults.cross_alibi_eos_guard_layer,
-            defaults.position_shift, defaults.cross_alibi_inference_slope_scale) == (
-                "none", None, None, 1, 0, -1, "last", 0, 0)
+            defaults.position_shift, defaults.cross_alibi_inference_slope_scale,
+            defaults.cross_alibi_inference_longer_than) == (
+                "none", None, None, 1, 0, -1, "last", 0, 0, 0)
     sizes = [f"model.{k}={v}" for k, v in dict(
         encoder_layers=1, decoder_layers=1, encoder_embed_dim=32, decoder_embed_dim=32,
         encoder_ffn_embed_dim=64, decoder_ffn_embed_dim=64, encoder_attention_heads=4,
@@ -172,6 +173,7 @@ def test_translation_config_exposes_the_cross_attention_options(tmp_path):
                    "model.cross_attention_length_scale=8", "model.cross_alibi_slope_scale=16",
                    "model.cross_alibi_eos_guard_layer=min",
                    "model.cross_alibi_inference_slope_scale=32",
+                   "model.cross_alibi_inference_longer_than=17",
                    *[f"+{s}" for s in sizes]])
     _, task = setup_from_command_line(write_translation_dictionaries(tmp_path),
                                       "--task", "translation",
@@ -182,6 +184,7 @@ def test_translation_config_exposes_the_cross_attention_options(tmp_path):
     assert len(cross) == 1 and cross[0].mode == "pointer" and cross[0].length_reference == 8
     assert cross[0].slopes.tolist() == [1.0, 1 / 16, 0.0, 0.0]  # 16 x Press's 2 heads
     assert cross[0].inference_slopes.view(-1).tolist() == [2.0, 2 / 16, 0.0, 0.0]  # 32 x
+    assert cross[0].inference_longer_than == 17
     assert model.decoder.cross_alibi_eos_guard == 2
     assert model.decoder.cross_alibi_eos_guard_layer == "min"
     with pytest.raises(ValueError, match="unknown --cross-alibi-eos-guard-layer 'middle'; "

@@ -245,9 +245,9 @@ def test_the_rule_scores_admits_and_chooses():
 
 
 def test_the_decode_time_slope_scale_is_chosen_by_the_same_rule():
-    """Step 5: the chosen checkpoints decoded at other slope scales compete with the choice by
-    the rule (an inadmissible one ranks below it however high it scores); the overrides and
-    the flags of a candidate decoded at another scale."""
+    """Step 5: the chosen checkpoints decoded at other slope scales beyond the training length
+    compete with the choice by the rule (an inadmissible one ranks below it however high it
+    scores); the overrides and the flags of a candidate decoded at another scale."""
     from experiments import translation_selection as ts
 
     grid = {"margins": (2,), "layers": ("min",)}
@@ -256,25 +256,32 @@ def test_the_decode_time_slope_scale_is_chosen_by_the_same_rule():
     sharper = {1: rows((50, 45, 32, 22)), 2: rows((49, 44, 31, 21))}
     too_sharp = {1: rows((40, 40, 40, 30)), 2: rows((40, 40, 40, 30))}  # in range: -10
     scores = {size: {("pointer_x16_k2", "min_2"): plain,
-                     ("pointer_x16_k2", ts.sharpened("min_2", 32)): sharper,
-                     ("pointer_x16_k2", ts.sharpened("min_2", 64)): too_sharp}
+                     ("pointer_x16_k2", ts.sharpened("min_2", 32, 17)): sharper,
+                     ("pointer_x16_k2", ts.sharpened("min_2", 64, 17)): too_sharp,
+                     # decoded without the gate: not a candidate of a gated step 5
+                     ("pointer_x16_k2", ts.sharpened("min_2", 24)): too_sharp}
               for size in at}
     baselines = {"small": 49.0, "large": 49.0}
     verdicts, key = ts.judged(scores, baselines, at)
     chosen = (key, (16, "2", "min_2"), at, verdicts)
-    table = ts.choose_decode_scale(scores, baselines, chosen, (16, 24, 32, 64))
-    # 16 is the choice itself, 24 was never decoded: three rows, 32 first, 64 last
-    assert [c for _, c, _, _ in table] == [(16, "2", "min_2", 32), (16, "2", "min_2", 16),
-                                            (16, "2", "min_2", 64)]
-    assert table[0][2] == {s: ("pointer_x16_k2", "min_2_decode_x32") for s in at}
+    table = ts.choose_decode_scale(scores, baselines, chosen, (16, 24, 32, 64), 17)
+    # 16 is the choice itself, 24 was never decoded with the gate: three rows, 32 first
+    assert [c for _, c, _, _ in table] == [(16, "2", "min_2", 32, 17),
+                                            (16, "2", "min_2", 16, 0),
+                                            (16, "2", "min_2", 64, 17)]
+    assert table[0][2] == {s: ("pointer_x16_k2", "min_2_decode_x32_over17") for s in at}
     assert table[-1][0][0] < 0  # in-range BLEU 10 below alibi: not admissible
     final = table[0][1]
-    assert ts.describe(final).endswith(", decoded at slope scale 32")
+    assert ts.describe(final).endswith(", decoded at slope scale 32 beyond 17 source tokens")
     assert ts.flags_of(final) == ts.flags_of(chosen[1]).replace(
-        "scale 16", "scale 16 --cross-alibi-inference-slope-scale 32")
-    assert ts.decode_flags_of(final) == \
-        "--model-overrides \"{'cross_alibi_inference_slope_scale': 32}\""
-    assert ts.decode_flags_of((16, "2", "min_2", 16)) == "" == ts.decode_flags_of(chosen[1])
+        "scale 16", "scale 16 --cross-alibi-inference-slope-scale 32 "
+                    "--cross-alibi-inference-longer-than 17")
+    assert ts.decode_flags_of(final) == ("--model-overrides \"{'cross_alibi_inference_slope_scale'"
+                                         ": 32, 'cross_alibi_inference_longer_than': 17}\"")
+    assert ts.decode_flags_of((16, "2", "min_2", 16, 0)) == "" == ts.decode_flags_of(chosen[1])
+    assert ts.overrides_of("pointer_x16_k2", "min_2_decode_x32_over17", grid) == {
+        "cross_alibi_eos_guard": 2.0, "cross_alibi_eos_guard_layer": "min",
+        "cross_alibi_inference_slope_scale": 32.0, "cross_alibi_inference_longer_than": 17}
     assert ts.overrides_of("pointer_x16_k2", "min_2_decode_x32", grid) == {
         "cross_alibi_eos_guard": 2.0, "cross_alibi_eos_guard_layer": "min",
         "cross_alibi_inference_slope_scale": 32.0}
@@ -330,7 +337,8 @@ def test_select_smoke_chooses_on_validation_and_reads_the_test_once(tmp_path):
     valid_logs = sorted(runs.glob("*/*/seed1/valid/*.log"))
     # (pointers x decodings + baselines) x 2 sizes, + 1 decode-time scale x 2 sizes
     assert len(valid_logs) == 2 * 2 + 2 + 2 * 2 + 2 + 2
-    assert len([p for p in valid_logs if p.stem.endswith("_decode_x32")]) == 2
+    # (smoke: N = 8, the gate at 9 tokens)
+    assert len([p for p in valid_logs if p.stem.endswith("_decode_x32_over9")]) == 2
     step4 = {size: tuple(at) for size, at in saved["step4_choice"]["runs"].items()}
     chosen = {size: tuple(at) for size, at in saved["choice"]["runs"].items()}
     assert all(chosen[s][0] == step4[s][0] for s in chosen)  # the same checkpoints
@@ -360,3 +368,111 @@ def test_select_smoke_chooses_on_validation_and_reads_the_test_once(tmp_path):
     assert again.returncode == 0, again.stderr[-3000:]
     assert "trained in" not in again.stdout and "translated all" not in again.stdout
     assert json.loads((out / "selection.json").read_text())["choice"] == saved["choice"]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not list(Path("/usr/share/locale/fr/LC_MESSAGES").glob("*.mo")),
+                    reason="no French gettext catalogs installed")
+def test_select_smoke_on_gettext_confirms_on_a_fresh_test_split(tmp_path):
+    """Step 7 (gettext only): the final setting and alibi trained again without a second test
+    split, disjoint from everything the selection read, decoded on it once."""
+    out = tmp_path / "select"
+    proc = subprocess.run([sys.executable, "-m", "experiments.translation_length", "--select",
+                           "--smoke", "--corpus", "gettext", "--out", str(out), "--jobs", "2"],
+                          capture_output=True, text=True, timeout=900, cwd=str(REPO),
+                          env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    saved = json.loads((out / "selection.json").read_text())
+    chosen = {size: tuple(at) for size, at in saved["choice"]["runs"].items()}
+    confirmed = out / "runs" / "gettext_confirmation"
+    for size in ("small", "large"):
+        assert set(saved["confirmation"][size]) == {"chosen", "alibi"}
+        logs = {(p.parts[-4], p.stem) for p in (confirmed / size).glob("*/seed1/test/*.log")}
+        assert logs == {chosen[size], ("alibi", "plain")}
+        assert not list((confirmed / size).glob("*/seed1/valid"))
+    # every decode-time scale of step 5 was gated at the training length (smoke: N = 8)
+    assert all(p.stem.endswith("_over9")
+               for p in (out / "runs" / "gettext").glob("*/*/seed1/valid/*_decode_x*.log"))
+
+    def pairs(name, *splits):
+        text = out / "data" / name / "plain" / "bin"
+        return {pair for split in splits for pair in zip(
+            (text / f"{split}.fr").read_text().splitlines(),
+            (text / f"{split}.en").read_text().splitlines())}
+
+    fresh = pairs("gettext_confirmation", "test")
+    assert fresh and not fresh & pairs("gettext", "test", "valid")
+    assert not fresh & pairs("gettext_confirmation", "train")
+    report = (out / "selection.md").read_text()
+    assert "## Confirmation, small size: a fresh test split, read once (step 7)" in report
+    assert "## The goals on the confirmation split" in report
+    assert (out / "test_gettext_confirmation_large.csv").is_file()
+    differences = saved["in_range_differences"]
+    assert set(differences) == {f"{split} {size}" for split in ("test", "confirmation")
+                                for size in ("small", "large")}
+    assert all(low <= high for _, low, high, _ in differences.values())
+    assert "95 % paired bootstrap interval" in report
+
+
+def test_the_in_range_difference_and_its_paired_bootstrap(tmp_path):
+    """The in-range BLEU difference of two decodings (mean over seeds) and a paired bootstrap
+    interval around it: 0 and [0, 0] for the same outputs, the corpus BLEU difference when they
+    differ, the interval holding it; ``None`` while a run is missing."""
+    from types import SimpleNamespace
+
+    from experiments import translation_selection as ts
+
+    data = tmp_path / "data"
+    (data / "plain").mkdir(parents=True)
+    sources = [f"s{i} a b" for i in range(30)] + ["a long source of nine words each here"]
+    (data / "plain" / "test.fr").write_text("".join(s + "\n" for s in sources))
+    meta = {"plain_text": "plain", "langs": ["fr", "en"], "N": 4}
+    grid = ts.Grid(tmp_path / "out", "gettext", data, meta, SimpleNamespace(), {})
+    refs = [f"the cat number {i} sat on the mat" for i in range(len(sources))]
+    outputs = {"good": refs, "bad": [r.replace("sat", "lay") if i % 2 else r
+                                     for i, r in enumerate(refs)]}
+
+    def write(name, seed, hyps):
+        log = grid.where("small", name, seed) / "test" / "plain.log"
+        log.parent.mkdir(parents=True)
+        log.write_text("".join(f"S-{i}\t{s}\nT-{i}\t{r}\nH-{i}\t-0.1\t{h}\n"
+                               for i, (s, r, h) in enumerate(zip(sources, refs, hyps)))
+                       + f"Translated {len(sources)} sentences\n")
+
+    for seed in (1, 2):
+        write("good", seed, outputs["good"])
+        write("bad", seed, outputs["bad"])
+    same = ts.in_range_difference(grid, "small", ("good", "plain"), ("good", "plain"), (1, 2))
+    assert same == (0.0, 0.0, 0.0, 30)  # the nine-word source is not in (2, 4]
+    value, low, high, n = ts.in_range_difference(grid, "small", ("good", "plain"),
+                                                 ("bad", "plain"), (1, 2))
+    import sacrebleu
+    want = 100.0 - sacrebleu.corpus_bleu(outputs["bad"][:30], [refs[:30]],
+                                         tokenize="none").score
+    assert value == pytest.approx(want) and 0 < low <= value <= high and n == 30
+    assert ts.in_range_difference(grid, "small", ("good", "plain"), ("bad", "plain"),
+                                  (1, 2, 3)) is None
+    assert "+" in ts.difference_line((value, low, high, n), "chosen", "alibi")
+
+
+def test_from_logs_names_a_log_cut_before_its_summary(tmp_path):
+    """A log whose fairseq-generate has not finished (every hypothesis, no summary line): the
+    error says so, not that a hypothesis is missing."""
+    out = grid(tmp_path)
+    log = out / "runs" / "alibi" / "seed2" / "generate.log"
+    log.write_text("".join(line + "\n" for line in log.read_text().splitlines()
+                           if not line.startswith("Translated")))
+    with pytest.raises(SystemExit, match=r"alibi seed 2: .* ends before fairseq-generate's "
+                                         r"summary \(a run still going, or one stopped\)"):
+        tl.main(["--from-logs", "--out", str(out), "--configs", "alibi", "--seeds", "1,2"])
+
+
+def test_a_summary_with_thousands_separators_is_read():
+    """fairseq-generate prints ``Translated 1,329 sentences``: a test of 1,329 inputs is whole."""
+    from experiments.seq2seq_runs import read_generate_log
+
+    lines = "".join(f"S-{i}\ts\nT-{i}\tr\nH-{i}\t-0.1\th\n" for i in range(1329))
+    hyps, refs, _ = read_generate_log(
+        "big", lines + "INFO:fairseq_cli.generate:Translated 1,329 sentences (39,312 tokens)\n",
+        "log", 1329)
+    assert len(hyps) == len(refs) == 1329

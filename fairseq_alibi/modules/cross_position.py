@@ -36,6 +36,7 @@ from fairseq_alibi.cross_alibi import (
     cross_alibi_bias,
     length_scale,
     pointer_positions,
+    slopes_by_length,
     source_positions,
 )
 from fairseq_alibi.modules.alibi_multihead_attention import attend_and_project
@@ -69,6 +70,7 @@ def build_cross_attention(embed_dim, cfg, cross: CrossOptions, attention: str,
         biased_heads=cross.cross_alibi_heads or default_cross_heads(heads),
         slope_scale=cross.cross_alibi_slope_scale,
         inference_slope_scale=cross.cross_alibi_inference_slope_scale,
+        inference_longer_than=cross.cross_alibi_inference_longer_than,
         ratio=cross.cross_alibi_ratio,
         length_reference=cross.cross_attention_length_scale,
         attention=attention,
@@ -99,7 +101,8 @@ class CrossPositionAttention(MultiheadAttention):
 
     ``mode``: ``none``, ``pointer`` or ``ratio``; ``biased_heads`` ``K``: how many heads (the
     first) get the bias, with slopes ``slope_scale·get_slopes(K)`` in training and
-    ``inference_slope_scale·get_slopes(K)`` outside it (0: ``slope_scale``); ``ratio``: ``r``
+    ``inference_slope_scale·get_slopes(K)`` outside it (0: ``slope_scale``), for the rows
+    whose real source length exceeds ``inference_longer_than`` (0: every row); ``ratio``: ``r``
     for ``ratio``;
     ``length_reference``: ``N`` of the length scale ``f_b = log S_b / log N`` (0: ``f_b = 1``);
     ``attention``: ``--alibi-attention`` (``naive`` runs the explicit reference; any other
@@ -108,7 +111,7 @@ class CrossPositionAttention(MultiheadAttention):
 
     def __init__(self, embed_dim, num_heads, mode="none", biased_heads=1, ratio=None,
                  length_reference=0.0, attention="auto", slope_scale=1.0,
-                 inference_slope_scale=0.0, **kwargs):
+                 inference_slope_scale=0.0, inference_longer_than=0, **kwargs):
         super().__init__(embed_dim, num_heads, encoder_decoder_attention=True, **kwargs)
         if mode not in CROSS_ALIBI_MODES:
             raise ValueError(f"unknown --cross-alibi {mode!r}; choose one of: "
@@ -118,6 +121,7 @@ class CrossPositionAttention(MultiheadAttention):
         self.ratio = None if ratio is None else float(ratio)
         self.slope_scale = float(slope_scale)
         self.inference_slope_scale = float(inference_slope_scale) or self.slope_scale
+        self.inference_longer_than = int(inference_longer_than)
         self.attention_backend = attention
         if self.biased_heads:
             # not saved (they follow from K and the scales), kept float32 by _apply: the
@@ -135,6 +139,7 @@ class CrossPositionAttention(MultiheadAttention):
         return (f"mode={self.mode}, biased_heads={self.biased_heads}, ratio={self.ratio}, "
                 f"slope_scale={self.slope_scale}, "
                 f"inference_slope_scale={self.inference_slope_scale}, "
+                f"inference_longer_than={self.inference_longer_than}, "
                 f"length_reference={self.length_reference}")
 
     def _head_slopes(self, inference=False):
@@ -196,6 +201,10 @@ class CrossPositionAttention(MultiheadAttention):
                 # decoding step adds
                 saved["source_padding"] = key_padding_mask.view(bsz, 1, 1, -1) * mask_value(
                     q.dtype)  # bool times a float: float32
+            if self.inference_longer_than and self.biased_heads and not self.training:
+                # outside training, each row's slopes by its source length: (B, H, 1, 1)
+                saved["row_slopes"] = slopes_by_length(
+                    self.slopes, self.inference_slopes, real_len, self.inference_longer_than)
             if self.length_reference > 0:
                 saved["length_factor"] = length_scale(real_len, self.length_reference).view(
                     bsz, 1, 1, 1)
@@ -208,6 +217,8 @@ class CrossPositionAttention(MultiheadAttention):
 
         bias = None
         if self.mode != "none":
+            slopes = self.slopes if self.training else saved.get("row_slopes",
+                                                                  self.inference_slopes)
             previous = self.position_state(incremental_state)
             positions = saved["source_positions"]
             if self.mode == "pointer":
@@ -235,16 +246,14 @@ class CrossPositionAttention(MultiheadAttention):
                     state = {"offsets": offsets[:, -1:]}
                 if state is not None and "last_key" in saved:
                     state["last_key"] = saved["last_key"]  # beside the offsets: one dict read
-                bias = bias_of_offsets(self.slopes if self.training else self.inference_slopes,
-                                       offsets, saved.get("source_padding"))
+                bias = bias_of_offsets(slopes, offsets, saved.get("source_padding"))
             else:  # r·t, t counted in the state
                 seen = previous["steps"] if previous else q.new_zeros(bsz, dtype=torch.float32)
                 targets = seen[:, None] if tgt_len == 1 else \
                     seen[:, None] + torch.arange(tgt_len, device=q.device)
                 state = {"steps": seen + tgt_len}
-                bias = cross_alibi_bias(
-                    self.slopes if self.training else self.inference_slopes,
-                    targets * self.ratio, positions, saved.get("source_padding"))
+                bias = cross_alibi_bias(slopes, targets * self.ratio, positions,
+                                        saved.get("source_padding"))
             key_padding_mask = None  # in the bias
             if incremental_state is not None and state is not None:
                 self.set_incremental_state(incremental_state, _STATE, state)

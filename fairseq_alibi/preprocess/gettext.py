@@ -312,24 +312,28 @@ def bucket_of(length, buckets):
     return next((b for b, (low, high) in enumerate(buckets, 1) if low < length <= high), 0)
 
 
-def split_by_length(pairs, n, per_bucket, valid_per_bucket, seed):
+def split_by_length(pairs, n, per_bucket, valid_per_bucket, seed, skip_per_bucket=0):
     """``{split: [(source tokens, target tokens), ...]}`` with splits train, test1-4 and
     valid1-4 (the validation buckets, the same source lengths as test1-4).
 
     ``pairs`` are tokenized and in a fixed order; the result depends only on them and ``seed``.
-    The test buckets take the first ``per_bucket`` pairs of each length in the shuffled order,
-    the validation buckets the next ``valid_per_bucket``, training the rest of at most ``n``.
+    The first ``skip_per_bucket`` pairs of each bucket in the shuffled order go nowhere (an
+    earlier build's test and validation pairs, with its seed); the test buckets take the next
+    ``per_bucket``, the validation buckets the next ``valid_per_bucket``, training the rest of
+    at most ``n``.
     """
     pairs = list(pairs)
     random.Random(seed).shuffle(pairs)
     buckets = length_buckets(n)
     splits = {f"{kind}{b}": [] for kind in ("test", "valid")
               for b in range(1, len(buckets) + 1)}
-    train = []
+    train, skipped = [], Counter()
     for pair in pairs:
         length = len(pair[0])
         b = bucket_of(length, buckets)
-        if b and len(splits[f"test{b}"]) < per_bucket:
+        if b and skipped[b] < skip_per_bucket:
+            skipped[b] += 1
+        elif b and len(splits[f"test{b}"]) < per_bucket:
             splits[f"test{b}"].append(pair)
         elif b and len(splits[f"valid{b}"]) < valid_per_bucket:
             splits[f"valid{b}"].append(pair)
@@ -346,10 +350,15 @@ def write_text(folder, name, lang, pairs):
 
 
 def build(lang, out, locale_dirs=None, n=16, per_bucket=200, valid_per_bucket=None,
-          min_per_bucket=20, seed=1, nwords=None, workers=1, force=False):
+          min_per_bucket=20, seed=1, nwords=None, workers=1, force=False, skip_per_bucket=0):
     """Build the corpus of ``lang`` into ``out``; returns its stats (as in stats.json).
-    ``valid_per_bucket``: pairs of each validation bucket (default ``per_bucket``)."""
+    ``valid_per_bucket``: pairs of each validation bucket (default ``per_bucket``; 0: no
+    validation buckets, an empty ``valid`` split); ``skip_per_bucket``: as in
+    :func:`split_by_length`."""
     valid_per_bucket = per_bucket if valid_per_bucket is None else valid_per_bucket
+    if min(per_bucket, valid_per_bucket, skip_per_bucket) < 0:
+        raise DataError("--per-bucket, --valid-per-bucket and --skip-per-bucket count pairs: "
+                        "give 0 or more")
     if lang == TARGET_LANG:
         raise DataError(f"--lang {lang} is the language of the msgids (the target side): "
                         "give the language of the translations, e.g. --lang fr")
@@ -363,11 +372,11 @@ def build(lang, out, locale_dirs=None, n=16, per_bucket=200, valid_per_bucket=No
     catalogs, name_lists = find_catalogs(lang, locale_dirs)
     pairs, stats = read_pairs(catalogs)
     tokenized = [(tokenize(s), tokenize(t)) for s, t in pairs]
-    splits = split_by_length(tokenized, n, per_bucket, valid_per_bucket, seed)
+    splits = split_by_length(tokenized, n, per_bucket, valid_per_bucket, seed, skip_per_bucket)
 
     buckets = length_buckets(n)
     available = Counter(bucket_of(len(s), buckets) for s, _ in tokenized)
-    for kind in ("test", "valid"):
+    for kind in ("test", "valid") if valid_per_bucket else ("test",):
         thin = [f"({low},{high}] has {len(splits[f'{kind}{b}'])}"
                 for b, (low, high) in enumerate(buckets, 1)
                 if len(splits[f"{kind}{b}"]) < min_per_bucket]
@@ -391,6 +400,7 @@ def build(lang, out, locale_dirs=None, n=16, per_bucket=200, valid_per_bucket=No
         "lang": lang, "target_lang": TARGET_LANG, "locale_dirs": locale_dirs,
         "catalogs_name_lists_skipped": [str(p) for p in name_lists],
         "N": n, "per_bucket": per_bucket, "valid_per_bucket": valid_per_bucket, "seed": seed,
+        "skip_per_bucket": skip_per_bucket,
         "tokenizer": f"words and punctuation characters, joiner {JOINER!r} (reversible)",
         "splits": {"train": len(train), "valid": sum(len(splits[name]) for name in valids),
                    **{name: len(splits[name]) for name in tests}},
@@ -410,13 +420,15 @@ def build(lang, out, locale_dirs=None, n=16, per_bucket=200, valid_per_bucket=No
     with atomic_directory(out, overwrite=force) as tmp:
         for name in ["train"] + tests:
             write_text(tmp, name, lang, splits[name])
-        for split, names in (("test", tests), ("valid", valids)):
+        written = (("test", tests), ("valid", valids)) if valid_per_bucket else (("test", tests),)
+        for split, names in written:
             write_text(tmp, split, lang, [pair for name in names for pair in splits[name]])
             with open(tmp / f"{split}.bucket", "w") as f:
                 f.writelines(f"({low},{high}]\n" for name, (low, high) in zip(names, buckets)
                              for _ in splits[name])
         binaries = tmp / "bin"
-        prepare(binaries, lang, TARGET_LANG, tmp / "train", tmp / "valid",
+        prepare(binaries, lang, TARGET_LANG, tmp / "train",
+                tmp / "valid" if valid_per_bucket else None,
                 [tmp / "test"] + [tmp / name for name in tests], joined_dictionary=True,
                 workers=workers, nwords=nwords)
         (binaries / "pairs.json").unlink()  # names the temporary folder; stats.json says more
@@ -448,6 +460,11 @@ def main(argv=None):
     parser.add_argument("--valid-per-bucket", type=int, default=None,
                         help="validation pairs per bucket, the same buckets as the test's and "
                         "disjoint from them and from training (default: --per-bucket)")
+    parser.add_argument("--skip-per-bucket", type=int, default=0, metavar="M",
+                        help="leave each bucket's first M pairs of the shuffled order out of "
+                        "every split: with an earlier build's --seed and M = its --per-bucket + "
+                        "--valid-per-bucket, a test disjoint from its test and validation "
+                        "(default 0)")
     parser.add_argument("--seed", type=int, default=1, help="seed of the split (default 1)")
     parser.add_argument("--nwords", type=int, metavar="N",
                         help="keep the N most frequent tokens in the joined dictionary (the rest "
@@ -457,7 +474,7 @@ def main(argv=None):
     args = parser.parse_args(argv)
     stats = build(args.lang, args.out, args.locale_dir, args.n, args.per_bucket,
                   args.valid_per_bucket, args.min_per_bucket, args.seed, args.nwords, args.workers,
-                  args.force)
+                  args.force, args.skip_per_bucket)
     print(f"{len(stats['catalogs_used'])} catalogs read, {len(stats['catalogs_corrupt'])} "
           f"unreadable, {len(stats['catalogs_name_lists_skipped'])} name lists skipped; "
           f"{stats['entries']} translated entries, {stats['pairs']} pairs after cleaning and "
