@@ -150,7 +150,7 @@ def read_generate_log(name, output, log, expected):
     return hyps, refs, model_sources
 
 
-def _bucket_ids(sources, low, high):
+def bucket_ids(sources, low, high):
     return [i for i, s in enumerate(sources) if low <= len(s.split()) <= high]
 
 
@@ -161,7 +161,7 @@ def score(hyps, refs, sources, N, bounds=None):
 
     rows = []
     for low, high in bounds or length_buckets(N):
-        ids = _bucket_ids(sources, low, high)
+        ids = bucket_ids(sources, low, high)
         h = [hyps[i] for i in ids]
         r = [refs[i] for i in ids]
         rows.append({"bucket": f"{low}-{high}", "sentences": len(ids)})
@@ -194,7 +194,7 @@ def output_starts(hyps, model_sources, sources, N, bounds=None):
     """
     rows = []
     for low, high in bounds or length_buckets(N):
-        ids = _bucket_ids(sources, low, high)
+        ids = bucket_ids(sources, low, high)
         at_start, further_in, at_end = 0, [], 0
         for i in ids:
             source, output = _words(model_sources[i]), _words(hyps[i])

@@ -80,6 +80,7 @@ from pathlib import Path
 from benchmarks.common import machine as describe_machine
 from experiments import translation_length as tl
 from experiments.seq2seq_runs import (
+    bucket_ids,
     evaluate,
     generate_command,
     length_buckets,
@@ -220,17 +221,22 @@ class Grid:
                                 where / split / f"{decoding}.log", cmd, self.env,
                                 self.expected[split], reuse=True, subset=split)
 
-    def score(self, size_name, name, seed, split, decoding):
-        """Per bucket (:func:`~experiments.seq2seq_runs.evaluate`), or ``None`` if not decoded."""
+    def outputs(self, size_name, name, seed, split, decoding):
+        """``(hyps, refs, model_sources, sources)`` of a decoding, or ``None`` if not decoded."""
         log = self.where(size_name, name, seed) / split / f"{decoding}.log"
         if not log.is_file():
             return None
         sources = tl.test_sources(self.data, self.meta, split)
-        hyps, refs, model_sources = read_generate_log(
-            f"{self.corpus} {size_name} {name} {decoding} seed {seed}", log.read_text(), log,
-            len(sources))
+        return (*read_generate_log(f"{self.corpus} {size_name} {name} {decoding} seed {seed}",
+                                   log.read_text(), log, len(sources)), sources)
+
+    def score(self, size_name, name, seed, split, decoding):
+        """Per bucket (:func:`~experiments.seq2seq_runs.evaluate`), or ``None`` if not decoded."""
+        found = self.outputs(size_name, name, seed, split, decoding)
+        if found is None:
+            return None
         N = self.meta["N"]
-        return evaluate(hyps, refs, model_sources, sources, N, length_buckets(N))
+        return evaluate(*found, N, length_buckets(N))
 
 
     def decode_every_seed(self, runs, seeds, split, decode_grid, jobs, train=None):
@@ -507,17 +513,15 @@ def in_range_difference(grid, size_name, ours, theirs, seeds, rounds=1000):
     from sacrebleu.metrics import BLEU
 
     bleu = BLEU(tokenize="none")
-    sources = tl.test_sources(grid.data, grid.meta, "test")
-    low, high = length_buckets(grid.meta["N"])[0]
-    ids = [i for i, s in enumerate(sources) if low <= len(s.split()) <= high]
     stats = {}
     for side, (name, decoding) in (("ours", ours), ("theirs", theirs)):
         for seed in seeds:
-            log = grid.where(size_name, name, seed) / "test" / f"{decoding}.log"
-            if not log.is_file():
+            found = grid.outputs(size_name, name, seed, "test", decoding)
+            if found is None:
                 return None
-            hyps, refs, _ = read_generate_log(f"{name} {decoding} seed {seed}", log.read_text(),
-                                              log, len(sources))
+            hyps, refs, _, sources = found
+            ids = bucket_ids(sources, *length_buckets(grid.meta["N"])[0])
+            # sacrebleu 2's per-sentence statistics (private, but what corpus_score sums)
             stats[side, seed] = np.array(bleu._extract_corpus_statistics(
                 [hyps[i] for i in ids], [[refs[i] for i in ids]]))
 

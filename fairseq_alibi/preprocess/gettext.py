@@ -353,7 +353,7 @@ def build(lang, out, locale_dirs=None, n=16, per_bucket=200, valid_per_bucket=No
           min_per_bucket=20, seed=1, nwords=None, workers=1, force=False, skip_per_bucket=0):
     """Build the corpus of ``lang`` into ``out``; returns its stats (as in stats.json).
     ``valid_per_bucket``: pairs of each validation bucket (default ``per_bucket``; 0: no
-    validation buckets, an empty ``valid`` split); ``skip_per_bucket``: as in
+    validation buckets, no ``valid`` files: train with ``--disable-validation``); ``skip_per_bucket``: as in
     :func:`split_by_length`."""
     valid_per_bucket = per_bucket if valid_per_bucket is None else valid_per_bucket
     if min(per_bucket, valid_per_bucket, skip_per_bucket) < 0:
