@@ -68,15 +68,18 @@ def mib(n: Optional[float]) -> str:
 
 
 class Rounds:
-    """Interleaved timing of named cases; ``ratio(case, base)`` = median of paired ratios."""
+    """Interleaved timing of named cases; ``ratio(case, base)`` = median of paired ratios.
+    Every other round runs the cases in reverse order, so no case always runs after the same
+    one (what runs before a call warms or evicts its caches)."""
 
     def __init__(self, cases: Dict[str, Callable[[], object]], rounds: int, warmup: int = 1):
         self.times: Dict[str, List[float]] = {name: [] for name in cases}
         for _ in range(warmup):
             for fn in cases.values():
                 fn()
-        for _ in range(rounds):
-            for name, fn in cases.items():
+        order = list(cases.items())
+        for r in range(rounds):
+            for name, fn in (order if r % 2 == 0 else order[::-1]):
                 start = time.perf_counter()
                 fn()
                 self.times[name].append(time.perf_counter() - start)

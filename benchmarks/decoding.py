@@ -14,6 +14,10 @@ steps leave there), then ``steps`` tokens are decoded one at a time, as ``fairse
 :data:`PAIRS_PER_ROUND` pairs of :data:`STEPS` steps per model, the two models in alternating
 order (short pairs: load from other processes hits both sides of a pair alike); the figure is
 the median over all pairs of the paired ratio ALiBi step ÷ stock step.
+
+The cross-attention options' table (:func:`run_cross`) reads each pair's steps apart as well:
+the first step of a pair is a sentence's first (it projects the source's keys/values and sets
+up the options' per-sentence state), the later ones are what each further token costs.
 """
 
 import argparse
@@ -135,15 +139,19 @@ def filled_cache(decoder, batch, cached, keys):
 
 
 def decode(model, tokens, cached, steps, keys):
-    """``steps`` decoding steps after ``cached`` cached tokens; returns seconds per step."""
+    """``steps`` decoding steps after ``cached`` cached tokens; returns each step's seconds
+    (the first one sets up the sentence's source state: its keys/values, and the options'
+    per-sentence state)."""
     decoder, step = model
     batch = tokens.size(0)
     state = filled_cache(decoder, batch, cached, keys)
-    start = time.perf_counter()
+    times = []
     with torch.no_grad():
         for t in range(steps):
+            start = time.perf_counter()
             step(tokens[:, : cached + t + 1], state)
-    return (time.perf_counter() - start) / steps
+            times.append(time.perf_counter() - start)
+    return times
 
 
 def sizes(quick, rounds, cached, batches):
@@ -165,47 +173,68 @@ def inputs(batch, cached, steps, dims):
     return tokens, keys
 
 
-def paired(models, names, cached, steps, rounds, tokens, keys):
-    """``(base ms, other ms, median paired ratio other ÷ base)`` per step of the two models
-    ``names``, in alternating order."""
+#: which of a pair's steps a figure reads: all of them (a step's mean, the sentence's setup
+#: spread over :data:`STEPS` steps), the first one (the sentence's setup), the later ones
+PARTS = {"all": slice(None), "first": slice(0, 1), "later": slice(1, None)}
+
+
+def paired(models, names, cached, steps, rounds, tokens, keys, parts=("all",)):
+    """Per part of :data:`PARTS`: ``(base ms, other ms, median paired ratio other ÷ base)``
+    per step of the two models ``names``, in alternating order (one tuple for one part)."""
     times = {name: [] for name in names}
     for name in names:  # warm-up
         decode(models[name], tokens, cached, steps, keys)
     for r in range(rounds * PAIRS_PER_ROUND):
         for name in (names if r % 2 == 0 else names[::-1]):  # alternating order
             times[name].append(decode(models[name], tokens, cached, steps, keys))
-    base, other = times[names[0]], times[names[1]]
-    ratio = statistics.median(a / s for a, s in zip(other, base))
-    return statistics.median(base) * 1e3, statistics.median(other) * 1e3, ratio
+    figures = []
+    for part in parts:
+        base, other = ([statistics.mean(t[PARTS[part]]) for t in times[name]]
+                       for name in names)
+        ratio = statistics.median(a / s for a, s in zip(other, base))
+        figures.append((statistics.median(base) * 1e3, statistics.median(other) * 1e3, ratio))
+    return figures[0] if len(parts) == 1 else figures
+
+
+#: the row that measures the benchmark's own noise: a second decoder with the same weights
+SAME = "alibi_transformer again (a second decoder, the same weights: the noise floor)"
 
 
 def run_cross(quick=False, rounds=5, log=print, cached=(16, 64, 256), batches=(1, 4)):
     """Returns ``(shape, table)``: per-step times of the translation decoder with each
     cross-attention option ÷ today's ``alibi_transformer`` (same weights; the pointer's step is
-    the option's own parameter), over a source of :data:`SOURCE_LENGTH` tokens."""
+    the option's own parameter), over a source of :data:`SOURCE_LENGTH` tokens, and the same
+    for a second ``alibi_transformer`` (:data:`SAME`). Each pair's steps are read three ways
+    (:data:`PARTS`): the steps after a sentence's first (a token's cost), the first (the
+    sentence's setup) and the mean of all of them."""
     dims, steps, cached, batches, rounds = sizes(quick, rounds, cached, batches)
     layers, embed, heads = dims
     base = "alibi_transformer"
     models = {base: build(base, dims)}
-    for name, flags in CROSS.items():
+    for name, flags in {SAME: [], **CROSS}.items():
         models[name] = build(base, dims, extra=flags)
         share_weights(models[base][0], models[name][0])  # the option's own stay its own
     rows = []
-    for name in CROSS:
+    for name in [SAME, *CROSS]:
         for batch in batches:
             for S in cached:
-                base_ms, cross_ms, ratio = paired(models, (base, name), S, steps, rounds,
-                                                  *inputs(batch, S, steps, dims))
-                rows.append([name, batch, S, f"{base_ms:.3f}", f"{cross_ms:.3f}",
-                             f"{ratio:.2f}"])
+                later, first, every = paired(models, (base, name), S, steps, rounds,
+                                             *inputs(batch, S, steps, dims),
+                                             parts=("later", "first", "all"))
+                rows.append([name, batch, S, f"{later[0]:.3f}", f"{later[1]:.3f}",
+                             f"{later[2]:.2f}", f"{first[2]:.2f}", f"{every[2]:.2f}"])
                 log(f"[decoding] {name}, batch {batch}, {S} cached: alibi_transformer "
-                    f"{base_ms:.3f} ms, with the option {cross_ms:.3f} ms per step, "
-                    f"ratio {ratio:.2f}")
+                    f"{later[0]:.3f} ms, with the option {later[1]:.3f} ms per later step, "
+                    f"ratio {later[2]:.2f} (first step {first[2]:.2f}, all {every[2]:.2f})")
     shape = (f"{layers} layers, {embed} dims, {heads} heads, float32, a {SOURCE_LENGTH}-token "
              f"source, {rounds} round(s) of {PAIRS_PER_ROUND} pairs of {steps} steps per model, "
              f"alternating order, median of paired ratios")
-    return shape, table(["option", "sequences", "cached tokens", "alibi_transformer ms/step",
-                         "with the option ms/step", "option ÷ alibi_transformer"], rows)
+    return shape, table(["option", "sequences", "cached tokens",
+                         "alibi_transformer ms/step (after the first)",
+                         "with the option ms/step (after the first)",
+                         "option ÷ alibi_transformer, a step after the first",
+                         "the first step (the sentence's setup)",
+                         f"all {steps} steps"], rows)
 
 
 def run_placement(quick=False, rounds=5, log=print, copies=4, cached=256):

@@ -1,6 +1,6 @@
 """All benchmarks in one command; every figure is a ratio measured side by side in this run.
 
-    python -m benchmarks.run [--quick] [--only attention,decoding,train,eval,encoder,heads,translation,cross]
+    python -m benchmarks.run [--quick] [--only attention,decoding,train,eval,encoder,heads,translation,cross,cross-decoding]
                              [--rounds N]
                              [--threads N] [--markdown FILE]
 
@@ -20,7 +20,8 @@ import torch
 
 from benchmarks import common
 
-ALL = ("attention", "decoding", "train", "eval", "encoder", "heads", "translation", "cross")
+ALL = ("attention", "decoding", "train", "eval", "encoder", "heads", "translation", "cross",
+       "cross-decoding")
 
 
 def parse_args(argv=None):
@@ -111,11 +112,14 @@ def main(argv=None):
                 emit(shape, body, notes)
 
         if "cross" in args.only:  # the cross-attention options ÷ today's alibi_transformer
-            from benchmarks import decoding, translation
+            from benchmarks import translation
             emit(*translation.run_cross(work, args.quick, args.rounds, log=log))
+        if "cross" in args.only or "cross-decoding" in args.only:  # (their decoding alone)
+            from benchmarks import decoding, translation
             shape, body = decoding.run_cross(args.quick, args.rounds, log=log)
             emit("Cached decoding, per step: cross-attention options ÷ alibi_transformer ("
                  + shape + ")", body)
+            emit(*translation.run_cross_generation(work, args.quick, args.rounds, log=log))
     if args.markdown:
         with open(args.markdown, "w") as f:
             f.write("\n".join(sections))

@@ -126,31 +126,78 @@ def run_training(data, dims, lengths, tokens_per_batch, rounds, warmup, log,
     return body, f"Parameters + Adam state of {base}: {mib(state_bytes)} MiB."
 
 
+def generation(task, model, sentences, beam, length):
+    """A call translating ``sentences`` random sources of ``3L/4..L`` tokens with beam ``beam``
+    (fairseq's ``SequenceGenerator``), every hypothesis forced to ``length`` target tokens."""
+    generator = task.build_generator([model], argparse.Namespace(
+        beam=beam, max_len_a=0, max_len_b=length, min_len=length))
+    sample = translation_batch(task, sentences, length, seed=1)
+    sample["net_input"].pop("prev_output_tokens")
+
+    def call():
+        with torch.no_grad():
+            hypos = task.inference_step(generator, [model], sample)
+        assert len(hypos) == sentences  # every input translated
+    return call
+
+
 def run_generation(data, dims, sentences, gen_length, rounds, warmup, log):
-    models = {}
+    calls = {}
     for name, flags in MODELS.items():
         trainer, task = build_trainer(data, flags, dims)
-        model = trainer.model.eval()
-        generator = task.build_generator([model], argparse.Namespace(
-            beam=4, max_len_a=0, max_len_b=gen_length, min_len=gen_length))
-        sample = translation_batch(task, sentences, gen_length, seed=1)
-        sample["net_input"].pop("prev_output_tokens")
-        models[name] = (task, model, generator, sample)
-
-    def generate(name):
-        task, model, generator, sample = models[name]
-
-        def call():
-            with torch.no_grad():
-                hypos = task.inference_step(generator, [model], sample)
-            assert len(hypos) == sentences  # every input translated
-        return call
-
+        calls[name] = generation(task, trainer.model.eval(), sentences, 4, gen_length)
     log(f"[translation] generation, {sentences} sentences, beam 4, {gen_length} tokens")
-    timed = Rounds({name: generate(name) for name in models}, rounds, warmup=warmup)
+    timed = Rounds(calls, rounds, warmup=warmup)
     rows = [[name, f"{sentences / timed.median(name):.2f}", f"{1 / timed.ratio(name, BASE):.2f}"]
-            for name in models]
+            for name in calls]
     return table(["model", "sentences/s (beam 4)", "× stock"], rows)
+
+
+def run_cross_generation(work, quick=False, rounds=5, log=print, lengths=(16, 64)):
+    """``(title, body, notes)``: whole sentences through fairseq's ``SequenceGenerator`` with
+    the pointer recipe (the first option of ``benchmarks.decoding.CROSS``) ÷ today's
+    ``alibi_transformer``, and a second ``alibi_transformer`` (the noise floor), all with the
+    same weights: one sentence, beam 1 (one sequence) and beam 4 (four), sources of
+    ``3L/4..L`` tokens, ``L`` target tokens. The sentence's setup (the source's keys, the
+    options' per-sentence state) is spread over its steps as in ``fairseq-generate``."""
+    from benchmarks.decoding import CROSS as DECODING_CROSS, PAIRS_PER_ROUND, SAME, share_weights
+
+    dims, _, _, vocab, rounds, warmup, _, _ = sizes(quick, rounds)
+    lengths = (8,) if quick else lengths
+    data = write_dictionaries(os.path.join(work, "translation-dicts"), vocab)
+    recipe = next(iter(DECODING_CROSS))
+    cases = {CROSS_BASE: ["--arch", CROSS_BASE], SAME: ["--arch", CROSS_BASE],
+             recipe: ["--arch", CROSS_BASE, *DECODING_CROSS[recipe]]}
+    models = {}
+    for name, flags in cases.items():
+        trainer, task = build_trainer(data, flags, dims)
+        models[name] = (task, trainer.model.eval())
+        if name != CROSS_BASE:  # the option's own parameters stay its own
+            share_weights(models[CROSS_BASE][1], models[name][1])
+    rows = []
+    for length in lengths:
+        for beam in (1, 4):
+            log(f"[translation] generation with the cross-attention options, beam {beam}, "
+                f"{length} tokens")
+            timed = Rounds({name: generation(task, model, 1, beam, length)
+                            for name, (task, model) in models.items()},
+                           rounds * PAIRS_PER_ROUND, warmup=warmup)
+            for name in (SAME, recipe):
+                rows.append([name, beam, length, f"{timed.median(CROSS_BASE) * 1e3:.1f}",
+                             f"{timed.median(name) * 1e3:.1f}",
+                             f"{timed.ratio(name, CROSS_BASE):.2f}"])
+    shape = (f"{' '.join(dims).replace('--', '')}, vocab {vocab}, float32, "
+             f"{rounds} round(s) of {PAIRS_PER_ROUND} sentences per model, alternating order, "
+             f"median of paired ratios")
+    return (f"Translation generation, whole sentences: cross-attention options ÷ "
+            f"alibi_transformer ({shape})",
+            table(["model", "sequences (beam, one sentence)", "target tokens L",
+                   "alibi_transformer ms/sentence", "with the option ms/sentence",
+                   "option ÷ alibi_transformer"], rows),
+            "Every hypothesis is forced to L target tokens (min_len = max_len), so both "
+            "models run the same steps; random weights, the source lengths drawn in "
+            "[3L/4, L] (beyond the recipe's 17 tokens at L = 64, so its inference slopes "
+            "apply).")
 
 
 def sizes(quick, rounds):

@@ -31,6 +31,7 @@ SECTIONS = [
     "### Translation generation, beam 4: alibi_transformer ÷ transformer (",
     "### Translation training, cross-attention options ÷ alibi_transformer (",
     "### Cached decoding, per step: cross-attention options ÷ alibi_transformer (",
+    "### Translation generation, whole sentences: cross-attention options ÷ alibi_transformer (",
 ]
 
 
@@ -65,6 +66,14 @@ def test_quick_run_of_every_benchmark_writes_its_tables(tmp_path):
         (decoder, batch, cached) for decoder in ("language model", "translation decoder")
         for batch in ("1", "2") for cached in ("16", "64")]
     assert all(float(r[5]) > 0 for r in rows), rows
+    # the cross-attention options' decoding table: the noise-floor row first, every option,
+    # each with its three ratios (a later step, the first step, all steps)
+    from benchmarks.decoding import CROSS, SAME
+    cross = text.split("### Cached decoding, per step: cross-attention options")[1].split("###")[0]
+    rows = [[c.strip() for c in l.split("|")[1:-1]] for l in cross.splitlines()
+            if l.startswith("| ")][1:]
+    assert [r[0] for r in rows[::4]] == [SAME, *CROSS], rows
+    assert all(len(r) == 8 and all(float(x) > 0 for x in r[3:]) for r in rows), rows
     # both models scored the same, non-zero, number of tokens with fairseq-eval-lm
     eval_section = text.split("### fairseq-eval-lm")[1].split("###")[0]
     rows = [l.split("|")[1:-1] for l in eval_section.splitlines() if l.startswith("| ")][1:]

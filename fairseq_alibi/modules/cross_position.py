@@ -175,7 +175,7 @@ class CrossPositionAttention(MultiheadAttention):
         def heads(x):  # (T, B, C) -> (B, H, T, D)
             return x.contiguous().view(x.size(0), bsz, H, D).permute(1, 2, 0, 3)
 
-        q = heads(self.q_proj(query))
+        q = self.q_proj(query)  # (T, B, H·D): a decoding step takes it as (B·H, 1, D), a view
         if key_padding_mask is not None and key_padding_mask.dim() == 0:
             key_padding_mask = None
         saved = self._get_input_buffer(incremental_state) if incremental_state is not None \
@@ -206,8 +206,10 @@ class CrossPositionAttention(MultiheadAttention):
                 saved["row_slopes"] = slopes_by_length(
                     self.slopes, self.inference_slopes, real_len, self.inference_longer_than)
             if self.length_reference > 0:
+                # (B, 1): broadcast on the queries' (T, B, H·D), and the batch first, as the
+                # parent's reorder of this buffer expects
                 saved["length_factor"] = length_scale(real_len, self.length_reference).view(
-                    bsz, 1, 1, 1)
+                    bsz, 1)
             if incremental_state is not None:
                 self._set_input_buffer(incremental_state, saved)
         k, v = saved["prev_key"], saved["prev_value"]
@@ -262,30 +264,29 @@ class CrossPositionAttention(MultiheadAttention):
                 and not before_softmax and not self.training:
             if bias is None and "source_padding" in saved:
                 bias = saved["source_padding"]
-            return self._decoding_step(q, k, v, bias, need_weights or need_head_weights,
-                                       need_head_weights)
+            return self._decoding_step(q.view(bsz * H, 1, D), k, v, bias,
+                                       need_weights or need_head_weights, need_head_weights)
         return attend_and_project(self, "naive" if self.attention_backend == "naive" else "auto",
-                                  q, k, v, RowBias(bias, H, q.device), key_padding_mask,
+                                  heads(q), k, v, RowBias(bias, H, q.device), key_padding_mask,
                                   attn_mask, need_weights, need_head_weights, before_softmax)
 
     def _decoding_step(self, q, k, v, bias, need_weights, need_head_weights):
         """A decoding step (one query per row, no dropout), with the weights fairseq's decoder
-        asks of every cross-attention: three batched matrix products of ``(B·H, ·, ·)`` views,
-        the bias added inside the first (``baddbmm``). The same function as the general path,
-        in fewer, larger operations: a small decoder's step costs what their count costs
-        (docs/translation.md, "Speed of the cross-attention options")."""
-        B, H, _, D = q.shape
-        S = k.size(2)
+        asks of every cross-attention: three batched matrix products of ``(B·H, ·, ·)`` views
+        (``q``: ``(B·H, 1, D)``; ``k``, ``v``: ``(B, H, S, D)``), the bias added inside the
+        first (``baddbmm``). The same function as the general path, in fewer, larger
+        operations: a small decoder's step costs what their count costs (docs/translation.md,
+        "Speed of the cross-attention options")."""
+        B, H, S, D = k.shape
         keys_t = k.view(B * H, S, D).transpose(1, 2)
         if bias is None:
-            scores = torch.bmm(q.reshape(B * H, 1, D), keys_t).mul_(self.scaling)
+            scores = torch.bmm(q, keys_t).mul_(self.scaling)
         else:
             if bias.dtype != q.dtype:
                 bias = bias.to(q.dtype)
             if bias.size(1) != H:  # the padding alone: one row per sequence
                 bias = bias.expand(B, H, 1, S)
-            scores = torch.baddbmm(bias.reshape(B * H, 1, S), q.reshape(B * H, 1, D), keys_t,
-                                   alpha=self.scaling)
+            scores = torch.baddbmm(bias.reshape(B * H, 1, S), q, keys_t, alpha=self.scaling)
         probs = torch.softmax(scores, dim=-1, dtype=torch.float32)
         if probs.dtype != q.dtype:
             probs = probs.to(q.dtype)
