@@ -197,7 +197,7 @@ def paired(models, names, cached, steps, rounds, tokens, keys, parts=("all",)):
 
 
 #: the row that measures the benchmark's own noise: a second decoder with the same weights
-SAME = "alibi_transformer again (a second decoder, the same weights: the noise floor)"
+SAME = "alibi_transformer again (a second model, the same weights: the noise floor)"
 
 
 def run_cross(quick=False, rounds=5, log=print, cached=(16, 64, 256), batches=(1, 4)):
