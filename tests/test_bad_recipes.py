@@ -50,7 +50,7 @@ def test_documented_config_dirs_work_from_any_folder():
 
     from fairseq_alibi.paths import config_dir
 
-    pages = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md")),
+    pages = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md")),
              *sorted((REPO / "examples").glob("*/README.md"))]
     found = 0
     for page in pages:
