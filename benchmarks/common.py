@@ -25,14 +25,14 @@ from typing import Callable, Dict, List, Optional
 
 import torch
 
-from fairseq_alibi.cli.common import thread_env
+from fairseq_alibi.cli.fairseq_runs import thread_env
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def machine() -> str:
     """One line: CPU model, cores, GPU, torch, threads, and the load when it started."""
-    from fairseq_alibi.cli.common import machine as describe
+    from fairseq_alibi.cli.fairseq_runs import machine as describe
 
     found = describe()
     load = found["load_average"]

@@ -11,4 +11,4 @@
 #   bash examples/quickstart.sh --data data-bin/wikitext-103 --size small --L 512
 #   bash examples/quickstart.sh --help
 source "$(dirname "$0")/env.sh"
-exec python -m fairseq_alibi.quickstart "$@"
+exec python -m fairseq_alibi quickstart "$@"

@@ -48,7 +48,7 @@ from typing import Dict, List, Optional, Sequence
 from benchmarks.common import machine, table, today
 from experiments.lm_runs import start_run, write_json
 from experiments.wikitext2_extrapolation import DEFAULT_WIKITEXT, wikitext_files
-from fairseq_alibi.cli.common import console_script, cpu_seconds
+from fairseq_alibi.cli.fairseq_runs import console_script, cpu_seconds
 from fairseq_alibi.paths import user_dir
 
 REPO = Path(__file__).resolve().parents[1]
@@ -192,7 +192,7 @@ def known_options() -> set:
     from fairseq.criterions.sentence_prediction import SentencePredictionConfig
     from fairseq.tasks.sentence_prediction import SentencePredictionConfig as TaskConfig
 
-    from fairseq_alibi.cli.glue import model_options
+    from fairseq_alibi.cli.glue_finetune import model_options
 
     known = {o for action in model_options().values() for o in action.option_strings}
     known.add(SINUSOIDAL_FLAG)  # the study's own (fairseq_train_sinusoidal)
@@ -579,7 +579,7 @@ def bucket_scores(record: dict, task: str, lengths, L: int) -> Dict[str, dict]:
     predictions (accuracy; Pearson for STS-B)."""
     import numpy as np
 
-    from fairseq_alibi.cli.glue import RECIPES, pearson
+    from fairseq_alibi.cli.glue_finetune import RECIPES, pearson
 
     buckets = [bucket_of(int(n), L) for n in lengths]
     found = {}
@@ -727,7 +727,7 @@ def write_csv(path: Path, header: List[str], rows: List[list]):
 
 def report(out: Path, names: List[str], skipped: Dict[str, str], s: Settings, args,
            command: str, log) -> str:
-    from fairseq_alibi.cli.glue import METRIC_NAMES, input_lengths
+    from fairseq_alibi.cli.glue_finetune import METRIC_NAMES, input_lengths
 
     found = collect(out, names, s)
     data = load_json(out / "data" / "ready.json") or {}

@@ -100,7 +100,7 @@ def hf_perplexity(folder, stream, length, eos, fairseq_model):
     """transformers on fairseq-eval-lm's blocks: ``(tokens, base-2 loss, perplexity, largest
     per-token log-probability difference from the fairseq model on the same blocks)``."""
     import torch
-    from fairseq_alibi.cli.huggingface import import_transformers
+    from fairseq_alibi.cli.hf_export_import import import_transformers
 
     model = import_transformers().AutoModelForCausalLM.from_pretrained(str(folder),
                                                                         dtype=torch.float32)
@@ -133,7 +133,7 @@ def main(argv=None):
     import torch
     from fairseq.data import Dictionary, data_utils
 
-    from fairseq_alibi.cli.huggingface import export_main, import_transformers
+    from fairseq_alibi.cli.hf_export_import import export_main, import_transformers
     from fairseq_alibi.paths import user_dir
 
     out = Path(args.out).resolve()

@@ -13,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Dict, Optional, Sequence
 
-from fairseq_alibi.cli.common import thread_env
+from fairseq_alibi.cli.fairseq_runs import thread_env
 from fairseq_alibi.cli.quickstart import SMOKE, prepare_embedded_data, train_command
 
 #: the model of the demonstrations: small enough for a few minutes on 2 shared CPU cores

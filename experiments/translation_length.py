@@ -64,7 +64,7 @@ from experiments.seq2seq_runs import (
     train_command,
     write_csv,
 )
-from fairseq_alibi.cli.common import machine, parse_seeds, thread_env
+from fairseq_alibi.cli.fairseq_runs import machine, parse_seeds, thread_env
 from fairseq_alibi.preprocess.parallel import prepare
 
 SINUSOIDAL = ("--arch", "alibi_transformer", "--encoder-alibi-variant", "none",

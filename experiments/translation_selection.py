@@ -89,7 +89,7 @@ from experiments.seq2seq_runs import (
     summarize,
     train_command,
 )
-from fairseq_alibi.cli.common import machine, thread_env
+from fairseq_alibi.cli.fairseq_runs import machine, thread_env
 
 
 @dataclass(frozen=True)

@@ -2,10 +2,12 @@
 package behind one command, as fairseq has ``fairseq-*``; ``--user-dir`` prints the directory to
 pass to fairseq's ``--user-dir``.
 
-``python -m fairseq_alibi.<tool>`` works as well (``convert``, ``export_hf``, ...): the docs, the
-error messages and the forks' users say it that way. Each such module is the same two lines,
-:func:`run_alias`, which finds its tool here by the module's own name, so :data:`TOOLS` stays
-the one table of the tools."""
+``python -m fairseq_alibi.<tool>`` still runs the five tools that were spelled so before
+(``quickstart``, ``sweep``, ``corpus``, ``convert``, ``checkpoints``: users' scripts, the forks'
+users' commands); the docs, the error messages and the help say ``fairseq-alibi <tool>``, and a
+new tool gets no such alias. Each alias module is the same two lines, :func:`run_alias`, which
+finds its tool here by the module's own name, so :data:`TOOLS` stays the one table of the tools
+(``fairseq_alibi/cli/__init__.py`` points here rather than listing them again)."""
 
 import argparse
 import importlib
@@ -17,23 +19,23 @@ from fairseq_alibi.paths import user_dir
 TOOLS = {
     "quickstart": ("fairseq_alibi.cli.quickstart", "main", "train short, test long, end to end"),
     "sweep": ("fairseq_alibi.cli.sweep", "main", "evaluate checkpoints over lengths"),
-    "convert": ("fairseq_alibi.cli.convert", "main",
+    "convert": ("fairseq_alibi.cli.convert_checkpoints", "main",
                 "stock transformer_lm and ALiBi-fork checkpoints -> this plugin"),
     "checkpoints": ("fairseq_alibi.cli.checkpoints", "main", "inspect or repair a save folder"),
     "corpus": ("fairseq_alibi.cli.corpus", "main", "build the quickstart corpus"),
-    "glue": ("fairseq_alibi.cli.glue", "main",
+    "glue": ("fairseq_alibi.cli.glue_finetune", "main",
              "fine-tune an encoder on GLUE, N seeds a task, collapsed runs flagged"),
-    "export-hf": ("fairseq_alibi.cli.huggingface", "export_main",
+    "export-hf": ("fairseq_alibi.cli.hf_export_import", "export_main",
                   "fairseq ALiBi LM -> Hugging Face BLOOM/MPT folder"),
-    "import-hf": ("fairseq_alibi.cli.huggingface", "import_main",
+    "import-hf": ("fairseq_alibi.cli.hf_export_import", "import_main",
                   "Hugging Face BLOOM/MPT folder -> fairseq checkpoint"),
 }
 
 
 def run_alias(name: str, spec) -> None:
     """What ``python -m fairseq_alibi.<tool>`` runs: ``fairseq-alibi <tool>`` with the same
-    arguments (the tool named by the alias module, ``spec.name``; ``export_hf`` is
-    ``export-hf``). Importing an alias module runs nothing."""
+    arguments (the tool named by the alias module, ``spec.name``, ``_`` read as ``-``).
+    Importing an alias module runs nothing."""
     if name != "__main__":
         return
     tool = spec.name.rsplit(".", 1)[-1].replace("_", "-")

@@ -75,7 +75,7 @@ def _unreadable_checkpoint(exc: BaseException) -> Optional[str]:
     what = "is empty (0 bytes)" if size == 0 else "cannot be read: it is truncated or corrupt"
     save_dir = os.path.dirname(os.path.abspath(path))
     return (f"checkpoint {path} {what}, as an interrupted save leaves it; "
-            f"`python -m fairseq_alibi.checkpoints repair {save_dir}` restores checkpoint_last.pt "
+            f"`fairseq-alibi checkpoints repair {save_dir}` restores checkpoint_last.pt "
             f"from the newest intact checkpoint (`... check {save_dir}` lists them)")
 
 

@@ -94,7 +94,7 @@ def test_zero_byte_checkpoint_is_named_with_the_fix(tool, tiny_lm_data, alibi_us
                       expect_ok=False)
     assert last_line(out) == (
         f"fairseq_alibi: checkpoint {save / 'checkpoint_last.pt'} is empty (0 bytes), as an "
-        f"interrupted save leaves it; `python -m fairseq_alibi.checkpoints repair {save}` "
+        f"interrupted save leaves it; `fairseq-alibi checkpoints repair {save}` "
         f"restores checkpoint_last.pt from the newest intact checkpoint (`... check {save}` "
         f"lists them)")
 
@@ -106,4 +106,4 @@ def test_check_reports_a_zero_byte_checkpoint(tmp_path, capsys):
     assert main(["check", str(tmp_path)]) == 1
     out = capsys.readouterr().out
     assert "checkpoint_last.pt: DAMAGED (empty file, 0 bytes)" in out
-    assert f"python -m fairseq_alibi.checkpoints repair {tmp_path}" in out
+    assert f"fairseq-alibi checkpoints repair {tmp_path}" in out

@@ -76,7 +76,7 @@ def test_sweep_bad_lengths_are_argparse_errors(lengths, reason, tmp_path, capsys
               str(tmp_path / "out"), "--lengths", lengths])
     assert exit_.value.code == 2
     error = last_line(capsys.readouterr().err)
-    assert error.startswith("python -m fairseq_alibi.sweep: error: argument --lengths: " + reason)
+    assert error.startswith("fairseq-alibi sweep: error: argument --lengths: " + reason)
     assert not (tmp_path / "out").exists()
 
 

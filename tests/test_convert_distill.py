@@ -141,7 +141,7 @@ def test_converted_model_runs_through_eval_lm_beyond_the_learned_positions(
 
 @pytest.mark.slow
 def test_conversion_refuses_what_it_cannot_convert(stock, converted, tmp_path, capsys):
-    from fairseq_alibi.cli.convert import main
+    from fairseq_alibi.cli.convert_checkpoints import main
 
     out = tmp_path / "x.pt"
     assert "already an ALiBi language model" in convert(converted["sinusoidal"], out,
@@ -171,7 +171,7 @@ def test_conversion_refuses_what_it_cannot_convert(stock, converted, tmp_path, c
 
 
 def test_conversion_drops_the_placeholder_of_older_sinusoidal_checkpoints(written, tmp_path):
-    from fairseq_alibi.cli.convert import convert_file
+    from fairseq_alibi.cli.convert_checkpoints import convert_file
 
     state = load(written["sinusoidal"])
     state["model"]["decoder.embed_positions._float_tensor"] = torch.zeros(1)
@@ -185,7 +185,7 @@ def test_conversion_of_an_argparse_era_checkpoint(written, lm_dictionary, tmp_pa
     """Older fairseq checkpoints hold an argparse Namespace ("args") instead of "cfg"."""
     from fairseq import options
 
-    from fairseq_alibi.cli.convert import convert_file
+    from fairseq_alibi.cli.convert_checkpoints import convert_file
     from fairseq_alibi.models.alibi_transformer_lm import AlibiTransformerLanguageModel
 
     state = load(written["learned"])
@@ -235,7 +235,7 @@ def test_distillation_loss_equals_the_formula_on_a_hand_built_example():
 
 
 def test_gradients_reach_only_the_student(written, lm_dictionary, tmp_path):
-    from fairseq_alibi.cli.convert import convert_file
+    from fairseq_alibi.cli.convert_checkpoints import convert_file
 
     convert_file(written["sinusoidal"], tmp_path / "student.pt")
     cfg, task = setup_from_command_line(

@@ -42,7 +42,7 @@ def ref(name):
 
 
 def convert_to(input_path, output_path, **kwargs):
-    from fairseq_alibi.cli.convert import convert_file
+    from fairseq_alibi.cli.convert_checkpoints import convert_file
 
     return convert_file(input_path, output_path, **kwargs)
 
@@ -322,7 +322,7 @@ def test_an_eify_checkpoint_with_the_forks_options_off_is_a_stock_model(tmp_path
     torch.save(state, tmp_path / "fork.pt")
     summary = convert_to(tmp_path / "fork.pt", tmp_path / "ours.pt")
     assert summary["source"] == "stock" and "decoder_alibi" in summary["dropped_options"]
-    from fairseq_alibi.cli.convert import ConversionError
+    from fairseq_alibi.cli.convert_checkpoints import ConversionError
 
     with pytest.raises(ConversionError, match="trained without ALiBi .*--from stock"):
         convert_to(tmp_path / "fork.pt", tmp_path / "again.pt", source="eify")
@@ -401,7 +401,7 @@ def _resized(template, dims, seed):
 @pytest.mark.parametrize("name,heads", [("press_lm", 6), ("eify_lm_alibi", 3),
                                         ("press_lm", 12)])
 def test_lm_of_other_sizes_heads_and_lengths_matches_the_forks_math(name, heads, tmp_path):
-    from fairseq_alibi.cli.convert import convert_file
+    from fairseq_alibi.cli.convert_checkpoints import convert_file
 
     dim = 4 * heads if heads != 12 else 48
     state = _resized(fixture(name) / "checkpoint_last.pt", {64: dim, 128: 2 * dim}, heads)
@@ -427,7 +427,7 @@ def test_lm_of_other_sizes_heads_and_lengths_matches_the_forks_math(name, heads,
                                         ("eify_roberta_learned_clap", 3),
                                         ("eify_roberta_alibi_offset", 12)])
 def test_roberta_of_other_sizes_and_heads_matches_the_forks_math(name, heads, tmp_path):
-    from fairseq_alibi.cli.convert import convert_file
+    from fairseq_alibi.cli.convert_checkpoints import convert_file
 
     dim = 8 * heads
     state = _resized(fixture(name) / "checkpoint_last.pt", {64: dim, 128: 2 * dim}, heads)
@@ -456,7 +456,7 @@ def test_roberta_of_other_sizes_and_heads_matches_the_forks_math(name, heads, tm
 
 
 def test_error_cases(converted, tmp_path, capsys):
-    from fairseq_alibi.cli.convert import main
+    from fairseq_alibi.cli.convert_checkpoints import main
 
     zero_clap = load(fixture("eify_roberta_zero_clap") / "checkpoint_last.pt")
     zero_clap["cfg"]["model"]["mask_prob"] = 0.15
@@ -488,7 +488,7 @@ def test_error_cases(converted, tmp_path, capsys):
         assert len(err.strip().splitlines()) == 1, err  # one line, no traceback
         assert not out.exists()
         if "empty" in message or "truncated" in message:
-            assert f"python -m fairseq_alibi.checkpoints repair {tmp_path}" in err
+            assert f"fairseq-alibi checkpoints repair {tmp_path}" in err
 
 
 def test_a_fork_checkpoint_loaded_without_conversion_says_to_convert_it():
@@ -533,7 +533,7 @@ def test_the_dictionary_of_a_model_trained_without_the_last_madeupwords(tmp_path
     assert summary["dictionary"]["dropped_symbols"] == ["madeupword0004", "madeupword0005"]
     wrong = tmp_path / "wrong.txt"
     wrong.write_text(original + "hello 3\n")
-    from fairseq_alibi.cli.convert import ConversionError
+    from fairseq_alibi.cli.convert_checkpoints import ConversionError
 
     with pytest.raises(ConversionError, match="has 701 entries but the model's embedding needs 700"):
         convert_to(fixture("eify_roberta_zero_clap") / "checkpoint_last.pt",

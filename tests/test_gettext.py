@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from fairseq_alibi.preprocess import gettext as gt
-from fairseq_alibi.preprocess.common import DataError, run_cli
+from fairseq_alibi.preprocess.pipeline_io import DataError, run_cli
 
 HEADER = "Content-Type: text/plain; charset=UTF-8\nPlural-Forms: nplurals=2; plural=(n > 1);\n"
 

@@ -19,7 +19,7 @@ from tests.helpers import (
     write_tiny_bpe,
 )
 
-from fairseq_alibi.cli import glue
+from fairseq_alibi.cli import glue_finetune as glue
 
 # ---------------------------------------------------------------- scoring and collapse
 
@@ -123,7 +123,7 @@ def test_pairs_lose_tokens_from_the_longer_segment_first():
 
 def write_task(folder, segments, labels=("0", "1")):
     """A binarized task folder: ``segments`` = per input, a list of segments (lists of ids)."""
-    from fairseq_alibi.preprocess.common import IndexedWriter
+    from fairseq_alibi.preprocess.pipeline_io import IndexedWriter
 
     pair = len(segments[0]) == 2
     write_dictionary(folder / "input0", 40)
@@ -201,7 +201,7 @@ def dictionary_folder(tmp_path_factory):
 ])
 def test_model_flags_read_from_the_checkpoint_rebuild_it(flags, learned, dictionary_folder,
                                                          tmp_path):
-    from fairseq_alibi.cli.conversion import read_checkpoint
+    from fairseq_alibi.cli.checkpoint_io import read_checkpoint
 
     path = save_untrained(dictionary_folder, tmp_path, *ENCODER, *flags)
     found = glue.read_pretrained(path)

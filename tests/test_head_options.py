@@ -9,7 +9,7 @@ import torch
 from fairseq import checkpoint_utils
 
 from fairseq_alibi.alibi import get_slopes
-from fairseq_alibi.cli.conversion import PlaceholderTask
+from fairseq_alibi.cli.checkpoint_io import PlaceholderTask
 from fairseq_alibi.config_access import cfg_get
 from fairseq_alibi.modules.alibi_multihead_attention import (
     AlibiMultiheadAttention,
@@ -293,7 +293,7 @@ def test_hydra_fields_build_the_same_model(data):
 
 def test_export_hf_refuses_partial_heads(data, tmp_path, capsys):
     """BLOOM and MPT give every head a slope: a partial-head model has no export."""
-    from fairseq_alibi.cli.huggingface import export_main
+    from fairseq_alibi.cli.hf_export_import import export_main
 
     args = [data, *MODELS["lm"], *COMMON, "--alibi-heads", 2]
     model, task = build_model("lm", data, "--alibi-heads", 2)

@@ -16,7 +16,7 @@ import torch
 
 from tests.helpers import BIN, SHARED_DATA, child_env, run_cli, setup_from_command_line
 
-from fairseq_alibi.cli import huggingface as hf  # noqa: E402
+from fairseq_alibi.cli import hf_export_import as hf  # noqa: E402
 
 try:  # the [hf] extra (the README's test set-up installs it)
     hf.import_transformers()

@@ -22,8 +22,8 @@ import numpy as np
 import pytest
 
 from fairseq_alibi.preprocess import glue, pile, wikitext
-from fairseq_alibi.preprocess.common import (
-    DataError, atomic_directory, ordered_map, worker_state)
+from fairseq_alibi.preprocess.pipeline_io import DataError, atomic_directory
+from fairseq_alibi.preprocess.process_pool import ordered_map, worker_state
 from fairseq_alibi.preprocess.encoders import NEWLINE, Gpt2BpeEncoder, SentencePieceEncoder
 from tests import helpers as fx
 from tests.helpers import REPO, SHARED_DATA, preprocess
@@ -346,7 +346,8 @@ def test_ordered_map_errors_and_dead_workers(hang_guard):
 # are stopped with SIGKILL, which nothing delays).
 SLOW_WORKER_START = (
     "import os, sys, time; os.register_at_fork(after_in_child=lambda: time.sleep(3)); "
-    "from fairseq_alibi.preprocess import common, pile; sys.exit(common.run_cli(pile.main))"
+    "from fairseq_alibi.preprocess import pile, pipeline_io; "
+    "sys.exit(pipeline_io.run_cli(pile.main))"
 )
 # A SIGTERM that lands just before the read of an idle pipe (a loaded machine: the process is
 # descheduled between its last check for signals and the read): its handler is due but the
@@ -361,8 +362,8 @@ SIGTERM_BEFORE_READ = (
     "    _thread.interrupt_main(signal.SIGTERM)\n"
     "threading.Thread(target=trip, args=(sys.argv[sys.argv.index('--train') + 1] + '.trip',),"
     " daemon=True).start()\n"
-    "from fairseq_alibi.preprocess import common, pile\n"
-    "sys.exit(common.run_cli(pile.main))"
+    "from fairseq_alibi.preprocess import pile, pipeline_io\n"
+    "sys.exit(pipeline_io.run_cli(pile.main))"
 )
 
 

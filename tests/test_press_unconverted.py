@@ -59,7 +59,7 @@ def test_press_checkpoints_are_recognised(name):
 
 @needs_fixtures
 def test_other_checkpoints_are_not_press_ones(tmp_path):
-    from fairseq_alibi.cli.convert import convert_file
+    from fairseq_alibi.cli.convert_checkpoints import convert_file
     from fairseq_alibi.models.checks import is_unconverted_press_config
 
     assert not is_unconverted_press_config(load(checkpoint("eify_lm_alibi"))["cfg"]["model"])
@@ -138,7 +138,7 @@ def test_distillation_refuses_an_unconverted_press_teacher(name):
 
 @needs_fixtures
 def test_distillation_takes_the_converted_press_model_as_teacher(tmp_path):
-    from fairseq_alibi.cli.convert import convert_file
+    from fairseq_alibi.cli.convert_checkpoints import convert_file
     from fairseq_alibi.criterions.lm_distillation import load_teacher
 
     convert_file(checkpoint("press_lm"), tmp_path / "converted.pt", source="press")

@@ -6,7 +6,7 @@
   beyond the checkpoint interval, and ends bit for bit where the straight run ends.
 * fairseq copies ``checkpoint_last.pt`` in place after writing the numbered checkpoint
   atomically: a kill during that copy leaves a truncated file, which
-  ``python -m fairseq_alibi.checkpoints repair`` restores from the intact numbered one.
+  ``fairseq-alibi checkpoints repair`` restores from the intact numbered one.
 * A save that fails (file too large) leaves the previous ``checkpoint_last.pt`` untouched.
 """
 
@@ -129,7 +129,7 @@ def test_interrupted_copy_to_checkpoint_last_is_repaired(straight, tmp_path):
         load_checkpoint_to_cpu(str(last))
     ok, report = check(tmp_path)
     assert not ok and report[0].startswith("checkpoint_last.pt: DAMAGED")
-    assert "fairseq_alibi.checkpoints repair" in report[-1]
+    assert "fairseq-alibi checkpoints repair" in report[-1]
 
     _, out = python_module("fairseq_alibi.checkpoints", "repair", tmp_path)
     assert "restored checkpoint_last.pt from checkpoint_1_20.pt (epoch 1 @ 20 updates)" in out

@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from fairseq_alibi.preprocess.common import DataError
+from fairseq_alibi.preprocess.pipeline_io import DataError
 from fairseq_alibi.preprocess.parallel import main as prepare_main
 from fairseq_alibi.preprocess.parallel import restoration_pair, sentences_of
 from tests.helpers import BIN, REPO, TINY_TRANSLATION, run_cli

@@ -1,12 +1,15 @@
-"""The command-line tools (``python -m fairseq_alibi.<tool>``): they import the library, never the reverse.
+"""The command-line tools (``fairseq-alibi <tool>``): they import the library, never the reverse.
 
-* :mod:`~fairseq_alibi.cli.quickstart`: train short, test long on the embedded corpus (the main job);
-* :mod:`~fairseq_alibi.cli.sweep`: perplexity of any checkpoints at several evaluation lengths;
-* :mod:`~fairseq_alibi.cli.corpus`: the embedded English corpus built from Python's own documentation;
-* :mod:`~fairseq_alibi.cli.convert`: other checkpoints into this plugin's models: stock fairseq
-  ``transformer_lm`` and the ALiBi forks' LMs, RoBERTa and translation models
-  (:mod:`~fairseq_alibi.cli.forks` reads the forks' formats);
-* :mod:`~fairseq_alibi.cli.checkpoints`: check, repair and re-shard a ``--save-dir``.
+Each tool is one module here with a ``main(argv)``; which module is which tool, and what each
+does, is ``TOOLS`` in :mod:`fairseq_alibi.__main__` (``fairseq-alibi --help`` prints it), the one
+table. The other modules are what the tools share:
 
+* :mod:`~fairseq_alibi.cli.fairseq_runs`: running fairseq's console scripts (their environment,
+  their logs, CPU time), the machine the timings were measured on, ``--seeds``;
+* :mod:`~fairseq_alibi.cli.checkpoint_io`: what every converter shares (reading a checkpoint and
+  its configuration of any era, ``ConversionError``, a model built without data, atomic writes);
+* :mod:`~fairseq_alibi.cli.forks`: the ALiBi forks' checkpoint formats, for ``convert``.
+
+``tests/test_layout.py`` checks that every module here is a tool of ``TOOLS`` or listed above.
 The offline data pipelines are in :mod:`fairseq_alibi.preprocess`.
 """

@@ -7,12 +7,12 @@ disk that fills up, during such a copy leaves a truncated ``checkpoint_last.pt``
 one is gone, and restarting fails in ``torch.load`` (``PytorchStreamReader failed reading zip
 archive``). The newest state is still intact in the file the copy was made from. ::
 
-    python -m fairseq_alibi.checkpoints check  SAVE_DIR   # exit 1 if checkpoint_last is unusable
-    python -m fairseq_alibi.checkpoints repair SAVE_DIR   # restore it from the newest intact file
+    fairseq-alibi checkpoints check  SAVE_DIR   # exit 1 if checkpoint_last is unusable
+    fairseq-alibi checkpoints repair SAVE_DIR   # restore it from the newest intact file
 
 A save dir with no checkpoint yet (or none at all) is fine for both: exit 0 and a one-line note,
 so that a job script can run ``repair`` before every ``fairseq-train``.
-    python -m fairseq_alibi.checkpoints set-world-size SAVE_DIR N  # resume with N workers
+    fairseq-alibi checkpoints set-world-size SAVE_DIR N  # resume with N workers
 
 The last one exists because fairseq saves the position in the epoch in batches of one worker,
 so a checkpoint saved mid-epoch resumes at the wrong batch with a different number of workers
@@ -192,7 +192,7 @@ def set_world_size(save_dir, world_size: int, suffix: str = "") -> str:
     last = Path(save_dir) / _last_name(suffix)
     found = inspect_checkpoint(last)
     if not found.intact:
-        raise CheckpointError(f"{last} is {found.error}: run `python -m fairseq_alibi.checkpoints "
+        raise CheckpointError(f"{last} is {found.error}: run `fairseq-alibi checkpoints "
                               f"repair {save_dir}` first")
     state = torch.load(last, map_location="cpu")
     if state.get("cfg") is not None:
@@ -242,14 +242,14 @@ def check(save_dir, suffix: str = ""):
     lines += [f"{p.name}: left by an interrupted save, safe to delete"
               for p in sorted(save_dir.glob("checkpoint*.pt.tmp"))]
     if not last.intact:
-        lines.append(f"checkpoint_last is unusable: run `python -m fairseq_alibi.checkpoints "
+        lines.append(f"checkpoint_last is unusable: run `fairseq-alibi checkpoints "
                      f"repair {save_dir}` before restarting")
     return last.intact, lines
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(
-        prog="python -m fairseq_alibi.checkpoints",
+        prog="fairseq-alibi checkpoints",
         description="Check a fairseq --save-dir, or restore checkpoint_last.pt from the newest "
         "intact checkpoint after an interrupted save.",
     )

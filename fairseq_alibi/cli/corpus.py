@@ -205,7 +205,7 @@ def main(argv=None):
     import argparse
 
     parser = argparse.ArgumentParser(
-        prog="python -m fairseq_alibi.corpus",
+        prog="fairseq-alibi corpus",
         description="Write the embedded English corpus (Python's own documentation) as "
         "train/valid/test.txt.",
     )

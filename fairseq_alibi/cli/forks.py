@@ -18,7 +18,7 @@ Both use Press's slope rule (:func:`fairseq_alibi.alibi.get_slopes`, power of tw
 the converted checkpoint stores the slopes in its ``alibi.slopes`` buffer, which loading keeps.
 Every weight is kept bit for bit under its own name. This module knows the forks' formats; the
 conversion of stock ``transformer_lm`` checkpoints and the command line are in
-:mod:`fairseq_alibi.cli.convert`.
+:mod:`fairseq_alibi.cli.convert_checkpoints`.
 """
 
 import argparse
@@ -27,7 +27,7 @@ from typing import Optional
 
 import torch
 
-from fairseq_alibi.cli.conversion import (
+from fairseq_alibi.cli.checkpoint_io import (
     PlaceholderTask,
     build_model,
     ConversionError,

@@ -1,14 +1,14 @@
 """Train short, test long: ALiBi against a sinusoidal baseline, end to end, offline.
 
-``python -m fairseq_alibi.quickstart`` (or ``examples/quickstart.sh``):
+``fairseq-alibi quickstart`` (or ``examples/quickstart.sh``):
 
-1. builds an English corpus from Python's own documentation (:mod:`fairseq_alibi.corpus`),
+1. builds an English corpus from Python's own documentation (:mod:`fairseq_alibi.cli.corpus`),
    trains a sentencepiece BPE model on its train split and binarizes it with
    ``fairseq-preprocess`` (or, with ``--data DIR``, uses any binarized corpus instead);
 2. trains an ``alibi_transformer_lm`` and a stock ``transformer_lm`` (sinusoidal positions) of
    the same size at a short training length ``L`` with ``fairseq-train``;
 3. evaluates both with ``fairseq-eval-lm`` at ``L, 2L, 4L, 8L``, non-overlapping and with a
-   sliding window (:mod:`fairseq_alibi.sweep`), checking that every run scores every token;
+   sliding window (:mod:`fairseq_alibi.cli.sweep`), checking that every run scores every token;
 4. prints the table and writes ``extrapolation.md``, ``extrapolation.csv`` and
    ``extrapolation.png`` (perplexity against evaluation length) to the output folder.
 
@@ -36,7 +36,7 @@ from fairseq_alibi.cli.sweep import (
     position_overrides,
     run_sweep,
 )
-from fairseq_alibi.cli.common import (
+from fairseq_alibi.cli.fairseq_runs import (
     console_script,
     cpu_seconds,
     machine,
@@ -44,7 +44,7 @@ from fairseq_alibi.cli.common import (
     thread_env,
 )
 from fairseq_alibi.paths import user_dir
-from fairseq_alibi.preprocess.common import progress_bar
+from fairseq_alibi.preprocess.pipeline_io import progress_bar
 from fairseq_alibi.preprocess.encoders import sentencepiece_dictionary, train_sentencepiece
 
 #: model and training settings; ``tiny`` (the default) is sized for a few minutes on 2 CPU cores
@@ -223,7 +223,7 @@ def verdict(result, L: int) -> List[str]:
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(
-        prog="python -m fairseq_alibi.quickstart",
+        prog="fairseq-alibi quickstart",
         description="Train short, test long: an ALiBi and a sinusoidal transformer LM trained "
         "at length L and evaluated at L, 2L, 4L, 8L, on a corpus built from Python's own "
         "documentation (no download) or on any binarized corpus (--data).",
@@ -277,7 +277,7 @@ def main(argv=None):
 
     cpu = not torch.cuda.is_available()
     progress = not args.no_progress
-    timings, run = {}, {"command": " ".join(["python -m fairseq_alibi.quickstart"]
+    timings, run = {}, {"command": " ".join(["fairseq-alibi quickstart"]
                                             + (argv if argv is not None else sys.argv[1:]))}
 
     def log(msg):

@@ -30,10 +30,10 @@ Python::
 
 Command line::
 
-    python -m fairseq_alibi.sweep --path ALiBi=ckpt/alibi/checkpoint_last.pt \\
+    fairseq-alibi sweep --path ALiBi=ckpt/alibi/checkpoint_last.pt \\
         --data data-bin/wikitext-103 --lengths 512,1024,2048,3072 --out sweep
-    python -m fairseq_alibi.sweep --path ckpt/sin/checkpoint_last.pt --sinusoidal-overrides ...
-    python -m fairseq_alibi.sweep --path ALiBi=... --train-length 512 --slope-interpolation ...
+    fairseq-alibi sweep --path ckpt/sin/checkpoint_last.pt --sinusoidal-overrides ...
+    fairseq-alibi sweep --path ALiBi=... --train-length 512 --slope-interpolation ...
 
 Outputs in ``out_dir``: ``extrapolation.csv`` (one row per point), ``extrapolation.md`` (one
 table per mode, models as rows, lengths as columns), ``extrapolation.png`` (perplexity against
@@ -55,9 +55,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Dict, List, Mapping, Optional, Sequence, Union
 
-from fairseq_alibi.cli.common import console_script, thread_env
+from fairseq_alibi.cli.fairseq_runs import console_script, thread_env
 from fairseq_alibi.paths import user_dir
-from fairseq_alibi.preprocess.common import progress_bar
+from fairseq_alibi.preprocess.pipeline_io import progress_bar
 
 MODES = ("nonoverlapping", "sliding")
 MODE_TITLES = {
@@ -535,7 +535,7 @@ def _at_least(low: int):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(
-        prog="python -m fairseq_alibi.sweep",
+        prog="fairseq-alibi sweep",
         description="Perplexity of fairseq language models at several evaluation lengths, "
         "non-overlapping and with a sliding window, through stock fairseq-eval-lm.",
         epilog="Any other option goes to every fairseq-eval-lm run (e.g. --cpu, "

@@ -9,7 +9,7 @@ For every target token, with student logits ``s``, teacher logits ``t`` and temp
 summed over the non-padding target tokens (``CE`` is the usual ``-log softmax(s)_y``). ``T²``
 keeps the gradient of the soft term the same size whatever ``T`` (its gradient scales as
 ``1/T²``). The typical use is to recover a stock model converted to ALiBi
-(:mod:`fairseq_alibi.convert`) with the original as teacher::
+(``fairseq-alibi convert``) with the original as teacher::
 
     fairseq-train DATA --user-dir $(python -m fairseq_alibi --user-dir) \\
         --arch alibi_transformer_lm ... --finetune-from-model alibi.pt \\

@@ -49,7 +49,7 @@ from fairseq_alibi.models.checks import (
     reject_other_dictionary,
     reject_position_embeddings,
 )
-from fairseq_alibi.models.common import lift_task_length_limit
+from fairseq_alibi.models.architectures_and_limits import lift_task_length_limit
 from fairseq_alibi.models.layer_pruning import ScalesFollowPrunedLayers
 from fairseq_alibi.modules.clap_head import ClapHead, EncoderTokenEmbedding
 from fairseq_alibi.modules.compact import (

@@ -59,7 +59,10 @@ from fairseq_alibi.models.checks import (
     reject_missing_slopes,
     reject_other_dictionary,
 )
-from fairseq_alibi.models.common import lift_task_length_limit, mirror_stock_architectures
+from fairseq_alibi.models.architectures_and_limits import (
+    lift_task_length_limit,
+    mirror_stock_architectures,
+)
 from fairseq_alibi.models.layer_pruning import ScalesFollowPrunedLayers
 from fairseq_alibi.modules.position_shift import ShiftedPositions
 from fairseq_alibi.modules.stacks import (

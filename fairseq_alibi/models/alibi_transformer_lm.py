@@ -32,7 +32,7 @@ from fairseq_alibi.models.checks import (
     reject_other_dictionary,
     reject_position_embeddings,
 )
-from fairseq_alibi.models.common import mirror_stock_architectures
+from fairseq_alibi.models.architectures_and_limits import mirror_stock_architectures
 from fairseq_alibi.models.layer_pruning import ScalesFollowPrunedLayers
 from fairseq_alibi.modules.compact import describe_parameters, share_layer_parameters
 from fairseq_alibi.modules.stacks import AlibiTransformerDecoder

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fairseq_alibi.preprocess.common import DataError, require
+from fairseq_alibi.preprocess.pipeline_io import DataError, require
 
 #: the user-defined sentencepiece symbol that stands for a newline inside a document
 NEWLINE = "\u21b5"

@@ -73,7 +73,7 @@ import struct
 from collections import Counter, defaultdict
 from pathlib import Path
 
-from fairseq_alibi.preprocess.common import DataError, atomic_directory, run_cli, save_json
+from fairseq_alibi.preprocess.pipeline_io import DataError, atomic_directory, run_cli, save_json
 from fairseq_alibi.preprocess.parallel import prepare
 
 logger = logging.getLogger("fairseq_alibi.preprocess.gettext")

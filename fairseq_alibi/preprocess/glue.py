@@ -25,16 +25,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, Optional, Tuple
 
-from fairseq_alibi.preprocess.common import (
-    DataError,
-    IndexedWriter,
-    atomic_directory,
-    ordered_map,
-    read_batches,
-    run_cli,
-    save_json,
-    worker_state,
-)
 from fairseq_alibi.preprocess.encoders import (
     EOS_WORD,
     WordEncoder,
@@ -42,6 +32,15 @@ from fairseq_alibi.preprocess.encoders import (
     dictionary_from_counts,
     encoder_from_args,
 )
+from fairseq_alibi.preprocess.pipeline_io import (
+    DataError,
+    IndexedWriter,
+    atomic_directory,
+    read_batches,
+    run_cli,
+    save_json,
+)
+from fairseq_alibi.preprocess.process_pool import ordered_map, worker_state
 
 logger = logging.getLogger("fairseq_alibi.preprocess.glue")
 

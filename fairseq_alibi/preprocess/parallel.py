@@ -24,7 +24,7 @@ import random
 import re
 from pathlib import Path
 
-from fairseq_alibi.preprocess.common import DataError, atomic_directory, run_cli, save_json
+from fairseq_alibi.preprocess.pipeline_io import DataError, atomic_directory, run_cli, save_json
 
 logger = logging.getLogger("fairseq_alibi.preprocess.parallel")
 

@@ -31,16 +31,6 @@ from pathlib import Path
 
 import numpy as np
 
-from fairseq_alibi.preprocess.common import (
-    DataError,
-    IndexedWriter,
-    atomic_directory,
-    ordered_map,
-    read_batches,
-    run_cli,
-    save_json,
-    worker_state,
-)
 from fairseq_alibi.preprocess.encoders import (
     NEWLINE,
     SentencePieceEncoder,
@@ -48,6 +38,15 @@ from fairseq_alibi.preprocess.encoders import (
     encoder_from_args,
     train_sentencepiece,
 )
+from fairseq_alibi.preprocess.pipeline_io import (
+    DataError,
+    IndexedWriter,
+    atomic_directory,
+    read_batches,
+    run_cli,
+    save_json,
+)
+from fairseq_alibi.preprocess.process_pool import ordered_map, worker_state
 
 logger = logging.getLogger("fairseq_alibi.preprocess.pile")
 

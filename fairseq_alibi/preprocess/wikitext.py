@@ -23,17 +23,6 @@ import zipfile
 from collections import Counter
 from pathlib import Path
 
-from fairseq_alibi.preprocess.common import (
-    DataError,
-    IndexedWriter,
-    atomic_directory,
-    ordered_map,
-    progress_bar,
-    read_batches,
-    run_cli,
-    save_json,
-    worker_state,
-)
 from fairseq_alibi.preprocess.encoders import (
     EOS_WORD,
     WordEncoder,
@@ -41,6 +30,16 @@ from fairseq_alibi.preprocess.encoders import (
     dictionary_from_counts,
     encoder_from_args,
 )
+from fairseq_alibi.preprocess.pipeline_io import (
+    DataError,
+    IndexedWriter,
+    atomic_directory,
+    progress_bar,
+    read_batches,
+    run_cli,
+    save_json,
+)
+from fairseq_alibi.preprocess.process_pool import ordered_map, worker_state
 
 logger = logging.getLogger("fairseq_alibi.preprocess.wikitext")
 

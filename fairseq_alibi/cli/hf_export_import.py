@@ -31,7 +31,7 @@ from pathlib import Path
 
 import torch
 
-from fairseq_alibi.cli.conversion import (
+from fairseq_alibi.cli.checkpoint_io import (
     ConversionError,
     atomic_folder,
     model_config,

@@ -2,7 +2,7 @@
 
 ::
 
-    python -m fairseq_alibi.convert --input X.pt --output Y.pt [--from press|eify|stock] [--dict D]
+    fairseq-alibi convert --input X.pt --output Y.pt [--from press|eify|stock] [--dict D]
 
 **Forks** (:mod:`fairseq_alibi.cli.forks`, docs/migrating.md): Press's language models
 (``--from press``: they look exactly like stock sinusoidal checkpoints), EIFY's
@@ -42,7 +42,7 @@ from typing import Optional
 import torch
 
 from fairseq_alibi.cli import forks
-from fairseq_alibi.cli.conversion import (  # noqa: F401  (ConversionError: the tools' error type)
+from fairseq_alibi.cli.checkpoint_io import (  # noqa: F401  (ConversionError: the tools' error)
     ConversionError,
     PlaceholderTask,
     build_model,
@@ -360,7 +360,7 @@ def _report_roberta(summary, args):
 def main(argv=None):
 
     parser = argparse.ArgumentParser(
-        prog="python -m fairseq_alibi.convert",
+        prog="fairseq-alibi convert",
         description="Convert a checkpoint into this plugin's format: a stock fairseq "
         "transformer_lm (positions dropped, ALiBi added: fine-tune it), or a model of the ALiBi "
         "forks (Press's language models, EIFY's transformer_lm_alibi, RoBERTa and translation "

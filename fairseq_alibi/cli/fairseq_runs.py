@@ -1,11 +1,13 @@
-"""What the command-line tools share: running fairseq's console scripts and describing the machine."""
+"""Running fairseq's console scripts from the tools: which script, its environment and log, the
+CPU time it took, the machine it ran on, the model flags it may be given, ``--seeds``."""
 
+import argparse
 import os
 import platform
 import subprocess
 import sys
 from pathlib import Path
-from typing import List
+from typing import Dict, List
 
 
 def console_script(name: str) -> str:
@@ -55,6 +57,29 @@ def machine() -> dict:
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
     return dict(cpu=cpu, cores=os.cpu_count(), load_average=load,
                 platform=platform.platform(), python=platform.python_version())
+
+
+def machine_line() -> str:
+    """:func:`machine` as one line, with the GPU, torch and its thread count (the benchmarks'
+    reports): CPU model, cores, GPU, torch, threads, and the load when it started."""
+    import torch
+
+    found = machine()
+    load = found["load_average"]
+    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"
+    return (
+        f"{found['cpu']}, {found['cores']} cores, {gpu}, torch {torch.__version__}, "
+        f"{torch.get_num_threads()} thread(s), load average "
+        f"{'unknown' if load is None else f'{load:.1f}'} at start"
+    )
+
+
+def declared_options(model_class) -> Dict[str, argparse.Action]:
+    """``dest -> argparse action`` of every option ``model_class.add_args`` declares in this
+    checkout: the model flags a ``fairseq-train`` command may pass (``action.option_strings``)."""
+    parser = argparse.ArgumentParser(add_help=False)
+    model_class.add_args(parser)
+    return {action.dest: action for action in parser._actions}
 
 
 def parse_seeds(parser, text: str) -> List[int]:

@@ -50,7 +50,15 @@ from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
-from fairseq_alibi.cli.common import console_script, cpu_seconds, machine, parse_seeds, thread_env
+from fairseq_alibi.cli.fairseq_runs import (
+    console_script,
+    cpu_seconds,
+    declared_options,
+    machine,
+    parse_seeds,
+    thread_env,
+)
+from fairseq_alibi.config_access import plain_cfg
 from fairseq_alibi.error_hints import OneLineError
 from fairseq_alibi.paths import user_dir
 
@@ -118,25 +126,11 @@ class Pretrained:
     pretraining_length: Optional[int]
 
 
-def _plain(cfg) -> dict:
-    from omegaconf import OmegaConf
-
-    if cfg is None:
-        return {}
-    if isinstance(cfg, argparse.Namespace):
-        return vars(cfg)
-    if OmegaConf.is_config(cfg):
-        return OmegaConf.to_container(cfg, resolve=True)
-    return dict(cfg)
-
-
 def model_options() -> Dict[str, argparse.Action]:
     """``dest -> action`` of every option ``alibi_roberta`` accepts in this checkout."""
     from fairseq_alibi.models.alibi_roberta import AlibiRobertaModel
 
-    parser = argparse.ArgumentParser(add_help=False)
-    AlibiRobertaModel.add_args(parser)
-    return {a.dest: a for a in parser._actions}
+    return declared_options(AlibiRobertaModel)
 
 
 def _same(a, b) -> bool:
@@ -173,7 +167,7 @@ def read_pretrained(path) -> Pretrained:
     """The checkpoint's model, or a one-line error: missing, unreadable, not an encoder."""
     from fairseq.models import ARCH_MODEL_REGISTRY
 
-    from fairseq_alibi.cli.conversion import ConversionError, read_checkpoint
+    from fairseq_alibi.cli.checkpoint_io import ConversionError, read_checkpoint
 
     source = Path(path)
     if not source.is_file():
@@ -185,7 +179,7 @@ def read_pretrained(path) -> Pretrained:
     except ConversionError as e:
         raise GlueError(str(e)) from None
     cfg = state.get("cfg") or {}
-    model, task = _plain(cfg.get("model")), _plain(cfg.get("task"))
+    model, task = plain_cfg(cfg.get("model")), plain_cfg(cfg.get("task"))
     arch = model.get("arch") or model.get("_name")
     kind = ARCH_MODEL_REGISTRY.get(arch).__name__ if arch in ARCH_MODEL_REGISTRY else None
     if kind not in ("AlibiRobertaModel", "RobertaModel"):
@@ -288,7 +282,7 @@ def cut_pair(a: int, b: Optional[int], budget: int):
 def truncated_copy(name: str, folder: Path, out: Path, budget: int) -> Dict[str, int]:
     """``folder`` with every input cut to ``budget`` tokens (see :func:`cut_pair`; each segment
     keeps its final ``</s>``) written to ``out``; returns the inputs cut per split."""
-    from fairseq_alibi.preprocess.common import IndexedWriter, atomic_directory
+    from fairseq_alibi.preprocess.pipeline_io import IndexedWriter, atomic_directory
 
     pair = RECIPES[name].pair
     if budget < (6 if pair else 3):

@@ -1,7 +1,8 @@
 """What every converter shares (stock and fork checkpoints, Hugging Face): reading a fairseq
 checkpoint, its model configuration of any era, one error type, atomic writes.
 
-``convert``, ``forks`` and ``hf`` import this module; it imports none of them (no import circle).
+``convert_checkpoints``, ``forks`` and ``hf_export_import`` import this module; it imports none
+of them (no import circle).
 """
 
 import os
@@ -74,7 +75,7 @@ def read_checkpoint(path) -> dict:
     source = Path(path)
     if not source.is_file():
         raise ConversionError(f"no checkpoint at {source}")
-    repair = f"`python -m fairseq_alibi.checkpoints repair {source.parent}`"
+    repair = f"`fairseq-alibi checkpoints repair {source.parent}`"
     if source.stat().st_size == 0:
         raise ConversionError(
             f"cannot read {source}: the file is empty (0 bytes; an interrupted save?). Use an "

@@ -1,5 +1,0 @@
-"""``python -m fairseq_alibi.export_hf``: ``fairseq-alibi export-hf`` (fairseq_alibi/__main__.py's TOOLS)."""
-
-from fairseq_alibi.__main__ import run_alias
-
-run_alias(__name__, __spec__)
