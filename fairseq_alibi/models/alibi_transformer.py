@@ -61,6 +61,7 @@ from fairseq_alibi.models.checks import (
 )
 from fairseq_alibi.models.common import lift_task_length_limit, mirror_stock_architectures
 from fairseq_alibi.models.layer_pruning import ScalesFollowPrunedLayers
+from fairseq_alibi.modules.cross_position import CrossPositionAttention, LongestSource
 from fairseq_alibi.modules.position_shift import ShiftedPositions
 from fairseq_alibi.modules.stacks import (
     AlibiCrossPositionDecoder,
@@ -174,6 +175,21 @@ class AlibiTransformerModel(ScalesFollowPrunedLayers, TransformerModel):
             else AlibiTransformerDecoder
         return decoder(copy.deepcopy(cfg), tgt_dict, embed_tokens, stack,
                        no_encoder_attn=no_encoder_attn, cross=cross)
+
+    def __init__(self, args, encoder, decoder):
+        super().__init__(args, encoder, decoder)
+        cross = [m for m in decoder.modules() if isinstance(m, CrossPositionAttention)]
+        # with a cross-attention position option only (the others save what they did): the
+        # longest training source, saved with the model, what the cross-attention reads when
+        # --cross-alibi-inference-longer-than is not given
+        self.longest_training_source = LongestSource() if cross else None
+        for m in cross:
+            m.use_longest_source(self.longest_training_source)
+
+    def forward(self, src_tokens, src_lengths, prev_output_tokens, **kwargs):
+        if self.training and self.longest_training_source is not None:
+            self.longest_training_source.record(src_lengths)  # real lengths, EOS included
+        return super().forward(src_tokens, src_lengths, prev_output_tokens, **kwargs)
 
     @property
     def encoder_uses_alibi(self):
