@@ -40,7 +40,11 @@ The saved state is the stock ``transformer``'s (same parameter names) plus the s
 ``encoder.alibi.slopes`` / ``decoder.alibi.slopes`` of the ALiBi sides (and
 ``encoder.alibi.future_slope_ratio`` with ``asymmetric``, ``encoder.alibi.scales`` /
 ``decoder.alibi.scales`` with ``--encoder-alibi-learned-scales`` /
-``--decoder-alibi-learned-scales``: docs/learned_scales.md).
+``--decoder-alibi-learned-scales``: docs/learned_scales.md), and, with a cross-attention
+position option, ``longest_training_source.tokens``: the longest real source the model was
+trained on (tokens, EOS included), raised by every training forward pass, which
+``--cross-alibi-inference-longer-than`` follows unless it is given (a checkpoint saved before
+it loads with none recorded: every source, as then).
 """
 
 import argparse
