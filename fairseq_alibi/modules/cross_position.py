@@ -85,7 +85,8 @@ class LongestSource(torch.nn.Module):
     pass raises to the batch's longest row (:meth:`record`, no host synchronisation); 0 = none
     recorded (a model not trained yet, or a checkpoint saved before the record existed, which
     loads with 0 and so keeps its behaviour). What ``--cross-alibi-inference-longer-than``
-    defaults to (:meth:`CrossPositionAttention.longer_than`)."""
+    defaults to (:meth:`CrossPositionAttention.longer_than`). In distributed training each
+    process records the sources it saw, and the checkpoint holds the saving process's record."""
 
     def __init__(self):
         super().__init__()
