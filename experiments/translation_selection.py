@@ -179,8 +179,8 @@ def overrides_of(name, decoding, grid):
     if sharp:
         scale, _, longer_than = sharp.partition("_over")
         overrides["cross_alibi_inference_slope_scale"] = float(scale)
-        if longer_than:
-            overrides["cross_alibi_inference_longer_than"] = int(longer_than)
+        # 0, every source, said: unset, a checkpoint's recorded training length would apply
+        overrides["cross_alibi_inference_longer_than"] = int(longer_than or 0)
     return overrides
 
 

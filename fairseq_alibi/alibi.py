@@ -100,12 +100,8 @@ def variant_slopes(num_heads: int, variant: str, biased_heads: Optional[int] = N
     """
     check_variant(variant, num_heads)
     if biased_heads is not None and biased_heads != num_heads:
-        if variant == "one_sided":
-            raise ValueError("one_sided ALiBi splits its heads by direction: it takes no partial "
-                             "heads (--alibi-heads); use all heads, or symmetric/offset")
-        if not 1 <= biased_heads <= num_heads:
-            raise ValueError(f"the heads with an ALiBi bias must be between 1 and the "
-                             f"{num_heads} attention heads, got {biased_heads}")
+        # the user-facing checks: --alibi-heads' declaration (fairseq_alibi.options)
+        assert variant != "one_sided" and 1 <= biased_heads <= num_heads, (variant, biased_heads)
         return torch.cat([get_slopes(biased_heads), torch.zeros(num_heads - biased_heads)])
     if variant == "one_sided":
         return torch.cat([get_slopes(num_heads // 2)] * 2)

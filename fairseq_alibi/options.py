@@ -1,4 +1,6 @@
-"""Every ALiBi option, declared once: its name, help, default, choices and validation.
+"""Every ALiBi option, declared once: its name, help, default, choices, validation and where it
+applies. The table of every flag this gives is docs/options.md (``python -m
+fairseq_alibi.options_page`` writes it; a test fails when it is stale).
 
 A model family does not declare ALiBi options of its own; it lists which declarations it has
 and under which prefix, and they reach fairseq through fairseq's own dataclass-to-argparse
@@ -11,15 +13,24 @@ as one object (:func:`read`), never as ``getattr`` reads with local defaults:
   :data:`TRANSLATION_DECODER`);
 * :class:`CrossOptions`, ``alibi_transformer``'s cross-attention and SHAPE, unprefixed.
 
-:class:`StackOptions` fields marked ``model_wide`` (the attention backend, the run-time slope
-scale) are declared once per model under ``alibi_`` and shared by its stacks; a stack's
-``variant`` choices (and whether the asymmetric variant's forward-slope options exist) come
-from its :class:`Side`. Adding a field to :class:`StackOptions` adds the option to every family
-(``docs/architecture.md``, "Where to add things").
+Adding a field to :class:`StackOptions` adds the option to every family and side it applies to
+(``docs/architecture.md``, "Where to add things"). A field's ``metadata``:
 
-A field's ``metadata``: ``help``; ``check``, a function of the value returning what is wrong
-with it (or ``None``), said after the flag's name; ``model_wide``.
-Checks that involve several options are the ``check`` method of the declaration.
+* ``help``;
+* ``check``: a function of the value returning what is wrong with it (or ``None``), said after
+  the flag's name (choices are checked from the field's type);
+* ``needs`` (:class:`Needs`): the other option it does something with, e.g. the variants that
+  have an ALiBi bias. A :class:`Side` declares a :class:`StackOptions` field only if one of its
+  variants meets the field's ``needs`` on ``variant`` (and the side has the property named by
+  ``side``); a value set while the other option does not meet it is a one-line error;
+* ``side``: a :class:`Side` property the side must have (``global_tokens``:
+  ``fixed_first_tokens``);
+* ``off``: the values that leave the option off (default: the field's default);
+* ``model_wide``: declared once per model under ``alibi_`` and shared by its stacks (the
+  attention backend, the run-time slope scale).
+
+What involves a context (the head count, the model's stock options) is a short rule in the
+declaration's ``check``, stated once.
 """
 
 import dataclasses
@@ -30,22 +41,30 @@ from typing import Dict, Iterable, Optional, Tuple
 
 from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 
-from fairseq_alibi.alibi import ENCODER_VARIANTS, SCALE_MODES, check_variant
+from fairseq_alibi.alibi import ENCODER_VARIANTS, SCALE_MODES, VARIANTS, check_variant
 from fairseq_alibi.config_access import cfg_get, cfg_set
 from fairseq_alibi.cross_alibi import CROSS_ALIBI_MODES
 from fairseq_alibi.modules.attention.dispatch import ATTENTION_BACKENDS
 
 logger = logging.getLogger(__name__)
 
+#: the variants with an ALiBi bias (every one but ``none``)
+BIASED = VARIANTS
+#: the variants whose queries see keys on both sides
+BIDIRECTIONAL = tuple(v for v in VARIANTS if v != "causal")
+#: the ``--cross-alibi`` modes with a position bias
+CROSS_BIASED = tuple(m for m in CROSS_ALIBI_MODES if m != "none")
 
-def _positive(value):
+
+def positive(value):
+    """The ``check`` of an option that must be a positive number."""
     if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
         return f"must be positive, got {value!r}"
     return None
 
 
 def _scale_init(value):
-    if _positive(value):
+    if positive(value):
         return ("must be a positive number (it multiplies every ALiBi slope; 1.0 = Press et "
                 f"al.'s slopes), got {value!r}")
     return None
@@ -63,12 +82,37 @@ def _off_or_positive(value):
     return None
 
 
-def _at_least(low):
+def at_least(low):
+    """The ``check`` of a whole number of at least ``low``."""
     def check(value):
         if value is not None and not value >= low:
             return f"must be >= {low}, got {value!r}"
         return None
     return check
+
+
+def _source_length_reference(value):
+    if not (value == 0 or value > 1):
+        return ("N must be 0 (off) or a reference source length above 1 (e.g. the mean "
+                f"training source length), got {value}")
+    return None
+
+
+def _distance_or_off(value):
+    if not value >= 0 and value != -1:
+        return f"must be -1 (off) or a distance >= 0 in source tokens, got {value}"
+    return None
+
+
+@dataclass(frozen=True)
+class Needs:
+    """An option does something only when the option ``other`` (a field of the same
+    declaration) is one of ``values`` (``None``: is on, not off); ``why`` ends the error that
+    a value set without it gets: ``--X needs --other V, not W: <why>``."""
+
+    other: str
+    why: str
+    values: Optional[Tuple[str, ...]] = None
 
 
 @dataclass(frozen=True)
@@ -87,17 +131,22 @@ class Side:
     def flag(self) -> str:
         return "--" + self.prefix.rstrip("_").replace("_", "-")
 
+    def variants_for(self, f: dataclasses.Field) -> Tuple[str, ...]:
+        """This side's variants in which the :class:`StackOptions` field ``f`` does something."""
+        needs = f.metadata.get("needs")
+        if needs is None or needs.other != "variant":
+            return self.variants
+        return tuple(v for v in self.variants if v in needs.values)
+
     def has(self, name: str) -> bool:
-        """Whether this side declares the field ``name`` of :class:`StackOptions`."""
+        """Whether this side declares the field ``name`` of :class:`StackOptions`: a variant is
+        a choice where there is one; any other field where one of the side's variants uses it
+        and the side has the property its ``side`` names."""
         if name == "variant":
             return len(self.variants) > 1
-        if name in ("future_slope_ratio", "learnable_future_slopes"):
-            return "asymmetric" in self.variants
-        if name == "global_tokens":
-            return self.fixed_first_tokens
-        if name == "length_scale":  # bidirectional stacks only
-            return any(v not in ("causal", "none") for v in self.variants)
-        return True
+        f = field_of(StackOptions, name)
+        needed = f.metadata.get("side")
+        return bool(self.variants_for(f)) and (needed is None or getattr(self, needed))
 
 
 #: the sides of the model families
@@ -108,6 +157,13 @@ TRANSLATION_DECODER = Side("decoder_alibi_", ("causal", "none"), "causal")
 
 #: the prefix of the model-wide fields
 MODEL_WIDE_PREFIX = "alibi_"
+
+#: the families and the sides each declares (docs/options.md's columns)
+FAMILIES = (("alibi_transformer_lm", LM), ("alibi_roberta", ENCODER),
+            ("alibi_transformer encoder", TRANSLATION_ENCODER),
+            ("alibi_transformer decoder", TRANSLATION_DECODER))
+
+_SHAPES_THE_BIAS = Needs("variant", "it shapes the ALiBi bias", BIASED)
 
 
 @dataclass
@@ -121,29 +177,34 @@ class StackOptions(FairseqDataclass):
                 "position embeddings, no bias"})
     future_slope_ratio: float = field(default=1.0, metadata={
         "help": "asymmetric only: forward slope = R x backward slope, per head",
-        "check": _at_least(0)})
+        "check": at_least(0),
+        "needs": Needs("variant", "it sets the forward slopes", ("asymmetric",))})
     learnable_future_slopes: bool = field(default=False, metadata={
-        "help": "asymmetric only: learn the forward/backward slope ratio of every head"})
+        "help": "asymmetric only: learn the forward/backward slope ratio of every head",
+        "needs": Needs("variant", "it learns the forward slopes", ("asymmetric",))})
     learned_scales: ChoiceEnum(SCALE_MODES) = field(default="none", metadata={
         "help": "learn a multiplier of the ALiBi slopes (data2vec 2.0's learned alibi scale): "
                 "none (fixed slopes), shared (one), per_head, per_layer, per_layer_head; saved "
-                "with the model (docs/learned_scales.md)"})
+                "with the model (docs/learned_scales.md)", "needs": _SHAPES_THE_BIAS})
     scale_init: float = field(default=1.0, metadata={
         "help": "initial value of the learned slope scales (with none: a fixed multiplier); "
-                "must be positive, 1.0 = Press et al.'s slopes", "check": _scale_init})
+                "must be positive, 1.0 = Press et al.'s slopes", "check": _scale_init,
+        "needs": _SHAPES_THE_BIAS})
     heads: Optional[int] = field(default=None, metadata={
         "help": "partial-head ALiBi: only the first K attention heads carry the bias, with "
                 "Press's slopes of K heads; the others have none (default: every head)",
-        "check": _at_least(1)})
+        "check": at_least(1), "needs": _SHAPES_THE_BIAS})
     global_tokens: int = field(default=0, metadata={
         "help": "the first N positions (<s>, read by the classification head) are exempt from "
                 "the bias as queries and as keys, and from one_sided's direction masks; 0 = "
-                "none", "check": _at_least(0)})
+                "none", "check": at_least(0), "needs": _SHAPES_THE_BIAS,
+        "side": "fixed_first_tokens"})
     length_scale: int = field(default=0, metadata={
         "help": "evaluation beyond the training length N: a sequence of n > N real tokens "
                 "uses every slope x log n / log N (each sequence its own n; a per-sequence "
                 "bias, run by sdpa or naive); a load-time override, e.g. --model-overrides "
-                "\"{'alibi_length_scale': 512}\"; 0 = off", "check": _length_reference})
+                "\"{'alibi_length_scale': 512}\"; 0 = off", "check": _length_reference,
+        "needs": Needs("variant", "it scales a bidirectional bias", BIDIRECTIONAL)})
     attention: ChoiceEnum(ATTENTION_BACKENDS) = field(default="auto", metadata={
         "help": "attention implementation; saved with the model, can be overridden at load "
                 "time with --model-overrides \"{'alibi_attention': 'naive'}\"",
@@ -151,14 +212,14 @@ class StackOptions(FairseqDataclass):
     slope_scale: float = field(default=1.0, metadata={
         "help": "multiply every ALiBi slope by this at run time (slope interpolation: "
                 "L_train / L_eval); a load-time override, 1.0 = as trained",
-        "model_wide": True, "check": _positive})
+        "model_wide": True, "check": positive})
 
     def check_values(self, side: Side, num_heads: int):
-        """Clear errors for values that cannot work, each alone (named as typed)."""
-        for f in dataclasses.fields(self):
-            if f.metadata.get("model_wide") or not side.has(f.name):
-                continue
-            _check_field(f, getattr(self, f.name), side.prefix)
+        """Clear errors for what the math cannot compute (named as typed): each value alone,
+        the variant (``one_sided``'s even head count) and the partial heads."""
+        for f in option_fields(StackOptions):
+            if not f.metadata.get("model_wide") and side.has(f.name):
+                _check_field(f, getattr(self, f.name), side.prefix)
         if self.variant not in side.variants:
             raise ValueError(f"unknown {side.flag}-variant {self.variant!r}; choose one of: "
                              f"{', '.join(side.variants)}")
@@ -168,29 +229,17 @@ class StackOptions(FairseqDataclass):
         if self.heads is not None and self.heads > num_heads:
             raise ValueError(f"{p}-heads must be between 1 and the {num_heads} attention heads, "
                              f"got {self.heads}")
-
-    def check(self, side: Side, num_heads: int):
-        """Clear errors for values and combinations that cannot work (named as typed)."""
-        self.check_values(side, num_heads)
-        p = side.flag
-        if self.variant != "asymmetric" and (self.future_slope_ratio != 1.0
-                                             or self.learnable_future_slopes):
-            raise ValueError(
-                f"{p}-future-slope-ratio / {p}-learnable-future-slopes set the forward slopes "
-                f"of {p}-variant asymmetric; they do nothing with {self.variant!r}")
-        if self.variant == "none" and (self.learned_scales != "none" or self.scale_init != 1.0
-                                       or self.heads is not None or self.global_tokens
-                                       or self.length_scale):
-            raise ValueError(
-                f"{p}-learned-scales / {p}-scale-init / {p}-heads / {p}-global-tokens / "
-                f"{p}-length-scale shape the ALiBi bias; {p}-variant none has none: drop them "
-                "or choose an ALiBi variant")
         if self.variant == "one_sided" and self.heads not in (None, num_heads):
             raise ValueError(f"{p}-variant one_sided splits its heads by direction: it takes no "
                              f"{p}-heads; drop it, or use symmetric or offset")
 
+    def check(self, side: Side, num_heads: int):
+        """Clear errors for values and combinations that cannot work (named as typed)."""
+        self.check_values(side, num_heads)
+        _check_needs(self, side.prefix, side)
+
     def check_model_wide(self):
-        for f in dataclasses.fields(self):
+        for f in option_fields(StackOptions):
             if f.metadata.get("model_wide"):
                 _check_field(f, getattr(self, f.name), MODEL_WIDE_PREFIX)
 
@@ -206,8 +255,9 @@ def check_stacks(stacks):
         stack.check(side, heads)
     first = next(iter(stacks.values()))[0]
     first.check_model_wide()
-    if not any(stack.uses_alibi for stack, _ in stacks.values()) and (
-            first.attention != "auto" or first.slope_scale != 1.0):
+    if not any(stack.uses_alibi for stack, _ in stacks.values()) and any(
+            _is_on(f, getattr(first, f.name)) for f in option_fields(StackOptions)
+            if f.metadata.get("model_wide")):
         logger.warning("no ALiBi bias (every --*alibi-variant is none): --alibi-attention and "
                        "--alibi-slope-scale are ignored (stock attention and positions are used)")
 
@@ -215,6 +265,8 @@ def check_stacks(stacks):
 #: ``--cross-alibi-eos-guard-layer``: whose pointer the EOS guard reads (``min``: the one
 #: furthest behind)
 EOS_GUARD_LAYERS = ("last", "first", "min")
+
+_CROSS_BIAS_HEADS = "it chooses the heads of the --cross-alibi bias"
 
 
 @dataclass
@@ -228,39 +280,52 @@ class CrossOptions(FairseqDataclass):
                 "p_t = p_{t-1} + softplus(w.x_t + b), ratio -m|j - r.t| (r: --cross-alibi-ratio)"})
     cross_alibi_heads: Optional[int] = field(default=None, metadata={
         "help": "how many decoder heads get the --cross-alibi bias (slopes of K heads); the "
-                "others are content only (default: half the heads, at least 1)"})
+                "others are content only (default: half the heads, at least 1)",
+        "check": at_least(1), "needs": Needs("cross_alibi", _CROSS_BIAS_HEADS, CROSS_BIASED)})
     cross_alibi_slope_scale: float = field(default=1.0, metadata={
         "help": "the --cross-alibi heads' slopes are X times Press's slopes of K heads "
-                "(16 with 2 biased heads: slopes 1 and 1/16)", "check": _positive})
+                "(16 with 2 biased heads: slopes 1 and 1/16)", "check": positive,
+        "needs": Needs("cross_alibi", "it scales the slopes of the --cross-alibi bias",
+                       CROSS_BIASED)})
     cross_alibi_inference_slope_scale: float = field(default=0.0, metadata={
         "help": "outside training (validation, scoring, generation) the --cross-alibi heads' "
                 "slopes are X times Press's slopes instead of --cross-alibi-slope-scale times: "
                 "sharper slopes keep the biased heads on the pointer over sources longer than "
                 "training's; 0 = the training scale; a decoding option (--model-overrides)",
-        "check": _off_or_positive})
-    cross_alibi_inference_longer_than: int = field(default=0, metadata={
+        "check": _off_or_positive,
+        "needs": Needs("cross_alibi", "it scales the slopes of the --cross-alibi bias outside "
+                       "training", CROSS_BIASED)})
+    cross_alibi_inference_longer_than: Optional[int] = field(default=None, metadata={
         "help": "--cross-alibi-inference-slope-scale only for sources longer than L tokens "
-                "(EOS included, as fairseq counts source positions; e.g. the longest training "
-                "source): the others keep the training slopes, attended as in training; 0 = "
-                "every source; a decoding option (--model-overrides)",
-        "check": _at_least(0)})
+                "(EOS included, as fairseq counts source positions): the others keep the "
+                "training slopes, attended as in training; default: the longest source the "
+                "model was trained on (recorded in training; every source for a checkpoint "
+                "that recorded none); 0 = every source; a decoding option (--model-overrides)",
+        "check": at_least(0), "off": (None, 0),
+        "needs": Needs("cross_alibi_inference_slope_scale",
+                       "it chooses the sources that get that scale")})
     cross_alibi_ratio: Optional[float] = field(default=None, metadata={
         "help": "--cross-alibi ratio: source tokens per target token of the training corpus "
-                "(required with ratio)"})
+                "(required with ratio)", "check": positive,
+        "needs": Needs("cross_alibi", "it anchors the ratio bias", ("ratio",))})
     cross_attention_length_scale: float = field(default=0.0, metadata={
         "help": "multiply the cross-attention content logits by log S / log N (S: the row's "
-                "real source length; N > 1, e.g. the mean training source length); 0 = off"})
+                "real source length; N > 1, e.g. the mean training source length); 0 = off",
+        "check": _source_length_reference})
     cross_alibi_eos_guard: float = field(default=-1.0, metadata={
         "help": "decoding only, with --cross-alibi pointer: EOS is forbidden while the "
                 "guarded pointer (--cross-alibi-eos-guard-layer) is more than D source tokens "
-                "before the last source token; -1 = off"})
+                "before the last source token; -1 = off", "check": _distance_or_off,
+        "needs": Needs("cross_alibi", "it reads the source pointer", ("pointer",))})
     cross_alibi_eos_guard_layer: ChoiceEnum(EOS_GUARD_LAYERS) = field(default="last", metadata={
         "help": "the pointer the EOS guard reads: last, first, or min (the pointer furthest "
-                "behind over the layers); a decoding option (--model-overrides)"})
+                "behind over the layers); a decoding option (--model-overrides)",
+        "needs": Needs("cross_alibi_eos_guard", "it chooses the pointer that the EOS guard "
+                       "reads")})
     position_shift: int = field(default=0, metadata={
         "help": "SHAPE on a side with --*-alibi-variant none: offset each training sentence's "
                 "sinusoidal positions by a random integer in [0, K] (0 at inference); 0 = off",
-        "check": _at_least(0)})
+        "check": at_least(0)})
 
     @property
     def uses_cross_position(self) -> bool:
@@ -269,71 +334,20 @@ class CrossOptions(FairseqDataclass):
     def check(self, decoder_heads: int, stock_sides: Iterable[str], model_cfg):
         """Clear errors for the cross-attention options and SHAPE; ``stock_sides``: the sides
         with stock positions, ``model_cfg`` the stock options they interact with."""
-        mode, heads = self.cross_alibi, decoder_heads
-        if mode not in CROSS_ALIBI_MODES:
-            raise ValueError(f"unknown --cross-alibi {mode!r}; choose one of: "
-                             f"{', '.join(CROSS_ALIBI_MODES)}")
-        needs_mode = ("with --cross-alibi none there is none: drop it, or pass --cross-alibi "
-                      "pointer (or ratio)")
-        if self.cross_alibi_heads is not None:
-            if mode == "none":
-                raise ValueError("--cross-alibi-heads chooses the heads of the --cross-alibi "
-                                 f"bias; {needs_mode}")
-            if not 1 <= self.cross_alibi_heads <= heads:
-                raise ValueError(f"--cross-alibi-heads must be between 1 and the {heads} "
-                                 f"decoder attention heads, got {self.cross_alibi_heads}")
-        for name, default, when in (("cross_alibi_slope_scale", 1.0, ""),
-                                    ("cross_alibi_inference_slope_scale", 0.0,
-                                     " outside training")):
-            value = getattr(self, name)
-            if value != default:
-                if mode == "none":
-                    raise ValueError(f"--{name.replace('_', '-')} scales the slopes of the "
-                                     f"--cross-alibi bias{when}; {needs_mode}")
-                _check_field(_field(CrossOptions, name), value)
-        longer_than = self.cross_alibi_inference_longer_than
-        if longer_than:
-            _check_field(_field(CrossOptions, "cross_alibi_inference_longer_than"), longer_than)
-            if self.cross_alibi_inference_slope_scale == 0:
-                raise ValueError("--cross-alibi-inference-longer-than L chooses the sources that "
-                                 "get --cross-alibi-inference-slope-scale: pass that scale too, "
-                                 "or drop it")
-        ratio = self.cross_alibi_ratio
-        if mode == "ratio" and ratio is None:
+        check_declared(self)
+        heads = self.cross_alibi_heads
+        if heads is not None and heads > decoder_heads:
+            raise ValueError(f"--cross-alibi-heads must be between 1 and the {decoder_heads} "
+                             f"decoder attention heads, got {heads}")
+        if self.cross_alibi == "ratio" and self.cross_alibi_ratio is None:
             raise ValueError("--cross-alibi ratio needs --cross-alibi-ratio R, the source tokens "
                              "per target token of the training corpus (total source tokens / "
                              "total target tokens)")
-        if ratio is not None and mode != "ratio":
-            raise ValueError(f"--cross-alibi-ratio anchors --cross-alibi ratio; it does nothing "
-                             f"with --cross-alibi {mode}: drop it, or pass --cross-alibi ratio")
-        if ratio is not None and not ratio > 0:
-            raise ValueError(f"--cross-alibi-ratio must be positive (source tokens per target "
-                             f"token), got {ratio}")
-        scale = self.cross_attention_length_scale
-        if not (scale == 0 or scale > 1):
-            raise ValueError(f"--cross-attention-length-scale N must be 0 (off) or a reference "
-                             f"source length above 1 (e.g. the mean training source length), "
-                             f"got {scale}")
-        guard = self.cross_alibi_eos_guard
-        if guard != -1:
-            if mode != "pointer":
-                raise ValueError("--cross-alibi-eos-guard D reads the source pointer: it needs "
-                                 f"--cross-alibi pointer (got --cross-alibi {mode})")
-            if not guard >= 0:
-                raise ValueError(f"--cross-alibi-eos-guard must be -1 (off) or a distance >= 0 "
-                                 f"in source tokens, got {guard}")
-        _check_field(_field(CrossOptions, "cross_alibi_eos_guard_layer"),
-                     self.cross_alibi_eos_guard_layer)
-        if self.cross_alibi_eos_guard_layer != "last" and guard == -1:
-            raise ValueError("--cross-alibi-eos-guard-layer chooses the pointer that the EOS guard "
-                             "reads: it needs --cross-alibi-eos-guard D")
         if self.uses_cross_position and _get(model_cfg, "no_cross_attention", False):
             raise ValueError("--cross-alibi / --cross-attention-length-scale act on the "
                              "cross-attention, which --no-cross-attention removes: drop one of "
                              "them")
-        shift = self.position_shift
-        if shift:
-            _check_field(_field(CrossOptions, "position_shift"), shift)
+        if self.position_shift:
             stock = list(stock_sides)
             if not stock:
                 raise ValueError("--position-shift offsets stock sinusoidal positions; both sides "
@@ -353,21 +367,75 @@ class CrossOptions(FairseqDataclass):
 # declarations -> fairseq (dataclass fields, argparse), configurations -> option objects
 
 
-def _field(cls, name) -> dataclasses.Field:
+def field_of(cls, name) -> dataclasses.Field:
     return next(f for f in dataclasses.fields(cls) if f.name == name)
+
+
+def option_fields(cls):
+    """The option fields of a declaration (FairseqDataclass's ``_name`` is none)."""
+    return [f for f in dataclasses.fields(cls) if not f.name.startswith("_")]
+
+
+def flag_of(f: dataclasses.Field, prefix: str = "") -> str:
+    """The flag of the field ``f`` as a side with ``prefix`` declares it."""
+    if f.metadata.get("model_wide"):
+        prefix = MODEL_WIDE_PREFIX
+    return "--" + (prefix + f.name).replace("_", "-")
+
+
+def _is_on(f: dataclasses.Field, value) -> bool:
+    """Whether ``value`` turns the option on (is none of its ``off`` values)."""
+    return value not in f.metadata.get("off", (f.default,))
+
+
+def either(values) -> str:
+    """``a``, ``a or b``, ``a, b or c``."""
+    values = [str(v) for v in values]
+    return values[0] if len(values) == 1 else f"{', '.join(values[:-1])} or {values[-1]}"
 
 
 def _check_field(f: dataclasses.Field, value, prefix: str = ""):
     """A one-line error naming the flag (``prefix`` + the field's name) if ``value`` is not one
     of the field's choices or fails its ``check``."""
-    flag = "--" + (prefix + f.name).replace("_", "-")
+    flag = flag_of(f, prefix)
     choices = _choices(f)
     if choices is not None and str(value) not in choices:
         raise ValueError(f"unknown {flag} {str(value)!r}; choose one of: {', '.join(choices)}")
     check = f.metadata.get("check")
-    reason = check(value) if check is not None else None
+    unset = value is None and f.default is None  # an optional option left out
+    reason = check(value) if check is not None and not unset else None
     if reason is not None:
         raise ValueError(f"{flag} {reason}")
+
+
+def _check_needs(options, prefix: str = "", side: Optional[Side] = None):
+    """A one-line error for the first option that is on while the option it ``needs`` is not
+    what it needs (:class:`Needs`), named as ``side`` (or ``prefix``) declares them."""
+    cls = type(options)
+    for f in option_fields(cls):
+        needs = f.metadata.get("needs")
+        if needs is None or (side is not None and not side.has(f.name)) \
+                or not _is_on(f, getattr(options, f.name)):
+            continue
+        other, value = field_of(cls, needs.other), getattr(options, needs.other)
+        flag, other_flag = flag_of(f, prefix), flag_of(other, prefix)
+        if needs.values is None:
+            if not _is_on(other, value):
+                raise ValueError(f"{flag} needs {other_flag}: {needs.why}")
+        elif value not in needs.values:
+            allowed = side.variants_for(f) if side is not None and needs.other == "variant" \
+                else needs.values
+            raise ValueError(f"{flag} needs {other_flag} {either(allowed)}, not {value}: "
+                             f"{needs.why}")
+
+
+def check_declared(options, prefix: str = ""):
+    """What a declaration's fields say (choices, ``check``, ``needs``), one line for the first
+    option that fails, named as ``prefix`` declares them (a family's own options:
+    ``RobertaOptions``; :class:`CrossOptions`)."""
+    for f in option_fields(type(options)):
+        _check_field(f, getattr(options, f.name), prefix)
+    _check_needs(options, prefix)
 
 
 def _choices(f: dataclasses.Field) -> Optional[Tuple[str, ...]]:
@@ -381,9 +449,7 @@ def _fields(cls, side: Optional[Side]):
     """``[(name, field, type, default)]`` of the fields of ``cls`` that ``side`` declares, named
     and typed as it declares them (``None``: every field, unprefixed: :class:`CrossOptions`)."""
     found = []
-    for f in dataclasses.fields(cls):
-        if f.name.startswith("_"):  # FairseqDataclass's _name: not an option
-            continue
+    for f in option_fields(cls):
         if side is None:
             found.append((f.name, f, f.type, f.default))
             continue
@@ -472,3 +538,18 @@ def read(cls, cfg, side: Optional[Side] = None):
     if side is not None and not side.has("variant"):
         values["variant"] = side.default
     return cls(**values)
+
+
+def default_of(name: str, side: Optional[Side] = None, cls=StackOptions):
+    """The default of the option ``name`` (a field of ``cls``) as ``side`` declares it (a
+    stack's ``variant``: the side's default variant): what a configuration that lacks it
+    means."""
+    if name == "variant" and side is not None:
+        return side.default
+    return field_of(cls, name).default
+
+
+def model_wide_defaults() -> Dict[str, object]:
+    """``{config key: default}`` of the model-wide options (``alibi_attention``, ...)."""
+    return {MODEL_WIDE_PREFIX + f.name: f.default for f in option_fields(StackOptions)
+            if f.metadata.get("model_wide")}

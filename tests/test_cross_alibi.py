@@ -156,7 +156,8 @@ def test_the_bias_moves_the_attention(data, option):
     model, task = build_cross(data, *OPTIONS[option])
     plain, _ = build_translation(data)
     plain.load_state_dict({k: v for k, v in model.state_dict().items()
-                           if "pointer_step" not in k}, strict=True)
+                           if "pointer_step" not in k and "longest_training" not in k},
+                          strict=True)
     src, lengths, prev = translation_batch(task, token_sentences(task, [9, 4]),
                                            token_sentences(task, [6, 3], side="tgt"))
     with torch.no_grad():
@@ -378,6 +379,81 @@ def test_the_inference_slope_scale_acts_outside_training_only(data):
     assert cross.slopes.tolist() == [16 * m for m in press_slopes(2)] + [0, 0]
 
 
+SHARP = [*POINTER, "--cross-alibi-slope-scale", 16, "--cross-alibi-inference-slope-scale", 48]
+
+
+def decoded_outputs(model, task):
+    """Teacher-forced outputs outside training for sources of 12 and 8 tokens (EOS
+    included), one batch."""
+    src, lengths, prev = translation_batch(task, token_sentences(task, [11, 7]),
+                                           token_sentences(task, [6, 8], "tgt"))
+    assert lengths.tolist() == [12, 8]
+    with torch.no_grad():
+        return model.eval()(src, lengths, prev)[0]
+
+
+def test_the_model_records_its_longest_training_source_and_the_default_follows_it(data):
+    """Training forward passes raise ``longest_training_source`` to the longest real source
+    (EOS included, padding not); outside training it changes nothing; decoding then gives the
+    inference slopes to longer sources only, as ``--cross-alibi-inference-longer-than 10``
+    would, and the flag, 0 included, overrides it."""
+    model, task = build_cross(data, *SHARP)
+    assert int(model.longest_training_source.tokens) == 0  # nothing recorded yet
+    model.train()
+    for source_lengths in ([4, 9], [6, 2]):  # 10 and 7 tokens with EOS, padded on the left
+        src, lengths, prev = translation_batch(task, token_sentences(task, source_lengths),
+                                               token_sentences(task, [3, 3], "tgt"))
+        model(src, lengths, prev)
+    assert int(model.longest_training_source.tokens) == 10
+    decoded_outputs(model, task)  # a longer source outside training is not recorded
+    assert int(model.longest_training_source.tokens) == 10
+    assert all(m.longer_than() == 10 for m in model.modules()
+               if isinstance(m, CrossPositionAttention))
+
+    def like(*flags):
+        other, _ = build_cross(data, *SHARP, *flags)
+        other.load_state_dict(model.state_dict())  # the same weights and record
+        return decoded_outputs(other, task)
+
+    got = decoded_outputs(model, task)
+    assert torch.equal(got, like("--cross-alibi-inference-longer-than", 10))
+    everywhere = like("--cross-alibi-inference-longer-than", 0)  # the flag wins
+    assert torch.equal(got[0], everywhere[0]) and not torch.allclose(got[1], everywhere[1])
+    assert not torch.equal(like("--cross-alibi-inference-longer-than", 5)[1], got[1])
+
+
+def test_the_record_is_saved_and_a_checkpoint_without_it_decodes_as_before(data, tmp_path):
+    """The record travels in the checkpoint (``longest_training_source.tokens``) and
+    ``--model-overrides`` still overrides it; a checkpoint saved before the record existed (no
+    key, no option in its config) decodes every source with the inference slopes, as then."""
+    from fairseq import checkpoint_utils
+
+    path, model, task = write_checkpoint(data, tmp_path, "--arch", "alibi_transformer", *SHARP)
+    model.train()
+    src, lengths, prev = translation_batch(task, token_sentences(task, [9, 3]),
+                                           token_sentences(task, [3, 3], "tgt"))
+    model(src, lengths, prev)
+    state = torch.load(path, weights_only=False)
+    state["model"] = model.state_dict()
+    torch.save(state, path)
+    (loaded,), _ = checkpoint_utils.load_model_ensemble([str(path)], task=task)
+    assert int(loaded.longest_training_source.tokens) == 10
+    assert torch.equal(decoded_outputs(loaded, task), decoded_outputs(model, task))
+    (overridden,), _ = checkpoint_utils.load_model_ensemble(
+        [str(path)], task=task, arg_overrides={"cross_alibi_inference_longer_than": 0})
+    assert all(m.longer_than() == 0 for m in overridden.modules()
+               if isinstance(m, CrossPositionAttention))
+
+    del state["model"]["longest_training_source.tokens"]
+    del state["cfg"]["model"].cross_alibi_inference_longer_than
+    torch.save(state, path)
+    (old,), _ = checkpoint_utils.load_model_ensemble([str(path)], task=task)
+    assert int(old.longest_training_source.tokens) == 0
+    everywhere, _ = build_cross(data, *SHARP, "--cross-alibi-inference-longer-than", 0)
+    everywhere.load_state_dict(old.state_dict())
+    assert torch.equal(decoded_outputs(old, task), decoded_outputs(everywhere, task))
+
+
 def test_the_inference_slope_scale_is_a_load_time_override(data, tmp_path):
     """A checkpoint trained without the option, loaded with it: its generation uses the
     sharper slopes (what ``--model-overrides`` gives fairseq-generate)."""
@@ -484,11 +560,13 @@ def test_shape_training_differs_from_stock_and_grows_the_table(data):
 
 
 @pytest.mark.parametrize("flags,error", [
-    (["--cross-alibi-heads", 2], "--cross-alibi-heads.*--cross-alibi none"),
+    (["--cross-alibi-heads", 2], "--cross-alibi-heads needs --cross-alibi pointer or ratio, "
+                                 "not none"),
     (["--cross-alibi", "pointer", "--cross-alibi-heads", 5], "between 1 and the 4 decoder"),
-    (["--cross-alibi", "pointer", "--cross-alibi-heads", 0], "between 1 and the 4 decoder"),
+    (["--cross-alibi", "pointer", "--cross-alibi-heads", 0], "--cross-alibi-heads must be >= 1"),
     (["--cross-alibi", "ratio"], "needs --cross-alibi-ratio R"),
-    (["--cross-alibi", "pointer", "--cross-alibi-ratio", 1.2], "does nothing with.*pointer"),
+    (["--cross-alibi", "pointer", "--cross-alibi-ratio", 1.2],
+     "--cross-alibi-ratio needs --cross-alibi ratio, not pointer"),
     (["--cross-alibi", "ratio", "--cross-alibi-ratio", 0], "must be positive"),
     (["--cross-attention-length-scale", 1], "0 \\(off\\) or a reference source length above 1"),
     (["--cross-attention-length-scale", -3], "0 \\(off\\) or a reference"),
@@ -497,14 +575,14 @@ def test_shape_training_differs_from_stock_and_grows_the_table(data):
      "needs --cross-alibi pointer"),
     (["--cross-alibi", "pointer", "--cross-alibi-eos-guard", -3], "-1 \\(off\\) or a distance"),
     (["--cross-alibi", "pointer", "--cross-alibi-eos-guard-layer", "min"],
-     "--cross-alibi-eos-guard-layer .* needs --cross-alibi-eos-guard D"),
-    (["--cross-alibi-slope-scale", 16], "with --cross-alibi none there is none"),
+     "--cross-alibi-eos-guard-layer needs --cross-alibi-eos-guard: it chooses"),
+    (["--cross-alibi-slope-scale", 16], "needs --cross-alibi pointer or ratio, not none"),
     (["--cross-alibi", "pointer", "--cross-alibi-slope-scale", 0], "must be positive"),
-    (["--cross-alibi-inference-slope-scale", 48], "outside training; with --cross-alibi none"),
+    (["--cross-alibi-inference-slope-scale", 48], "not none: .* outside training"),
     (["--cross-alibi", "pointer", "--cross-alibi-inference-slope-scale", -1],
      "must be 0 \\(off\\) or positive"),
     (["--cross-alibi", "pointer", "--cross-alibi-inference-longer-than", 16],
-     "--cross-alibi-inference-longer-than L chooses .* pass that scale too"),
+     "--cross-alibi-inference-longer-than needs --cross-alibi-inference-slope-scale"),
     (["--cross-alibi", "pointer", "--cross-alibi-inference-slope-scale", 48,
       "--cross-alibi-inference-longer-than", -1], "longer-than must be >= 0"),
     (["--position-shift", 4], "both sides use ALiBi"),

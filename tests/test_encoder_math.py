@@ -464,11 +464,12 @@ def test_bad_options_are_clear_errors():
         build("one_sided", heads=3)
     with pytest.raises(ValueError, match="unknown --alibi-variant 'sinusoidal'; choose one of: symmetric"):
         build("sinusoidal")
-    with pytest.raises(ValueError, match="asymmetric"):
+    with pytest.raises(ValueError, match="--alibi-future-slope-ratio needs --alibi-variant "
+                                         "asymmetric, not offset: it sets the forward slopes"):
         build("offset", alibi_future_slope_ratio=0.5)
     with pytest.raises(ValueError, match=">= 0"):
         build("asymmetric", alibi_future_slope_ratio=-1.0)
-    with pytest.raises(ValueError, match="need --mlm-head clap"):
+    with pytest.raises(ValueError, match="--clap-no-normalize needs --mlm-head clap, not roberta"):
         build("offset", clap_no_normalize=True)
     with pytest.raises(ValueError, match="unknown --mlm-head 'bert'"):
         build("offset", mlm_head="bert")

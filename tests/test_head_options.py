@@ -193,7 +193,9 @@ def test_options_reach_the_layers_and_the_task_keeps_long_inputs(data):
     (["--alibi-heads", 0], "--alibi-heads must be >= 1"),
     (["--alibi-global-tokens", -1], "--alibi-global-tokens must be >= 0"),
     (["--alibi-variant", "one_sided", "--alibi-heads", 2], "one_sided splits its heads"),
-    (["--alibi-variant", "none", "--alibi-global-tokens", 1], "--alibi-variant none has none"),
+    (["--alibi-variant", "none", "--alibi-global-tokens", 1],
+     "--alibi-global-tokens needs --alibi-variant symmetric, one_sided, offset or asymmetric, "
+     "not none: it shapes the ALiBi bias"),
 ])
 def test_nonsense_is_a_one_line_error(data, flags, error):
     with pytest.raises(ValueError, match=error):

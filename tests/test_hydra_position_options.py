@@ -163,7 +163,7 @@ def test_translation_config_exposes_the_cross_attention_options(tmp_path):
             defaults.cross_alibi_eos_guard, defaults.cross_alibi_eos_guard_layer,
             defaults.position_shift, defaults.cross_alibi_inference_slope_scale,
             defaults.cross_alibi_inference_longer_than) == (
-                "none", None, None, 1, 0, -1, "last", 0, 0, 0)
+                "none", None, None, 1, 0, -1, "last", 0, 0, None)
     sizes = [f"model.{k}={v}" for k, v in dict(
         encoder_layers=1, decoder_layers=1, encoder_embed_dim=32, decoder_embed_dim=32,
         encoder_ffn_embed_dim=64, decoder_ffn_embed_dim=64, encoder_attention_heads=4,

@@ -227,7 +227,8 @@ def test_unknown_mode_is_a_clear_error():
 
 
 def test_scales_without_alibi_are_a_clear_error(lm_data):
-    with pytest.raises(ValueError, match="--alibi-variant none has none"):
+    with pytest.raises(ValueError, match="--alibi-learned-scales needs --alibi-variant "
+                                         "symmetric, .* not none: it shapes the ALiBi bias"):
         build_model("encoder", lm_data, "--alibi-variant", "none",
                     "--alibi-learned-scales", "per_head")
 

@@ -141,7 +141,9 @@ def test_a_model_saved_without_it_takes_it_at_load_time(data, tmp_path):
 
 @pytest.mark.parametrize("flags,error", [
     (["--alibi-length-scale", 1], "--alibi-length-scale must be 0 .off. or the training length"),
-    (["--alibi-variant", "none", "--alibi-length-scale", 8], "--alibi-variant none has none"),
+    (["--alibi-variant", "none", "--alibi-length-scale", 8],
+     "--alibi-length-scale needs --alibi-variant symmetric, one_sided, offset or asymmetric, "
+     "not none"),
 ])
 def test_nonsense_is_a_one_line_error(data, flags, error):
     with pytest.raises(ValueError, match=error):

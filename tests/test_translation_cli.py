@@ -250,13 +250,16 @@ def test_shipped_configs_compose_and_train_two_updates(corpus, alibi_user_dir, t
     if config.endswith("pointer"):  # the recommended cross-attention options, saved
         import torch
 
-        saved = torch.load(tmp_path / "checkpoints" / "checkpoint_last.pt",
-                           weights_only=False)["cfg"]["model"]
+        state = torch.load(tmp_path / "checkpoints" / "checkpoint_last.pt", weights_only=False)
+        saved = state["cfg"]["model"]
         saved = vars(saved) if not isinstance(saved, dict) else saved  # a Namespace (legacy)
         assert (saved["cross_alibi"], saved["cross_alibi_slope_scale"],
                 saved["cross_alibi_heads"], saved["cross_alibi_eos_guard"],
                 saved["cross_alibi_eos_guard_layer"]) == ("pointer", 16.0, 2, 2.0, "min")
-        # (chosen on validation)
+        # (chosen on validation); the inference slopes beyond the longest source trained on,
+        # which the model recorded, not a length given by hand
+        assert saved["cross_alibi_inference_longer_than"] is None
+        assert int(state["model"]["longest_training_source.tokens"]) > 1
 
 
 # ---------------------------------------------------------------- bad input at the command line

@@ -284,7 +284,7 @@ def test_the_decode_time_slope_scale_is_chosen_by_the_same_rule():
         "cross_alibi_inference_slope_scale": 32.0, "cross_alibi_inference_longer_than": 17}
     assert ts.overrides_of("pointer_x16_k2", "min_2_decode_x32", grid) == {
         "cross_alibi_eos_guard": 2.0, "cross_alibi_eos_guard_layer": "min",
-        "cross_alibi_inference_slope_scale": 32.0}
+        "cross_alibi_inference_slope_scale": 32.0, "cross_alibi_inference_longer_than": 0}
     assert ts.overrides_of("pointer_x16_k2", "noguard", grid) == {}
     assert ts.overrides_of("alibi", "plain", grid) == {}
 

@@ -41,6 +41,7 @@ from typing import Optional
 
 import torch
 
+from fairseq_alibi import options
 from fairseq_alibi.cli import forks
 from fairseq_alibi.cli.checkpoint_io import (  # noqa: F401  (ConversionError: the tools' error)
     ConversionError,
@@ -170,8 +171,7 @@ def convert_checkpoint(state: dict, arch: Optional[str] = None, check: bool = Tr
     weights, dropped = convert_weights(state["model"], heads)
     dropped_parameters = sum(state["model"][k].numel() for k in dropped)
     for key, value in (("_name", target_arch), ("arch", target_arch),
-                       ("alibi_attention", "auto"), ("alibi_slope_scale", 1.0),
-                       ("share_decoder_layers", False)):
+                       *options.model_wide_defaults().items(), ("share_decoder_layers", False)):
         if key == "arch" and not isinstance(model_cfg, argparse.Namespace):
             continue  # hydra configs name the architecture in _name only
         cfg_set(model_cfg, key, value)

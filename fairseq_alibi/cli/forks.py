@@ -34,6 +34,7 @@ from fairseq_alibi.cli.checkpoint_io import (
     placeholder_dictionary,
 )
 from fairseq_alibi.config_access import architecture_of, cfg_get, cfg_set, plain_cfg
+from fairseq_alibi.options import model_wide_defaults
 
 SOURCES = ("stock", "press", "eify")
 
@@ -199,7 +200,7 @@ def model_overrides(model_cfg, target: str) -> list:
     parser = argparse.ArgumentParser(add_help=False)
     ARCH_MODEL_REGISTRY[target].add_args(parser)
     options = set(defaults) | {a.dest for a in parser._actions}
-    skip = {"_name", "arch", "alibi_attention", "alibi_slope_scale", "max_source_positions",
+    skip = {"_name", "arch", *model_wide_defaults(), "max_source_positions",
             # training choices, not the model's shape: fine-tuning recipes set their own
             "dropout", "attention_dropout", "activation_dropout", "pooler_dropout",
             "encoder_layerdrop", "no_token_positional_embeddings"}

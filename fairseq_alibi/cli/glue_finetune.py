@@ -167,6 +167,7 @@ def read_pretrained(path) -> Pretrained:
     """The checkpoint's model, or a one-line error: missing, unreadable, not an encoder."""
     from fairseq.models import ARCH_MODEL_REGISTRY
 
+    from fairseq_alibi import options
     from fairseq_alibi.cli.checkpoint_io import ConversionError, read_checkpoint
 
     source = Path(path)
@@ -191,7 +192,7 @@ def read_pretrained(path) -> Pretrained:
         arch = "alibi_roberta"
         model = dict(model, alibi_variant="none")
     flags = flags_of(model, arch)
-    learned = model.get("alibi_variant", "offset") == "none"
+    learned = model.get("alibi_variant", options.default_of("variant", options.ENCODER)) == "none"
     positions = model.get("max_positions") or task.get("tokens_per_sample")
     length = task.get("tokens_per_sample") or task.get("max_positions") or positions
     return Pretrained(str(source.resolve()), arch, flags,

@@ -79,15 +79,19 @@ class RobertaOptions(FairseqDataclass):
         "help": "masked-LM head: roberta (dense, GELU, layer norm, tied projection, bias) or "
                 "clap (beta * x . normalize(E)^T; inputs L2-normalised too)"})
     clap_initial_beta: float = field(default=1.0, metadata={
-        "help": "initial value of the learned CLAP temperature beta"})
+        "help": "initial value of the learned CLAP temperature beta",
+        "needs": options.Needs("mlm_head", "it is the CLAP head's", ("clap",))})
     clap_no_normalize: bool = field(default=False, metadata={
-        "help": "CLAP head without the L2 normalisation (of the head weight and the inputs)"})
+        "help": "CLAP head without the L2 normalisation (of the head weight and the inputs)",
+        "needs": options.Needs("mlm_head", "it is the CLAP head's", ("clap",))})
     zero_mask_embedding: bool = field(default=False, metadata={
         "help": "the <mask> token embeds to a fixed zero vector instead of a learned one"})
     embedding_omits_mask: bool = field(default=False, metadata={
         "help": "with --zero-mask-embedding: the embedding and the masked-LM output have no row "
                 "for <mask> (the last dictionary symbol, added by the task), which is never "
-                "predicted (EIFY's omit_mask, the zero-clap checkpoints)"})
+                "predicted (EIFY's omit_mask, the zero-clap checkpoints)",
+        "needs": options.Needs("zero_mask_embedding",
+                               "a <mask> with no embedding row can only embed to zero")})
     embedding_padding_idx: ChoiceEnum(EMBEDDING_PADDING) = field(default="pad", metadata={
         "help": "pad: the token embedding's padding row is frozen, as in stock RoBERTa; none: "
                 "it is initialised and trained like any other row (EIFY's CLAP and "
@@ -98,41 +102,25 @@ class RobertaOptions(FairseqDataclass):
     encoder_input_dim: Optional[int] = field(default=None, metadata={
         "help": "factorised embedding (ALBERT): tokens embedded in E dims, projected to "
                 "--encoder-embed-dim; the masked-LM head maps back to E for the tied output "
-                "embedding (default: --encoder-embed-dim, no factorisation)"})
+                "embedding (default: --encoder-embed-dim, no factorisation)",
+        "check": options.positive})
     classification_pooler: ChoiceEnum(POOLERS) = field(default="first", metadata={
         "help": "what a sentence classification head reads: first (the <s> token, as stock "
                 "RoBERTa) or mean (the mean of the real tokens' features, JinaBERT's pooling); "
                 "saved with the head"})
 
     def check(self, embed_dim: int):
-        """Clear errors for values and combinations that cannot work."""
-        if self.mlm_head not in MLM_HEADS:
+        """Clear errors for values and combinations that cannot work: the declarations'
+        (:func:`~fairseq_alibi.options.check_declared`), then the factorised embedding's."""
+        options.check_declared(self)
+        if self.encoder_input_dim in (None, embed_dim):
+            return
+        if self.mlm_head == "clap":
             raise ValueError(
-                f"unknown --mlm-head {self.mlm_head!r}; choose one of: {', '.join(MLM_HEADS)}")
-        if self.mlm_head != "clap" and (self.clap_initial_beta != 1.0 or self.clap_no_normalize):
-            raise ValueError("--clap-initial-beta / --clap-no-normalize need --mlm-head clap")
-        if self.encoder_input_dim is not None:
-            if not self.encoder_input_dim > 0:
-                raise ValueError(
-                    f"--encoder-input-dim must be positive, got {self.encoder_input_dim}")
-            if self.mlm_head == "clap" and self.encoder_input_dim != embed_dim:
-                raise ValueError(
-                    "--encoder-input-dim (a factorised embedding) needs --mlm-head roberta: the "
-                    "CLAP head compares the features with the embeddings directly, so both must "
-                    "have --encoder-embed-dim dims")
-        if self.classification_pooler not in POOLERS:
-            raise ValueError(f"unknown --classification-pooler {self.classification_pooler!r}; "
-                             f"choose one of: {', '.join(POOLERS)}")
-        if self.embedding_padding_idx not in EMBEDDING_PADDING:
-            raise ValueError(
-                f"unknown --embedding-padding-idx {self.embedding_padding_idx!r}; choose one of: "
-                f"{', '.join(EMBEDDING_PADDING)}")
-        if self.embedding_omits_mask and not self.zero_mask_embedding:
-            raise ValueError(
-                "--embedding-omits-mask needs --zero-mask-embedding: a <mask> with no embedding "
-                "row can only embed to zero")
-        if self.encoder_input_dim not in (None, embed_dim) and (
-                self.embedding_omits_mask or self.embedding_padding_idx != "pad"):
+                "--encoder-input-dim (a factorised embedding) needs --mlm-head roberta: the "
+                "CLAP head compares the features with the embeddings directly, so both must "
+                "have --encoder-embed-dim dims")
+        if self.embedding_omits_mask or self.embedding_padding_idx != "pad":
             raise ValueError(
                 "--embedding-omits-mask / --embedding-padding-idx none are options of the forks' "
                 "full-size embeddings; they do not combine with --encoder-input-dim")

@@ -40,7 +40,11 @@ The saved state is the stock ``transformer``'s (same parameter names) plus the s
 ``encoder.alibi.slopes`` / ``decoder.alibi.slopes`` of the ALiBi sides (and
 ``encoder.alibi.future_slope_ratio`` with ``asymmetric``, ``encoder.alibi.scales`` /
 ``decoder.alibi.scales`` with ``--encoder-alibi-learned-scales`` /
-``--decoder-alibi-learned-scales``: docs/learned_scales.md).
+``--decoder-alibi-learned-scales``: docs/learned_scales.md), and, with a cross-attention
+position option, ``longest_training_source.tokens``: the longest real source the model was
+trained on (tokens, EOS included), raised by every training forward pass, which
+``--cross-alibi-inference-longer-than`` follows unless it is given (a checkpoint saved before
+it loads with none recorded: every source, as then).
 """
 
 import argparse
@@ -64,6 +68,7 @@ from fairseq_alibi.models.architectures_and_limits import (
     mirror_stock_architectures,
 )
 from fairseq_alibi.models.layer_pruning import ScalesFollowPrunedLayers
+from fairseq_alibi.modules.cross_position import CrossPositionAttention, LongestSource
 from fairseq_alibi.modules.position_shift import ShiftedPositions
 from fairseq_alibi.modules.stacks import (
     AlibiCrossPositionDecoder,
@@ -177,6 +182,21 @@ class AlibiTransformerModel(ScalesFollowPrunedLayers, TransformerModel):
             else AlibiTransformerDecoder
         return decoder(copy.deepcopy(cfg), tgt_dict, embed_tokens, stack,
                        no_encoder_attn=no_encoder_attn, cross=cross)
+
+    def __init__(self, args, encoder, decoder):
+        super().__init__(args, encoder, decoder)
+        cross = [m for m in decoder.modules() if isinstance(m, CrossPositionAttention)]
+        # with a cross-attention position option only (the others save what they did): the
+        # longest training source, saved with the model, what the cross-attention reads when
+        # --cross-alibi-inference-longer-than is not given
+        self.longest_training_source = LongestSource() if cross else None
+        for m in cross:
+            m.use_longest_source(self.longest_training_source)
+
+    def forward(self, src_tokens, src_lengths, prev_output_tokens, **kwargs):
+        if self.training and self.longest_training_source is not None:
+            self.longest_training_source.record(src_lengths)  # real lengths, EOS included
+        return super().forward(src_tokens, src_lengths, prev_output_tokens, **kwargs)
 
     @property
     def encoder_uses_alibi(self):

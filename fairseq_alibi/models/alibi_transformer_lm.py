@@ -109,8 +109,7 @@ class AlibiTransformerLanguageModel(ScalesFollowPrunedLayers, TransformerLanguag
     def build_model(cls, args, task):
         check_tokens_per_sample(args)
         stack = options.read(options.StackOptions, args, options.LM)
-        stack.check(options.LM, args.decoder_attention_heads)
-        stack.check_model_wide()
+        options.check_stacks({options.LM: (stack, args.decoder_attention_heads)})
         # Let the stock model build the token embedding (plain, adaptive or character
         # input) without any layers, then build the ALiBi decoder around that embedding.
         embedding_args = copy.deepcopy(args)

@@ -79,6 +79,42 @@ def build_cross_attention(embed_dim, cfg, cross: CrossOptions, attention: str,
     )
 
 
+class LongestSource(torch.nn.Module):
+    """The longest real source a translation model was trained on, in tokens, EOS included (as
+    fairseq counts source positions): a saved buffer ``tokens`` that every training forward
+    pass raises to the batch's longest row (:meth:`record`, no host synchronisation); 0 = none
+    recorded (a model not trained yet, or a checkpoint saved before the record existed, which
+    loads with 0 and so keeps its behaviour). What ``--cross-alibi-inference-longer-than``
+    defaults to (:meth:`CrossPositionAttention.longer_than`). In distributed training each
+    process records the sources it saw, and the checkpoint holds the saving process's record."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("tokens", torch.zeros((), dtype=torch.long))
+        self._on_host = None  # int(tokens), read once after each change
+
+    def record(self, real_lengths: Tensor):
+        """Raise the record to the longest of a training batch's real source lengths ``(B,)``."""
+        torch.maximum(self.tokens, real_lengths.max().to(self.tokens), out=self.tokens)
+        self._on_host = None
+
+    def tokens_on_host(self) -> int:
+        if self._on_host is None:
+            self._on_host = int(self.tokens)
+        return self._on_host
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys,
+                              unexpected_keys, error_msgs):
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys,
+                                      unexpected_keys, error_msgs)
+        key = prefix + "tokens"
+        if key not in state_dict:  # saved before the record existed: none recorded
+            self.tokens.zero_()
+            if key in missing_keys:
+                missing_keys.remove(key)
+        self._on_host = None
+
+
 class RowBias:
     """A bias of its own per batch row (kind ``rows`` of
     :class:`~fairseq_alibi.modules.attention.dispatch.AttentionBias`): this call's float32
@@ -102,7 +138,8 @@ class CrossPositionAttention(MultiheadAttention):
     ``mode``: ``none``, ``pointer`` or ``ratio``; ``biased_heads`` ``K``: how many heads (the
     first) get the bias, with slopes ``slope_scale·get_slopes(K)`` in training and
     ``inference_slope_scale·get_slopes(K)`` outside it (0: ``slope_scale``), for the rows
-    whose real source length exceeds ``inference_longer_than`` (0: every row); ``ratio``: ``r``
+    whose real source length exceeds ``inference_longer_than`` (0: every row; ``None``: the
+    model's record of its longest training source, :meth:`use_longest_source`); ``ratio``: ``r``
     for ``ratio``;
     ``length_reference``: ``N`` of the length scale ``f_b = log S_b / log N`` (0: ``f_b = 1``);
     ``attention``: ``--alibi-attention`` (``naive`` runs the explicit reference; any other
@@ -121,7 +158,10 @@ class CrossPositionAttention(MultiheadAttention):
         self.ratio = None if ratio is None else float(ratio)
         self.slope_scale = float(slope_scale)
         self.inference_slope_scale = float(inference_slope_scale) or self.slope_scale
-        self.inference_longer_than = int(inference_longer_than)
+        # None: the longest source the decoder recorded in training (use_longest_source)
+        self.inference_longer_than = None if inference_longer_than is None \
+            else int(inference_longer_than)
+        object.__setattr__(self, "longest_source", None)  # the model's, not saved here
         self.attention_backend = attention
         if self.biased_heads:
             # not saved (they follow from K and the scales), kept float32 by _apply: the
@@ -141,6 +181,21 @@ class CrossPositionAttention(MultiheadAttention):
                 f"inference_slope_scale={self.inference_slope_scale}, "
                 f"inference_longer_than={self.inference_longer_than}, "
                 f"length_reference={self.length_reference}")
+
+    def use_longest_source(self, longest: LongestSource):
+        """Read ``longest`` (the model's record of its training sources) when no
+        ``inference_longer_than`` is given: a plain reference, saved by the model."""
+        object.__setattr__(self, "longest_source", longest)
+
+    def longer_than(self) -> int:
+        """The real source length beyond which a row gets the inference slopes, outside
+        training: the option if given, else the longest training source recorded (0: every
+        row; also when the inference slopes are the training ones, where it changes nothing)."""
+        if self.inference_longer_than is not None:
+            return self.inference_longer_than
+        if self.longest_source is None or self.inference_slope_scale == self.slope_scale:
+            return 0
+        return self.longest_source.tokens_on_host()
 
     def _head_slopes(self, inference=False):
         """``(H,)`` float32: Press's slopes of the ``K`` biased heads (times the slope scale,
@@ -201,10 +256,11 @@ class CrossPositionAttention(MultiheadAttention):
                 # decoding step adds
                 saved["source_padding"] = key_padding_mask.view(bsz, 1, 1, -1) * mask_value(
                     q.dtype)  # bool times a float: float32
-            if self.inference_longer_than and self.biased_heads and not self.training:
+            longer_than = self.longer_than() if self.biased_heads and not self.training else 0
+            if longer_than:
                 # outside training, each row's slopes by its source length: (B, H, 1, 1)
                 saved["row_slopes"] = slopes_by_length(
-                    self.slopes, self.inference_slopes, real_len, self.inference_longer_than)
+                    self.slopes, self.inference_slopes, real_len, longer_than)
             if self.length_reference > 0:
                 # (B, 1): broadcast on the queries' (T, B, H·D), and the batch first, as the
                 # parent's reorder of this buffer expects
