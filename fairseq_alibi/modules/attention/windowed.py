@@ -70,51 +70,58 @@ def _head_dim(head_dim: int) -> int:
 
 
 def _band(q, k, v, visible, slopes, future_slopes, variant, heads, window, back, ahead,
-          chunk, global_tokens, scale):
-    """The output ``(B, len(heads), T, D)`` of one head group over its query chunks.
+          chunk, global_tokens, scale, rows, hide=True):
+    """The output ``(B, len(heads), t1 - t0, D)`` of one head group's queries ``rows``
+    ``(t0, t1)``, chunk by chunk.
 
     ``visible`` ``(B, S)``: keys that are real (not padding); ``window`` the group's
     ``(back, ahead)`` windows (``None`` = unbounded). Each chunk reads the keys ``s - back …
     s + c - 1 + ahead`` (``back``/``ahead``: at least the window's reach), plus the first
-    ``global_tokens`` keys (bias 0).
+    ``global_tokens`` keys (bias 0). ``hide=False``: every chunk's keys are real keys of the
+    sequence (no padding, no global tokens, none out of range), so no hiding column is needed.
     """
     B, _, T, D = q.shape
     S = k.size(2)
-    first = S - T  # the position of query 0
-    n = -(-T // chunk)
+    t0, t1 = rows
+    first = S - T + t0  # the position of query t0
+    n = -(-(t1 - t0) // chunk)
     R = back + chunk + ahead
     G = global_tokens
-    Dp = _head_dim(D)
+    Dp = _head_dim(D) if hide else D
     idx = torch.as_tensor(heads, device=q.device)
     if heads == list(range(heads[0], heads[0] + len(heads))):
         idx = slice(heads[0], heads[0] + len(heads))  # a view, not a copy
     Hg = len(heads)
-    dtype = q.dtype
-    fill = mask_value(dtype) / max(scale, 1.0)  # times scale: a huge, finite negative logit
+    fill = mask_value(q.dtype) / max(scale, 1.0)  # times scale: a huge, finite negative logit
 
     def widened(x, column):  # (B, n, Hg, rows, D) -> [x, column, 0…] of head size Dp
+        if not hide:
+            return x
         shape = x.shape[:-1]
-        return torch.cat([x, column.expand(*shape, 1), x.new_zeros(()).expand(*shape, Dp - D - 1)],
-                         dim=-1)
+        spare = x.new_zeros(()).expand(*shape, Dp - D - 1)
+        return torch.cat([x, column.expand(*shape, 1), spare], dim=-1)
 
     # queries: (B, Hg, n·c, D) -> (B, n, Hg, c, Dp), the hiding column's 1 at D
-    qg = F.pad(q[:, idx], (0, 0, 0, n * chunk - T)).view(B, Hg, n, chunk, D).transpose(1, 2)
-    qa = widened(qg, q.new_ones(()))
+    qg = F.pad(q[:, idx, t0:t1], (0, 0, 0, n * chunk - (t1 - t0)))
+    qa = widened(qg.view(B, Hg, n, chunk, D).transpose(1, 2), q.new_ones(()))
 
     # the key positions first - back … first + n·c + ahead - 1, out-of-range ones zero
     lo, hi = first - back, first + n * chunk + ahead
-    positions = torch.arange(lo, hi, device=q.device)
-    inside = (positions >= max(0, G)) & (positions < S)
     clamp = (max(0, lo), min(S, hi))
     pad = (clamp[0] - lo, hi - clamp[1])
-    keep = inside[None, :] & F.pad(visible[:, clamp[0]:clamp[1]], pad, value=False)
-    column = q.new_zeros(keep.shape).masked_fill(~keep, fill)  # (B, L)
 
     def windows_of(x):  # (B, H, S, D) -> (B, n, Hg, R, D): chunk k's keys s-back … s+c-1+ahead
         ranged = F.pad(x[:, idx, clamp[0]:clamp[1]], (0, 0) + pad)
         return ranged.unfold(2, R, chunk).permute(0, 2, 1, 4, 3)
 
-    ka = widened(windows_of(k), column.unfold(1, R, chunk)[:, :, None, :, None])
+    column = None
+    if hide:
+        positions = torch.arange(lo, hi, device=q.device)
+        inside = (positions >= max(0, G)) & (positions < S)
+        keep = inside[None, :] & F.pad(visible[:, clamp[0]:clamp[1]], pad, value=False)
+        column = q.new_zeros(keep.shape).masked_fill(~keep, fill)  # (B, L)
+        column = column.unfold(1, R, chunk)[:, :, None, :, None]
+    ka = widened(windows_of(k), column)
     va = widened(windows_of(v), q.new_zeros(()))
     if G:  # the global keys before every chunk's window
         shape = (B, n, Hg, G, D)
@@ -126,15 +133,24 @@ def _band(q, k, v, visible, slopes, future_slopes, variant, heads, window, back,
     # one bias for every chunk: queries at back … back+c-1 of keys 0 … R-1 (only i - j counts)
     windows = tuple([w] * len(slopes) for w in window)
     bias = alibi_bias_between(slopes, torch.arange(back, back + chunk), torch.arange(R), variant,
-                              future_slopes, dtype, heads=heads, windows=windows)
+                              future_slopes, q.dtype, heads=heads, windows=windows)
     if G:  # the global keys: bias 0 for every query (queries >= G, all of them past)
         bias = torch.cat([bias.new_zeros(Hg, chunk, G), bias], dim=-1)
     out = F.scaled_dot_product_attention(
-        qa.view(B * n, Hg, chunk, Dp), ka.view(B * n, Hg, G + R, Dp),
-        va.view(B * n, Hg, G + R, Dp), attn_mask=bias[None], scale=scale,
+        qa.reshape(B * n, Hg, chunk, Dp), ka.reshape(B * n, Hg, G + R, Dp),
+        va.reshape(B * n, Hg, G + R, Dp), attn_mask=bias[None], scale=scale,
     )
     out = out.reshape(B, n, Hg, chunk, Dp).transpose(1, 2).reshape(B, Hg, n * chunk, Dp)
-    return out[:, :, :T, :D]
+    return out[:, :, :t1 - t0, :D]
+
+
+def _interior(T, S, back, ahead, chunk) -> Tuple[int, int]:
+    """``(t0, t1)``: the queries whose chunks (of ``chunk``, from query 0) read only keys inside
+    ``0 … S-1``; empty (``t0 >= t1``) if none."""
+    first = S - T
+    k0 = max(0, -(-(back - first) // chunk))  # chunk k starts at first + k·c >= back
+    k1 = (S - ahead - first) // chunk  # and ends at first + (k+1)·c - 1 + ahead <= S - 1
+    return k0 * chunk, min(T, k1 * chunk)
 
 
 def _global_queries(q, k, v, visible, slopes, future_slopes, variant, global_tokens, scale):
@@ -184,8 +200,19 @@ def attention(q: Tensor, k: Tensor, v: Tensor, slopes: Tensor, future_slopes: Op
         size = chunk or chunk_size(back, ahead)
         if size >= T or back + size + ahead >= S:  # the window covers the keys: one chunk
             size, back, ahead = T, first, 0
-        outs.append(_band(q, k, v, visible, slopes, future_slopes, variant, heads, window,
-                          back, ahead, size, global_tokens, scale))
+        args = (q, k, v, visible, slopes, future_slopes, variant, heads, window, back,
+                ahead, size, global_tokens, scale)
+        t0, t1 = _interior(T, S, back, ahead, size)
+        if key_padding_mask is None and not global_tokens and t0 < t1:
+            # the chunks that read only real keys need no hiding column (a smaller head size)
+            parts = [_band(*args, rows=(t0, t1), hide=False)]
+            if t0 > 0:
+                parts.insert(0, _band(*args, rows=(0, t0)))
+            if t1 < T:
+                parts.append(_band(*args, rows=(t1, T)))
+            outs.append(torch.cat(parts, dim=2) if len(parts) > 1 else parts[0])
+        else:
+            outs.append(_band(*args, rows=(0, T)))
         order += heads
     out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)
     if order != list(range(H)):
