@@ -200,6 +200,7 @@ CASES = [
     (9, 40, 2.0, True, 3, True, 4),
     (5, 8, 2.0, False, 6, False, 2),  # queries among the global tokens
     (33, 33, 8.0, False, 0, False, None),  # windows larger than the sequence
+    (36, 36, 1.0, True, 0, True, 8),  # slope-0 heads (no window) with padding: folded
 ]
 
 
@@ -243,7 +244,7 @@ def test_windowed_attention_in_float32(variant):
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
-@pytest.mark.parametrize("case", [CASES[2], CASES[4], CASES[6]],
+@pytest.mark.parametrize("case", [CASES[2], CASES[3], CASES[4], CASES[6], CASES[9]],
                          ids=lambda c: "-".join(map(str, c)))
 def test_windowed_gradients_match_the_reference(variant, case):
     T, S, cutoff, padded, G, partial, chunk = case

@@ -7,7 +7,8 @@ With a cutoff ``T`` head ``h`` keeps the keys at ``i - j <= back_h`` and ``j - i
 (:func:`~fairseq_alibi.alibi.windowed_alibi_bias`, the dense definition). Computed as:
 
 * heads with the same windows form a group; a group whose window (plus a chunk) covers the
-  keys anyway runs as one call over every key (``chunk = T``);
+  keys anyway runs as one chunk of ``T`` queries over every key, or, if its window drops no
+  key at all, as the ``fold`` backend where that serves the call (:func:`_folds`);
 * the others split their ``T`` queries into ``n`` chunks of ``c`` (:func:`chunk_size`); chunk
   ``k``, queries ``s … s+c-1``, reads only the ``R = back + c + ahead`` keys
   ``s-back … s+c-1+ahead``. The chunks are the batch of one fused ``scaled_dot_product_attention``
@@ -34,6 +35,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from fairseq_alibi.alibi import alibi_bias_between, mask_value
+from fairseq_alibi.modules.attention import fold
 
 #: the fewest queries a chunk holds: smaller chunks make each kernel batch entry too small to
 #: pay for itself (the keys read per query grow to ``back + c + ahead``, but stay few)
@@ -153,6 +155,23 @@ def _interior(T, S, back, ahead, chunk) -> Tuple[int, int]:
     return k0 * chunk, min(T, k1 * chunk)
 
 
+def _folds(q, T, S, variant, global_tokens) -> bool:
+    """Whether a group whose window covers every key runs as the ``fold`` backend (no bias
+    tensor, and the causal kernel skips the blocks above the diagonal): what ``fold`` serves
+    (CPU, float32/64, no KV cache, no global tokens), and not ``one_sided``, whose fold splits
+    the heads it is given by direction (a group is any subset of them)."""
+    return (fold.available() and q.device.type == "cpu" and q.dtype in fold.FOLD_DTYPES
+            and T == S and not global_tokens and variant != "one_sided")
+
+
+def _folded(q, k, v, slopes, future_slopes, variant, heads, scale, key_padding_mask):
+    """A covering group's output ``(B, len(heads), T, D)`` by :func:`.fold.folded_attention`."""
+    idx = torch.as_tensor(heads, device=q.device)
+    future = None if future_slopes is None else future_slopes[idx]
+    return fold.folded_attention(q[:, idx], k[:, idx], v[:, idx], slopes[idx], future, variant,
+                                 scale, key_padding_mask)
+
+
 def _global_queries(q, k, v, visible, slopes, future_slopes, variant, global_tokens, scale):
     """The output ``(B, H, g, D)`` of the queries among the first ``global_tokens`` positions:
     exempt from the bias and the windows, they read every key (one dense call, ``g <= N``)."""
@@ -200,6 +219,13 @@ def attention(q: Tensor, k: Tensor, v: Tensor, slopes: Tensor, future_slopes: Op
         size = chunk or chunk_size(back, ahead)
         if size >= T or back + size + ahead >= S:  # the window covers the keys: one chunk
             size, back, ahead = T, first, 0
+            drops_none = ((window[0] is None or window[0] >= S - 1) and
+                          (window[1] is None or window[1] >= T - 1 or variant == "causal"))
+            if drops_none and _folds(q, T, S, variant, global_tokens):
+                outs.append(_folded(q, k, v, slopes, future_slopes, variant, heads, scale,
+                                    key_padding_mask))
+                order += heads
+                continue
         args = (q, k, v, visible, slopes, future_slopes, variant, heads, window, back,
                 ahead, size, global_tokens, scale)
         t0, t1 = _interior(T, S, back, ahead, size)
