@@ -18,7 +18,9 @@ With a cutoff ``T`` head ``h`` keeps the keys at ``i - j <= back_h`` and ``j - i
 * keys outside the sequence (before position 0, past the end), padding keys and, with global
   tokens, window keys that are global tokens are hidden by one more query/key column
   (``1`` on every query, :func:`~fairseq_alibi.alibi.mask_value` on such a key), as
-  :func:`.dense.padding_column` does for padding: the bias stays one tensor for the batch;
+  :func:`.dense.padding_column` does for padding: the bias stays one tensor for the batch
+  (the chunks that read only real keys of a batch with no padding and no global tokens need
+  no column: :func:`_interior`);
 * global tokens (``global_tokens`` ``N``): the first ``N`` keys are prepended to every chunk
   with bias 0 (every query sees them); the queries among the first ``N`` positions see every
   key (they are exempt from the bias) and are computed as one dense call of their own.
@@ -65,12 +67,6 @@ def _groups(windows: Tuple[Sequence[Optional[int]], Sequence[Optional[int]]]):
     return found
 
 
-def _head_dim(head_dim: int) -> int:
-    # the head size plus the hiding column, rounded up to a multiple of 4 (the fused CPU
-    # kernel's speed drops at odd sizes: modules/attention/fold.py's _padded_head_dim)
-    return -(-(head_dim + 1) // 4) * 4
-
-
 def _band(q, k, v, visible, slopes, future_slopes, variant, heads, window, back, ahead,
           chunk, global_tokens, scale, rows, hide=True):
     """The output ``(B, len(heads), t1 - t0, D)`` of one head group's queries ``rows``
@@ -89,7 +85,8 @@ def _band(q, k, v, visible, slopes, future_slopes, variant, heads, window, back,
     n = -(-(t1 - t0) // chunk)
     R = back + chunk + ahead
     G = global_tokens
-    Dp = _head_dim(D) if hide else D
+    # the hiding column, the head size rounded up as the fold's (the kernel is slower at odd sizes)
+    Dp = fold._padded_head_dim(D, 1) if hide else D
     idx = torch.as_tensor(heads, device=q.device)
     if heads == list(range(heads[0], heads[0] + len(heads))):
         idx = slice(heads[0], heads[0] + len(heads))  # a view, not a copy
