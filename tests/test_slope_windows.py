@@ -264,6 +264,31 @@ def test_windowed_gradients_match_the_reference(variant, case):
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("T,S", [(40, 40), (20, 40)])
+def test_slope_gradients_flow_as_through_the_dense_definition(variant, T, S):
+    """Learned slope scales: the slopes' gradient (the windows themselves are integers, from
+    the detached slopes) equals that of the dense windowed bias, folded groups included."""
+    base = variant_slopes(4, variant, biased_heads=None if variant == "one_sided" else 3)
+    scales = torch.tensor([1.3, 0.7, 1.1, 0.9], dtype=torch.float64, requires_grad=True)
+    q, k, v = inputs(1, 4, T, S, seed=2)
+
+    def slopes():
+        found = base * scales
+        return found, (found * 0.6 if variant == "asymmetric" else None)
+
+    m, mf = slopes()
+    windows = variant_windows(m.detach(), 2.0, variant, None if mf is None else mf.detach())
+    out = windowed.attention(q, k, v, m, mf, variant, windows, chunk=8)
+    (found,) = torch.autograd.grad(out.sum(), scales)
+    m, mf = slopes()
+    bias = alibi_bias_between(m, torch.arange(S - T, S), torch.arange(S), variant, mf,
+                              torch.float64, windows=windows)
+    want = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=bias)
+    (expected,) = torch.autograd.grad(want.sum(), scales)
+    torch.testing.assert_close(found, expected, **TOL64)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
 def test_windows_covering_the_sequence_are_plain_dense_alibi(variant):
     slopes, future = head_slopes(variant)
     q, k, v = inputs(2, 4, 50, 50, D=16, dtype=torch.float32)
