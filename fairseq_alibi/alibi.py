@@ -165,3 +165,138 @@ def alibi_bias(slopes, query_len, key_len, variant="causal", future_slopes=None,
     if masked is not None:  # filled after the cast: the mask value is the target dtype's
         bias = bias.masked_fill(masked, mask_value(dtype))
     return bias
+
+
+# ---------------------------------------------------------------- slope windows (issue 38)
+#
+# Head ``h`` gives a key at distance ``d`` the bias ``-m_h·d``: beyond ``W_h = ceil(T / m_h)``
+# the bias is below ``-T`` nats, so the key's softmax weight is at most ``e^-T`` times what it
+# would get at distance 0 with the same logit. With a cutoff ``T`` (``--alibi-window-cutoff``,
+# nats, ``0`` = off) such keys are dropped, per head and per direction.
+
+#: the flag that sets the cutoff ``T`` of :func:`window_lengths` (named in its errors)
+WINDOW_CUTOFF_FLAG = "--alibi-window-cutoff"
+
+
+def check_window_cutoff(cutoff) -> float:
+    """Validate a window cutoff ``T`` (nats): a finite number ``>= 0``, ``0`` = off; return it
+    as a float."""
+    if isinstance(cutoff, bool) or not isinstance(cutoff, (int, float)):
+        raise ValueError(f"{WINDOW_CUTOFF_FLAG} must be a number of nats (0 = off), got "
+                         f"{cutoff!r}")
+    if not math.isfinite(cutoff) or cutoff < 0:
+        raise ValueError(f"{WINDOW_CUTOFF_FLAG} must be a finite number of nats >= 0 (0 = off), "
+                         f"got {cutoff!r}")
+    return float(cutoff)
+
+
+def window_lengths(slopes, cutoff, shift: float = 0.0):
+    """Each head's key window: ``W_h = ceil(T / m_h + shift)``, a list of ``int`` or ``None``.
+
+    ``W_h`` is the first distance whose bias ``-m_h·(d - shift)`` is at or below ``-T``: keys at
+    ``d <= W_h`` are kept, every key beyond has a bias below ``-T``. ``shift`` is ``0.5`` for
+    ``offset``'s look-ahead keys (bias ``-m·(j-i-0.5)``). ``None`` = unbounded, every key kept:
+    a head with no bias (``m_h <= 0``: partial heads' slope 0) or the cutoff off (``T = 0``).
+    ``slopes`` are the effective ones (slope scale, learned scales, length factor), read
+    detached: the windows are integers.
+    """
+    cutoff = check_window_cutoff(cutoff)
+    found = []
+    for m in torch.as_tensor(slopes).detach().double().tolist():
+        found.append(None if cutoff == 0 or m <= 0 else math.ceil(cutoff / m + shift))
+    return found
+
+
+def variant_windows(slopes, cutoff, variant="causal", future_slopes=None):
+    """``(back, ahead)``: per head, the largest ``i - j`` and ``j - i`` whose keys are kept.
+
+    ``back`` is :func:`window_lengths` of ``slopes``; ``ahead`` is, by variant: ``causal`` 0
+    (no future keys); ``symmetric`` the same windows; ``offset`` ``ceil(T/m + 0.5)`` (the bias
+    ``-m·(j-i-0.5)``); ``asymmetric`` ``ceil(T / m_f)`` of ``future_slopes``; ``one_sided``
+    heads ``h < H/2`` look back (``ahead`` 0), heads ``h >= H/2`` ahead (``back`` 0). A direction
+    the variant masks gets 0; ``None`` = unbounded. Global tokens are exempt from the windows
+    (:func:`alibi_bias_between`).
+    """
+    num_heads = torch.as_tensor(slopes).shape[0]
+    check_variant(variant, num_heads)
+    back = window_lengths(slopes, cutoff)
+    if variant == "causal":
+        return back, [0] * num_heads
+    if variant == "symmetric":
+        return back, list(back)
+    if variant == "offset":
+        return back, window_lengths(slopes, cutoff, shift=0.5)
+    if variant == "asymmetric":
+        if future_slopes is None:
+            raise ValueError("the asymmetric ALiBi variant needs future_slopes")
+        return back, window_lengths(future_slopes, cutoff)
+    half = num_heads // 2  # one_sided
+    return back[:half] + [0] * (num_heads - half), [0] * half + back[half:]
+
+
+def alibi_bias_between(slopes, query_positions, key_positions, variant="causal",
+                       future_slopes=None, dtype=torch.float32, global_tokens: int = 0,
+                       heads=None, windows=None) -> torch.Tensor:
+    """The bias of :func:`alibi_bias` between any positions, for some heads, with windows.
+
+    Shape ``(len(heads), len(query_positions), len(key_positions))``: ``bias[h, a, b]`` is the
+    module table's bias of head ``heads[h]`` (of the ``H = len(slopes)`` heads; ``one_sided``'s
+    direction is that index's) for query position ``i = query_positions[a]`` and key
+    ``j = key_positions[b]``. ``windows`` ``(back, ahead)`` (:func:`variant_windows`, per head
+    of the ``H``, ``None`` = unbounded) masks the keys with ``i - j > back_h`` or
+    ``j - i > ahead_h`` unless ``i`` or ``j`` is a global token (``< global_tokens``).
+    ``alibi_bias(slopes, T, S, ...)`` is this with queries ``S-T … S-1`` and keys ``0 … S-1``;
+    the bias depends on ``i - j`` only (but for global tokens), so shifted positions give the
+    same block. Masked keys hold :func:`mask_value` of ``dtype``.
+    """
+    num_heads, device = slopes.shape[0], slopes.device
+    check_variant(variant, num_heads)
+    if variant == "asymmetric" and future_slopes is None:
+        raise ValueError("the asymmetric ALiBi variant needs future_slopes")
+    heads = torch.arange(num_heads, device=device) if heads is None else torch.as_tensor(
+        heads, device=device)
+    m = slopes.float()[heads][:, None, None]
+    pos_q = torch.as_tensor(query_positions, device=device).float()
+    pos_k = torch.as_tensor(key_positions, device=device).float()
+    rel = pos_q[:, None] - pos_k[None, :]  # i - j, exact in float32 up to 2^24 positions
+    past, future = rel.clamp(min=0), (-rel).clamp(min=0)
+    masked = torch.zeros((), dtype=torch.bool, device=device)
+    if variant == "causal":
+        bias, masked = -m * past, rel < 0
+    elif variant == "symmetric":
+        bias = -m * rel.abs()
+    elif variant == "offset":
+        bias = -m * (past + (future - 0.5).clamp(min=0))
+    elif variant == "asymmetric":
+        bias = -m * past - future_slopes.float()[heads][:, None, None] * future
+    else:  # one_sided: heads h >= H/2 look ahead
+        bias = -m * rel.abs()
+        looks_ahead = (heads >= num_heads // 2)[:, None, None]
+        masked = torch.where(looks_ahead, rel > 0, rel < 0)
+    exempt = torch.zeros((), dtype=torch.bool, device=device)
+    if global_tokens > 0:
+        exempt = (pos_q[:, None] < global_tokens) | (pos_k < global_tokens)[None, :]
+        bias = bias.masked_fill(exempt, 0.0)
+        if variant != "causal":  # causality is not a distance bias
+            masked = masked & ~exempt
+    if windows is not None:
+        back, ahead = (torch.tensor([math.inf if w is None else w for w in side],
+                                    dtype=torch.float32, device=device)[heads][:, None, None]
+                       for side in windows)
+        masked = masked | (((rel > back) | (-rel > ahead)) & ~exempt)
+    bias = bias.expand(len(heads), -1, -1).to(dtype)
+    return bias.masked_fill(masked, mask_value(dtype))  # the target dtype's mask value
+
+
+def windowed_alibi_bias(slopes, query_len, key_len, variant="causal", future_slopes=None,
+                        dtype=torch.float32, global_tokens: int = 0, cutoff=0.0) -> torch.Tensor:
+    """The dense definition of slope windows: :func:`alibi_bias` with every key beyond its
+    head's window (:func:`variant_windows` of ``cutoff``) masked, global tokens exempt;
+    ``(H, query_len, key_len)``, queries aligned to the end of the keys."""
+    if query_len > key_len:
+        raise ValueError(f"query_len ({query_len}) cannot exceed key_len ({key_len})")
+    windows = variant_windows(slopes, cutoff, variant, future_slopes)
+    return alibi_bias_between(
+        slopes, torch.arange(key_len - query_len, key_len), torch.arange(key_len), variant,
+        future_slopes, dtype, global_tokens, windows=windows,
+    )

@@ -1,0 +1,247 @@
+"""Slope windows on the CPU: banded ALiBi attention that skips the keys beyond each head's
+window instead of masking them.
+
+With a cutoff ``T`` head ``h`` keeps the keys at ``i - j <= back_h`` and ``j - i <= ahead_h``
+(:func:`~fairseq_alibi.alibi.variant_windows`); the result is
+``softmax(q·kᵀ·scale + windowed_alibi_bias) v``
+(:func:`~fairseq_alibi.alibi.windowed_alibi_bias`, the dense definition). Computed as:
+
+* heads with the same windows form a group; a group whose window (plus a chunk) covers the
+  keys anyway runs as one chunk of ``T`` queries over every key, or, if its window drops no
+  key at all, as the ``fold`` backend where that serves the call (:func:`_folds`);
+* the others split their ``T`` queries into ``n`` chunks of ``c`` (:func:`chunk_size`); chunk
+  ``k``, queries ``s … s+c-1``, reads only the ``R = back + c + ahead`` keys
+  ``s-back … s+c-1+ahead``. The chunks are the batch of one fused ``scaled_dot_product_attention``
+  call, ``(B·n, H_g, c, D)`` against ``(B·n, H_g, R, D)`` keys, with one ``(H_g, c, R)`` bias
+  shared by every chunk (the bias depends on ``i - j`` only): the work is ``T·R`` per head
+  instead of ``T·S``, and no ``(H, T, S)`` bias exists;
+* keys outside the sequence (before position 0, past the end), padding keys and, with global
+  tokens, window keys that are global tokens are hidden by one more query/key column
+  (``1`` on every query, :func:`~fairseq_alibi.alibi.mask_value` on such a key), as
+  :func:`.dense.padding_column` does for padding: the bias stays one tensor for the batch
+  (the chunks that read only real keys of a batch with no padding and no global tokens need
+  no column: :func:`_interior`);
+* global tokens (``global_tokens`` ``N``): the first ``N`` keys are prepended to every chunk
+  with bias 0 (every query sees them); the queries among the first ``N`` positions see every
+  key (they are exempt from the bias) and are computed as one dense call of their own.
+
+Queries are aligned to the end of the keys (a KV cache), as everywhere. An all-padding row
+stays finite (an output nothing reads), as with the other backends. Autograd runs through the
+fused kernel (float32, float64).
+"""
+
+from typing import List, Optional, Sequence, Tuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from fairseq_alibi.alibi import alibi_bias_between, mask_value
+from fairseq_alibi.modules.attention import fold
+
+#: the fewest queries a chunk holds: smaller chunks make each kernel batch entry too small to
+#: pay for itself (the keys read per query grow to ``back + c + ahead``, but stay few)
+MIN_CHUNK = 64
+
+#: the most queries a chunk holds
+MAX_CHUNK = 512
+
+#: a chunk holds about this fraction of its window: each query reads ``back + c + ahead`` keys,
+#: ``1 + 1/4`` times its window, while the keys copied per chunk (``R`` rows of every chunk:
+#: ``T·R/c`` in all) stay ``5×`` the keys: the balance found by timing single heads (CPU, float32)
+CHUNK_FRACTION = 4
+
+
+def chunk_size(back: int, ahead: int) -> int:
+    """Queries per chunk for a window ``back + ahead``: a quarter of it (rounded up to a power
+    of two), within :data:`MIN_CHUNK` … :data:`MAX_CHUNK`."""
+    span = max(1, back + ahead)
+    return max(MIN_CHUNK, min(MAX_CHUNK, (1 << (span - 1).bit_length()) // CHUNK_FRACTION))
+
+
+def _groups(windows: Tuple[Sequence[Optional[int]], Sequence[Optional[int]]]):
+    """``{(back, ahead): [heads]}``: heads with the same windows, in head order."""
+    found = {}
+    for h, key in enumerate(zip(*windows)):
+        found.setdefault(key, []).append(h)
+    return found
+
+
+def _band(q, k, v, visible, slopes, future_slopes, variant, heads, window, back, ahead,
+          chunk, global_tokens, scale, rows, hide=True):
+    """The output ``(B, len(heads), t1 - t0, D)`` of one head group's queries ``rows``
+    ``(t0, t1)``, chunk by chunk.
+
+    ``visible`` ``(B, S)``: keys that are real (not padding); ``window`` the group's
+    ``(back, ahead)`` windows (``None`` = unbounded). Each chunk reads the keys ``s - back …
+    s + c - 1 + ahead`` (``back``/``ahead``: at least the window's reach), plus the first
+    ``global_tokens`` keys (bias 0). ``hide=False``: every chunk's keys are real keys of the
+    sequence (no padding, no global tokens, none out of range), so no hiding column is needed.
+    """
+    B, _, T, D = q.shape
+    S = k.size(2)
+    t0, t1 = rows
+    first = S - T + t0  # the position of query t0
+    n = -(-(t1 - t0) // chunk)
+    R = back + chunk + ahead
+    G = global_tokens
+    # the hiding column, the head size rounded up as the fold's (the kernel is slower at odd sizes)
+    Dp = fold._padded_head_dim(D, 1) if hide else D
+    idx = torch.as_tensor(heads, device=q.device)
+    if heads == list(range(heads[0], heads[0] + len(heads))):
+        idx = slice(heads[0], heads[0] + len(heads))  # a view, not a copy
+    Hg = len(heads)
+    fill = mask_value(q.dtype) / max(scale, 1.0)  # times scale: a huge, finite negative logit
+
+    def widened(x, column):  # (B, n, Hg, rows, D) -> [x, column, 0…] of head size Dp
+        if not hide:
+            return x
+        shape = x.shape[:-1]
+        spare = x.new_zeros(()).expand(*shape, Dp - D - 1)
+        return torch.cat([x, column.expand(*shape, 1), spare], dim=-1)
+
+    # queries: (B, Hg, n·c, D) -> (B, n, Hg, c, Dp), the hiding column's 1 at D
+    qg = F.pad(q[:, idx, t0:t1], (0, 0, 0, n * chunk - (t1 - t0)))
+    qa = widened(qg.view(B, Hg, n, chunk, D).transpose(1, 2), q.new_ones(()))
+
+    # the key positions first - back … first + n·c + ahead - 1, out-of-range ones zero
+    lo, hi = first - back, first + n * chunk + ahead
+    clamp = (max(0, lo), min(S, hi))
+    pad = (clamp[0] - lo, hi - clamp[1])
+
+    def windows_of(x):  # (B, H, S, D) -> (B, n, Hg, R, D): chunk k's keys s-back … s+c-1+ahead
+        ranged = F.pad(x[:, idx, clamp[0]:clamp[1]], (0, 0) + pad)
+        return ranged.unfold(2, R, chunk).permute(0, 2, 1, 4, 3)
+
+    column = None
+    if hide:
+        positions = torch.arange(lo, hi, device=q.device)
+        inside = (positions >= max(0, G)) & (positions < S)
+        keep = inside[None, :] & F.pad(visible[:, clamp[0]:clamp[1]], pad, value=False)
+        column = q.new_zeros(keep.shape).masked_fill(~keep, fill)  # (B, L)
+        column = column.unfold(1, R, chunk)[:, :, None, :, None]
+    ka = widened(windows_of(k), column)
+    va = widened(windows_of(v), q.new_zeros(()))
+    if G:  # the global keys before every chunk's window
+        shape = (B, n, Hg, G, D)
+        hidden = q.new_zeros(B, G).masked_fill(~visible[:, :G], fill)[:, None, None, :, None]
+        ka = torch.cat([widened(k[:, idx, None, :G].transpose(1, 2).expand(shape), hidden), ka], 3)
+        va = torch.cat([widened(v[:, idx, None, :G].transpose(1, 2).expand(shape),
+                                q.new_zeros(())), va], 3)
+
+    # one bias for every chunk: queries at back … back+c-1 of keys 0 … R-1 (only i - j counts)
+    windows = tuple([w] * len(slopes) for w in window)
+    bias = alibi_bias_between(slopes, torch.arange(back, back + chunk), torch.arange(R), variant,
+                              future_slopes, q.dtype, heads=heads, windows=windows)
+    if G:  # the global keys: bias 0 for every query (queries >= G, all of them past)
+        bias = torch.cat([bias.new_zeros(Hg, chunk, G), bias], dim=-1)
+    out = F.scaled_dot_product_attention(
+        qa.reshape(B * n, Hg, chunk, Dp), ka.reshape(B * n, Hg, G + R, Dp),
+        va.reshape(B * n, Hg, G + R, Dp), attn_mask=bias[None], scale=scale,
+    )
+    out = out.reshape(B, n, Hg, chunk, Dp).transpose(1, 2).reshape(B, Hg, n * chunk, Dp)
+    return out[:, :, :t1 - t0, :D]
+
+
+def _interior(T, S, back, ahead, chunk) -> Tuple[int, int]:
+    """``(t0, t1)``: the queries whose chunks (of ``chunk``, from query 0) read only keys inside
+    ``0 … S-1``; empty (``t0 >= t1``) if none."""
+    first = S - T
+    k0 = max(0, -(-(back - first) // chunk))  # chunk k starts at first + k·c >= back
+    k1 = (S - ahead - first) // chunk  # and ends at first + (k+1)·c - 1 + ahead <= S - 1
+    return k0 * chunk, min(T, k1 * chunk)
+
+
+def _folds(q, T, S, variant, global_tokens) -> bool:
+    """Whether a group whose window covers every key runs as the ``fold`` backend (no bias
+    tensor, and the causal kernel skips the blocks above the diagonal): what ``fold`` serves
+    (CPU, float32/64, no KV cache, no global tokens), and not ``one_sided``, whose fold splits
+    the heads it is given by direction (a group is any subset of them)."""
+    return (fold.available() and q.device.type == "cpu" and q.dtype in fold.FOLD_DTYPES
+            and T == S and not global_tokens and variant != "one_sided")
+
+
+def _folded(q, k, v, slopes, future_slopes, variant, heads, scale, key_padding_mask):
+    """A covering group's output ``(B, len(heads), T, D)`` by :func:`.fold.folded_attention`."""
+    idx = torch.as_tensor(heads, device=q.device)
+    future = None if future_slopes is None else future_slopes[idx]
+    return fold.folded_attention(q[:, idx], k[:, idx], v[:, idx], slopes[idx], future, variant,
+                                 scale, key_padding_mask)
+
+
+def _global_queries(q, k, v, visible, slopes, future_slopes, variant, global_tokens, scale):
+    """The output ``(B, H, g, D)`` of the queries among the first ``global_tokens`` positions:
+    exempt from the bias and the windows, they read every key (one dense call, ``g <= N``)."""
+    B, H, T, D = q.shape
+    S = k.size(2)
+    first = S - T
+    g = global_tokens - first
+    bias = alibi_bias_between(slopes, torch.arange(first, first + g), torch.arange(S), variant,
+                              future_slopes, q.dtype, global_tokens)
+    bias = bias[None].masked_fill(~visible[:, None, None, :], mask_value(q.dtype))
+    return F.scaled_dot_product_attention(q[:, :, :g], k, v, attn_mask=bias, scale=scale)
+
+
+def attention(q: Tensor, k: Tensor, v: Tensor, slopes: Tensor, future_slopes: Optional[Tensor],
+              variant: str, windows, key_padding_mask: Optional[Tensor] = None,
+              scale: Optional[float] = None, global_tokens: int = 0,
+              chunk: Optional[int] = None) -> Tensor:
+    """Windowed ALiBi attention, ``(B, H, T, D)``, skipping the keys beyond the windows.
+
+    ``q`` ``(B, H, T, D)``, ``k``/``v`` ``(B, H, S, D)`` with ``T <= S`` (queries aligned to the
+    end of the keys); ``slopes``/``future_slopes`` ``(H,)`` the effective slopes (as
+    ``AttentionBias.head_slopes()``); ``windows`` ``(back, ahead)`` per head
+    (:func:`~fairseq_alibi.alibi.variant_windows` of those slopes, ``None`` = unbounded);
+    ``key_padding_mask`` ``(B, S)``, True = padding; ``scale`` default ``D^-1/2``;
+    ``chunk`` queries per chunk (default :func:`chunk_size` of each group's window). Equals
+    ``softmax(q·kᵀ·scale + windowed_alibi_bias + padding) v``; float32 or float64.
+    """
+    B, H, T, D = q.shape
+    S = k.size(2)
+    if T > S:
+        raise ValueError(f"query_len ({T}) cannot exceed key_len ({S})")
+    scale = D**-0.5 if scale is None else scale
+    slopes = slopes.to(q.device, torch.float32)
+    if future_slopes is not None:
+        future_slopes = future_slopes.to(q.device, torch.float32)
+    visible = (torch.ones(B, S, dtype=torch.bool, device=q.device) if key_padding_mask is None
+               else ~key_padding_mask.to(q.device, torch.bool))
+    first = S - T
+    outs: List[Tensor] = []
+    order: List[int] = []
+    for window, heads in _groups(windows).items():
+        # the reach the sequence allows: past keys down to 0, future ones up to S - 1
+        back = first + T - 1 if window[0] is None else min(window[0], first + T - 1)
+        ahead = T - 1 if window[1] is None else min(window[1], T - 1)
+        size = chunk or chunk_size(back, ahead)
+        if size >= T or back + size + ahead >= S:  # the window covers the keys: one chunk
+            size, back, ahead = T, first, 0
+            drops_none = ((window[0] is None or window[0] >= S - 1) and
+                          (window[1] is None or window[1] >= T - 1 or variant == "causal"))
+            if drops_none and _folds(q, T, S, variant, global_tokens):
+                outs.append(_folded(q, k, v, slopes, future_slopes, variant, heads, scale,
+                                    key_padding_mask))
+                order += heads
+                continue
+        args = (q, k, v, visible, slopes, future_slopes, variant, heads, window, back,
+                ahead, size, global_tokens, scale)
+        t0, t1 = _interior(T, S, back, ahead, size)
+        if key_padding_mask is None and not global_tokens and t0 < t1:
+            # the chunks that read only real keys need no hiding column (a smaller head size)
+            parts = [_band(*args, rows=(t0, t1), hide=False)]
+            if t0 > 0:
+                parts.insert(0, _band(*args, rows=(0, t0)))
+            if t1 < T:
+                parts.append(_band(*args, rows=(t1, T)))
+            outs.append(torch.cat(parts, dim=2) if len(parts) > 1 else parts[0])
+        else:
+            outs.append(_band(*args, rows=(0, T)))
+        order += heads
+    out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)
+    if order != list(range(H)):
+        out = out[:, torch.as_tensor(order).argsort()]
+    if global_tokens > first:  # queries that are global tokens read every key
+        exempt = _global_queries(q, k, v, visible, slopes, future_slopes, variant,
+                                 global_tokens, scale)
+        out = torch.cat([exempt, out[:, :, global_tokens - first:]], dim=2)
+    return out

@@ -1,0 +1,353 @@
+"""Slope windows (issue 38): the window math of fairseq_alibi/alibi.py, the CPU windowed backend
+(fairseq_alibi/modules/attention/windowed.py) against a float64 reference written from the
+definition, and the smoke run of benchmarks/windows.py."""
+
+import math
+
+import pytest
+import torch
+
+from fairseq_alibi.alibi import (
+    VARIANTS,
+    alibi_bias,
+    alibi_bias_between,
+    check_window_cutoff,
+    get_slopes,
+    variant_slopes,
+    variant_windows,
+    window_lengths,
+    windowed_alibi_bias,
+)
+from fairseq_alibi.modules.attention import windowed
+
+# ------------------------------------------------------------------ the window math
+
+
+def test_eight_causal_heads_at_cutoff_eight_keep_16_to_2048_keys():
+    # slopes 1/2 … 1/256: W = ceil(8 / m) = 16, 32, …, 2048 (the issue's example)
+    assert window_lengths(get_slopes(8), 8) == [16, 32, 64, 128, 256, 512, 1024, 2048]
+    back, ahead = variant_windows(get_slopes(8), 8, "causal")
+    assert back == [16, 32, 64, 128, 256, 512, 1024, 2048] and ahead == [0] * 8
+
+
+def test_window_is_the_first_distance_at_or_below_minus_cutoff():
+    # 8 / (1/3) = 24 exactly: distance 24 has bias -8 (kept), 25 is beyond; 7.5 nats: 22.5 -> 23
+    assert window_lengths(torch.tensor([1 / 2, 0.375]), 7.5) == [15, 20]
+    assert window_lengths(torch.tensor([0.25]), 8) == [32]
+    assert window_lengths(torch.tensor([0.3]), 8) == [27]  # 26.67 -> 27
+
+
+def test_partial_heads_and_the_cutoff_off_are_unbounded():
+    slopes = variant_slopes(8, "causal", biased_heads=4)  # 1/4, 1/16, 1/64, 1/256, then 0
+    assert window_lengths(slopes, 8) == [32, 128, 512, 2048, None, None, None, None]
+    assert window_lengths(get_slopes(8), 0) == [None] * 8  # 0 = off
+
+
+def test_bidirectional_forward_windows():
+    slopes = get_slopes(8)
+    back = [16, 32, 64, 128, 256, 512, 1024, 2048]
+    assert variant_windows(slopes, 8, "symmetric") == (back, back)
+    # offset's future bias -m(j-i-0.5): ceil(8/m + 0.5)
+    assert variant_windows(slopes, 8, "offset") == (back, [w + 1 for w in back])
+    # asymmetric: the future slopes (here ratio 0.5) set the forward windows
+    assert variant_windows(slopes, 8, "asymmetric", slopes * 0.5) == (back, [2 * w for w in back])
+    with pytest.raises(ValueError, match="future_slopes"):
+        variant_windows(slopes, 8, "asymmetric")
+
+
+def test_one_sided_heads_keep_their_own_direction():
+    slopes = variant_slopes(8, "one_sided")  # each half 1/4, 1/16, 1/64, 1/256
+    half = [32, 128, 512, 2048]
+    assert variant_windows(slopes, 8, "one_sided") == (half + [0] * 4, [0] * 4 + half)
+
+
+@pytest.mark.parametrize("bad", [-1, -0.5, float("nan"), float("inf"), "8", None, True])
+def test_bad_cutoffs_are_refused_naming_the_flag(bad):
+    with pytest.raises(ValueError, match="--alibi-window-cutoff"):
+        check_window_cutoff(bad)
+    with pytest.raises(ValueError, match="--alibi-window-cutoff"):
+        window_lengths(get_slopes(4), bad)
+
+
+def test_good_cutoffs_are_floats():
+    assert check_window_cutoff(0) == 0.0 and check_window_cutoff(8) == 8.0
+    assert check_window_cutoff(2.5) == 2.5
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("global_tokens", [0, 2])
+def test_bias_between_positions_is_alibi_bias(variant, global_tokens):
+    slopes = variant_slopes(8, variant)
+    future = slopes * 0.7
+    want = alibi_bias(slopes, 5, 9, variant, future, global_tokens=global_tokens)
+    got = alibi_bias_between(slopes, torch.arange(4, 9), torch.arange(9), variant, future,
+                             global_tokens=global_tokens)
+    assert torch.equal(got, want)
+    assert torch.equal(windowed_alibi_bias(slopes, 5, 9, variant, future,
+                                           global_tokens=global_tokens, cutoff=0), want)
+    some = [1, 6]  # a subset of the heads keeps each head's own bias (one_sided's direction)
+    assert torch.equal(alibi_bias_between(slopes, torch.arange(4, 9), torch.arange(9), variant,
+                                          future, global_tokens=global_tokens, heads=some),
+                       want[some])
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_dropped_keys_are_exactly_those_biased_below_the_cutoff(variant):
+    cutoff, L = 1.0, 40
+    slopes = variant_slopes(4, variant)
+    future = slopes * 0.6
+    dense = alibi_bias(slopes, L, L, variant, future, torch.float64)
+    windowed_dense = windowed_alibi_bias(slopes, L, L, variant, future, torch.float64,
+                                         cutoff=cutoff)
+    masked = dense < -1e30
+    dropped = (windowed_dense < -1e30) & ~masked
+    assert dropped.any()
+    assert (dense[dropped] < -cutoff).all()  # every dropped key lies beyond -T
+    # kept keys reach at most one distance past -T (W = ceil(T/m))
+    assert (dense[~dropped & ~masked] >= -cutoff - slopes.max() - 1e-6).all()
+    assert torch.equal(windowed_dense[~dropped], dense[~dropped])
+
+
+def test_global_tokens_are_exempt_from_the_windows():
+    slopes = get_slopes(4)
+    bias = windowed_alibi_bias(slopes, 30, 30, "symmetric", cutoff=1.0, global_tokens=2)
+    assert (bias[:, :, :2] == 0).all() and (bias[:, :2, :] == 0).all()
+    assert bias[0, 20, 5] < -1e30  # far (window 4), neither one global: dropped
+
+
+# ------------------------------------------------------------------ the windowed backend
+
+MASKED = float("-inf")
+
+
+def reference(q, k, v, slopes, future, variant, cutoff, key_padding_mask=None,
+              global_tokens=0):
+    """float64 ``softmax(q·kᵀ/√d + bias) v`` straight from the definitions: the table of
+    fairseq_alibi/alibi.py, keys beyond ``ceil(T/m)`` (``ceil(T/m + 0.5)`` for offset's future,
+    ``ceil(T/m_f)`` for asymmetric's) dropped unless a global token, padding dropped.
+    Returns ``(out, rows)``: ``rows`` ``(B, H, T, 1)`` the queries with a visible key (the
+    others have no reference value; their outputs here are finite, for autograd)."""
+    B, H, T, D = q.shape
+    S = k.size(2)
+    i = torch.arange(S - T, S, dtype=torch.float64)[:, None]
+    j = torch.arange(S, dtype=torch.float64)[None, :]
+    d = i - j
+    rows = []
+    for h in range(H):
+        m = float(slopes[h])
+        mf = float(future[h]) if future is not None else m
+        if variant == "causal":
+            bias = torch.where(d >= 0, -m * d, MASKED)
+        elif variant == "symmetric":
+            bias = -m * d.abs()
+        elif variant == "offset":
+            bias = torch.where(d >= 0, -m * d, -m * (-d - 0.5))
+        elif variant == "asymmetric":
+            bias = torch.where(d >= 0, -m * d, -mf * (-d))
+        else:
+            hidden = d > 0 if h >= H // 2 else d < 0
+            bias = torch.where(hidden, MASKED, -m * d.abs())
+        exempt = (i < global_tokens) | (j < global_tokens)
+        if global_tokens:
+            zero = torch.where(d >= 0, 0.0, MASKED) if variant == "causal" else 0.0
+            bias = torch.where(exempt, zero, bias)
+        if cutoff and m > 0:
+            back = math.ceil(cutoff / m)
+            shift = 0.5 if variant == "offset" else 0.0
+            ahead = math.ceil(cutoff / mf + shift) if mf > 0 else math.inf
+            beyond = (d > back) | (-d > ahead)
+            bias = torch.where(beyond & ~exempt, MASKED, bias)
+        rows.append(bias)
+    bias = torch.stack(rows)[None].expand(B, -1, -1, -1)
+    if key_padding_mask is not None:
+        bias = bias.masked_fill(key_padding_mask[:, None, None, :], MASKED)
+    rows = (bias > MASKED).any(-1, keepdim=True)
+    bias = bias.clamp(min=-1e300)  # finite: an all-masked row stays finite
+    logits = q.double() @ k.double().transpose(-1, -2) / math.sqrt(D) + bias
+    return torch.softmax(logits, -1) @ v.double(), rows
+
+
+def inputs(B, H, T, S, D=8, dtype=torch.float64, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(B, H, n, D, generator=g, dtype=dtype) for n in (T, S, S)]
+
+
+def run_windowed(q, k, v, slopes, future, variant, cutoff, **kwargs):
+    windows = variant_windows(slopes, cutoff, variant, future)
+    return windowed.attention(q, k, v, slopes, future, variant, windows, **kwargs)
+
+
+def head_slopes(variant, partial=False, H=4):
+    slopes = variant_slopes(H, variant, biased_heads=H // 2 if partial else None)
+    return slopes, (slopes * 0.6 if variant == "asymmetric" else None)
+
+
+def padding(B, S, global_tokens=0):
+    mask = torch.zeros(B, S, dtype=torch.bool)
+    mask[0, global_tokens:global_tokens + 3] = True  # inside the sequence (and the windows)
+    mask[-1, -4:] = True  # right padding
+    return mask
+
+
+#: (query_len, key_len, cutoff, key padding, global tokens, partial heads, chunk)
+CASES = [
+    (48, 48, 2.0, False, 0, False, None),
+    (48, 48, 1.0, True, 0, False, 8),
+    (48, 48, 2.0, True, 2, False, 4),
+    (40, 40, 0.7, False, 0, True, 8),
+    (17, 60, 1.5, True, 0, False, 4),  # a KV cache: queries at the end of the keys
+    (1, 30, 1.0, False, 0, False, None),  # one decoding step
+    (9, 40, 2.0, True, 3, True, 4),
+    (5, 8, 2.0, False, 6, False, 2),  # queries among the global tokens
+    (33, 33, 8.0, False, 0, False, None),  # windows larger than the sequence
+    (36, 36, 1.0, True, 0, True, 8),  # slope-0 heads (no window) with padding: folded
+]
+
+
+#: the bias is computed in float32 (fairseq_alibi/alibi.py), exact for power-of-two slopes
+#: only: a float64 attention with it agrees with the float64 reference to about float32's
+#: relative precision of the bias
+TOL64 = dict(atol=1e-6, rtol=1e-6)
+
+
+def check_close(out, reference_out, **tol):
+    want, rows = reference_out
+    rows = rows[..., 0]  # an all-padding row has no reference value
+    assert torch.isfinite(out).all()
+    torch.testing.assert_close(out[rows], want[rows].to(out.dtype), **tol)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(map(str, c)))
+def test_windowed_attention_matches_the_float64_definition(variant, case):
+    T, S, cutoff, padded, G, partial, chunk = case
+    if partial and variant == "one_sided":
+        pytest.skip("one_sided takes no partial heads")
+    slopes, future = head_slopes(variant, partial)
+    q, k, v = inputs(2, 4, T, S)
+    kpm = padding(2, S, G) if padded else None
+    out = run_windowed(q, k, v, slopes, future, variant, cutoff, key_padding_mask=kpm,
+                       global_tokens=G, chunk=chunk)
+    want = reference(q, k, v, slopes, future, variant, cutoff, kpm, G)
+    check_close(out, want, **TOL64)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_windowed_attention_in_float32(variant):
+    slopes, future = head_slopes(variant)
+    q, k, v = inputs(2, 4, 64, 64, D=16, dtype=torch.float32)
+    kpm = padding(2, 64)
+    out = run_windowed(q, k, v, slopes, future, variant, 2.0, key_padding_mask=kpm)
+    assert out.dtype == torch.float32
+    check_close(out, reference(q, k, v, slopes, future, variant, 2.0, kpm),
+                atol=2e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("case", [CASES[2], CASES[3], CASES[4], CASES[6], CASES[9]],
+                         ids=lambda c: "-".join(map(str, c)))
+def test_windowed_gradients_match_the_reference(variant, case):
+    T, S, cutoff, padded, G, partial, chunk = case
+    if partial and variant == "one_sided":
+        pytest.skip("one_sided takes no partial heads")
+    slopes, future = head_slopes(variant, partial)
+    kpm = padding(2, S, G) if padded else None
+    leaves = [x.requires_grad_() for x in inputs(2, 4, T, S, seed=1)]
+    grad = torch.randn(2, 4, T, 8, dtype=torch.float64)
+    want, rows = reference(*leaves, slopes, future, variant, cutoff, kpm, G)
+    expected = torch.autograd.grad(want, leaves, grad * rows)
+    out = run_windowed(*leaves, slopes, future, variant, cutoff, key_padding_mask=kpm,
+                       global_tokens=G, chunk=chunk)
+    found = torch.autograd.grad(out, leaves, grad * rows)
+    for name, g, e in zip("qkv", found, expected):
+        torch.testing.assert_close(g, e, **TOL64, msg=lambda text, name=name: f"d{name}: {text}")
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("T,S", [(40, 40), (20, 40)])
+def test_slope_gradients_flow_as_through_the_dense_definition(variant, T, S):
+    """Learned slope scales: the slopes' gradient (the windows themselves are integers, from
+    the detached slopes) equals that of the dense windowed bias, folded groups included."""
+    base = variant_slopes(4, variant, biased_heads=None if variant == "one_sided" else 3)
+    scales = torch.tensor([1.3, 0.7, 1.1, 0.9], dtype=torch.float64, requires_grad=True)
+    q, k, v = inputs(1, 4, T, S, seed=2)
+
+    def slopes():
+        found = base * scales
+        return found, (found * 0.6 if variant == "asymmetric" else None)
+
+    m, mf = slopes()
+    windows = variant_windows(m.detach(), 2.0, variant, None if mf is None else mf.detach())
+    out = windowed.attention(q, k, v, m, mf, variant, windows, chunk=8)
+    (found,) = torch.autograd.grad(out.sum(), scales)
+    m, mf = slopes()
+    bias = alibi_bias_between(m, torch.arange(S - T, S), torch.arange(S), variant, mf,
+                              torch.float64, windows=windows)
+    want = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=bias)
+    (expected,) = torch.autograd.grad(want.sum(), scales)
+    torch.testing.assert_close(found, expected, **TOL64)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_windows_covering_the_sequence_are_plain_dense_alibi(variant):
+    slopes, future = head_slopes(variant)
+    q, k, v = inputs(2, 4, 50, 50, D=16, dtype=torch.float32)
+    bias = alibi_bias(slopes, 50, 50, variant, future)
+    want = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=bias)
+    for cutoff in (1000.0, 0.0):  # windows past the sequence, and the cutoff off
+        out = run_windowed(q, k, v, slopes, future, variant, cutoff)
+        torch.testing.assert_close(out, want, atol=1e-6, rtol=1e-5)
+    narrow = run_windowed(q, k, v, slopes, future, variant, 1.0)
+    assert not torch.allclose(narrow, want, atol=1e-3)  # (the windows do drop keys)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_chunk_sizes_agree(variant):
+    slopes, future = head_slopes(variant)
+    q, k, v = inputs(1, 4, 70, 70)
+    outs = [run_windowed(q, k, v, slopes, future, variant, 2.0, chunk=c) for c in (3, 16, 64)]
+    for out in outs[1:]:
+        torch.testing.assert_close(out, outs[0], atol=1e-12, rtol=1e-12)
+
+
+def test_all_padding_rows_stay_finite_with_their_gradients():
+    slopes, _ = head_slopes("causal")
+    leaves = [x.requires_grad_() for x in inputs(2, 4, 20, 20, dtype=torch.float32)]
+    kpm = torch.ones(2, 20, dtype=torch.bool)
+    out = run_windowed(*leaves, slopes, None, "causal", 2.0, key_padding_mask=kpm, chunk=4)
+    assert torch.isfinite(out).all()
+    assert all(torch.isfinite(g).all() for g in torch.autograd.grad(out.sum(), leaves))
+
+
+def test_no_bias_spans_the_keys_of_a_long_sequence(monkeypatch):
+    """The chunks' bias is ``(H_g, c, R)``: never as wide as the keys (no ``(H, L, L)``)."""
+    widths = []
+
+    def recording(*args, **kwargs):
+        bias = alibi_bias_between(*args, **kwargs)
+        widths.append(bias.shape[-1])
+        return bias
+
+    monkeypatch.setattr(windowed, "alibi_bias_between", recording)
+    slopes = get_slopes(4)  # cutoff 1: windows 4, 16, 64, 256 keys
+    q, k, v = inputs(1, 4, 2048, 2048, dtype=torch.float32)
+    run_windowed(q, k, v, slopes, None, "causal", 1.0)
+    assert widths and max(widths) < 1024
+
+
+def test_longer_queries_than_keys_are_refused():
+    q, k, v = inputs(1, 4, 10, 5)
+    with pytest.raises(ValueError, match="query_len"):
+        run_windowed(q, k, v, get_slopes(4), None, "causal", 2.0)
+
+
+# ------------------------------------------------------------------ the benchmark
+
+
+def test_the_benchmark_smoke_run(capsys):
+    from benchmarks import windows as bench
+
+    body = bench.main(["--quick", "--lengths", "64"])
+    printed = capsys.readouterr().out
+    assert "| 64 | forward |" in body and "| 64 | fwd+bwd |" in body
+    assert "× faster than dense auto" in printed and "windows 16, 32" in printed
