@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from fairseq_alibi.modules.bias import AlibiBias
-from fairseq_alibi.modules.checkpoint_match import CheckpointMismatch, StackRecord, scale_mode
+from fairseq_alibi.modules.checkpoint_match import StackRecord, scale_mode
 from tests.helpers import build_model, build_translation, write_translation_dictionaries
 
 STYLE = re.compile(r"this checkpoint was trained with (?P<saved>.+); the model being built has "
@@ -60,7 +60,7 @@ def test_every_family_refuses_a_mismatch_in_one_style(family, trained, built, fi
     data = translation_data if family == "translation" else tiny_lm_data
     state = _build(family, data, trained).state_dict()
     model = _build(family, data, built)
-    with pytest.raises(CheckpointMismatch) as raised:
+    with pytest.raises(ValueError) as raised:
         model.load_state_dict(state)
     message = str(raised.value)
     match = STYLE.fullmatch(message)
@@ -72,13 +72,13 @@ def test_every_family_refuses_a_mismatch_in_one_style(family, trained, built, fi
 
 def test_the_bias_module_alone_refuses_in_the_same_style():
     one_sided = AlibiBias(4, variant="one_sided").state_dict()
-    with pytest.raises(CheckpointMismatch, match=STYLE.pattern) as raised:
+    with pytest.raises(ValueError, match=STYLE.pattern) as raised:
         AlibiBias(4, variant="symmetric").load_state_dict(one_sided)
     assert "--alibi-variant one_sided" in str(raised.value)
-    with pytest.raises(CheckpointMismatch, match="trained with 4 attention heads"):
+    with pytest.raises(ValueError, match="trained with 4 attention heads"):
         AlibiBias(8).load_state_dict(AlibiBias(4).state_dict())
     learned = AlibiBias(4, learned_scales="per_head").state_dict()
-    with pytest.raises(CheckpointMismatch, match="build it with --alibi-learned-scales per_head"):
+    with pytest.raises(ValueError, match="build it with --alibi-learned-scales per_head"):
         AlibiBias(4).load_state_dict(learned)
 
 

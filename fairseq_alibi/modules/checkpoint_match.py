@@ -25,14 +25,11 @@ import torch
 from fairseq_alibi.alibi import variant_slopes
 
 
-class CheckpointMismatch(ValueError):
-    """A checkpoint that the model being built cannot load as it was trained (:func:`mismatch`)."""
-
-
-def mismatch(saved: str, built: str, fix: str) -> CheckpointMismatch:
+def mismatch(saved: str, built: str, fix: str) -> ValueError:
     """The one error of every family: what the checkpoint was trained with (``saved``), what
-    the model being built has (``built``), and the flags that build the right one (``fix``)."""
-    return CheckpointMismatch(
+    the model being built has (``built``), and the flags that build the right one (``fix``).
+    A plain ``ValueError``, as fairseq's tools and ``error_hints`` print it."""
+    return ValueError(
         f"this checkpoint was trained with {saved}; the model being built has {built}: "
         f"build it with {fix}")
 
