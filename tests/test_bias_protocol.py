@@ -265,5 +265,8 @@ def test_refusals_name_the_limit_in_words():
     }
     for (name, call), reason in reasons.items():
         assert dispatch.unsupported(name, call).startswith(reason), (name, call)
-    if not flash.installed():
-        assert dispatch.unsupported("flash", one_sided) == "the flash_attn package is not installed"
+    assert dispatch.unsupported("flash", one_sided).startswith(
+        "flash implements causal and symmetric only, not one_sided")
+    if not flash.installed():  # what the installation lacks: after the call's own limits
+        assert dispatch.unsupported("flash", one_sided._replace(variant="causal")) == \
+            "the flash_attn package is not installed"

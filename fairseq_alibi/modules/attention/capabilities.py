@@ -41,7 +41,8 @@ class Capabilities:
     ``dropout``: attention dropout; ``attn_mask``: fairseq's extra ``(T, S)`` mask;
     ``global_tokens``: ``--alibi-global-tokens``; ``scale_grad``: the gradient of learned slope
     scales; ``no_backward_on``: devices where it runs forward only; ``missing``: why it cannot
-    run in this installation (``None``: it can), asked at each check, so a test can pretend.
+    run in this installation (``None``: it can), asked at each check (so a test can pretend),
+    after the call's own limits.
     """
 
     kinds: Tuple[str, ...] = ("distance",)
@@ -58,16 +59,14 @@ class Capabilities:
     missing: Callable[[], Optional[str]] = _nothing_missing
 
     def limit(self, call) -> Optional[str]:
-        """The first field (in the order above) whose limit ``call`` meets, or ``None`` if
-        it is served. Cheap, builds nothing: ``auto`` asks it at every call."""
+        """The first field whose limit ``call`` meets (in the order above, ``missing`` last), or
+        ``None`` if it is served. Cheap, builds nothing: ``auto`` asks it at every call."""
         if call.kind not in self.kinds:
             return "kinds"
         if call.global_tokens and not self.global_tokens:
             return "global_tokens"
         if self.devices is not None and call.device not in self.devices:
             return "devices"
-        if self.missing() is not None:
-            return "missing"
         if self.variants is not None and call.variant not in self.variants:
             return "variants"
         if self.dtypes is not None and call.dtype not in self.dtypes:
@@ -85,6 +84,8 @@ class Capabilities:
             return "scale_grad"
         if call.grad and call.device in self.no_backward_on:
             return "no_backward_on"
+        if self.missing() is not None:  # last: the call's own limits are cheaper to read
+            return "missing"
         return None
 
     def refusal(self, name: str, call) -> Optional[str]:
