@@ -404,7 +404,7 @@ def attention_methods(q, k, v, variant, device):
     """name -> (function of (q, k, v), the name of its no-bias twin)."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    from fairseq_alibi.modules.attention import dispatch, flash, flex
+    from fairseq_alibi.modules.attention import dispatch, flex
 
     H, L, D = q.shape[1], q.shape[2], q.shape[3]
     scale = D**-0.5
@@ -435,7 +435,7 @@ def attention_methods(q, k, v, variant, device):
             None)
         found["flex (ALiBi score_mod)"] = (backend("flex"), "no bias (flex, same block mask)")
         call = dispatch.Call(device, q.dtype, variant, L, L, q.shape[0], H, grad=True)
-        if flash.unsupported(call) is None:
+        if dispatch.serves("flash", call):
             found["flash (alibi_slopes)"] = (backend("flash"), "no bias (SDPA, fastest kernel)")
     return found
 

@@ -115,7 +115,7 @@ def test_kind_mismatch_message_fits_how_the_run_was_started(started, expected, t
         fresh, _ = build_model("encoder", tiny_lm_data)  # the default: offset, roberta head
     else:
         fresh = _as_hydra_built([], tiny_lm_data)  # a GLUE config without variant=
-    with pytest.raises(ValueError, match="trained as `--alibi-variant offset --mlm-head clap"
+    with pytest.raises(ValueError, match="trained with `--alibi-variant offset --mlm-head clap"
                                          " --zero-mask-embedding`") as error:
         fresh.load_state_dict(trained.state_dict())
     assert str(error.value).endswith(expected)
@@ -150,9 +150,9 @@ def test_hydra_glue_config_without_variant_names_the_override(alibi_user_dir, tm
         f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path, expect_ok=False)
     lines = out.strip().splitlines()
     hint = next(i for i, l in enumerate(lines) if l.startswith("fairseq_alibi: ValueError:"))
-    assert lines[hint].endswith("build it as the checkpoint was: the override `variant=alibi`")
-    assert "trained as `--alibi-variant offset --mlm-head roberta`" in lines[hint]
-    assert "being built is `--alibi-variant offset --mlm-head clap --zero-mask-embedding`" \
+    assert lines[hint].endswith("build it with the override `variant=alibi`")
+    assert "trained with `--alibi-variant offset --mlm-head roberta`" in lines[hint]
+    assert "being built has `--alibi-variant offset --mlm-head clap --zero-mask-embedding`" \
         in lines[hint]
     assert hint < next(i for i, l in enumerate(lines) if "Error executing job" in l)
 
@@ -169,7 +169,8 @@ def test_stock_checkpoint_restored_shows_the_plugin_message_last(flag, tiny_lm_d
                 flag, stock, expect_ok=False)
     assert "please ensure that the architectures match" in out  # fairseq's, above ours
     assert last_line(out).startswith(
-        "fairseq_alibi: ValueError: this checkpoint has no ALiBi slopes (decoder.alibi.slopes)")
+        "fairseq_alibi: ValueError: this checkpoint was trained with no ALiBi on the decoder "
+        "(no decoder.alibi.slopes")
     assert "convert" in last_line(out)
 
 

@@ -199,7 +199,7 @@ def test_glue_fine_tunes_every_study_variant(data, runs_root):
     while error is not None:  # fairseq's trainer re-raises the model's error as its context
         causes.append(str(error))
         error = error.__cause__ or error.__context__
-    assert any("this checkpoint was trained as" in c for c in causes), causes
+    assert any("this checkpoint was trained with `" in c for c in causes), causes
 
 
 def test_train_length_family_as_one_multirun(data, runs_root):

@@ -23,7 +23,7 @@ import torch
 from fairseq_alibi.alibi import alibi_bias, variant_slopes
 from fairseq_alibi.modules.bias import AlibiBias
 from fairseq_alibi.modules.alibi_multihead_attention import AlibiMultiheadAttention, set_attention_backend
-from fairseq_alibi.modules.attention import dispatch, flash, flex, fold
+from fairseq_alibi.modules.attention import dispatch, flash, flex
 from tests.helpers import reference_scaled_attention, scaled_bias
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -280,5 +280,5 @@ def test_fold_refuses_cuda_and_auto_never_picks_it_there():
     for dtype in DTYPES.values():
         for variant in VARIANTS:
             call = dispatch.Call("cuda", dtype, variant, 4096, 4096, 4, 8, grad=True)
-            assert fold.unsupported(call)
+            assert dispatch.unsupported("fold", call)
             assert dispatch.auto_backend(call) != "fold"

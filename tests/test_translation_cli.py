@@ -281,8 +281,9 @@ def test_stock_checkpoint_and_other_dictionary_are_clear_errors(trained, corpus,
                   "--finetune-from-model", stock / "checkpoint_last.pt",
                   "--save-dir", tmp_path / "alibi", expect_ok=False)
     hint = out.strip().splitlines()[-1]
-    assert hint.startswith("fairseq_alibi: ValueError: this checkpoint has no ALiBi slopes "
-                           "(encoder.alibi.slopes, decoder.alibi.slopes)")
+    assert hint.startswith("fairseq_alibi: ValueError: this checkpoint was trained with no ALiBi "
+                           "on the encoder and decoder (no encoder.alibi.slopes, "
+                           "decoder.alibi.slopes")
     assert "`--encoder-alibi-variant none --decoder-alibi-variant none`" in hint
     prepare(raw, tmp_path / "joined", "--joined-dictionary")  # another dictionary size
     out = run_cli("fairseq-generate", tmp_path / "joined", "--user-dir", alibi_user_dir,

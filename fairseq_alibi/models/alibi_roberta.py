@@ -45,12 +45,13 @@ from fairseq.utils import safe_getattr, safe_hasattr
 from fairseq_alibi import options
 from fairseq_alibi.hub import load_pretrained
 from fairseq_alibi.models.checks import (
+    check_saved_stacks,
     check_tokens_per_sample,
     reject_other_dictionary,
-    reject_position_embeddings,
 )
 from fairseq_alibi.models.architectures_and_limits import lift_task_length_limit
 from fairseq_alibi.models.layer_pruning import ScalesFollowPrunedLayers
+from fairseq_alibi.modules.checkpoint_match import mismatch
 from fairseq_alibi.modules.clap_head import ClapHead, EncoderTokenEmbedding
 from fairseq_alibi.modules.compact import (
     FactorizedEmbedding,
@@ -302,49 +303,42 @@ class AlibiRobertaEncoder(RobertaEncoder):
         )
         kind_key = f"{name}.model_kind"
         encoder = f"{name}.sentence_encoder"
-        built = _kind_flags(decode_kind(self.model_kind))
+        built_kind = decode_kind(self.model_kind)
         hydra = OmegaConf.is_config(self.args)  # started by fairseq-hydra-train, not flags
-        stock = dict(alibi_variant="none", mlm_head="roberta", clap_normalize=False,
-                     zero_mask_embedding=False)  # what stock RoBERTa weights are
         if kind_key in state_dict:
             saved_kind = decode_kind(state_dict[kind_key])
-            saved = _kind_flags(saved_kind)
-            if saved != built:
-                raise ValueError(
-                    f"this checkpoint was trained as `{saved}`, but the model being built is "
-                    f"`{built}`; build it as the checkpoint was: "
-                    f"{_how_to_build(saved_kind, hydra)}"
-                )
-            state_dict[kind_key] = self.model_kind.clone()  # older checkpoints: integer form
-        elif self.uses_alibi:  # not ours: a stock RoBERTa checkpoint, or another model
-            reject_position_embeddings(
-                state_dict, encoder, "alibi_roberta",
-                fix=f"Stock RoBERTa weights load as the stock encoder: "
-                    f"{_how_to_build(stock, hydra)} (learned positions, no ALiBi bias)",
-            )
+            where = ""
+        elif any(k.startswith(f"{encoder}.embed_positions.") for k in state_dict) or \
+                not self.uses_alibi:
+            # stock RoBERTa weights: an alibi_roberta `none` model with the stock head
+            saved_kind = dict(alibi_variant="none", mlm_head="roberta", clap_normalize=False,
+                              zero_mask_embedding=False)
+            where = f" (a stock RoBERTa checkpoint: learned position embeddings, no {kind_key})"
+        else:  # no positions, no record: not ours, not stock RoBERTa's
             raise ValueError(
                 f"this checkpoint has no {kind_key}: it was not written by alibi_roberta. "
                 "Use the architecture it was trained with; a RoBERTa checkpoint of EIFY's ALiBi "
                 "fork converts with `python -m fairseq_alibi.convert --input CHECKPOINT --output "
                 "CONVERTED.pt` (docs/migrating.md)"
             )
-        elif self.roberta_options.mlm_head != "roberta" or \
-                self.roberta_options.zero_mask_embedding:
-            raise ValueError(
-                "this is a stock RoBERTa checkpoint (learned positions, RoBERTa LM head): load "
-                f"it with {_how_to_build(stock, hydra)}"
-            )
-        else:  # stock RoBERTa weights are an alibi_roberta `none` model
-            state_dict[kind_key] = self.model_kind.clone()
+        saved, built = _kind_flags(saved_kind), _kind_flags(built_kind)
+        if saved != built:
+            raise mismatch(f"`{saved}`{where}", f"`{built}`", _how_to_build(saved_kind, hydra))
+        state_dict[kind_key] = self.model_kind.clone()  # older checkpoints: integer form
+        if self.uses_alibi:
+            check_saved_stacks(state_dict, {encoder: (self.sentence_encoder.alibi,
+                                                      options.ENCODER.flag,
+                                                      "--encoder-attention-heads")},
+                               "alibi_roberta")
         positions = state_dict.get(f"{encoder}.embed_positions.weight")
         own = self.sentence_encoder.embed_positions
         if positions is not None and own is not None and positions.shape != own.weight.shape:
-            raise ValueError(
-                f"this checkpoint learned {positions.shape[0] - own.padding_idx - 1} positions, "
-                f"the model being built {own.weight.shape[0] - own.padding_idx - 1}: pass "
-                f"--max-positions {positions.shape[0] - own.padding_idx - 1} (learned positions "
-                "cannot be extended; the ALiBi variants have no length limit)"
-            )
+            trained = positions.shape[0] - own.padding_idx - 1
+            raise mismatch(
+                f"--max-positions {trained} (learned positions)",
+                f"--max-positions {own.weight.shape[0] - own.padding_idx - 1}",
+                f"--max-positions {trained} (learned positions cannot be extended; the ALiBi "
+                "variants have no length limit)")
         return super().upgrade_state_dict_named(state_dict, name)
 
 
@@ -422,10 +416,9 @@ class AlibiRobertaModel(ScalesFollowPrunedLayers, RobertaModel):
                             if k.startswith(heads)}):
             saved = saved_pooler(state_dict, f"{heads}{head}.")
             if saved != pooler:
-                raise ValueError(
-                    f"this checkpoint's classification head {head!r} pools with "
-                    f"--classification-pooler {saved}, the model being built with {pooler}: "
-                    f"pass --classification-pooler {saved}")
+                raise mismatch(f"--classification-pooler {saved} (classification head {head!r})",
+                               f"--classification-pooler {pooler}",
+                               f"--classification-pooler {saved}")
         # The stock method sizes the checkpoint's classification heads from
         # `out_proj.weight`, which a spectral-norm head (--spectral-norm-classification-head)
         # saves as `out_proj.weight_orig`: show it under the expected name while it looks.

@@ -51,23 +51,19 @@ import argparse
 import copy
 import logging
 
-import torch
 from fairseq.models import ARCH_CONFIG_REGISTRY, register_model, register_model_architecture
 from fairseq.models.transformer import TransformerConfig, TransformerModel
 from fairseq.utils import safe_getattr
 
 from fairseq_alibi import options
-from fairseq_alibi.alibi import variant_slopes
 from fairseq_alibi.hub import AlibiLanguageModelHubInterface, load_pretrained
-from fairseq_alibi.models.checks import (
-    reject_missing_slopes,
-    reject_other_dictionary,
-)
 from fairseq_alibi.models.architectures_and_limits import (
     lift_task_length_limit,
     mirror_stock_architectures,
 )
+from fairseq_alibi.models.checks import check_saved_stacks, reject_other_dictionary
 from fairseq_alibi.models.layer_pruning import ScalesFollowPrunedLayers
+from fairseq_alibi.modules.checkpoint_match import mismatch
 from fairseq_alibi.modules.cross_position import CrossPositionAttention, LongestSource
 from fairseq_alibi.modules.position_shift import ShiftedPositions
 from fairseq_alibi.modules.stacks import (
@@ -213,57 +209,26 @@ class AlibiTransformerModel(ScalesFollowPrunedLayers, TransformerModel):
             reject_other_dictionary(
                 state_dict, f"{prefix}{side}.embed_tokens.weight", module.dictionary
             )
-        reject_missing_slopes(
-            state_dict, {f"{prefix}{side}": hasattr(module, "alibi") for side, module in sides},
+        check_saved_stacks(
+            state_dict, {f"{prefix}{side}": (getattr(module, "alibi", None), SIDES[side].flag,
+                                             f"--{side}-attention-heads")
+                         for side, module in sides},
             MODEL_NAME, stock_flag="--{side}-alibi-variant none")
-        for side, module in sides:
-            _check_side(state_dict, f"{prefix}{side}", module, f"--{side}-alibi-variant")
         _check_cross_position(state_dict, f"{prefix}decoder", self.decoder)
         return super().upgrade_state_dict_named(state_dict, name)
 
 
 def _check_cross_position(state_dict, prefix, decoder):
-    """A clear error when the checkpoint's cross-attention pointer and the model's differ."""
+    """The checkpoint's cross-attention pointer and the model's (a parameter of each layer's
+    ``encoder_attn``) must both be there or both be absent."""
     built = [name for name, _ in decoder.named_parameters() if ".pointer_step." in name]
     saved = [k for k in state_dict if k.startswith(f"{prefix}.") and ".pointer_step." in k]
     if bool(built) != bool(saved):
-        raise ValueError(
-            f"this checkpoint was trained {'with' if saved else 'without'} --cross-alibi "
-            f"pointer ({(saved or [f'{prefix}.{built[0]}'])[0]}), the model being built "
-            f"{'lacks' if saved else 'has'} it: pass the checkpoint's --cross-alibi"
-        )
-
-
-def _check_side(state_dict, prefix, module, flag):
-    """A clear error when a checkpoint's side was not built like this model's side."""
-    slopes_key = f"{prefix}.alibi.slopes"
-    alibi = getattr(module, "alibi", None)
-    if alibi is None:
-        if slopes_key in state_dict:
-            heads = state_dict[slopes_key].numel()
-            raise ValueError(
-                f"this checkpoint was trained with ALiBi on the {prefix.rsplit('.', 1)[-1]} "
-                f"({slopes_key}, {heads} heads), but the model being built has stock positions "
-                f"there: drop `{flag} none` (or pass the variant it was trained with)"
-            )
-        return
-    saved = state_dict[slopes_key]
-    if saved.shape != alibi.slopes.shape or not torch.equal(saved.float(), alibi.slopes.float()):
-        one_sided = variant_slopes(saved.numel(), "one_sided") if saved.numel() % 2 == 0 else None
-        hint = "one_sided" if one_sided is not None and torch.equal(saved.float(), one_sided) \
-            else "another variant or head count"
-        raise ValueError(
-            f"this checkpoint's {slopes_key} ({saved.numel()} heads) are the slopes of {hint}, "
-            f"not those of the model being built ({alibi.variant}, {alibi.num_heads} heads): "
-            f"pass the checkpoint's {flag} and attention heads"
-        )
-    ratio_key = f"{prefix}.alibi.future_slope_ratio"
-    if (ratio_key in state_dict) != (alibi.future_slope_ratio is not None):
-        raise ValueError(
-            f"this checkpoint's {prefix} is {'' if ratio_key in state_dict else 'not '}an "
-            f"asymmetric ALiBi one, the model being built is {alibi.variant}: pass the "
-            f"checkpoint's {flag}"
-        )
+        pointer = f"--cross-alibi pointer ({(saved or [f'{prefix}.{built[0]}'])[0]})"
+        raise mismatch(pointer if saved else "no --cross-alibi pointer",
+                       "no --cross-alibi pointer" if saved else pointer,
+                       "--cross-alibi pointer" if saved else
+                       "the --cross-alibi it was trained with (saved in its options)")
 
 
 def _alibi_defaults(args):

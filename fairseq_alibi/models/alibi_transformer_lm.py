@@ -26,9 +26,9 @@ from fairseq.models.transformer_lm import (
 from fairseq_alibi import options
 from fairseq_alibi.hub import AlibiLanguageModelHubInterface, load_pretrained
 from fairseq_alibi.models.checks import (
+    check_saved_stacks,
     check_tokens_per_sample,
     refuse_position_embedding_flags,
-    reject_missing_slopes,
     reject_other_dictionary,
     reject_position_embeddings,
 )
@@ -135,7 +135,8 @@ class AlibiTransformerLanguageModel(ScalesFollowPrunedLayers, TransformerLanguag
         reject_position_embeddings(state_dict, decoder, MODEL_NAME)
         reject_other_dictionary(state_dict, f"{decoder}.embed_tokens.weight",
                                 self.decoder.dictionary)
-        reject_missing_slopes(state_dict, {decoder: True}, MODEL_NAME)
+        check_saved_stacks(state_dict, {decoder: (self.decoder.alibi, options.LM.flag,
+                                                  "--decoder-attention-heads")}, MODEL_NAME)
         return super().upgrade_state_dict_named(state_dict, name)
 
 

@@ -2,7 +2,9 @@
 
 fairseq checkpoints hold no dictionary and no record of the model class beyond its name, so a
 checkpoint of the wrong kind only shows as missing or extra tensors deep inside
-``load_state_dict``. These checks look first and say what to do instead. The option checks
+``load_state_dict``. These checks look first and say what to do instead; a checkpoint whose
+options differ from the model's is refused in one style, naming the flag to fix
+(:func:`check_saved_stacks`, :func:`~fairseq_alibi.modules.checkpoint_match.mismatch`). The option checks
 (position-embedding flags, ``--tokens-per-sample``) are here too, for every model family.
 """
 
@@ -11,6 +13,7 @@ import argparse
 from fairseq.utils import safe_getattr
 
 from fairseq_alibi.config_access import architecture_of, cfg_get
+from fairseq_alibi.modules.checkpoint_match import check_stack, mismatch
 
 
 def reject_position_embeddings(state_dict, prefix, model_name, fix=None):
@@ -75,35 +78,48 @@ def reject_other_dictionary(state_dict, key, dictionary, omits_mask=False):
     )
 
 
-def reject_missing_slopes(state_dict, sides, model_name, stock_flag=None):
-    """One error naming every ALiBi stack whose slopes the checkpoint lacks.
+def check_saved_stacks(state_dict, stacks, model_name, stock_flag=None):
+    """The one check of a checkpoint's ALiBi stacks against the model being built, every family.
 
-    ``sides``: the state-dict prefix of each stack (``decoder``, ``encoder``) -> whether the model
-    being built has ALiBi there; ``stock_flag``: the flag that gives a side stock positions
-    (``--{side}-alibi-variant none``), else the advice is to convert the checkpoint. A stock
-    checkpoint lacks every side's slopes: one message gives the whole fix (learned positions
-    get :func:`reject_position_embeddings`'s).
+    ``stacks``: the state-dict prefix of each stack (``decoder``, ``encoder``) -> ``(alibi,
+    flag, heads_flag)``: the built stack's bias module (``None``: the model builds stock
+    positions there), the stack's flag prefix (``--alibi``, ``--encoder-alibi``: its
+    ``Side.flag``) and the flag of its attention heads. ``stock_flag``: the flag that gives a
+    side stock positions (``--{side}-alibi-variant none``), else the advice for a stock
+    checkpoint is to convert it. Errors (:func:`~fairseq_alibi.modules.checkpoint_match.mismatch`):
+
+    * stacks whose slopes the checkpoint lacks (a stock checkpoint lacks every side's): one error
+      naming them all (learned positions get :func:`reject_position_embeddings`'s);
+    * slopes saved for a side the model builds with stock positions;
+    * a saved stack that differs from the built one in what its tensors show
+      (:func:`~fairseq_alibi.modules.checkpoint_match.check_stack`: heads, ``--*-alibi-heads``,
+      the variant, learned scales).
     """
-    missing = [prefix for prefix, uses_alibi in sides.items()
-               if uses_alibi and f"{prefix}.alibi.slopes" not in state_dict]
-    if not missing:
-        return
-    for prefix in missing:
-        reject_position_embeddings(state_dict, prefix, model_name)
-    keys = ", ".join(f"{prefix}.alibi.slopes" for prefix in missing)
-    names = [prefix.rsplit(".", 1)[-1] for prefix in missing]
-    if stock_flag is None:
-        fix = "or convert it with `python -m fairseq_alibi.convert`"
-    else:
-        flags = " ".join(stock_flag.format(side=name) for name in names)
-        fix = (f"or pass `{flags}` if {'those sides' if len(names) > 1 else 'that side'} used "
-               "stock positions")
-    raise ValueError(
-        f"this checkpoint has no ALiBi slopes ({keys}): it was not written by {model_name} "
-        f"with ALiBi on the {' and '.join(names)} (a stock checkpoint, with position "
-        f"embeddings?). Load it with the "
-        f"architecture it was trained with, {fix}"
-    )
+    missing = [prefix for prefix, (alibi, _, _) in stacks.items()
+               if alibi is not None and f"{prefix}.alibi.slopes" not in state_dict]
+    if missing:
+        for prefix in missing:
+            reject_position_embeddings(state_dict, prefix, model_name)
+        keys = ", ".join(f"{prefix}.alibi.slopes" for prefix in missing)
+        names = [prefix.rsplit(".", 1)[-1] for prefix in missing]
+        if stock_flag is None:
+            fix = ("the architecture it was trained with, or convert it with "
+                   "`python -m fairseq_alibi.convert`")
+        else:
+            flags = " ".join(stock_flag.format(side=name) for name in names)
+            fix = (f"`{flags}` if {'those sides' if len(names) > 1 else 'that side'} used stock "
+                   "positions, or the architecture it was trained with")
+        raise mismatch(f"no ALiBi on the {' and '.join(names)} (no {keys}: a stock checkpoint, "
+                       "with position embeddings?)", f"{model_name} with ALiBi there", fix)
+    for prefix, (alibi, flag, heads_flag) in stacks.items():
+        slopes = state_dict.get(f"{prefix}.alibi.slopes")
+        if alibi is None and slopes is not None:
+            raise mismatch(
+                f"ALiBi on the {prefix.rsplit('.', 1)[-1]} ({prefix}.alibi.slopes, "
+                f"{slopes.numel()} heads)", f"stock positions there ({flag}-variant none)",
+                f"the {flag}-variant it was trained with (drop `{flag}-variant none`)")
+        if alibi is not None:
+            check_stack(state_dict, f"{prefix}.alibi.", alibi, flag, heads_flag)
 
 
 def vocabulary_size(weights: dict) -> int:

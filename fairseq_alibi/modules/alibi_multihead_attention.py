@@ -4,7 +4,9 @@ fairseq's own attention only adds a 3-D float mask on its fast path and encoder 
 ``masked_fill`` any float mask away, so the bias cannot be passed through ``attn_mask``: this
 module owns the attention computation and hands it, with its layer's view of the stack's
 bias (:meth:`fairseq_alibi.modules.bias.AlibiBias.layer`), to the backend it is configured with
-(``attention``: ``--alibi-attention``, see :mod:`fairseq_alibi.modules.attention`).
+(``attention``: ``--alibi-attention``, see :mod:`fairseq_alibi.modules.attention`). It reads
+the bias through :class:`~fairseq_alibi.modules.attention.dispatch.AttentionBias` only: one
+``for_call`` per call, whose answer goes to the backend.
 Projections, parameter names, the incremental-state layout (``prev_key``/``prev_value`` as
 ``(B, H, T, D)``) and beam reordering are the parent's, so checkpoints and fairseq's
 generators work unchanged.
@@ -88,12 +90,9 @@ class AlibiMultiheadAttention(MultiheadAttention):
 
         if key_padding_mask is not None and key_padding_mask.dim() == 0:
             key_padding_mask = None
-        alibi = self.alibi
-        if incremental_state is None and alibi.stack.length_scale:  # whole sequences only
-            alibi = alibi.for_lengths(key_padding_mask, bsz, k.size(2))
-        return attend_and_project(self, self.attention_backend, q, k, v, alibi,
+        return attend_and_project(self, self.attention_backend, q, k, v, self.alibi,
                                   key_padding_mask, attn_mask, need_weights, need_head_weights,
-                                  before_softmax)
+                                  before_softmax, incremental=incremental_state is not None)
 
     def reorder_incremental_state(self, incremental_state, new_order: Tensor):
         """Beam search's reordering of the cache: the parent's ``index_select`` of every entry,
@@ -119,15 +118,19 @@ class AlibiMultiheadAttention(MultiheadAttention):
         return self._set_input_buffer(incremental_state, saved)
 
 
-def attend_and_project(module: MultiheadAttention, backend: str, q, k, v, alibi,
-                       key_padding_mask=None, attn_mask=None, need_weights=False,
-                       need_head_weights=False, before_softmax=False):
+def attend_and_project(module: MultiheadAttention, backend: str, q, k, v,
+                       alibi: AttentionBias, key_padding_mask=None, attn_mask=None,
+                       need_weights=False, need_head_weights=False, before_softmax=False,
+                       incremental=False):
     """``(out_proj(attention), weights)`` of ``(B, H, T, D)`` queries and ``(B, H, S, D)``
     keys/values, with fairseq's protocols: ``weights`` (``need_weights``: averaged over the heads
     unless ``need_head_weights``) and the raw scores (``before_softmax``) computed explicitly,
-    otherwise backend ``backend`` of the dispatch; the module's dropout while training."""
+    otherwise backend ``backend`` of the dispatch; the module's dropout while training.
+    ``alibi`` gives this call's bias (:meth:`AttentionBias.for_call`; ``incremental``: a
+    decoding step with a KV cache), which is all this module reads of it."""
     bsz, H, tgt_len, D = q.shape
     src_len = k.size(2)
+    alibi = alibi.for_call(key_padding_mask, bsz, tgt_len, src_len, incremental)
     dropout_p = module.dropout_module.p
     if not (module.training or module.dropout_module.apply_during_inference):
         dropout_p = 0.0

@@ -15,6 +15,7 @@ import torch
 from torch import Tensor
 
 from fairseq_alibi.alibi import VARIANTS, alibi_bias, length_factors, variant_slopes
+from fairseq_alibi.modules.checkpoint_match import check_stack
 from fairseq_alibi.modules.learned_scales import fixed_scale, load_scales, make_scales, scale_row
 from fairseq_alibi.options import Side, StackOptions
 
@@ -107,8 +108,8 @@ class AlibiBias(torch.nn.Module):
         self.learned_scales = str(options.learned_scales)
         self.scales = make_scales(self.learned_scales, options.scale_init, num_layers, num_heads)
         self.fixed_scale = fixed_scale(options.scale_init) if self.scales is None else None
+        self._register_load_state_dict_pre_hook(_check_saved_stack, with_module=True)
         self._register_load_state_dict_pre_hook(load_scales, with_module=True)
-        self._register_load_state_dict_pre_hook(_check_saved_slopes, with_module=True)
         self.cache = BiasCache()
         self._views: Dict[int, "LayerBias"] = {}
         # a decoding step's row is a view of one table unless the scales are learned (per
@@ -191,27 +192,22 @@ class AlibiBias(torch.nn.Module):
         return self.bias(query_len, key_len, dtype, layer)
 
 
-def _check_saved_slopes(module, state_dict, prefix, *args):
-    """A load hook: a checkpoint's slopes are what the model uses (a saved buffer, so slopes
-    set by hand stay as saved), but the heads that carry a bias must be this module's: other
-    ones mean the checkpoint was trained with another head count or ``--alibi-heads`` (saved in
-    its options), which is a clear error rather than a model computing something else."""
-    saved = state_dict.get(f"{prefix}slopes")
-    if saved is None or (saved.shape == module.slopes.shape
-                         and torch.equal(saved.ne(0), module.slopes.ne(0))):
-        return
-    raise ValueError(
-        f"this checkpoint's ALiBi slopes ({prefix}slopes: {saved.numel()} heads, "
-        f"{int(saved.ne(0).sum())} with a bias) are not those of the model being built "
-        f"({module.variant}, {module.num_heads} heads, {int(module.slopes.ne(0).sum())} with a "
-        "bias): build it with the attention heads and --alibi-heads it was trained with (saved "
-        "in its options)")
+def _check_saved_stack(module, state_dict, prefix, *args):
+    """A load hook: the checkpoint's stack must be this module's in what its tensors show
+    (heads, heads with a bias, one_sided's or asymmetric's slopes, learned scales' shape:
+    :func:`~fairseq_alibi.modules.checkpoint_match.check_stack`). The values of the slopes are
+    the checkpoint's (a saved buffer, so slopes set by hand stay as saved). Models check first,
+    naming their own flags (:func:`fairseq_alibi.models.checks.check_saved_stacks`): this catches
+    the bias loaded on its own."""
+    check_stack(state_dict, prefix, module)
 
 
 class LayerBias:
-    """Layer ``index``'s view of its stack's :class:`AlibiBias`: what the attention backends
-    read (:class:`~fairseq_alibi.modules.attention.dispatch.AttentionBias`), with that layer's
-    slopes. Not a module: the state stays in the stack's bias."""
+    """Layer ``index``'s view of its stack's :class:`AlibiBias`: what its attention holds (an
+    :class:`~fairseq_alibi.modules.attention.dispatch.AttentionBias`) and, for every call but
+    the length-scaled ones, the call's bias itself (a
+    :class:`~fairseq_alibi.modules.attention.dispatch.DistanceBias`, with that layer's slopes).
+    Not a module: the state stays in the stack's bias."""
 
     kind = "distance"
 
@@ -219,6 +215,7 @@ class LayerBias:
         self.stack, self.index = stack, index
         self.variant, self.num_heads = stack.variant, stack.num_heads
         self.global_tokens = stack.global_tokens
+        self.length_scale = stack.length_scale
 
     @property
     def scales_need_grad(self) -> bool:
@@ -230,13 +227,14 @@ class LayerBias:
     def dense(self, query_len: int, key_len: int, dtype=torch.float32) -> Tensor:
         return self.stack.bias(query_len, key_len, dtype, self.index)
 
-    def for_lengths(self, key_padding_mask: Optional[Tensor], batch: int, key_len: int):
-        """What a whole-sequence call of this layer reads: this view, or, with the stack's
-        ``length_scale`` N and a sequence of more than N real tokens, a :class:`LengthScaledBias`
+    def for_call(self, key_padding_mask: Optional[Tensor], batch: int, query_len: int,
+                 key_len: int, incremental: bool):
+        """This call's bias: this view, or, with the stack's ``length_scale`` N and a whole
+        sequence (not ``incremental``) of more than N real tokens, a :class:`LengthScaledBias`
         (each sequence's slopes times :func:`~fairseq_alibi.alibi.length_factors` of its real
         length, which ``key_padding_mask`` gives)."""
-        reference = self.stack.length_scale
-        if not reference or key_len <= reference:
+        reference = self.length_scale
+        if incremental or not reference or key_len <= reference:  # the hot path: no work
             return self
 
         def compute():
@@ -252,21 +250,25 @@ class LayerBias:
         return self if factors is None else LengthScaledBias(self, factors, serial)
 
 
-class LengthScaledBias(LayerBias):
-    """A layer's bias with slopes of its own per sequence (``--alibi-length-scale``): kind
-    ``rows``, a ``(B, H, T, S)`` tensor, which the dense backends (``sdpa``, ``naive``) take.
-    Built from :func:`~fairseq_alibi.alibi.alibi_bias` with each distinct factor's slopes
-    (masked keys stay masked), once per forward pass for the layers that share a scale row
+class LengthScaledBias:
+    """A layer's bias with slopes of its own per sequence (``--alibi-length-scale``): a
+    :class:`~fairseq_alibi.modules.attention.dispatch.CallBias` of kind ``rows``, a
+    ``(B, H, T, S)`` tensor, which the dense backends (``sdpa``, ``naive``) take. Built from
+    :func:`~fairseq_alibi.alibi.alibi_bias` with each distinct factor's slopes (masked keys stay
+    masked), once per forward pass for the layers that share a scale row
     (:meth:`AlibiBias.memoised`, keyed on the factors' ``serial``)."""
 
     kind = "rows"
 
     def __init__(self, layer: LayerBias, factors: Tensor, serial: int):
-        super().__init__(layer.stack, layer.index)
+        self.stack, self.index = layer.stack, layer.index
+        self.variant, self.num_heads = layer.variant, layer.num_heads
+        self.global_tokens = layer.global_tokens
         self.factors, self.serial = factors, serial
 
-    def head_slopes(self):
-        raise TypeError("a length-scaled bias has slopes per sequence: use dense()")
+    @property
+    def scales_need_grad(self) -> bool:
+        return self.stack.scales_need_grad
 
     def dense(self, query_len: int, key_len: int, dtype=torch.float32) -> Tensor:
         return self.stack.memoised(("lengths", self.serial), query_len, key_len, dtype,

@@ -116,15 +116,19 @@ class LongestSource(torch.nn.Module):
 
 
 class RowBias:
-    """A bias of its own per batch row (kind ``rows`` of
-    :class:`~fairseq_alibi.modules.attention.dispatch.AttentionBias`): this call's float32
-    ``(B, H, T, S)`` bias, cast to the attention's dtype when asked (``None``: no bias, a zero).
-    Only the dense backends take it."""
+    """A bias of its own per batch row: this call's float32 ``(B, H, T, S)`` bias, cast to the
+    attention's dtype when asked (``None``: no bias, a zero). Built for one call, it is its own
+    call's bias (:class:`~fairseq_alibi.modules.attention.dispatch.AttentionBias` and
+    :class:`~fairseq_alibi.modules.attention.dispatch.CallBias` of kind ``rows``), which only
+    the dense backends take."""
 
     kind, variant, scales_need_grad, global_tokens = "rows", None, False, 0
 
     def __init__(self, bias: Optional[Tensor], num_heads: int, device):
         self.bias, self.num_heads, self.device = bias, num_heads, device
+
+    def for_call(self, key_padding_mask, batch, query_len, key_len, incremental):
+        return self
 
     def dense(self, query_len, key_len, dtype):
         if self.bias is None:

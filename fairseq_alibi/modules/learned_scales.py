@@ -47,25 +47,10 @@ def load_scales(module, state_dict, prefix, local_metadata, strict, missing_keys
 
     A checkpoint without scales (written before they existed, or with ``none``) loads into a
     model that learns them with the module's initial value (1.0 by default): it then computes
-    what the checkpoint did. Scales saved by a model of another scale mode are a clear error.
+    what the checkpoint did. Scales saved by a model of another scale mode are refused before,
+    by the bias module's check of the saved stack
+    (:func:`~fairseq_alibi.modules.checkpoint_match.check_stack`).
     """
     key = f"{prefix}scales"
-    saved = state_dict.get(key)
-    if module.scales is None:
-        if saved is not None:
-            raise ValueError(
-                f"this checkpoint has learned ALiBi slope scales ({key}, shape "
-                f"{tuple(saved.shape)}), the model being built has none: build it with the "
-                "--alibi-learned-scales it was trained with (saved in its options)"
-            )
-        return
-    if saved is None:
+    if module.scales is not None and state_dict.get(key) is None:
         state_dict[key] = module.scales.detach().clone()
-        return
-    if saved.shape != module.scales.shape:
-        raise ValueError(
-            f"this checkpoint's learned ALiBi slope scales {key} have shape "
-            f"{tuple(saved.shape)}, the model being built expects "
-            f"{tuple(module.scales.shape)} (--alibi-learned-scales {module.learned_scales}): "
-            "build it with the --alibi-learned-scales and layer count it was trained with"
-        )

@@ -7,17 +7,16 @@ whenever the caller asks for the weights or the raw scores (fairseq's ``need_wei
 ``before_softmax``), whichever backend is configured.
 """
 
-from typing import Optional
-
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from fairseq_alibi.alibi import mask_value
+from fairseq_alibi.modules.attention.capabilities import Capabilities
 
 
-def unsupported(call) -> Optional[str]:
-    return None  # any device, dtype, variant, mask, cache or dropout
+#: both serve every call: either kind of bias, any device, dtype, variant, mask, cache or dropout
+CAPABILITIES = Capabilities(kinds=("distance", "rows"))
 
 
 def dense_mask(alibi, bsz, tgt_len, src_len, dtype, key_padding_mask, attn_mask) -> Tensor:

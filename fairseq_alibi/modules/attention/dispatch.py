@@ -1,10 +1,10 @@
-"""One table of attention backends, one ``auto`` policy, one validation of the name.
+"""One table of attention backends, one ``auto`` policy, one validation of the name, one refusal.
 
-Every backend has the same signature, ``run(q, k, v, alibi, key_padding_mask, attn_mask,
+Every backend has the same signature, ``run(q, k, v, bias, key_padding_mask, attn_mask,
 dropout_p, scale) -> out`` for ``(B, H, T, D)`` queries and ``(B, H, S, D)`` keys/values
-(queries aligned to the end of the keys, as in a KV cache), where ``alibi`` is an
-:class:`AttentionBias` (a layer's view of its stack's bias, or the cross-attention's per-row
-bias), and one ``unsupported(call) -> reason or None``:
+(queries aligned to the end of the keys, as in a KV cache), where ``bias`` is one call's
+:class:`CallBias`, and declares once, beside it, the calls it serves (``CAPABILITIES``, a
+:class:`~.capabilities.Capabilities`):
 
 =========  ===================================================================================
 ``fold``   the bias folded into PyTorch's fused CPU kernel, no bias tensor (:mod:`.fold`)
@@ -14,9 +14,13 @@ bias), and one ``unsupported(call) -> reason or None``:
 ``naive``  the explicit reference (:mod:`.dense`)
 =========  ===================================================================================
 
-``auto`` is :func:`auto_backend`; a backend chosen by name that cannot serve a call is an error
-that says why and what to use. (fairseq's ``need_weights``/``before_softmax`` are served by
-the attention module with the explicit computation, whatever the backend.)
+``auto`` is :func:`auto_backend`; a backend chosen by name that cannot serve a call is the one
+error of :func:`resolve`, which says why and which backends can. (fairseq's ``need_weights``/
+``before_softmax`` are served by the attention module with the explicit computation, whatever
+the backend.)
+
+What an attention module holds is an :class:`AttentionBias`; for each call it asks it for that
+call's :class:`CallBias` (:meth:`AttentionBias.for_call`) and never looks behind either.
 """
 
 from dataclasses import dataclass
@@ -26,48 +30,92 @@ import torch
 from torch import Tensor
 
 from fairseq_alibi.modules.attention import dense, flash, flex, fold
+from fairseq_alibi.modules.attention.capabilities import Capabilities
 
 
-class AttentionBias(Protocol):
-    """What the backends read of a bias.
+class CallBias(Protocol):
+    """One attention call's bias: what the dispatch and the backends read.
 
-    ``kind``: ``"distance"``, the ALiBi bias of a variant, ``-m_h·f(i - j)`` from the slopes
-    (:class:`~fairseq_alibi.modules.bias.LayerBias`), which every backend computes its own way;
-    or ``"rows"``, a dense bias of its own per batch row, ``(B, H, T, S)`` (the cross-attention
-    position bias: :class:`~fairseq_alibi.modules.cross_position.RowBias`), which only the
-    dense backends (``sdpa``, ``naive``) take.
+    ``kind`` says which backends may read it (``Capabilities.kinds``): ``"distance"``, the
+    ALiBi bias of a variant, ``-m_h·f(i - j)`` from the slopes, which every backend computes its
+    own way (a :class:`DistanceBias`: :class:`~fairseq_alibi.modules.bias.LayerBias`); or
+    ``"rows"``, a dense bias of its own per batch row, ``(B, H, T, S)``, which only the dense
+    backends (``sdpa``, ``naive``) take (the cross-attention's
+    :class:`~fairseq_alibi.modules.cross_position.RowBias`, ``--alibi-length-scale``'s
+    :class:`~fairseq_alibi.modules.bias.LengthScaledBias`).
     """
 
     kind: str
-    variant: Optional[str]  # the ALiBi variant ("distance"), None for "rows"
+    variant: Optional[str]  # the ALiBi variant; None: a "rows" bias of no variant
     num_heads: int
-    global_tokens: int  # the first positions exempt from the bias ("distance"), 0 for "rows"
+    global_tokens: int  # the first positions exempt from the bias (0: none)
 
     @property
     def scales_need_grad(self) -> bool:
         """Whether learned slope scales need their gradient now (``Call.scale_grad``)."""
 
-    def head_slopes(self) -> Tuple[Tensor, Optional[Tensor]]:
-        """``(slopes, future_slopes)``, float32 ``(H,)`` ("distance" only)."""
-
     def dense(self, query_len: int, key_len: int, dtype: torch.dtype) -> Tensor:
         """The bias as a tensor: ``(H, T, S)`` ("distance"), ``(B, H, T, S)`` ("rows")."""
 
 
+class DistanceBias(CallBias, Protocol):
+    """A :class:`CallBias` of kind ``"distance"``: also its slopes, which ``fold``, ``flex`` and
+    ``flash`` read instead of the dense tensor."""
+
+    def head_slopes(self) -> Tuple[Tensor, Optional[Tensor]]:
+        """``(slopes, future_slopes)``, float32 ``(H,)`` (``future_slopes``: ``asymmetric``)."""
+
+
+class AttentionBias(Protocol):
+    """What an attention module holds: the source of each call's :class:`CallBias`.
+
+    :meth:`for_call` is everything a layer's attention asks of its bias for one call (the
+    dense rows, the head slopes, slopes per sequence from ``key_padding_mask``, and whatever a
+    future option makes depend on the call): the module hands the answer to the dispatch and
+    never looks behind it. A bias that is the same for every call answers itself.
+    """
+
+    num_heads: int
+    variant: Optional[str]
+
+    def for_call(self, key_padding_mask: Optional[Tensor], batch: int, query_len: int,
+                 key_len: int, incremental: bool) -> CallBias:
+        """This call's bias: ``key_padding_mask`` ``(B, S)`` or ``None``; ``incremental``: a
+        decoding step with a KV cache (``query_len < key_len`` then)."""
+
+
 @dataclass(frozen=True)
 class Backend:
-    run: Callable  # (q, k, v, alibi, key_padding_mask, attn_mask, dropout_p, scale) -> out
-    unsupported: Callable  # (Call) -> None, or why this backend cannot serve it
+    """One row of the table: the function and what it serves."""
+
+    name: str
+    run: Callable  # (q, k, v, bias, key_padding_mask, attn_mask, dropout_p, scale) -> out
+    capabilities: Capabilities
+
+    def unsupported(self, call: "Call") -> Optional[str]:
+        """``None`` if this backend serves ``call``, else why not."""
+        return self.capabilities.refusal(self.name, call)
 
 
 #: the attention implementations by name (``--alibi-attention``, besides ``auto``)
-REGISTRY = {
-    "fold": Backend(fold.attention, fold.unsupported),
-    "sdpa": Backend(dense.sdpa, dense.unsupported),
-    "flex": Backend(flex.attention, flex.unsupported),
-    "flash": Backend(flash.attention, flash.unsupported),
-    "naive": Backend(dense.naive, dense.unsupported),
-}
+REGISTRY = {backend.name: backend for backend in (
+    Backend("fold", fold.attention, fold.CAPABILITIES),
+    Backend("sdpa", dense.sdpa, dense.CAPABILITIES),
+    Backend("flex", flex.attention, flex.CAPABILITIES),
+    Backend("flash", flash.attention, flash.CAPABILITIES),
+    Backend("naive", dense.naive, dense.CAPABILITIES),
+)}
+
+
+def unsupported(name: str, call: "Call") -> Optional[str]:
+    """``None`` if backend ``name`` serves ``call``, else why not (its declared capabilities)."""
+    return REGISTRY[name].unsupported(call)
+
+
+def serves(name: str, call: "Call") -> bool:
+    """Whether backend ``name`` serves ``call`` (:func:`unsupported` without the text)."""
+    return REGISTRY[name].capabilities.limit(call) is None
+
 
 #: every value of ``--alibi-attention``
 ATTENTION_BACKENDS = ("auto",) + tuple(REGISTRY)
@@ -110,8 +158,8 @@ class Call(NamedTuple):
     dropout_p: float = 0.0
     grad: bool = False  # autograd will need its backward
     scale_grad: bool = False  # learned slope scales (--alibi-learned-scales) need their gradient
-    kind: str = "distance"  # the bias's AttentionBias.kind
-    global_tokens: int = 0  # AttentionBias.global_tokens
+    kind: str = "distance"  # the bias's CallBias.kind
+    global_tokens: int = 0  # CallBias.global_tokens
 
 
 #: from this many keys on, causal and one_sided attention is faster folded than with the dense
@@ -152,14 +200,14 @@ def auto_backend(call: Call) -> str:
     one_sided inference (up to 10 %), has no CPU backward and compiles per shape.
     """
     if call.device == "cuda":
-        if flash.unsupported(call) is None:
+        if serves("flash", call):
             return "flash"
         if (call.variant == "causal" and call.query_len == call.key_len >= FLEX_MIN_LENGTH
                 and call.dtype in (torch.float16, torch.bfloat16) and not call.padded
                 and not call.attn_mask and not call.scale_grad
-                and flex.unsupported(call) is None and flex.compilable()):
+                and serves("flex", call) and flex.compilable()):
             return "flex"
-    if fold.unsupported(call) is None:
+    if serves("fold", call):
         # one (H, T, S) bias for the batch, padded or not (sdpa: dense.padding_column)
         mask_bytes = call.heads * call.query_len * call.key_len * call.dtype.itemsize
         if mask_bytes > DENSE_MASK_BUDGET or call.scale_grad:
@@ -170,14 +218,16 @@ def auto_backend(call: Call) -> str:
 
 
 def resolve(name: str, call: Call) -> str:
-    """The backend to run: ``name`` itself, or ``auto``'s choice for ``call``."""
+    """The backend to run: ``name`` itself, or ``auto``'s choice for ``call``; the one refusal
+    of a named backend that cannot serve ``call`` (its reason, and the backends that can)."""
     if name == "auto":
         return auto_backend(call)
-    reason = REGISTRY[check_attention_backend(name)].unsupported(call)
+    reason = unsupported(check_attention_backend(name), call)
     if reason is not None:
+        serving = [other for other in REGISTRY if serves(other, call)]
         raise ValueError(
             f"--alibi-attention {name} cannot serve this call: {reason}. Use "
-            "--alibi-attention auto (or another backend), e.g. at load time with "
+            f"--alibi-attention auto (or {' or '.join(serving)}), e.g. at load time with "
             "--model-overrides \"{'alibi_attention': 'auto'}\""
         )
     return name
@@ -186,7 +236,7 @@ def resolve(name: str, call: Call) -> str:
 def attend(name, q, k, v, alibi, key_padding_mask=None, attn_mask=None, dropout_p=0.0,
            scale=None):
     """ALiBi attention of ``(B, H, T, D)`` tensors with backend ``name`` (or ``auto``);
-    ``alibi`` an :class:`AttentionBias`."""
+    ``alibi`` this call's :class:`CallBias` (:meth:`AttentionBias.for_call`)."""
     B, H, T, D = q.shape
     scale = D**-0.5 if scale is None else scale
     call = Call(

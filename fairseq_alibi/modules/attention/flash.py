@@ -10,6 +10,8 @@ from typing import Optional
 
 import torch
 
+from fairseq_alibi.modules.attention.capabilities import Capabilities
+
 #: the variants flash_attn's ``alibi_slopes`` implements (``-m·|i - j|``, causal or not)
 FLASH_VARIANTS = ("causal", "symmetric")
 FLASH_DTYPES = (torch.float16, torch.bfloat16)
@@ -19,37 +21,21 @@ def installed() -> bool:
     return importlib.util.find_spec("flash_attn") is not None
 
 
-def unsupported(call) -> Optional[str]:
-    """``None`` if :func:`attention` can serve ``call`` (a ``dispatch.Call``), else why not."""
-    if call.kind != "distance":
-        return ("flash_attn's alibi_slopes take no bias of its own per batch row "
-                "(cross-attention, --alibi-length-scale)")
-    if call.global_tokens:
-        return ("global tokens (--alibi-global-tokens) are not part of this kernel's bias: use "
-                "sdpa or naive (auto does)")
-    if call.device != "cuda":
-        return "flash_attn runs on CUDA only"
-    if not installed():
-        return "the flash_attn package is not installed"
-    if call.variant not in FLASH_VARIANTS:
-        return (
-            f"flash_attn's alibi_slopes implement {' and '.join(FLASH_VARIANTS)} only, "
-            f"not {call.variant}"
-        )
-    if call.dtype not in FLASH_DTYPES:
-        return f"flash_attn needs fp16 or bf16 inputs, got {call.dtype}"
-    if call.attn_mask:
-        return "flash_attn takes no extra attn_mask"
-    if call.scale_grad:
-        return ("flash_attn's alibi_slopes take no gradient, so learned slope scales "
-                "(--alibi-learned-scales) cannot train with it: use auto, sdpa or flex")
-    if call.padded and call.query_len != call.key_len:
-        return "flash_attn with key padding needs as many queries as keys here"
-    return None
+def _missing() -> Optional[str]:
+    return None if installed() else "the flash_attn package is not installed"
+
+
+#: what :func:`attention` serves: ``alibi_slopes`` of causal and symmetric on CUDA in fp16/bf16,
+#: dropout and KV caches (key padding only with as many queries as keys: the variable-length
+#: kernel here); no extra mask, no global tokens, no gradient for the slopes
+CAPABILITIES = Capabilities(
+    kinds=("distance",), variants=FLASH_VARIANTS, devices=("cuda",), dtypes=FLASH_DTYPES,
+    padded_kv_cache=False, attn_mask=False, global_tokens=False, scale_grad=False,
+    missing=_missing)
 
 
 def attention(q, k, v, alibi, key_padding_mask, attn_mask, dropout_p, scale):
-    """The ``flash`` backend (``attn_mask`` is refused by :func:`unsupported`)."""
+    """The ``flash`` backend (for the calls of :data:`CAPABILITIES`)."""
     from flash_attn import flash_attn_func
 
     B, H, T, D = q.shape

@@ -14,6 +14,7 @@ from typing import Optional
 import torch
 
 from fairseq_alibi.alibi import check_variant, mask_value
+from fairseq_alibi.modules.attention.capabilities import Capabilities
 
 
 def available() -> bool:
@@ -25,24 +26,16 @@ def compilable() -> bool:
     return importlib.util.find_spec("triton") is not None
 
 
-def unsupported(call) -> Optional[str]:
-    """``None`` if :func:`attention` can serve ``call`` (a ``dispatch.Call``), else why not."""
-    if call.kind != "distance":
-        return ("a bias of its own per batch row (cross-attention, --alibi-length-scale) is "
-                "not a score_mod of slopes")
-    if call.global_tokens:
-        return ("global tokens (--alibi-global-tokens) are not part of this kernel's bias: use "
-                "sdpa or naive (auto does)")
-    if not available():
-        return f"this torch ({torch.__version__}) has no flex_attention"
-    if call.grad and call.device == "cpu":
-        return (
-            f"flex_attention has no CPU backward in torch {torch.__version__}: train with "
-            "fold, sdpa or auto, and pick flex at load time for inference if it suits you"
-        )
-    if call.dropout_p > 0:
-        return "flex_attention has no attention dropout"
-    return None
+def _missing() -> Optional[str]:
+    return None if available() else f"this torch ({torch.__version__}) has no flex_attention"
+
+
+#: what :func:`attention` serves: the slopes of every variant, any device and dtype, KV caches,
+#: padding and an extra mask; no attention dropout, no global tokens, and (PyTorch has none)
+#: no backward on the CPU
+CAPABILITIES = Capabilities(
+    kinds=("distance",), dropout=False, global_tokens=False, no_backward_on=("cpu",),
+    missing=_missing)
 
 
 def alibi_score_mod(variant, slopes, future_slopes=None, query_offset=0, key_padding_mask=None):

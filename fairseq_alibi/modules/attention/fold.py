@@ -29,9 +29,9 @@ long sequences are processed a few heads at a time (:data:`CHUNK_BYTES`) so that
 stay near the size of ``q``. Where ``auto`` takes it: :func:`~.dispatch.auto_backend`.
 
 The kernel is ``aten::_scaled_dot_product_flash_attention_for_cpu`` (what
-``scaled_dot_product_attention`` runs on the CPU); :func:`unsupported` says which calls it
-cannot serve (attention dropout, a KV cache, an extra ``attn_mask``, half precision, non-CPU
-tensors).
+``scaled_dot_product_attention`` runs on the CPU); :data:`CAPABILITIES` says which calls it
+serves (no attention dropout, KV cache, extra ``attn_mask``, half precision, non-CPU tensors
+or global tokens).
 """
 
 from dataclasses import dataclass
@@ -41,6 +41,7 @@ import torch
 from torch import Tensor
 
 from fairseq_alibi.alibi import mask_value
+from fairseq_alibi.modules.attention.capabilities import Capabilities
 
 _FORWARD = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
 _BACKWARD = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu_backward", None)
@@ -116,27 +117,17 @@ def available() -> bool:
     return _FORWARD is not None and _BACKWARD is not None
 
 
-def unsupported(call) -> Optional[str]:
-    """``None`` if :func:`attention` can serve ``call`` (a ``dispatch.Call``), else why not."""
-    if call.kind != "distance":
-        return ("a bias of its own per batch row (cross-attention, --alibi-length-scale) is "
-                "not a fold of slopes")
-    if call.global_tokens:
-        return ("global tokens (--alibi-global-tokens) are not part of this kernel's bias: use "
-                "sdpa or naive (auto does)")
-    if not available():
-        return f"this torch ({torch.__version__}) has no fused CPU kernel with a log-sum-exp"
-    if call.device != "cpu":
-        return "the folded kernel is the CPU one"
-    if call.dtype not in FOLD_DTYPES:
-        return f"the fold columns need float32 or float64 (got {call.dtype})"
-    if call.query_len != call.key_len:
-        return "a KV cache (incremental decoding) needs the bias for the new queries only"
-    if call.dropout_p > 0:
-        return "the fused CPU kernel has no attention dropout"
-    if call.attn_mask:
-        return "an extra attn_mask is not part of the fold"
-    return None
+def _missing() -> Optional[str]:
+    if available():
+        return None
+    return f"this torch ({torch.__version__}) has no fused CPU kernel with a log-sum-exp"
+
+
+#: what :func:`attention` serves: the slopes of every variant, CPU, float32/64, whole sequences
+#: (a decoding step's bias is not a causal fold), no dropout or extra mask in the kernel
+CAPABILITIES = Capabilities(
+    kinds=("distance",), devices=("cpu",), dtypes=FOLD_DTYPES, kv_cache=False, dropout=False,
+    attn_mask=False, global_tokens=False, missing=_missing)
 
 
 @dataclass(frozen=True)
@@ -408,7 +399,7 @@ def folded_attention(
     """ALiBi attention of ``(B, H, L, D)`` queries/keys/values, no bias tensor; ``(B, H, L, D)``.
 
     ``slopes``/``future_slopes`` as from ``AttentionBias.head_slopes()``;
-    ``key_padding_mask`` ``(B, L)``, True = padding. Check :func:`unsupported` first.
+    ``key_padding_mask`` ``(B, L)``, True = padding. Only calls :data:`CAPABILITIES` serves.
     """
     slopes = slopes.to(q.device, torch.float32)
     if future_slopes is not None:

@@ -1,0 +1,143 @@
+"""What a checkpoint was trained with against the model being built: one comparison, one error.
+
+fairseq builds a model from options and then loads a state dict into it; a state dict written
+by a model built otherwise (another variant, head count, ``--alibi-heads``, learned scales, ...)
+either fails deep inside ``load_state_dict`` or, worse, loads and computes something else.
+Every family (``models/checks.py``: :func:`~fairseq_alibi.models.checks.check_saved_stacks`,
+``alibi_roberta``'s saved record, the cross-attention pointer) and the bias module's own load
+hook compare what was saved with what is built here and refuse with :func:`mismatch`, the one
+error, which names the flag that builds the model the checkpoint needs::
+
+    this checkpoint was trained with <saved>; the model being built has <built>: build it with <fix>
+
+An ALiBi stack's tensors (``<stack>.alibi.slopes``, ``.future_slope_ratio``, ``.scales``) say
+part of its options (:class:`StackRecord`): the head count, which heads carry a bias, whether the
+slopes are ``one_sided``'s, whether the variant is ``asymmetric``, the learned scales' shape.
+What they cannot tell apart (``causal``/``symmetric``/``offset`` share Press's slopes; slopes
+set by hand) loads as saved.
+"""
+
+from dataclasses import dataclass
+from typing import List, Optional, Tuple
+
+import torch
+
+from fairseq_alibi.alibi import variant_slopes
+
+
+def mismatch(saved: str, built: str, fix: str) -> ValueError:
+    """The one error of every family: what the checkpoint was trained with (``saved``), what
+    the model being built has (``built``), and the flags that build the right one (``fix``).
+    A plain ``ValueError``, as fairseq's tools and ``error_hints`` print it."""
+    return ValueError(
+        f"this checkpoint was trained with {saved}; the model being built has {built}: "
+        f"build it with {fix}")
+
+
+@dataclass(frozen=True)
+class StackRecord:
+    """What an ALiBi stack's tensors say about the options it was built with."""
+
+    heads: int  # the attention heads (the slopes' length)
+    biased_heads: Optional[int]  # --alibi-heads K: the first K heads carry a bias; None: all
+    slopes: str  # "one_sided" (each half its own set), "press" (Press's, of the biased heads),
+    # "other" (set by hand, or computed elsewhere): what the variant shows of itself
+    asymmetric: bool  # a future_slope_ratio: the asymmetric variant
+    scales: Optional[Tuple[int, ...]]  # the learned scales' shape (layers or 1, heads or 1)
+
+    @classmethod
+    def of(cls, slopes: torch.Tensor, ratio_saved: bool, scales: Optional[torch.Tensor]):
+        slopes = slopes.detach().float().cpu()
+        heads = slopes.numel()
+        biased = int(slopes.ne(0).sum())
+        kind = "other"
+        if heads % 2 == 0 and biased == heads and torch.equal(
+                slopes, variant_slopes(heads, "one_sided")):
+            kind = "one_sided"
+        elif biased and torch.equal(slopes, variant_slopes(heads, "causal", biased)):
+            kind = "press"
+        return cls(heads, biased if biased < heads else None, kind, ratio_saved,
+                   None if scales is None else tuple(scales.shape))
+
+    @classmethod
+    def saved(cls, state_dict, prefix: str) -> Optional["StackRecord"]:
+        """The record of the stack saved under ``prefix`` (``decoder.alibi.``), ``None`` if
+        the checkpoint holds no slopes there."""
+        slopes = state_dict.get(f"{prefix}slopes")
+        if slopes is None:
+            return None
+        return cls.of(slopes, f"{prefix}future_slope_ratio" in state_dict,
+                      state_dict.get(f"{prefix}scales"))
+
+    @classmethod
+    def built(cls, alibi) -> "StackRecord":
+        """The record of a built :class:`~fairseq_alibi.modules.bias.AlibiBias`."""
+        return cls.of(alibi.slopes, alibi.future_slope_ratio is not None, alibi.scales)
+
+
+def scale_mode(shape: Tuple[int, ...]) -> str:
+    """The ``--alibi-learned-scales`` mode that saves scales of ``shape``."""
+    rows, cols = shape
+    return {(True, True): "per_layer_head", (True, False): "per_layer",
+            (False, True): "per_head", (False, False): "shared"}[(rows > 1, cols > 1)]
+
+
+def stack_differences(saved: StackRecord, built: StackRecord, variant: str, prefix: str,
+                      flag: str, heads_flag: Optional[str]) -> List[Tuple[str, str, str]]:
+    """``(saved, built, fix)`` phrases of every option in which the stack saved under ``prefix``
+    (``decoder.alibi.``) differs from the built one (of variant ``variant``); ``flag`` the
+    stack's flag prefix (``--alibi``, ``--encoder-alibi``), ``heads_flag`` its attention heads'
+    flag (``None``: not known)."""
+    found = []
+    slopes = f"({prefix}slopes)"
+    if saved.heads != built.heads:
+        fix = f"{heads_flag} {saved.heads}" if heads_flag else \
+            f"the {saved.heads} attention heads it was trained with"
+        found.append((f"{saved.heads} attention heads {slopes}",
+                      f"{built.heads} attention heads", fix))
+    if saved.biased_heads != built.biased_heads:
+        def heads(k):
+            return f"{flag}-heads {k}" if k else f"a bias on every head (no {flag}-heads)"
+        found.append((f"{heads(saved.biased_heads)} {slopes}", heads(built.biased_heads),
+                      f"{flag}-heads {saved.biased_heads}" if saved.biased_heads
+                      else f"no {flag}-heads"))
+    one_sided = variant == "one_sided"
+    trained_with = f"the {flag}-variant it was trained with (saved in its options)"
+    if (saved.slopes == "one_sided" and not one_sided) or (one_sided and saved.slopes == "press"):
+        found.append((f"{flag}-variant one_sided {slopes}" if not one_sided
+                      else f"another {flag}-variant than one_sided (Press's slopes: {prefix}slopes)",
+                      f"{flag}-variant {variant}",
+                      f"{flag}-variant one_sided" if not one_sided else trained_with))
+    elif saved.asymmetric != built.asymmetric:
+        found.append((f"{flag}-variant asymmetric ({prefix}future_slope_ratio)" if saved.asymmetric
+                      else f"another {flag}-variant than asymmetric (no {prefix}future_slope_ratio)",
+                      f"{flag}-variant {variant}",
+                      f"{flag}-variant asymmetric" if saved.asymmetric else trained_with))
+    if saved.scales is not None and saved.scales != built.scales:
+        def scales(shape):
+            return f"{flag}-learned-scales {scale_mode(shape)} (scales {'x'.join(map(str, shape))}"
+
+        mode = scale_mode(saved.scales)
+        fix = f"{flag}-learned-scales {mode}"
+        if built.scales is not None and scale_mode(built.scales) == mode and \
+                saved.scales[0] != built.scales[0]:  # the same mode over another layer count
+            fix += f" and {saved.scales[0]} layers"
+        found.append((f"{scales(saved.scales)}: {prefix}scales)",
+                      f"{flag}-learned-scales none" if built.scales is None
+                      else f"{scales(built.scales)})", fix))
+    return found
+
+
+def check_stack(state_dict, prefix: str, alibi, flag: str = "--alibi",
+                heads_flag: Optional[str] = None):
+    """:func:`mismatch` if the stack saved under ``prefix`` (``decoder.alibi.``) differs from the
+    built ``alibi`` in anything its tensors show; a checkpoint without slopes there passes (the
+    families say what a stack without slopes is: :mod:`fairseq_alibi.models.checks`)."""
+    saved = StackRecord.saved(state_dict, prefix)
+    if saved is None:
+        return
+    found = stack_differences(saved, StackRecord.built(alibi), alibi.variant, prefix, flag,
+                              heads_flag)
+    if found:
+        raise mismatch(", ".join(s for s, _, _ in found), ", ".join(b for _, b, _ in found),
+                       " ".join(f for _, _, f in found))
