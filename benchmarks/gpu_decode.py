@@ -25,7 +25,7 @@ import re
 import time
 from typing import Dict, NamedTuple, Tuple
 
-from benchmarks import common
+from benchmarks import fairseq_runs, tables
 
 #: |Δ score| allowed between the device's and the CPU's float32 beam search. The score is what
 #: fairseq prints on an ``H-`` line: the hypothesis' mean log2-probability per token
@@ -157,7 +157,7 @@ def write_corpora(raw: str, quick: bool, seed: int = 0):
 
 
 def run(part, work: str, device: str, quick: bool, user_dir: str, log_to: str):
-    """Train, decode, compare; figures go to ``part`` (see ``benchmarks.gpu.Part``)."""
+    """Train, decode, compare; figures go to ``part`` (see ``benchmarks.gpu_report.Part``)."""
     size = SIZES[quick]
     updates = size["updates"]
     threads = 1 if device == "cpu" else 2  # (a CPU smoke run: the runs share few cores)
@@ -201,7 +201,7 @@ def run(part, work: str, device: str, quick: bool, user_dir: str, log_to: str):
         if part.left() < 5:
             raise RuntimeError(f"no time left for {step} ({part.left():.0f} s)")
         start = time.time()
-        found = common.concurrently(jobs, timeout=part.left() - 3, threads=threads)
+        found = fairseq_runs.concurrently(jobs, timeout=part.left() - 3, threads=threads)
         part.log(f"[decode] {step}: {len(jobs)} runs side by side, {time.time() - start:.0f} s")
         for key, out in found.items():
             if not isinstance(out, str):
@@ -239,7 +239,7 @@ def run(part, work: str, device: str, quick: bool, user_dir: str, log_to: str):
                      f"(tolerance {num(tolerance)}): {'ok' if found['ok'] else 'NOT OK'}"
                      + (f"; differing ids {found['differing']}" if found["differing"] else ""))
         part.record("decode", results)
-    body = common.table(["model", "run vs reference", "sentences", "identical hypotheses",
+    body = tables.table(["model", "run vs reference", "sentences", "identical hypotheses",
                          "max Δ score, identical ones", "max Δ token score, identical ones",
                          "max Δ best score, all", "tolerance", "within"], rows)
     notes = (f"lm: `alibi_transformer_lm` 2 × 64, trained at L = {LM_L}, `fairseq-interactive` "

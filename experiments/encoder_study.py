@@ -45,9 +45,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
-from benchmarks.common import machine, table, today
-from experiments.lm_runs import start_run, write_json
-from experiments.wikitext2_extrapolation import DEFAULT_WIKITEXT, wikitext_files
+from benchmarks.tables import machine, table, today
+from experiments.lm_runs import DEFAULT_WIKITEXT, start_run, wikitext_files, write_json
+from experiments.model_flags import accepted_flags, lacking_flags
 from fairseq_alibi.cli.common import console_script, cpu_seconds
 from fairseq_alibi.paths import user_dir
 
@@ -192,9 +192,9 @@ def known_options() -> set:
     from fairseq.criterions.sentence_prediction import SentencePredictionConfig
     from fairseq.tasks.sentence_prediction import SentencePredictionConfig as TaskConfig
 
-    from fairseq_alibi.cli.glue import model_options
+    from fairseq_alibi.models.alibi_roberta import AlibiRobertaModel
 
-    known = {o for action in model_options().values() for o in action.option_strings}
+    known = accepted_flags(AlibiRobertaModel)
     known.add(SINUSOIDAL_FLAG)  # the study's own (fairseq_train_sinusoidal)
     for config in (TaskConfig, SentencePredictionConfig):
         known |= {"--" + name.replace("_", "-") for name in config.__dataclass_fields__}
@@ -209,7 +209,7 @@ def missing_options(name: str, known: set) -> List[str]:
         wanted.append("--alibi-length-scale")
     if config.checkpoint_of:
         wanted += missing_options(config.checkpoint_of, set())
-    return [o for o in dict.fromkeys(wanted) if o not in known]
+    return lacking_flags(wanted, known)
 
 
 def pretrained_name(name: str) -> str:
@@ -938,7 +938,7 @@ def parse_args(argv=None):
     for key in Settings().__dict__:
         if getattr(args, key, None) is not None:
             setattr(settings, key, getattr(args, key))
-    from benchmarks.common import comma_choices
+    from benchmarks.tables import comma_choices
 
     args.steps = comma_choices(parser, args.steps, STEPS, "step")
     everything = list(SMOKE_CONFIGS if args.smoke else CONFIGS)

@@ -32,7 +32,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 
-from benchmarks.common import machine, table, today
+from benchmarks.tables import machine, table, today
 from experiments.lm_runs import (
     DEMO_SIZE,
     SMOKE_SIZE,

@@ -77,17 +77,30 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from benchmarks.common import machine as describe_machine
-from experiments import translation_length as tl
+from benchmarks.tables import machine as describe_machine
 from experiments.seq2seq_runs import (
     bucket_ids,
     evaluate,
     generate_command,
     length_buckets,
+    markdown_tables,
     plot,
     read_generate_log,
     summarize,
     train_command,
+    write_csv,
+)
+from experiments.translation_runs import (
+    ALIBI,
+    POINTER,
+    SINUSOIDAL,
+    build,
+    generate_once,
+    in_parallel,
+    kept_table,
+    load_data,
+    test_sources,
+    train_once,
 )
 from fairseq_alibi.cli.common import machine, thread_env
 
@@ -129,7 +142,7 @@ CONFIRM_FACTOR = 4
 #: the goals (BLEU kept at (2N, 4N] and (4N, 8N]; the length window; in-range BLEU vs alibi)
 GOALS = {"kept_4N": 0.60, "kept_8N": 0.40, "length": (0.9, 1.1), "in_range": 1.0,
          "restoration_kept_4N": 0.80}
-BASELINES = {"alibi": tl.ALIBI, "sinusoidal": tl.SINUSOIDAL}
+BASELINES = {"alibi": ALIBI, "sinusoidal": SINUSOIDAL}
 
 #: ``--smoke``: every step at toy sizes, a thinned grid (the tests run it)
 SMOKE = dict(sizes={"small": Size(1, 16, 32, 4, 3), "large": Size(1, 16, 32, 8, 3)},
@@ -149,7 +162,7 @@ def trained_flags(name):
     if name in BASELINES:
         return list(BASELINES[name])
     scale, k = name[len("pointer_x"):].split("_k")
-    return list(tl.ALIBI + tl.POINTER) + ["--cross-alibi-slope-scale", scale,
+    return list(ALIBI + POINTER) + ["--cross-alibi-slope-scale", scale,
                                           "--cross-alibi-heads", k]
 
 
@@ -194,7 +207,7 @@ class Grid:
         self.out, self.corpus, self.data, self.meta = out, corpus, data, meta
         self.args, self.env = args, env
         # (a confirmation split has no validation buckets)
-        self.expected = {split: len(tl.test_sources(data, meta, split))
+        self.expected = {split: len(test_sources(data, meta, split))
                          for split in ("valid", "test")
                          if (data / meta["plain_text"] / f"{split}.{meta['langs'][0]}").is_file()}
 
@@ -208,7 +221,7 @@ class Grid:
                             ffn=size.ffn, heads=size.heads, lr=self.args.lr,
                             max_tokens=self.args.max_tokens, max_update=size.max_update,
                             seed=seed, cpu=self.args.device == "cpu", langs=self.meta["langs"])
-        return tl.train_once(f"{self.corpus} {size_name} {name} seed {seed}", where, cmd,
+        return train_once(f"{self.corpus} {size_name} {name} seed {seed}", where, cmd,
                              self.env, size.max_update)
 
     def decode(self, size_name, name, seed, split, decoding, overrides):
@@ -217,7 +230,7 @@ class Grid:
         cmd = generate_command(self.data / "plain" / "bin", checkpoint,
                                cpu=self.args.device == "cpu", model_overrides=overrides or None,
                                langs=self.meta["langs"], subset=split)
-        return tl.generate_once(f"{self.corpus} {size_name} {name} {decoding} seed {seed}",
+        return generate_once(f"{self.corpus} {size_name} {name} {decoding} seed {seed}",
                                 where / split / f"{decoding}.log", cmd, self.env,
                                 self.expected[split], reuse=True, subset=split)
 
@@ -226,7 +239,7 @@ class Grid:
         log = self.where(size_name, name, seed) / split / f"{decoding}.log"
         if not log.is_file():
             return None
-        sources = tl.test_sources(self.data, self.meta, split)
+        sources = test_sources(self.data, self.meta, split)
         return (*read_generate_log(f"{self.corpus} {size_name} {name} {decoding} seed {seed}",
                                    log.read_text(), log, len(sources)), sources)
 
@@ -274,7 +287,7 @@ def cpu_seconds(out, corpus):
 
 def run_all(tasks, jobs):
     """Each callable of ``tasks``, ``jobs`` at a time."""
-    tl.in_parallel(jobs, tasks)
+    in_parallel(jobs, tasks)
 
 
 def train_and_validate(grid, size_name, size, names, seeds, decode_grid, jobs, decode=True):
@@ -499,8 +512,8 @@ def test_tables(runs, N):
     """BLEU, BLEU kept and length tables of the test runs ``{label: {seed: rows}}``, and their
     summary over seeds."""
     summary = summarize({label: list(seeds.values()) for label, seeds in runs.items()})
-    bleu, _, length = tl.markdown_tables(summary, N).split("\n\n")[:3]
-    return f"{bleu}\n\n{tl.kept_table(runs, N)}\n{length}\n", summary
+    bleu, _, length = markdown_tables(summary, N).split("\n\n")[:3]
+    return f"{bleu}\n\n{kept_table(runs, N)}\n{length}\n", summary
 
 
 def in_range_difference(grid, size_name, ours, theirs, seeds, rounds=1000):
@@ -584,7 +597,7 @@ def data_for(corpus, path, args, after=None):
     :data:`CONFIRM_FACTOR` times its pairs (the longest bucket what is left) drawn after its
     test and validation pairs, no validation buckets, the rest for training."""
     if (path / "data.json").is_file():
-        return tl.load_data(path)
+        return load_data(path)
     built = copy.copy(args)
     built.corpus, built.vocab = corpus, args.vocab if corpus == args.corpus else None
     built.embedded = args.embedded or (args.smoke and corpus == "restoration")
@@ -592,7 +605,7 @@ def data_for(corpus, path, args, after=None):
         built.per_bucket = CONFIRM_FACTOR * after["per_bucket"]
         built.skip_per_bucket = 2 * after["per_bucket"]  # its test and validation pairs
         built.valid_per_bucket, built.min_per_bucket = 0, after["per_bucket"]
-    meta = tl.build(path, built)
+    meta = build(path, built)
     print(f"[selection] {corpus}: {meta['train_pairs']} training pairs, {meta['test_pairs']} "
           f"test pairs: {path}", flush=True)
     return meta
@@ -900,7 +913,7 @@ def write(out, args, command, started, grid, scores, baselines, ranked, going_on
                for size_name, runs in confirmation.items()]
     for name, corpus, size_name, runs in tables:
         csv_path = out / f"test_{corpus}_{size_name}.csv"
-        tl.write_csv(csv_path, runs, summaries[name])
+        write_csv(csv_path, runs, summaries[name])
         png = out / f"test_{corpus}_{size_name}.png"
         what = ("punctuation and case restoration" if corpus == "restoration"
                 else "French to English (gettext)" + (

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from experiments import translation_length as tl
+from experiments import translation_runs as tr
 from tests.helpers import REPO
 
 
@@ -36,9 +37,9 @@ def test_data_figures_and_the_start_marker(tmp_path):
     for split in ("train", "valid", "test"):
         (text / f"{split}.src").write_text("a b c\nd e f g h\n")
         (text / f"{split}.tgt").write_text("A b c .\nD e , f g h .\n")
-    assert tl.data_figures(text, 4, ("src", "tgt")) == {"ratio": round(8 / 11, 4), "mean_source": 5.0,
+    assert tr.data_figures(text, 4, ("src", "tgt")) == {"ratio": round(8 / 11, 4), "mean_source": 5.0,
                                           "shape_shift": 32}
-    tl.add_start_marker(text, tmp_path / "marked", ("src", "tgt"))
+    tr.add_start_marker(text, tmp_path / "marked", ("src", "tgt"))
     assert (tmp_path / "marked" / "test.src").read_text() == "@start@ a b c\n@start@ d e f g h\n"
     assert (tmp_path / "marked" / "test.tgt").read_text() == (text / "test.tgt").read_text()
 
@@ -162,7 +163,7 @@ def test_gettext_data_is_built_plain_and_marked(tmp_path):
     plain, marked = meta["figures"]["plain"], meta["figures"]["marked"]
     assert plain["ratio"] > 0 and plain["mean_source"] > 1 and plain["shape_shift"] == 64
     assert marked["mean_source"] == pytest.approx(plain["mean_source"] + 1, abs=0.01)
-    sources = tl.test_sources(out / "data", meta)
+    sources = tr.test_sources(out / "data", meta)
     assert len(sources) == meta["test_pairs"] > 0
     marked = (out / "data" / "marked" / "text" / "test.fr").read_text().splitlines()
     assert marked == [f"@start@ {line}" for line in sources]
@@ -300,7 +301,7 @@ def test_decodings_and_trained_settings():
                                   "cross_alibi_eos_guard_layer": "first"}
     assert ts.trained_flags("pointer_x16_k4")[-4:] == ["--cross-alibi-slope-scale", "16",
                                                       "--cross-alibi-heads", "4"]
-    assert ts.trained_flags("sinusoidal") == list(tl.SINUSOIDAL)
+    assert ts.trained_flags("sinusoidal") == list(tr.SINUSOIDAL)
     assert ts.heads_of("half", ts.SIZES["large"]) == 4 and ts.heads_of("2", ts.SIZES["large"]) == 2
 
 
