@@ -339,21 +339,42 @@ def run_attention(quick, device, lengths=None, variants=None, dims=None, dtype=t
 # ------------------------------------------------------------------ flex ALiBi ÷ flex, no bias
 
 
-def run_flex(part, quick, device, length=None, dims=None, rounds=3):
-    """Compiled flex with the ALiBi score_mod ÷ the same compiled kernel with no score_mod
-    (the same causal block mask), forward+backward, median of ``rounds`` paired ratios (on the
-    CPU: eager flex, forward only, float32: PyTorch has no CPU backward for it)."""
+def eager_flex(*args, **kwargs):
+    """flex_attention run eagerly (the CPU), its "use torch.compile" advice silenced."""
     import warnings
 
     from torch.nn.attention.flex_attention import flex_attention
 
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*flex_attention.*", category=UserWarning)
+        return flex_attention(*args, **kwargs)
+
+
+def flex_pair(q, k, v, grad, device):
+    """``{"no bias": call, "ALiBi": call}``: the compiled flex kernel (eager on the CPU) with no
+    score_mod and the ``flex`` backend with the ALiBi one, the same causal block mask; each call
+    forward+backward on CUDA, forward on the CPU."""
     from fairseq_alibi.modules.attention import dispatch, flex
 
-    def eager_flex(*args, **kwargs):
-        with warnings.catch_warnings():  # its "use torch.compile" advice: the CPU runs eager
-            warnings.filterwarnings("ignore", message=".*flex_attention.*", category=UserWarning)
-            return flex_attention(*args, **kwargs)
+    H, L, D = q.shape[1], q.shape[2], q.shape[3]
+    scale = D**-0.5
+    alibi = layer_bias(H, "causal", device)
+    block_mask = flex._block_mask("causal", H, L, L, q.device)
+    plain = flex._compiled_flex() if device == "cuda" else eager_flex
+    cases = {
+        "no bias": lambda: plain(q, k, v, block_mask=block_mask, scale=scale),
+        "ALiBi": lambda: dispatch.REGISTRY["flex"].run(q, k, v, alibi, None, None, 0.0, scale),
+    }
+    if device == "cuda":
+        return {name: (lambda fn: lambda: torch.autograd.grad(fn(), (q, k, v), grad))(fn)
+                for name, fn in cases.items()}
+    return {name: (lambda fn: lambda: fn().sum())(fn) for name, fn in cases.items()}
 
+
+def run_flex(part, quick, device, length=None, dims=None, rounds=3):
+    """Compiled flex with the ALiBi score_mod ÷ the same compiled kernel with no score_mod
+    (the same causal block mask), forward+backward, median of ``rounds`` paired ratios (on the
+    CPU: eager flex, forward only, float32: PyTorch has no CPU backward for it)."""
     allow_many_flex_graphs()
     torch.manual_seed(0)
     cuda = device == "cuda"
@@ -373,20 +394,7 @@ def run_flex(part, quick, device, length=None, dims=None, rounds=3):
         q, k, v = (torch.randn(B, H, L, D, device=device, dtype=dtype, requires_grad=cuda)
                    for _ in range(3))
         grad = torch.randn_like(q)
-        scale = D**-0.5
-        alibi = layer_bias(H, "causal", device)
-        block_mask = flex._block_mask("causal", H, L, L, q.device)
-        plain = flex._compiled_flex() if cuda else eager_flex
-        cases = {
-            "no bias": lambda: plain(q, k, v, block_mask=block_mask, scale=scale),
-            "ALiBi": lambda: dispatch.REGISTRY["flex"].run(q, k, v, alibi, None, None, 0.0,
-                                                           scale),
-        }
-        if cuda:
-            timed = {name: (lambda fn: lambda: torch.autograd.grad(fn(), (q, k, v), grad))(fn)
-                     for name, fn in cases.items()}
-        else:
-            timed = {name: (lambda fn: lambda: fn().sum())(fn) for name, fn in cases.items()}
+        timed = flex_pair(q, k, v, grad, device)
         start = time.time()
         for fn in timed.values():  # compile (or warm up) both before any timing
             fn()
@@ -418,7 +426,7 @@ def run_flex(part, quick, device, length=None, dims=None, rounds=3):
             f"Same block mask (causal) for both; median of {rounds} paired ratios, each of "
             "the median of CUDA-event timings (causal FLOPs: half the square; backward = 2.5× "
             "forward)." if cuda else "A smoke run: CPU timings of eager flex mean nothing.")
-        del q, k, v, grad, cases, timed
+        del q, k, v, grad, timed
         if cuda:
             torch.cuda.empty_cache()
 
@@ -578,52 +586,10 @@ def train_losses(output):
 
 
 
-def run_end_to_end(data, work, quick, log_to, user_dir, device, updates=None, models=None):
-    updates = updates or (20 if quick else 300)
-    models = models or list(E2E_MODELS)
-    cpu = ["--cpu"] if device == "cpu" else []
-    lm, rev = prepare_corpora(data, work, quick, log_to)
-    results = {"updates": updates}
-    rows, gen_rows = [], []
-    jobs = {"stock --bf16": (  # stock fairseq-train --bf16 on a GPU (it implies --tpu)
-        "fairseq_cli.train", [*E2E_MODELS["alibi_transformer_lm"](lm, rev), "--bf16", *cpu,
-                              "--user-dir", user_dir, "--max-update", 1, "--no-save"], log_to)}
-    for model in models:
-        for precision, extra in PRECISIONS.items():
-            module = "benchmarks.bf16_train" if precision == "bf16" else "fairseq_cli.train"
-            jobs[(model, precision)] = (module, [
-                *E2E_MODELS[model](lm, rev), *QUICK_DIMS[model] * quick, *cpu, *extra,
-                "--user-dir", user_dir, "--optimizer", "adam", "--adam-betas", "(0.9, 0.98)",
-                "--clip-norm", 1.0, "--lr-scheduler", "inverse_sqrt",
-                "--warmup-updates", updates // 3, "--max-update", updates, "--seed", 1,
-                "--log-format", "json", "--log-interval", 10, "--no-epoch-checkpoints",
-                "--save-dir", os.path.join(work, f"{model}-{precision}"), "--num-workers", 0,
-                "--validate-interval-updates", updates, "--validate-interval", 1000,
-                "--save-interval", 1000], log_to)
-    start = time.time()
-    outputs = fairseq_runs.concurrently(jobs)
-    log(f"[end_to_end] {len(jobs)} fairseq-train runs at once: {time.time() - start:.0f} s")
-    stock = outputs.pop("stock --bf16")
-    results["stock_bf16"] = "ran" if isinstance(stock, str) else str(stock)
-    log(f"[end_to_end] stock fairseq-train --bf16: {results['stock_bf16']}")
-    for (model, precision), out in outputs.items():
-        if not isinstance(out, str):
-            log(f"[end_to_end] {model} {precision}: {out}")
-            rows.append([model, precision, "failed", str(out)[:80], "", ""])
-            results[f"{model}/{precision}"] = {"error": str(out)}
-            continue
-        losses, valid = train_losses(out)
-        scale = re.findall(r'"loss_scale": "([\d.]+)"', out)
-        record = {"first_loss": losses[0] if losses else None,
-                  "last_loss": losses[-1] if losses else None, "valid_loss": valid,
-                  "overflows": len(re.findall(r"gradient overflow detected", out)),
-                  "last_loss_scale": scale[-1] if scale else None,
-                  "finite": "nan" not in out.lower()}
-        results[f"{model}/{precision}"] = record
-        log(f"[end_to_end] {model} {precision}: {record}")
-        rows.append([model, precision, f"{record['first_loss']} → {record['last_loss']}",
-                     f"{valid}", record["overflows"], record["last_loss_scale"] or "–"])
-    # fairseq-eval-lm at 8×L and fairseq-generate beam 5, fp32 and --fp16, of every checkpoint
+def evaluate_checkpoints(work, lm, rev, user_dir, cpu, log_to, results):
+    """fairseq-eval-lm at 8×L and fairseq-generate beam 5, fp32 and --fp16, of every checkpoint
+    ``run_end_to_end`` trained: the table's rows (and ``results`` filled)."""
+    gen_rows = []
     jobs = {}
     for precision in PRECISIONS:
         for decode, extra in (("fp32", []), ("fp16", ["--fp16"])):
@@ -664,6 +630,55 @@ def run_end_to_end(data, work, quick, log_to, user_dir, device, updates=None, mo
                              "the fp32-trained model decoded in fp32"])
         results[f"{tool}/{precision}/{decode}"] = record
         log(f"[end_to_end] {tool}: trained {precision}, run {decode}: {record}")
+    return gen_rows
+
+
+def run_end_to_end(data, work, quick, log_to, user_dir, device, updates=None, models=None):
+    updates = updates or (20 if quick else 300)
+    models = models or list(E2E_MODELS)
+    cpu = ["--cpu"] if device == "cpu" else []
+    lm, rev = prepare_corpora(data, work, quick, log_to)
+    results = {"updates": updates}
+    rows = []
+    jobs = {"stock --bf16": (  # stock fairseq-train --bf16 on a GPU (it implies --tpu)
+        "fairseq_cli.train", [*E2E_MODELS["alibi_transformer_lm"](lm, rev), "--bf16", *cpu,
+                              "--user-dir", user_dir, "--max-update", 1, "--no-save"], log_to)}
+    for model in models:
+        for precision, extra in PRECISIONS.items():
+            module = "benchmarks.bf16_train" if precision == "bf16" else "fairseq_cli.train"
+            jobs[(model, precision)] = (module, [
+                *E2E_MODELS[model](lm, rev), *QUICK_DIMS[model] * quick, *cpu, *extra,
+                "--user-dir", user_dir, "--optimizer", "adam", "--adam-betas", "(0.9, 0.98)",
+                "--clip-norm", 1.0, "--lr-scheduler", "inverse_sqrt",
+                "--warmup-updates", updates // 3, "--max-update", updates, "--seed", 1,
+                "--log-format", "json", "--log-interval", 10, "--no-epoch-checkpoints",
+                "--save-dir", os.path.join(work, f"{model}-{precision}"), "--num-workers", 0,
+                "--validate-interval-updates", updates, "--validate-interval", 1000,
+                "--save-interval", 1000], log_to)
+    start = time.time()
+    outputs = fairseq_runs.concurrently(jobs)
+    log(f"[end_to_end] {len(jobs)} fairseq-train runs at once: {time.time() - start:.0f} s")
+    stock = outputs.pop("stock --bf16")
+    results["stock_bf16"] = "ran" if isinstance(stock, str) else str(stock)
+    log(f"[end_to_end] stock fairseq-train --bf16: {results['stock_bf16']}")
+    for (model, precision), out in outputs.items():
+        if not isinstance(out, str):
+            log(f"[end_to_end] {model} {precision}: {out}")
+            rows.append([model, precision, "failed", str(out)[:80], "", ""])
+            results[f"{model}/{precision}"] = {"error": str(out)}
+            continue
+        losses, valid = train_losses(out)
+        scale = re.findall(r'"loss_scale": "([\d.]+)"', out)
+        record = {"first_loss": losses[0] if losses else None,
+                  "last_loss": losses[-1] if losses else None, "valid_loss": valid,
+                  "overflows": len(re.findall(r"gradient overflow detected", out)),
+                  "last_loss_scale": scale[-1] if scale else None,
+                  "finite": "nan" not in out.lower()}
+        results[f"{model}/{precision}"] = record
+        log(f"[end_to_end] {model} {precision}: {record}")
+        rows.append([model, precision, f"{record['first_loss']} → {record['last_loss']}",
+                     f"{valid}", record["overflows"], record["last_loss_scale"] or "–"])
+    gen_rows = evaluate_checkpoints(work, lm, rev, user_dir, cpu, log_to, results)
     train_table = tables.table(["model", "precision", "train loss, first → last logged",
                                 "valid loss", "overflow notes", "last loss scale"], rows)
     eval_table = tables.table(["tool", "trained", "run", "score", "detail"], gen_rows)

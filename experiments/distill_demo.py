@@ -74,6 +74,7 @@ def parse_args(argv=None):
     return args
 
 
+# long: the experiment's steps in order (data, training, evaluation, report), read top to bottom
 def main(argv=None):
     args = parse_args(argv)
     started = time.time()

@@ -209,6 +209,7 @@ def plot_scales(scales: dict, path: Path):
     plt.close(fig)
 
 
+# long: the experiment's steps in order (data, training, evaluation, report), read top to bottom
 def main(argv=None):
     import os
 

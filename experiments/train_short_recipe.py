@@ -153,6 +153,7 @@ def plot_time_to_perplexity(curves: dict, target: int, path: Path):
     os.replace(tmp, path)
 
 
+# long: the experiment's steps in order (data, training, evaluation, report), read top to bottom
 def main(argv=None):
     args = parse_args(argv)
     started = time.time()

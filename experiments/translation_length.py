@@ -186,6 +186,25 @@ def write_results(out, runs, timing, meta):
 # ---------------------------------------------------------------------------------- the command
 
 
+def chosen_configs(parser, args):
+    """``--configs`` as names; for a grid to train, each one this checkout's model can build
+    (``all`` with ``--smoke``: those it can), else ``parser``'s error naming what is missing."""
+    if args.data_only or args.from_logs:
+        return comma_choices(parser, ",".join(CONFIGS) if args.configs == "all"
+                             else args.configs, CONFIGS, "configuration")
+    known = model_options()
+    missing = {name: missing_options(config, known) for name, config in CONFIGS.items()}
+    available = [name for name in CONFIGS if not missing[name]]
+    if args.configs == "all":
+        args.configs = ",".join(available if args.smoke else CONFIGS)
+    names = comma_choices(parser, args.configs, CONFIGS, "configuration")
+    lacking = [f"{name} ({', '.join(missing[name])})" for name in names if missing[name]]
+    if lacking:
+        parser.error(f"this checkout's alibi_transformer lacks the options of "
+                     f"{'; '.join(lacking)}: pass --configs {','.join(available)}")
+    return names
+
+
 def parse(argv):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--corpus", choices=("restoration", "gettext"), default=None,
@@ -249,23 +268,8 @@ def parse(argv):
         if given:
             parser.error(f"--select trains the grid of experiments/translation_selection.py "
                          f"(its sizes, settings and decodings): drop {', '.join(given)}")
-    elif not (args.data_only or args.from_logs):
-        known = model_options()
-        missing = {name: missing_options(config, known) for name, config in CONFIGS.items()}
-        available = [name for name in CONFIGS if not missing[name]]
-        if args.configs == "all" and args.smoke:
-            args.configs = ",".join(available)
-        elif args.configs == "all":
-            args.configs = ",".join(CONFIGS)
-        args.configs = comma_choices(parser, args.configs, CONFIGS, "configuration")
-        lacking = [f"{name} ({', '.join(missing[name])})" for name in args.configs
-                   if missing[name]]
-        if lacking:
-            parser.error(f"this checkout's alibi_transformer lacks the options of "
-                         f"{'; '.join(lacking)}: pass --configs {','.join(available)}")
     else:
-        args.configs = comma_choices(parser, ",".join(CONFIGS) if args.configs == "all"
-                                     else args.configs, CONFIGS, "configuration")
+        args.configs = chosen_configs(parser, args)
     return args
 
 
