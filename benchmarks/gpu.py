@@ -27,13 +27,13 @@ L = 1k…16k), ``train`` (Trainer steps of each backend at L = 512…8192), ``en
 Each part runs in a process of its own (a sticky CUDA fault or a hang in one cannot cost the
 others their figures). ``--budget SECONDS`` bounds the whole run: before each part the time left
 is checked, a part whose minimum (``NEEDS`` in ``benchmarks/gpu_supervisor.py``) no longer fits
-is skipped and the report says so, and a part gets the time left less the later parts'
-minimums, after which it is stopped. Into ``--out`` go ``gpu.md`` (the tables, with command, machine and date, and each part's
-status), ``results.json`` and ``log.txt``, rewritten after every figure, ``tests.log`` (pytest's
-output, as it goes) and ``fairseq.log`` (every fairseq command line run and its output): a run
-cut at its limit keeps everything measured so far. ``--quick`` runs toy sizes (on the CPU with
-``--device cpu``, where the device side of each comparison runs on the CPU): its figures mean
-nothing.
+is skipped and the report says so, and a part gets the time left less the later parts' minimums,
+after which it is stopped. Into ``--out`` go ``gpu.md`` (the tables, with command, machine and
+date, and each part's status), ``results.json`` and ``log.txt``, rewritten after every figure,
+``tests.log`` (pytest's output, as it goes) and ``fairseq.log`` (every fairseq command line run
+and its output): a run cut at its limit keeps everything measured so far. ``--quick`` runs toy
+sizes (on the CPU with ``--device cpu``, where the device side of each comparison runs on the
+CPU): its figures mean nothing.
 """
 
 import time

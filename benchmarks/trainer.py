@@ -8,7 +8,8 @@ import torch
 
 
 def write_dictionary(folder, vocab):
-    """``folder/dict.txt`` of ``vocab`` made-up words (``w0`` ...): what random batches draw from."""
+    """``folder/dict.txt`` of ``vocab`` made-up words (``w0`` ...): what random batches draw
+    from."""
     os.makedirs(folder, exist_ok=True)
     path = os.path.join(folder, "dict.txt")
     with open(path, "w") as f:

@@ -43,8 +43,9 @@ from experiments.lm_runs import (
     wikitext_files,
     write_json,
 )
+from fairseq_alibi.cli.common import console_script
 from fairseq_alibi.cli.quickstart import SIZES, SMOKE
-from fairseq_alibi.cli.sweep import SweepModel, console_script, run_sweep
+from fairseq_alibi.cli.sweep import SweepModel, run_sweep
 from fairseq_alibi.paths import user_dir
 
 #: the runs compared: label -> --alibi-learned-scales

@@ -42,12 +42,8 @@ from experiments.lm_runs import (
     start_run,
     wall_at_updates,
 )
-from fairseq_alibi.cli.sweep import (
-    SweepModel,
-    console_script,
-    run_sweep,
-    slope_interpolation,
-)
+from fairseq_alibi.cli.common import console_script
+from fairseq_alibi.cli.sweep import SweepModel, run_sweep, slope_interpolation
 
 CONFIG_DIR = REPO / "config" / "lm"
 CONFIG_NAME = "train_short"

@@ -176,7 +176,7 @@ class Grid:
                 self.train(size_name, train, name, seed)
             self.decode(size_name, name, seed, split, decoding,
                         overrides_of(name, decoding, decode_grid))
-        run_all([lambda r=r, seed=seed: one(*r, seed) for r in runs for seed in seeds], jobs)
+        in_parallel(jobs, [lambda r=r, seed=seed: one(*r, seed) for r in runs for seed in seeds])
 
     def every_seed(self, size_name, name, decoding, seeds, split):
         """``{seed: rows}`` of a decoding, or ``None`` unless every seed has been decoded."""
@@ -192,11 +192,6 @@ class Grid:
                     into.setdefault(shown, {})[seed] = rows
 
 
-def run_all(tasks, jobs):
-    """Each callable of ``tasks``, ``jobs`` at a time."""
-    in_parallel(jobs, tasks)
-
-
 def train_and_validate(grid, size_name, size, names, seeds, decode_grid, jobs, decode=True):
     """Train each setting with each seed (seed by seed), each then decoded on validation."""
     def one(name, seed):
@@ -205,7 +200,7 @@ def train_and_validate(grid, size_name, size, names, seeds, decode_grid, jobs, d
             for decoding, overrides in decodings(name, decode_grid).items():
                 grid.decode(size_name, name, seed, "valid", decoding, overrides)
 
-    run_all([lambda n=n, s=s: one(n, s) for s in seeds for n in names], jobs)
+    in_parallel(jobs, [lambda n=n, s=s: one(n, s) for s in seeds for n in names])
 
 
 def in_range_difference(grid, size_name, ours, theirs, seeds, rounds=1000):

@@ -46,6 +46,7 @@ FINAL_DECODE = (" (a checkpoint trained without the inference slope scale: decod
 NO_CHOICE = "\nNo choice yet: the grid has not finished both sizes on validation.\n"
 RESTORATION_STEP5 = ("Step 4's restoration checkpoints (small size) decoded on restoration's "
                      "validation buckets at each inference slope scale, by the same rule:\n")
+RESTORATION_CHOSEN = "\nChosen for restoration: **{candidate}**.\n"
 CONFIRMATION = ("The final setting and `alibi` trained again with every seed, without the "
                 "pairs of a second test split: {factor} times the selection's pairs in each "
                 "bucket, drawn after its test and validation pairs (the longest bucket: what is "
@@ -235,7 +236,8 @@ def tests_text(sel, summaries):
     if sel.restoration_table:
         parts += ["## Restoration: the inference slope scale on its validation (step 5)\n",
                   RESTORATION_STEP5, choice_table(sel.restoration_table),
-                  f"\nChosen for restoration: **{describe(sel.restoration_table[0].candidate)}**.\n"]
+                  RESTORATION_CHOSEN.format(
+                      candidate=describe(sel.restoration_table[0].candidate))]
     if sel.restoration:
         text, summaries["restoration"] = test_tables(sel.restoration, sel.N)
         parts += ["## Test, punctuation and case restoration (small size)\n", text]

@@ -1,6 +1,7 @@
-"""The selection's rule and grid (``translation_length --select``, :mod:`experiments.translation_selection`):
-the sizes, scales, decodings and goals tried, the names of trained settings and decodings, and
-the rule that judges and ranks candidates (:data:`RULE`, written before any run)."""
+"""The selection's rule and grid (``translation_length --select``,
+:mod:`experiments.translation_selection`): the sizes, scales, decodings and goals tried, the
+names of trained settings and decodings, and the rule that judges and ranks candidates
+(:data:`RULE`, written before any run)."""
 
 import itertools
 import statistics

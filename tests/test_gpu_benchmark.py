@@ -13,6 +13,7 @@ import time
 import pytest
 
 from benchmarks import gpu, gpu_decode, gpu_parts, gpu_supervisor
+from benchmarks.gpu_supervisor import part_limit
 from tests.helpers import REPO
 
 
@@ -105,11 +106,11 @@ def test_the_pytest_plugin_records_each_outcome(tmp_path):
 def test_the_budget_goes_to_each_part_less_what_the_later_ones_need():
     full = {name: need for name, (need, _) in gpu_supervisor.NEEDS.items()}
     later = ["decode", "memory", "flex"]
-    assert gpu_supervisor.part_limit("tests", later, 420, False) == 420 - sum(full[p] for p in later)
+    assert part_limit("tests", later, 420, False) == 420 - sum(full[p] for p in later)
     # squeezed by the later parts, a part still gets its own minimum
-    assert gpu_supervisor.part_limit("memory", ["flex"], full["memory"] + 10, False) == full["memory"]
-    assert gpu_supervisor.part_limit("flex", [], full["flex"] - 1, False) == 0  # does not fit: skipped
-    assert gpu_supervisor.part_limit("tests", later, math.inf, False) == math.inf  # no budget
+    assert part_limit("memory", ["flex"], full["memory"] + 10, False) == full["memory"]
+    assert part_limit("flex", [], full["flex"] - 1, False) == 0  # does not fit: skipped
+    assert part_limit("tests", later, math.inf, False) == math.inf  # no budget
 
 
 def test_a_budget_too_small_skips_every_part_and_the_report_says_so(tmp_path):

@@ -31,8 +31,7 @@ SHARED_BENCHMARK_MODULES = {"timing", "tables", "fairseq_runs", "trainer", "case
 DISPATCHES = {
     ("experiments.translation_length", "experiments.translation_selection"),
     *{("benchmarks.run", f"benchmarks.{name}")
-      for name in ("attention", "decoding", "encoder", "eval_lm", "train", "translation",
-                   "learned_scales")},
+      for name in ("attention", "decoding", "encoder", "eval_lm", "train", "translation")},
 }
 
 
@@ -119,6 +118,13 @@ def long_functions(path, root=REPO):
         if length > MAX_FUNCTION_LINES and not any("# long:" in line for line in nearby):
             found.append(f"{path.relative_to(root)}: {node.name} ({length} lines)")
     return found
+
+
+def test_the_designated_modules_exist():
+    named = {f"experiments.{m}" for m in SHARED_EXPERIMENT_MODULES}
+    named |= {f"benchmarks.{m}" for m in SHARED_BENCHMARK_MODULES}
+    named |= {module for pair in DISPATCHES for module in pair}
+    assert named <= set(ALL), named - set(ALL)
 
 
 def test_there_is_no_import_cycle():
