@@ -18,7 +18,7 @@ the issue; projections would add the same time to every row):
   ``flex`` backend itself runs eager on the CPU (tests/test_attention.py says why), this row
   times the compiled kernel.
 
-Memory: the peak of tensor bytes during one forward+backward (see ``common.peak_bytes``), and
+Memory: the peak of tensor bytes during one forward+backward (see ``timing.peak_bytes``), and
 the bias a method keeps between calls (the original's mask buffer).
 """
 
@@ -27,9 +27,10 @@ import math
 import torch
 import torch.nn.functional as F
 
-from benchmarks.common import Rounds, backward_call, forward_call, mib, peak_bytes, table
+from benchmarks.cases import compiled_flex
+from benchmarks.tables import table
+from benchmarks.timing import Rounds, backward_call, forward_call, mib, peak_bytes
 from fairseq_alibi.modules.attention import dense as dense_backends
-from fairseq_alibi.modules.attention import flex
 from fairseq_alibi.modules.attention.fold import folded_attention
 from fairseq_alibi.modules.bias import AlibiBias
 
@@ -60,15 +61,6 @@ def original_mask(slopes, batch, length):
     future = torch.triu(torch.full((length, length), float("-inf")), 1)
     alibi = slopes[:, None, None] * torch.arange(length, dtype=torch.float32)[None, None, :]
     return (future[None] + alibi).repeat(batch, 1, 1)
-
-
-def compiled_flex(q, k, v, alibi, scale):
-    """The compiled flex_attention kernel with the ``flex`` backend's score_mod and block mask."""
-    B, H, L, D = q.shape
-    score_mod = flex.alibi_score_mod(alibi.variant, *alibi.slopes_of())
-    block_mask = flex._block_mask(alibi.variant, H, L, L, q.device)
-    return flex._compiled_flex()(q, k, v, score_mod=score_mod, block_mask=block_mask,
-                                 scale=scale)
 
 
 def methods(B, H, L, D, with_flex):

@@ -6,14 +6,14 @@ cross-attention over a source of :data:`SOURCE_LENGTH` tokens, encoded once befo
 model's own encoder).
 
 The time of one decoding step with ``S`` tokens already in the KV cache, per model: both
-decoders read the same weight tensors (:func:`share_weights`; the stock one adds its sinusoidal
-positions, which have none), their
-caches are filled with the same random keys/values of ``S`` tokens (exactly what ``S`` earlier
-steps leave there), then ``steps`` tokens are decoded one at a time, as ``fairseq-generate`` and
-``hub.generate`` do (``decoder(tokens, incremental_state=...)``). Each of ``rounds`` rounds is
-:data:`PAIRS_PER_ROUND` pairs of :data:`STEPS` steps per model, the two models in alternating
-order (short pairs: load from other processes hits both sides of a pair alike); the figure is
-the median over all pairs of the paired ratio ALiBi step ÷ stock step.
+decoders read the same weight tensors (:func:`benchmarks.cases.share_weights`; the stock one
+adds its sinusoidal positions, which have none), their caches are filled with the same random
+keys/values of ``S`` tokens (exactly what ``S`` earlier steps leave there), then ``steps``
+tokens are decoded one at a time, as ``fairseq-generate`` and ``hub.generate`` do
+(``decoder(tokens, incremental_state=...)``). Each of ``rounds`` rounds is
+:data:`benchmarks.cases.PAIRS_PER_ROUND` pairs of :data:`STEPS` steps per model, the two models
+in alternating order (short pairs: load from other processes hits both sides of a pair alike);
+the figure is the median over all pairs of the paired ratio ALiBi step ÷ stock step.
 
 The cross-attention options' table (:func:`run_cross`) reads each pair's steps apart as well:
 the first step of a pair is a sentence's first (it projects the source's keys/values and sets
@@ -26,32 +26,14 @@ import time
 
 import torch
 
-from benchmarks.common import table
+from benchmarks.cases import CROSS, PAIRS_PER_ROUND, SAME, share_weights
+from benchmarks.tables import table
 
 #: per model family, (stock, ALiBi) architectures
 FAMILIES = {"language model": ("transformer_lm", "alibi_transformer_lm"),
             "translation decoder": ("transformer", "alibi_transformer")}
-#: the cross-attention position options (docs/translation.md) against today's alibi_transformer
-CROSS = {"pointer recipe (slope scale 16, 48 outside training beyond 17 source tokens, 2 heads, "
-         "EOS guard 2 on the min pointer)": [
-    "--cross-alibi", "pointer", "--cross-alibi-slope-scale", "16",
-    "--cross-alibi-inference-slope-scale", "48", "--cross-alibi-inference-longer-than", "17",
-    "--cross-alibi-heads", "2", "--cross-alibi-eos-guard", "2",
-    "--cross-alibi-eos-guard-layer", "min"],
-    # what the recipe's guard costs: the same pointer guarded on the last layer's pointer only,
-    # and unguarded
-    "the same, EOS guard 2 on the last pointer": [
-    "--cross-alibi", "pointer", "--cross-alibi-slope-scale", "16", "--cross-alibi-heads", "2",
-    "--cross-alibi-eos-guard", "2"],
-    "the same, no EOS guard": [
-    "--cross-alibi", "pointer", "--cross-alibi-slope-scale", "16", "--cross-alibi-heads", "2"],
-    "pointer, length scale 8, EOS guard 2": [
-    "--cross-alibi", "pointer", "--cross-attention-length-scale", "8",
-    "--cross-alibi-eos-guard", "2"],
-    "ratio 1.0": ["--cross-alibi", "ratio", "--cross-alibi-ratio", "1.0"]}
 SOURCE_LENGTH = 64
 STEPS = 8
-PAIRS_PER_ROUND = 4
 
 NOTES = (
     "A step: the decoder's forward for one new token per sequence (embedding, both layers with "
@@ -110,21 +92,6 @@ def build(arch, dims, vocab=1000, extra=()):
             memory, torch.arange(tokens.size(0)))  # the first B sources
         return model.decoder(tokens, encoder_out=encoder_out, incremental_state=state)
     return model.decoder, step
-
-
-def share_weights(src, dst):
-    """Give ``dst`` the very parameter tensors of ``src`` that it has under the same names.
-
-    Equal values are not enough for a fair batch-1 comparison: the time of a step of this small
-    decoder depends on where in memory its weights happen to lie (four identical models with
-    copied weights: 0.99-1.10x of the first; with shared weights: 0.99-1.00x), so two models
-    that read the same tensors differ only by what they compute.
-    """
-    params = dict(src.named_parameters())
-    for name, _ in list(dst.named_parameters()):
-        if name in params:
-            owner, _, leaf = name.rpartition(".")
-            (dst.get_submodule(owner) if owner else dst)._parameters[leaf] = params[name]
 
 
 def filled_cache(decoder, batch, cached, keys):
@@ -196,15 +163,11 @@ def paired(models, names, cached, steps, rounds, tokens, keys, parts=("all",)):
     return figures[0] if len(parts) == 1 else figures
 
 
-#: the row that measures the benchmark's own noise: a second decoder with the same weights
-SAME = "alibi_transformer again (a second model, the same weights: the noise floor)"
-
-
 def run_cross(quick=False, rounds=5, log=print, cached=(16, 64, 256), batches=(1, 4)):
     """Returns ``(shape, table)``: per-step times of the translation decoder with each
     cross-attention option ÷ today's ``alibi_transformer`` (same weights; the pointer's step is
     the option's own parameter), over a source of :data:`SOURCE_LENGTH` tokens, and the same
-    for a second ``alibi_transformer`` (:data:`SAME`). Each pair's steps are read three ways
+    for a second ``alibi_transformer`` (:data:`benchmarks.cases.SAME`). Each pair's steps are read three ways
     (:data:`PARTS`): the steps after a sentence's first (a token's cost), the first (the
     sentence's setup) and the mean of all of them."""
     dims, steps, cached, batches, rounds = sizes(quick, rounds, cached, batches)
@@ -242,7 +205,7 @@ def run_placement(quick=False, rounds=5, log=print, copies=4, cached=256):
 
     ``copies`` identical ``alibi_transformer`` decoders, one sequence, ``cached`` tokens: each
     copy's step ÷ the first copy's, once with the first copy's weights copied into the others
-    (``load_state_dict``) and once with the very same tensors (:func:`share_weights`)."""
+    (``load_state_dict``) and once with the very same tensors (:func:`benchmarks.cases.share_weights`)."""
     dims, steps, _, _, rounds = sizes(quick, rounds, (cached,), (1,))
     layers, embed, heads = dims
     rows = []

@@ -26,11 +26,12 @@ import os
 import torch
 import torch.nn.functional as F
 
-from benchmarks import train
-from benchmarks.common import Rounds, backward_call, forward_call, table
+from benchmarks.cases import compiled_flex as _compiled_flex
+from benchmarks.tables import table
+from benchmarks.timing import Rounds, backward_call, forward_call
+from benchmarks.trainer import trainer_from_flags, write_dictionary
 from fairseq_alibi.modules.bias import AlibiBias
 from fairseq_alibi.modules.attention.fold import folded_attention
-from benchmarks.attention import compiled_flex as _compiled_flex
 
 ENCODER_VARIANTS = ("symmetric", "one_sided", "offset", "asymmetric")
 #: RoBERTa's dictionary: the 50,257 GPT-2 BPE ids, 4 specials, 3 filler words and <mask>
@@ -103,7 +104,7 @@ def timed_training_steps(models, batch, length, rounds, quick):
 
 
 def build_masked_lm(data, variant, length, dims, extra=()):
-    return train.trainer_from_flags([
+    return trainer_from_flags([
         data, "--task", "masked_lm", "--arch", "alibi_roberta", "--alibi-variant", variant,
         "--cpu", "--tokens-per-sample", str(length), "--criterion", "masked_lm",
         "--optimizer", "adam", "--lr", "1e-4", "--clip-norm", "1.0", "--seed", "1", *dims,
@@ -113,7 +114,7 @@ def build_masked_lm(data, variant, length, dims, extra=()):
 
 def dictionary_folder(work, vocab):
     """A dictionary of ``vocab`` symbols in all (the task adds 4 specials and ``<mask>``)."""
-    return train.write_dictionary(os.path.join(work, f"encoder-dict-{vocab}"), vocab - 5)
+    return write_dictionary(os.path.join(work, f"encoder-dict-{vocab}"), vocab - 5)
 
 
 def masked_batch(task, batch, length, seed, ratio=0.15):

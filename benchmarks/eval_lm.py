@@ -15,8 +15,9 @@ import random
 import re
 import statistics
 
-from benchmarks import train
-from benchmarks.common import fairseq_cli, table
+from benchmarks.fairseq_runs import fairseq_cli
+from benchmarks.tables import table
+from benchmarks.trainer import build_trainer, random_batch
 from fairseq_alibi.paths import user_dir
 
 EVALUATED = re.compile(r"Evaluated ([\d,]+) tokens in ([\d.]+)s \(([\d.]+) tokens/s\)")
@@ -47,8 +48,8 @@ def binarize(raw, dest, threads):
 
 
 def train_checkpoint(data, arch, length, dims, path, steps):
-    trainer, task = train.build_trainer(data, arch, length, dims)
-    sample = train.random_batch(task, 4, length, seed=0)
+    trainer, task = build_trainer(data, arch, length, dims)
+    sample = random_batch(task, 4, length, seed=0)
     for _ in range(steps):
         trainer.train_step([sample])
     trainer.consolidate_optimizer()  # as fairseq's checkpoint_utils.save_checkpoint does

@@ -25,7 +25,7 @@ import re
 import time
 from typing import Dict, NamedTuple, Tuple
 
-from benchmarks import common
+from benchmarks import fairseq_runs, tables
 
 #: |Δ score| allowed between the device's and the CPU's float32 beam search. The score is what
 #: fairseq prints on an ``H-`` line: the hypothesis' mean log2-probability per token
@@ -156,14 +156,12 @@ def write_corpora(raw: str, quick: bool, seed: int = 0):
     return os.path.join(raw, "prompts.txt")
 
 
-def run(part, work: str, device: str, quick: bool, user_dir: str, log_to: str):
-    """Train, decode, compare; figures go to ``part`` (see ``benchmarks.gpu.Part``)."""
-    size = SIZES[quick]
+def commands(work: str, device: str, size: dict, user_dir: str, log_to: str, prompts: str):
+    """``{step: {key: (module, args, log)}}``: preprocess, train and decode, each step's runs
+    side by side; and the decoding runs' names (``{name: extra flags}``)."""
     updates = size["updates"]
-    threads = 1 if device == "cpu" else 2  # (a CPU smoke run: the runs share few cores)
     cpu = ["--cpu"] if device == "cpu" else []
     raw, lm_bin, rev_bin = (os.path.join(work, d) for d in ("raw", "lm-bin", "rev-bin"))
-    prompts = write_corpora(raw, quick)
     steps = {
         "preprocess": {
             "lm": ("fairseq_cli.preprocess", [
@@ -196,12 +194,18 @@ def run(part, work: str, device: str, quick: bool, user_dir: str, log_to: str):
             "--path", os.path.join(work, "translation", "checkpoint_last.pt"), "--beam", BEAM,
             "--batch-size", 32, "--required-batch-size-multiple", 1, "--max-len-a", 1.2,
             "--max-len-b", 10, *extra], log_to)
+    return steps, runs
+
+
+def run_steps(part, steps: dict, threads: int):
+    """Every step's runs side by side, step after step within the part's time; ``(outputs,
+    the runs that failed)``. A failed preprocess or training stops the part."""
     outputs, failed = {}, []
     for step, jobs in steps.items():
         if part.left() < 5:
             raise RuntimeError(f"no time left for {step} ({part.left():.0f} s)")
         start = time.time()
-        found = common.concurrently(jobs, timeout=part.left() - 3, threads=threads)
+        found = fairseq_runs.concurrently(jobs, timeout=part.left() - 3, threads=threads)
         part.log(f"[decode] {step}: {len(jobs)} runs side by side, {time.time() - start:.0f} s")
         for key, out in found.items():
             if not isinstance(out, str):
@@ -210,7 +214,13 @@ def run(part, work: str, device: str, quick: bool, user_dir: str, log_to: str):
         if failed and step != "decode":
             raise RuntimeError(f"{', '.join(failed)} failed (fairseq.log has the output)")
         outputs.update(found)
-    rows, results = [], {"updates": updates, "beam": BEAM}
+    return outputs, failed
+
+
+def compare_runs(part, outputs: dict, runs: dict, device: str, results: dict):
+    """The device's fp32 hypotheses against the CPU's, its fp16 against its fp32: the table's
+    rows (and ``results`` filled)."""
+    rows = []
     for model in ("lm", "translation"):
         hyps = {name: parse_hypotheses(outputs[(model, name)])
                 for name in runs if isinstance(outputs.get((model, name)), str)}
@@ -239,7 +249,20 @@ def run(part, work: str, device: str, quick: bool, user_dir: str, log_to: str):
                      f"(tolerance {num(tolerance)}): {'ok' if found['ok'] else 'NOT OK'}"
                      + (f"; differing ids {found['differing']}" if found["differing"] else ""))
         part.record("decode", results)
-    body = common.table(["model", "run vs reference", "sentences", "identical hypotheses",
+    return rows
+
+
+def run(part, work: str, device: str, quick: bool, user_dir: str, log_to: str):
+    """Train, decode, compare; figures go to ``part`` (see ``benchmarks.gpu_report.Part``)."""
+    size = SIZES[quick]
+    updates = size["updates"]
+    threads = 1 if device == "cpu" else 2  # (a CPU smoke run: the runs share few cores)
+    prompts = write_corpora(os.path.join(work, "raw"), quick)
+    steps, runs = commands(work, device, size, user_dir, log_to, prompts)
+    outputs, failed = run_steps(part, steps, threads)
+    results = {"updates": updates, "beam": BEAM}
+    rows = compare_runs(part, outputs, runs, device, results)
+    body = tables.table(["model", "run vs reference", "sentences", "identical hypotheses",
                          "max Δ score, identical ones", "max Δ token score, identical ones",
                          "max Δ best score, all", "tolerance", "within"], rows)
     notes = (f"lm: `alibi_transformer_lm` 2 × 64, trained at L = {LM_L}, `fairseq-interactive` "

@@ -7,7 +7,7 @@ One forward and backward through a stack of ``--layers`` ALiBi self-attention la
 :class:`~fairseq_alibi.modules.bias.AlibiBias`, as a model's layers do: fixed
 slopes, and ``per_layer_head`` learned scales (the case that could bring back one ``(H, L, L)``
 bias per layer), with ``auto`` and with each backend forced. Peak = tensor bytes alive at once
-above the start (:func:`benchmarks.common.peak_bytes`: exact, not disturbed by other
+above the start (:func:`benchmarks.timing.peak_bytes`: exact, not disturbed by other
 processes), the bias that the step builds included.
 """
 
@@ -16,7 +16,8 @@ import sys
 
 import torch
 
-from benchmarks.common import machine, peak_bytes, table, today
+from benchmarks.tables import machine, table, today
+from benchmarks.timing import peak_bytes
 from fairseq_alibi.modules.bias import AlibiBias
 from fairseq_alibi.modules.alibi_multihead_attention import AlibiMultiheadAttention
 

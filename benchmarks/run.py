@@ -18,7 +18,7 @@ import tempfile
 
 import torch
 
-from benchmarks import common
+from benchmarks import tables
 
 ALL = ("attention", "decoding", "train", "eval", "encoder", "heads", "translation", "cross",
        "cross-decoding")
@@ -40,7 +40,7 @@ def parse_args(argv=None):
                         help="where the eval benchmark writes its data and checkpoints "
                         "(default: a temporary directory, removed afterwards)")
     args = parser.parse_args(argv)
-    args.only = common.comma_choices(parser, args.only, ALL, "benchmark")
+    args.only = tables.comma_choices(parser, args.only, ALL, "benchmark")
     if args.rounds < 1:
         parser.error("--rounds must be at least 1")
     return args
@@ -58,7 +58,7 @@ def main(argv=None):
     sections = []
 
     def emit(title, body, notes=""):
-        text = common.section(title, command, body, notes)
+        text = tables.section(title, command, body, notes)
         print(text, flush=True)
         sections.append(text)
 

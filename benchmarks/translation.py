@@ -4,14 +4,14 @@
   ``train_step`` per batch of ``tokens_per_batch`` source tokens, at source/target length
   ``L``: lengths drawn in ``[3L/4, L]``, sources padded on the left and targets on the right as
   the translation task batches them. Tokens/s counts target tokens. Peak memory: the peak of
-  tensor bytes during one step above what was alive before it (``common.peak_bytes``).
+  tensor bytes during one step above what was alive before it (``timing.peak_bytes``).
 * Generation: the task's ``SequenceGenerator`` (what ``fairseq-generate`` runs), beam 4,
   sentences of ``gen_length`` source tokens, every hypothesis forced to ``gen_length`` target
   tokens (``min_len`` = ``max_len``) so that both models do exactly the same number of steps.
 
 Both models come from the same command line except the architecture; stock sinusoidal
 embeddings have no parameters, so the parameters are the same. Cases alternate within each
-round and ratios are medians of paired ratios (``common.Rounds``).
+round and ratios are medians of paired ratios (``timing.Rounds``).
 """
 
 import argparse
@@ -20,8 +20,9 @@ import random
 
 import torch
 
-from benchmarks.common import Rounds, mib, peak_bytes, table
-from benchmarks.train import trainer_from_flags
+from benchmarks.tables import table
+from benchmarks.timing import Rounds, mib, peak_bytes
+from benchmarks.trainer import trainer_from_flags
 
 MODELS = {"transformer (sinusoidal)": ["--arch", "transformer"],
           "alibi_transformer": ["--arch", "alibi_transformer"]}
@@ -155,12 +156,12 @@ def run_generation(data, dims, sentences, gen_length, rounds, warmup, log):
 
 def run_cross_generation(work, quick=False, rounds=5, log=print, lengths=(16, 64)):
     """``(title, body, notes)``: whole sentences through fairseq's ``SequenceGenerator`` with
-    the pointer recipe (the first option of ``benchmarks.decoding.CROSS``) ÷ today's
+    the pointer recipe (the first option of ``benchmarks.cases.CROSS``) ÷ today's
     ``alibi_transformer``, and a second ``alibi_transformer`` (the noise floor), all with the
     same weights: one sentence, beam 1 (one sequence) and beam 4 (four), sources of
     ``3L/4..L`` tokens, ``L`` target tokens. The sentence's setup (the source's keys, the
     options' per-sentence state) is spread over its steps as in ``fairseq-generate``."""
-    from benchmarks.decoding import CROSS as DECODING_CROSS, PAIRS_PER_ROUND, SAME, share_weights
+    from benchmarks.cases import CROSS as DECODING_CROSS, PAIRS_PER_ROUND, SAME, share_weights
 
     dims, _, _, vocab, rounds, warmup, _, _ = sizes(quick, rounds)
     lengths = (8,) if quick else lengths

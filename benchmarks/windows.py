@@ -5,7 +5,7 @@
 
 Given ``(B, H, L, D)`` float32 queries, keys and values (the attention alone), causal, with
 Press's slopes of ``H`` heads, each length timed in interleaved paired rounds
-(:class:`benchmarks.common.Rounds`: a ratio is the median of the same round's ratios, so load
+(:class:`benchmarks.timing.Rounds`: a ratio is the median of the same round's ratios, so load
 from other processes hits both sides alike):
 
 * ``no bias``: ``scaled_dot_product_attention(is_causal=True)``, the dense limit;
@@ -25,7 +25,8 @@ import sys
 import torch
 import torch.nn.functional as F
 
-from benchmarks.common import Rounds, backward_call, forward_call, machine, table
+from benchmarks.tables import machine, table
+from benchmarks.timing import Rounds, backward_call, forward_call
 from fairseq_alibi.alibi import get_slopes, variant_windows
 from fairseq_alibi.modules.attention import dispatch, windowed
 from fairseq_alibi.modules.bias import AlibiBias

@@ -29,7 +29,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 
-from benchmarks.common import machine, table, today
+from benchmarks.tables import machine, table, today
 from experiments.lm_runs import (
     DEMO_SIZE,
     SMOKE_SIZE,
@@ -74,6 +74,7 @@ def parse_args(argv=None):
     return args
 
 
+# long: the experiment's steps in order (data, training, evaluation, report), read top to bottom
 def main(argv=None):
     args = parse_args(argv)
     started = time.time()

@@ -31,6 +31,9 @@ and is skipped when that file exists, so the same command resumes a grid cut sho
 Configurations whose options this checkout's ``alibi_roberta`` lacks are listed and skipped
 (say which options), and run once the options exist. ``--smoke`` runs every step at toy size
 (under 2 minutes).
+
+The configurations and sizes are in :mod:`experiments.encoder_study_configs`, the report in
+:mod:`experiments.encoder_study_report`; this module runs the pieces.
 """
 
 import argparse
@@ -41,149 +44,29 @@ import statistics
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import List, Optional
 
-from benchmarks.common import machine, table, today
-from experiments.lm_runs import start_run, write_json
-from experiments.wikitext2_extrapolation import DEFAULT_WIKITEXT, wikitext_files
+from experiments.encoder_study_configs import (
+    BASELINE,
+    CONFIGS,
+    DEFAULT_GLUE,
+    GLUE_TASKS,
+    LONG_TASKS,
+    REPO,
+    SINUSOIDAL_FLAG,
+    SKIPPED,
+    SMOKE,
+    SMOKE_CONFIGS,
+    STEPS,
+    Settings,
+    model_flags,
+)
+from experiments.encoder_study_report import load_json, report
+from experiments.lm_runs import DEFAULT_WIKITEXT, start_run, wikitext_files, write_json
+from experiments.model_flags import accepted_flags, lacking_flags
 from fairseq_alibi.cli.fairseq_runs import console_script, cpu_seconds
 from fairseq_alibi.paths import user_dir
-
-REPO = Path(__file__).resolve().parents[1]
-DEFAULT_GLUE = REPO.parent / "shared" / "data" / "glue"
-GLUE_TASKS = ("CoLA", "SST-2", "STS-B")
-#: --smoke: the baseline and the default variant, a classification and a regression task
-SMOKE_CONFIGS = ("learned", "offset")
-#: the tasks the long-input comparison uses (CoLA's sentences are short)
-LONG_TASKS = ("SST-2", "STS-B")
-STEPS = ("prepare", "pretrain", "mlm", "glue", "long", "reach", "report")
-
-
-@dataclass(frozen=True)
-class Config:
-    """One row of the study: how it is pretrained and fine-tuned."""
-
-    label: str
-    pretrain: Sequence[str] = ()  # flags of fairseq-train --task masked_lm (after the sizes)
-    finetune: Sequence[str] = ()  # extra flags of its fine-tuning runs
-    checkpoint_of: Optional[str] = None  # fine-tunes that configuration's pretrained model
-    glue: bool = True
-    long: bool = False
-    note: str = ""
-    length_scale: bool = False  # masked-LM scored with --alibi-length-scale L (no retraining)
-
-    @property
-    def sinusoidal(self):
-        return SINUSOIDAL_FLAG in list(self.pretrain)
-
-    @property
-    def learned_positions(self):
-        return "none" in list(self.pretrain) and not self.sinusoidal
-
-
-#: the study's own flag of fairseq-train (:func:`fairseq_train_sinusoidal`): stock RoBERTa with
-#: sinusoidal positions, which its architecture hard-codes as learned (no flag for it)
-SINUSOIDAL_FLAG = "--sinusoidal-positions"
-WHY_NO_SINUSOIDAL_GLUE = (
-    "masked-LM only: stock RoBERTa's architecture sets `encoder_learned_pos = True` with no "
-    "flag for it, so the study pretrains it through fairseq-train's own `cli_main` with one "
-    f"added flag ({SINUSOIDAL_FLAG}); `fairseq-alibi glue` fine-tunes with the flags stock "
-    "fairseq-train knows, which cannot rebuild it")
-
-#: every configuration of the study; the order is the order of the tables
-CONFIGS: Dict[str, Config] = {
-    "learned": Config("learned positions (stock RoBERTa)", ["--alibi-variant", "none"]),
-    "sinusoidal": Config("sinusoidal positions (stock RoBERTa, encoder_learned_pos false)",
-                         ["--alibi-variant", "none", SINUSOIDAL_FLAG], glue=False,
-                         note=WHY_NO_SINUSOIDAL_GLUE),
-    "offset": Config("offset", ["--alibi-variant", "offset"], long=True),
-    "zero_clap": Config("zero-CLAP (offset, CLAP head, zero <mask>)",
-                        ["--alibi-variant", "offset", "--mlm-head", "clap",
-                         "--zero-mask-embedding"], long=True),
-    "symmetric": Config("symmetric", ["--alibi-variant", "symmetric"]),
-    "one_sided": Config("one_sided", ["--alibi-variant", "one_sided"]),
-    "asymmetric": Config("asymmetric (learned future slopes)",
-                         ["--alibi-variant", "asymmetric", "--alibi-learnable-future-slopes"]),
-    "learned_scales": Config("offset, learned per-head slope scales",
-                             ["--alibi-variant", "offset", "--alibi-learned-scales", "per_head"],
-                             glue=False, note="masked-LM only: a pretraining option, measured "
-                             "for length (the GLUE grid is the baseline, the plain variants, "
-                             "zero-CLAP and the bias and pooler options)"),
-    "steep_slopes": Config("offset, slopes × 4 (fixed)",
-                           ["--alibi-variant", "offset", "--alibi-scale-init", "4"], glue=False,
-                           note="masked-LM only: whether steeper slopes (less context from far "
-                           "away) keep the perplexity from rising beyond L"),
-    # the bias and pooler options; a checkout without them skips these rows (and says so)
-    "global_token": Config("offset, global first token", ["--alibi-variant", "offset",
-                                                          "--alibi-global-tokens", "1"],
-                           long=True),
-    "partial_heads": Config("offset, ALiBi on half the heads",
-                            ["--alibi-variant", "offset", "--alibi-heads", "2"], long=True),
-    "mean_pooler": Config("offset, mean pooler", finetune=["--classification-pooler", "mean"],
-                          checkpoint_of="offset", long=True),
-    "zero_clap_mean": Config("zero-CLAP, mean pooler", finetune=["--classification-pooler",
-                                                                 "mean"],
-                             checkpoint_of="zero_clap", long=True),
-    "offset_length_scale": Config(
-        "offset, slopes × log N / log L beyond L (`--alibi-length-scale L`)",
-        checkpoint_of="offset", length_scale=True, glue=False,
-        note="masked-LM only: an evaluation option of the offset model (no retraining); at L "
-        "and below it computes what offset computes, GLUE inputs cut to L included"),
-    "zero_clap_length_scale": Config(
-        "zero-CLAP, slopes × log N / log L beyond L (`--alibi-length-scale L`)",
-        checkpoint_of="zero_clap", length_scale=True, glue=False,
-        note="masked-LM only: an evaluation option of the zero-CLAP model (no retraining)"),
-    "combination": Config("offset + global token + half the heads + mean pooler (planned)",
-                          ["--alibi-variant", "offset", "--alibi-global-tokens", "1",
-                           "--alibi-heads", "2"], finetune=["--classification-pooler", "mean"],
-                          long=True),
-}
-#: configurations that cannot run at all here, and why
-SKIPPED: Dict[str, str] = {}
-BASELINE = "learned"
-
-
-# ------------------------------------------------------------------------------ the settings
-
-
-@dataclass
-class Settings:
-    """Size, data and budget, the same for every configuration."""
-
-    layers: int = 4
-    dim: int = 128
-    heads: int = 4
-    ffn: int = 512
-    vocab: int = 8000
-    L: int = 32
-    batch: int = 32  # sequences per pretraining update
-    updates: int = 3000
-    lr: float = 1e-3
-    warmup: int = 300
-    heldout_lines: Optional[int] = None  # of WikiText-2's test split (None: all)
-    mlm_seeds: Sequence[int] = (1, 2, 3)
-    lengths: Sequence[int] = (1, 2, 4, 8)  # × L
-    sst2_train: int = 8000  # SST-2 training subset (random, fixed)
-    glue_rows: Optional[int] = None  # every task's train and dev cut to this (smoke only)
-    glue_tasks: Sequence[str] = GLUE_TASKS
-    glue_seeds: Sequence[int] = (1, 2, 3, 4, 5)
-    glue_lr: float = 3e-4
-    glue_epochs: int = 3
-    reach_inputs: int = 256
-
-
-SMOKE = Settings(layers=1, dim=32, heads=4, ffn=64, vocab=400, L=16, batch=8, updates=6,
-                 lr=1e-3, warmup=2, heldout_lines=40, mlm_seeds=(1,), lengths=(1, 2),
-                 sst2_train=48, glue_rows=48, glue_tasks=("SST-2", "STS-B"), glue_seeds=(1,),
-                 glue_epochs=1, reach_inputs=16)
-
-
-def model_flags(s: Settings) -> List[str]:
-    return ["--arch", "alibi_roberta_base", "--encoder-layers", str(s.layers),
-            "--encoder-embed-dim", str(s.dim), "--encoder-ffn-embed-dim", str(s.ffn),
-            "--encoder-attention-heads", str(s.heads)]
 
 
 def known_options() -> set:
@@ -192,9 +75,9 @@ def known_options() -> set:
     from fairseq.criterions.sentence_prediction import SentencePredictionConfig
     from fairseq.tasks.sentence_prediction import SentencePredictionConfig as TaskConfig
 
-    from fairseq_alibi.cli.glue_finetune import model_options
+    from fairseq_alibi.models.alibi_roberta import AlibiRobertaModel
 
-    known = {o for action in model_options().values() for o in action.option_strings}
+    known = accepted_flags(AlibiRobertaModel)
     known.add(SINUSOIDAL_FLAG)  # the study's own (fairseq_train_sinusoidal)
     for config in (TaskConfig, SentencePredictionConfig):
         known |= {"--" + name.replace("_", "-") for name in config.__dataclass_fields__}
@@ -209,7 +92,7 @@ def missing_options(name: str, known: set) -> List[str]:
         wanted.append("--alibi-length-scale")
     if config.checkpoint_of:
         wanted += missing_options(config.checkpoint_of, set())
-    return [o for o in dict.fromkeys(wanted) if o not in known]
+    return lacking_flags(wanted, known)
 
 
 def pretrained_name(name: str) -> str:
@@ -563,355 +446,6 @@ def reach(name: str, pretrained: str, out: Path, data: dict, s: Settings, args, 
     return found
 
 
-# ---------------------------------------------------------------------------- long inputs
-
-
-def bucket_of(length: int, L: int) -> str:
-    for factor, name in ((1, f"≤ L ({L})"), (2, f"L–2L ({L + 1}–{2 * L})"),
-                         (4, f"2L–4L ({2 * L + 1}–{4 * L})")):
-        if length <= factor * L:
-            return name
-    return f"> 4L (> {4 * L})"
-
-
-def bucket_scores(record: dict, task: str, lengths, L: int) -> Dict[str, dict]:
-    """Per dev-length bucket: the task's main metric of every seed, from the saved dev
-    predictions (accuracy; Pearson for STS-B)."""
-    import numpy as np
-
-    from fairseq_alibi.cli.glue_finetune import RECIPES, pearson
-
-    buckets = [bucket_of(int(n), L) for n in lengths]
-    found = {}
-    for run in sorted((r for r in record["runs"] if r["task"] == task), key=lambda r: r["seed"]):
-        folder = Path(run["checkpoint"]).parent.parent
-        pred = np.load(folder / "dev_predictions.npy")
-        gold = np.load(folder / "dev_labels.npy")
-        for bucket in dict.fromkeys(buckets):
-            chosen = np.array([b == bucket for b in buckets])
-            if RECIPES[task].regression:
-                value = 100 * pearson(pred[chosen].astype(float), gold[chosen].astype(float))
-                value = 0.0 if math.isnan(value) else value
-            else:
-                value = 100 * float((pred[chosen] == gold[chosen]).mean())
-            entry = found.setdefault(bucket, {"n": int(chosen.sum()), "values": []})
-            entry["values"].append(value)
-    return found
-
-
-# ---------------------------------------------------------------------------------- report
-
-
-def fmt(x, digits=1):
-    return "–" if x is None else f"{x:.{digits}f}"
-
-
-def load_json(path: Path):
-    return json.loads(path.read_text()) if path.is_file() else None
-
-
-def collect(out: Path, names: List[str], s: Settings) -> dict:
-    """Every finished piece's results, read back from their files."""
-    found = {"pretrain": {}, "mlm": {}, "glue": {}, "long": {}, "reach": {}}
-    for name in names:
-        pretrained = load_json(out / "pretrain" / name / "result.json")
-        if pretrained:
-            found["pretrain"][name] = pretrained
-        for factor in s.lengths:
-            n = factor * s.L
-            runs = [load_json(out / "mlm" / name / f"N{n}_seed{seed}.json")
-                    for seed in s.mlm_seeds]
-            if all(runs):
-                found["mlm"][(name, n)] = runs
-        for kind in ("glue", "long"):
-            record = load_json(out / kind / name / "glue.json")
-            if record:
-                found[kind][name] = record
-        record = load_json(out / "reach" / f"{name}.json")
-        if record:
-            found["reach"][name] = record
-    return found
-
-
-def cpu_time(out: Path) -> Dict[str, float]:
-    """CPU seconds per kind of piece, from the pieces' own records."""
-    spent = {"pretrain": 0.0, "mlm": 0.0, "glue": 0.0, "long": 0.0, "reach": 0.0}
-    for path in (out / "pretrain").glob("*/result.json"):
-        spent["pretrain"] += json.loads(path.read_text()).get("cpu_seconds") or 0
-    for path in (out / "mlm").glob("*/*.json"):
-        spent["mlm"] += json.loads(path.read_text()).get("cpu_seconds") or 0
-    for kind in ("glue", "long"):
-        for path in (out / kind).glob("*/cost.json"):
-            spent[kind] += sum(c["cpu_seconds"] for c in json.loads(path.read_text()))
-    for path in (out / "reach").glob("*.json"):
-        spent["reach"] += json.loads(path.read_text()).get("cpu_seconds") or 0
-    return spent
-
-
-def plot(out: Path, found: dict, names: List[str], s: Settings):
-    import logging
-
-    logging.getLogger("matplotlib").setLevel(logging.WARNING)
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4.4))
-    markers = "osD^v<>ph*X"
-    lengths = [f * s.L for f in s.lengths]
-    ax = axes[0]
-    for k, name in enumerate(names):
-        xs = [n for n in lengths if (name, n) in found["mlm"]]
-        if xs:
-            ys = [statistics.mean(r["text_perplexity"] for r in found["mlm"][(name, n)])
-                  for n in xs]
-            ax.plot(xs, ys, marker=markers[k % len(markers)], label=name)
-    ax.set_xscale("log", base=2)
-    ax.set_xticks(lengths, [str(n) for n in lengths])
-    ax.set_xlabel("tokens per block (L = %d)" % s.L)
-    ax.set_ylabel("masked-LM perplexity, held-out text (<s> not scored)")
-    ax.set_title("Length extrapolation (lower is better)", fontsize=9)
-    ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=7)
-
-    ax = axes[1]
-    glue_names = [n for n in names if n in found["glue"]]
-    width = 0.8 / max(1, len(glue_names))
-    for k, name in enumerate(glue_names):
-        summary = found["glue"][name]["summary"]
-        labelled = False
-        for t, task in enumerate(GLUE_TASKS):
-            if task not in summary:
-                continue
-            metric = next(iter(summary[task]["metrics"].values()))
-            values = metric["values"]
-            x = t + (k - (len(glue_names) - 1) / 2) * width
-            ax.bar(x, metric["median"], width, color=f"C{k}",
-                   label=None if labelled else name)
-            labelled = True
-            ax.plot([x] * len(values), values, "k.", ms=3)
-    ax.set_xticks(range(len(GLUE_TASKS)),
-                  ["CoLA (MCC)", "SST-2 (accuracy)", "STS-B (Pearson)"])
-    ax.set_ylabel("dev score × 100: median (bars) and seeds (dots)")
-    ax.set_title("GLUE dev, inputs cut to L", fontsize=9)
-    ax.grid(True, axis="y", alpha=0.3)
-    ax.legend(fontsize=6)
-
-    ax = axes[2]
-    for k, name in enumerate(n for n in names if n in found["reach"]):
-        for when, style in (("before", "--"), ("after", "-")):
-            rows = found["reach"][name][when]["reach"]
-            per_layer = [statistics.mean(row) for row in rows]
-            ax.plot(range(len(per_layer)), per_layer, style, color=f"C{k}",
-                    marker=markers[k % len(markers)], label=f"{name} ({when})")
-    ax.set_xlabel("layer")
-    ax.xaxis.get_major_locator().set_params(integer=True)
-    ax.set_ylabel("<s>'s attention reach Σ p·j (tokens), mean over heads")
-    ax.set_title("<s>'s reach, before (dashed) / after (solid) SST-2 fine-tuning", fontsize=9)
-    ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=5, ncol=2)
-    fig.tight_layout()
-    fig.savefig(out / "encoder_study.png", dpi=110)
-    plt.close(fig)
-
-
-def write_csv(path: Path, header: List[str], rows: List[list]):
-    import csv
-
-    with open(path, "w", newline="") as f:
-        writer = csv.writer(f)
-        writer.writerow(header)
-        writer.writerows(rows)
-
-
-def report(out: Path, names: List[str], skipped: Dict[str, str], s: Settings, args,
-           command: str, log) -> str:
-    from fairseq_alibi.cli.glue_finetune import METRIC_NAMES, input_lengths
-
-    found = collect(out, names, s)
-    data = load_json(out / "data" / "ready.json") or {}
-    lengths = [f * s.L for f in s.lengths]
-    lines = [f"## Encoder study (L = {s.L})", "",
-             f"Command: `{command}`  ", f"Machine: {machine()}  ", f"Date: {today()}", "",
-             f"Model: alibi_roberta, {s.layers} layers × {s.dim} dims, {s.heads} heads, FFN "
-             f"{s.ffn}, sentencepiece vocabulary {s.vocab}; pretraining: {s.updates} updates "
-             f"of {s.batch} blocks × {s.L} tokens (`--sample-break-mode none`: the same tokens "
-             f"for every configuration), Adam lr {s.lr}, {s.warmup} warm-up updates, "
-             "polynomial decay, dropout 0.1, seed 1.", ""]
-    if data:
-        lines += [f"Data: pretraining text {data['pretrain_lines']:,} lines (WikiText-2 valid "
-                  f"+ Python's documentation), held-out text {data['heldout_lines']:,} lines of "
-                  "WikiText-2 test; GLUE rows: "
-                  + ", ".join(f"{k} {v:,}" for k, v in data["rows"].items()) + ".", ""]
-
-    # masked-LM perplexity: of the text (the goal's measure) and as fairseq-validate counts
-    tables, csv_rows = {"text_perplexity": [], "perplexity": []}, []
-    for name in names:
-        if not any((name, n) in found["mlm"] for n in lengths):
-            continue
-        for key, rows in tables.items():
-            cells, base = [], None
-            for n in lengths:
-                runs = found["mlm"].get((name, n))
-                if not runs:
-                    cells.append("n/a (L positions)" if CONFIGS[name].learned_positions
-                                 else "–")
-                    continue
-                mean = statistics.mean(r[key] for r in runs)
-                base = mean if n == s.L else base
-                change = ("" if n == s.L or base is None
-                          else f" ({100 * (mean / base - 1):+.1f} %)")
-                cells.append(f"{mean:.2f}{change}")
-            rows.append([name] + cells)
-        for n in lengths:
-            for seed, r in zip(s.mlm_seeds, found["mlm"].get((name, n)) or []):
-                csv_rows.append([name, n, seed, f"{r['text_perplexity']:.4f}",
-                                 r["text_masked_tokens"], f"{r['perplexity']:.4f}",
-                                 r["masked_tokens"], r["tokens"], r["blocks"]])
-    if tables["perplexity"]:
-        counts = []
-        for n in lengths:
-            scored = next((found["mlm"][(k, n)][0] for k in names if (k, n) in found["mlm"]),
-                          None)
-            if scored:
-                counts.append(f"N={n}: {scored['tokens']:,} tokens, "
-                              f"{scored['text_masked_tokens']:,} masked text tokens "
-                              f"(+{scored['masked_tokens'] - scored['text_masked_tokens']:,} "
-                              "masked `<s>`)")
-        header = ["configuration"] + [f"N={n}" + (" (L)" if n == s.L else "") for n in lengths]
-        lines += ["### Masked-LM perplexity on held-out text", "",
-                  f"Mean over masking seeds {', '.join(map(str, s.mlm_seeds))} (in brackets: "
-                  "change from L) of the masked text tokens. Scored per seed: "
-                  + "; ".join(counts) + ".", "",
-                  table(header, tables["text_perplexity"]), "",
-                  "As `fairseq-validate` counts it, every masked target: `masked_lm` also masks "
-                  "the block's first token `<s>` (1 token in N), which every model predicts "
-                  "almost surely, so this figure falls with 1/N and makes longer blocks look "
-                  "worse than the text is modelled:", "",
-                  table(header, tables["perplexity"]), ""]
-    write_csv(out / "mlm.csv", ["config", "N", "seed", "text_perplexity", "text_masked_tokens",
-                                "perplexity", "masked_tokens", "tokens", "blocks"], csv_rows)
-
-    # GLUE
-    rows, csv_rows = [], []
-    for name in names:
-        record = found["glue"].get(name)
-        if not record:
-            continue
-        cells = []
-        for task in GLUE_TASKS:
-            entry = record["summary"].get(task)
-            if not entry:
-                cells.append("–")
-                continue
-            metric, values = next(iter(entry["metrics"].items()))
-            cells.append(f"{values['median']:.1f} [{values['min']:.1f}–{values['max']:.1f}] "
-                         f"{entry['collapsed']}/{entry['runs']}")
-            for seed, v in zip(entry["seeds"], values["values"]):
-                run = next(r for r in record["runs"] if r["task"] == task and r["seed"] == seed)
-                csv_rows.append([name, task, seed, METRIC_NAMES[metric], f"{v:.3f}",
-                                 run["collapsed"], run["collapse"] or ""])
-        rows.append([name] + cells)
-    if rows:
-        majority = next(iter(found["glue"].values()))["summary"]
-        lines += ["### GLUE dev (inputs cut to L for every model)", "",
-                  "Median [min–max] over fine-tuning seeds and collapsed runs / runs; CoLA: "
-                  "MCC, SST-2: accuracy, STS-B: Pearson, all × 100. Majority-class rate: "
-                  + ", ".join(f"{t} {majority[t]['majority_rate']:.1f} %" for t in GLUE_TASKS
-                              if t in majority and "majority_rate" in majority[t]) + ". "
-                  f"Protocol: `fairseq-alibi glue`, Adam (0.9, 0.98, eps 1e-6, bias-corrected), "
-                  f"lr {s.glue_lr}, {s.glue_epochs} epochs, 6 % linear warm-up then linear "
-                  "decay, batch 32 (SST-2) / 16, weight decay 0.1, dropout 0.1, the best epoch "
-                  "by the dev metric (MCC for CoLA, accuracy for SST-2, MSE for STS-B).", "",
-                  table(["configuration", "CoLA MCC", "SST-2 accuracy", "STS-B Pearson"], rows),
-                  ""]
-    write_csv(out / "glue.csv", ["config", "task", "seed", "metric", "value", "collapsed",
-                                 "collapse"], csv_rows)
-
-    # long inputs
-    rows, csv_rows = [], []
-    glue_bin = Path(data.get("glue", out / "data" / "glue-bin"))
-    buckets = list(dict.fromkeys(bucket_of(n, s.L) for n in (s.L, 2 * s.L, 4 * s.L, 5 * s.L)))
-    counts = {}
-    for task in LONG_TASKS:
-        if not (glue_bin / f"{task}-bin").is_dir():
-            continue
-        dev_lengths = input_lengths(glue_bin / f"{task}-bin", "valid")
-        counts[task] = {b: sum(bucket_of(int(n), s.L) == b for n in dev_lengths)
-                        for b in buckets}
-        entries = []
-        for name in names:
-            if name in found["glue"] and (name == BASELINE or CONFIGS[name].long):
-                entries.append((name, "cut to L", found["glue"][name]))
-            if name in found["long"]:
-                entries.append((name, "whole", found["long"][name]))
-        for name, how, record in entries:
-            if not any(r["task"] == task for r in record["runs"]):
-                continue
-            scored = bucket_scores(record, task, dev_lengths, s.L)
-            cells = []
-            for bucket in buckets:
-                entry = scored.get(bucket)
-                cells.append(f"{statistics.median(entry['values']):.1f}" if entry else "–")
-                for v in entry["values"] if entry else []:
-                    csv_rows.append([task, name, how, bucket, entry["n"], f"{v:.3f}"])
-            rows.append([task, name, how] + cells)
-    if rows:
-        lines += ["### Inputs longer than pretraining", "",
-                  "Dev sets split by input length (tokens as the model sees them, `<s>` and "
-                  "separators included; "
-                  + "; ".join(f"{t}: " + ", ".join(f"{c[b]} in {b}" for b in buckets)
-                              for t, c in counts.items())
-                  + "); median over seeds of accuracy (SST-2) / Pearson (STS-B) × 100 in each "
-                  f"bucket. 'cut to L': inputs cut to {s.L} tokens (the longer segment first) "
-                  "in training and evaluation; 'whole': fine-tuned and evaluated on the "
-                  "untruncated inputs (ALiBi only).", "",
-                  table(["task", "configuration", "inputs"] + buckets, rows), ""]
-    write_csv(out / "long.csv", ["task", "config", "inputs", "bucket", "n", "value"], csv_rows)
-
-    # reach
-    rows, csv_rows = [], []
-    for name in names:
-        record = found["reach"].get(name)
-        if not record:
-            continue
-        cells = []
-        for when in ("before", "after"):
-            per_layer = [statistics.mean(row) for row in record[when]["reach"]]
-            spread = [f"{min(row):.1f}–{max(row):.1f}" for row in record[when]["reach"]]
-            cells.append(" / ".join(f"{m:.1f} ({r})" for m, r in zip(per_layer, spread)))
-            for layer, row in enumerate(record[when]["reach"]):
-                for head, v in enumerate(row):
-                    csv_rows.append([name, when, layer, head, f"{v:.3f}"])
-        rows.append([name] + cells)
-    if rows:
-        n_inputs = next(iter(found["reach"].values()))["before"]
-        lines += ["### `<s>`'s attention reach", "",
-                  f"Attention-weighted mean distance Σ_j p(0→j)·j of the first token's query, "
-                  f"on {n_inputs['inputs']} SST-2 dev inputs (mean "
-                  f"{n_inputs['mean_input_length']:.1f}"
-                  " tokens, cut to L), per layer: mean over heads (min–max over heads); before "
-                  "= the pretrained model, after = SST-2 seed 1 fine-tuned. reach.csv has every "
-                  "head.", "",
-                  table(["configuration", "before: layer 0 / 1 / ...", "after"], rows), ""]
-    write_csv(out / "reach.csv", ["config", "when", "layer", "head", "reach"], csv_rows)
-
-    spent = cpu_time(out)
-    partial = {n: CONFIGS[n].note for n in names if CONFIGS[n].note}
-    lines += ["### Not run", ""] + [f"- `{n}`: {why}" for n, why in skipped.items()]
-    lines += [f"- `{n}`: {why}" for n, why in partial.items()] + [""]
-    lines += ["### CPU time", "",
-              ", ".join(f"{k} {v / 3600:.2f} h" for k, v in spent.items())
-              + f"; total {sum(spent.values()) / 3600:.2f} CPU-hours (the pieces' own records).",
-              ""]
-    plot(out, found, names, s)
-    text = "\n".join(lines)
-    (out / "encoder_study.md").write_text(text)
-    log(f"report: {out / 'encoder_study.md'}, encoder_study.png, mlm/glue/long/reach.csv")
-    return text
-
-
 # -------------------------------------------------------------------------------------- main
 
 
@@ -938,7 +472,7 @@ def parse_args(argv=None):
     for key in Settings().__dict__:
         if getattr(args, key, None) is not None:
             setattr(settings, key, getattr(args, key))
-    from benchmarks.common import comma_choices
+    from benchmarks.tables import comma_choices
 
     args.steps = comma_choices(parser, args.steps, STEPS, "step")
     everything = list(SMOKE_CONFIGS if args.smoke else CONFIGS)

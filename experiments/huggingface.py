@@ -120,6 +120,7 @@ def hf_perplexity(folder, stream, length, eos, fairseq_model):
     return count, loss2, 2 ** loss2, worst
 
 
+# long: the docstring's steps 1-3 in order (teacher, students, export, comparison), then the table
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default="hf-demo")

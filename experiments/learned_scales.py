@@ -32,11 +32,20 @@ import sys
 import time
 from pathlib import Path
 
-from benchmarks.common import machine, table, today
-from experiments.lm_runs import data_folder, publish, run_all, start_run, train, write_json
-from experiments.wikitext2_extrapolation import WIKITEXT_FILES, wikitext_files
+from benchmarks.tables import machine, table, today
+from experiments.lm_runs import (
+    WIKITEXT_FILES,
+    data_folder,
+    publish,
+    run_all,
+    start_run,
+    train,
+    wikitext_files,
+    write_json,
+)
+from fairseq_alibi.cli.fairseq_runs import console_script
 from fairseq_alibi.cli.quickstart import SIZES, SMOKE
-from fairseq_alibi.cli.sweep import SweepModel, console_script, run_sweep
+from fairseq_alibi.cli.sweep import SweepModel, run_sweep
 from fairseq_alibi.paths import user_dir
 
 #: the runs compared: label -> --alibi-learned-scales
@@ -201,6 +210,7 @@ def plot_scales(scales: dict, path: Path):
     plt.close(fig)
 
 
+# long: the experiment's steps in order (data, training, evaluation, report), read top to bottom
 def main(argv=None):
     import os
 

@@ -111,3 +111,25 @@ def write_json(path: Path, payload: dict):
     tmp = path.with_suffix(path.suffix + ".tmp")
     tmp.write_text(json.dumps(payload, indent=2, default=str) + "\n")
     os.replace(tmp, path)
+
+
+# ------------------------------------------------------------------------------- WikiText-2
+
+
+#: where WikiText-2 lies by default: ``../shared/data/wikitext-2`` next to the repository
+DEFAULT_WIKITEXT = Path(__file__).resolve().parents[2] / "shared" / "data" / "wikitext-2"
+
+
+#: split of the binarized corpus -> WikiText-2 file (only these two splits are at hand)
+WIKITEXT_FILES = {"train": "wiki.valid.tokens", "test": "wiki.test.tokens"}
+
+
+def wikitext_files(source) -> dict:
+    """``{"train": path, "test": path}`` of a WikiText-2 folder; missing files raise ``SystemExit``
+    naming them."""
+    files = {split: Path(source) / name for split, name in WIKITEXT_FILES.items()}
+    missing = [str(f) for f in files.values() if not f.is_file()]
+    if missing:
+        raise SystemExit(f"WikiText-2 not found ({', '.join(missing)}); pass its folder "
+                         "(wiki.valid.tokens, wiki.test.tokens)")
+    return files

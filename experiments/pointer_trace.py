@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 
 from experiments.seq2seq_runs import length_buckets, pyplot
-from experiments.translation_length import (
+from experiments.translation_runs import (
     CONFIGS,
     data_bin,
     load_data,

@@ -24,10 +24,11 @@ stock ``transformer`` (sinusoidal). Every test stretch is translated by ``fairse
 equals the number of inputs) and scored per bucket with sacrebleu's BLEU and chrF on the
 tokens as they are (``tokenize='none'``), against references with the same ``<unk>``.
 
-Each bucket also reports where the outputs start (:func:`output_starts`): how many begin with
-the source's first two words, for the others how far into the source their first three words
-are found, and how many end with the source's last two words. ``--from-logs`` computes all of
-this again from the ``fairseq-generate`` logs of an earlier run in ``--out``, without training.
+Each bucket also reports where the outputs start
+(:func:`experiments.seq2seq_runs.output_starts`): how many begin with the source's first two
+words, for the others how far into the source their first three words are found, and how many
+end with the source's last two words. ``--from-logs`` computes all of this again from the
+``fairseq-generate`` logs of an earlier run in ``--out``, without training.
 
 Writes ``OUT/results.{md,csv,json}`` and ``OUT/results.png``; prints the table.
 """
@@ -35,32 +36,28 @@ Writes ``OUT/results.{md,csv,json}`` and ``OUT/results.png``; prints the table.
 import argparse
 import json
 import os
-import random
-import re
 import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-DEFAULT_WIKITEXT = REPO.parent / "shared" / "data" / "wikitext-2"
-
-from benchmarks.common import comma_choices  # noqa: E402
-from experiments.seq2seq_runs import (  # noqa: E402
+from benchmarks.tables import comma_choices
+from experiments.lm_runs import DEFAULT_WIKITEXT
+from experiments.seq2seq_runs import (
     START,
+    build_data,
     evaluate,
     final_checkpoint,
     generate_command,
     length_buckets,
     markdown_tables,
-    output_starts,  # noqa: F401  (the analysis, tested through this module)
     plot,
     read_generate_log,
+    read_texts,
     run_timed,
     summarize,
     train_command,
     write_csv,
 )
-from fairseq_alibi.preprocess.parallel import PUNCTUATION, prepare, restoration_pair  # noqa: E402
 
 MODELS = {
     "ALiBi": ["--arch", "alibi_transformer", "--encoder-alibi-variant", "offset",
@@ -68,90 +65,8 @@ MODELS = {
     "Sinusoidal": ["--arch", "transformer"],
 }
 
-def tokens_of(lines, split_punctuation):
-    """One running token stream; WikiText headings and blank lines dropped."""
-    stream = []
-    for line in lines:
-        line = line.strip()
-        if not line or line.startswith("= "):
-            continue
-        stream += re.findall(r"\w+|[^\w\s]", line) if split_punctuation else line.split()
-    return stream
-
-
-def stretches(stream, lengths):
-    """Consecutive stretches of ``stream`` with ``n`` words each, ``n`` from ``lengths``; each
-    starts at a word and keeps the punctuation after its last word."""
-    words = [i for i, t in enumerate(stream) if not PUNCTUATION.match(t)]
-    k, out = 0, []
-    for n in lengths:
-        if k + n >= len(words):
-            break
-        out.append(" ".join(stream[words[k]: words[k + n]]))
-        k += n
-    return out
-
-
-def write_pairs(texts, prefix, start_marker=False):
-    pairs = [restoration_pair(t) for t in texts]
-    marker = START + " " if start_marker else ""
-    Path(f"{prefix}.src").write_text("".join(marker + p[0] + "\n" for p in pairs))
-    Path(f"{prefix}.tgt").write_text("".join(p[1] + "\n" for p in pairs))
-    return len(pairs)
-
 
 buckets = length_buckets
-
-
-def bucket_stretches(stream, N, per_bucket, rng, what):
-    """``per_bucket`` stretches of each bucket of :func:`buckets`, interleaved along ``stream``
-    (bucket by bucket, then again), their lengths drawn from ``rng``; a ``SystemExit`` naming
-    ``what`` when the text is too short."""
-    lengths = []
-    for _ in range(per_bucket):
-        lengths += [rng.randint(low, high) for low, high in buckets(N)]
-    found = stretches(stream, lengths)
-    if len(found) < len(lengths):
-        raise SystemExit(f"the {what} holds only {len(found)} of the {len(lengths)} stretches "
-                         "asked for: lower --per-bucket or --N")
-    return found
-
-
-def build_data(train_lines, test_lines, out, N, per_bucket, seed, split_punctuation, vocab,
-               start_marker=False, valid_per_bucket=None):
-    """``text/{train,valid,test}.{src,tgt}`` and their binaries in ``out``; ``(training pairs,
-    test pairs)``. The test stretches (``per_bucket`` a bucket) come from the test text; the
-    validation stretches (``valid_per_bucket`` a bucket, default ``per_bucket``: the same
-    buckets as the test's) from the tail of the training text, which training never sees, and
-    the training stretches (N/4 to N words) from the rest of it."""
-    valid_per_bucket = per_bucket if valid_per_bucket is None else valid_per_bucket
-    rng = random.Random(seed)
-    text = out / "text"
-    text.mkdir(parents=True, exist_ok=True)
-    train_stream = tokens_of(train_lines, split_punctuation)
-    # the validation text: as many words from the end as its stretches need, at a word
-    needed = valid_per_bucket * sum(high for _, high in buckets(N)) + 1
-    cut = len(train_stream)
-    for _ in range(needed):
-        cut -= 1
-        while cut > 0 and PUNCTUATION.match(train_stream[cut]):
-            cut -= 1
-    if cut <= 0:
-        raise SystemExit(f"the training text is too short for {valid_per_bucket} validation "
-                         f"stretches a bucket at --N {N}: lower --per-bucket or --N")
-    train = stretches(train_stream[:cut], iter(lambda: rng.randint(max(1, N // 4), N), None))
-    rng.shuffle(train)
-    write_pairs(train, text / "train", start_marker)
-    valid_rng = random.Random(f"valid {seed}")  # the test lengths stay those of the seed
-    write_pairs(bucket_stretches(train_stream[cut:], N, valid_per_bucket, valid_rng,
-                                 "validation part of the training text"), text / "valid",
-                start_marker)
-    test = bucket_stretches(tokens_of(test_lines, split_punctuation), N, per_bucket, rng,
-                            "test text")
-    write_pairs(test, text / "test", start_marker)
-    prepare(out / "bin", "src", "tgt", text / "train", text / "valid", text / "test",
-            joined_dictionary=True, nwords=vocab, workers=1, overwrite=True)
-    return len(train), len(test)
 
 
 def train(name, out, args, env):
@@ -181,28 +96,6 @@ def write_results(out, results, N, meta):
     plot(out / "results.png", summary, N,
          "Punctuation and case restoration, trained on <= N words", bounds)
     return table
-
-
-def read_texts(wikitext, embedded, out):
-    """``(training lines, test lines, what they are)``: WikiText-2's valid and test splits, or
-    (``embedded``) the corpus of Python's documentation built in ``out/embedded``; ``None``
-    (after saying so) when WikiText-2 is not in ``wikitext``."""
-    if embedded:
-        from fairseq_alibi.cli.corpus import build_corpus
-
-        build_corpus(out / "embedded")
-        return ((out / "embedded" / "train.txt").read_text().splitlines(),
-                (out / "embedded" / "test.txt").read_text().splitlines(),
-                "Python documentation (fairseq_alibi.cli.corpus)")
-    wikitext = Path(wikitext)
-    files = [wikitext / "wiki.valid.tokens", wikitext / "wiki.test.tokens"]
-    if not all(f.is_file() for f in files):
-        print(f"WikiText-2 not found in {wikitext}; pass --wikitext DIR or --embedded",
-              file=sys.stderr)
-        return None
-    return (files[0].read_text(encoding="utf-8").splitlines(),
-            files[1].read_text(encoding="utf-8").splitlines(),
-            "WikiText-2 (train: wiki.valid.tokens, test: wiki.test.tokens)")
 
 
 def test_sources(out, start_marker):

@@ -12,24 +12,18 @@ Used by :mod:`experiments.punctuation_restoration` (one seed, two models) and
 import csv
 import logging
 import os
-import shutil
+import random
+import re
 import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+from fairseq_alibi.cli.fairseq_runs import console_script
 from fairseq_alibi.paths import user_dir
-from fairseq_alibi.preprocess.parallel import PUNCTUATION
+from fairseq_alibi.preprocess.parallel import PUNCTUATION, prepare, restoration_pair
 
-BIN = Path(sys.executable).parent
-
-
-def console_script(name):
-    """fairseq's console script ``name``: beside this Python, else wherever ``PATH`` has it
-    (``pip install --user`` or ``--target`` put scripts apart from the interpreter)."""
-    beside = BIN / name
-    return beside if beside.is_file() else Path(shutil.which(name) or beside)
 
 #: what a start marker puts before every source (a word of its own in the dictionary)
 START = "@start@"
@@ -371,3 +365,111 @@ def plot(path, summary, N, title, bounds=None):
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+# ------------------------------------------------------------ the restoration corpus
+
+
+def tokens_of(lines, split_punctuation):
+    """One running token stream; WikiText headings and blank lines dropped."""
+    stream = []
+    for line in lines:
+        line = line.strip()
+        if not line or line.startswith("= "):
+            continue
+        stream += re.findall(r"\w+|[^\w\s]", line) if split_punctuation else line.split()
+    return stream
+
+
+def stretches(stream, lengths):
+    """Consecutive stretches of ``stream`` with ``n`` words each, ``n`` from ``lengths``; each
+    starts at a word and keeps the punctuation after its last word."""
+    words = [i for i, t in enumerate(stream) if not PUNCTUATION.match(t)]
+    k, out = 0, []
+    for n in lengths:
+        if k + n >= len(words):
+            break
+        out.append(" ".join(stream[words[k]: words[k + n]]))
+        k += n
+    return out
+
+
+def write_pairs(texts, prefix, start_marker=False):
+    pairs = [restoration_pair(t) for t in texts]
+    marker = START + " " if start_marker else ""
+    Path(f"{prefix}.src").write_text("".join(marker + p[0] + "\n" for p in pairs))
+    Path(f"{prefix}.tgt").write_text("".join(p[1] + "\n" for p in pairs))
+    return len(pairs)
+
+
+def bucket_stretches(stream, N, per_bucket, rng, what):
+    """``per_bucket`` stretches of each bucket of :func:`length_buckets`, interleaved along ``stream``
+    (bucket by bucket, then again), their lengths drawn from ``rng``; a ``SystemExit`` naming
+    ``what`` when the text is too short."""
+    lengths = []
+    for _ in range(per_bucket):
+        lengths += [rng.randint(low, high) for low, high in length_buckets(N)]
+    found = stretches(stream, lengths)
+    if len(found) < len(lengths):
+        raise SystemExit(f"the {what} holds only {len(found)} of the {len(lengths)} stretches "
+                         "asked for: lower --per-bucket or --N")
+    return found
+
+
+def build_data(train_lines, test_lines, out, N, per_bucket, seed, split_punctuation, vocab,
+               start_marker=False, valid_per_bucket=None):
+    """``text/{train,valid,test}.{src,tgt}`` and their binaries in ``out``; ``(training pairs,
+    test pairs)``. The test stretches (``per_bucket`` a bucket) come from the test text; the
+    validation stretches (``valid_per_bucket`` a bucket, default ``per_bucket``: the same
+    buckets as the test's) from the tail of the training text, which training never sees, and
+    the training stretches (N/4 to N words) from the rest of it."""
+    valid_per_bucket = per_bucket if valid_per_bucket is None else valid_per_bucket
+    rng = random.Random(seed)
+    text = out / "text"
+    text.mkdir(parents=True, exist_ok=True)
+    train_stream = tokens_of(train_lines, split_punctuation)
+    # the validation text: as many words from the end as its stretches need, at a word
+    needed = valid_per_bucket * sum(high for _, high in length_buckets(N)) + 1
+    cut = len(train_stream)
+    for _ in range(needed):
+        cut -= 1
+        while cut > 0 and PUNCTUATION.match(train_stream[cut]):
+            cut -= 1
+    if cut <= 0:
+        raise SystemExit(f"the training text is too short for {valid_per_bucket} validation "
+                         f"stretches a bucket at --N {N}: lower --per-bucket or --N")
+    train = stretches(train_stream[:cut], iter(lambda: rng.randint(max(1, N // 4), N), None))
+    rng.shuffle(train)
+    write_pairs(train, text / "train", start_marker)
+    valid_rng = random.Random(f"valid {seed}")  # the test lengths stay those of the seed
+    write_pairs(bucket_stretches(train_stream[cut:], N, valid_per_bucket, valid_rng,
+                                 "validation part of the training text"), text / "valid",
+                start_marker)
+    test = bucket_stretches(tokens_of(test_lines, split_punctuation), N, per_bucket, rng,
+                            "test text")
+    write_pairs(test, text / "test", start_marker)
+    prepare(out / "bin", "src", "tgt", text / "train", text / "valid", text / "test",
+            joined_dictionary=True, nwords=vocab, workers=1, overwrite=True)
+    return len(train), len(test)
+
+
+def read_texts(wikitext, embedded, out):
+    """``(training lines, test lines, what they are)``: WikiText-2's valid and test splits, or
+    (``embedded``) the corpus of Python's documentation built in ``out/embedded``; ``None``
+    (after saying so) when WikiText-2 is not in ``wikitext``."""
+    if embedded:
+        from fairseq_alibi.cli.corpus import build_corpus
+
+        build_corpus(out / "embedded")
+        return ((out / "embedded" / "train.txt").read_text().splitlines(),
+                (out / "embedded" / "test.txt").read_text().splitlines(),
+                "Python documentation (fairseq_alibi.cli.corpus)")
+    wikitext = Path(wikitext)
+    files = [wikitext / "wiki.valid.tokens", wikitext / "wiki.test.tokens"]
+    if not all(f.is_file() for f in files):
+        print(f"WikiText-2 not found in {wikitext}; pass --wikitext DIR or --embedded",
+              file=sys.stderr)
+        return None
+    return (files[0].read_text(encoding="utf-8").splitlines(),
+            files[1].read_text(encoding="utf-8").splitlines(),
+            "WikiText-2 (train: wiki.valid.tokens, test: wiki.test.tokens)")

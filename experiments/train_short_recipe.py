@@ -32,7 +32,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 
-from benchmarks.common import machine, table, today
+from benchmarks.tables import machine, table, today
 from experiments.lm_runs import (
     DEMO_SIZE,
     SMOKE_SIZE,
@@ -42,12 +42,8 @@ from experiments.lm_runs import (
     start_run,
     wall_at_updates,
 )
-from fairseq_alibi.cli.sweep import (
-    SweepModel,
-    console_script,
-    run_sweep,
-    slope_interpolation,
-)
+from fairseq_alibi.cli.fairseq_runs import console_script
+from fairseq_alibi.cli.sweep import SweepModel, run_sweep, slope_interpolation
 
 CONFIG_DIR = REPO / "config" / "lm"
 CONFIG_NAME = "train_short"
@@ -153,6 +149,7 @@ def plot_time_to_perplexity(curves: dict, target: int, path: Path):
     os.replace(tmp, path)
 
 
+# long: the experiment's steps in order (data, training, evaluation, report), read top to bottom
 def main(argv=None):
     args = parse_args(argv)
     started = time.time()

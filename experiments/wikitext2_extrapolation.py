@@ -21,25 +21,10 @@ import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-
+from experiments.lm_runs import DEFAULT_WIKITEXT, wikitext_files
 from fairseq_alibi.cli import quickstart
 
-DEFAULT_WIKITEXT = REPO.parent / "shared" / "data" / "wikitext-2"
 VOCAB = 2000
-#: split of the binarized corpus -> WikiText-2 file (only these two splits are at hand)
-WIKITEXT_FILES = {"train": "wiki.valid.tokens", "test": "wiki.test.tokens"}
-
-
-def wikitext_files(source) -> dict:
-    """``{"train": path, "test": path}`` of a WikiText-2 folder; missing files raise ``SystemExit``
-    naming them."""
-    files = {split: Path(source) / name for split, name in WIKITEXT_FILES.items()}
-    missing = [str(f) for f in files.values() if not f.is_file()]
-    if missing:
-        raise SystemExit(f"WikiText-2 not found ({', '.join(missing)}); pass its folder "
-                         "(wiki.valid.tokens, wiki.test.tokens)")
-    return files
 
 
 def main(argv=None):

@@ -68,7 +68,7 @@ def test_quick_run_of_every_benchmark_writes_its_tables(tmp_path):
     assert all(float(r[5]) > 0 for r in rows), rows
     # the cross-attention options' decoding table: the noise-floor row first, every option,
     # each with its three ratios (a later step, the first step, all steps)
-    from benchmarks.decoding import CROSS, SAME
+    from benchmarks.cases import CROSS, SAME
     cross = text.split("### Cached decoding, per step: cross-attention options")[1].split("###")[0]
     rows = [[c.strip() for c in l.split("|")[1:-1]] for l in cross.splitlines()
             if l.startswith("| ")][1:]

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from experiments import encoder_study as study
+from experiments import encoder_study_report as study_report
 from tests.helpers import REPO, SHARED_DATA
 
 
@@ -62,7 +63,7 @@ def test_the_sinusoidal_flag_builds_stock_roberta_with_sinusoidal_positions(tmp_
 
 
 def test_length_buckets_and_their_scores(tmp_path):
-    assert [study.bucket_of(n, 32) for n in (1, 32, 33, 64, 65, 128, 129)] == [
+    assert [study_report.bucket_of(n, 32) for n in (1, 32, 33, 64, 65, 128, 129)] == [
         "≤ L (32)", "≤ L (32)", "L–2L (33–64)", "L–2L (33–64)", "2L–4L (65–128)",
         "2L–4L (65–128)", "> 4L (> 128)"]
     lengths = [10, 20, 40, 50, 70]
@@ -74,7 +75,7 @@ def test_length_buckets_and_their_scores(tmp_path):
         np.save(folder / "dev_labels.npy", np.array([1, 0, 1, 0, 0]))
         runs.append({"task": "SST-2", "seed": seed,
                      "checkpoint": str(folder / "checkpoints" / "checkpoint_best.pt")})
-    scored = study.bucket_scores({"runs": runs}, "SST-2", lengths, 32)
+    scored = study_report.bucket_scores({"runs": runs}, "SST-2", lengths, 32)
     assert scored == {"≤ L (32)": {"n": 2, "values": [100.0, 50.0]},
                       "L–2L (33–64)": {"n": 2, "values": [50.0, 100.0]},
                       "2L–4L (65–128)": {"n": 1, "values": [100.0, 100.0]}}

@@ -12,7 +12,8 @@ import time
 
 import pytest
 
-from benchmarks import gpu, gpu_decode
+from benchmarks import gpu, gpu_decode, gpu_parts, gpu_supervisor
+from benchmarks.gpu_supervisor import part_limit
 from tests.helpers import REPO
 
 
@@ -66,7 +67,7 @@ def test_test_outcomes_are_counted_once_per_test_worst_first():
         {"test": "t::e", "when": "teardown", "outcome": "failed", "seconds": 0, "message": "y"},
     ]
     output = "4 workers [188 items]\n...\n==== 2 failed, 2 passed, 1 skipped, 2 errors in 9s ===="
-    found = gpu.summarize_tests(records, output)
+    found = gpu_parts.summarize_tests(records, output)
     assert (found["passed"], found["failed"], found["errors"], found["skipped"]) == (1, 1, 2, 1)
     assert found["reported"] == 5 and found["collected"] == 188
     assert found["first_failure"] == ("t::b: RuntimeError: CUDA error: misaligned address / "
@@ -74,7 +75,7 @@ def test_test_outcomes_are_counted_once_per_test_worst_first():
     assert found["pytest_summary"] == "2 failed, 2 passed, 1 skipped, 2 errors in 9s"
     assert found["skip_reasons"] == {"Skipped: flash_attn is not installed": 1}
     assert found["slowest"][0] == ["t::e", 3.0]
-    assert gpu.counts_line(found) == ("1 passed, 1 failed, 2 errors, 1 skipped "
+    assert gpu_parts.counts_line(found) == ("1 passed, 1 failed, 2 errors, 1 skipped "
                                       "(5 of 188 tests reported)")
 
 
@@ -92,24 +93,24 @@ def test_the_pytest_plugin_records_each_outcome(tmp_path):
         subprocess.run([sys.executable, "-m", "pytest", test_file, "-q", "-p",
                         "no:cacheprovider", "-p", "benchmarks.pytest_record"], cwd=tmp_path,
                        env=env, capture_output=True, timeout=120)
-    found = {r["test"].split("::")[-1]: r for r in gpu.read_records(record)}
+    found = {r["test"].split("::")[-1]: r for r in gpu_parts.read_records(record)}
     assert {name: (r["when"], r["outcome"]) for name, r in found.items()} == {
         "test_passes": ("call", "passed"), "test_fails": ("call", "failed"),
         "test_skips": ("call", "skipped"), "test_broken.py": ("collect", "failed")}
     assert found["test_fails"]["message"].startswith("AssertionError: one is not two")
     assert found["test_skips"]["message"] == "Skipped: not here"
     assert "no_such_module_here" in found["test_broken.py"]["message"]
-    assert gpu.summarize_tests(gpu.read_records(record), "")["errors"] == 1
+    assert gpu_parts.summarize_tests(gpu_parts.read_records(record), "")["errors"] == 1
 
 
 def test_the_budget_goes_to_each_part_less_what_the_later_ones_need():
-    full = {name: need for name, (need, _) in gpu.NEEDS.items()}
+    full = {name: need for name, (need, _) in gpu_supervisor.NEEDS.items()}
     later = ["decode", "memory", "flex"]
-    assert gpu.part_limit("tests", later, 420, False) == 420 - sum(full[p] for p in later)
+    assert part_limit("tests", later, 420, False) == 420 - sum(full[p] for p in later)
     # squeezed by the later parts, a part still gets its own minimum
-    assert gpu.part_limit("memory", ["flex"], full["memory"] + 10, False) == full["memory"]
-    assert gpu.part_limit("flex", [], full["flex"] - 1, False) == 0  # does not fit: skipped
-    assert gpu.part_limit("tests", later, math.inf, False) == math.inf  # no budget
+    assert part_limit("memory", ["flex"], full["memory"] + 10, False) == full["memory"]
+    assert part_limit("flex", [], full["flex"] - 1, False) == 0  # does not fit: skipped
+    assert part_limit("tests", later, math.inf, False) == math.inf  # no budget
 
 
 def test_a_budget_too_small_skips_every_part_and_the_report_says_so(tmp_path):
@@ -128,7 +129,7 @@ def test_a_process_past_its_limit_is_stopped():
     proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
                             start_new_session=True)
     start = time.time()
-    assert gpu.wait_until(proc, 0.5) is True
+    assert gpu_supervisor.wait_until(proc, 0.5) is True
     assert proc.returncode is not None and time.time() - start < 10
 
 

@@ -6,6 +6,7 @@ import json
 import pytest
 
 from experiments import punctuation_restoration as pr
+from experiments.seq2seq_runs import output_starts
 
 
 def test_output_starts_counts_starts_and_finds_later_ones():
@@ -18,7 +19,7 @@ def test_output_starts_counts_starts_and_finds_later_ones():
         2: "x y z",                 # starts nowhere in the source
         3: "a , c d",               # first two words differ, first three not found
     }
-    rows = pr.output_starts(hyps, model_sources, sources, N=4)
+    rows = output_starts(hyps, model_sources, sources, N=4)
     assert [r["bucket"] for r in rows] == ["3-4", "5-8", "9-16", "17-32"]
     assert [r["sentences"] for r in rows] == [1, 2, 1, 0]
     assert [r["starts_at_start"] for r in rows] == [1, 0, 0, 0]
@@ -30,7 +31,7 @@ def test_output_starts_counts_starts_and_finds_later_ones():
 
 def test_output_starts_compares_with_the_source_the_model_saw():
     """``<unk>`` in the model's source: an output starting ``<unk> b`` starts at the start."""
-    rows = pr.output_starts({0: "<unk> b c"}, ["<unk> b c d"], ["zebra b c d"], N=4)
+    rows = output_starts({0: "<unk> b c"}, ["<unk> b c d"], ["zebra b c d"], N=4)
     assert rows[0]["starts_at_start"] == 1
 
 

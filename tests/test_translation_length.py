@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from experiments import translation_length as tl
+from experiments import translation_runs as tr
 from tests.helpers import REPO
 
 
@@ -36,9 +37,9 @@ def test_data_figures_and_the_start_marker(tmp_path):
     for split in ("train", "valid", "test"):
         (text / f"{split}.src").write_text("a b c\nd e f g h\n")
         (text / f"{split}.tgt").write_text("A b c .\nD e , f g h .\n")
-    assert tl.data_figures(text, 4, ("src", "tgt")) == {"ratio": round(8 / 11, 4), "mean_source": 5.0,
+    assert tr.data_figures(text, 4, ("src", "tgt")) == {"ratio": round(8 / 11, 4), "mean_source": 5.0,
                                           "shape_shift": 32}
-    tl.add_start_marker(text, tmp_path / "marked", ("src", "tgt"))
+    tr.add_start_marker(text, tmp_path / "marked", ("src", "tgt"))
     assert (tmp_path / "marked" / "test.src").read_text() == "@start@ a b c\n@start@ d e f g h\n"
     assert (tmp_path / "marked" / "test.tgt").read_text() == (text / "test.tgt").read_text()
 
@@ -162,7 +163,7 @@ def test_gettext_data_is_built_plain_and_marked(tmp_path):
     plain, marked = meta["figures"]["plain"], meta["figures"]["marked"]
     assert plain["ratio"] > 0 and plain["mean_source"] > 1 and plain["shape_shift"] == 64
     assert marked["mean_source"] == pytest.approx(plain["mean_source"] + 1, abs=0.01)
-    sources = tl.test_sources(out / "data", meta)
+    sources = tr.test_sources(out / "data", meta)
     assert len(sources) == meta["test_pairs"] > 0
     marked = (out / "data" / "marked" / "text" / "test.fr").read_text().splitlines()
     assert marked == [f"@start@ {line}" for line in sources]
@@ -201,7 +202,7 @@ def test_the_last_update_at_an_epoch_end_is_found(tmp_path):
 
 
 def test_the_rule_scores_admits_and_chooses():
-    from experiments import translation_selection as ts
+    from experiments import translation_selection_rule as ts
 
     # kept 2N-4N 0.66 -> 1.1, kept 4N-8N 0.48 -> 1.2: the score is the worse, 1.1
     assert ts.seed_score(rows((50, 45, 33, 24))) == pytest.approx(1.1)
@@ -231,24 +232,25 @@ def test_the_rule_scores_admits_and_chooses():
     # the scales at the small size: 4's best admissible decoding (min_2) beats 16's
     assert ts.rank_scales(scores, baselines, (4, 16), grid) == [4, 16]
     table = ts.choose(scores, baselines, (4,), grid, sizes)
-    key, candidate, at, verdicts = table[0]
+    candidate = table[0].candidate
     assert candidate == (4, "2", "min_2")  # the inadmissible noguard scores higher, ranks last
-    assert at == {"small": ("pointer_x4_k2", "min_2"), "large": ("pointer_x4_k2", "min_2")}
-    assert {c for _, c, _, _ in table[-2:]} == {(4, "2", "noguard"), (4, "half", "noguard")}
-    assert all(key[0] < 0 for key, _, _, _ in table[-2:])  # short on seed 1: not admissible
+    assert table[0].runs == {"small": ("pointer_x4_k2", "min_2"),
+                             "large": ("pointer_x4_k2", "min_2")}
+    assert {row.candidate for row in table[-2:]} == {(4, "2", "noguard"), (4, "half", "noguard")}
+    assert all(row.key[0] < 0 for row in table[-2:])  # short on seed 1: not admissible
     assert ts.flags_of(candidate) == ("--cross-alibi pointer --cross-alibi-slope-scale 4 "
                                       "--cross-alibi-heads 2 --cross-alibi-eos-guard 2 "
                                       "--cross-alibi-eos-guard-layer min")
     # at the small size alone, K = 2 and half the heads are the same runs: listed once
     small_only = ts.choose(scores, baselines, (4, 16), grid, {"small": sizes["small"]})
-    assert len(small_only) == 4 and {c[1] for _, c, _, _ in small_only} == {"2"}
+    assert len(small_only) == 4 and {row.candidate[1] for row in small_only} == {"2"}
 
 
 def test_the_decode_time_slope_scale_is_chosen_by_the_same_rule():
     """Step 5: the chosen checkpoints decoded at other slope scales beyond the training length
     compete with the choice by the rule (an inadmissible one ranks below it however high it
     scores); the overrides and the flags of a candidate decoded at another scale."""
-    from experiments import translation_selection as ts
+    from experiments import translation_selection_rule as ts
 
     grid = {"margins": (2,), "layers": ("min",)}
     at = {"small": ("pointer_x16_k2", "min_2"), "large": ("pointer_x16_k2", "min_2")}
@@ -263,22 +265,23 @@ def test_the_decode_time_slope_scale_is_chosen_by_the_same_rule():
               for size in at}
     baselines = {"small": 49.0, "large": 49.0}
     verdicts, key = ts.judged(scores, baselines, at)
-    chosen = (key, (16, "2", "min_2"), at, verdicts)
+    chosen = ts.Ranked(key, (16, "2", "min_2"), at, verdicts)
     table = ts.choose_decode_scale(scores, baselines, chosen, (16, 24, 32, 64), 17)
     # 16 is the choice itself, 24 was never decoded with the gate: three rows, 32 first
-    assert [c for _, c, _, _ in table] == [(16, "2", "min_2", 32, 17),
-                                            (16, "2", "min_2", 16, 0),
-                                            (16, "2", "min_2", 64, 17)]
-    assert table[0][2] == {s: ("pointer_x16_k2", "min_2_decode_x32_over17") for s in at}
-    assert table[-1][0][0] < 0  # in-range BLEU 10 below alibi: not admissible
-    final = table[0][1]
+    assert [row.candidate for row in table] == [(16, "2", "min_2", 32, 17),
+                                                (16, "2", "min_2", 16, 0),
+                                                (16, "2", "min_2", 64, 17)]
+    assert table[0].runs == {s: ("pointer_x16_k2", "min_2_decode_x32_over17") for s in at}
+    assert table[-1].key[0] < 0  # in-range BLEU 10 below alibi: not admissible
+    final = table[0].candidate
     assert ts.describe(final).endswith(", decoded at slope scale 32 beyond 17 source tokens")
-    assert ts.flags_of(final) == ts.flags_of(chosen[1]).replace(
+    assert ts.flags_of(final) == ts.flags_of(chosen.candidate).replace(
         "scale 16", "scale 16 --cross-alibi-inference-slope-scale 32 "
                     "--cross-alibi-inference-longer-than 17")
     assert ts.decode_flags_of(final) == ("--model-overrides \"{'cross_alibi_inference_slope_scale'"
                                          ": 32, 'cross_alibi_inference_longer_than': 17}\"")
-    assert ts.decode_flags_of((16, "2", "min_2", 16, 0)) == "" == ts.decode_flags_of(chosen[1])
+    assert ts.decode_flags_of((16, "2", "min_2", 16, 0)) == "" == ts.decode_flags_of(
+        chosen.candidate)
     assert ts.overrides_of("pointer_x16_k2", "min_2_decode_x32_over17", grid) == {
         "cross_alibi_eos_guard": 2.0, "cross_alibi_eos_guard_layer": "min",
         "cross_alibi_inference_slope_scale": 32.0, "cross_alibi_inference_longer_than": 17}
@@ -290,7 +293,7 @@ def test_the_decode_time_slope_scale_is_chosen_by_the_same_rule():
 
 
 def test_decodings_and_trained_settings():
-    from experiments import translation_selection as ts
+    from experiments import translation_selection_rule as ts
 
     grid = {"margins": (1, 3), "layers": ("last", "first", "min")}
     assert ts.decodings("alibi", grid) == {"plain": {}}
@@ -300,7 +303,7 @@ def test_decodings_and_trained_settings():
                                   "cross_alibi_eos_guard_layer": "first"}
     assert ts.trained_flags("pointer_x16_k4")[-4:] == ["--cross-alibi-slope-scale", "16",
                                                       "--cross-alibi-heads", "4"]
-    assert ts.trained_flags("sinusoidal") == list(tl.SINUSOIDAL)
+    assert ts.trained_flags("sinusoidal") == list(tr.SINUSOIDAL)
     assert ts.heads_of("half", ts.SIZES["large"]) == 4 and ts.heads_of("2", ts.SIZES["large"]) == 2
 
 
@@ -314,7 +317,7 @@ def test_select_refuses_the_options_of_the_plain_grid(capsys):
 
 
 def ts_label(name="STEP4_LABEL"):
-    from experiments import translation_selection as ts
+    from experiments import translation_selection_rule as ts
 
     return getattr(ts, name)
 
@@ -452,7 +455,9 @@ def test_the_in_range_difference_and_its_paired_bootstrap(tmp_path):
     assert value == pytest.approx(want) and 0 < low <= value <= high and n == 30
     assert ts.in_range_difference(grid, "small", ("good", "plain"), ("bad", "plain"),
                                   (1, 2, 3)) is None
-    assert "+" in ts.difference_line((value, low, high, n), "chosen", "alibi")
+    from experiments.translation_selection_report import difference_line
+
+    assert "+" in difference_line((value, low, high, n), "chosen", "alibi")
 
 
 def test_from_logs_names_a_log_cut_before_its_summary(tmp_path):

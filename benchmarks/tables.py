@@ -1,0 +1,59 @@
+"""What the benchmark commands write: Markdown tables and sections that carry the command, the
+machine and the date of their figures; and their comma-separated choice flags."""
+
+import datetime
+from typing import List, Optional
+
+import torch
+
+
+def machine() -> str:
+    """One line: CPU model, cores, GPU, torch, threads, and the load when it started."""
+    from fairseq_alibi.cli.fairseq_runs import machine as describe
+
+    found = describe()
+    load = found["load_average"]
+    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"
+    return (
+        f"{found['cpu']}, {found['cores']} cores, {gpu}, torch {torch.__version__}, "
+        f"{torch.get_num_threads()} thread(s), load average "
+        f"{'unknown' if load is None else f'{load:.1f}'} at start"
+    )
+
+
+def today() -> str:
+    return datetime.date.today().isoformat()
+
+
+def table(headers: List[str], rows: List[List[str]]) -> str:
+    lines = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def section(title: str, command: str, body: str, notes: str = "",
+            machine_line: Optional[str] = None, date: Optional[str] = None) -> str:
+    """A Markdown section with the command, machine and date the figures come from (this
+    machine and today unless given: a report rewritten later keeps its run's)."""
+    parts = [
+        f"### {title}",
+        "",
+        f"Command: `{command}`  ",
+        f"Machine: {machine_line or machine()}  ",
+        f"Date: {date or today()}",
+        "",
+        body,
+    ]
+    if notes:
+        parts += ["", notes]
+    return "\n".join(parts) + "\n"
+
+
+def comma_choices(parser, text: str, choices, what: str) -> List[str]:
+    """The names in ``text`` (``a,b``), each one of ``choices``; else ``parser``'s error naming
+    the unknown ones and the choices."""
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    unknown = [name for name in names if name not in choices]
+    if unknown:
+        parser.error(f"unknown {what}(s) {', '.join(unknown)}; choose from {', '.join(choices)}")
+    return names
