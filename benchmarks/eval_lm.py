@@ -15,7 +15,7 @@ import random
 import re
 import statistics
 
-from benchmarks.fairseq_runs import fairseq_cli
+from benchmarks.subprocesses import fairseq_cli
 from benchmarks.tables import table
 from benchmarks.trainer import build_trainer, random_batch
 from fairseq_alibi.paths import user_dir

@@ -49,7 +49,7 @@ import traceback
 
 import torch
 
-from benchmarks import fairseq_runs, gpu_decode, gpu_report, gpu_supervisor, tables
+from benchmarks import subprocesses, gpu_decode, gpu_report, gpu_supervisor, tables
 from benchmarks.gpu_parts import (E2E_MODELS, run_attention, run_end_to_end, run_flex,
                                   run_tests, run_train)
 from benchmarks.gpu_report import Part, log
@@ -67,7 +67,7 @@ def parse_args(argv=None):
                         help="seconds for the whole run: parts that no longer fit are skipped, "
                         "each part is stopped at its share (default: no limit)")
     parser.add_argument("--out", default="outputs/gpu", help="folder for gpu.md, results.json, logs")
-    parser.add_argument("--data", default=os.path.join(os.path.dirname(fairseq_runs.REPO), "shared", "data"),
+    parser.add_argument("--data", default=os.path.join(os.path.dirname(subprocesses.REPO), "shared", "data"),
                         help="the shared data folder (wikitext-2/) for end_to_end")
     parser.add_argument("--device", default="cuda", choices=("cuda", "cpu"),
                         help="cpu: a smoke run (with --quick); the device side of each "
@@ -113,7 +113,7 @@ def parse_args(argv=None):
 def run_part(args):
     """One part, in this process (``--run-part``), until ``--deadline``."""
     part = Part(args.out, args.run_part, args.deadline)
-    user_dir = os.path.join(fairseq_runs.REPO, "fairseq_alibi")
+    user_dir = os.path.join(subprocesses.REPO, "fairseq_alibi")
     name, fairseq_log = args.run_part, os.path.join(args.out, "fairseq.log")
     try:
         with tempfile.TemporaryDirectory() as work:

@@ -25,7 +25,7 @@ import re
 import time
 from typing import Dict, NamedTuple, Tuple
 
-from benchmarks import fairseq_runs, tables
+from benchmarks import subprocesses, tables
 
 #: |Δ score| allowed between the device's and the CPU's float32 beam search. The score is what
 #: fairseq prints on an ``H-`` line: the hypothesis' mean log2-probability per token
@@ -205,7 +205,7 @@ def run_steps(part, steps: dict, threads: int):
         if part.left() < 5:
             raise RuntimeError(f"no time left for {step} ({part.left():.0f} s)")
         start = time.time()
-        found = fairseq_runs.concurrently(jobs, timeout=part.left() - 3, threads=threads)
+        found = subprocesses.concurrently(jobs, timeout=part.left() - 3, threads=threads)
         part.log(f"[decode] {step}: {len(jobs)} runs side by side, {time.time() - start:.0f} s")
         for key, out in found.items():
             if not isinstance(out, str):

@@ -16,7 +16,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from benchmarks import fairseq_runs, tables, timing
+from benchmarks import subprocesses, tables, timing
 from benchmarks.gpu_report import log
 from benchmarks.gpu_supervisor import CHILD_GROUPS, wait_until
 from benchmarks.trainer import build_trainer, random_batch, write_dictionary
@@ -174,13 +174,13 @@ def run_tests(part, out, quick, workers):
         return found
 
     env = dict(os.environ, PYTEST_RECORD=record,
-               PYTHONPATH=os.pathsep.join(filter(None, [fairseq_runs.REPO,
+               PYTHONPATH=os.pathsep.join(filter(None, [subprocesses.REPO,
                                                         os.environ.get("PYTHONPATH")])))
     if workers > 1:  # the workers compile flex side by side: a share of the cores each
         env.setdefault("TORCHINDUCTOR_COMPILE_THREADS", str(max(1, os.cpu_count() // workers)))
     with open(path, "w") as f:  # written as pytest goes: a run cut short still leaves its log
         proc = subprocess.Popen([sys.executable, "-m", "pytest", *args], stdout=f,
-                                stderr=subprocess.STDOUT, cwd=fairseq_runs.REPO, env=env,
+                                stderr=subprocess.STDOUT, cwd=subprocesses.REPO, env=env,
                                 start_new_session=True)
         CHILD_GROUPS.append(proc)
         stopped = wait_until(proc, part.left() - 5, every=20, progress=update)
@@ -530,11 +530,11 @@ def prepare_corpora(data, work, quick, log_to):
                 src.write(" ".join(words) + "\n")
                 tgt.write(" ".join(reversed(words)) + "\n")
     lm = os.path.join(work, "lm-bin")
-    fairseq_runs.python_module("fairseq_cli.preprocess", "--only-source", "--trainpref", f"{raw}/lm.train",
+    subprocesses.python_module("fairseq_cli.preprocess", "--only-source", "--trainpref", f"{raw}/lm.train",
             "--validpref", f"{raw}/lm.test", "--testpref", f"{raw}/lm.test", "--destdir", lm,
             "--workers", "8", log_to=log_to)
     rev = os.path.join(work, "rev-bin")
-    fairseq_runs.python_module("fairseq_cli.preprocess", "--source-lang", "src", "--target-lang", "tgt",
+    subprocesses.python_module("fairseq_cli.preprocess", "--source-lang", "src", "--target-lang", "tgt",
             "--trainpref", f"{raw}/rev.train", "--validpref", f"{raw}/rev.test",
             "--testpref", f"{raw}/rev.test", "--destdir", rev, "--joined-dictionary",
             "--workers", "8", log_to=log_to)
@@ -605,7 +605,7 @@ def evaluate_checkpoints(work, lm, rev, user_dir, cpu, log_to, results):
                     rev, "--path", path, "--user-dir", user_dir, "--beam", 5, "--batch-size",
                     128, "--required-batch-size-multiple", 1, "--gen-subset", "test", *cpu,
                     *extra], log_to)
-    outputs = fairseq_runs.concurrently(jobs)
+    outputs = subprocesses.concurrently(jobs)
     reference = outputs.get(("generate", "fp32", "fp32"), "")
     reference = dict(re.findall(r"^H-(\d+)\t[^\t]*\t(.*)$", reference if isinstance(
         reference, str) else "", flags=re.M))
@@ -656,7 +656,7 @@ def run_end_to_end(data, work, quick, log_to, user_dir, device, updates=None, mo
                 "--validate-interval-updates", updates, "--validate-interval", 1000,
                 "--save-interval", 1000], log_to)
     start = time.time()
-    outputs = fairseq_runs.concurrently(jobs)
+    outputs = subprocesses.concurrently(jobs)
     log(f"[end_to_end] {len(jobs)} fairseq-train runs at once: {time.time() - start:.0f} s")
     stock = outputs.pop("stock --bf16")
     results["stock_bf16"] = "ran" if isinstance(stock, str) else str(stock)

@@ -10,7 +10,7 @@ import subprocess
 import sys
 import time
 
-from benchmarks import fairseq_runs, tables
+from benchmarks import subprocesses, tables
 from benchmarks.gpu_report import Part, describe_machine, log, read_json, state_path, write_json
 
 #: the least time, in seconds, worth starting each part with (full sizes on an H100, --quick
@@ -79,7 +79,7 @@ def run_child(argv, args, name, limit):
            "--out", os.path.abspath(args.out), "--data", os.path.abspath(args.data)]
     if limit is not None:
         cmd += ["--deadline", repr(start + limit - GRACE)]
-    proc = subprocess.Popen(cmd, cwd=fairseq_runs.REPO, start_new_session=True)
+    proc = subprocess.Popen(cmd, cwd=subprocesses.REPO, start_new_session=True)
     try:
         stopped = wait_until(proc, math.inf if limit is None else limit)
     except BaseException:  # this run interrupted: take the part down with it

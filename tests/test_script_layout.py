@@ -25,7 +25,7 @@ MAX_FUNCTION_LINES = 80
 SHARED_EXPERIMENT_MODULES = {"lm_runs", "seq2seq_runs", "translation_runs", "model_flags"}
 #: what the benchmarks share: timing and peak memory, Markdown tables and the machine line,
 #: fairseq subprocesses, building a fairseq Trainer, the cases more than one benchmark times
-SHARED_BENCHMARK_MODULES = {"timing", "tables", "fairseq_runs", "trainer", "cases"}
+SHARED_BENCHMARK_MODULES = {"timing", "tables", "subprocesses", "trainer", "cases"}
 #: (command, command it hands its run to): ``translation_length --select`` runs the selection
 #: of ``translation_selection``; ``benchmarks.run`` runs every benchmark
 DISPATCHES = {
