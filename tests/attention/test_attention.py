@@ -1,7 +1,7 @@
 """Every attention backend against a float64 reference and against ``naive``: values,
 gradients, padding (never NaN), KV-cache decoding, fairseq's ``need_weights`` /
 ``before_softmax``, dropout, the exactness of the fold. (Which backend ``auto`` picks, and the
-errors of a named one that cannot serve a call: tests/test_dispatch.py.)"""
+errors of a named one that cannot serve a call: tests/attention/test_dispatch.py.)"""
 
 import pytest
 import torch
@@ -335,8 +335,9 @@ def test_incremental_decoding_matches_naive_full_forward(backend, padded, eager_
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 def test_decoding_rows_given_to_cuda_kernels_are_aligned(dtype):
     """A decoding step's bias row is a view into one table at any offset; CUDA's fused kernels
-    read it with "misaligned address" (fairseq-generate crashed on an H100, tests/test_cuda.py),
-    so sdpa hands them an aligned copy. Checked here on the rows themselves."""
+    read it with "misaligned address" (fairseq-generate crashed on an H100,
+    tests/cuda/test_cuda.py), so sdpa hands them an aligned copy. Checked here on the rows
+    themselves."""
     from fairseq_alibi.modules.attention.dense import CUDA_BIAS_ALIGNMENT, aligned
     from fairseq_alibi.modules.bias import AlibiBias
 

@@ -20,7 +20,8 @@ from fairseq_alibi.modules.attention import (
     flash,
     flex,
 )
-from tests.helpers import load, run_cli
+from tests.helpers.checkpoints import load
+from tests.helpers.cli import run_cli
 
 TOL = dict(atol=2e-5, rtol=1e-4)
 MIB = 2**20

@@ -20,8 +20,9 @@ import torch
 from fairseq_alibi.alibi import mask_value
 from fairseq_alibi.modules.bias import AlibiBias
 from fairseq_alibi.modules.alibi_multihead_attention import AlibiMultiheadAttention
-from tests.helpers import run_cli
-from tests.helpers import build_model, load
+from tests.helpers.building import build_model
+from tests.helpers.checkpoints import load
+from tests.helpers.cli import run_cli
 
 VARIANTS = ["causal", "symmetric", "one_sided", "offset", "asymmetric"]
 LONG = 8192

@@ -10,7 +10,7 @@ import os
 import subprocess
 import sys
 
-from tests.helpers import REPO
+from tests.helpers.cli import REPO
 
 #: end to end through fairseq's real command lines
 pytestmark = pytest.mark.slow

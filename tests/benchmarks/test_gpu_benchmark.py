@@ -13,7 +13,7 @@ import time
 import pytest
 
 from benchmarks import gpu, gpu_decode
-from tests.helpers import REPO
+from tests.helpers.cli import REPO
 
 
 def generate_output(*sentences):

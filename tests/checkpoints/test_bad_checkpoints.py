@@ -3,7 +3,7 @@ checkpoint in stock fairseq, a stock one in the plugin's models, another kind of
 a dictionary that does not match; each a clear error naming the fix, the checkpoint untouched.
 
 Backed elsewhere, not repeated here: checkpoints of the other kind at the weights level
-(test_lm_model, test_encoder_math), fork checkpoints (test_forks, test_press_unconverted), the
+(test_lm_model, test_roberta_model), fork checkpoints (test_forks, test_press_unconverted), the
 hub given a stock checkpoint (test_bad_hub). ``# row N`` marks a row of issue 12 (what an
 experienced fairseq user hit on first contact). Tests that run fairseq's command lines are
 marked ``slow``.
@@ -13,18 +13,11 @@ import shutil
 
 import pytest
 
-from tests.helpers import (
-    MODELS,
-    STOCK,
-    build_model,
-    last_line,
-    run_cli,
-    saved_in_process,
-    setup_from_command_line,
-    snapshot,
-    train,
-    write_tiny_bpe,
-)
+from tests.helpers.building import build_model, setup_from_command_line
+from tests.helpers.checkpoints import saved_in_process
+from tests.helpers.cli import last_line, run_cli, snapshot
+from tests.helpers.corpora import write_tiny_bpe
+from tests.helpers.training import MODELS, STOCK, train
 
 
 # ---------------------------------------------------------------- checkpoints and dictionaries
@@ -127,7 +120,7 @@ def test_hydra_glue_config_without_variant_names_the_override(alibi_user_dir, tm
     real fairseq-hydra-train: the hint names `variant=zero_clap`, printed before hydra's report."""
     from fairseq_alibi.preprocess import glue
     from fairseq_alibi.preprocess.encoders import Gpt2BpeEncoder
-    from tests.helpers import write_glue
+    from tests.helpers.corpora import write_glue
 
     write_glue(tmp_path / "glue_data", rows=16)
     bpe = Gpt2BpeEncoder.from_dir(write_tiny_bpe(tmp_path / "bpe"))

@@ -18,7 +18,8 @@ import torch
 
 from fairseq_alibi.alibi import get_slopes
 from fairseq_alibi.criterions.lm_distillation import distillation_loss
-from tests.helpers import run_cli, setup_from_command_line, write_dictionary
+from tests.helpers.building import setup_from_command_line, write_dictionary
+from tests.helpers.cli import run_cli
 
 L = 16
 HEADS = 4

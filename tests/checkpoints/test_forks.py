@@ -19,7 +19,8 @@ import torch
 import torch.nn.functional as F
 
 from fairseq_alibi.alibi import get_slopes
-from tests.helpers import REPO, SHARED_DATA, load, python_module, run_cli
+from tests.helpers.checkpoints import load
+from tests.helpers.cli import REPO, SHARED_DATA, python_module, run_cli
 
 FORKS = REPO.parent / "shared" / "fixtures" / "forks"
 GPT2 = SHARED_DATA / "gpt2_bpe"
@@ -330,7 +331,7 @@ def test_an_eify_checkpoint_with_the_forks_options_off_is_a_stock_model(tmp_path
 
 def test_the_new_embedding_options_keep_todays_models_bit_for_bit(tmp_path):
     """Defaults: a frozen, zero-initialised pad row and a <mask> row, as before."""
-    from tests.helpers import build_from_command_line, write_dictionary
+    from tests.helpers.building import build_from_command_line, write_dictionary
 
     data = write_dictionary(tmp_path, 30)
     flags = ["--task", "masked_lm", "--arch", "alibi_roberta", "--encoder-layers", "1",
@@ -539,7 +540,7 @@ def test_the_dictionary_of_a_model_trained_without_the_last_madeupwords(tmp_path
         convert_to(fixture("eify_roberta_zero_clap") / "checkpoint_last.pt",
                    tmp_path / "x" / "model.pt", dict_path=wrong)
     # loaded with the longer dictionary, the model says what to do
-    from tests.helpers import setup_from_command_line
+    from tests.helpers.building import setup_from_command_line
 
     cfg, task = setup_from_command_line(
         longer.parent, "--task", "masked_lm", "--arch", "alibi_roberta", *ROBERTA_SIZES,
@@ -550,7 +551,7 @@ def test_the_dictionary_of_a_model_trained_without_the_last_madeupwords(tmp_path
 
 
 def test_loading_a_zero_clap_model_without_its_options_names_them(converted, tmp_path):
-    from tests.helpers import setup_from_command_line
+    from tests.helpers.building import setup_from_command_line
 
     cfg, task = setup_from_command_line(
         fixture("eify_roberta_zero_clap") / "data-bin", "--task", "masked_lm", "--arch",
@@ -604,7 +605,7 @@ def _eval_lm(path, data, length):
 
 
 def _user_dir():
-    from tests.helpers import user_dir
+    from tests.helpers.cli import user_dir
 
     return user_dir()
 

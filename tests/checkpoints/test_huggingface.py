@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.helpers import BIN, SHARED_DATA, child_env, run_cli, setup_from_command_line
+from tests.helpers.building import setup_from_command_line
+from tests.helpers.cli import BIN, SHARED_DATA, child_env, run_cli
 
 from fairseq_alibi.cli import huggingface as hf  # noqa: E402
 
@@ -260,7 +261,7 @@ def test_gpt2_export_gives_the_dictionary_ids_and_refuses_a_dictionary_lacking_p
     from fairseq.data import Dictionary
     from fairseq.data.encoders.gpt2_bpe_utils import get_encoder
 
-    from tests.helpers import write_tiny_bpe
+    from tests.helpers.corpora import write_tiny_bpe
 
     bpe_dir = write_tiny_bpe(tmp_path / "bpe")
     encoder = json.loads((bpe_dir / "encoder.json").read_text())
@@ -410,7 +411,7 @@ def test_export_refuses_what_bloom_does_not_compute_naming_every_option(flags, b
 
 
 def test_export_refuses_encoders_and_translation_models(tmp_path, capsys):
-    from tests.helpers import write_dictionary
+    from tests.helpers.building import write_dictionary
 
     for arch, task, what in (("alibi_roberta_base", "masked_lm", "encoder"),
                              ("alibi_transformer_iwslt_de_en", "translation", "encoder-decoder")):

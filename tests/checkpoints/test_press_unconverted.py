@@ -12,16 +12,12 @@ import argparse
 import pytest
 import torch
 
-from tests.helpers import (
-    MODELS,
-    REPO,
-    build_from_command_line,
-    load,
-    run_cli,
-    setup_from_command_line,
-    user_dir,
-    write_dictionary,
+from tests.helpers.building import (
+    build_from_command_line, setup_from_command_line, write_dictionary,
 )
+from tests.helpers.checkpoints import load
+from tests.helpers.cli import REPO, run_cli, user_dir
+from tests.helpers.training import MODELS
 
 FORKS = REPO.parent / "shared" / "fixtures" / "forks"
 PRESS = ["press_lm", "press_lm_wiki103"]  # arch transformer_lm / transformer_lm_wiki103

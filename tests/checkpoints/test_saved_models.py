@@ -10,15 +10,14 @@ fairseq's own loader, as ``fairseq-eval-lm`` / ``fairseq-generate`` do, and must
 outputs (1e-5), the same step-by-step decoding, and the same beam hypotheses.
 """
 
-from pathlib import Path
-
 import pytest
 import torch
 from fairseq import checkpoint_utils
 
 from tests.fixtures.saved_models.make import MODELS, _generation_args
+from tests.helpers.cli import REPO
 
-FIXTURES = Path(__file__).resolve().parent / "fixtures" / "saved_models"
+FIXTURES = REPO / "tests" / "fixtures" / "saved_models"
 SAVED = torch.load(FIXTURES / "outputs.pt", weights_only=False)
 
 

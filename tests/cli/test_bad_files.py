@@ -12,7 +12,8 @@ import shutil
 
 import pytest
 
-from tests.helpers import last_line, run_cli, snapshot, train
+from tests.helpers.cli import last_line, run_cli, snapshot
+from tests.helpers.training import train
 
 
 # ---------------------------------------------------------------- data

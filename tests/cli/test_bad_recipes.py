@@ -9,7 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import MODELS, REPO, run_cli, saved_in_process
+from tests.helpers.checkpoints import saved_in_process
+from tests.helpers.cli import REPO, run_cli
+from tests.helpers.training import MODELS
 
 
 # row 2: fairseq-validate of a masked LM on longer blocks

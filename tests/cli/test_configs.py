@@ -20,8 +20,9 @@ from omegaconf import OmegaConf
 from fairseq_alibi.__main__ import user_dir
 from fairseq_alibi.preprocess import glue, pile, wikitext
 from fairseq_alibi.preprocess.encoders import Gpt2BpeEncoder
-from tests import helpers as fx
-from tests.helpers import REPO, compose, run_cli
+from tests.helpers import corpora
+from tests.helpers.building import compose
+from tests.helpers.cli import REPO, run_cli
 
 #: end to end through fairseq's real command lines
 pytestmark = pytest.mark.slow
@@ -66,18 +67,19 @@ def data(tmp_path_factory):
     """The tiny datasets, made by the pipelines: word-level WikiText, GPT-2-BPE WikiText and
     Pile shards, GLUE; all BPE data share one dictionary, as pretraining and fine-tuning must."""
     root = tmp_path_factory.mktemp("config_data")
-    bpe = Gpt2BpeEncoder.from_dir(fx.write_tiny_bpe(root / "bpe"))
+    bpe = Gpt2BpeEncoder.from_dir(corpora.write_tiny_bpe(root / "bpe"))
     # a valid split of at least 8 samples of 128 tokens: on fewer (required_batch_size_multiple)
     # fairseq's trainer finds no validation batch
-    text = fx.write_wikitext(root / "wikitext", paragraphs=(60, 80, 12))
+    text = corpora.write_wikitext(root / "wikitext", paragraphs=(60, 80, 12))
     wikitext.prepare(text, root / "wiki_words")
     wikitext.prepare(text, root / "wiki_bpe", encoder=bpe)
-    shards = [fx.write_pile_shard(root / f"{i:02d}.jsonl.zst", fx.pile_documents(40, seed=i))
+    shards = [corpora.write_pile_shard(root / f"{i:02d}.jsonl.zst",
+                                       corpora.pile_documents(40, seed=i))
               for i in range(2)]
-    valid = fx.write_pile_shard(root / "val.jsonl", fx.pile_documents(10, seed=9))
+    valid = corpora.write_pile_shard(root / "val.jsonl", corpora.pile_documents(10, seed=9))
     pile.prepare(root / "pile", shards, [valid], encoder=bpe, tokens_per_sample=L_MLM,
                  long_docs="truncate")
-    fx.write_glue(root / "glue_data", rows=16)
+    corpora.write_glue(root / "glue_data", rows=16)
     glue.prepare(root / "glue_data", root / "glue", ["ALL"], bpe)
     words = len((root / "wiki_words" / "dict.txt").read_text().splitlines()) + 4
     return {"root": root, "words": words}

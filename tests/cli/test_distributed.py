@@ -15,11 +15,9 @@ import pytest
 import torch
 
 from fairseq_alibi.cli.checkpoints import set_world_size
-from tests.helpers import BIN
-from tests.helpers import (
-    child_env, load, loaded_at, logged_losses, max_weight_difference, python_module, train,
-    train_args, train_distributed, train_loss,
-)
+from tests.helpers.checkpoints import load, max_weight_difference, train_loss
+from tests.helpers.cli import BIN, child_env, python_module
+from tests.helpers.training import loaded_at, logged_losses, train, train_args, train_distributed
 
 #: end to end through fairseq's real command lines
 pytestmark = pytest.mark.slow

@@ -10,14 +10,9 @@ import sys
 import numpy as np
 import pytest
 
-from tests.helpers import (
-    REPO,
-    run_cli,
-    setup_from_command_line,
-    write_dictionary,
-    write_glue,
-    write_tiny_bpe,
-)
+from tests.helpers.building import setup_from_command_line, write_dictionary
+from tests.helpers.cli import REPO, run_cli
+from tests.helpers.corpora import write_glue, write_tiny_bpe
 
 from fairseq_alibi.cli import glue
 

@@ -9,7 +9,7 @@ import re
 import pytest
 import torch
 
-from tests.helpers import run_cli
+from tests.helpers.cli import run_cli
 
 #: end to end through fairseq's real command lines
 pytestmark = pytest.mark.slow

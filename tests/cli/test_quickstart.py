@@ -24,7 +24,7 @@ from fairseq_alibi.cli.sweep import (
     run_sweep,
     split_token_count,
 )
-from tests.helpers import REPO
+from tests.helpers.cli import REPO
 
 #: end to end through fairseq's real command lines
 pytestmark = pytest.mark.slow

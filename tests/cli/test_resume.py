@@ -21,10 +21,9 @@ import pytest
 import torch
 
 from fairseq_alibi.cli.checkpoints import check, inspect_checkpoint, repair
-from tests.helpers import BIN
-from tests.helpers import (
-    child_env, load, loaded_at, logged_losses, python_module, train, train_args, train_loss,
-)
+from tests.helpers.checkpoints import load, train_loss
+from tests.helpers.cli import BIN, child_env, python_module
+from tests.helpers.training import loaded_at, logged_losses, train, train_args
 
 #: end to end through fairseq's real command lines
 pytestmark = pytest.mark.slow

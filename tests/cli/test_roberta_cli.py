@@ -15,7 +15,8 @@ import shutil
 import pytest
 import torch
 
-from tests.helpers import SHARED_DATA, loaded_at, preprocess, run_cli
+from tests.helpers.cli import SHARED_DATA, preprocess, run_cli
+from tests.helpers.training import loaded_at
 
 from fairseq_alibi.models.alibi_roberta import AlibiRobertaModel
 

@@ -6,12 +6,12 @@ variant × {float32, bfloat16, float16} × {a training step (output and input gr
 with left padding, cached decoding}; the learned slope scales' gradient; one bf16 layer at 8192
 tokens whose bias keeps its resolution; flex compiling once per shape, not per call.
 
-The reference is ``tests/helpers.reference_scaled_attention`` (float64, on the CPU, from the
-same weights and inputs rounded to the dtype under test), so only the computation's own rounding is
-measured: ``‖got - ref‖ / ‖ref‖`` must stay under :data:`REL_TOL`, a few units of rounding of the
-dtype (the CPU tests' float32 tolerance for float32). A missing or wrong bias costs far more
-(checked: :func:`test_the_tolerance_catches_a_missing_bias`). Run on the device with
-``python -m pytest tests/test_cuda.py`` (``python -m benchmarks.gpu`` does, and records it).
+The reference is ``tests/helpers/references.reference_scaled_attention`` (float64, on the CPU, from
+the same weights and inputs rounded to the dtype under test), so only the computation's own
+rounding is measured: ``‖got - ref‖ / ‖ref‖`` must stay under :data:`REL_TOL`, a few units of
+rounding of the dtype (the CPU tests' float32 tolerance for float32). A missing or wrong bias costs
+far more (checked: :func:`test_the_tolerance_catches_a_missing_bias`). Run on the device with
+``python -m pytest tests/cuda/test_cuda.py`` (``python -m benchmarks.gpu`` does, and records it).
 """
 
 import copy
@@ -24,14 +24,14 @@ from fairseq_alibi.alibi import alibi_bias, variant_slopes
 from fairseq_alibi.modules.bias import AlibiBias
 from fairseq_alibi.modules.alibi_multihead_attention import AlibiMultiheadAttention, set_attention_backend
 from fairseq_alibi.modules.attention import dispatch, flash, flex, fold
-from tests.helpers import reference_scaled_attention, scaled_bias
+from tests.helpers.references import reference_scaled_attention, scaled_bias
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 VARIANTS = ["causal", "symmetric", "one_sided", "offset", "asymmetric"]
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 #: ‖got - ref‖ / ‖ref‖ allowed: 4 machine epsilons of the half types (bf16 2^-7, fp16 2^-10);
-#: float32 as the CPU tests (tests/test_attention.py: rtol 1e-4)
+#: float32 as the CPU tests (tests/attention/test_attention.py: rtol 1e-4)
 REL_TOL = {torch.float32: 1e-4, torch.bfloat16: 4 * 2**-7, torch.float16: 4 * 2**-10}
 HEADS, DIM, T, B = 4, 128, 48, 3
 LAYERS = 3  # of the bias with learned scales; the attention is its layer 1

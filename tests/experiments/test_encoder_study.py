@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from experiments import encoder_study as study
-from tests.helpers import REPO, SHARED_DATA
+from tests.helpers.cli import REPO, SHARED_DATA
 
 
 def test_configurations_needing_missing_options_are_named():
@@ -43,7 +43,7 @@ def test_the_sinusoidal_flag_builds_stock_roberta_with_sinusoidal_positions(tmp_
     from fairseq.dataclass.utils import convert_namespace_to_omegaconf
     from fairseq.modules import SinusoidalPositionalEmbedding
 
-    from tests.helpers import write_dictionary
+    from tests.helpers.building import write_dictionary
 
     config = study.CONFIGS["sinusoidal"]
     assert config.sinusoidal and not config.learned_positions and not config.glue

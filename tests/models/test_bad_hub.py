@@ -11,15 +11,10 @@ import shutil
 import pytest
 import torch
 
-from tests.helpers import (
-    MODELS,
-    REPO,
-    SHARED_DATA,
-    STOCK,
-    last_line,
-    saved_in_process,
-    write_tiny_bpe,
-)
+from tests.helpers.checkpoints import saved_in_process
+from tests.helpers.cli import REPO, SHARED_DATA, last_line
+from tests.helpers.corpora import write_tiny_bpe
+from tests.helpers.training import MODELS, STOCK
 
 
 @pytest.fixture

@@ -2,7 +2,7 @@
 all-padding rows, an empty batch, and sequences 16x the training length give correct output.
 
 Backed elsewhere, not repeated here: all-padding rows per layer (test_attention,
-test_encoder_math), the hub scoring a text longer than ``--max-tokens`` (test_bad_hub). Tests
+test_roberta_model), the hub scoring a text longer than ``--max-tokens`` (test_bad_hub). Tests
 that run fairseq's command lines (or read their checkpoints) are marked ``slow``.
 """
 
@@ -11,7 +11,7 @@ import torch
 
 from fairseq_alibi.modules.alibi_multihead_attention import set_attention_backend
 
-from tests.helpers import build_model, decode_token_by_token
+from tests.helpers.building import build_model, decode_token_by_token
 
 ENCODER_VARIANTS = ["symmetric", "one_sided", "offset", "asymmetric"]
 

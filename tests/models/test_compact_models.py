@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from fairseq_alibi.modules.compact import parameter_count
-from tests.helpers import build_from_command_line, write_dictionary
-from tests.helpers import run_cli
+from tests.helpers.building import build_from_command_line, write_dictionary
+from tests.helpers.cli import run_cli
 
 V_WORDS = 60  # dictionary of the tests: 60 words + fairseq's 4 specials
 H, F, HEADS, N = 32, 64, 4, 3

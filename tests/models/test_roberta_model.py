@@ -15,7 +15,7 @@ import fairseq_alibi  # noqa: F401  (registers alibi_roberta)
 from fairseq_alibi.alibi import alibi_bias, mask_value, variant_slopes
 from fairseq_alibi.modules.bias import AlibiBias
 from fairseq_alibi.modules.stacks import UNBOUNDED_POSITIONS
-from tests.helpers import naive_bias, naive_slopes
+from tests.helpers.references import naive_bias, naive_slopes
 
 ALIBI_VARIANTS = ["symmetric", "one_sided", "offset", "asymmetric"]
 ALL_VARIANTS = ALIBI_VARIANTS + ["none"]

@@ -2,7 +2,7 @@
 the fix, on the command line, in Python and through the tools.
 
 Backed elsewhere, not repeated here: unknown variants and odd head counts at the math level
-(test_alibi_math, test_encoder_math), the hydra configs' position options
+(test_alibi_math, test_roberta_model), the hydra configs' position options
 (test_hydra_position_options). ``# row N`` marks a row of issue 12 (what an experienced fairseq
 user hit on first contact). Tests that run fairseq's command lines are marked ``slow``.
 """
@@ -10,7 +10,10 @@ user hit on first contact). Tests that run fairseq's command lines are marked ``
 import pytest
 import torch
 
-from tests.helpers import MODELS, build_model, last_line, run_cli, saved_in_process
+from tests.helpers.building import build_model
+from tests.helpers.checkpoints import saved_in_process
+from tests.helpers.cli import last_line, run_cli
+from tests.helpers.training import MODELS
 
 
 # ---------------------------------------------------------------- choices and head counts

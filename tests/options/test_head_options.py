@@ -18,17 +18,10 @@ from fairseq_alibi.modules.alibi_multihead_attention import (
 from fairseq_alibi.modules.attention import dispatch
 from fairseq_alibi.modules.bias import AlibiBias
 from fairseq_alibi.modules.stacks import UNBOUNDED_POSITIONS
-from tests.helpers import (
-    COMMON,
-    MODELS,
-    REPO,
-    build_model,
-    compose,
-    reference_bias,
-    reference_module_attention,
-    setup_from_command_line,
-    write_dictionary,
-)
+from tests.helpers.building import build_model, compose, setup_from_command_line, write_dictionary
+from tests.helpers.cli import REPO
+from tests.helpers.references import reference_bias, reference_module_attention
+from tests.helpers.training import COMMON, MODELS
 
 
 HEADS, DIM = 4, 32
@@ -309,7 +302,7 @@ def test_the_hub_predicts_with_the_mean_pooler(data, tmp_path):
     """The hub's ``predict`` calls the head on the features itself: the model's forward pass
     before it tells the head where the padding is."""
     from fairseq_alibi.models.alibi_roberta import AlibiRobertaModel
-    from tests.helpers import write_tiny_bpe
+    from tests.helpers.corpora import write_tiny_bpe
 
     model, task = encoder(data, *OPTIONS)
     with torch.no_grad():

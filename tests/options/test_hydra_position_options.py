@@ -11,10 +11,9 @@ from fairseq_alibi.hydra_support import RegisterFairseqAlibi
 from fairseq_alibi.models.alibi_transformer import AlibiTransformerModel
 from fairseq_alibi.models.alibi_transformer_lm import AlibiTransformerLanguageModel
 from fairseq_alibi.modules.stacks import UNBOUNDED_POSITIONS
-from tests.helpers import (
-    REPO, compose, run_cli, setup_from_command_line, write_dictionary,
-    write_translation_dictionaries,
-)
+from tests.helpers.building import compose, setup_from_command_line, write_dictionary
+from tests.helpers.cli import REPO, run_cli
+from tests.helpers.translation import write_translation_dictionaries
 
 CONFIG = REPO / "config"
 LM_ERROR = ("error: model.decoder_learned_pos=true: alibi_transformer_lm has no position "

@@ -24,11 +24,14 @@ from fairseq_alibi.modules.alibi_multihead_attention import AlibiMultiheadAttent
 from fairseq_alibi.modules.attention import dispatch, flash, flex
 from fairseq_alibi.modules.attention.dispatch import Call
 from fairseq_alibi.modules.bias import AlibiBias
-from tests.helpers import (
-    REPO, TINY_TRANSLATION, build_model, decode_token_by_token, load, reference_scaled_attention,
-    scaled_bias, setup_from_command_line, train, write_dictionary,
-    write_translation_dictionaries,
+from tests.helpers.building import (
+    build_model, decode_token_by_token, setup_from_command_line, write_dictionary,
 )
+from tests.helpers.checkpoints import load
+from tests.helpers.cli import REPO
+from tests.helpers.references import reference_scaled_attention, scaled_bias
+from tests.helpers.training import train
+from tests.helpers.translation import TINY_TRANSLATION, write_translation_dictionaries
 
 VARIANTS = ["causal", "symmetric", "one_sided", "offset", "asymmetric"]
 LEARNED = [m for m in SCALE_MODES if m != "none"]
@@ -52,7 +55,7 @@ CPU_TRAIN_BACKENDS = ["naive", "sdpa", "fold"]
 @pytest.mark.parametrize("train", [True, False], ids=["train", "eval"])
 def test_matches_float64_reference(variant, mode, backend, train, eager_flex):
     if backend == "flex" and train:
-        pytest.skip("flex_attention has no CPU backward (tests/test_dispatch.py)")
+        pytest.skip("flex_attention has no CPU backward (tests/attention/test_dispatch.py)")
     ratio = 0.7 if variant == "asymmetric" else 1.0
     alibi = scaled_bias(HEADS, LAYERS, variant, mode, ratio=ratio)
     layer = 1
@@ -340,7 +343,7 @@ _OUTPUTS = textwrap.dedent("""
     import sys, torch
     import fairseq_alibi
     assert fairseq_alibi.__file__.startswith(sys.argv[1]), fairseq_alibi.__file__
-    from tests.helpers import build_model  # this checkout's, second on PYTHONPATH
+    from tests.helpers.building import build_model  # this checkout's, second on PYTHONPATH
     results = {}
     # (no attention dropout: the fold has none)
     for model_name, extra in (("lm", []),

@@ -9,18 +9,13 @@ import pytest
 import torch
 from fairseq import checkpoint_utils
 
-from tests.helpers import (
-    MODELS,
-    TINY_TRANSLATION,
-    build_from_command_line,
-    load,
-    run_cli,
-    saved_in_process,
-    setup_from_command_line,
-    train,
-    write_dictionary,
-    write_translation_dictionaries,
+from tests.helpers.building import (
+    build_from_command_line, setup_from_command_line, write_dictionary,
 )
+from tests.helpers.checkpoints import load, saved_in_process
+from tests.helpers.cli import run_cli
+from tests.helpers.training import MODELS, train
+from tests.helpers.translation import TINY_TRANSLATION, write_translation_dictionaries
 
 LAYERS = 3
 

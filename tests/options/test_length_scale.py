@@ -15,15 +15,9 @@ from fairseq_alibi.modules.alibi_multihead_attention import (
     set_attention_backend,
 )
 from fairseq_alibi.modules.bias import AlibiBias
-from tests.helpers import (
-    COMMON,
-    MODELS,
-    build_model,
-    reference_bias,
-    reference_module_attention,
-    setup_from_command_line,
-    write_dictionary,
-)
+from tests.helpers.building import build_model, setup_from_command_line, write_dictionary
+from tests.helpers.references import reference_bias, reference_module_attention
+from tests.helpers.training import COMMON, MODELS
 
 HEADS, DIM, N = 4, 32, 4
 LENGTHS = (9, 6, 4)  # factors log 9 / log 4, log 6 / log 4 and 1

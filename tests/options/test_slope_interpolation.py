@@ -15,8 +15,8 @@ import torch
 
 from fairseq_alibi.alibi import alibi_bias, get_slopes, variant_slopes
 from fairseq_alibi.modules.bias import AlibiBias
-from tests.helpers import build_from_command_line, write_dictionary
-from tests.helpers import run_cli
+from tests.helpers.building import build_from_command_line, write_dictionary
+from tests.helpers.cli import run_cli
 
 L = 16
 LM = ["--task", "language_modeling", "--arch", "alibi_transformer_lm", "--decoder-layers", "2",

@@ -25,8 +25,8 @@ from fairseq_alibi.preprocess import glue, pile, wikitext
 from fairseq_alibi.preprocess.common import (
     DataError, atomic_directory, ordered_map, worker_state)
 from fairseq_alibi.preprocess.encoders import NEWLINE, Gpt2BpeEncoder, SentencePieceEncoder
-from tests import helpers as fx
-from tests.helpers import REPO, SHARED_DATA, preprocess
+from tests.helpers import corpora
+from tests.helpers.cli import REPO, SHARED_DATA, preprocess
 
 PYTHON = sys.executable
 OUTPUT_FILES = ("dict.txt",) + tuple(f"{s}.{e}" for s in ("train", "valid", "test")
@@ -85,7 +85,7 @@ def run_module(module, *args, expect_ok=True):
 @pytest.fixture(scope="module")
 def bpe_dir(tmp_path_factory):
     """The tiny BPE, with a fairseq dict.txt that lists its ids out of order (as fairseq's does)."""
-    folder = fx.write_tiny_bpe(tmp_path_factory.mktemp("bpe"))
+    folder = corpora.write_tiny_bpe(tmp_path_factory.mktemp("bpe"))
     n = len(json.loads((folder / "encoder.json").read_text()))
     order = list(range(n))
     np.random.RandomState(0).shuffle(order)
@@ -130,7 +130,7 @@ def assert_same_files(ours, theirs, names):
 
 
 def test_wikitext_word_level_equals_fairseq_preprocess(tmp_path):
-    text = fx.write_wikitext(tmp_path / "wikitext-103")
+    text = corpora.write_wikitext(tmp_path / "wikitext-103")
     call(wikitext.main, "--text-dir", text, "--destdir", tmp_path / "ours", "--workers", 2)
     preprocess(  # the paper's command
         "--only-source", "--trainpref", text / "wiki.train.tokens",
@@ -148,7 +148,7 @@ def test_wikitext_word_level_equals_fairseq_preprocess(tmp_path):
 
 def test_wikitext_gpt2_equals_fairseq_roberta_recipe(tmp_path, bpe_dir):
     """README.pretraining.md: multiprocessing_bpe_encoder, then fairseq-preprocess --srcdict."""
-    text = fx.write_wikitext(tmp_path / "raw")
+    text = corpora.write_wikitext(tmp_path / "raw")
     for split in ("train", "valid", "test"):
         (text / f"wiki.{split}.tokens").rename(text / f"wiki.{split}.raw")
     call(wikitext.main, "--text-dir", text, "--raw", "--gpt2-bpe", bpe_dir, "--destdir",
@@ -164,7 +164,7 @@ def test_wikitext_gpt2_equals_fairseq_roberta_recipe(tmp_path, bpe_dir):
 
 def test_wikitext_download(tmp_path):
     """--download: the first URL that answers (here file://), its three files extracted."""
-    text = fx.write_wikitext(tmp_path / "src")
+    text = corpora.write_wikitext(tmp_path / "src")
     archive = tmp_path / "wikitext-103-v1.zip"
     with zipfile.ZipFile(archive, "w") as z:
         for f in sorted(text.iterdir()):
@@ -189,12 +189,12 @@ def test_wikitext_download(tmp_path):
 def pile_inputs(folder):
     """Two train shards (.zst of 3 frames, and plain), a .zst valid file; an empty document."""
     folder.mkdir(parents=True, exist_ok=True)
-    shards = [fx.pile_documents(60, seed=1), fx.pile_documents(40, seed=2)]
+    shards = [corpora.pile_documents(60, seed=1), corpora.pile_documents(40, seed=2)]
     shards[0][3] = {"text": "  \n ", "meta": {"pile_set_name": "Pile-CC"}}
-    valid = fx.pile_documents(20, seed=3)
-    paths = [fx.write_pile_shard(folder / "00.jsonl.zst", shards[0], frames=3),
-             fx.write_pile_shard(folder / "01.jsonl", shards[1])]
-    return paths, shards, fx.write_pile_shard(folder / "val.jsonl.zst", valid), valid
+    valid = corpora.pile_documents(20, seed=3)
+    paths = [corpora.write_pile_shard(folder / "00.jsonl.zst", shards[0], frames=3),
+             corpora.write_pile_shard(folder / "01.jsonl", shards[1])]
+    return paths, shards, corpora.write_pile_shard(folder / "val.jsonl.zst", valid), valid
 
 
 def expected_documents(docs, encode, subsets, limit, policy):
@@ -261,8 +261,8 @@ def test_pile_sentencepiece_trained_on_a_sample(tmp_path):
 
 @pytest.mark.slow
 def test_pile_malformed_input_names_file_and_line(tmp_path, bpe_dir):
-    docs = fx.pile_documents(30)
-    bad = fx.write_pile_shard(tmp_path / "bad.jsonl.zst", docs, ['{"text": "unterminated\n'])
+    docs = corpora.pile_documents(30)
+    bad = corpora.write_pile_shard(tmp_path / "bad.jsonl.zst", docs, ['{"text": "unterminated\n'])
     proc = run_module("pile", "--train", bad, "--destdir", tmp_path / "out", "--gpt2-bpe",
                       bpe_dir, "--workers", 2, expect_ok=False)
     assert f"{bad}:31: not valid JSON" in proc.stderr
@@ -270,13 +270,14 @@ def test_pile_malformed_input_names_file_and_line(tmp_path, bpe_dir):
     assert not (tmp_path / "out").exists() and not leftovers(tmp_path)
 
     encoder = Gpt2BpeEncoder.from_dir(bpe_dir)
-    no_text = fx.write_pile_shard(tmp_path / "no_text.jsonl", docs[:3], ['{"content": "x"}\n'])
+    no_text = corpora.write_pile_shard(tmp_path / "no_text.jsonl", docs[:3], ['{"content": "x"}\n'])
     with pytest.raises(DataError, match=r"no_text.jsonl:4: expected an object with a string \"text\""):
         pile.prepare(tmp_path / "out", [no_text], encoder=encoder)
-    no_meta = fx.write_pile_shard(tmp_path / "no_meta.jsonl", docs[:2], ['{"text": "x"}\n'])
+    no_meta = corpora.write_pile_shard(tmp_path / "no_meta.jsonl", docs[:2], ['{"text": "x"}\n'])
     with pytest.raises(DataError, match=r"no_meta.jsonl:3: no \"meta\""):
         pile.prepare(tmp_path / "out", [no_meta], encoder=encoder, subsets=["Pile-CC"])
-    cc = fx.write_pile_shard(tmp_path / "cc.jsonl", [{"text": "a b", "meta": {"pile_set_name": "Pile-CC"}}] * 2)
+    cc = corpora.write_pile_shard(tmp_path / "cc.jsonl",
+                                  [{"text": "a b", "meta": {"pile_set_name": "Pile-CC"}}] * 2)
     with pytest.raises(DataError, match=r"no document left in .*cc.jsonl: 2 not in --subsets"):
         pile.prepare(tmp_path / "out", [cc], encoder=encoder, subsets=["ArXiv"])
     pipe = tmp_path / "pipe.jsonl"
@@ -284,7 +285,8 @@ def test_pile_malformed_input_names_file_and_line(tmp_path, bpe_dir):
     with pytest.raises(DataError, match="--train-sentencepiece reads the training shards twice"):
         pile.prepare(tmp_path / "out", [pipe], train_sentencepiece_vocab=40)
     truncated = tmp_path / "truncated.jsonl.zst"
-    whole = fx.write_pile_shard(tmp_path / "whole.jsonl.zst", fx.pile_documents(400)).read_bytes()
+    whole = corpora.write_pile_shard(tmp_path / "whole.jsonl.zst",
+                                     corpora.pile_documents(400)).read_bytes()
     truncated.write_bytes(whole[: len(whole) // 2])
     with pytest.raises(DataError, match=r"truncated.jsonl.zst: corrupt or truncated zstd"):
         pile.prepare(tmp_path / "out", [truncated], encoder=encoder)
@@ -390,7 +392,7 @@ def test_pile_sigterm_leaves_nothing_behind(tmp_path, bpe_dir, launch):
                 writer = os.open(shard, os.O_WRONLY | os.O_NONBLOCK)
             except OSError:
                 time.sleep(0.1)
-        os.write(writer, "".join(json.dumps(d) + "\n" for d in fx.pile_documents(20)).encode())
+        os.write(writer, "".join(json.dumps(d) + "\n" for d in corpora.pile_documents(20)).encode())
         while not leftovers(tmp_path):  # its output folder is being written
             assert proc.poll() is None, log.read_text()[-3000:]
             time.sleep(0.1)
@@ -448,7 +450,7 @@ def test_existing_output_is_kept_or_replaced_whole(tmp_path):
 @pytest.fixture(scope="module")
 def glue_data(tmp_path_factory, bpe_dir):
     root = tmp_path_factory.mktemp("glue")
-    expected = fx.write_glue(root / "glue_data")
+    expected = corpora.write_glue(root / "glue_data")
     call(glue.main, "--glue-dir", root / "glue_data", "--destdir", root / "bin", "--gpt2-bpe",
          bpe_dir, "--workers", 2)
     return root, expected
@@ -554,7 +556,7 @@ def test_glue_equals_fairseq_preprocess_glue_tasks(tmp_path, glue_data, bpe_dir)
 
 
 def test_glue_malformed_rows(tmp_path, bpe_dir):
-    fx.write_glue(tmp_path / "glue", rows=10)
+    corpora.write_glue(tmp_path / "glue", rows=10)
     cola = tmp_path / "glue" / "CoLA" / "train.tsv"
     lines = cola.read_text().splitlines(keepends=True)
     lines[6] = "gj04\t1\tmissing a column\n"
@@ -596,16 +598,16 @@ def test_glue_malformed_rows(tmp_path, bpe_dir):
 @pytest.mark.slow
 def test_example_scripts(tmp_path, bpe_dir):
     """examples/*/prepare.sh, the thin wrappers, on local inputs in the real layouts."""
-    text = fx.write_wikitext(tmp_path / "wikitext-103")
+    text = corpora.write_wikitext(tmp_path / "wikitext-103")
     raw = tmp_path / "wikitext-103-raw"
     raw.mkdir()
     for f in text.iterdir():
         (raw / f.name.replace(".tokens", ".raw")).write_bytes(f.read_bytes())
     pile_dir = tmp_path / "pile"
     (pile_dir / "train").mkdir(parents=True)
-    fx.write_pile_shard(pile_dir / "train" / "00.jsonl.zst", fx.pile_documents(20))
-    fx.write_pile_shard(pile_dir / "val.jsonl.zst", fx.pile_documents(6, seed=1))
-    fx.write_glue(tmp_path / "glue", rows=6)
+    corpora.write_pile_shard(pile_dir / "train" / "00.jsonl.zst", corpora.pile_documents(20))
+    corpora.write_pile_shard(pile_dir / "val.jsonl.zst", corpora.pile_documents(6, seed=1))
+    corpora.write_glue(tmp_path / "glue", rows=6)
     out = tmp_path / "out"
     for script, env, args in (
         ("wikitext103", {"WIKITEXT": text, "WIKITEXT_RAW": raw, "GPT2_BPE": bpe_dir}, []),

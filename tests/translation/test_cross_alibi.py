@@ -14,17 +14,11 @@ import torch.nn.functional as F
 from fairseq_alibi.alibi import mask_value
 from fairseq_alibi.modules.cross_position import CrossPositionAttention
 from fairseq_alibi.modules.position_shift import ShiftedPositions
-from tests.helpers import (
-    TINY_TRANSLATION,
-    TRANSLATION_HEADS,
-    assert_cached_decoding_matches_the_full_forward,
-    build_translation,
-    reference_attention,
-    reference_translation_logits,
-    setup_from_command_line,
-    token_sentences,
-    translation_batch,
-    write_translation_dictionaries,
+from tests.helpers.building import setup_from_command_line
+from tests.helpers.translation import (
+    TINY_TRANSLATION, TRANSLATION_HEADS, assert_cached_decoding_matches_the_full_forward,
+    build_translation, reference_attention, reference_translation_logits, token_sentences,
+    translation_batch, write_translation_dictionaries,
 )
 
 POINTER = ["--cross-alibi", "pointer"]

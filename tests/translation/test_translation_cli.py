@@ -16,7 +16,8 @@ import pytest
 from fairseq_alibi.preprocess.common import DataError
 from fairseq_alibi.preprocess.parallel import main as prepare_main
 from fairseq_alibi.preprocess.parallel import restoration_pair, sentences_of
-from tests.helpers import BIN, REPO, TINY_TRANSLATION, run_cli
+from tests.helpers.cli import BIN, REPO, run_cli
+from tests.helpers.translation import TINY_TRANSLATION
 
 WORDS = [f"w{i}" for i in range(16)]
 TRAIN_MAX = 10  # words per training source

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from experiments import translation_length as tl
-from tests.helpers import REPO
+from tests.helpers.cli import REPO
 
 
 def test_a_configuration_whose_options_are_missing_is_refused(monkeypatch, capsys):

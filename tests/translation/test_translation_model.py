@@ -14,15 +14,10 @@ from fairseq_alibi.models.alibi_transformer import AlibiTransformerModel
 from fairseq_alibi.modules.stacks import UNBOUNDED_POSITIONS
 from fairseq_alibi.modules.alibi_multihead_attention import AlibiMultiheadAttention, set_attention_backend
 from fairseq_alibi.modules.attention import REGISTRY, dispatch, flex
-from tests.helpers import (
-    TGT_WORDS,
-    TINY_TRANSLATION,
-    assert_cached_decoding_matches_the_full_forward,
-    build_translation,
-    reference_translation_logits,
-    setup_from_command_line,
-    token_sentences,
-    translation_batch,
+from tests.helpers.building import setup_from_command_line
+from tests.helpers.translation import (
+    TGT_WORDS, TINY_TRANSLATION, assert_cached_decoding_matches_the_full_forward,
+    build_translation, reference_translation_logits, token_sentences, translation_batch,
     write_translation_dictionaries,
 )
 
