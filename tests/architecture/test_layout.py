@@ -8,7 +8,7 @@ import warnings
 
 import pytest
 
-from tests.helpers import REPO
+from tests.helpers.cli import REPO
 
 PACKAGE = REPO / "fairseq_alibi"
 TOOLS = ("fairseq_alibi.cli", "fairseq_alibi.preprocess")
@@ -30,6 +30,10 @@ LAYERS = {
 }
 #: what the models may not import: the tools and the criteria (which build on the models)
 MODELS_MAY_NOT = ("fairseq_alibi.criterions",) + TOOLS
+TESTS = REPO / "tests"
+#: the folders of tests/, by layer of the code (each folder's ``__init__.py`` says what it holds)
+TEST_FOLDERS = ("architecture", "math", "attention", "options", "models", "translation",
+                "checkpoints", "cli", "pipelines", "experiments", "benchmarks", "cuda")
 
 
 def imported_modules(path, root=REPO):
@@ -127,39 +131,75 @@ def test_the_models_import_no_tool_and_no_criterion():
 
 
 def is_a_test_module(name):
-    """``tests.test_x`` (or ``test_x``, imported with the tests folder on sys.path), or a name
+    """``tests.<folder>.test_x`` (or ``test_x``, imported with its folder on sys.path), or a name
     inside one."""
     parts = name.split(".")
     return parts[0].startswith("test_") or (
-        parts[0] == "tests" and len(parts) > 1 and parts[1].startswith("test_"))
+        parts[0] == "tests" and any(part.startswith("test_") for part in parts[1:3]))
 
 
 def test_no_test_module_imports_another():
-    """Tests share code through tests/helpers.py (fixtures: conftest.py) only: a test module
+    """Tests share code through tests/helpers/ (fixtures: conftest.py) only: a test module
     imported by another ties the two files together (one cannot change or move without the
     other), and the importer runs the imported file's module-level setup."""
     offenders = [
         f"{path.relative_to(REPO)} imports {name}"
-        for path in sorted((REPO / "tests").glob("*.py"))
+        for path in sorted(TESTS.rglob("*.py"))
         for name in imported_modules(path) if is_a_test_module(name)
     ]
     assert not offenders, offenders
 
 
+def test_every_test_file_lives_in_a_layer_folder():
+    """tests/<folder>/test_*.py, one level deep, in a folder of TEST_FOLDERS. Each folder is a
+    package (its ``__init__.py``): pytest then imports ``tests.<folder>.test_x``, so two folders
+    may hold files of the same name, and no folder goes on sys.path (``tests/math`` there would
+    hide the standard library's ``math``)."""
+    misplaced = [str(path.relative_to(REPO)) for path in sorted(TESTS.rglob("test_*.py"))
+                 if path.parent.parent != TESTS or path.parent.name not in TEST_FOLDERS]
+    assert not misplaced, misplaced
+    assert [f for f in TEST_FOLDERS if not (TESTS / f / "__init__.py").is_file()] == []
+
+
+def skips_without_cuda(path):
+    """Whether the module as a whole is skipped without a GPU (``pytestmark`` names
+    ``torch.cuda.is_available()``)."""
+    return any(
+        isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "pytestmark"
+                                             for t in node.targets)
+        and "cuda.is_available" in ast.unparse(node.value)
+        for node in ast.parse(path.read_text()).body)
+
+
+def test_cuda_tests_are_apart():
+    """The tests that need a GPU are tests/cuda (which benchmarks/gpu.py runs on the device);
+    every one of its files skips as a whole on a machine without one."""
+    files = sorted(TESTS.rglob("test_*.py"))
+    outside = [str(p.relative_to(REPO)) for p in files
+               if skips_without_cuda(p) and p.parent.name != "cuda"]
+    inside = [p for p in files if p.parent.name == "cuda"]
+    assert inside and not outside, outside
+    assert all(skips_without_cuda(p) for p in inside), inside
+
+
 @pytest.mark.parametrize("source,imports_a_test_module", [
+    ("from tests.math.test_x import y", True),
+    ("import tests.math.test_x", True),
+    ("from tests.math import test_x", True),
     ("from tests.test_x import y", True),
-    ("import tests.test_x", True),
-    ("from tests import test_x", True),
     ("from .test_x import y", True),
     ("from . import test_x", True),
+    ("from ..cli.test_x import y", True),
+    ("from ..cli import test_x", True),
     ("import test_x", True),
-    ("from tests.helpers import REPO", False),
-    ("from tests import helpers", False),
+    ("from tests.helpers.cli import REPO", False),
+    ("from tests.helpers import cli", False),
+    ("from ..helpers.cli import REPO", False),
     ("from . import helpers", False),
 ])
 def test_the_test_import_check_reads_every_form(source, imports_a_test_module, tmp_path):
-    (tmp_path / "tests").mkdir()
-    probe = tmp_path / "tests" / "test_probe.py"
+    (tmp_path / "tests" / "math").mkdir(parents=True)
+    probe = tmp_path / "tests" / "math" / "test_probe.py"
     probe.write_text(source + "\n")
     found = imported_modules(probe, root=tmp_path)
     assert any(is_a_test_module(name) for name in found) == imports_a_test_module
