@@ -15,8 +15,8 @@ the issue; projections would add the same time to every row):
   ``masked_fill`` of the causal mask, float32 softmax, ``bmm``;
 * ``naive``: this package's explicit reference;
 * ``flex (compiled)``: forward only (PyTorch has no CPU backward for flex_attention); the
-  ``flex`` backend itself runs eager on the CPU (tests/test_attention.py says why), this row
-  times the compiled kernel.
+  ``flex`` backend itself runs eager on the CPU (tests/attention/test_attention.py says why),
+  this row times the compiled kernel.
 
 Memory: the peak of tensor bytes during one forward+backward (see ``timing.peak_bytes``), and
 the bias a method keeps between calls (the original's mask buffer).

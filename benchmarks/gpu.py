@@ -5,7 +5,7 @@
 
 The default parts, in this order:
 
-* ``tests``: ``pytest tests/test_cuda.py`` whole (every backend × variant × dtype against
+* ``tests``: ``pytest tests/cuda/test_cuda.py`` whole (every backend × variant × dtype against
   float64, cached decoding included), with pytest-xdist; each test's outcome is recorded as it
   finishes (``benchmarks/pytest_record.py``): the summary, the first failure's message;
 * ``decode``: tiny ``alibi_transformer_lm`` and ``alibi_transformer`` (``--cross-alibi pointer

@@ -15,7 +15,7 @@ on the CPU in float32 and on the device in float32 and with ``--fp16``:
   beams may fall the other way in fp16).
 
 With ``--device cpu`` the device runs are CPU runs too, so the comparison itself is exercised
-by the test suite (``tests/test_gpu_benchmark.py``).
+by the test suite (``tests/benchmarks/test_gpu_benchmark.py``).
 """
 
 import math

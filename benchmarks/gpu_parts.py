@@ -150,7 +150,7 @@ def counts_line(found):
 
 
 def run_tests(part, out, quick, workers):
-    """``pytest tests/test_cuda.py`` until the part's deadline, its outcomes recorded as they
+    """``pytest tests/cuda/test_cuda.py`` until the part's deadline, its outcomes recorded as they
     come (a progress line every 20 s)."""
     record, path = os.path.join(out, "tests.jsonl"), os.path.join(out, "tests.log")
     if os.path.exists(record):
@@ -158,7 +158,7 @@ def run_tests(part, out, quick, workers):
     if workers > 1 and importlib.util.find_spec("xdist") is None:
         part.note(f"pytest-xdist is not installed: the tests run in one process, not {workers}")
         workers = 1
-    args = ["tests/test_cuda.py", "-v", "--tb=short", "-p", "no:cacheprovider",
+    args = ["tests/cuda/test_cuda.py", "-v", "--tb=short", "-p", "no:cacheprovider",
             "-p", "benchmarks.pytest_record"] + (["-x"] if quick else []) + (
             ["-n", str(workers)] if workers > 1 else [])
     command = "python -m pytest " + " ".join(args)
@@ -206,7 +206,7 @@ def run_tests(part, out, quick, workers):
     if slowest:
         lines.append("Slowest: " + ", ".join(f"`{t.split('::')[-1]}` {s:.0f} s"
                                              for t, s in slowest))
-    part.section("CUDA correctness against float64 (tests/test_cuda.py)", "\n\n".join(lines))
+    part.section("CUDA correctness against float64 (tests/cuda/test_cuda.py)", "\n\n".join(lines))
 
 
 # ------------------------------------------------------------------ attention TFLOP/s

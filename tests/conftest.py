@@ -1,9 +1,11 @@
 """Session-wide fixtures: tiny corpora written by the tests, and a tiny LM trained on one (helpers
-are in ``tests/helpers.py``)."""
+are in ``tests/helpers/``)."""
 
 import pytest
 
-from tests.helpers import preprocess, train, user_dir, write_tiny_corpus
+from tests.helpers.cli import preprocess, user_dir
+from tests.helpers.corpora import write_tiny_corpus
+from tests.helpers.training import train
 
 
 def pytest_configure(config):

@@ -126,9 +126,9 @@ def check_attention_backend(name: str) -> str:
 
     Checkpoints written before ``fold`` was a backend of its own saved ``sdpa`` for "fold where
     measured faster, dense float mask otherwise". They load as today's ``sdpa`` (the dense float
-    mask): both compute the same function (tests/test_dispatch.py checks the outputs of such a
-    checkpoint), and a checkpoint holds no version that could tell an old ``sdpa`` from a new,
-    deliberate one, so rewriting it to ``auto`` would silently override the new choice. The
+    mask): both compute the same function (tests/attention/test_dispatch.py checks the outputs of
+    such a checkpoint), and a checkpoint holds no version that could tell an old ``sdpa`` from a
+    new, deliberate one, so rewriting it to ``auto`` would silently override the new choice. The
     speed and memory of the fold at long lengths are one load-time override away:
     ``--model-overrides "{'alibi_attention': 'auto'}"``.
     """

@@ -1,0 +1,284 @@
+"""The one attention dispatch: ``auto``'s policy as a table, the errors of a named backend that
+cannot serve a call, one validation of the name, and the backend saved with a checkpoint
+(overridable at load; the ``sdpa`` of checkpoints written before ``fold`` was a backend)."""
+
+import dataclasses
+import itertools
+
+import pytest
+import torch
+
+from fairseq_alibi.alibi import VARIANTS
+from fairseq_alibi.modules.bias import AlibiBias
+from fairseq_alibi.modules.alibi_multihead_attention import AlibiMultiheadAttention, set_attention_backend
+from fairseq_alibi.modules.attention import (
+    ATTENTION_BACKENDS,
+    REGISTRY,
+    Call,
+    auto_backend,
+    check_attention_backend,
+    dispatch,
+    flash,
+    flex,
+)
+from tests.helpers.checkpoints import load
+from tests.helpers.cli import run_cli
+
+TOL = dict(atol=2e-5, rtol=1e-4)
+MIB = 2**20
+
+
+@pytest.fixture(params=[False, True], ids=["no flash_attn", "flash_attn"])
+def flash_installed(request, monkeypatch):
+    monkeypatch.setattr(flash, "installed", lambda: request.param)
+    return request.param
+
+
+# ------------------------------------------------------------------------ auto's policy table
+
+#: (call, backend auto must choose); heads 8, batch 1 unless given. Every threshold of
+#: auto_backend is crossed here: FOLD_MIN_LENGTH (640), DENSE_MASK_BUDGET (64 MiB), the
+#: merged variants, what the fold cannot serve, and flash on CUDA.
+CPU32 = dict(device="cpu", dtype=torch.float32, heads=8)
+POLICY = [
+    (Call(variant="causal", query_len=512, key_len=512, **CPU32), "sdpa"),
+    (Call(variant="causal", query_len=639, key_len=639, **CPU32), "sdpa"),
+    (Call(variant="causal", query_len=640, key_len=640, **CPU32), "fold"),
+    (Call(variant="one_sided", query_len=1024, key_len=1024, **CPU32), "fold"),
+    (Call(variant="causal", query_len=1024, key_len=1024, grad=True, **CPU32), "fold"),
+    (Call(variant="causal", query_len=1024, key_len=1024, dtype=torch.float64, device="cpu",
+          heads=8), "fold"),
+    # the bidirectional variants: two merged passes, slower than the mask while it fits
+    (Call(variant="symmetric", query_len=1024, key_len=1024, **CPU32), "sdpa"),
+    (Call(variant="offset", query_len=2048, key_len=2048, heads=4, device="cpu",
+          dtype=torch.float32), "sdpa"),  # (4, 2048, 2048) float32 = 64 MiB: just fits
+    (Call(variant="offset", query_len=2048, key_len=2048, **CPU32), "fold"),  # 128 MiB
+    # key padding is a query/key column, not a per-sequence mask: the bias stays (H, T, S)
+    (Call(variant="asymmetric", query_len=512, key_len=512, batch=16, padded=True, **CPU32),
+     "sdpa"),
+    (Call(variant="offset", query_len=2048, key_len=2048, batch=16, padded=True, **CPU32),
+     "fold"),  # (8, 2048, 2048) float32 = 128 MiB
+    (Call(variant="asymmetric", query_len=512, key_len=512, batch=16, **CPU32), "sdpa"),
+    # what the fold cannot serve goes to sdpa, at any length
+    (Call(variant="causal", query_len=1, key_len=4096, **CPU32), "sdpa"),  # a decoding step
+    (Call(variant="causal", query_len=8, key_len=4096, **CPU32), "sdpa"),
+    (Call(variant="causal", query_len=1024, key_len=1024, dropout_p=0.1, **CPU32), "sdpa"),
+    (Call(variant="causal", query_len=1024, key_len=1024, attn_mask=True, **CPU32), "sdpa"),
+    (Call(variant="causal", query_len=1024, key_len=1024, device="cpu", dtype=torch.bfloat16,
+          heads=8), "sdpa"),
+    (Call(variant="symmetric", query_len=4096, key_len=4096, device="mps",
+          dtype=torch.float32, heads=8), "sdpa"),
+]
+#: on CUDA: flash where installed and it serves, else sdpa
+CUDA16 = dict(device="cuda", dtype=torch.float16, heads=8)
+POLICY_CUDA = [
+    (Call(variant="causal", query_len=512, key_len=512, **CUDA16), ("sdpa", "flash")),
+    (Call(variant="symmetric", query_len=512, key_len=512, padded=True, **CUDA16),
+     ("sdpa", "flash")),
+    (Call(variant="causal", query_len=1, key_len=512, **CUDA16), ("sdpa", "flash")),
+    (Call(variant="causal", query_len=1, key_len=512, padded=True, **CUDA16), ("sdpa", "sdpa")),
+    (Call(variant="one_sided", query_len=512, key_len=512, **CUDA16), ("sdpa", "sdpa")),
+    (Call(variant="causal", query_len=512, key_len=512, device="cuda", dtype=torch.float32,
+          heads=8), ("sdpa", "sdpa")),
+    (Call(variant="causal", query_len=512, key_len=512, attn_mask=True, **CUDA16),
+     ("sdpa", "sdpa")),
+    # compiled flex: causal, whole sequences, half precision, from FLEX_MIN_LENGTH keys
+    (Call(variant="causal", query_len=4096, key_len=4096, attn_mask=True, **CUDA16),
+     ("sdpa", "sdpa")),
+    (Call(variant="causal", query_len=4095, key_len=4095, **CUDA16), ("sdpa", "flash")),
+    (Call(variant="causal", query_len=1, key_len=8192, device="cuda", dtype=torch.float32,
+          heads=8), ("sdpa", "sdpa")),
+    (Call(variant="causal", query_len=8192, key_len=8192, device="cuda", dtype=torch.float32,
+          heads=8), ("sdpa", "sdpa")),
+    (Call(variant="causal", query_len=8192, key_len=8192, padded=True, device="cuda",
+          dtype=torch.float32, heads=8), ("sdpa", "sdpa")),
+    (Call(variant="causal", query_len=8192, key_len=8192, dropout_p=0.1, device="cuda",
+          dtype=torch.bfloat16, heads=8), ("sdpa", "flash")),
+    (Call(variant="offset", query_len=8192, key_len=8192, device="cuda", dtype=torch.bfloat16,
+          heads=8), ("sdpa", "sdpa")),
+]
+
+#: where flash_attn is absent, flex serves these (triton present)
+FLEX_CUDA = [
+    Call(variant="causal", query_len=4096, key_len=4096, **CUDA16),
+    Call(variant="causal", query_len=8192, key_len=8192, grad=True, device="cuda",
+         dtype=torch.bfloat16, heads=16),
+]
+
+
+@pytest.mark.parametrize("call,expected", POLICY, ids=[str(i) for i in range(len(POLICY))])
+def test_auto_policy_on_the_cpu(call, expected, flash_installed):
+    assert auto_backend(call) == expected
+
+
+@pytest.mark.parametrize("call,expected", POLICY_CUDA,
+                         ids=[str(i) for i in range(len(POLICY_CUDA))])
+def test_auto_policy_on_cuda(call, expected, flash_installed):
+    assert auto_backend(call) == expected[flash_installed]
+
+
+@pytest.mark.parametrize("call", FLEX_CUDA, ids=[str(i) for i in range(len(FLEX_CUDA))])
+def test_auto_takes_compiled_flex_for_long_causal_sequences_on_cuda(call, flash_installed,
+                                                                     monkeypatch):
+    monkeypatch.setattr(flex, "compilable", lambda: True)
+    assert auto_backend(call) == ("flash" if flash_installed else "flex")
+    monkeypatch.setattr(flex, "compilable", lambda: False)  # no triton: no compiled flex
+    assert auto_backend(call) == ("flash" if flash_installed else "sdpa")
+    learned = call._replace(scale_grad=True)  # flash refuses; flex's was not measured
+    assert auto_backend(learned) == "sdpa"
+
+
+def test_policy_thresholds_are_the_documented_ones():
+    assert dispatch.FOLD_MIN_LENGTH == 640 and dispatch.DENSE_MASK_BUDGET == 64 * MIB
+    assert dispatch.FLEX_MIN_LENGTH == 4096
+
+
+#: the grid of calls of the tests before the dispatch was one table (need_weights is the
+#: module's business now: see test_need_weights_uses_the_explicit_path_whatever_the_backend)
+ALL_CALLS = [
+    Call(device, dtype, variant, q_len, key_len, 2, 8, padded, attn_mask, drop, grad)
+    for device, dtype, variant, (q_len, key_len, grad), attn_mask, padded, drop in
+    itertools.product(
+        ["cpu", "cuda", "mps"], [torch.float32, torch.bfloat16, torch.float16], VARIANTS,
+        [(8, 8, False), (8, 8, True), (1, 8, False), (1024, 1024, True), (2048, 2048, False)],
+        [False, True], [False, True], [0.0, 0.1],
+    )
+]
+
+
+def test_auto_never_picks_a_backend_that_cannot_serve(flash_installed):
+    for call in ALL_CALLS:
+        chosen = auto_backend(call)
+        assert REGISTRY[chosen].unsupported(call) is None, (call, chosen)
+        assert chosen != "naive"
+        if chosen == "flex":  # only where it was measured faster
+            assert call.device == "cuda" and call.variant == "causal" and not call.padded
+            assert call.query_len == call.key_len >= dispatch.FLEX_MIN_LENGTH
+        if call.device == "cpu":
+            assert chosen in ("fold", "sdpa")  # measured fastest on the CPU, train and inference
+        if chosen == "flash":
+            assert call.variant in ("causal", "symmetric") and call.device == "cuda"
+
+
+# ------------------------------------------------------------------------ names and errors
+
+
+def test_one_list_of_names_and_one_validation():
+    assert ATTENTION_BACKENDS == ("auto", "fold", "sdpa", "flex", "flash", "naive")
+    for name in ATTENTION_BACKENDS:
+        assert check_attention_backend(name) == name
+    with pytest.raises(ValueError, match="unknown ALiBi attention backend 'cuda-magic'.*auto, fold"):
+        check_attention_backend("cuda-magic")
+    alibi = AlibiBias(4)
+    with pytest.raises(ValueError, match="unknown ALiBi attention backend"):
+        AlibiMultiheadAttention(32, 4, alibi.layer(0), attention="cuda-magic")
+    with pytest.raises(ValueError, match="unknown ALiBi attention backend"):
+        set_attention_backend(torch.nn.Sequential(), "sdpa-fold")
+
+
+def test_a_named_backend_that_cannot_serve_is_a_clear_error(monkeypatch):
+    train = Call("cpu", torch.float32, "causal", 8, 8, grad=True)
+    with pytest.raises(ValueError, match="flex cannot serve.*no CPU backward.*auto"):
+        dispatch.resolve("flex", train)
+    with pytest.raises(ValueError, match="CUDA only"):
+        dispatch.resolve("flash", train)
+    with pytest.raises(ValueError, match="fold cannot serve.*KV cache"):
+        dispatch.resolve("fold", Call("cpu", torch.float32, "causal", 1, 8))
+    with pytest.raises(ValueError, match="fold cannot serve.*bfloat16"):
+        dispatch.resolve("fold", Call("cpu", torch.bfloat16, "causal", 8, 8))
+    monkeypatch.setattr(flash, "installed", lambda: True)
+    one_sided = Call("cuda", torch.float16, "one_sided", 8, 8)
+    with pytest.raises(ValueError, match="causal and symmetric only, not one_sided"):
+        dispatch.resolve("flash", one_sided)
+    for name in ("sdpa", "naive"):  # these serve every call
+        assert dispatch.resolve(name, Call("mps", torch.float16, "one_sided", 1, 8, 2, 8,
+                                           True, True, 0.1, True)) == name
+    # the module raises it too, at the call that cannot be served
+    attn = AlibiMultiheadAttention(32, 4, AlibiBias(4).layer(0), attention="flex").train()
+    with pytest.raises(ValueError, match="no CPU backward"):
+        attn(*(torch.randn(5, 2, 32),) * 3, need_weights=False)
+
+
+def test_the_module_runs_the_backend_it_was_given(monkeypatch):
+    """One path for every backend: the configured name reaches the table, nothing in between."""
+    ran = []
+    for name, backend in list(REGISTRY.items()):
+        def spy(*args, _name=name, _run=backend.run):
+            ran.append(_name)
+            return _run(*args)
+        monkeypatch.setitem(REGISTRY, name, dataclasses.replace(backend, run=spy))
+    attn = AlibiMultiheadAttention(32, 4, AlibiBias(4).layer(0)).eval()
+    x = torch.randn(6, 2, 32)
+    with torch.no_grad():
+        for name in ("fold", "sdpa", "naive", "auto"):
+            set_attention_backend(attn, name)
+            attn(x, x, x, need_weights=False)
+    assert ran == ["fold", "sdpa", "naive", "sdpa"]  # auto: 6 causal keys -> the dense mask
+
+
+# ------------------------------------------------------------------------ saved with the model
+
+
+def _train_lm(data, user_dir, save_dir, attention):
+    run_cli(
+        "fairseq-train", data, "--user-dir", user_dir, "--task", "language_modeling",
+        "--arch", "alibi_transformer_lm", "--alibi-attention", attention, "--cpu",
+        "--decoder-layers", "1", "--decoder-embed-dim", "16", "--decoder-ffn-embed-dim", "32",
+        "--decoder-attention-heads", "2", "--tokens-per-sample", "16", "--batch-size", "4",
+        "--optimizer", "adam", "--lr", "1e-3", "--max-update", "1", "--no-epoch-checkpoints",
+        "--save-dir", save_dir, "--log-format", "none", "--num-workers", "0",
+    )
+    return str(save_dir / "checkpoint_last.pt")
+
+
+def _backends_of(model):
+    return {m.attention_backend for m in model.modules() if isinstance(m, AlibiMultiheadAttention)}
+
+
+@pytest.mark.slow
+def test_backend_is_saved_with_the_model_and_overridable_at_load(
+    tiny_lm_data, alibi_user_dir, tmp_path
+):
+    from fairseq import checkpoint_utils
+
+    path = _train_lm(tiny_lm_data, alibi_user_dir, tmp_path, "naive")
+    (saved,), _ = checkpoint_utils.load_model_ensemble([path])
+    assert _backends_of(saved) == {"naive"}
+    (loaded,), _ = checkpoint_utils.load_model_ensemble(
+        [path], arg_overrides={"alibi_attention": "fold"}
+    )
+    assert _backends_of(loaded) == {"fold"}
+    saved.eval(), loaded.eval()
+    tokens = torch.randint(4, 20, (2, 30))
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(tokens)[0], saved(tokens)[0], **TOL)
+
+
+@pytest.mark.slow
+def test_checkpoint_saved_with_the_old_sdpa_loads_and_computes_the_same(
+    tiny_lm_data, alibi_user_dir, tmp_path
+):
+    """Before ``fold`` was a backend, ``sdpa`` meant "fold where measured faster, the dense
+    float mask otherwise", and a checkpoint held nothing but ``cfg.model.alibi_attention:
+    'sdpa'`` — exactly what a checkpoint of today trained with ``--alibi-attention sdpa``
+    holds, so one is written that way (a checkpoint written by the code of that time was
+    checked the same way when the dispatch changed). It loads as today's ``sdpa`` (see
+    ``dispatch.check_attention_backend``): the same outputs as the fold and the explicit
+    reference, at a length where the old code folded (640 and more) and where it did not."""
+    from fairseq import checkpoint_utils
+
+    path = _train_lm(tiny_lm_data, alibi_user_dir, tmp_path, "sdpa")
+    assert load(path)["cfg"]["model"]["alibi_attention"] == "sdpa"  # the old format's value
+    (old,), _ = checkpoint_utils.load_model_ensemble([path])
+    assert _backends_of(old) == {"sdpa"}
+    (reference,), _ = checkpoint_utils.load_model_ensemble(
+        [path], arg_overrides={"alibi_attention": "naive"})
+    old.eval(), reference.eval()
+    torch.manual_seed(0)
+    tokens = torch.randint(4, 20, (2, 700))
+    with torch.no_grad():
+        want = reference(tokens)[0]
+        torch.testing.assert_close(old(tokens)[0], want, **TOL)
+        torch.testing.assert_close(old(tokens[:, :40])[0], want[:, :40], **TOL)
+        set_attention_backend(old, "auto")  # the old sdpa's formulation at 700 tokens: folded
+        torch.testing.assert_close(old(tokens)[0], want, **TOL)

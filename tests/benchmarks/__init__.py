@@ -1,0 +1,1 @@
+"""The benchmark suite and the GPU command in their quick CPU forms, so they cannot rot."""

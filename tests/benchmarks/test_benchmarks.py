@@ -1,0 +1,88 @@
+"""The benchmark suite runs end to end (``--quick``: toy sizes, one round), so it cannot rot.
+
+No timing is asserted: the figures of a quick run mean nothing. What is checked is that every
+benchmark runs through the real code paths (fairseq's Trainer and fairseq-eval-lm included)
+and writes its tables with the command, machine and date they come from.
+"""
+
+import pytest
+import os
+import subprocess
+import sys
+
+from tests.helpers.cli import REPO
+
+#: end to end through fairseq's real command lines
+pytestmark = pytest.mark.slow
+
+SECTIONS = [
+    "### Attention forward (",
+    "### Attention forward+backward and memory (",
+    "### Attention modules, projections included (",
+    "### Cached decoding, per step: ALiBi ÷ stock decoders (",
+    "### Cached decoding, per step: identical decoders, copied or shared weights (",
+    "### Training throughput and peak memory (",
+    "### fairseq-eval-lm, sliding window (",
+    "### Encoder variants, attention (",
+    "### Encoder variants, masked-LM training (",
+    "### Masked-LM heads, training (",
+    "### Encoder bias options, training (",
+    "### Translation training: alibi_transformer ÷ transformer (",
+    "### Translation generation, beam 4: alibi_transformer ÷ transformer (",
+    "### Translation training, cross-attention options ÷ alibi_transformer (",
+    "### Cached decoding, per step: cross-attention options ÷ alibi_transformer (",
+    "### Translation generation, whole sentences: cross-attention options ÷ alibi_transformer (",
+]
+
+
+def run_benchmarks(*args):
+    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    return subprocess.run([sys.executable, "-m", "benchmarks.run", *args],
+                          capture_output=True, text=True, env=env, timeout=900, cwd=REPO)
+
+
+def test_quick_run_of_every_benchmark_writes_its_tables(tmp_path):
+    out_md = tmp_path / "bench.md"
+    proc = run_benchmarks("--quick", "--threads", "1", "--markdown", str(out_md))
+    assert proc.returncode == 0, proc.stderr[-6000:]
+    text = out_md.read_text()
+    for title in SECTIONS:
+        assert title in text, title
+        assert title in proc.stdout, title
+    assert text.count("Command: `python -m benchmarks.run --quick --threads 1 --markdown") == len(SECTIONS)
+    assert text.count("Machine: ") == len(SECTIONS) and text.count("Date: ") == len(SECTIONS)
+    # every method of the attention benchmark has a row, and flex is said to be forward-only
+    for method in ["no bias", "fold", "sdpa", "original (B·H,L,L) mask",
+                   "BLOOM baddbmm", "naive", "flex (compiled)"]:
+        assert f"| {method} |" in text, method
+    assert "| flex (compiled) | no CPU backward |" in text
+    for option in ("offset, --alibi-global-tokens 1", "offset, --alibi-heads 2",
+                   "offset, global token + 2 heads"):
+        assert f"| {option} |" in text, option
+    # the decoding benchmark has a ratio for every (decoder, sequences, cached tokens) case
+    decoding = text.split("### Cached decoding")[1].split("###")[0]
+    rows = [l.split("|")[1:-1] for l in decoding.splitlines() if l.startswith("| ")][1:]
+    assert [tuple(c.strip() for c in r[:3]) for r in rows] == [
+        (decoder, batch, cached) for decoder in ("language model", "translation decoder")
+        for batch in ("1", "2") for cached in ("16", "64")]
+    assert all(float(r[5]) > 0 for r in rows), rows
+    # the cross-attention options' decoding table: the noise-floor row first, every option,
+    # each with its three ratios (a later step, the first step, all steps)
+    from benchmarks.cases import CROSS, SAME
+    cross = text.split("### Cached decoding, per step: cross-attention options")[1].split("###")[0]
+    rows = [[c.strip() for c in l.split("|")[1:-1]] for l in cross.splitlines()
+            if l.startswith("| ")][1:]
+    assert [r[0] for r in rows[::4]] == [SAME, *CROSS], rows
+    assert all(len(r) == 8 and all(float(x) > 0 for x in r[3:]) for r in rows), rows
+    # both models scored the same, non-zero, number of tokens with fairseq-eval-lm
+    eval_section = text.split("### fairseq-eval-lm")[1].split("###")[0]
+    rows = [l.split("|")[1:-1] for l in eval_section.splitlines() if l.startswith("| ")][1:]
+    assert [r[0].strip() for r in rows] == ["transformer_lm (sinusoidal)", "alibi_transformer_lm"]
+    scored = {r[1].strip() for r in rows}
+    assert len(scored) == 1 and scored != {"0"}, rows
+
+
+def test_unknown_benchmark_name_is_a_clear_error():
+    proc = run_benchmarks("--only", "attention,speed")
+    assert proc.returncode != 0
+    assert "unknown benchmark(s) speed; choose from attention, decoding, train, eval, encoder" in proc.stderr

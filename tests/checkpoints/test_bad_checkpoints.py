@@ -1,0 +1,195 @@
+"""Checkpoints of the wrong kind (docs/reliability.md, catalogue of bad inputs): an ALiBi
+checkpoint in stock fairseq, a stock one in the plugin's models, another kind of ``alibi_roberta``,
+a dictionary that does not match; each a clear error naming the fix, the checkpoint untouched.
+
+Backed elsewhere, not repeated here: checkpoints of the other kind at the weights level
+(test_lm_model, test_roberta_model), fork checkpoints (test_forks, test_press_unconverted), the
+hub given a stock checkpoint (test_bad_hub). ``# row N`` marks a row of issue 12 (what an
+experienced fairseq user hit on first contact). Tests that run fairseq's command lines are
+marked ``slow``.
+"""
+
+import shutil
+
+import pytest
+
+from tests.helpers.building import build_model, setup_from_command_line
+from tests.helpers.checkpoints import saved_in_process
+from tests.helpers.cli import last_line, run_cli, snapshot
+from tests.helpers.corpora import write_tiny_bpe
+from tests.helpers.training import MODELS, STOCK, train
+
+
+# ---------------------------------------------------------------- checkpoints and dictionaries
+
+
+@pytest.mark.slow
+def test_alibi_checkpoint_without_the_plugin(trained_lm_checkpoint, tiny_lm_data, tmp_path):
+    """Stock fairseq cannot build a model it does not know; its own error message is broken
+    (it formats the config into a format string): KeyError "'_name'". The plugin is not loaded
+    at that point, so only the docs can name the fix: --user-dir."""
+    before = snapshot(trained_lm_checkpoint.parent)
+    out = run_cli("fairseq-eval-lm", tiny_lm_data, "--path", trained_lm_checkpoint, "--cpu",
+                  "--tokens-per-sample", 16, "--max-tokens", 256, expect_ok=False)
+    assert out.strip().splitlines()[-1].startswith("KeyError: \"'_name'\"")
+    assert snapshot(trained_lm_checkpoint.parent) == before
+
+
+@pytest.mark.slow
+def test_alibi_checkpoint_restored_into_stock_transformer_lm(trained_lm_checkpoint, tiny_lm_data,
+                                                             alibi_user_dir, tmp_path):
+    save = tmp_path / "stock"
+    save.mkdir()
+    shutil.copy(trained_lm_checkpoint, save / "checkpoint_last.pt")
+    before = snapshot(save)
+    out = train("lm", tiny_lm_data, alibi_user_dir, save, "--arch", "transformer_lm",
+                "--max-update", 4, expect_ok=False)
+    assert "Cannot load model parameters from checkpoint" in out
+    assert "please ensure that the architectures match" in out and "alibi.slopes" in out
+    assert snapshot(save) == before  # nothing written, the checkpoint untouched
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model", ["lm", "encoder"])
+def test_dictionary_that_does_not_match_the_checkpoint(model, trained_lm_checkpoint, tmp_path,
+                                                       tiny_lm_data, alibi_user_dir):
+    from fairseq import checkpoint_utils
+
+    checkpoint = trained_lm_checkpoint
+    if model == "encoder":
+        train("encoder", tiny_lm_data, alibi_user_dir, tmp_path / "enc", "--max-update", 1)
+        checkpoint = tmp_path / "enc" / "checkpoint_last.pt"
+    other = tmp_path / "other"  # a data directory binarized with another dictionary
+    other.mkdir()
+    (other / "dict.txt").write_text("".join(f"v{i} 1\n" for i in range(92)))  # + 4 specials
+    trained, given = (64, 96) if model == "lm" else (65, 97)  # masked_lm adds <mask>
+    with pytest.raises(ValueError, match=rf"dictionary of {trained} symbols, but the data "
+                                         rf"directory's dict.txt has {given}: give the data"):
+        checkpoint_utils.load_model_ensemble_and_task(
+            [str(checkpoint)], arg_overrides={"data": str(other)})
+
+
+# row 3: a stock RoBERTa checkpoint, and row 12: the message fits how the run was started
+
+
+def test_stock_roberta_checkpoint_names_the_none_variant(tiny_lm_data):
+    cfg, task = setup_from_command_line(tiny_lm_data, "--cpu", *STOCK["encoder"])
+    stock = task.build_model(cfg.model)
+    ours, _ = build_model("encoder", tiny_lm_data)  # --alibi-variant offset
+    with pytest.raises(ValueError) as error:
+        ours.load_state_dict(stock.state_dict())
+    message = str(error.value)
+    assert "--alibi-variant none --mlm-head roberta" in message and "convert" not in message
+    none, _ = build_model("encoder", tiny_lm_data, "--alibi-variant", "none")
+    none.load_state_dict(stock.state_dict())  # what the message says works
+
+
+def _as_hydra_built(model_flags, data):
+    """The model as fairseq-hydra-train builds it: its options are an OmegaConf config."""
+    from fairseq import options, tasks
+    from omegaconf import OmegaConf
+
+    argv = [str(a) for a in [data, *MODELS["encoder"], "--cpu", *model_flags]]
+    args = options.parse_args_and_arch(options.get_training_parser(), argv)
+    task = tasks.setup_task(args)
+    cfg = OmegaConf.create({k: v for k, v in vars(args).items()
+                            if v is None or isinstance(v, (bool, int, float, str, list))})
+    return task.build_model(cfg)
+
+
+@pytest.mark.parametrize("started,expected", [
+    ("cli", "the flags `--alibi-variant offset --mlm-head clap --zero-mask-embedding`"),
+    ("hydra", "the override `variant=zero_clap`"),
+])
+def test_kind_mismatch_message_fits_how_the_run_was_started(started, expected, tiny_lm_data):
+    zero_clap = ["--alibi-variant", "offset", "--mlm-head", "clap", "--zero-mask-embedding"]
+    trained, _ = build_model("encoder", tiny_lm_data, *zero_clap)
+    if started == "cli":
+        fresh, _ = build_model("encoder", tiny_lm_data)  # the default: offset, roberta head
+    else:
+        fresh = _as_hydra_built([], tiny_lm_data)  # a GLUE config without variant=
+    with pytest.raises(ValueError, match="trained with `--alibi-variant offset --mlm-head clap"
+                                         " --zero-mask-embedding`") as error:
+        fresh.load_state_dict(trained.state_dict())
+    assert str(error.value).endswith(expected)
+
+
+@pytest.mark.slow
+def test_hydra_glue_config_without_variant_names_the_override(alibi_user_dir, tmp_path):
+    """The shipped GLUE config (default variant=alibi) on a zero-clap checkpoint, through the
+    real fairseq-hydra-train: the hint names `variant=zero_clap`, printed before hydra's report."""
+    from fairseq_alibi.preprocess import glue
+    from fairseq_alibi.preprocess.encoders import Gpt2BpeEncoder
+    from tests.helpers.corpora import write_glue
+
+    write_glue(tmp_path / "glue_data", rows=16)
+    bpe = Gpt2BpeEncoder.from_dir(write_tiny_bpe(tmp_path / "bpe"))
+    glue.prepare(tmp_path / "glue_data", tmp_path / "glue", ["RTE"], bpe)
+    data = tmp_path / "glue" / "RTE-bin"
+    sizes = {"encoder_layers": 1, "encoder_embed_dim": 16, "encoder_ffn_embed_dim": 32,
+             "encoder_attention_heads": 2}
+    checkpoint = saved_in_process(  # offset ALiBi and the RoBERTa head: the configs' `alibi`
+        tmp_path / "alibi" / "model.pt", data / "input0", "--task", "masked_lm",
+        "--criterion", "masked_lm", "--arch", "alibi_roberta_base", "--alibi-variant", "offset",
+        "--tokens-per-sample", 64,
+        *[a for k, v in sizes.items() for a in (f"--{k.replace('_', '-')}", v)])
+    out = run_cli(
+        "fairseq-hydra-train", "--config-dir", f"{alibi_user_dir}/config/glue",
+        "--config-name", "rte", f"task.data={data}", f"checkpoint.restore_file={checkpoint}",
+        *[f"++model.{k}={v}" for k, v in sizes.items()], "++model.max_positions=64",
+        "task.max_positions=64", "common.cpu=true", "common.fp16=false",
+        "dataset.num_workers=0", "distributed_training.distributed_world_size=1",
+        "dataset.batch_size=4", "dataset.max_tokens=null", "optimization.max_update=2",
+        f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path, expect_ok=False)
+    lines = out.strip().splitlines()
+    hint = next(i for i, l in enumerate(lines) if l.startswith("fairseq_alibi: ValueError:"))
+    assert lines[hint].endswith("build it with the override `variant=alibi`")
+    assert "trained with `--alibi-variant offset --mlm-head roberta`" in lines[hint]
+    assert "being built has `--alibi-variant offset --mlm-head clap --zero-mask-embedding`" \
+        in lines[hint]
+    assert hint < next(i for i, l in enumerate(lines) if "Error executing job" in l)
+
+
+# row 4: a stock checkpoint through --restore-file / --finetune-from-model
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("flag", ["--restore-file", "--finetune-from-model"])
+def test_stock_checkpoint_restored_shows_the_plugin_message_last(flag, tiny_lm_data,
+                                                                 alibi_user_dir, tmp_path):
+    stock = saved_in_process(tmp_path / "stock" / "model.pt", tiny_lm_data, *STOCK["lm"])
+    out = train("lm", tiny_lm_data, alibi_user_dir, tmp_path / "save", "--max-update", 2,
+                flag, stock, expect_ok=False)
+    assert "please ensure that the architectures match" in out  # fairseq's, above ours
+    assert last_line(out).startswith(
+        "fairseq_alibi: ValueError: this checkpoint was trained with no ALiBi on the decoder "
+        "(no decoder.alibi.slopes")
+    assert "convert" in last_line(out)
+
+
+# a custom-size encoder fine-tuned with the architecture's default sizes
+
+
+def test_checkpoint_of_another_size_names_the_size_flags(tiny_lm_data, tmp_path):
+    """fairseq's trainer buries torch's ``size mismatch`` under ``please ensure that the
+    architectures match``; the hint names the flags that build the checkpoint's sizes."""
+    from fairseq.trainer import Trainer
+
+    from fairseq_alibi.error_hints import hint_for
+
+    encoder = ["--task", "masked_lm", "--criterion", "masked_lm", "--arch", "alibi_roberta_base",
+               "--tokens-per-sample", 16, "--optimizer", "adam", "--lr", 1e-3,
+               "--encoder-layers", 2, "--encoder-attention-heads", 4]
+    custom = saved_in_process(tmp_path / "custom" / "model.pt", tiny_lm_data, *encoder,
+                              "--encoder-embed-dim", 32, "--encoder-ffn-embed-dim", 64)
+    cfg, task = setup_from_command_line(tiny_lm_data, "--cpu", *encoder,
+                                        "--encoder-embed-dim", 48)  # FFN: the default 3072
+    model = task.build_model(cfg.model)
+    trainer = Trainer(cfg, task, model, task.build_criterion(cfg.criterion))
+    with pytest.raises(Exception, match="please ensure that the architectures match") as failed:
+        trainer.load_checkpoint(str(custom), reset_optimizer=True)
+    assert hint_for(failed.value) == (
+        "the checkpoint's model has other sizes than the one being built "
+        "(encoder.sentence_encoder.embed_tokens.weight: [65, 32] in the checkpoint, [65, 48] "
+        "built): build it with the sizes it was trained with, add --encoder-embed-dim 32 "
+        "--encoder-ffn-embed-dim 64")

@@ -1,0 +1,110 @@
+"""Empty, missing or corrupt files (docs/reliability.md, catalogue of bad inputs): an empty
+training split, a save dir with no checkpoint yet, a 0-byte checkpoint, a Pile shard line that is
+not JSON; each a clear error naming the fix, and nothing on disk overwritten.
+
+Backed elsewhere, not repeated here: truncated or corrupt checkpoint files and failed saves
+(test_resume), damaged files given to convert (test_forks), the Pile pipeline's other errors
+(test_pipelines). ``# row N`` marks a row of issue 12 (what an experienced fairseq user hit on
+first contact). Tests that run fairseq's command lines are marked ``slow``.
+"""
+
+import shutil
+
+import pytest
+
+from tests.helpers.cli import last_line, run_cli, snapshot
+from tests.helpers.training import train
+
+
+# ---------------------------------------------------------------- data
+
+
+@pytest.mark.slow
+def test_empty_training_file(trained_lm_checkpoint, tmp_path, alibi_user_dir, tiny_lm_data):
+    """fairseq binarizes an empty file ("0 sents") and fails to read it at the start of
+    training; the checkpoints already in --save-dir are untouched."""
+    from fairseq.data import indexed_dataset
+
+    data = tmp_path / "bin"  # the tiny corpus with an empty training split
+    shutil.copytree(tiny_lm_data, data)
+    # exactly what fairseq-preprocess writes for a file of no lines
+    builder = indexed_dataset.make_builder(str(data / "train.bin"), "mmap", vocab_size=64)
+    builder.finalize(str(data / "train.idx"))
+    assert (data / "train.bin").stat().st_size == 0
+    save = tmp_path / "save"
+    save.mkdir()
+    shutil.copy(trained_lm_checkpoint, save / "checkpoint_last.pt")
+    before = snapshot(save)
+    out = train("lm", data, alibi_user_dir, save, "--max-update", 4, expect_ok=False)
+    assert "ValueError: cannot mmap an empty file" in out
+    assert snapshot(save) == before
+
+
+# row 14: the Pile pipeline's JSON errors
+
+
+@pytest.mark.parametrize("line,reason", [
+    ('{"text": "a\tb"}', "Invalid control character at column 12"),
+    ('{"text": "ab', "Unterminated string at column 10"),
+    ("{not json", "Expecting property name enclosed in double quotes at column 2"),
+])
+def test_pile_json_error_reads_once(line, reason):
+    from fairseq_alibi.preprocess.pile import DataError, parse_document
+
+    with pytest.raises(DataError) as error:
+        parse_document("shard.jsonl", 3, line)
+    assert str(error.value) == f"shard.jsonl:3: not valid JSON ({reason})"
+    assert " at at " not in str(error.value)
+
+
+# ---------------------------------------------------------------- checkpoints
+
+
+# row 9: checkpoints check/repair before the first save
+
+
+@pytest.mark.parametrize("fresh", ["empty folder", "no folder yet"])
+def test_repair_and_check_before_the_first_save(fresh, tmp_path, capsys):
+    from fairseq_alibi.cli.checkpoints import main
+
+    save_dir = tmp_path / "checkpoints"
+    if fresh == "empty folder":
+        save_dir.mkdir()
+    assert main(["repair", str(save_dir)]) == 0
+    assert capsys.readouterr().out.strip() == f"nothing to repair: no checkpoint in {save_dir} yet"
+    assert main(["check", str(save_dir)]) == 0
+    out = capsys.readouterr().out.strip()
+    assert out == f"no checkpoint yet in {save_dir}" and "DAMAGED" not in out
+    assert not save_dir.exists() or not any(save_dir.iterdir())  # nothing written
+
+
+# row 10: a 0-byte checkpoint
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("tool", ["fairseq-eval-lm", "fairseq-train"])
+def test_zero_byte_checkpoint_is_named_with_the_fix(tool, tiny_lm_data, alibi_user_dir, tmp_path):
+    save = tmp_path / "save"
+    save.mkdir()
+    (save / "checkpoint_last.pt").write_bytes(b"")
+    if tool == "fairseq-train":  # resuming
+        out = train("lm", tiny_lm_data, alibi_user_dir, save, "--max-update", 2, expect_ok=False)
+    else:
+        out = run_cli(tool, tiny_lm_data, "--user-dir", alibi_user_dir, "--path",
+                      save / "checkpoint_last.pt", "--cpu", "--tokens-per-sample", 16,
+                      expect_ok=False)
+    assert last_line(out) == (
+        f"fairseq_alibi: checkpoint {save / 'checkpoint_last.pt'} is empty (0 bytes), as an "
+        f"interrupted save leaves it; `fairseq-alibi checkpoints repair {save}` "
+        f"restores checkpoint_last.pt from the newest intact checkpoint (`... check {save}` "
+        f"lists them)")
+
+
+def test_check_reports_a_zero_byte_checkpoint(tmp_path, capsys):
+    from fairseq_alibi.cli.checkpoints import main
+
+    (tmp_path / "checkpoint_last.pt").write_bytes(b"")
+    assert main(["check", str(tmp_path)]) == 1
+    out = capsys.readouterr().out
+    assert "checkpoint_last.pt: DAMAGED (empty file, 0 bytes)" in out
+    assert f"fairseq-alibi checkpoints repair {tmp_path}" in out

@@ -1,0 +1,175 @@
+"""The hub (``from_pretrained``) given what it cannot use as is (docs/reliability.md, catalogue of
+bad inputs): no local GPT-2 BPE files offline, a stock checkpoint, a text longer than the
+training run's ``--max-tokens``.
+
+``# row N`` marks a row of issue 12 (what an experienced fairseq user hit on first contact).
+Tests that run a separate Python process are marked ``slow``.
+"""
+
+import shutil
+
+import pytest
+import torch
+
+from tests.helpers.checkpoints import saved_in_process
+from tests.helpers.cli import REPO, SHARED_DATA, last_line
+from tests.helpers.corpora import write_tiny_bpe
+from tests.helpers.training import MODELS, STOCK
+
+
+@pytest.fixture
+def no_network(monkeypatch):
+    """Fail the test if fairseq tries to download anything (its GPT-2 BPE defaults are URLs)."""
+    from fairseq import file_utils
+
+    def refuse(url, *args, **kwargs):
+        raise AssertionError(f"tried to download {url}")
+
+    monkeypatch.setattr(file_utils, "get_from_cache", refuse)
+    monkeypatch.setattr(file_utils, "cached_path_from_pm", refuse)
+
+
+# row 1: hub, offline GPT-2 BPE
+
+
+@pytest.mark.parametrize("where", ["checkpoint folder", "data folder", "shared gpt2_bpe"])
+def test_hub_finds_the_gpt2_bpe_files_offline(where, tiny_lm_data, tmp_path, no_network):
+    """The stock idiom, no BPE arguments: encoder.json + vocab.bpe beside the checkpoint or in
+    the data folder are used, and nothing is downloaded."""
+    from fairseq_alibi.models.alibi_roberta import AlibiRobertaModel
+
+    checkpoint = saved_in_process(tmp_path / "ckpt" / "model.pt", tiny_lm_data,
+                                  *MODELS["encoder"])
+    data = tmp_path / "data"
+    shutil.copytree(tiny_lm_data, data)
+    if where == "shared gpt2_bpe":
+        source = SHARED_DATA / "gpt2_bpe"
+        if not (source / "encoder.json").is_file():
+            pytest.skip("no shared GPT-2 BPE files (../shared/data/gpt2_bpe)")
+        for name in ("encoder.json", "vocab.bpe"):
+            shutil.copy(source / name, checkpoint.parent / name)
+    else:
+        write_tiny_bpe(checkpoint.parent if where == "checkpoint folder" else data)
+    roberta = AlibiRobertaModel.from_pretrained(str(checkpoint.parent), "model.pt", str(data))
+    assert roberta.cfg.bpe._name == "gpt2"
+    assert roberta.cfg.bpe.gpt2_encoder_json.endswith("encoder.json")
+    assert not roberta.cfg.bpe.gpt2_encoder_json.startswith("http")
+    tokens = roberta.encode("the cat sat")
+    assert tokens[0].item() == 0 and tokens[-1].item() == 2 and len(tokens) > 2
+    assert roberta.extract_features(tokens).shape[:2] == (1, len(tokens))
+
+
+def test_hub_without_gpt2_bpe_files_is_a_one_line_error(tiny_lm_data, tmp_path, no_network):
+    from fairseq_alibi.models.alibi_roberta import AlibiRobertaModel
+
+    checkpoint = saved_in_process(tmp_path / "ckpt" / "model.pt", tiny_lm_data,
+                                  *MODELS["encoder"])
+    with pytest.raises(ValueError) as error:
+        AlibiRobertaModel.from_pretrained(str(checkpoint.parent), "model.pt", str(tiny_lm_data))
+    message = str(error.value)
+    assert "\n" not in message
+    for needed in ("encoder.json", "vocab.bpe", "gpt2_encoder_json=", "gpt2_vocab_bpe=",
+                   str(checkpoint.parent)):
+        assert needed in message
+    bpe = write_tiny_bpe(tmp_path / "elsewhere")  # the arguments the message names work
+    AlibiRobertaModel.from_pretrained(
+        str(checkpoint.parent), "model.pt", str(tiny_lm_data),
+        gpt2_encoder_json=str(bpe / "encoder.json"), gpt2_vocab_bpe=str(bpe / "vocab.bpe"))
+
+
+# row 5: from_pretrained on a stock checkpoint
+
+
+HUB_CASES = {  # model -> (hub class, the stock class the checkpoint builds)
+    "lm": ("alibi_transformer_lm.AlibiTransformerLanguageModel", "TransformerLanguageModel"),
+    "encoder": ("alibi_roberta.AlibiRobertaModel", "RobertaModel"),
+    "translation": ("alibi_transformer.AlibiTransformerModel", "TransformerModel"),
+}
+
+
+def stock_hub_checkpoint(model, tiny_lm_data, folder):
+    """``(checkpoint, data dir)``: an untrained stock model of the kind, beside BPE files."""
+    data = tiny_lm_data
+    flags = STOCK.get(model)
+    if model == "translation":  # the translation task only reads the two dictionaries here
+        data = folder / "data"
+        data.mkdir(parents=True)
+        for side in ("src", "tgt"):
+            shutil.copy(tiny_lm_data / "dict.txt", data / f"dict.{side}.txt")
+        flags = ["--task", "translation", "--source-lang", "src", "--target-lang", "tgt",
+                 "--arch", "transformer", "--encoder-layers", 1, "--decoder-layers", 1,
+                 "--encoder-embed-dim", 16, "--decoder-embed-dim", 16,
+                 "--encoder-ffn-embed-dim", 32, "--decoder-ffn-embed-dim", 32,
+                 "--encoder-attention-heads", 2, "--decoder-attention-heads", 2]
+    checkpoint = saved_in_process(folder / "ckpt" / "model.pt", data, *flags)
+    write_tiny_bpe(checkpoint.parent)
+    return checkpoint, data
+
+
+@pytest.mark.parametrize("model", list(HUB_CASES))
+def test_from_pretrained_refuses_a_stock_checkpoint(model, tiny_lm_data, tmp_path, no_network):
+    import importlib
+
+    from fairseq_alibi.hub import WrongCheckpointError
+
+    checkpoint, data = stock_hub_checkpoint(model, tiny_lm_data, tmp_path)
+    module, hub_name = HUB_CASES[model][0].rsplit(".", 1)
+    hub_class = getattr(importlib.import_module(f"fairseq_alibi.models.{module}"), hub_name)
+    built = HUB_CASES[model][1]
+    with pytest.raises(WrongCheckpointError, match=rf"holds a {built}, not an alibi_\w+ model "
+                                                   rf".*load it with {built}.from_pretrained"):
+        hub_class.from_pretrained(str(checkpoint.parent), checkpoint.name, str(data))
+
+
+def test_an_uncaught_refusal_is_printed_as_one_line(capsys):
+    """The package's excepthook (and IPython's ``_render_traceback_``) show the message alone."""
+    import sys
+
+    from fairseq_alibi.hub import WrongCheckpointError
+
+    try:
+        raise WrongCheckpointError("x.pt holds a TransformerModel, not ...: load it with ...")
+    except WrongCheckpointError as refused:
+        sys.excepthook(type(refused), refused, refused.__traceback__)
+        rendered = refused._render_traceback_()
+    expected = "WrongCheckpointError: x.pt holds a TransformerModel, not ...: load it with ..."
+    assert capsys.readouterr().err == expected + "\n"
+    assert rendered == [expected]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model", list(HUB_CASES))
+def test_from_pretrained_stock_checkpoint_error_is_one_line(model, tiny_lm_data, tmp_path):
+    """What a user sees running a script: the fix as one line, no traceback."""
+    import subprocess
+    import sys
+
+    checkpoint, data = stock_hub_checkpoint(model, tiny_lm_data, tmp_path)
+    module, hub_name = HUB_CASES[model][0].rsplit(".", 1)
+    code = (f"from fairseq_alibi.models.{module} import {hub_name}\n"
+            f"{hub_name}.from_pretrained({str(checkpoint.parent)!r}, 'model.pt', {str(data)!r})")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=300, cwd=str(REPO))
+    assert proc.returncode == 1
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert last_line(proc.stderr).startswith(
+        f"WrongCheckpointError: {checkpoint} holds a {HUB_CASES[model][1]}, not an alibi_")
+
+
+# row 7: scoring any length through the hub
+
+
+def test_hub_scores_3000_words_with_the_training_max_tokens(tiny_lm_data, tmp_path):
+    """The checkpoint's --max-tokens is 128; the stock hub asserted on anything longer."""
+    from fairseq_alibi.models.alibi_transformer_lm import AlibiTransformerLanguageModel
+
+    checkpoint = saved_in_process(tmp_path / "model.pt", tiny_lm_data, *MODELS["lm"])
+    lm = AlibiTransformerLanguageModel.from_pretrained(str(tmp_path), checkpoint.name,
+                                                       data_name_or_path=str(tiny_lm_data))
+    assert lm.cfg.dataset.max_tokens == 128
+    words = " ".join(f"w{(7 * i) % 60}" for i in range(3000))
+    long, short = lm.score([words, "w1 w2 w3"])
+    assert long["positional_scores"].numel() == 3000
+    assert short["positional_scores"].numel() == 3
+    assert torch.isfinite(long["positional_scores"]).all()
+    assert lm.cfg.dataset.max_tokens == 128  # the setting is left as it was

@@ -1,0 +1,101 @@
+"""Bad options and flags (docs/reliability.md, catalogue of bad inputs): a clear error that names
+the fix, on the command line, in Python and through the tools.
+
+Backed elsewhere, not repeated here: unknown variants and odd head counts at the math level
+(test_alibi_math, test_roberta_model), the hydra configs' position options
+(test_hydra_position_options). ``# row N`` marks a row of issue 12 (what an experienced fairseq
+user hit on first contact). Tests that run fairseq's command lines are marked ``slow``.
+"""
+
+import pytest
+import torch
+
+from tests.helpers.building import build_model
+from tests.helpers.checkpoints import saved_in_process
+from tests.helpers.cli import last_line, run_cli
+from tests.helpers.training import MODELS
+
+
+# ---------------------------------------------------------------- choices and head counts
+
+
+@pytest.mark.parametrize("model,flag,value,choices", [
+    ("lm", "--alibi-attention", "cuda-magic", "auto"),
+    ("encoder", "--alibi-attention", "cuda-magic", "auto"),
+    ("encoder", "--alibi-variant", "bidirectional", "symmetric"),
+])
+def test_unknown_variant_or_backend_flag_names_the_choices(model, flag, value, choices,
+                                                         tiny_lm_data, capsys):
+    with pytest.raises(SystemExit):
+        build_model(model, tiny_lm_data, flag, value)
+    error = capsys.readouterr().err.strip().splitlines()[-1]
+    assert f"{flag}: invalid choice: '{value}'" in error and choices in error
+
+
+def test_odd_head_count_with_one_sided_is_a_clear_error(tiny_lm_data):
+    with pytest.raises(ValueError, match="even number of attention heads.*got 3"):
+        build_model("encoder", tiny_lm_data, "--alibi-variant", "one_sided",
+                    "--encoder-attention-heads", 3, "--encoder-embed-dim", 33)
+
+
+# row 6: position-embedding flags
+
+
+def test_position_embedding_flag_is_refused(tiny_lm_data, capsys):
+    with pytest.raises(SystemExit):
+        build_model("lm", tiny_lm_data, "--decoder-learned-pos")
+    error = last_line(capsys.readouterr().err)
+    assert error.endswith("error: argument --decoder-learned-pos: alibi_transformer_lm has no "
+                          "position embeddings (the ALiBi bias replaces them); drop "
+                          "--decoder-learned-pos, or train a stock model for learned positions")
+
+
+def test_saved_learned_pos_field_still_loads(tiny_lm_data, tmp_path):
+    """Only the command line is refused: a saved config with decoder_learned_pos (the stock
+    gpt3 architectures set it, converted checkpoints keep it) loads as before."""
+    from fairseq import checkpoint_utils
+
+    path = saved_in_process(tmp_path / "model.pt", tiny_lm_data, *MODELS["lm"])
+    state = torch.load(path, weights_only=False)
+    state["cfg"]["model"]["decoder_learned_pos"] = True
+    torch.save(state, path)
+    models, _, _ = checkpoint_utils.load_model_ensemble_and_task([str(path)])
+    assert models[0].decoder.embed_positions is None
+
+
+# row 11: bad lengths
+
+
+@pytest.mark.parametrize("lengths,reason", [
+    ("64,abc", "expected comma-separated whole numbers of tokens"),
+    ("0", "every evaluation length must be at least 2 tokens"),
+    ("", "every evaluation length must be at least 2 tokens"),
+])
+def test_sweep_bad_lengths_are_argparse_errors(lengths, reason, tmp_path, capsys):
+    from fairseq_alibi.cli.sweep import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["--path", str(tmp_path / "x.pt"), "--data", str(tmp_path), "--out",
+              str(tmp_path / "out"), "--lengths", lengths])
+    assert exit_.value.code == 2
+    error = last_line(capsys.readouterr().err)
+    assert error.startswith("fairseq-alibi sweep: error: argument --lengths: " + reason)
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("model", ["lm", "encoder"])
+def test_zero_tokens_per_sample_is_a_clear_error(model, tiny_lm_data):
+    with pytest.raises(ValueError, match=r"^--tokens-per-sample must be at least 1 .* got 0;"):
+        build_model(model, tiny_lm_data, "--tokens-per-sample", 0)
+
+
+@pytest.mark.slow
+def test_zero_tokens_per_sample_in_eval_lm_is_named(tiny_lm_data, alibi_user_dir, tmp_path):
+    """eval-lm builds the model from the checkpoint, which never sees the flag: fairseq divides
+    by zero splitting the data, and the last line names the flag."""
+    checkpoint = saved_in_process(tmp_path / "model.pt", tiny_lm_data, *MODELS["lm"])
+    out = run_cli("fairseq-eval-lm", tiny_lm_data, "--user-dir", alibi_user_dir, "--path",
+                  checkpoint, "--cpu", "--tokens-per-sample", 0, expect_ok=False)
+    assert "ZeroDivisionError" in out
+    assert last_line(out).startswith(
+        "fairseq_alibi: --tokens-per-sample must be at least 1 (the tokens of one block), got 0")
