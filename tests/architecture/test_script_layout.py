@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+from tests.helpers.cli import REPO
 FOLDERS = ("experiments", "benchmarks")
 MAX_LINES = 800
 MAX_FUNCTION_LINES = 80

@@ -13,7 +13,8 @@ import torch
 
 from fairseq_alibi.modules.bias import AlibiBias
 from fairseq_alibi.modules.checkpoint_match import StackRecord, scale_mode
-from tests.helpers import build_model, build_translation, write_translation_dictionaries
+from tests.helpers.building import build_model
+from tests.helpers.translation import build_translation, write_translation_dictionaries
 
 STYLE = re.compile(r"this checkpoint was trained with (?P<saved>.+); the model being built has "
                    r"(?P<built>.+): build it with (?P<fix>.+)")

@@ -4,7 +4,7 @@ that exists and, where it names an anchor, to a heading of that file (GitHub's a
 import re
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+from tests.helpers.cli import REPO
 
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
 

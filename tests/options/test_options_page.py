@@ -7,7 +7,7 @@ import pytest
 
 from fairseq_alibi import options
 from fairseq_alibi.options_page import PAGE, options_page
-from tests.helpers import REPO
+from tests.helpers.cli import REPO
 
 
 def test_the_options_page_is_current():

@@ -20,7 +20,7 @@ from fairseq_alibi.modules.alibi_multihead_attention import AlibiMultiheadAttent
 from fairseq_alibi.modules.attention import REGISTRY, Call, dense, dispatch, flash, flex, fold
 from fairseq_alibi.modules.attention.capabilities import Capabilities
 from fairseq_alibi.modules.cross_position import RowBias
-from tests.helpers import MASKED, reference_bias, reference_module_attention
+from tests.helpers.references import MASKED, reference_bias, reference_module_attention
 
 HEADS, DIM = 4, 32
 CPU_BACKENDS = [name for name in REGISTRY if name != "flash"]
