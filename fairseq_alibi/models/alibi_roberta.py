@@ -318,7 +318,7 @@ class AlibiRobertaEncoder(RobertaEncoder):
             raise ValueError(
                 f"this checkpoint has no {kind_key}: it was not written by alibi_roberta. "
                 "Use the architecture it was trained with; a RoBERTa checkpoint of EIFY's ALiBi "
-                "fork converts with `python -m fairseq_alibi.convert --input CHECKPOINT --output "
+                "fork converts with `fairseq-alibi convert --input CHECKPOINT --output "
                 "CONVERTED.pt` (docs/migrating.md)"
             )
         saved, built = _kind_flags(saved_kind), _kind_flags(built_kind)

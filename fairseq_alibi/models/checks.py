@@ -22,7 +22,7 @@ def reject_position_embeddings(state_dict, prefix, model_name, fix=None):
     stale = [k for k in state_dict if k.startswith(f"{prefix}.embed_positions.")]
     if stale:
         fix = fix or ("Load it with its own architecture, or convert it with "
-                      "`python -m fairseq_alibi.convert` before fine-tuning it as an ALiBi model")
+                      "`fairseq-alibi convert` before fine-tuning it as an ALiBi model")
         if stale == [f"{prefix}.embed_positions._float_tensor"] and fix.endswith("ALiBi model"):
             # sinusoidal: the weights of Press's ALiBi fork look exactly like this
             fix += " (a checkpoint of Press's ALiBi fork: convert it with --from press)"
@@ -67,7 +67,7 @@ def reject_other_dictionary(state_dict, key, dictionary, omits_mask=False):
         raise ValueError(
             f"this checkpoint was trained without the last {len(surplus)} entries of the data "
             f"directory's dict.txt ({', '.join(surplus)}; EIFY's zero-clap Pile models): write the "
-            f"matching dict.txt with `python -m fairseq_alibi.convert ... --dict DICT.txt` and "
+            f"matching dict.txt with `fairseq-alibi convert ... --dict DICT.txt` and "
             f"binarize with it (fairseq-preprocess --srcdict)"
         )
     raise ValueError(
@@ -104,7 +104,7 @@ def check_saved_stacks(state_dict, stacks, model_name, stock_flag=None):
         names = [prefix.rsplit(".", 1)[-1] for prefix in missing]
         if stock_flag is None:
             fix = ("the architecture it was trained with, or convert it with "
-                   "`python -m fairseq_alibi.convert`")
+                   "`fairseq-alibi convert`")
         else:
             flags = " ".join(stock_flag.format(side=name) for name in names)
             fix = (f"`{flags}` if {'those sides' if len(names) > 1 else 'that side'} used stock "
@@ -239,8 +239,8 @@ def unconverted_fork_error(cfg, arch) -> ValueError:
     what = ", ".join(f"{k}=True" for k in options) or f"the architecture {arch}"
     return ValueError(
         f"this checkpoint was trained with EIFY's ALiBi fork ({what} in its model config), which "
-        f"stock {arch!r} does not compute: convert it first with `python -m "
-        f"fairseq_alibi.convert --input CHECKPOINT --output CONVERTED.pt` (docs/migrating.md), "
+        f"stock {arch!r} does not compute: convert it first with `fairseq-alibi "
+        f"convert --input CHECKPOINT --output CONVERTED.pt` (docs/migrating.md), "
         f"then load the converted file"
     )
 
@@ -252,7 +252,7 @@ def unconverted_fork_error(cfg, arch) -> ValueError:
 #: fairseq's config never had that field (its history up to the fork, and 0.12)
 PRESS_MODEL_KEY = "max_tokens"
 #: the command that turns a Press-fork checkpoint into this plugin's model
-PRESS_CONVERT = ("python -m fairseq_alibi.convert --from press --input CHECKPOINT "
+PRESS_CONVERT = ("fairseq-alibi convert --from press --input CHECKPOINT "
                  "--output CONVERTED.pt")
 
 

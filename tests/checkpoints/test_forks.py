@@ -498,7 +498,7 @@ def test_a_fork_checkpoint_loaded_without_conversion_says_to_convert_it():
     for name in ("eify_roberta_zero_clap", "eify_roberta_alibi_symmetric", "eify_lm_alibi",
                  TRANSLATION):
         with pytest.raises(ValueError, match=r"trained with EIFY's ALiBi fork .*"
-                                             r"python -m fairseq_alibi.convert"):
+                                             r"fairseq-alibi convert"):
             checkpoint_utils.load_model_ensemble_and_task(
                 [str(fixture(name) / "checkpoint_last.pt")],
                 arg_overrides={"data": str(fixture(name) / "data-bin")})

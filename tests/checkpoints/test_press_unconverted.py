@@ -21,7 +21,7 @@ from tests.helpers.training import MODELS
 
 FORKS = REPO.parent / "shared" / "fixtures" / "forks"
 PRESS = ["press_lm", "press_lm_wiki103"]  # arch transformer_lm / transformer_lm_wiki103
-CONVERT = "python -m fairseq_alibi.convert --from press --input CHECKPOINT --output CONVERTED.pt"
+CONVERT = "fairseq-alibi convert --from press --input CHECKPOINT --output CONVERTED.pt"
 
 needs_fixtures = pytest.mark.skipif(not FORKS.is_dir(), reason=f"no fork fixtures at {FORKS}")
 
