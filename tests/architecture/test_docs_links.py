@@ -2,7 +2,6 @@
 that exists and, where it names an anchor, to a heading of that file (GitHub's anchors)."""
 
 import re
-from pathlib import Path
 
 from tests.helpers.cli import REPO
 

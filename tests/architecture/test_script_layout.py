@@ -12,7 +12,6 @@
 """
 
 import ast
-from pathlib import Path
 
 import pytest
 

@@ -10,12 +10,12 @@ import torch.nn.functional as F
 from fairseq_alibi.alibi import alibi_bias, get_slopes, variant_slopes
 from fairseq_alibi.modules.bias import AlibiBias
 from fairseq_alibi.modules.alibi_multihead_attention import AlibiMultiheadAttention, set_attention_backend
-from fairseq_alibi.modules.attention import flash, flex, fold
+from fairseq_alibi.modules.attention import flex, fold
 from fairseq_alibi.modules.attention.fold import alibi_fold, folded_attention, split_slopes
 
 VARIANTS = ["causal", "symmetric", "one_sided", "offset", "asymmetric"]
 
-#: every backend this machine can run (flash needs CUDA: test_flash_matches_naive_on_cuda)
+#: every backend this machine can run (flash needs CUDA: tests/cuda/test_cuda.py)
 CPU_BACKENDS = ["naive", "sdpa", "fold", "flex"]
 
 # float32 on the CPU: outputs and gradients are O(1); the reference itself is float32
@@ -439,17 +439,3 @@ def test_fold_is_as_accurate_as_a_stored_bias_at_long_lengths():
         fold_err = (folded.double() - exact).abs().max()
         mask_err = (masked.double() - exact).abs().max()
         assert fold_err < 2 * mask_err + 1e-6, (variant, fold_err, mask_err)
-
-
-@pytest.mark.skipif(
-    not (torch.cuda.is_available() and flash.installed()),
-    reason="flash_attn needs CUDA and the flash_attn package",
-)
-@pytest.mark.parametrize("variant", ["causal", "symmetric"])
-def test_flash_matches_naive_on_cuda(variant):
-    attn = make_backend_attention(variant, heads=4, dim=64).cuda().half()
-    x = torch.randn(33, 2, 64, device="cuda", dtype=torch.half)
-    with torch.no_grad():
-        want = run(attn, "naive", x)
-        got = run(attn, "flash", x)
-    torch.testing.assert_close(got, want, atol=2e-3, rtol=2e-3)

@@ -23,7 +23,7 @@ import torch
 from fairseq_alibi.alibi import alibi_bias, variant_slopes
 from fairseq_alibi.modules.bias import AlibiBias
 from fairseq_alibi.modules.alibi_multihead_attention import AlibiMultiheadAttention, set_attention_backend
-from fairseq_alibi.modules.attention import dispatch, flash, flex
+from fairseq_alibi.modules.attention import dispatch, flash
 from tests.helpers.references import reference_scaled_attention, scaled_bias
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -282,3 +282,40 @@ def test_fold_refuses_cuda_and_auto_never_picks_it_there():
             call = dispatch.Call("cuda", dtype, variant, 4096, 4096, 4, 8, grad=True)
             assert dispatch.unsupported("fold", call)
             assert dispatch.auto_backend(call) != "fold"
+
+
+@pytest.mark.skipif(not flash.installed(), reason="needs the flash_attn package")
+@pytest.mark.parametrize("variant", ["causal", "symmetric"])
+def test_flash_matches_naive(variant):
+    torch.manual_seed(0)
+    alibi = AlibiBias(4, variant=variant, slope_scale=0.8)
+    attn = AlibiMultiheadAttention(64, 4, alibi.layer(0)).eval().cuda().half()
+    x = torch.randn(33, 2, 64, device="cuda", dtype=torch.half)
+    with torch.no_grad():
+        attn.attention_backend = "naive"
+        want = attn(x, x, x, need_weights=False)[0]
+        attn.attention_backend = "flash"
+        got = attn(x, x, x, need_weights=False)[0]
+    torch.testing.assert_close(got, want, atol=2e-3, rtol=2e-3)
+
+
+@pytest.mark.parametrize("variant", ["causal", "symmetric"])
+def test_learned_scales_serve_inference_and_flash_refuses_training(variant):
+    """Learned slope scales (per layer and head) on CUDA: sdpa equals naive at inference, flash
+    (fp16) too where installed; training with flash is refused (its slopes take no gradient)."""
+    heads, layers, dim = 4, 3, 16
+    alibi = scaled_bias(heads, layers, variant, "per_layer_head").cuda()
+    attn = AlibiMultiheadAttention(dim, heads, alibi.layer(2), attention="naive").cuda()
+    x = torch.randn(9, 2, dim, device="cuda")
+    with torch.no_grad():
+        expected, _ = attn(x, x, x, need_weights=False)
+        attn.attention_backend = "sdpa"
+        torch.testing.assert_close(attn(x, x, x, need_weights=False)[0], expected,
+                                   atol=2e-5, rtol=1e-4)
+        if flash.installed():
+            half = copy.deepcopy(attn).half()
+            half.attention_backend = "flash"
+            got = half(x.half(), x.half(), x.half(), need_weights=False)[0]
+            torch.testing.assert_close(got.float(), expected, atol=2e-2, rtol=2e-2)
+    call = dispatch.Call("cuda", torch.float16, variant, 9, 9, grad=True, scale_grad=True)
+    assert dispatch.unsupported("flash", call)
