@@ -17,6 +17,7 @@ from fairseq_alibi import options
 from fairseq_alibi.error_hints import OneLineError
 from fairseq_alibi.hydra_support import RegisterFairseqAlibi
 from fairseq_alibi.models.alibi_transformer_lm import AlibiTransformerLanguageModelConfig
+from fairseq_alibi.models.override_keys import check_model_config_keys
 from tests.fixtures.saved_models.make import MODELS
 from tests.helpers import REPO, run_cli, training_config
 
@@ -180,6 +181,24 @@ def test_a_hydra_configs_misspelt_model_key_is_refused():
         start_job("translation", "iwslt14_de_en_alibi", "+model.decoder_alibi_global_tokens=1")
     cfg = start_job("mlm", "wikitext103_alibi", "+model.pooler_dropout=0.5")  # not ours: as stock
     assert cfg.model.alibi_variant == "offset"
+
+
+def test_every_shipped_config_passes_the_check():
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from fairseq.dataclass.initialize import hydra_init
+
+    checked = []
+    for family in ("lm", "mlm", "glue", "translation"):
+        for path in sorted((REPO / "config" / family).glob("*.yaml")):
+            if path.stem == "fairseq_alibi":
+                continue
+            hydra_init(path.stem)
+            with initialize_config_dir(config_dir=str(path.parent), version_base="1.1"):
+                cfg = hydra_compose(config_name=path.stem)
+            check_model_config_keys(cfg.model, "the config's model")
+            checked.append(path.stem)
+    assert len(checked) > 20
 
 
 def test_a_command_lines_unknown_alibi_flag_is_argparses_error():
