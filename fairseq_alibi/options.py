@@ -603,10 +603,11 @@ def is_our_key(key: str) -> bool:
 
 def check_override_keys(keys: Iterable[str], model_name: str, where: str = "--model-overrides"):
     """A one-line error for the first key of ``keys`` that is one of the package's
-    (:func:`is_our_key`) but no option of the model ``model_name``: misspelt (with the closest name, by :mod:`difflib`) or another family's.
-    fairseq drops such a key of a load-time override (or sets it where nothing reads it), and
-    the run would report figures as if the option were on. Other keys are not looked at; a
-    model that declared no family (a stock one) is not checked."""
+    (:func:`is_our_key`) but no option of the model ``model_name``: misspelt (with the closest
+    name, by :mod:`difflib`) or another family's. fairseq drops such a key of a load-time
+    override (or sets it where nothing reads it), and the run would report figures as if the
+    option were on. Other keys are not looked at; a model that declared no family (a stock one)
+    is not checked."""
     if model_name not in _FAMILY_DECLARATIONS:
         return
     valid = family_option_names(model_name)
