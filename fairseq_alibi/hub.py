@@ -133,8 +133,9 @@ def load_pretrained(model_class, expected_name, model_name_or_path, checkpoint_f
         raise
     except ValueError as refused:
         # the plugin's checks refuse a fork's checkpoint from deep inside fairseq's loader:
-        # the message is the fix, the loader's frames would only bury it
-        if not raised_by_plugin(refused):
+        # the message is the fix, the loader's frames would only bury it (a OneLineError, such
+        # as a misspelt ALiBi option among the keyword arguments, already is one: kept as is)
+        if not raised_by_plugin(refused) or isinstance(refused, OneLineError):
             raise
         raise WrongCheckpointError(str(refused)) from None
     check_gpt2_bpe(loaded["args"].bpe, searched, given)

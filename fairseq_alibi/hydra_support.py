@@ -21,7 +21,10 @@ spawned distributed workers import, and what checkpoints record.
 The callback also refuses, before the job starts, a model config that asks an ALiBi model for
 position embeddings (``decoder_learned_pos: true`` on ``alibi_transformer_lm``, ...), as the
 command line does (:data:`fairseq_alibi.models.checks.POSITION_EMBEDDING_OPTIONS`). A config of
-your own that does not include ``fairseq_alibi.yaml`` (or this callback) skips that check.
+your own that does not include ``fairseq_alibi.yaml`` (or this callback) skips that check. It
+refuses as well a ``model:`` key that starts like an ALiBi option but names none of the model's
+(``alibi_variantt``; :mod:`fairseq_alibi.models.override_keys`): hydra's structured config
+refuses it for ``alibi_transformer_lm``, but the legacy models' section takes any key.
 
 Composing a config without running hydra's callbacks (``hydra.compose`` in a notebook, say)
 needs ``import fairseq_alibi.hydra_support`` first, or an explicit
@@ -37,6 +40,7 @@ from omegaconf import OmegaConf
 import fairseq_alibi  # noqa: F401  (registers the models, so fairseq fills their defaults)
 from fairseq_alibi import error_hints
 from fairseq_alibi.models.checks import refuse_position_embedding_options
+from fairseq_alibi.models.override_keys import check_model_config_keys
 from fairseq_alibi.paths import user_dir
 
 #: the resolver the shipped configs use for ``common.user_dir``
@@ -53,7 +57,8 @@ class RegisterFairseqAlibi(Callback):
 
     def on_job_start(self, config, **kwargs):
         """Refuse a model config asking an ALiBi model for position embeddings (what the command
-        line refuses with argparse), before anything is built: one line on stderr, exit status 1.
+        line refuses with argparse), or with a misspelt ALiBi key, before anything is built: one
+        line on stderr, exit status 1.
 
         ``SystemExit`` because hydra turns any ``Exception`` raised by a callback into a warning
         and runs the job anyway.
@@ -63,6 +68,7 @@ class RegisterFairseqAlibi(Callback):
             return
         try:
             refuse_position_embedding_options(model_cfg)
+            check_model_config_keys(model_cfg, "the config's model")
         except ValueError as e:
             raise SystemExit(f"{os.path.basename(sys.argv[0])}: error: {e}") from None
 

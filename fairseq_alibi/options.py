@@ -34,6 +34,7 @@ declaration's ``check``, stated once.
 """
 
 import dataclasses
+import difflib
 import logging
 import math
 from dataclasses import dataclass, field
@@ -553,3 +554,72 @@ def model_wide_defaults() -> Dict[str, object]:
     """``{config key: default}`` of the model-wide options (``alibi_attention``, ...)."""
     return {MODEL_WIDE_PREFIX + f.name: f.default for f in option_fields(StackOptions)
             if f.metadata.get("model_wide")}
+
+
+# ---------------------------------------------------------------------------------------------
+# the option names of each model family: load-time overrides naming none are refused
+
+#: model name -> its declarations, ``((declaration, sides), ...)`` (``sides``: the
+#: :class:`Side`\ s that name a :class:`StackOptions`' fields; ``(None,)``: unprefixed, as
+#: :class:`CrossOptions`); each model module declares its own (:func:`declare_family`)
+_FAMILY_DECLARATIONS: Dict[str, Tuple[Tuple[type, Tuple[Optional[Side], ...]], ...]] = {}
+
+
+def declare_family(model_name: str, *declarations: Tuple[type, Tuple[Optional[Side], ...]]):
+    """Record which declarations the model ``model_name`` has, and as which sides: what
+    :func:`check_override_keys` accepts for it."""
+    _FAMILY_DECLARATIONS[model_name] = tuple(declarations)
+
+
+def family_option_names(model_name: str) -> Tuple[str, ...]:
+    """The config keys of the model's ALiBi/family options, as its declarations name them."""
+    names = []
+    for cls, sides in _FAMILY_DECLARATIONS[model_name]:
+        names += [name for name, _, _ in dataclass_fields(cls, *sides) if name not in names]
+    return tuple(names)
+
+
+def _our_prefixes() -> Tuple[str, ...]:
+    """How a key of one of the package's options starts: every side's prefix, the model-wide
+    one, and each unprefixed name that other names extend (``cross_alibi`` of
+    ``cross_alibi_heads``)."""
+    prefixes = {MODEL_WIDE_PREFIX}
+    for declarations in _FAMILY_DECLARATIONS.values():
+        for cls, sides in declarations:
+            if sides == (None,):
+                names = [f.name for f in option_fields(cls)]
+                prefixes.update(n for n in names if any(m.startswith(n + "_") for m in names))
+            else:
+                prefixes.update(side.prefix for side in sides)
+    return tuple(sorted(p for p in prefixes if not any(p != q and p.startswith(q)
+                                                       for q in prefixes)))
+
+
+def is_our_key(key: str) -> bool:
+    """Whether ``key`` names, or starts like, an option the package declares for some family."""
+    return key.startswith(_our_prefixes()) or any(
+        key in family_option_names(model) for model in _FAMILY_DECLARATIONS)
+
+
+def check_override_keys(keys: Iterable[str], model_name: str, where: str = "--model-overrides"):
+    """A one-line error for the first key of ``keys`` that is one of the package's
+    (:func:`is_our_key`) but no option of the model ``model_name``: misspelt (with the closest
+    name, by :mod:`difflib`) or another family's. fairseq drops such a key of a load-time
+    override (or sets it where nothing reads it), and the run would report figures as if the
+    option were on. Other keys are not looked at; a model that declared no family (a stock one)
+    is not checked."""
+    if model_name not in _FAMILY_DECLARATIONS:
+        return
+    valid = family_option_names(model_name)
+    for key in keys:
+        if not isinstance(key, str) or key in valid or not is_our_key(key):
+            continue
+        owners = [m for m in _FAMILY_DECLARATIONS if key in family_option_names(m)]
+        if owners:
+            what = (f"ALiBi option {key!r} in {where} is {either(owners)}'s, not one of "
+                    f"{model_name}'s")
+        else:
+            what = f"unknown ALiBi option {key!r} in {where}"
+        close = difflib.get_close_matches(key, valid, n=1, cutoff=0.75)
+        hint = f" (did you mean {close[0]!r}?)" if close and not owners else ""
+        raise ValueError(f"{what}{hint}; valid for {model_name}: {', '.join(valid)}")

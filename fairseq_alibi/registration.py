@@ -17,7 +17,13 @@ once. Each side effect, and why:
    loader stays on.
 4. **The one-line fix after a failure** (:func:`~fairseq_alibi.error_hints.install`): a
    ``sys.excepthook`` that lets Python print the traceback, then adds the fix fairseq buries.
-5. **A clean exit** (:func:`~fairseq_alibi.exit_cleanup.install`): an ``atexit`` handler that
+5. **Misspelt load-time overrides refused**
+   (:func:`~fairseq_alibi.models.override_keys.guard_override_keys`): fairseq's
+   ``checkpoint_utils.load_checkpoint_to_cpu`` is wrapped so that an ``arg_overrides`` key
+   (``--model-overrides``, the hub's keyword arguments) that starts like one of the package's
+   options but names none of the checkpoint model's is a one-line error instead of being
+   silently dropped; other keys and stock models load as stock.
+6. **A clean exit** (:func:`~fairseq_alibi.exit_cleanup.install`): an ``atexit`` handler that
    stops fairseq's batch-prefetch threads (Python 3.11 aborts a finished run otherwise).
 
 Not here: the hydra resolver ``fairseq_alibi.user_dir``, registered when hydra imports
@@ -34,10 +40,12 @@ def register():
     if _registered:
         return
     from fairseq_alibi import criterions, error_hints, exit_cleanup, hf_tokenizer, models  # noqa: F401
+    from fairseq_alibi.models.override_keys import guard_override_keys
     from fairseq_alibi.models.stock_guards import guard_stock_architectures
     from fairseq_alibi.safe_loading import allow_fairseq_checkpoints
 
     guard_stock_architectures()
+    guard_override_keys()
     allow_fairseq_checkpoints()
     error_hints.install()
     exit_cleanup.install()

@@ -341,6 +341,9 @@ class AlibiRobertaEncoder(RobertaEncoder):
                 "variants have no length limit)")
         return super().upgrade_state_dict_named(state_dict, name)
 
+options.declare_family("alibi_roberta", (options.StackOptions, (options.ENCODER,)),
+                       (RobertaOptions, (None,)))
+
 
 @register_model("alibi_roberta")
 class AlibiRobertaModel(ScalesFollowPrunedLayers, RobertaModel):

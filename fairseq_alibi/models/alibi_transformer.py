@@ -114,6 +114,9 @@ def _shift_positions(side, cross: options.CrossOptions):
         side.embed_positions = ShiftedPositions(side.embed_positions, cross.position_shift)
     return side
 
+options.declare_family(MODEL_NAME, (options.StackOptions, tuple(SIDES.values())),
+                       (options.CrossOptions, (None,)))
+
 
 @register_model(MODEL_NAME)
 class AlibiTransformerModel(ScalesFollowPrunedLayers, TransformerModel):

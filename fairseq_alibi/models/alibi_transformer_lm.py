@@ -81,6 +81,8 @@ AlibiTransformerLanguageModelConfig = dataclasses.make_dataclass(
     bases=(_LanguageModelConfig,),
 )
 
+options.declare_family(MODEL_NAME, (options.StackOptions, (options.LM,)))
+
 
 @register_model(MODEL_NAME, dataclass=AlibiTransformerLanguageModelConfig)
 class AlibiTransformerLanguageModel(ScalesFollowPrunedLayers, TransformerLanguageModel):

@@ -1,0 +1,92 @@
+"""Load-time overrides (``--model-overrides``, the hub's ``from_pretrained(**kwargs)``) whose key
+starts like one of the package's options but names none of the checkpoint's model: a one-line
+error instead of fairseq's silence.
+
+Every fairseq loader of a model for evaluation (``fairseq-eval-lm``, ``-generate``,
+``-interactive``, ``-validate``, ``hub_utils.from_pretrained``) goes through
+``checkpoint_utils.load_checkpoint_to_cpu(path, arg_overrides)``, the one place that sees the
+overrides and the checkpoint's model together, in both checkpoint eras:
+
+* hydra era (``state["cfg"]``): ``overwrite_args_by_name`` sets only the keys that a
+  dataclass model's config already holds, so ``alibi_slope_scal`` is dropped (a legacy model's
+  ``Namespace`` gets every key, where nothing reads the misspelt one);
+* argparse era (``state["args"]``): every key is set on the ``Namespace``, read by no one.
+
+:func:`guard_override_keys` wraps that function (in fairseq's module, where
+``load_model_ensemble_and_task`` looks it up): it loads as stock, then hands the overrides' keys
+(and those of a nested ``{'model': {...}}``) with the model's name to
+:func:`~fairseq_alibi.options.check_override_keys`, which refuses only keys of the package's
+prefixes (``alibi_``, ``encoder_alibi_``, ``decoder_alibi_``, ``cross_alibi``) or names; every
+other key, and every stock model, keeps fairseq's behaviour.
+
+A hydra config's ``model:`` section is checked by the shipped configs' callback
+(:mod:`fairseq_alibi.hydra_support`, :func:`check_model_config_keys`): hydra's structured config
+already refuses an unknown key of a dataclass model (``alibi_transformer_lm``), but the legacy
+models' section (``alibi_roberta``, ``alibi_transformer``) takes any key.
+"""
+
+import functools
+
+from fairseq_alibi import options
+from fairseq_alibi.config_access import cfg_get
+from fairseq_alibi.error_hints import OneLineError
+
+
+def model_name_of_config(model_cfg) -> str:
+    """The registered model name of a model config (``_name`` or ``arch``: an architecture's
+    model), ``None`` if it names none."""
+    from fairseq.models import ARCH_MODEL_NAME_REGISTRY
+
+    name = cfg_get(model_cfg, "_name", None) or cfg_get(model_cfg, "arch", None)
+    return ARCH_MODEL_NAME_REGISTRY.get(name, name)
+
+
+def model_name_of(state) -> str:
+    """The registered model name of a loaded checkpoint (``None`` if it names none)."""
+    model_cfg = cfg_get(state.get("cfg") or {}, "model", None)
+    if model_cfg is None:
+        model_cfg = state.get("args")
+    return None if model_cfg is None else model_name_of_config(model_cfg)
+
+
+def check_keys(keys, model_name, where: str = "--model-overrides"):
+    """:func:`~fairseq_alibi.options.check_override_keys`, refusing as a :class:`OneLineError`
+    (printed as its one line, without the traceback)."""
+    try:
+        options.check_override_keys(keys, model_name, where)
+    except ValueError as e:
+        raise OneLineError(str(e)) from None
+
+
+def check_model_config_keys(model_cfg, where: str):
+    """The same check for every key of a model config (a hydra config's ``model:``, where a
+    legacy model's section takes any key)."""
+    keys = list(vars(model_cfg)) if not hasattr(model_cfg, "keys") else list(model_cfg.keys())
+    check_keys(keys, model_name_of_config(model_cfg), where)
+
+
+def override_keys(arg_overrides) -> list:
+    """The keys of ``arg_overrides``, and of its ``model`` group if it holds one as a dict."""
+    keys = [k for k in arg_overrides if k != "model" or not isinstance(arg_overrides[k], dict)]
+    if isinstance(arg_overrides.get("model"), dict):
+        keys += list(arg_overrides["model"])
+    return keys
+
+
+def guard_override_keys():
+    """Wrap ``fairseq.checkpoint_utils.load_checkpoint_to_cpu`` (idempotent)."""
+    from fairseq import checkpoint_utils
+
+    stock = checkpoint_utils.load_checkpoint_to_cpu
+    if getattr(stock, "_checks_override_keys", False):
+        return
+
+    @functools.wraps(stock)
+    def load_checkpoint_to_cpu(path, arg_overrides=None, *args, **kwargs):
+        state = stock(path, arg_overrides, *args, **kwargs)
+        if arg_overrides:
+            check_keys(override_keys(arg_overrides), model_name_of(state))
+        return state
+
+    load_checkpoint_to_cpu._checks_override_keys = True
+    checkpoint_utils.load_checkpoint_to_cpu = load_checkpoint_to_cpu

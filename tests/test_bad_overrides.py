@@ -1,0 +1,219 @@
+"""Misspelt ALiBi options at load time (issue 38, "Bad input"): fairseq drops an unknown
+``--model-overrides`` key (a hydra-era checkpoint of a dataclass model) or sets it where nothing
+reads it (an argparse-era checkpoint, a legacy model's Namespace), and the run would report
+figures as if the option were on. A key that starts like one of the package's options but names
+none of the checkpoint model's is a one-line error listing the valid names
+(fairseq_alibi.models.override_keys, fairseq_alibi.options.check_override_keys); every other key
+loads as stock. Also a hydra config's ``model:`` section (the shipped configs' callback)."""
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+import torch
+from fairseq import checkpoint_utils
+
+from fairseq_alibi import options
+from fairseq_alibi.error_hints import OneLineError
+from fairseq_alibi.hydra_support import RegisterFairseqAlibi
+from fairseq_alibi.models.alibi_transformer_lm import AlibiTransformerLanguageModelConfig
+from fairseq_alibi.models.override_keys import check_model_config_keys
+from tests.fixtures.saved_models.make import MODELS
+from tests.helpers import REPO, run_cli, training_config
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures" / "saved_models"
+LM = FIXTURES / "lm_fixed_slopes" / "checkpoint.pt"  # a hydra-era checkpoint (state["cfg"])
+ROBERTA = FIXTURES / "roberta_one_sided_head" / "checkpoint.pt"  # its model: a Namespace
+TRANSLATION = FIXTURES / "translation_pointer" / "checkpoint.pt"
+LM_OPTIONS = ("alibi_learned_scales, alibi_scale_init, alibi_heads, alibi_attention, "
+              "alibi_slope_scale")
+
+
+def load(path, **overrides):
+    """``(model, its config)`` as fairseq-eval-lm loads a checkpoint (``--model-overrides``)."""
+    models, cfg, _ = checkpoint_utils.load_model_ensemble_and_task(
+        [str(path)], arg_overrides={"data": str(FIXTURES), **overrides})
+    return models[0].eval(), cfg.model
+
+
+def refusal(path, **overrides) -> str:
+    with pytest.raises(OneLineError) as refused:
+        load(path, **overrides)
+    message = str(refused.value)
+    assert "\n" not in message
+    return message
+
+
+@pytest.fixture(scope="module")
+def argparse_era_lm(tmp_path_factory):
+    """lm_fixed_slopes saved as an argparse-era checkpoint: its options as fairseq-train's
+    parser gives them, in ``state["args"]`` (no ``cfg``)."""
+    from fairseq import options as fairseq_options
+
+    parsed = fairseq_options.parse_args_and_arch(
+        fairseq_options.get_training_parser(),
+        [str(FIXTURES)] + [str(a) for a in MODELS["lm_fixed_slopes"]])
+    state = torch.load(LM, map_location="cpu", weights_only=False)
+    state["args"], state["cfg"] = parsed, None
+    path = tmp_path_factory.mktemp("argparse_era") / "checkpoint.pt"
+    torch.save(state, path)
+    return path
+
+
+def lm_output(model):
+    tokens = torch.tensor([[2] + list(range(4, 28))])
+    with torch.no_grad():
+        return model(tokens)[0]
+
+
+def test_the_valid_names_are_the_declared_ones():
+    declared = tuple(f.name for f in dataclasses.fields(AlibiTransformerLanguageModelConfig)
+                     if f.name.startswith("alibi_"))
+    assert sorted(options.family_option_names("alibi_transformer_lm")) == sorted(declared)
+    assert ", ".join(options.family_option_names("alibi_transformer_lm")) == LM_OPTIONS
+    assert options._our_prefixes() == ("alibi_", "cross_alibi", "decoder_alibi_",
+                                       "encoder_alibi_")
+
+
+@pytest.mark.parametrize("era", ["hydra", "argparse"])
+def test_a_misspelt_override_is_one_line_with_the_suggestion(era, argparse_era_lm):
+    path = LM if era == "hydra" else argparse_era_lm
+    assert refusal(path, alibi_slope_scal=0.5) == (
+        "unknown ALiBi option 'alibi_slope_scal' in --model-overrides (did you mean "
+        f"'alibi_slope_scale'?); valid for alibi_transformer_lm: {LM_OPTIONS}")
+    assert refusal(path, alibi_window_cutof=8) == (
+        "unknown ALiBi option 'alibi_window_cutof' in --model-overrides; valid for "
+        f"alibi_transformer_lm: {LM_OPTIONS}")
+
+
+@pytest.mark.parametrize("era", ["hydra", "argparse"])
+def test_a_correct_override_still_changes_the_output(era, argparse_era_lm):
+    path = LM if era == "hydra" else argparse_era_lm
+    model, cfg = load(path)
+    scaled, scaled_cfg = load(path, alibi_slope_scale=0.5, dropout=0.0)
+    assert scaled_cfg.alibi_slope_scale == 0.5 and cfg.alibi_slope_scale == 1.0
+    assert not torch.allclose(lm_output(model), lm_output(scaled), atol=1e-4)
+
+
+def test_other_keys_pass_untouched():
+    _, cfg = load(LM, dropout=0.25)
+    assert cfg.dropout == 0.25
+    _, cfg = load(LM, not_an_option_of_anyone=1)  # stock: dropped, no error
+    assert "not_an_option_of_anyone" not in cfg
+    _, cfg = load(ROBERTA, load_checkpoint_heads=True, pooler_dropout=0.5)
+    assert cfg.pooler_dropout == 0.5
+
+
+def test_a_legacy_models_namespace_refuses_a_misspelt_key_too():
+    message = refusal(ROBERTA, load_checkpoint_heads=True, alibi_variantt="offset")
+    assert message.startswith("unknown ALiBi option 'alibi_variantt' in --model-overrides (did "
+                              "you mean 'alibi_variant'?); valid for alibi_roberta: alibi_variant,")
+    assert "mlm_head" in message and "encoder_alibi_variant" not in message
+    assert refusal(TRANSLATION, cross_alibi_head=1).startswith(
+        "unknown ALiBi option 'cross_alibi_head' in --model-overrides (did you mean "
+        "'cross_alibi_heads'?); valid for alibi_transformer: encoder_alibi_variant,")
+
+
+def test_another_familys_option_is_refused():
+    assert refusal(LM, encoder_alibi_heads=2) == (
+        "ALiBi option 'encoder_alibi_heads' in --model-overrides is alibi_transformer's, not "
+        f"one of alibi_transformer_lm's; valid for alibi_transformer_lm: {LM_OPTIONS}")
+    assert refusal(LM, alibi_variant="causal").startswith(  # an LM's variant is no option
+        "ALiBi option 'alibi_variant' in --model-overrides is alibi_roberta's, not one of "
+        "alibi_transformer_lm's")
+    assert refusal(TRANSLATION, mlm_head="clap").startswith(
+        "ALiBi option 'mlm_head' in --model-overrides is alibi_roberta's, not one of "
+        "alibi_transformer's")
+    assert refusal(ROBERTA, load_checkpoint_heads=True, position_shift=2).startswith(
+        "ALiBi option 'position_shift' in --model-overrides is alibi_transformer's")
+
+
+def test_a_nested_model_override_is_checked():
+    assert "'alibi_slope_scal'" in refusal(LM, model={"alibi_slope_scal": 0.5})
+
+
+def test_the_hubs_keyword_arguments_are_checked():
+    from fairseq_alibi.models.alibi_transformer_lm import AlibiTransformerLanguageModel
+
+    with pytest.raises(OneLineError) as refused:
+        AlibiTransformerLanguageModel.from_pretrained(
+            str(LM.parent), LM.name, str(FIXTURES), alibi_slope_scal=0.5)
+    assert type(refused.value) is OneLineError
+    assert str(refused.value).startswith("unknown ALiBi option 'alibi_slope_scal'")
+
+
+def test_a_stock_model_is_not_checked():
+    options.check_override_keys(["alibi_slope_scal"], "transformer_lm")
+    options.check_override_keys(["alibi_slope_scal"], None)
+
+
+def start_job(family, name, *overrides):
+    """The composed config of a shipped config and the callback's check before the job runs."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from fairseq.dataclass.initialize import hydra_init
+
+    hydra_init(name)
+    with initialize_config_dir(config_dir=str(REPO / "config" / family), version_base="1.1"):
+        cfg = hydra_compose(config_name=name, overrides=list(overrides))
+    RegisterFairseqAlibi().on_job_start(config=cfg, task_function=None)
+    return cfg
+
+
+def test_a_hydra_configs_misspelt_model_key_is_refused():
+    from omegaconf.errors import ConfigKeyError
+
+    from tests.helpers import compose
+
+    # a dataclass model's section: fairseq's add_defaults would refuse it, deep in the job ...
+    with pytest.raises(ConfigKeyError):
+        compose(REPO / "config" / "lm", "wikitext103_alibi", ["+model.alibi_slope_scal=2"])
+    # ... the callback refuses it first, in one line
+    with pytest.raises(SystemExit, match="unknown ALiBi option 'alibi_slope_scal' in the "
+                                         "config's model"):
+        start_job("lm", "wikitext103_alibi", "+model.alibi_slope_scal=2")
+    # a legacy model's section takes any key: the callback refuses it
+    with pytest.raises(SystemExit) as refused:
+        start_job("mlm", "wikitext103_alibi", "+model.alibi_variantt=offset")
+    assert "error: unknown ALiBi option 'alibi_variantt' in the config's model (did you mean " \
+           "'alibi_variant'?); valid for alibi_roberta: " in str(refused.value)
+    with pytest.raises(SystemExit, match="'decoder_alibi_global_tokens' in the config's model"):
+        start_job("translation", "iwslt14_de_en_alibi", "+model.decoder_alibi_global_tokens=1")
+    cfg = start_job("mlm", "wikitext103_alibi", "+model.pooler_dropout=0.5")  # not ours: as stock
+    assert cfg.model.alibi_variant == "offset"
+
+
+def test_every_shipped_config_passes_the_check():
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from fairseq.dataclass.initialize import hydra_init
+
+    checked = []
+    for family in ("lm", "mlm", "glue", "translation"):
+        for path in sorted((REPO / "config" / family).glob("*.yaml")):
+            if path.stem == "fairseq_alibi":
+                continue
+            hydra_init(path.stem)
+            with initialize_config_dir(config_dir=str(path.parent), version_base="1.1"):
+                cfg = hydra_compose(config_name=path.stem)
+            check_model_config_keys(cfg.model, "the config's model")
+            checked.append(path.stem)
+    assert len(checked) > 20
+
+
+def test_a_command_lines_unknown_alibi_flag_is_argparses_error():
+    with pytest.raises(SystemExit):
+        training_config([str(FIXTURES)] + [str(a) for a in MODELS["lm_fixed_slopes"]]
+                        + ["--alibi-slope-scal", "2"])
+
+
+@pytest.mark.slow
+def test_fairseq_eval_lm_refuses_a_misspelt_override(trained_lm_checkpoint, tiny_lm_data,
+                                                      alibi_user_dir):
+    out = run_cli("fairseq-eval-lm", tiny_lm_data, "--user-dir", alibi_user_dir, "--path",
+                  trained_lm_checkpoint, "--cpu", "--max-tokens", "4096", "--num-workers", "0",
+                  "--model-overrides", "{'alibi_slope_scal': 0.5}", expect_ok=False)
+    assert out.strip().splitlines()[-1] == (
+        "OneLineError: unknown ALiBi option 'alibi_slope_scal' in --model-overrides (did you "
+        f"mean 'alibi_slope_scale'?); valid for alibi_transformer_lm: {LM_OPTIONS}")
+    assert "Traceback" not in out
