@@ -19,7 +19,8 @@ from fairseq_alibi.hydra_support import RegisterFairseqAlibi
 from fairseq_alibi.models.alibi_transformer_lm import AlibiTransformerLanguageModelConfig
 from fairseq_alibi.models.override_keys import check_model_config_keys
 from tests.fixtures.saved_models.make import MODELS
-from tests.helpers import REPO, run_cli, training_config
+from tests.helpers.building import training_config
+from tests.helpers.cli import REPO, run_cli
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "saved_models"
 LM = FIXTURES / "lm_fixed_slopes" / "checkpoint.pt"  # a hydra-era checkpoint (state["cfg"])
@@ -163,7 +164,7 @@ def start_job(family, name, *overrides):
 def test_a_hydra_configs_misspelt_model_key_is_refused():
     from omegaconf.errors import ConfigKeyError
 
-    from tests.helpers import compose
+    from tests.helpers.building import compose
 
     # a dataclass model's section: fairseq's add_defaults would refuse it, deep in the job ...
     with pytest.raises(ConfigKeyError):
