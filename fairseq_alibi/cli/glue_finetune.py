@@ -705,6 +705,7 @@ def devices_for(args) -> List[Optional[int]]:
     return list(range(count)) if count else [None]
 
 
+# long: the tool's steps in the order they run (read, fine-tune every task and seed, score, report)
 def main(argv=None):
     args = parse_args(argv)
     command = "fairseq-alibi glue " + " ".join(argv if argv is not None else sys.argv[1:])

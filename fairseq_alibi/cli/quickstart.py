@@ -260,6 +260,7 @@ def parse_args(argv=None):
     return args
 
 
+# long: the main job's steps in the order they run (corpus, train both models, evaluate, report)
 def main(argv=None):
     args = parse_args(argv)
     started, machine_at_start = time.time(), machine()

@@ -286,6 +286,7 @@ def _quote(arg: str) -> str:
 # the sweep
 
 
+# long: a public function whose signature and docstring name every option of the sweep
 def run_sweep(
     models: Mapping[str, Union[str, Path, SweepModel]],
     data,

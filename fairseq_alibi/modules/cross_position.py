@@ -230,22 +230,45 @@ class CrossPositionAttention(MultiheadAttention):
                 need_head_weights=False):
         tgt_len, bsz, _ = query.size()
         H, D = self.num_heads, self.head_dim
-
-        def heads(x):  # (T, B, C) -> (B, H, T, D)
-            return x.contiguous().view(x.size(0), bsz, H, D).permute(1, 2, 0, 3)
-
         q = self.q_proj(query)  # (T, B, H·D): a decoding step takes it as (B·H, 1, D), a view
         if key_padding_mask is not None and key_padding_mask.dim() == 0:
             key_padding_mask = None
+        saved = self._source_state(key, value, key_padding_mask, incremental_state, bsz, q)
+        k, v = saved["prev_key"], saved["prev_value"]
+
+        if self.length_reference > 0:  # f_b·(q·k): on the queries, per row
+            q = q * saved["length_factor"].to(q.dtype)
+
+        bias = None
+        if self.mode != "none":
+            bias = self._position_bias(query, saved, incremental_state, bsz, tgt_len, q.device)
+            key_padding_mask = None  # in the bias
+
+        if incremental_state is not None and tgt_len == 1 and attn_mask is None \
+                and not before_softmax and not self.training:
+            if bias is None and "source_padding" in saved:
+                bias = saved["source_padding"]
+            return self._decoding_step(q.view(bsz * H, 1, D), k, v, bias,
+                                       need_weights or need_head_weights, need_head_weights)
+        queries = q.contiguous().view(tgt_len, bsz, H, D).permute(1, 2, 0, 3)
+        return attend_and_project(self, "naive" if self.attention_backend == "naive" else "auto",
+                                  queries, k, v, RowBias(bias, H, q.device), key_padding_mask,
+                                  attn_mask, need_weights, need_head_weights, before_softmax)
+
+    def _source_state(self, key, value, key_padding_mask, incremental_state, bsz, q):
+        """The source's keys and values as ``(B, H, S, D)`` and what follows from its padding
+        and lengths, computed once a sentence and kept in the parent's buffer for the decoding
+        steps (reordered with the keys, by the parent's rule)."""
+        H, D = self.num_heads, self.head_dim
         saved = self._get_input_buffer(incremental_state) if incremental_state is not None \
             else {}
         if saved.get("prev_key") is None:
             # the source's keys, contiguous once (not copied by the kernel at every step)
-            saved["prev_key"] = heads(self.k_proj(key)).contiguous()
-            saved["prev_value"] = heads(self.v_proj(value)).contiguous()
+            saved["prev_key"] = self.k_proj(key).view(key.size(0), bsz, H, D).permute(
+                1, 2, 0, 3).contiguous()
+            saved["prev_value"] = self.v_proj(value).view(value.size(0), bsz, H, D).permute(
+                1, 2, 0, 3).contiguous()
         if saved.get("source_positions") is None:
-            # what follows from the source's padding, kept for the decoding steps in the
-            # parent's buffer: reordered with the keys, by the parent's rule
             positions, real_len = source_positions(key_padding_mask, bsz,
                                                    saved["prev_key"].size(2), q.device)
             saved["source_positions"] = positions
@@ -272,63 +295,51 @@ class CrossPositionAttention(MultiheadAttention):
                     bsz, 1)
             if incremental_state is not None:
                 self._set_input_buffer(incremental_state, saved)
-        k, v = saved["prev_key"], saved["prev_value"]
+        return saved
 
-        if self.length_reference > 0:  # f_b·(q·k): on the queries, per row
-            q = q * saved["length_factor"].to(q.dtype)
-
-        bias = None
-        if self.mode != "none":
-            slopes = self.slopes if self.training else saved.get("row_slopes",
-                                                                  self.inference_slopes)
-            previous = self.position_state(incremental_state)
-            positions = saved["source_positions"]
-            if self.mode == "pointer":
-                if not previous and tgt_len == 1:
-                    # the first query alone (a first decoding step): p_0 = 0, its step unused
-                    offsets = positions.view(bsz, 1, -1)
-                    state = {"offsets": offsets}
-                else:
-                    step = self.pointer_step  # F.linear: no module call at every step
-                    steps = F.linear(query, step.weight, step.bias)  # (T, B, 1)
-                    if steps.dtype != torch.float32:
-                        steps = steps.float()
-                    steps = F.softplus(steps)
-                if previous and tgt_len == 1:
-                    # a decoding step: j - p_t = (j - p_{t-1}) - step_t, the state updated in
-                    # place (a step's host-side work is most of what it costs: no new dict)
-                    offsets = previous["offsets"] - steps.view(bsz, 1, 1)
-                    previous["offsets"] = offsets
-                    state = None
-                elif tgt_len > 1:
-                    anchors = pointer_positions(  # p_{t-1} = j - (j - p_{t-1})
-                        steps.view(tgt_len, bsz).t(),
-                        positions[:, -1] - previous["offsets"][:, 0, -1] if previous else None)
-                    offsets = positions[:, None, :] - anchors[:, :, None]
-                    state = {"offsets": offsets[:, -1:]}
-                if state is not None and "last_key" in saved:
-                    state["last_key"] = saved["last_key"]  # beside the offsets: one dict read
-                bias = bias_of_offsets(slopes, offsets, saved.get("source_padding"))
-            else:  # r·t, t counted in the state
-                seen = previous["steps"] if previous else q.new_zeros(bsz, dtype=torch.float32)
-                targets = seen[:, None] if tgt_len == 1 else \
-                    seen[:, None] + torch.arange(tgt_len, device=q.device)
-                state = {"steps": seen + tgt_len}
-                bias = cross_alibi_bias(slopes, targets * self.ratio, positions,
-                                        saved.get("source_padding"))
-            key_padding_mask = None  # in the bias
-            if incremental_state is not None and state is not None:
-                self.set_incremental_state(incremental_state, _STATE, state)
-
-        if incremental_state is not None and tgt_len == 1 and attn_mask is None \
-                and not before_softmax and not self.training:
-            if bias is None and "source_padding" in saved:
-                bias = saved["source_padding"]
-            return self._decoding_step(q.view(bsz * H, 1, D), k, v, bias,
-                                       need_weights or need_head_weights, need_head_weights)
-        return attend_and_project(self, "naive" if self.attention_backend == "naive" else "auto",
-                                  heads(q), k, v, RowBias(bias, H, q.device), key_padding_mask,
-                                  attn_mask, need_weights, need_head_weights, before_softmax)
+    def _position_bias(self, query, saved, incremental_state, bsz, tgt_len, device):
+        """The cross-attention position bias of these queries, ``(B, H, T, S)`` (padding
+        merged in), and the position state carried to the next decoding step."""
+        slopes = self.slopes if self.training else saved.get("row_slopes", self.inference_slopes)
+        previous = self.position_state(incremental_state)
+        positions = saved["source_positions"]
+        if self.mode == "pointer":
+            if not previous and tgt_len == 1:
+                # the first query alone (a first decoding step): p_0 = 0, its step unused
+                offsets = positions.view(bsz, 1, -1)
+                state = {"offsets": offsets}
+            else:
+                step = self.pointer_step  # F.linear: no module call at every step
+                steps = F.linear(query, step.weight, step.bias)  # (T, B, 1)
+                if steps.dtype != torch.float32:
+                    steps = steps.float()
+                steps = F.softplus(steps)
+            if previous and tgt_len == 1:
+                # a decoding step: j - p_t = (j - p_{t-1}) - step_t, the state updated in
+                # place (a step's host-side work is most of what it costs: no new dict)
+                offsets = previous["offsets"] - steps.view(bsz, 1, 1)
+                previous["offsets"] = offsets
+                state = None
+            elif tgt_len > 1:
+                anchors = pointer_positions(  # p_{t-1} = j - (j - p_{t-1})
+                    steps.view(tgt_len, bsz).t(),
+                    positions[:, -1] - previous["offsets"][:, 0, -1] if previous else None)
+                offsets = positions[:, None, :] - anchors[:, :, None]
+                state = {"offsets": offsets[:, -1:]}
+            if state is not None and "last_key" in saved:
+                state["last_key"] = saved["last_key"]  # beside the offsets: one dict read
+            bias = bias_of_offsets(slopes, offsets, saved.get("source_padding"))
+        else:  # r·t, t counted in the state
+            seen = previous["steps"] if previous else torch.zeros(bsz, dtype=torch.float32,
+                                                                  device=device)
+            targets = seen[:, None] if tgt_len == 1 else \
+                seen[:, None] + torch.arange(tgt_len, device=device)
+            state = {"steps": seen + tgt_len}
+            bias = cross_alibi_bias(slopes, targets * self.ratio, positions,
+                                    saved.get("source_padding"))
+        if incremental_state is not None and state is not None:
+            self.set_incremental_state(incremental_state, _STATE, state)
+        return bias
 
     def _decoding_step(self, q, k, v, bias, need_weights, need_head_weights):
         """A decoding step (one query per row, no dropout), with the weights fairseq's decoder

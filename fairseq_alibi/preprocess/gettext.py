@@ -349,6 +349,7 @@ def write_text(folder, name, lang, pairs):
             f.writelines(" ".join(pair[side]) + "\n" for pair in pairs)
 
 
+# long: the corpus build's steps in order (read catalogues, bucket, split, write, stats)
 def build(lang, out, locale_dirs=None, n=16, per_bucket=200, valid_per_bucket=None,
           min_per_bucket=20, seed=1, nwords=None, workers=1, force=False, skip_per_bucket=0):
     """Build the corpus of ``lang`` into ``out``; returns its stats (as in stats.json).
