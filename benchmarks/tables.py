@@ -4,21 +4,12 @@ machine and the date of their figures; and their comma-separated choice flags.""
 import datetime
 from typing import List, Optional
 
-import torch
-
 
 def machine() -> str:
     """One line: CPU model, cores, GPU, torch, threads, and the load when it started."""
-    from fairseq_alibi.cli.fairseq_runs import machine as describe
+    from fairseq_alibi.cli.fairseq_runs import machine_line
 
-    found = describe()
-    load = found["load_average"]
-    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"
-    return (
-        f"{found['cpu']}, {found['cores']} cores, {gpu}, torch {torch.__version__}, "
-        f"{torch.get_num_threads()} thread(s), load average "
-        f"{'unknown' if load is None else f'{load:.1f}'} at start"
-    )
+    return machine_line()
 
 
 def today() -> str:
