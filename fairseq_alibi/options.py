@@ -42,7 +42,8 @@ from typing import Dict, Iterable, Optional, Tuple
 
 from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 
-from fairseq_alibi.alibi import ENCODER_VARIANTS, SCALE_MODES, VARIANTS, check_variant
+from fairseq_alibi.alibi import (ENCODER_VARIANTS, SCALE_MODES, VARIANTS, check_variant,
+                                 check_window_cutoff)
 from fairseq_alibi.config_access import cfg_get, cfg_set
 from fairseq_alibi.cross_alibi import CROSS_ALIBI_MODES
 from fairseq_alibi.modules.attention.dispatch import ATTENTION_BACKENDS
@@ -80,6 +81,15 @@ def _length_reference(value):
 def _off_or_positive(value):
     if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
         return f"must be 0 (off) or positive, got {value!r}"
+    return None
+
+
+def _window_cutoff(value):
+    """:func:`~fairseq_alibi.alibi.check_window_cutoff`'s rule, said after the side's flag."""
+    try:
+        check_window_cutoff(value)
+    except ValueError as error:
+        return str(error).split(" ", 1)[1]  # the math names the LM's flag; the side names its own
     return None
 
 
@@ -206,6 +216,12 @@ class StackOptions(FairseqDataclass):
                 "bias, run by sdpa or naive); a load-time override, e.g. --model-overrides "
                 "\"{'alibi_length_scale': 512}\"; 0 = off", "check": _length_reference,
         "needs": Needs("variant", "it scales a bidirectional bias", BIDIRECTIONAL)})
+    window_cutoff: float = field(default=0.0, metadata={
+        "help": "slope windows: head h drops the keys beyond W_h = ceil(T / m_h) (its effective "
+                "slope m_h), whose bias is below -T nats; heads without a bias keep every key, "
+                "global tokens stay visible; the windowed backend skips those keys on the CPU; "
+                "a load-time override, e.g. --model-overrides \"{'alibi_window_cutoff': 8}\"; "
+                "0 = off", "check": _window_cutoff, "needs": _SHAPES_THE_BIAS})
     attention: ChoiceEnum(ATTENTION_BACKENDS) = field(default="auto", metadata={
         "help": "attention implementation; saved with the model, can be overridden at load "
                 "time with --model-overrides \"{'alibi_attention': 'naive'}\"",
@@ -572,9 +588,10 @@ def declare_family(model_name: str, *declarations: Tuple[type, Tuple[Optional[Si
 
 
 def family_option_names(model_name: str) -> Tuple[str, ...]:
-    """The config keys of the model's ALiBi/family options, as its declarations name them."""
+    """The config keys of the model's ALiBi/family options, as its declarations name them (none
+    for a model that declared no family: a stock one)."""
     names = []
-    for cls, sides in _FAMILY_DECLARATIONS[model_name]:
+    for cls, sides in _FAMILY_DECLARATIONS.get(model_name, ()):
         names += [name for name, _, _ in dataclass_fields(cls, *sides) if name not in names]
     return tuple(names)
 

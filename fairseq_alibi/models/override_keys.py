@@ -17,7 +17,11 @@ overrides and the checkpoint's model together, in both checkpoint eras:
 (and those of a nested ``{'model': {...}}``) with the model's name to
 :func:`~fairseq_alibi.options.check_override_keys`, which refuses only keys of the package's
 prefixes (``alibi_``, ``encoder_alibi_``, ``decoder_alibi_``, ``cross_alibi``) or names; every
-other key, and every stock model, keeps fairseq's behaviour.
+other key, and every stock model, keeps fairseq's behaviour. It then gives a valid option that
+the checkpoint's hydra-era model config lacks (a checkpoint written before the option existed,
+such as ``alibi_window_cutoff``) the override's value (:func:`add_missing_options`), which
+``overwrite_args_by_name`` would drop: an option of today is a load-time override of any
+trained model, as the options it had then are.
 
 A hydra config's ``model:`` section is checked by the shipped configs' callback
 (:mod:`fairseq_alibi.hydra_support`, :func:`check_model_config_keys`): hydra's structured config
@@ -28,7 +32,7 @@ models' section (``alibi_roberta``, ``alibi_transformer``) takes any key.
 import functools
 
 from fairseq_alibi import options
-from fairseq_alibi.config_access import cfg_get
+from fairseq_alibi.config_access import cfg_get, cfg_set
 from fairseq_alibi.error_hints import OneLineError
 
 
@@ -73,6 +77,20 @@ def override_keys(arg_overrides) -> list:
     return keys
 
 
+def add_missing_options(state, arg_overrides, model_name):
+    """Set each of the family's options given in ``arg_overrides`` (or its ``model`` group)
+    that the checkpoint's model config (``state["cfg"].model``) does not hold; the keys it holds
+    fairseq has overridden already, and an argparse-era ``Namespace`` got every key."""
+    model_cfg = cfg_get(state.get("cfg") or {}, "model", None)
+    if model_cfg is None or not hasattr(model_cfg, "keys"):
+        return
+    nested = arg_overrides.get("model")
+    given = {**arg_overrides, **(nested if isinstance(nested, dict) else {})}
+    for key in options.family_option_names(model_name):
+        if key in given and key not in model_cfg.keys():
+            cfg_set(model_cfg, key, given[key])
+
+
 def guard_override_keys():
     """Wrap ``fairseq.checkpoint_utils.load_checkpoint_to_cpu`` (idempotent)."""
     from fairseq import checkpoint_utils
@@ -85,7 +103,9 @@ def guard_override_keys():
     def load_checkpoint_to_cpu(path, arg_overrides=None, *args, **kwargs):
         state = stock(path, arg_overrides, *args, **kwargs)
         if arg_overrides:
-            check_keys(override_keys(arg_overrides), model_name_of(state))
+            model_name = model_name_of(state)
+            check_keys(override_keys(arg_overrides), model_name)
+            add_missing_options(state, arg_overrides, model_name)
         return state
 
     load_checkpoint_to_cpu._checks_override_keys = True

@@ -14,7 +14,8 @@ from typing import Dict, Optional, Tuple
 import torch
 from torch import Tensor
 
-from fairseq_alibi.alibi import VARIANTS, alibi_bias, length_factors, variant_slopes
+from fairseq_alibi.alibi import (VARIANTS, alibi_bias, length_factors, variant_slopes,
+                                 variant_windows, windowed_alibi_bias)
 from fairseq_alibi.modules.checkpoint_match import check_stack
 from fairseq_alibi.modules.learned_scales import fixed_scale, load_scales, make_scales, scale_row
 from fairseq_alibi.options import Side, StackOptions
@@ -35,6 +36,18 @@ class BiasCache:
     def clear(self):
         self.key, self.bias, self.rows, self.rows_key = None, None, None, None
         self.lengths_key, self.factors = None, None
+        self.windows_key, self.windows = None, {}
+
+    def windows_of(self, key, row, compute):
+        """The slope windows of scale row ``row``, computed once while ``key`` (what every
+        row's windows depend on: slope scale, cutoff, the learned parameters' versions) holds:
+        once per forward pass, not per layer call."""
+        if self.windows_key != key:
+            self.windows_key, self.windows = key, {}
+        found = self.windows.get(row)
+        if found is None:
+            found = self.windows[row] = compute()
+        return found
 
     def length_factors(self, key_padding_mask, batch: int, key_len: int, compute):
         """``(factors, serial)``: the sequences' length-scale factors, computed once per
@@ -82,7 +95,9 @@ class AlibiBias(torch.nn.Module):
     fields) give the variant, the asymmetric forward slopes, the learned or fixed slope scales
     ``s`` of ``num_layers`` layers, the heads that carry a bias, the global tokens and the
     run-time ``slope_scale`` (not saved). Layer ``l``'s slopes are ``slope_scale·s[l, h]·m_h``
-    (:meth:`slopes_of`).
+    (:meth:`slopes_of`). ``window_cutoff`` ``T`` (0 = off): head ``h`` drops the keys beyond
+    its window ``W_h = ceil(T / m_h)`` of those slopes, read detached (:meth:`windows_of`;
+    the dense bias is :func:`~fairseq_alibi.alibi.windowed_alibi_bias`).
     """
 
     kind = "distance"
@@ -97,6 +112,7 @@ class AlibiBias(torch.nn.Module):
         self.slope_scale = float(options.slope_scale)
         self.length_scale = int(options.length_scale)
         self.global_tokens = int(options.global_tokens)
+        self.window_cutoff = float(options.window_cutoff)
         self.register_buffer("slopes", variant_slopes(num_heads, self.variant, options.heads))
         ratio = None
         if self.variant == "asymmetric":
@@ -120,7 +136,8 @@ class AlibiBias(torch.nn.Module):
     def extra_repr(self):
         return (f"variant={self.variant}, num_heads={self.num_heads}, "
                 f"learned_scales={self.learned_scales}, slope_scale={self.slope_scale}, "
-                f"length_scale={self.length_scale}, global_tokens={self.global_tokens}")
+                f"length_scale={self.length_scale}, global_tokens={self.global_tokens}, "
+                f"window_cutoff={self.window_cutoff}")
 
     def _apply(self, fn, *args, **kwargs):
         # model.half() / .bfloat16() must not round the slopes: the bias is built in float32
@@ -163,7 +180,7 @@ class AlibiBias(torch.nn.Module):
         the keys), memoised: the layers that share a scale row share one tensor. A bias that
         carries a gradient is built per call and never kept (a kept one would hold a graph that
         a backward frees)."""
-        if query_len == 1 and self._steps_from_rows:  # a decoding step, first: its hot path
+        if query_len == 1 and self._steps_from_rows and not self.window_cutoff:  # hot path
             return self.cache.last_query_row(key_len, dtype, self.slope_scale,
                                              lambda: self.slopes_of()[0])
         return self.memoised(None, query_len, key_len, dtype, layer,
@@ -179,11 +196,38 @@ class AlibiBias(torch.nn.Module):
             return build()
         row = None if self.scales is None else scale_row(self.scales, layer)
         key = (tag, row, query_len, key_len, dtype, self.slopes.device, self.slope_scale,
-               tuple(p._version for p in learned))
+               self.window_cutoff, tuple(p._version for p in learned))
         return self.cache.get(key, build)
 
+    def windows_of(self, layer: Optional[int] = None):
+        """``(back, ahead)``: the slope windows of layer ``layer``
+        (:func:`~fairseq_alibi.alibi.variant_windows` of its detached slopes and
+        ``window_cutoff``), computed once per scale row while the slopes stay the same (the
+        learned parameters' versions are in the key); ``None`` when the cutoff is off."""
+        if not self.window_cutoff:
+            return None
+        row = None if self.scales is None else scale_row(self.scales, layer)
+        key = (self.slope_scale, self.window_cutoff, self.slopes.device,
+               tuple(p._version for p in self._learned()))
+
+        def compute():
+            with torch.no_grad():
+                slopes, future = self.slopes_of(layer)
+            return variant_windows(slopes, self.window_cutoff, self.variant, future)
+
+        return self.cache.windows_of(key, row, compute)
+
     def _build(self, query_len, key_len, dtype, layer):
-        slopes, future = self.slopes_of(layer)
+        return self.bias_of(self.slopes_of(layer), query_len, key_len, dtype)
+
+    def bias_of(self, slopes, query_len, key_len, dtype):
+        """The dense ``(H, query_len, key_len)`` bias of ``slopes`` ``(slopes, future_slopes)``:
+        :func:`~fairseq_alibi.alibi.alibi_bias`, or with a cutoff
+        :func:`~fairseq_alibi.alibi.windowed_alibi_bias` (windows of these slopes)."""
+        slopes, future = slopes
+        if self.window_cutoff:
+            return windowed_alibi_bias(slopes, query_len, key_len, self.variant, future, dtype,
+                                       self.global_tokens, self.window_cutoff)
         return alibi_bias(slopes, query_len, key_len, self.variant, future, dtype,
                           self.global_tokens)
 
@@ -216,6 +260,13 @@ class LayerBias:
         self.variant, self.num_heads = stack.variant, stack.num_heads
         self.global_tokens = stack.global_tokens
         self.length_scale = stack.length_scale
+
+    @property
+    def windowed(self) -> bool:
+        return bool(self.stack.window_cutoff)
+
+    def windows(self):
+        return self.stack.windows_of(self.index)
 
     @property
     def scales_need_grad(self) -> bool:
@@ -255,8 +306,9 @@ class LengthScaledBias:
     :class:`~fairseq_alibi.modules.attention.dispatch.CallBias` of kind ``rows``, a
     ``(B, H, T, S)`` tensor, which the dense backends (``sdpa``, ``naive``) take. Built from
     :func:`~fairseq_alibi.alibi.alibi_bias` with each distinct factor's slopes (masked keys stay
-    masked), once per forward pass for the layers that share a scale row
-    (:meth:`AlibiBias.memoised`, keyed on the factors' ``serial``)."""
+    masked; with a cutoff, the windows of those scaled slopes: the dense windowed rows), once
+    per forward pass for the layers that share a scale row (:meth:`AlibiBias.memoised`, keyed
+    on the factors' ``serial``)."""
 
     kind = "rows"
 
@@ -270,6 +322,10 @@ class LengthScaledBias:
     def scales_need_grad(self) -> bool:
         return self.stack.scales_need_grad
 
+    @property
+    def windowed(self) -> bool:
+        return bool(self.stack.window_cutoff)
+
     def dense(self, query_len: int, key_len: int, dtype=torch.float32) -> Tensor:
         return self.stack.memoised(("lengths", self.serial), query_len, key_len, dtype,
                                    self.index, lambda: self._build(query_len, key_len, dtype))
@@ -278,7 +334,7 @@ class LengthScaledBias:
         slopes, future = self.stack.slopes_of(self.index)
         distinct, row_of = torch.unique(self.factors, return_inverse=True)
         tables = torch.stack([
-            alibi_bias(slopes * f, query_len, key_len, self.variant,
-                       None if future is None else future * f, dtype, self.global_tokens)
+            self.stack.bias_of((slopes * f, None if future is None else future * f), query_len,
+                               key_len, dtype)
             for f in distinct.tolist()])
         return tables.index_select(0, row_of)

@@ -122,7 +122,7 @@ class RowBias:
     :class:`~fairseq_alibi.modules.attention.dispatch.CallBias` of kind ``rows``), which only
     the dense backends take."""
 
-    kind, variant, scales_need_grad, global_tokens = "rows", None, False, 0
+    kind, variant, scales_need_grad, global_tokens, windowed = "rows", None, False, 0, False
 
     def __init__(self, bias: Optional[Tensor], num_heads: int, device):
         self.bias, self.num_heads, self.device = bias, num_heads, device

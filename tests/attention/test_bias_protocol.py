@@ -17,10 +17,12 @@ import torch
 
 from fairseq_alibi.alibi import VARIANTS, alibi_bias, variant_slopes
 from fairseq_alibi.modules.alibi_multihead_attention import AlibiMultiheadAttention
-from fairseq_alibi.modules.attention import REGISTRY, Call, dense, dispatch, flash, flex, fold
+from fairseq_alibi.modules.attention import (REGISTRY, Call, dense, dispatch, flash, flex, fold,
+                                             windowed)
 from fairseq_alibi.modules.attention.capabilities import Capabilities
 from fairseq_alibi.modules.cross_position import RowBias
-from tests.helpers.references import MASKED, reference_bias, reference_module_attention
+from tests.helpers.references import (MASKED, reference_module_attention,
+                                      reference_windowed_bias)
 
 HEADS, DIM = 4, 32
 CPU_BACKENDS = [name for name in REGISTRY if name != "flash"]
@@ -30,7 +32,7 @@ class ProtocolOnlyBias:
     """The ``AttentionBias`` and ``DistanceBias`` protocols and nothing else: no stack, no
     cache, no option object. Records what each call asked of it."""
 
-    kind, global_tokens, scales_need_grad = "distance", 0, False
+    kind, global_tokens, scales_need_grad, windowed = "distance", 0, False, False
 
     def __init__(self, variant, heads):
         self.variant, self.num_heads = variant, heads
@@ -44,6 +46,9 @@ class ProtocolOnlyBias:
 
     def head_slopes(self):
         return self.slopes, self.future
+
+    def windows(self):
+        return None
 
     def dense(self, query_len, key_len, dtype):
         return alibi_bias(self.slopes, query_len, key_len, self.variant, self.future, dtype)
@@ -75,8 +80,8 @@ def test_a_bias_of_the_protocol_alone_runs_on_every_backend_that_serves_it(backe
     with torch.no_grad():
         out, _ = attn(x, x, x, key_padding_mask=kpm, need_weights=False)
     future = None if bias.future is None else bias.future.tolist()
-    want = reference_module_attention(attn, x, reference_bias(variant, bias.slopes.tolist(),
-                                                              future, T), kpm)
+    want = reference_module_attention(attn, x, reference_windowed_bias(
+        variant, bias.slopes.tolist(), future, T, 0.0), kpm)
     real = ~kpm.t()[..., None] if padded else torch.ones(T, B, 1, dtype=torch.bool)
     torch.testing.assert_close(out.double() * real, want * real, atol=2e-5, rtol=1e-4)
     assert bias.asked == [(B, T, T, False)]  # one question per call, nothing else read
@@ -124,22 +129,25 @@ def _seen(bias, key_padding_mask, attn_mask):
     return visible.any(-1, keepdim=True)
 
 
-def _distance_bias(variant, global_tokens, S, T):
+def _distance_bias(variant, global_tokens, S, T, cutoff=0.0):
     from fairseq_alibi.modules.bias import AlibiBias
 
     alibi = AlibiBias(HEADS, variant=variant, global_tokens=global_tokens,
-                      future_slope_ratio=0.5 if variant == "asymmetric" else 1.0)
+                      future_slope_ratio=0.5 if variant == "asymmetric" else 1.0,
+                      window_cutoff=cutoff)
     slopes, future = alibi.slopes_of()
-    full = reference_bias(variant, slopes.tolist(),
-                          None if future is None else future.tolist(), S, global_tokens)
+    full = reference_windowed_bias(variant, slopes.tolist(),
+                                   None if future is None else future.tolist(), S, cutoff,
+                                   global_tokens)
     return alibi.layer(0), full[None, :, S - T:, :]
 
 
-#: (variant, global tokens, (queries, keys), padded, extra mask, grad, dtype): every limit a
-#: CPU backend declares is crossed (kind "rows": the next test)
+#: (variant, global tokens, (queries, keys), padded, extra mask, grad, dtype, window cutoff):
+#: every limit a CPU backend declares is crossed (kind "rows": the next test); cutoff 0.1
+#: (slopes 1/4 … 1/256: windows 1, 2, 7, 26 keys; one_sided 1/16, 1/256: 2, 26) drops keys of 6
 GRID = list(itertools.product(
     VARIANTS, [0, 2], [(6, 6), (2, 6)], [False, True], [False, True], [False, True],
-    [torch.float32, torch.float64, torch.bfloat16]))
+    [torch.float32, torch.float64, torch.bfloat16], [0.0, 0.1]))
 
 
 def _run_or_refuse(name, call, run):
@@ -159,7 +167,7 @@ def _run_or_refuse(name, call, run):
 #: flex runs eagerly on the CPU, about a second a call under load: its float32 share of three
 #: variants in the fast half, the whole grid with the slow tests
 FLEX_FAST = [case for case in GRID
-             if case[-1] == torch.float32 and case[0] in ("causal", "one_sided", "asymmetric")]
+             if case[6] == torch.float32 and case[0] in ("causal", "one_sided", "asymmetric")]
 
 
 @pytest.mark.parametrize("name,grid", [
@@ -170,16 +178,16 @@ def test_each_backend_computes_what_its_capabilities_declare(name, grid):
     torch.manual_seed(0)
     served = 0
     B, D = 2, 8
-    for variant, global_tokens, (T, S), padded, masked, grad, dtype in grid:
+    for variant, global_tokens, (T, S), padded, masked, grad, dtype, cutoff in grid:
         q, k, v = (torch.randn(B, HEADS, n, D, dtype=torch.float64) for n in (T, S, S))
         kpm = None
         if padded:
             kpm = torch.zeros(B, S, dtype=torch.bool)
             kpm[0, :2] = True  # the first row left-padded, as fairseq pads a prompt
         attn_mask = torch.rand(T, S) < 0.3 if masked else None
-        alibi, full = _distance_bias(variant, global_tokens, S, T)
+        alibi, full = _distance_bias(variant, global_tokens, S, T, cutoff)
         call = Call("cpu", dtype, variant, T, S, B, HEADS, padded, masked, 0.0, grad,
-                    global_tokens=global_tokens)
+                    global_tokens=global_tokens, windowed=cutoff > 0)
         qs, ks, vs = (t.to(dtype).requires_grad_(grad) for t in (q.clone(), k.clone(), v.clone()))
         out = _run_or_refuse(name, call, lambda: REGISTRY[name].run(
             qs, ks, vs, alibi, kpm, attn_mask, 0.0, D**-0.5))
@@ -191,7 +199,7 @@ def test_each_backend_computes_what_its_capabilities_declare(name, grid):
         seen = _seen(full, kpm, attn_mask)
         tol = dict(atol=3e-2, rtol=3e-2) if dtype == torch.bfloat16 else \
             dict(atol=2e-5, rtol=1e-4)
-        case = (variant, global_tokens, T, S, padded, masked, grad, dtype)
+        case = (variant, global_tokens, T, S, padded, masked, grad, dtype, cutoff)
         out, want = (torch.where(seen, x.double(), 0.0) for x in (out, want))
         torch.testing.assert_close(out, want, **tol, msg=lambda m: f"{case}: {m}")
         if grad:
@@ -223,8 +231,9 @@ def test_a_per_row_bias_goes_to_the_backends_that_declare_rows(name):
 def test_each_backend_declares_its_capabilities_once_beside_it():
     assert {name: backend.capabilities for name, backend in REGISTRY.items()} == {
         "fold": fold.CAPABILITIES, "sdpa": dense.CAPABILITIES, "flex": flex.CAPABILITIES,
-        "flash": flash.CAPABILITIES, "naive": dense.CAPABILITIES}
-    for module in (fold, dense, flex, flash):  # no refusal of their own
+        "flash": flash.CAPABILITIES, "naive": dense.CAPABILITIES,
+        "windowed": windowed.CAPABILITIES}
+    for module in (fold, dense, flex, flash, windowed):  # no refusal of their own
         assert not hasattr(module, "unsupported")
 
 

@@ -164,7 +164,8 @@ def test_auto_never_picks_a_backend_that_cannot_serve(flash_installed):
 
 
 def test_one_list_of_names_and_one_validation():
-    assert ATTENTION_BACKENDS == ("auto", "fold", "sdpa", "flex", "flash", "naive")
+    assert ATTENTION_BACKENDS == ("auto", "fold", "sdpa", "flex", "flash", "naive",
+                                  "windowed")
     for name in ATTENTION_BACKENDS:
         assert check_attention_backend(name) == name
     with pytest.raises(ValueError, match="unknown ALiBi attention backend 'cuda-magic'.*auto, fold"):

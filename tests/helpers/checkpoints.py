@@ -29,6 +29,18 @@ def saved_in_process(path, data, *flags):
     return path
 
 
+def saved_by_trainer(model, task, args, path):
+    """``path``: ``model`` as fairseq-train saves it (fairseq's ``Trainer``, the options of the
+    fairseq-train arguments ``args`` in the checkpoint's config)."""
+    from fairseq.trainer import Trainer
+
+    cfg, _ = setup_from_command_line(*args)
+    trainer = Trainer(cfg, task, model, task.build_criterion(cfg.criterion))
+    trainer.consolidate_optimizer()
+    trainer.save_checkpoint(str(path), {})
+    return path
+
+
 def load(path):
     return torch.load(path, map_location="cpu", weights_only=False)
 

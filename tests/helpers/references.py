@@ -101,3 +101,32 @@ def reference_scaled_attention(attn, x, scales, layer, variant, ratio, key_paddi
     slopes = variant_slopes(attn.num_heads, variant).double() * row
     bias = reference_bias(variant, slopes, slopes * ratio, x.size(0))
     return reference_module_attention(attn, x, bias, key_padding_mask)
+
+
+def reference_windowed_bias(variant, slopes, future, T, cutoff, global_tokens=0):
+    """:func:`reference_bias` with slope windows ``T`` (nats) from the definition: head ``h``
+    hides the key ``j`` of query ``i`` when ``i - j > ceil(T / m_h)`` or ``j - i`` exceeds its
+    look-ahead window (``ceil(T / m_h)``; ``offset`` ``ceil(T / m_h + 0.5)``; ``asymmetric``
+    ``ceil(T / m_f,h)``), unless ``i`` or ``j`` is a global token; a head with slope 0 hides
+    nothing; ``T = 0`` is off. Written with Python's ``math`` per head, not the package's
+    functions."""
+    import math
+
+    bias = reference_bias(variant, slopes, future, T, global_tokens)
+    if not cutoff:  # 0 = off
+        return bias
+    slopes = torch.as_tensor(slopes, dtype=torch.float64).tolist()
+    future = None if future is None else torch.as_tensor(future, dtype=torch.float64).tolist()
+    i = torch.arange(T)[:, None]
+    j = torch.arange(T)[None, :]
+    exempt = (i < global_tokens) | (j < global_tokens)
+    for h, m in enumerate(slopes):
+        if m <= 0:
+            continue
+        back = math.ceil(cutoff / m)
+        ahead = {"offset": math.ceil(cutoff / m + 0.5),
+                 "asymmetric": math.ceil(cutoff / future[h]) if future and future[h] > 0
+                 else math.inf}.get(variant, back)
+        hidden = ((i - j > back) | (j - i > ahead)) & ~exempt
+        bias[h] = bias[h].masked_fill(hidden, MASKED)
+    return bias

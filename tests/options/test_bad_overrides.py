@@ -22,12 +22,12 @@ from tests.fixtures.saved_models.make import MODELS
 from tests.helpers.building import training_config
 from tests.helpers.cli import REPO, run_cli
 
-FIXTURES = Path(__file__).resolve().parent / "fixtures" / "saved_models"
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "saved_models"
 LM = FIXTURES / "lm_fixed_slopes" / "checkpoint.pt"  # a hydra-era checkpoint (state["cfg"])
 ROBERTA = FIXTURES / "roberta_one_sided_head" / "checkpoint.pt"  # its model: a Namespace
 TRANSLATION = FIXTURES / "translation_pointer" / "checkpoint.pt"
-LM_OPTIONS = ("alibi_learned_scales, alibi_scale_init, alibi_heads, alibi_attention, "
-              "alibi_slope_scale")
+LM_OPTIONS = ("alibi_learned_scales, alibi_scale_init, alibi_heads, alibi_window_cutoff, "
+              "alibi_attention, alibi_slope_scale")
 
 
 def load(path, **overrides):
@@ -83,8 +83,8 @@ def test_a_misspelt_override_is_one_line_with_the_suggestion(era, argparse_era_l
         "unknown ALiBi option 'alibi_slope_scal' in --model-overrides (did you mean "
         f"'alibi_slope_scale'?); valid for alibi_transformer_lm: {LM_OPTIONS}")
     assert refusal(path, alibi_window_cutof=8) == (
-        "unknown ALiBi option 'alibi_window_cutof' in --model-overrides; valid for "
-        f"alibi_transformer_lm: {LM_OPTIONS}")
+        "unknown ALiBi option 'alibi_window_cutof' in --model-overrides (did you mean "
+        f"'alibi_window_cutoff'?); valid for alibi_transformer_lm: {LM_OPTIONS}")
 
 
 @pytest.mark.parametrize("era", ["hydra", "argparse"])

@@ -19,6 +19,7 @@ from fairseq_alibi.modules.attention import dispatch
 from fairseq_alibi.modules.bias import AlibiBias
 from fairseq_alibi.modules.stacks import UNBOUNDED_POSITIONS
 from tests.helpers.building import build_model, compose, setup_from_command_line, write_dictionary
+from tests.helpers.checkpoints import saved_by_trainer as save
 from tests.helpers.cli import REPO
 from tests.helpers.references import reference_bias, reference_module_attention
 from tests.helpers.training import COMMON, MODELS
@@ -218,17 +219,6 @@ def test_partial_heads_reach_every_family(data, tmp_path):
     mt = task.build_model(cfg.model)
     assert int(mt.encoder.alibi.slopes.ne(0).sum()) == 1
     assert int(mt.decoder.alibi.slopes.ne(0).sum()) == 3
-
-
-def save(model, task, args, path):
-    """The model as fairseq-train saves it (its options in the checkpoint's config)."""
-    from fairseq.trainer import Trainer
-
-    cfg, _ = setup_from_command_line(*args)
-    trainer = Trainer(cfg, task, model, task.build_criterion(cfg.criterion))
-    trainer.consolidate_optimizer()
-    trainer.save_checkpoint(str(path), {})
-    return path
 
 
 def test_saved_and_loaded_they_compute_the_same(data, tmp_path):

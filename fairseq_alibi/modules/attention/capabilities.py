@@ -42,7 +42,10 @@ class Capabilities:
     ``global_tokens``: ``--alibi-global-tokens``; ``scale_grad``: the gradient of learned slope
     scales; ``no_backward_on``: devices where it runs forward only; ``missing``: why it cannot
     run in this installation (``None``: it can), asked at each check (so a test can pretend),
-    after the call's own limits.
+    after the call's own limits; ``windows``: slope windows (``--alibi-window-cutoff``: the keys
+    beyond each head's window dropped). ``windows`` alone defaults to *not* served: a backend
+    that computes the plain bias from the slopes would silently ignore the windows, so only one
+    that drops those keys declares it (``sdpa``/``naive``'s dense bias, ``windowed``).
     """
 
     kinds: Tuple[str, ...] = ("distance",)
@@ -56,6 +59,7 @@ class Capabilities:
     global_tokens: bool = True
     scale_grad: bool = True
     no_backward_on: Tuple[str, ...] = ()
+    windows: bool = False
     missing: Callable[[], Optional[str]] = _nothing_missing
 
     def limit(self, call) -> Optional[str]:
@@ -63,6 +67,8 @@ class Capabilities:
         ``None`` if it is served. Cheap, builds nothing: ``auto`` asks it at every call."""
         if call.kind not in self.kinds:
             return "kinds"
+        if call.windowed and not self.windows:
+            return "windows"
         if call.global_tokens and not self.global_tokens:
             return "global_tokens"
         if self.devices is not None and call.device not in self.devices:
@@ -97,6 +103,9 @@ class Capabilities:
 #: why a backend refuses a call, by the field of :class:`Capabilities` that limits it
 _REFUSALS = {
     "kinds": lambda name, call, caps: f"{name} takes no {KIND_NAMES.get(call.kind, call.kind)}",
+    "windows": lambda name, call, caps: (
+        f"{name} computes the whole ALiBi bias: it cannot drop the keys beyond the slope "
+        "windows (--alibi-window-cutoff)"),
     "global_tokens": lambda name, call, caps: (
         f"global tokens (--alibi-global-tokens) are not part of {name}'s bias"),
     "devices": lambda name, call, caps: (

@@ -15,8 +15,9 @@ from fairseq_alibi.alibi import mask_value
 from fairseq_alibi.modules.attention.capabilities import Capabilities
 
 
-#: both serve every call: either kind of bias, any device, dtype, variant, mask, cache or dropout
-CAPABILITIES = Capabilities(kinds=("distance", "rows"))
+#: both serve every call: either kind of bias, any device, dtype, variant, mask, cache or dropout,
+#: with slope windows too (the bias's dense tensor holds them: ``alibi.windowed_alibi_bias``)
+CAPABILITIES = Capabilities(kinds=("distance", "rows"), windows=True)
 
 
 def dense_mask(alibi, bsz, tgt_len, src_len, dtype, key_padding_mask, attn_mask) -> Tensor:

@@ -6,13 +6,14 @@ dropout_p, scale) -> out`` for ``(B, H, T, D)`` queries and ``(B, H, S, D)`` key
 :class:`CallBias`, and declares once, beside it, the calls it serves (``CAPABILITIES``, a
 :class:`~.capabilities.Capabilities`):
 
-=========  ===================================================================================
-``fold``   the bias folded into PyTorch's fused CPU kernel, no bias tensor (:mod:`.fold`)
-``sdpa``   ``scaled_dot_product_attention`` with the dense float bias (:mod:`.dense`)
-``flex``   ``flex_attention`` with an ALiBi ``score_mod`` (:mod:`.flex`)
-``flash``  ``flash_attn``'s ``alibi_slopes``, CUDA fp16/bf16, causal/symmetric (:mod:`.flash`)
-``naive``  the explicit reference (:mod:`.dense`)
-=========  ===================================================================================
+============  ================================================================================
+``fold``      the bias folded into PyTorch's fused CPU kernel, no bias tensor (:mod:`.fold`)
+``sdpa``      ``scaled_dot_product_attention`` with the dense float bias (:mod:`.dense`)
+``flex``      ``flex_attention`` with an ALiBi ``score_mod`` (:mod:`.flex`)
+``flash``     ``flash_attn``'s ``alibi_slopes``, CUDA fp16/bf16, causal/symmetric (:mod:`.flash`)
+``naive``     the explicit reference (:mod:`.dense`)
+``windowed``  slope windows on the CPU: only the keys in each head's window (:mod:`.windowed`)
+============  ================================================================================
 
 ``auto`` is :func:`auto_backend`; a backend chosen by name that cannot serve a call is the one
 error of :func:`resolve`, which says why and which backends can. (fairseq's ``need_weights``/
@@ -29,7 +30,7 @@ from typing import Callable, NamedTuple, Optional, Protocol, Tuple
 import torch
 from torch import Tensor
 
-from fairseq_alibi.modules.attention import dense, flash, flex, fold
+from fairseq_alibi.modules.attention import dense, flash, flex, fold, windowed
 from fairseq_alibi.modules.attention.capabilities import Capabilities
 
 
@@ -49,6 +50,7 @@ class CallBias(Protocol):
     variant: Optional[str]  # the ALiBi variant; None: a "rows" bias of no variant
     num_heads: int
     global_tokens: int  # the first positions exempt from the bias (0: none)
+    windowed: bool  # slope windows (--alibi-window-cutoff): keys beyond them are dropped
 
     @property
     def scales_need_grad(self) -> bool:
@@ -64,6 +66,10 @@ class DistanceBias(CallBias, Protocol):
 
     def head_slopes(self) -> Tuple[Tensor, Optional[Tensor]]:
         """``(slopes, future_slopes)``, float32 ``(H,)`` (``future_slopes``: ``asymmetric``)."""
+
+    def windows(self):
+        """``(back, ahead)`` per head (:func:`~fairseq_alibi.alibi.variant_windows` of the
+        detached slopes, ``None`` = unbounded), or ``None`` when the call has no windows."""
 
 
 class AttentionBias(Protocol):
@@ -104,6 +110,7 @@ REGISTRY = {backend.name: backend for backend in (
     Backend("flex", flex.attention, flex.CAPABILITIES),
     Backend("flash", flash.attention, flash.CAPABILITIES),
     Backend("naive", dense.naive, dense.CAPABILITIES),
+    Backend("windowed", windowed.run, windowed.CAPABILITIES),
 )}
 
 
@@ -160,6 +167,7 @@ class Call(NamedTuple):
     scale_grad: bool = False  # learned slope scales (--alibi-learned-scales) need their gradient
     kind: str = "distance"  # the bias's CallBias.kind
     global_tokens: int = 0  # CallBias.global_tokens
+    windowed: bool = False  # CallBias.windowed: slope windows
 
 
 #: from this many keys on, causal and one_sided attention is faster folded than with the dense
@@ -181,6 +189,12 @@ FLEX_MIN_LENGTH = 4096
 DENSE_MASK_BUDGET = 64 * 2**20
 
 
+#: on the CPU, from this many keys on, ``windowed`` is faster than the dense choices for a whole
+#: sequence with slope windows (causal, 8 heads, T = 8, float32, forward and forward+backward:
+#: docs/benchmarks.md, "Slope windows"); below it ``sdpa``'s dense windowed bias
+WINDOWED_MIN_LENGTH = 1024
+
+
 def auto_backend(call: Call) -> str:
     """``auto``'s choice: the fastest backend measured that can serve ``call``.
 
@@ -196,9 +210,18 @@ def auto_backend(call: Call) -> str:
        ``(B, H, T, S)`` tensor per layer: docs/learned_scales.md).
     3. ``sdpa`` otherwise (it serves every call: decoding steps, dropout, half precision, ...).
 
+    With slope windows (``call.windowed``): ``windowed`` for whole sequences of
+    :data:`WINDOWED_MIN_LENGTH` keys or more where it serves (CPU, float32/64, no dropout, no
+    extra mask), else ``sdpa`` with the dense windowed bias (``fold``, ``flex`` and ``flash``
+    refuse windows).
+
     On the CPU ``flex`` is never chosen: it was slower than these in every case measured but
     one_sided inference (up to 10 %), has no CPU backward and compiles per shape.
     """
+    if call.windowed:
+        if call.query_len == call.key_len >= WINDOWED_MIN_LENGTH and serves("windowed", call):
+            return "windowed"
+        return "sdpa"
     if call.device == "cuda":
         if serves("flash", call):
             return "flash"
@@ -245,6 +268,7 @@ def attend(name, q, k, v, alibi, key_padding_mask=None, attn_mask=None, dropout_
         dropout_p=dropout_p,
         grad=torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad),
         scale_grad=alibi.scales_need_grad, kind=alibi.kind, global_tokens=alibi.global_tokens,
+        windowed=alibi.windowed,
     )
     return REGISTRY[resolve(name, call)].run(q, k, v, alibi, key_padding_mask, attn_mask,
                                              dropout_p, scale)

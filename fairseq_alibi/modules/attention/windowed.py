@@ -36,8 +36,16 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from fairseq_alibi.alibi import alibi_bias_between, mask_value
+from fairseq_alibi.alibi import alibi_bias_between, mask_value, variant_windows
 from fairseq_alibi.modules.attention import fold
+from fairseq_alibi.modules.attention.capabilities import Capabilities
+
+#: what :func:`run` serves: the slopes' bias (with windows or without: every window unbounded)
+#: on the CPU in float32/64, whole sequences or a KV cache, key padding, global tokens, the
+#: learned scales' gradient; no attention dropout, no extra attn_mask
+CAPABILITIES = Capabilities(
+    kinds=("distance",), devices=("cpu",), dtypes=fold.FOLD_DTYPES, dropout=False,
+    attn_mask=False, windows=True)
 
 #: the fewest queries a chunk holds: smaller chunks make each kernel batch entry too small to
 #: pay for itself (the keys read per query grow to ``back + c + ahead``, but stay few)
@@ -245,3 +253,15 @@ def attention(q: Tensor, k: Tensor, v: Tensor, slopes: Tensor, future_slopes: Op
                                  global_tokens, scale)
         out = torch.cat([exempt, out[:, :, global_tokens - first:]], dim=2)
     return out
+
+
+def run(q, k, v, alibi, key_padding_mask, attn_mask, dropout_p, scale):
+    """The ``windowed`` backend (the calls of :data:`CAPABILITIES`): :func:`attention` with the
+    call's windows (``alibi.windows()``), or, for a call without a cutoff, the variant's
+    unbounded ones (every key its bias reaches)."""
+    slopes, future_slopes = alibi.head_slopes()
+    windows = alibi.windows() if alibi.windowed else None
+    if windows is None:
+        windows = variant_windows(slopes, 0.0, alibi.variant, future_slopes)
+    return attention(q, k, v, slopes, future_slopes, alibi.variant, windows, key_padding_mask,
+                     scale, alibi.global_tokens)
