@@ -1,0 +1,351 @@
+"""Choosing the slope-window cutoff T, measured: perplexity, lost attention mass and speed per T.
+
+    python -m experiments.slope_windows [--out DIR] [--cutoffs 2,4,6,8,12,16]
+                                        [--multiples 1,2,4,8,16,64] [--L 64] [--max-update N]
+                                        [--checkpoint PATH --data DIR] [--sample-tokens N]
+                                        [--smoke]
+
+The quickstart's language model (its embedded corpus, its ``tiny`` model and its training
+command, :func:`fairseq_alibi.cli.quickstart.train_command`, at ``L`` = 64), or an existing
+causal ALiBi model (``--checkpoint PATH --data DIR``, a folder written by
+``fairseq-preprocess`` with a ``test`` split), is scored on the held-out ``test`` text with
+``fairseq-eval-lm`` in non-overlapping blocks of ``N = L, 2L, 4L, 8L, 16L, 64L`` tokens
+(``--tokens-per-sample N --max-tokens N``, through :func:`fairseq_alibi.cli.sweep.run_sweep`,
+which checks that every run scores every token), dense (``T`` off) and with the load-time
+override ``--model-overrides "{'alibi_window_cutoff': T}"`` for each ``T``. The runs of one
+length follow each other (dense first), so their tokens/s are taken side by side.
+
+Per ``T`` and ``N`` the report gives the perplexity and its change against dense
+``ppl_T / ppl_dense - 1``, the eval-lm tokens/s and its ratio to dense at that length, and the
+largest attention mass a query lost: in this process, the dense model's attention
+probabilities ``p_h[i, j]`` (every layer and head, the first ``--sample-tokens`` test tokens in
+blocks of ``N``) summed over the keys beyond the head's window ``W_h``
+(:func:`fairseq_alibi.alibi.variant_windows` of the layer's effective slopes),
+
+    lost(T, N) = max over layers, heads, blocks, queries i of  sum_{j : i - j > W_h} p_h[i, j]
+
+(and ``j - i`` beyond the look-ahead window for bidirectional variants): what the windowed
+model renormalises away. The recommended ``T`` is the smallest whose perplexity is within
+0.1 % of dense at every length measured (issue 38's goal); none if no ``T`` meets it.
+
+Outputs in ``--out``: ``slope_windows.md``, ``slope_windows.csv`` (one row per T and N),
+``run.json``, ``eval/`` (each length's sweep and fairseq logs), ``logs/``. ``--smoke``: the
+quickstart's smoke model, a few updates, T = 4 and N = L, 4L (used by the tests).
+"""
+
+import argparse
+import csv
+import math
+import os
+import re
+import sys
+import time
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence
+
+from benchmarks.tables import machine, table, today
+from experiments.lm_runs import data_folder, publish, start_run, train
+from fairseq_alibi.cli.quickstart import SIZES, SMOKE, SMOKE_L
+from fairseq_alibi.cli.sweep import SweepModel, run_sweep
+
+CUTOFFS = (2, 4, 6, 8, 12, 16)
+MULTIPLES = (1, 2, 4, 8, 16, 64)
+SMOKE_CUTOFFS, SMOKE_MULTIPLES = (4,), (1, 4)
+#: the issue's quality goal: perplexity within this fraction of dense at every length
+GOAL = 0.001
+DENSE = "off"
+#: dense again after the windowed runs of a length: its tokens/s shows the run-to-run noise
+DENSE_AGAIN = "off (again)"
+#: fairseq-eval-lm prints the loss (base 2) to 4 decimals: perplexity to ±ln(2)·5e-5
+RESOLUTION = math.log(2) * 5e-5
+_SPEED = re.compile(r"Evaluated [\d,]+ tokens in ([\d.]+)s \(([\d.]+) tokens/s\)")
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", default="outputs/slope_windows")
+    parser.add_argument("--cutoffs", default=None,
+                        help="cutoffs T in nats, comma-separated (default 2,4,6,8,12,16)")
+    parser.add_argument("--multiples", default=None,
+                        help="evaluation lengths as multiples of L (default 1,2,4,8,16,64)")
+    parser.add_argument("--L", type=int, default=None, help="training length (default 64)")
+    parser.add_argument("--max-update", type=int, default=None,
+                        help="training updates (default: the quickstart's 1000)")
+    parser.add_argument("--checkpoint", default=None,
+                        help="score this causal ALiBi model instead of training one "
+                        "(needs --data and --L, its training length)")
+    parser.add_argument("--data", default=None, help="binarized corpus (with a test split)")
+    parser.add_argument("--sample-tokens", type=int, default=16384,
+                        help="test tokens whose attention mass is measured (at least one "
+                        "block per length)")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--threads", type=int, default=1, help="threads of each process")
+    parser.add_argument("--smoke", action="store_true", help="toy model, every step")
+    args = parser.parse_args(argv)
+    if args.checkpoint and not args.data:
+        parser.error("--checkpoint needs --data (the binarized corpus it is scored on)")
+    args.L = args.L or (SMOKE_L if args.smoke else 64)
+    args.max_update = args.max_update or (6 if args.smoke else SIZES["tiny"]["max_update"])
+    args.cutoffs = number_list(parser, args.cutoffs, SMOKE_CUTOFFS if args.smoke else CUTOFFS,
+                               float)
+    args.multiples = number_list(parser, args.multiples,
+                                 SMOKE_MULTIPLES if args.smoke else MULTIPLES, int)
+    if any(t <= 0 or not math.isfinite(t) for t in args.cutoffs):
+        parser.error("--cutoffs must be finite numbers of nats > 0 (dense is always measured)")
+    return args
+
+
+def number_list(parser, text: Optional[str], default: Sequence, kind) -> list:
+    """``text`` (``a,b``) as numbers of ``kind``, sorted, once each; ``default`` if not given."""
+    if text is None:
+        return sorted(set(default))
+    try:
+        return sorted({kind(part) for part in text.split(",") if part.strip()})
+    except ValueError:
+        parser.error(f"not a comma-separated list of numbers: {text!r}")
+
+
+def label(cutoff: Optional[float]) -> str:
+    """A run's name: ``off`` (dense) or ``T=8``."""
+    return DENSE if not cutoff else f"T={cutoff:g}"
+
+
+def cutoff_overrides(cutoff: float):
+    """``SweepModel.overrides``: the load-time window cutoff, at every length."""
+    return lambda length: {"alibi_window_cutoff": cutoff}
+
+
+def evaluate(checkpoint, data, cutoffs, lengths, out: Path, threads: int, log) -> List[dict]:
+    """One row per ``(T, N)``: perplexity, tokens and eval-lm tokens/s of ``fairseq-eval-lm``
+    in non-overlapping blocks of ``N`` (one block a batch): dense, each ``T`` in turn, dense
+    again; ``speed_vs_dense`` against the mean of the two dense runs."""
+    models = {DENSE: SweepModel(str(checkpoint))}
+    models.update({label(t): SweepModel(str(checkpoint), overrides=cutoff_overrides(t))
+                   for t in cutoffs})
+    models[DENSE_AGAIN] = models[DENSE]
+    values = {label(t): t for t in cutoffs}
+    rows = []
+    for n in lengths:
+        log(f"fairseq-eval-lm at N={n}: {', '.join(models)} ...")
+        result = run_sweep(models, str(data), [n], out / "eval" / f"N{n}",
+                           modes=["nonoverlapping"], extra_eval_args=["--cpu", "--max-tokens",
+                                                                      str(n)],
+                           jobs=1, threads=threads, progress=False,
+                           title=f"Slope windows at N={n}")
+        result.check()
+        for point in result.points:
+            speed = _SPEED.findall(Path(point.log).read_text())
+            rows.append({"cutoff": point.model, "T": values.get(point.model), "length": n,
+                         "tokens": point.tokens,
+                         "perplexity": point.perplexity,
+                         "tokens_per_s": float(speed[-1][1]) if speed else None,
+                         "run_seconds": point.seconds})
+    for row in rows:
+        dense = [r for r in rows if r["length"] == row["length"]
+                 and r["cutoff"] in (DENSE, DENSE_AGAIN)]
+        row["change"] = row["perplexity"] / dense[0]["perplexity"] - 1.0
+        speeds = [r["tokens_per_s"] for r in dense]
+        row["speed_vs_dense"] = (row["tokens_per_s"] / (sum(speeds) / len(speeds))
+                                 if row["tokens_per_s"] and all(speeds) else None)
+    return rows
+
+
+def held_out_stream(data) -> "torch.Tensor":
+    """The binarized ``test`` split as one stream of token ids (end-of-line tokens included),
+    as ``fairseq-eval-lm`` reads it in non-overlapping blocks."""
+    import torch
+    from fairseq.data import data_utils
+
+    dataset = data_utils.load_indexed_dataset(os.path.join(str(data), "test"), None)
+    if dataset is None or len(dataset) == 0:
+        raise SystemExit(f"no test split in {data}")
+    return torch.cat([dataset[i].long() for i in range(len(dataset))])
+
+
+def lost_mass(probs, windows) -> float:
+    """The largest attention mass a query puts beyond its head's window, of ``probs``
+    ``(H, B, T, S)`` (queries aligned to the end of the keys) and ``windows`` ``(back, ahead)``
+    (per head, ``None`` = unbounded): ``max_{h, b, i} sum_{j : i' - j > back_h or
+    j - i' > ahead_h} p``, ``i' = i + S - T``; summed from the far end in float64, so that a
+    small mass is not lost to rounding."""
+    import torch
+
+    H, _, T, S = probs.shape
+    positions = torch.arange(T) + (S - T)
+    worst = 0.0
+    for h in range(H):
+        p = probs[h].double()
+        lost = p.new_zeros(p.shape[:2])  # (B, T): both directions of a query add up
+        for limit, flipped in ((windows[0][h], False), (windows[1][h], True)):
+            if limit is None:
+                continue
+            # the keys j <= i' - limit - 1 (back), or j >= i' + limit + 1 (ahead: flip the keys)
+            sums = (p.flip(-1) if flipped else p).cumsum(-1)
+            last = (S - 2 - positions - limit) if flipped else positions - limit - 1
+            inside = last >= 0
+            if bool(inside.any()):
+                lost[:, inside] += sums[:, inside, :].gather(
+                    -1, last[inside].view(1, -1, 1).expand(sums.size(0), -1, 1)).squeeze(-1)
+        worst = max(worst, float(lost.max()))
+    return worst
+
+
+def attention_losses(checkpoint, data, cutoffs, lengths, sample_tokens: int, log) -> dict:
+    """``{(T, N): largest lost mass}`` of the dense model (:func:`lost_mass` of every layer's
+    attention probabilities, through hooks on its ALiBi attentions) on the first
+    ``sample_tokens`` test tokens, cut into blocks of ``N`` (at least one block)."""
+    import torch
+    from fairseq import checkpoint_utils
+
+    import fairseq_alibi  # noqa: F401  (registers the models)
+    from fairseq_alibi.alibi import variant_windows
+    from fairseq_alibi.modules.alibi_multihead_attention import AlibiMultiheadAttention
+
+    models, _, _ = checkpoint_utils.load_model_ensemble_and_task(
+        [str(checkpoint)], arg_overrides={"data": str(data), "alibi_window_cutoff": 0.0})
+    model = models[0].eval()
+    attentions = [m for m in model.modules() if isinstance(m, AlibiMultiheadAttention)]
+    if not attentions:
+        raise SystemExit(f"{checkpoint}: no ALiBi self-attention in this model")
+    windows = []
+    with torch.no_grad():
+        for m in attentions:  # each layer's effective slopes (scales included)
+            slopes, future = m.alibi.head_slopes()
+            windows.append({t: variant_windows(slopes, t, m.alibi.variant, future)
+                            for t in cutoffs})
+    found = {(t, n): 0.0 for t in cutoffs for n in lengths}
+    current = {}
+
+    def ask_weights(module, args, kwargs):
+        return args, dict(kwargs, need_head_weights=True)
+
+    def measure(index):
+        def hook(module, args, kwargs, output):
+            for t in cutoffs:
+                key = (t, current["length"])
+                found[key] = max(found[key], lost_mass(output[1], windows[index][t]))
+            return output[0], None
+        return hook
+
+    handles = [m.register_forward_pre_hook(ask_weights, with_kwargs=True) for m in attentions]
+    handles += [m.register_forward_hook(measure(i), with_kwargs=True)
+                for i, m in enumerate(attentions)]
+    stream = held_out_stream(data)
+    try:
+        with torch.no_grad():
+            for n in lengths:
+                count = max(1, min(sample_tokens, len(stream)) // n)
+                blocks = stream[:count * n].view(count, n) if len(stream) >= n else stream[None]
+                current["length"] = n
+                log(f"attention mass beyond the windows: {blocks.size(0)} block(s) of "
+                    f"{blocks.size(1)} tokens")
+                for batch in blocks.split(max(1, 4096 // n)):
+                    model(batch)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return found
+
+
+def recommend(rows, cutoffs) -> Optional[float]:
+    """The smallest ``T`` whose perplexity is within :data:`GOAL` of dense at every length."""
+    for t in sorted(cutoffs):
+        if all(abs(r["change"]) <= GOAL for r in rows if r["cutoff"] == label(t)):
+            return t
+    return None
+
+
+def write_csv(path: Path, rows: List[dict]):
+    fields = ["cutoff", "T", "length", "tokens", "perplexity", "change", "tokens_per_s",
+              "speed_vs_dense", "run_seconds", "lost_mass"]
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=fields)
+        writer.writeheader()
+        for row in rows:
+            writer.writerow({k: row.get(k) for k in fields})
+
+
+def report_tables(rows, cutoffs, lengths, L: int) -> str:
+    """The three tables of the report: perplexity change, largest lost mass, tokens/s."""
+    names = [DENSE] + [label(t) for t in cutoffs]
+    by = {(r["cutoff"], r["length"]): r for r in rows}
+    heads = ["T"] + [f"{n // L}L = {n}" for n in lengths]
+
+    def cells(name, show):
+        return [name] + [show(by[(name, n)]) for n in lengths]
+
+    change = [cells(DENSE, lambda r: f"{r['perplexity']:.3f}")]
+    change += [cells(name, lambda r: f"{r['change']:+.3%}") for name in names[1:]]
+    lost = [cells(name, lambda r: f"{r['lost_mass']:.1e}") for name in names[1:]]
+    speed = [cells(name, lambda r: f"{r['tokens_per_s']:,.0f}" + (
+        "" if name in (DENSE, DENSE_AGAIN) else f" ({r['speed_vs_dense']:.2f}×)"))
+        for name in names[:1] + [DENSE_AGAIN] + names[1:]]
+    tokens = sorted({r["tokens"] for r in rows})
+    return "\n".join([
+        "Perplexity (dense row) and its change against dense, non-overlapping blocks of N, "
+        f"{', '.join(f'{c:,}' for c in tokens)} test tokens at every point:", "",
+        table(heads, change), "",
+        f"(fairseq-eval-lm prints the loss to 4 decimals: a change within ±{RESOLUTION:.4%} "
+        "reads as 0.)", "",
+        "Largest attention mass a query of the dense model puts beyond its head's window "
+        "(every layer and head):", "",
+        table(heads, lost), "",
+        "fairseq-eval-lm tokens/s (× the mean of the two dense runs at the same N, one before "
+        "and one after the windowed runs; one block a batch, one run each):", "",
+        table(heads, speed),
+    ])
+
+
+def prepare_model(args, out: Path, env: dict, log) -> dict:
+    """The scored model: ``--checkpoint``, or the quickstart LM trained here at ``L``."""
+    if args.checkpoint:
+        if not Path(args.checkpoint).is_file():
+            raise SystemExit(f"--checkpoint {args.checkpoint}: no such file")
+        data = data_folder(out, args.data, 0, env, args.seed, log)
+        return {"checkpoint": Path(args.checkpoint).resolve(), "data": data, "trained": None}
+    size = dict(SMOKE if args.smoke else SIZES["tiny"])
+    data = data_folder(out, args.data, size["vocab"], env, args.seed, log)
+    log(f"training the quickstart LM at L={args.L}: {size['layers']} layers, dim {size['dim']}, "
+        f"{size['heads']} heads, {args.max_update} updates ...")
+    run = train("alibi", "alibi_transformer_lm", data, out, size, args.L, args.max_update,
+                args.seed, env)
+    log(f"trained in {run['seconds']:.0f} s")
+    return {"checkpoint": run["checkpoint"], "data": data, "trained": run}
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    out, env, log = start_run(args.out, "slope-windows", args.threads)
+    started = time.time()
+    command = " ".join(["python -m experiments.slope_windows"]
+                       + (argv if argv is not None else sys.argv[1:]))
+    machine_line = machine()
+    model = prepare_model(args, out, env, log)
+    lengths = [m * args.L for m in args.multiples]
+    rows = evaluate(model["checkpoint"], model["data"], args.cutoffs, lengths, out,
+                    args.threads, log)
+    losses = attention_losses(model["checkpoint"], model["data"], args.cutoffs, lengths,
+                              args.sample_tokens, log)
+    for row in rows:
+        row["lost_mass"] = None if row["T"] is None else losses[(row["T"], row["length"])]
+    write_csv(out / "slope_windows.csv", rows)
+    chosen = recommend(rows, args.cutoffs)
+    verdict = (f"Recommended: T = {chosen:g}, the smallest cutoff within "
+               f"{GOAL:.1%} of dense at every length measured." if chosen is not None else
+               f"No cutoff measured is within {GOAL:.1%} of dense at every length.")
+    total = time.time() - started
+    report = "\n".join([
+        "# Choosing the slope-window cutoff T", "",
+        f"Command: `{command}`  ", f"Machine: {machine_line}  ",
+        f"Date: {today()}; total wall time {total:.0f} s  ",
+        f"Model: {model['checkpoint']} (trained at L = {args.L}); data {model['data']}", "",
+        report_tables(rows, args.cutoffs, lengths, args.L), "", verdict, ""])
+    return publish(out, "slope_windows.md", report, {
+        "command": command, "machine": machine_line, "L": args.L, "lengths": lengths,
+        "cutoffs": args.cutoffs, "rows": rows, "recommended": chosen,
+        "checkpoint": str(model["checkpoint"]), "data": str(model["data"]),
+        "training": model["trained"], "total_s": round(total, 1)}, log, total)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
