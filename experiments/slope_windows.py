@@ -3,7 +3,7 @@
     python -m experiments.slope_windows [--out DIR] [--cutoffs 2,4,6,8,12,16]
                                         [--multiples 1,2,4,8,16,64] [--L 64] [--max-update N]
                                         [--checkpoint PATH --data DIR] [--sample-tokens N]
-                                        [--smoke]
+                                        [--rounds R] [--threads 1] [--smoke]
 
 The quickstart's language model (its embedded corpus, its ``tiny`` model and its training
 command, :func:`fairseq_alibi.cli.quickstart.train_command`, at ``L`` = 64), or an existing
@@ -13,7 +13,8 @@ causal ALiBi model (``--checkpoint PATH --data DIR``, a folder written by
 (``--tokens-per-sample N --max-tokens N``, through :func:`fairseq_alibi.cli.sweep.run_sweep`,
 which checks that every run scores every token), dense (``T`` off) and with the load-time
 override ``--model-overrides "{'alibi_window_cutoff': T}"`` for each ``T``. The runs of one
-length follow each other (dense first), so their tokens/s are taken side by side.
+length follow each other (dense first and again last), so their tokens/s are taken side by
+side; ``--rounds R`` repeats them and reports the median.
 
 Per ``T`` and ``N`` the report gives the perplexity and its change against dense
 ``ppl_T / ppl_dense - 1``, the eval-lm tokens/s and its ratio to dense at that length, and the
@@ -25,8 +26,9 @@ blocks of ``N``) summed over the keys beyond the head's window ``W_h``
     lost(T, N) = max over layers, heads, blocks, queries i of  sum_{j : i - j > W_h} p_h[i, j]
 
 (and ``j - i`` beyond the look-ahead window for bidirectional variants): what the windowed
-model renormalises away. The recommended ``T`` is the smallest whose perplexity is within
-0.1 % of dense at every length measured (issue 38's goal); none if no ``T`` meets it.
+model renormalises away. The report names the smallest ``T`` whose perplexity is within
+0.1 % of dense at every length measured (issue 38's goal), or says that none is: the bound a
+recommendation must respect, not the recommendation itself (a larger ``T`` keeps a margin).
 
 Outputs in ``--out``: ``slope_windows.md``, ``slope_windows.csv`` (one row per T and N),
 ``run.json``, ``eval/`` (each length's sweep and fairseq logs), ``logs/``. ``--smoke``: the
@@ -41,7 +43,7 @@ import re
 import sys
 import time
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import List, Optional, Sequence
 
 from benchmarks.tables import machine, table, today
 from experiments.lm_runs import data_folder, publish, start_run, train
@@ -78,6 +80,8 @@ def parse_args(argv=None):
     parser.add_argument("--sample-tokens", type=int, default=16384,
                         help="test tokens whose attention mass is measured (at least one "
                         "block per length)")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="eval-lm rounds per length (tokens/s: their median)")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--threads", type=int, default=1, help="threads of each process")
     parser.add_argument("--smoke", action="store_true", help="toy model, every step")
@@ -115,10 +119,12 @@ def cutoff_overrides(cutoff: float):
     return lambda length: {"alibi_window_cutoff": cutoff}
 
 
-def evaluate(checkpoint, data, cutoffs, lengths, out: Path, threads: int, log) -> List[dict]:
+def evaluate(checkpoint, data, cutoffs, lengths, out: Path, threads: int, log,
+             rounds: int = 1) -> List[dict]:
     """One row per ``(T, N)``: perplexity, tokens and eval-lm tokens/s of ``fairseq-eval-lm``
     in non-overlapping blocks of ``N`` (one block a batch): dense, each ``T`` in turn, dense
-    again; ``speed_vs_dense`` against the mean of the two dense runs."""
+    again, ``rounds`` times (tokens/s: the median of the rounds); ``speed_vs_dense`` against
+    the mean of the two dense runs."""
     models = {DENSE: SweepModel(str(checkpoint))}
     models.update({label(t): SweepModel(str(checkpoint), overrides=cutoff_overrides(t))
                    for t in cutoffs})
@@ -126,19 +132,24 @@ def evaluate(checkpoint, data, cutoffs, lengths, out: Path, threads: int, log) -
     values = {label(t): t for t in cutoffs}
     rows = []
     for n in lengths:
-        log(f"fairseq-eval-lm at N={n}: {', '.join(models)} ...")
-        result = run_sweep(models, str(data), [n], out / "eval" / f"N{n}",
-                           modes=["nonoverlapping"], extra_eval_args=["--cpu", "--max-tokens",
-                                                                      str(n)],
-                           jobs=1, threads=threads, progress=False,
-                           title=f"Slope windows at N={n}")
-        result.check()
-        for point in result.points:
-            speed = _SPEED.findall(Path(point.log).read_text())
+        speeds = {name: [] for name in models}
+        for turn in range(rounds):
+            log(f"fairseq-eval-lm at N={n} (round {turn + 1} of {rounds}): "
+                f"{', '.join(models)} ...")
+            folder = out / "eval" / f"N{n}" / (f"round{turn + 1}" if rounds > 1 else "")
+            result = run_sweep(models, str(data), [n], folder, modes=["nonoverlapping"],
+                               extra_eval_args=["--cpu", "--max-tokens", str(n)], jobs=1,
+                               threads=threads, progress=False, title=f"Slope windows at N={n}")
+            result.check()
+            for point in result.points:
+                found = _SPEED.findall(Path(point.log).read_text())
+                speeds[point.model].append(float(found[-1][1]) if found else None)
+        for point in result.points:  # perplexities: the same every round
+            measured = sorted(v for v in speeds[point.model] if v is not None)
             rows.append({"cutoff": point.model, "T": values.get(point.model), "length": n,
-                         "tokens": point.tokens,
-                         "perplexity": point.perplexity,
-                         "tokens_per_s": float(speed[-1][1]) if speed else None,
+                         "tokens": point.tokens, "perplexity": point.perplexity,
+                         "tokens_per_s": measured[len(measured) // 2] if measured else None,
+                         "tokens_per_s_rounds": speeds[point.model],
                          "run_seconds": point.seconds})
     for row in rows:
         dense = [r for r in rows if r["length"] == row["length"]
@@ -168,25 +179,32 @@ def lost_mass(probs, windows) -> float:
     (per head, ``None`` = unbounded): ``max_{h, b, i} sum_{j : i' - j > back_h or
     j - i' > ahead_h} p``, ``i' = i + S - T``; summed from the far end in float64, so that a
     small mass is not lost to rounding."""
+    return lost_masses(probs, {None: windows})[None]
+
+
+def lost_masses(probs, windows_by_cutoff: dict) -> dict:
+    """:func:`lost_mass` of each ``{cutoff: windows}``, the running sums computed once."""
     import torch
 
     H, _, T, S = probs.shape
     positions = torch.arange(T) + (S - T)
-    worst = 0.0
+    worst = dict.fromkeys(windows_by_cutoff, 0.0)
     for h in range(H):
         p = probs[h].double()
-        lost = p.new_zeros(p.shape[:2])  # (B, T): both directions of a query add up
-        for limit, flipped in ((windows[0][h], False), (windows[1][h], True)):
-            if limit is None:
-                continue
-            # the keys j <= i' - limit - 1 (back), or j >= i' + limit + 1 (ahead: flip the keys)
-            sums = (p.flip(-1) if flipped else p).cumsum(-1)
-            last = (S - 2 - positions - limit) if flipped else positions - limit - 1
-            inside = last >= 0
-            if bool(inside.any()):
-                lost[:, inside] += sums[:, inside, :].gather(
-                    -1, last[inside].view(1, -1, 1).expand(sums.size(0), -1, 1)).squeeze(-1)
-        worst = max(worst, float(lost.max()))
+        sums = {}  # running sums over the keys: back (False), ahead (True: flipped keys)
+        for cutoff, windows in windows_by_cutoff.items():
+            lost = p.new_zeros(p.shape[:2])  # (B, T): both directions of a query add up
+            for limit, flipped in ((windows[0][h], False), (windows[1][h], True)):
+                if limit is None:
+                    continue
+                if flipped not in sums:
+                    sums[flipped] = (p.flip(-1) if flipped else p).cumsum(-1)
+                # the keys j <= i' - limit - 1 (back), or j >= i' + limit + 1 (ahead)
+                last = (S - 2 - positions - limit) if flipped else positions - limit - 1
+                picked = sums[flipped].gather(
+                    -1, last.clamp(min=0).view(1, -1, 1).expand(p.size(0), -1, 1))
+                lost += picked.squeeze(-1) * (last >= 0)
+            worst[cutoff] = max(worst[cutoff], float(lost.max()))
     return worst
 
 
@@ -221,9 +239,9 @@ def attention_losses(checkpoint, data, cutoffs, lengths, sample_tokens: int, log
 
     def measure(index):
         def hook(module, args, kwargs, output):
-            for t in cutoffs:
+            for t, mass in lost_masses(output[1], windows[index]).items():
                 key = (t, current["length"])
-                found[key] = max(found[key], lost_mass(output[1], windows[index][t]))
+                found[key] = max(found[key], mass)
             return output[0], None
         return hook
 
@@ -247,7 +265,7 @@ def attention_losses(checkpoint, data, cutoffs, lengths, sample_tokens: int, log
     return found
 
 
-def recommend(rows, cutoffs) -> Optional[float]:
+def smallest_within_goal(rows, cutoffs) -> Optional[float]:
     """The smallest ``T`` whose perplexity is within :data:`GOAL` of dense at every length."""
     for t in sorted(cutoffs):
         if all(abs(r["change"]) <= GOAL for r in rows if r["cutoff"] == label(t)):
@@ -291,7 +309,7 @@ def report_tables(rows, cutoffs, lengths, L: int) -> str:
         "(every layer and head):", "",
         table(heads, lost), "",
         "fairseq-eval-lm tokens/s (× the mean of the two dense runs at the same N, one before "
-        "and one after the windowed runs; one block a batch, one run each):", "",
+        "and one after the windowed runs; one block a batch; the median of the rounds):", "",
         table(heads, speed),
     ])
 
@@ -323,15 +341,16 @@ def main(argv=None):
     model = prepare_model(args, out, env, log)
     lengths = [m * args.L for m in args.multiples]
     rows = evaluate(model["checkpoint"], model["data"], args.cutoffs, lengths, out,
-                    args.threads, log)
+                    args.threads, log, max(1, args.rounds))
     losses = attention_losses(model["checkpoint"], model["data"], args.cutoffs, lengths,
                               args.sample_tokens, log)
     for row in rows:
         row["lost_mass"] = None if row["T"] is None else losses[(row["T"], row["length"])]
     write_csv(out / "slope_windows.csv", rows)
-    chosen = recommend(rows, args.cutoffs)
-    verdict = (f"Recommended: T = {chosen:g}, the smallest cutoff within "
-               f"{GOAL:.1%} of dense at every length measured." if chosen is not None else
+    chosen = smallest_within_goal(rows, args.cutoffs)
+    verdict = (f"Smallest T within {GOAL:.1%} of dense at every length measured: T = "
+               f"{chosen:g} (the goal's bound: a larger T keeps a margin; read the lost mass "
+               "too)." if chosen is not None else
                f"No cutoff measured is within {GOAL:.1%} of dense at every length.")
     total = time.time() - started
     report = "\n".join([
@@ -342,7 +361,7 @@ def main(argv=None):
         report_tables(rows, args.cutoffs, lengths, args.L), "", verdict, ""])
     return publish(out, "slope_windows.md", report, {
         "command": command, "machine": machine_line, "L": args.L, "lengths": lengths,
-        "cutoffs": args.cutoffs, "rows": rows, "recommended": chosen,
+        "cutoffs": args.cutoffs, "rows": rows, "smallest_within_goal": chosen,
         "checkpoint": str(model["checkpoint"]), "data": str(model["data"]),
         "training": model["trained"], "total_s": round(total, 1)}, log, total)
 

@@ -47,12 +47,12 @@ def test_lost_mass_is_the_largest_mass_beyond_a_window(variant, queries):
     assert experiment.lost_mass(probs, unbounded) == 0.0
 
 
-def test_the_smallest_cutoff_within_the_goal_at_every_length_is_recommended():
+def test_the_smallest_cutoff_within_the_goal_at_every_length_is_named():
     rows = [{"cutoff": "T=2", "change": 0.01}, {"cutoff": "T=2", "change": 0.0},
             {"cutoff": "T=4", "change": -0.0005}, {"cutoff": "T=4", "change": 0.0009},
             {"cutoff": "T=8", "change": 0.0}, {"cutoff": "T=8", "change": 0.0}]
-    assert experiment.recommend(rows, [8, 2, 4]) == 4
-    assert experiment.recommend(rows[:2], [2]) is None
+    assert experiment.smallest_within_goal(rows, [8, 2, 4]) == 4
+    assert experiment.smallest_within_goal(rows[:2], [2]) is None
 
 
 def test_flags():
