@@ -19,6 +19,7 @@ from fairseq_alibi.alibi import (
     windowed_alibi_bias,
 )
 from fairseq_alibi.modules.attention import windowed
+from tests.helpers.references import MASKED, reference_windowed_bias
 
 # ------------------------------------------------------------------ the window math
 
@@ -117,52 +118,20 @@ def test_global_tokens_are_exempt_from_the_windows():
 
 # ------------------------------------------------------------------ the windowed backend
 
-MASKED = float("-inf")
-
-
 def reference(q, k, v, slopes, future, variant, cutoff, key_padding_mask=None,
               global_tokens=0):
-    """float64 ``softmax(q·kᵀ/√d + bias) v`` straight from the definitions: the table of
-    fairseq_alibi/alibi.py, keys beyond ``ceil(T/m)`` (``ceil(T/m + 0.5)`` for offset's future,
-    ``ceil(T/m_f)`` for asymmetric's) dropped unless a global token, padding dropped.
+    """float64 ``softmax(q·kᵀ/√d + bias) v`` with the windowed bias of the definition
+    (:func:`tests.helpers.references.reference_windowed_bias`: keys beyond ``ceil(T/m)`` dropped
+    unless a global token) of ``S`` positions, the last ``T`` of them queries; padding dropped.
     Returns ``(out, rows)``: ``rows`` ``(B, H, T, 1)`` the queries with a visible key (the
     others have no reference value; their outputs here are finite, for autograd)."""
     B, H, T, D = q.shape
     S = k.size(2)
-    i = torch.arange(S - T, S, dtype=torch.float64)[:, None]
-    j = torch.arange(S, dtype=torch.float64)[None, :]
-    d = i - j
-    rows = []
-    for h in range(H):
-        m = float(slopes[h])
-        mf = float(future[h]) if future is not None else m
-        if variant == "causal":
-            bias = torch.where(d >= 0, -m * d, MASKED)
-        elif variant == "symmetric":
-            bias = -m * d.abs()
-        elif variant == "offset":
-            bias = torch.where(d >= 0, -m * d, -m * (-d - 0.5))
-        elif variant == "asymmetric":
-            bias = torch.where(d >= 0, -m * d, -mf * (-d))
-        else:
-            hidden = d > 0 if h >= H // 2 else d < 0
-            bias = torch.where(hidden, MASKED, -m * d.abs())
-        exempt = (i < global_tokens) | (j < global_tokens)
-        if global_tokens:
-            zero = torch.where(d >= 0, 0.0, MASKED) if variant == "causal" else 0.0
-            bias = torch.where(exempt, zero, bias)
-        if cutoff and m > 0:
-            back = math.ceil(cutoff / m)
-            shift = 0.5 if variant == "offset" else 0.0
-            ahead = math.ceil(cutoff / mf + shift) if mf > 0 else math.inf
-            beyond = (d > back) | (-d > ahead)
-            bias = torch.where(beyond & ~exempt, MASKED, bias)
-        rows.append(bias)
-    bias = torch.stack(rows)[None].expand(B, -1, -1, -1)
+    bias = reference_windowed_bias(variant, slopes, future, S, cutoff, global_tokens)[:, S - T:]
+    bias = bias[None].expand(B, -1, -1, -1)
     if key_padding_mask is not None:
         bias = bias.masked_fill(key_padding_mask[:, None, None, :], MASKED)
     rows = (bias > MASKED).any(-1, keepdim=True)
-    bias = bias.clamp(min=-1e300)  # finite: an all-masked row stays finite
     logits = q.double() @ k.double().transpose(-1, -2) / math.sqrt(D) + bias
     return torch.softmax(logits, -1) @ v.double(), rows
 
