@@ -1,9 +1,17 @@
 """Choosing the slope-window cutoff T, measured: perplexity, lost attention mass and speed per T.
 
-    python -m experiments.slope_windows [--out DIR] [--cutoffs 2,4,6,8,12,16]
+    python -m experiments.slope_windows [--family lm|wikitext2|encoder|translation]
+                                        [--out DIR] [--cutoffs 2,4,6,8,12,16]
                                         [--multiples 1,2,4,8,16,64] [--L 64] [--max-update N]
                                         [--checkpoint PATH --data DIR] [--sample-tokens N]
                                         [--rounds R] [--threads 1] [--smoke]
+
+``--family`` picks the model measured: ``lm`` (the default, below); ``wikitext2``, the same
+language model trained on WikiText-2 (its validation split; the first ``--heldout-lines`` lines
+of its test split scored), measured the same way; ``encoder``, configurations of the encoder
+study (masked-LM perplexity: :mod:`experiments.slope_windows_encoder`); ``translation``, a
+gettext French→English ``alibi_transformer`` (BLEU per source-length bucket:
+:mod:`experiments.slope_windows_translation`).
 
 The quickstart's language model (its embedded corpus, its ``tiny`` model and its training
 command, :func:`fairseq_alibi.cli.quickstart.train_command`, at ``L`` = 64), or an existing
@@ -115,6 +123,8 @@ def parse_args(argv=None):
     parser.add_argument("--per-bucket", type=int, default=None,
                         help="translation: test sentences per source-length bucket (default "
                         "50; --smoke 3)")
+    parser.add_argument("--jobs", type=int, default=1,
+                        help="translation: fairseq-generate runs at a time")
     parser.add_argument("--sample-tokens", type=int, default=16384,
                         help="test tokens whose attention mass is measured (at least one "
                         "block per length)")

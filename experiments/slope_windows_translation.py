@@ -30,7 +30,7 @@ from experiments.seq2seq_runs import (bucket_names, generate_command, length_buc
 from experiments.slope_windows import (DENSE, LOST_MASS_TITLE, LostMassMeter, grid, label,
                                        load_dense, report_head, write_csv)
 from experiments.translation_runs import (CONFIGS, GETTEXT_VOCAB, build_gettext, generate_once,
-                                          test_sources, train_once)
+                                          in_parallel, test_sources, train_once)
 
 #: the issue's quality goal for translation: BLEU within this many points of dense
 BLEU_GOAL = 0.2
@@ -62,19 +62,23 @@ def corpus(args, out, log) -> dict:
     return {"bin": data / "plain" / "bin", "meta": meta, "sources": test_sources(data, meta)}
 
 
-def translate(checkpoint, data: dict, cutoffs, out, env, N: int) -> list:
+def translate(checkpoint, data: dict, cutoffs, out, env, N: int, jobs: int = 1) -> list:
     """One row per ``(T, bucket)`` (dense too, and every test sentence: :data:`ALL`): BLEU and
-    its change against dense in points."""
+    its change against dense in points; ``jobs`` fairseq-generate runs at a time."""
     sources = data["sources"]
     bounds = length_buckets(N)
     bounds_all = bounds + [(bounds[0][0], bounds[-1][1])]
     names = bucket_names(N, bounds) + [ALL]
+    runs = [(t, out / "generate" / f"{label(t).replace('=', '')}.log")
+            for t in [0.0] + list(cutoffs)]
+    in_parallel(max(1, jobs), [
+        lambda t=t, log_file=log_file: generate_once(
+            label(t), log_file, generate_command(
+                data["bin"], checkpoint, beam=4, langs=("fr", "en"),
+                model_overrides=cutoff_on_both_sides(t) if t else None), env, len(sources))
+        for t, log_file in runs])
     rows, dense = [], None
-    for t in [0.0] + list(cutoffs):
-        log_file = out / "generate" / f"{label(t).replace('=', '')}.log"
-        cmd = generate_command(data["bin"], checkpoint, beam=4, langs=("fr", "en"),
-                               model_overrides=cutoff_on_both_sides(t) if t else None)
-        generate_once(label(t), log_file, cmd, env, len(sources))
+    for t, log_file in runs:
         hyps, refs, _ = read_generate_log(label(t), log_file.read_text(), log_file,
                                           len(sources))
         scored = score(hyps, refs, sources, N, bounds_all)
@@ -125,7 +129,7 @@ def main(args, command: str, out, env, log) -> int:
     log(f"training alibi_transformer ({size['layers']} + {size['layers']} layers, dim "
         f"{size['dim']}, {args.max_update} updates of {size['max_tokens']} tokens) ...")
     trained = train_once("alibi", where, cmd, env, args.max_update)
-    rows = translate(trained["checkpoint"], data, args.cutoffs, out, env, args.L)
+    rows = translate(trained["checkpoint"], data, args.cutoffs, out, env, args.L, args.jobs)
     lost = losses(trained["checkpoint"], data, args.cutoffs, args.L)
     for row in rows:
         row["lost_mass"] = lost.get((row["T"], row["length"]))

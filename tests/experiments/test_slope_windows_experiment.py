@@ -152,7 +152,7 @@ def test_smoke_of_an_encoder(tmp_path):
         # one_sided's heads each look one way: the way they do not look loses nothing
         assert not row["T"] or 0.0 <= float(row["lost_mass"]) < 0.5
     assert record["variants"] == ["offset", "one_sided"]
-    assert "masked-LM perplexity" in (out / "slope_windows.md").read_text().lower()
+    assert "masked-lm perplexity" in (out / "slope_windows.md").read_text().lower()
 
 
 @pytest.mark.slow
