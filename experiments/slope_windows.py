@@ -1,9 +1,17 @@
 """Choosing the slope-window cutoff T, measured: perplexity, lost attention mass and speed per T.
 
-    python -m experiments.slope_windows [--out DIR] [--cutoffs 2,4,6,8,12,16]
+    python -m experiments.slope_windows [--family lm|wikitext2|encoder|translation]
+                                        [--out DIR] [--cutoffs 2,4,6,8,12,16]
                                         [--multiples 1,2,4,8,16,64] [--L 64] [--max-update N]
                                         [--checkpoint PATH --data DIR] [--sample-tokens N]
                                         [--rounds R] [--threads 1] [--smoke]
+
+``--family`` picks the model measured: ``lm`` (the default, below); ``wikitext2``, the same
+language model trained on WikiText-2 (its validation split; the first ``--heldout-lines`` lines
+of its test split scored), measured the same way; ``encoder``, configurations of the encoder
+study (masked-LM perplexity: :mod:`experiments.slope_windows_encoder`); ``translation``, a
+gettext French→English ``alibi_transformer`` (BLEU per source-length bucket:
+:mod:`experiments.slope_windows_translation`).
 
 The quickstart's language model (its embedded corpus, its ``tiny`` model and its training
 command, :func:`fairseq_alibi.cli.quickstart.train_command`, at ``L`` = 64), or an existing
@@ -37,6 +45,7 @@ quickstart's smoke model, a few updates, T = 4 and N = L, 4L (used by the tests)
 
 import argparse
 import csv
+import importlib
 import math
 import os
 import re
@@ -46,7 +55,8 @@ from pathlib import Path
 from typing import List, Optional, Sequence
 
 from benchmarks.tables import machine, table, today
-from experiments.lm_runs import data_folder, publish, start_run, train
+from experiments.lm_runs import (DEFAULT_WIKITEXT, data_folder, publish, start_run, train,
+                                 wikitext_files)
 from fairseq_alibi.cli.quickstart import SIZES, SMOKE, SMOKE_L
 from fairseq_alibi.cli.sweep import SweepModel, run_sweep
 
@@ -60,23 +70,61 @@ DENSE = "off"
 DENSE_AGAIN = "off (again)"
 #: fairseq-eval-lm prints the loss (base 2) to 4 decimals: perplexity to ±ln(2)·5e-5
 RESOLUTION = math.log(2) * 5e-5
+LOST_MASS_TITLE = ("Largest attention mass a query of the dense model puts beyond its head's "
+                   "window (every layer and head):")
 _SPEED = re.compile(r"Evaluated [\d,]+ tokens in ([\d.]+)s \(([\d.]+) tokens/s\)")
+
+
+#: the model families measured (``--family``); per family its training length, evaluation
+#: lengths (multiples of L) and training updates, and the same for ``--smoke``
+FAMILIES = {
+    "lm": dict(L=64, multiples=MULTIPLES, max_update=SIZES["tiny"]["max_update"]),
+    "wikitext2": dict(L=64, multiples=(1, 4, 16), max_update=600),
+    "encoder": dict(L=32, multiples=(1, 4, 16), max_update=600),
+    "translation": dict(L=16, multiples=(), max_update=1200),
+}
+SMOKE_FAMILIES = {
+    "lm": dict(L=SMOKE_L, multiples=SMOKE_MULTIPLES, max_update=6),
+    "wikitext2": dict(L=SMOKE_L, multiples=SMOKE_MULTIPLES, max_update=6),
+    "encoder": dict(L=16, multiples=SMOKE_MULTIPLES, max_update=6),
+    "translation": dict(L=16, multiples=(), max_update=6),
+}
 
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", default="outputs/slope_windows")
+    parser.add_argument("--family", choices=sorted(FAMILIES), default="lm",
+                        help="lm: the quickstart LM; wikitext2: an LM trained on WikiText-2; "
+                        "encoder: alibi_roberta of the encoder study (masked-LM perplexity); "
+                        "translation: alibi_transformer on gettext French->English (BLEU)")
+    parser.add_argument("--out", default=None, help="default outputs/slope_windows[_FAMILY]")
     parser.add_argument("--cutoffs", default=None,
                         help="cutoffs T in nats, comma-separated (default 2,4,6,8,12,16)")
     parser.add_argument("--multiples", default=None,
-                        help="evaluation lengths as multiples of L (default 1,2,4,8,16,64)")
-    parser.add_argument("--L", type=int, default=None, help="training length (default 64)")
+                        help="evaluation lengths as multiples of L (default: lm 1,2,4,8,16,64; "
+                        "wikitext2, encoder 1,4,16; translation: its source-length buckets)")
+    parser.add_argument("--L", type=int, default=None,
+                        help="training length (default: lm, wikitext2 64; encoder 32; "
+                        "translation 16 source tokens)")
     parser.add_argument("--max-update", type=int, default=None,
-                        help="training updates (default: the quickstart's 1000)")
+                        help="training updates (default: lm the quickstart's 1000; wikitext2 "
+                        "and encoder 600; translation 1200)")
     parser.add_argument("--checkpoint", default=None,
-                        help="score this causal ALiBi model instead of training one "
+                        help="lm: score this causal ALiBi model instead of training one "
                         "(needs --data and --L, its training length)")
     parser.add_argument("--data", default=None, help="binarized corpus (with a test split)")
+    parser.add_argument("--wikitext", default=str(DEFAULT_WIKITEXT),
+                        help="wikitext2, encoder: the WikiText-2 folder")
+    parser.add_argument("--heldout-lines", type=int, default=None,
+                        help="wikitext2, encoder: the first lines of WikiText-2's test split "
+                        "that are scored (default 400; --smoke 40)")
+    parser.add_argument("--variants", default="offset,one_sided",
+                        help="encoder: the encoder study's configurations measured")
+    parser.add_argument("--per-bucket", type=int, default=None,
+                        help="translation: test sentences per source-length bucket (default "
+                        "50; --smoke 3)")
+    parser.add_argument("--jobs", type=int, default=1,
+                        help="translation: fairseq-generate runs at a time")
     parser.add_argument("--sample-tokens", type=int, default=16384,
                         help="test tokens whose attention mass is measured (at least one "
                         "block per length)")
@@ -86,14 +134,20 @@ def parse_args(argv=None):
     parser.add_argument("--threads", type=int, default=1, help="threads of each process")
     parser.add_argument("--smoke", action="store_true", help="toy model, every step")
     args = parser.parse_args(argv)
-    if args.checkpoint and not args.data:
-        parser.error("--checkpoint needs --data (the binarized corpus it is scored on)")
-    args.L = args.L or (SMOKE_L if args.smoke else 64)
-    args.max_update = args.max_update or (6 if args.smoke else SIZES["tiny"]["max_update"])
+    if args.checkpoint and (not args.data or args.family != "lm"):
+        parser.error("--checkpoint needs --family lm and --data (the binarized corpus it is "
+                     "scored on)")
+    family = (SMOKE_FAMILIES if args.smoke else FAMILIES)[args.family]
+    args.out = args.out or "outputs/slope_windows" + (
+        "" if args.family == "lm" else f"_{args.family}")
+    args.L = args.L or family["L"]
+    args.heldout_lines = args.heldout_lines or (40 if args.smoke else 400)
+    args.per_bucket = args.per_bucket or (3 if args.smoke else 50)
+    args.max_update = args.max_update or family["max_update"]
     args.cutoffs = number_list(parser, args.cutoffs, SMOKE_CUTOFFS if args.smoke else CUTOFFS,
                                float)
-    args.multiples = number_list(parser, args.multiples,
-                                 SMOKE_MULTIPLES if args.smoke else MULTIPLES, int)
+    args.multiples = number_list(parser, args.multiples, family["multiples"], int)
+    args.variants = [v for v in args.variants.split(",") if v]
     if any(t <= 0 or not math.isfinite(t) for t in args.cutoffs):
         parser.error("--cutoffs must be finite numbers of nats > 0 (dense is always measured)")
     return args
@@ -182,12 +236,15 @@ def lost_mass(probs, windows) -> float:
     return lost_masses(probs, {None: windows})[None]
 
 
-def lost_masses(probs, windows_by_cutoff: dict) -> dict:
-    """:func:`lost_mass` of each ``{cutoff: windows}``, the running sums computed once."""
+def lost_masses(probs, windows_by_cutoff: dict, padding=None) -> dict:
+    """:func:`lost_mass` of each ``{cutoff: windows}``, the running sums computed once;
+    ``padding`` ``(B, S)`` (a key padding mask): padded queries are not counted (a padded
+    encoder position's query may see no key at all, and spreads its weight evenly)."""
     import torch
 
     H, _, T, S = probs.shape
     positions = torch.arange(T) + (S - T)
+    real = None if padding is None else ~padding[:, S - T:].to(torch.bool)
     worst = dict.fromkeys(windows_by_cutoff, 0.0)
     for h in range(H):
         p = probs[h].double()
@@ -204,65 +261,101 @@ def lost_masses(probs, windows_by_cutoff: dict) -> dict:
                 picked = sums[flipped].gather(
                     -1, last.clamp(min=0).view(1, -1, 1).expand(p.size(0), -1, 1))
                 lost += picked.squeeze(-1) * (last >= 0)
+            if real is not None:
+                lost = lost * real
             worst[cutoff] = max(worst[cutoff], float(lost.max()))
     return worst
 
 
-def attention_losses(checkpoint, data, cutoffs, lengths, sample_tokens: int, log) -> dict:
-    """``{(T, N): largest lost mass}`` of the dense model (:func:`lost_mass` of every layer's
-    attention probabilities, through hooks on its ALiBi attentions) on the first
-    ``sample_tokens`` test tokens, cut into blocks of ``N`` (at least one block)."""
-    import torch
+def load_dense(checkpoint, overrides: dict):
+    """``(model, task)`` of ``checkpoint`` in eval mode with ``overrides`` (the caller's turn the
+    cutoff off: the dense reference, whatever the model was saved with)."""
     from fairseq import checkpoint_utils
 
     import fairseq_alibi  # noqa: F401  (registers the models)
-    from fairseq_alibi.alibi import variant_windows
-    from fairseq_alibi.modules.alibi_multihead_attention import AlibiMultiheadAttention
 
-    models, _, _ = checkpoint_utils.load_model_ensemble_and_task(
-        [str(checkpoint)], arg_overrides={"data": str(data), "alibi_window_cutoff": 0.0})
-    model = models[0].eval()
-    attentions = [m for m in model.modules() if isinstance(m, AlibiMultiheadAttention)]
-    if not attentions:
-        raise SystemExit(f"{checkpoint}: no ALiBi self-attention in this model")
-    windows = []
-    with torch.no_grad():
-        for m in attentions:  # each layer's effective slopes (scales included)
-            slopes, future = m.alibi.head_slopes()
-            windows.append({t: variant_windows(slopes, t, m.alibi.variant, future)
-                            for t in cutoffs})
-    found = {(t, n): 0.0 for t in cutoffs for n in lengths}
-    current = {}
+    models, _, task = checkpoint_utils.load_model_ensemble_and_task(
+        [str(checkpoint)], arg_overrides=overrides)
+    return models[0].eval(), task
 
-    def ask_weights(module, args, kwargs):
-        return args, dict(kwargs, need_head_weights=True)
 
-    def measure(index):
-        def hook(module, args, kwargs, output):
-            for t, mass in lost_masses(output[1], windows[index]).items():
-                key = (t, current["length"])
-                found[key] = max(found[key], mass)
-            return output[0], None
-        return hook
+class LostMassMeter:
+    """Hooks on a dense model's ALiBi self-attentions (every family's: LM, encoder, both sides of
+    a translation model): while ``with meter.at(key):`` runs forward passes, ``found[(T, key)]``
+    is the largest :func:`lost_mass` of any layer's attention probabilities for each cutoff
+    ``T``, each layer with the windows of its own effective slopes
+    (:func:`~fairseq_alibi.alibi.variant_windows`)."""
 
-    handles = [m.register_forward_pre_hook(ask_weights, with_kwargs=True) for m in attentions]
-    handles += [m.register_forward_hook(measure(i), with_kwargs=True)
-                for i, m in enumerate(attentions)]
-    stream = held_out_stream(data)
-    try:
+    def __init__(self, model, cutoffs):
+        import torch
+
+        from fairseq_alibi.alibi import variant_windows
+        from fairseq_alibi.modules.alibi_multihead_attention import AlibiMultiheadAttention
+
+        self.attentions = [m for m in model.modules() if isinstance(m, AlibiMultiheadAttention)
+                           and m.alibi is not None]
+        if not self.attentions:
+            raise SystemExit("no ALiBi self-attention in this model: nothing has a window")
+        self.windows = []
         with torch.no_grad():
-            for n in lengths:
-                count = max(1, min(sample_tokens, len(stream)) // n)
-                blocks = stream[:count * n].view(count, n) if len(stream) >= n else stream[None]
-                current["length"] = n
-                log(f"attention mass beyond the windows: {blocks.size(0)} block(s) of "
-                    f"{blocks.size(1)} tokens")
+            for m in self.attentions:  # each layer's effective slopes (scales included)
+                slopes, future = m.alibi.head_slopes()
+                self.windows.append({t: variant_windows(slopes, t, m.alibi.variant, future)
+                                     for t in cutoffs})
+        self.found, self.key = {}, None
+
+    def at(self, key):
+        """A context in which the forward passes count towards ``found[(T, key)]``."""
+        import contextlib
+
+        @contextlib.contextmanager
+        def hooked():
+            self.key = key
+            for t in self.windows[0]:
+                self.found.setdefault((t, key), 0.0)
+
+            def ask_weights(module, args, kwargs):
+                return args, dict(kwargs, need_head_weights=True)
+
+            def measure(index):
+                def hook(module, args, kwargs, output):
+                    masses = lost_masses(output[1], self.windows[index],
+                                         kwargs.get("key_padding_mask"))
+                    for t, mass in masses.items():
+                        self.found[(t, self.key)] = max(self.found[(t, self.key)], mass)
+                    return output[0], None
+                return hook
+
+            handles = [m.register_forward_pre_hook(ask_weights, with_kwargs=True)
+                       for m in self.attentions]
+            handles += [m.register_forward_hook(measure(i), with_kwargs=True)
+                        for i, m in enumerate(self.attentions)]
+            try:
+                yield self
+            finally:
+                for handle in handles:
+                    handle.remove()
+        return hooked()
+
+
+def attention_losses(checkpoint, data, cutoffs, lengths, sample_tokens: int, log) -> dict:
+    """``{(T, N): largest lost mass}`` of the dense model (:class:`LostMassMeter`) on the first
+    ``sample_tokens`` test tokens, cut into blocks of ``N`` (at least one block)."""
+    import torch
+
+    model, _ = load_dense(checkpoint, {"data": str(data), "alibi_window_cutoff": 0.0})
+    meter = LostMassMeter(model, cutoffs)
+    stream = held_out_stream(data)
+    with torch.no_grad():
+        for n in lengths:
+            count = max(1, min(sample_tokens, len(stream)) // n)
+            blocks = stream[:count * n].view(count, n) if len(stream) >= n else stream[None]
+            log(f"attention mass beyond the windows: {blocks.size(0)} block(s) of "
+                f"{blocks.size(1)} tokens")
+            with meter.at(n):
                 for batch in blocks.split(max(1, 4096 // n)):
                     model(batch)
-    finally:
-        for handle in handles:
-            handle.remove()
-    return found
+    return meter.found
 
 
 def smallest_within_goal(rows, cutoffs) -> Optional[float]:
@@ -273,9 +366,10 @@ def smallest_within_goal(rows, cutoffs) -> Optional[float]:
     return None
 
 
-def write_csv(path: Path, rows: List[dict]):
+def write_csv(path: Path, rows: List[dict], extra: Sequence[str] = ()):
+    """One line per row: the fields every family has, then ``extra`` (a family's own)."""
     fields = ["cutoff", "T", "length", "tokens", "perplexity", "change", "tokens_per_s",
-              "speed_vs_dense", "run_seconds", "lost_mass"]
+              "speed_vs_dense", "run_seconds", "lost_mass", *extra]
     with open(path, "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=fields)
         writer.writeheader()
@@ -283,21 +377,23 @@ def write_csv(path: Path, rows: List[dict]):
             writer.writerow({k: row.get(k) for k in fields})
 
 
+def grid(rows, names, keys, show) -> List[list]:
+    """Table rows: one per run name (``row["cutoff"]``), a cell ``show(row, name)`` per column
+    key (``row["length"]``: a block length, a bucket)."""
+    by = {(r["cutoff"], r["length"]): r for r in rows}
+    return [[name] + [show(by[(name, key)], name) for key in keys] for name in names]
+
+
 def report_tables(rows, cutoffs, lengths, L: int) -> str:
     """The three tables of the report: perplexity change, largest lost mass, tokens/s."""
     names = [DENSE] + [label(t) for t in cutoffs]
-    by = {(r["cutoff"], r["length"]): r for r in rows}
     heads = ["T"] + [f"{n // L}L = {n}" for n in lengths]
-
-    def cells(name, show):
-        return [name] + [show(by[(name, n)]) for n in lengths]
-
-    change = [cells(DENSE, lambda r: f"{r['perplexity']:.3f}")]
-    change += [cells(name, lambda r: f"{r['change']:+.3%}") for name in names[1:]]
-    lost = [cells(name, lambda r: f"{r['lost_mass']:.1e}") for name in names[1:]]
-    speed = [cells(name, lambda r: f"{r['tokens_per_s']:,.0f}" + (
-        "" if name in (DENSE, DENSE_AGAIN) else f" ({r['speed_vs_dense']:.2f}×)"))
-        for name in names[:1] + [DENSE_AGAIN] + names[1:]]
+    change = grid(rows, names[:1], lengths, lambda r, _: f"{r['perplexity']:.3f}")
+    change += grid(rows, names[1:], lengths, lambda r, _: f"{r['change']:+.3%}")
+    lost = grid(rows, names[1:], lengths, lambda r, _: f"{r['lost_mass']:.1e}")
+    speed = grid(rows, names[:1] + [DENSE_AGAIN] + names[1:], lengths,
+                 lambda r, name: f"{r['tokens_per_s']:,.0f}" + (
+                     "" if name in (DENSE, DENSE_AGAIN) else f" ({r['speed_vs_dense']:.2f}×)"))
     tokens = sorted({r["tokens"] for r in rows})
     return "\n".join([
         "Perplexity (dense row) and its change against dense, non-overlapping blocks of N, "
@@ -305,8 +401,7 @@ def report_tables(rows, cutoffs, lengths, L: int) -> str:
         table(heads, change), "",
         f"(fairseq-eval-lm prints the loss to 4 decimals: a change within ±{RESOLUTION:.4%} "
         "reads as 0.)", "",
-        "Largest attention mass a query of the dense model puts beyond its head's window "
-        "(every layer and head):", "",
+        LOST_MASS_TITLE, "",
         table(heads, lost), "",
         "fairseq-eval-lm tokens/s (× the mean of the two dense runs at the same N, one before "
         "and one after the windowed runs; one block a batch; the median of the rounds):", "",
@@ -314,29 +409,70 @@ def report_tables(rows, cutoffs, lengths, L: int) -> str:
     ])
 
 
+def report_head(what: str, command: str, machine_line: str, seconds: float) -> List[str]:
+    """The first lines of a family's report: title (``what`` the model measured), command,
+    machine, date and wall time."""
+    return ["# Choosing the slope-window cutoff T" + (f": {what}" if what else ""), "",
+            f"Command: `{command}`  ", f"Machine: {machine_line}  ",
+            f"Date: {today()}; total wall time {seconds:.0f} s  "]
+
+
+def wikitext_data(args, out: Path, vocab: int, env: dict, log) -> Path:
+    """WikiText-2 binarized for the LM: its validation split the training text (the train split
+    is not at hand), the first ``--heldout-lines`` lines of its test split the scored text; a
+    sentencepiece BPE of ``vocab`` pieces (:func:`~fairseq_alibi.cli.quickstart.prepare_text_data`,
+    as experiments/wikitext2_extrapolation.py prepares it)."""
+    from fairseq_alibi.cli.quickstart import prepare_text_data
+
+    wiki = wikitext_files(args.wikitext)
+    raw = out / "data" / "raw"
+    raw.mkdir(parents=True, exist_ok=True)
+    lines = {split: wiki[split].read_text(encoding="utf-8").splitlines(keepends=True)
+             for split in ("train", "test")}
+    lines["test"] = lines["test"][: args.heldout_lines]
+    if args.smoke:  # a corner of the training text: every step, not a model
+        lines["train"] = lines["train"][: 20 * args.heldout_lines]
+    for split, kept in lines.items():
+        (raw / f"{split}.txt").write_text("".join(kept), encoding="utf-8")
+    log(f"WikiText-2: {len(lines['train']):,} training lines, the first {len(lines['test']):,} "
+        f"test lines; sentencepiece ({vocab} pieces) and fairseq-preprocess ...")
+    return prepare_text_data({s: raw / f"{s}.txt" for s in lines}, out / "data", vocab, env,
+                             args.seed)
+
+
 def prepare_model(args, out: Path, env: dict, log) -> dict:
-    """The scored model: ``--checkpoint``, or the quickstart LM trained here at ``L``."""
+    """The scored model: ``--checkpoint``, or the quickstart LM (``lm``: on the quickstart's
+    corpus; ``wikitext2``: on WikiText-2) trained here at ``L``."""
     if args.checkpoint:
         if not Path(args.checkpoint).is_file():
             raise SystemExit(f"--checkpoint {args.checkpoint}: no such file")
         data = data_folder(out, args.data, 0, env, args.seed, log)
         return {"checkpoint": Path(args.checkpoint).resolve(), "data": data, "trained": None}
     size = dict(SMOKE if args.smoke else SIZES["tiny"])
-    data = data_folder(out, args.data, size["vocab"], env, args.seed, log)
+    if args.family == "wikitext2" and not args.data:
+        data = wikitext_data(args, out, size["vocab"], env, log)
+    else:
+        data = data_folder(out, args.data, size["vocab"], env, args.seed, log)
     log(f"training the quickstart LM at L={args.L}: {size['layers']} layers, dim {size['dim']}, "
         f"{size['heads']} heads, {args.max_update} updates ...")
     run = train("alibi", "alibi_transformer_lm", data, out, size, args.L, args.max_update,
                 args.seed, env)
     log(f"trained in {run['seconds']:.0f} s")
-    return {"checkpoint": run["checkpoint"], "data": data, "trained": run}
+    return {"checkpoint": run["checkpoint"], "data": data, "trained": run,
+            "trained_line": f"{size['layers']} layers, dim {size['dim']}, {size['heads']} heads, "
+                            f"{args.max_update} updates of {size['max_tokens']} tokens in "
+                            f"{run['seconds']:.0f} s"}
 
 
 def main(argv=None):
     args = parse_args(argv)
     out, env, log = start_run(args.out, "slope-windows", args.threads)
-    started = time.time()
     command = " ".join(["python -m experiments.slope_windows"]
                        + (argv if argv is not None else sys.argv[1:]))
+    if args.family in ("encoder", "translation"):
+        module = importlib.import_module(f"experiments.slope_windows_{args.family}")
+        return module.main(args, command, out, env, log)
+    started = time.time()
     machine_line = machine()
     model = prepare_model(args, out, env, log)
     lengths = [m * args.L for m in args.multiples]
@@ -354,10 +490,11 @@ def main(argv=None):
                f"No cutoff measured is within {GOAL:.1%} of dense at every length.")
     total = time.time() - started
     report = "\n".join([
-        "# Choosing the slope-window cutoff T", "",
-        f"Command: `{command}`  ", f"Machine: {machine_line}  ",
-        f"Date: {today()}; total wall time {total:.0f} s  ",
-        f"Model: {model['checkpoint']} (trained at L = {args.L}); data {model['data']}", "",
+        *report_head("" if args.family == "lm" else f"the {args.family} LM", command,
+                     machine_line, total),
+        f"Model: {model['checkpoint']} (trained at L = {args.L}"
+        + (f": {model['trained_line']}" if model.get("trained_line") else "")
+        + f"); data {model['data']}", "",
         report_tables(rows, args.cutoffs, lengths, args.L), "", verdict, ""])
     return publish(out, "slope_windows.md", report, {
         "command": command, "machine": machine_line, "L": args.L, "lengths": lengths,

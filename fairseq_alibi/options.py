@@ -175,6 +175,10 @@ FAMILIES = (("alibi_transformer_lm", LM), ("alibi_roberta", ENCODER),
             ("alibi_transformer decoder", TRANSLATION_DECODER))
 
 _SHAPES_THE_BIAS = Needs("variant", "it shapes the ALiBi bias", BIASED)
+#: a cutoff windows a side's own self-attention bias: a side whose only position signal is the
+#: cross-attention's (a stock decoder under --cross-alibi) has nothing it could window
+_WINDOWS_THE_BIAS = Needs("variant", "it shapes the ALiBi bias of this side's self-attention "
+                          "(a --cross-alibi bias has no window)", BIASED)
 
 
 @dataclass
@@ -221,7 +225,7 @@ class StackOptions(FairseqDataclass):
                 "slope m_h), whose bias is below -T nats; heads without a bias keep every key, "
                 "global tokens stay visible; the windowed backend skips those keys on the CPU; "
                 "a load-time override, e.g. --model-overrides \"{'alibi_window_cutoff': 8}\"; "
-                "0 = off", "check": _window_cutoff, "needs": _SHAPES_THE_BIAS})
+                "0 = off", "check": _window_cutoff, "needs": _WINDOWS_THE_BIAS})
     attention: ChoiceEnum(ATTENTION_BACKENDS) = field(default="auto", metadata={
         "help": "attention implementation; saved with the model, can be overridden at load "
                 "time with --model-overrides \"{'alibi_attention': 'naive'}\"",

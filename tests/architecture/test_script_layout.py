@@ -26,9 +26,12 @@ SHARED_EXPERIMENT_MODULES = {"lm_runs", "seq2seq_runs", "translation_runs", "mod
 #: fairseq subprocesses, building a fairseq Trainer, the cases more than one benchmark times
 SHARED_BENCHMARK_MODULES = {"timing", "tables", "subprocesses", "trainer", "cases"}
 #: (command, command it hands its run to): ``translation_length --select`` runs the selection
-#: of ``translation_selection``; ``benchmarks.run`` runs every benchmark
+#: of ``translation_selection``; ``slope_windows --family encoder`` pretrains and scores with the
+#: encoder study's own steps; ``benchmarks.run`` runs every benchmark
 DISPATCHES = {
     ("experiments.translation_length", "experiments.translation_selection"),
+    ("experiments.slope_windows_encoder", "experiments.encoder_study"),
+    ("experiments.slope_windows_encoder", "experiments.encoder_study_configs"),
     *{("benchmarks.run", f"benchmarks.{name}")
       for name in ("attention", "decoding", "encoder", "eval_lm", "train", "translation")},
 }

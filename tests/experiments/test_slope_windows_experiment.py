@@ -1,6 +1,8 @@
-"""experiments/slope_windows.py: the lost attention mass against a float64 reference, the
-recommendation rule, the flags, and ``--smoke`` end to end through fairseq-train and
-fairseq-eval-lm (slow)."""
+"""experiments/slope_windows.py: the lost attention mass against a float64 reference (padded
+queries left out), the recommendation rule, the flags of every family, and ``--smoke`` of every
+family end to end (slow): the quickstart LM and the WikiText-2 LM through fairseq-train and
+fairseq-eval-lm, an encoder of the encoder study through its pretraining and masked-LM scoring,
+a translation model through fairseq-train and fairseq-generate."""
 
 import csv
 import json
@@ -47,6 +49,21 @@ def test_lost_mass_is_the_largest_mass_beyond_a_window(variant, queries):
     assert experiment.lost_mass(probs, unbounded) == 0.0
 
 
+def test_padded_queries_lose_nothing():
+    """A padded encoder position may see no key (a one_sided head at the end of a block) and
+    spread its weight evenly over every key: not a loss of any real query."""
+    heads, keys = 2, 6
+    probs = torch.full((heads, 2, keys, keys), 1.0 / keys)
+    windows = variant_windows(torch.tensor([1.0, 0.5]), 1.0, "symmetric")
+    padding = torch.zeros(2, keys, dtype=torch.bool)
+    padding[1, 3:] = True
+    probs[:, 0] = torch.eye(keys)  # the first row's queries see only themselves: nothing lost
+    assert experiment.lost_masses(probs, {1.0: windows}, padding)[1.0] == pytest.approx(
+        reference_lost_mass(probs[:, 1:, :3], windows))
+    assert experiment.lost_masses(probs, {1.0: windows})[1.0] == pytest.approx(
+        reference_lost_mass(probs, windows))
+
+
 def test_the_smallest_cutoff_within_the_goal_at_every_length_is_named():
     rows = [{"cutoff": "T=2", "change": 0.01}, {"cutoff": "T=2", "change": 0.0},
             {"cutoff": "T=4", "change": -0.0005}, {"cutoff": "T=4", "change": 0.0009},
@@ -62,7 +79,15 @@ def test_flags():
     args = experiment.parse_args(["--cutoffs", "8,4,8", "--multiples", "1,16", "--L", "32"])
     assert args.cutoffs == [4.0, 8.0] and args.multiples == [1, 16]
     assert experiment.label(None) == "off" and experiment.label(8.0) == "T=8"
-    for bad in (["--cutoffs", "0"], ["--cutoffs", "x"], ["--checkpoint", "model.pt"]):
+    args = experiment.parse_args(["--family", "encoder"])
+    assert (args.L, args.multiples, args.heldout_lines) == (32, [1, 4, 16], 400)
+    assert args.out == "outputs/slope_windows_encoder" and args.variants == ["offset", "one_sided"]
+    args = experiment.parse_args(["--family", "translation", "--smoke"])
+    assert (args.L, args.per_bucket, args.cutoffs) == (16, 3, [4.0])
+    assert experiment.parse_args(["--family", "wikitext2"]).multiples == [1, 4, 16]
+    for bad in (["--cutoffs", "0"], ["--cutoffs", "x"], ["--checkpoint", "model.pt"],
+                ["--family", "encoder", "--checkpoint", "m.pt", "--data", "d"],
+                ["--family", "decoder"]):
         with pytest.raises(SystemExit):
             experiment.parse_args(bad)
 
@@ -85,3 +110,61 @@ def test_smoke_runs_every_step(tmp_path):
     record = json.loads((out / "run.json").read_text())
     assert record["cutoffs"] == [4.0] and record["lengths"] == [16, 64]
     assert "Choosing the slope-window cutoff T" in (out / "slope_windows.md").read_text()
+
+
+def smoke(tmp_path, family):
+    """``--smoke --family family``: its output folder, the CSV's rows and the run record."""
+    out = tmp_path / family
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
+    proc = subprocess.run([sys.executable, "-m", "experiments.slope_windows", "--smoke",
+                           "--family", family, "--out", str(out), "--sample-tokens", "128"],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    with open(out / "slope_windows.csv") as f:
+        rows = list(csv.DictReader(f))
+    return out, rows, json.loads((out / "run.json").read_text())
+
+
+@pytest.mark.slow
+def test_smoke_of_the_wikitext2_lm(tmp_path):
+    if not (REPO.parent / "shared" / "data" / "wikitext-2").is_dir():
+        pytest.skip("WikiText-2 is not at ../shared/data/wikitext-2")
+    out, rows, record = smoke(tmp_path, "wikitext2")
+    assert [(r["cutoff"], r["length"]) for r in rows] == [
+        (name, length) for length in ("16", "64") for name in ("off", "T=4", "off (again)")]
+    assert record["lengths"] == [16, 64] and len({r["tokens"] for r in rows}) == 1
+    for row in (r for r in rows if r["T"]):
+        assert 0.0 <= float(row["lost_mass"]) < 1.0
+    report = (out / "slope_windows.md").read_text()
+    assert "the wikitext2 LM" in report and "6 updates" in report
+
+
+@pytest.mark.slow
+def test_smoke_of_an_encoder(tmp_path):
+    if not (REPO.parent / "shared" / "data" / "wikitext-2").is_dir():
+        pytest.skip("WikiText-2 is not at ../shared/data/wikitext-2")
+    out, rows, record = smoke(tmp_path, "encoder")
+    assert [(r["variant"], r["cutoff"], r["length"]) for r in rows] == [
+        (variant, name, length) for variant in ("offset", "one_sided")
+        for length in ("16", "64") for name in ("off", "T=4")]
+    for row in rows:
+        assert float(row["perplexity"]) > 1 and int(row["masked_tokens"]) > 0
+        # one_sided's heads each look one way: the way they do not look loses nothing
+        assert not row["T"] or 0.0 <= float(row["lost_mass"]) < 0.5
+    assert record["variants"] == ["offset", "one_sided"]
+    assert "masked-lm perplexity" in (out / "slope_windows.md").read_text().lower()
+
+
+@pytest.mark.slow
+def test_smoke_of_a_translation_model(tmp_path):
+    out, rows, record = smoke(tmp_path, "translation")
+    buckets = ["9-16 (N)", "17-32 (2N)", "33-64 (4N)", "65-128 (8N)", "all"]
+    assert [(r["cutoff"], r["length"]) for r in rows] == [
+        (name, bucket) for name in ("off", "T=4") for bucket in buckets]
+    for row in rows:
+        assert float(row["bleu"]) >= 0 and int(row["tokens"]) >= 1
+        assert not row["T"] or 0.0 <= float(row["lost_mass"]) <= 1.0
+    assert record["N"] == 16 and record["cutoffs"] == [4.0]
+    logs = sorted(p.name for p in (out / "generate").glob("*.log"))
+    assert logs == ["T4.log", "off.log"]
+    assert "encoder_alibi_window_cutoff" in (out / "generate" / "T4.json").read_text()
