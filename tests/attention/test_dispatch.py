@@ -298,8 +298,9 @@ def windowed_call(variant, length, cutoff, heads=8, **fields):
 
 #: (variant, length, cutoff, auto's choice): what was measured (docs/benchmarks.md, "Slope
 #: windows"): windowed was slower than sdpa's dense windowed bias below 1024 keys for every
-#: variant and T, and for the bidirectional variants at T >= 4 up to 2048 keys, its windows
-#: then covering much of the sequence; faster for small windows of long sequences
+#: variant and T (but causal at 768), for the bidirectional variants at T >= 4 up to 2048 keys
+#: and at T = 16 up to 8192 keys, its windows then covering much of the sequence; faster for
+#: small windows of long sequences
 WINDOWED_POLICY = [(variant, length, cutoff, "sdpa") for variant in VARIANTS
                    for length, cutoff in ((256, 2.0), (512, 2.0), (768, 2.0), (1023, 2.0))] + [
     ("causal", 2048, 2.0, "windowed"),
@@ -310,6 +311,9 @@ WINDOWED_POLICY = [(variant, length, cutoff, "sdpa") for variant in VARIANTS
     ("offset", 2048, 8.0, "sdpa"),
     ("asymmetric", 1536, 16.0, "sdpa"),
     ("one_sided", 1024, 16.0, "sdpa"),
+    ("symmetric", 8192, 12.0, "windowed"),
+    ("symmetric", 8192, 16.0, "sdpa"),  # its widest head covers the keys: a dense chunk
+    ("offset", 8192, 16.0, "sdpa"),
 ] + [(variant, 4096, 2.0, "windowed") for variant in VARIANTS]
 
 

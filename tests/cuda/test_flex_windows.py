@@ -10,7 +10,7 @@ import torch
 
 from fairseq_alibi.alibi import VARIANTS
 from fairseq_alibi.modules.attention import dispatch, flex
-from tests.attention.test_flex_windows_cpu import (
+from tests.helpers.flex_windows import (
     CASES, make_inputs, windowed_layer, windowed_reference)
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available() or not flex.available(),

@@ -196,15 +196,16 @@ DENSE_MASK_BUDGET = 64 * 2**20
 WINDOWED_MIN_LENGTH = 1024
 
 #: :func:`windowed_cost`'s constants ``(α₁, α₂, γ, β)``: least absolute deviations over every
-#: variant, T = 2…16 and 512…4096 keys, of the slower of forward and forward+backward (8 heads,
-#: D = 64, float32, 1 thread: ``python -m benchmarks.windows --tables thresholds``,
-#: docs/benchmarks.md, "Slope windows")
-WINDOWED_COST = (1.04, 2.01, 2.67, 0.58)
+#: variant, T = 2…16 and 512…4096 keys (8192: symmetric and offset, T = 8…16), of the slower of
+#: forward and forward+backward (8 heads, D = 64, float32, 1 thread:
+#: ``python -m benchmarks.windows --tables thresholds``, docs/benchmarks.md, "Slope windows")
+WINDOWED_COST = (1.03, 2.03, 2.73, 0.57)
 
 #: ``auto`` picks ``windowed`` for a whole sequence where :func:`windowed_cost` predicts at
-#: most this fraction of ``sdpa``'s time: below 1 by the model's scatter, so that no call it
-#: picks was measured slower than ``sdpa``
-WINDOWED_MAX_COST = 0.75
+#: most this fraction of ``sdpa``'s time: below 1 by the model's scatter (the calls measured
+#: slower than ``sdpa`` were all predicted above it, with a margin), so that no call it picks
+#: was measured slower
+WINDOWED_MAX_COST = 0.65
 
 
 def windowed_cost(windows, variant: str, length: int) -> float:
