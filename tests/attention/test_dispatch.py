@@ -336,7 +336,7 @@ def test_auto_picks_windowed_exactly_where_the_cost_model_says(variant):
 
 
 def test_the_cost_model_counts_the_keys_each_head_reads():
-    one_way, two_way, dense, fixed = dispatch.WINDOWED_COST
+    one_way, two_way, fixed = dispatch.WINDOWED_COST
     S = 4096
     overhead = fixed * 1000 / S
     # windows that drop no key: every head folded, causal reads half the keys on average
@@ -345,16 +345,15 @@ def test_the_cost_model_counts_the_keys_each_head_reads():
         one_way / 2 + overhead)
     assert dispatch.windowed_cost(([None] * 8, [None] * 8), "symmetric", S) == pytest.approx(
         one_way + overhead)
-    # one_sided is never folded: each covering head is a dense chunk with its bias
-    assert dispatch.windowed_cost(unbounded, "one_sided", S) == pytest.approx(dense + overhead)
     # a window of 16 back (chunk 64): 16 + 64 keys per query, one way; 16 + 64 + 16 two ways
     assert dispatch.windowed_cost(([16] * 8, [0] * 8), "causal", S) == pytest.approx(
         one_way * 80 / S + overhead)
     assert dispatch.windowed_cost(([16] * 8, [16] * 8), "symmetric", S) == pytest.approx(
         two_way * 96 / S + overhead)
-    # a window that covers the sequence but drops keys: a dense chunk
-    covering = ([4000] * 8, [4000] * 8)
-    assert dispatch.windowed_cost(covering, "symmetric", S) == pytest.approx(dense + overhead)
+    # a head that covers the sequence but drops keys (one_sided's are never folded): dense
+    assert dispatch.windowed_cost(([16] * 7 + [4000], [16] * 7 + [4000]), "symmetric",
+                                  S) == float("inf")
+    assert dispatch.windowed_cost(unbounded, "one_sided", S) == float("inf")
 
 
 def test_auto_with_slope_windows_keeps_sdpa_where_windowed_cannot_serve_or_has_no_windows():

@@ -137,13 +137,12 @@ def test_a_cutoff_that_drops_no_key_is_the_dense_bias(variant, backend):
 
 
 def test_auto_picks_windowed_where_it_was_measured_faster():
-    # (which windows and lengths: tests/attention/test_dispatch.py, windowed_cost)
-    length = 2 * dispatch.WINDOWED_MIN_LENGTH
-    long = Call("cpu", torch.float32, "causal", length, length, heads=8, windowed=True,
+    # (which windows at which lengths: tests/attention/test_dispatch.py, windowed_cost)
+    long = Call("cpu", torch.float32, "causal", dispatch.WINDOWED_MIN_LENGTH,
+                dispatch.WINDOWED_MIN_LENGTH, heads=8, windowed=True,
                 windows=AlibiBias(8, window_cutoff=CUTOFF).layer(0).windows())
     assert dispatch.auto_backend(long) == "windowed"
-    short = dispatch.WINDOWED_MIN_LENGTH - 1
-    for call in (long._replace(query_len=short, key_len=short),
+    for call in (long._replace(query_len=long.key_len - 1, key_len=long.key_len - 1),
                  long._replace(query_len=1),  # a decoding step: sdpa's windowed row
                  long._replace(dropout_p=0.1), long._replace(dtype=torch.bfloat16),
                  long._replace(device="cuda", dtype=torch.float16)):
@@ -158,7 +157,7 @@ def test_auto_runs_windowed_on_a_long_sequence(monkeypatch):
     monkeypatch.setitem(REGISTRY, "windowed", original.__class__(
         original.name, lambda *a: ran.append(1) or original.run(*a), original.capabilities))
     attn, alibi = attention("causal", "auto")
-    T = 2 * dispatch.WINDOWED_MIN_LENGTH
+    T = dispatch.WINDOWED_MIN_LENGTH
     torch.manual_seed(2)
     x = torch.randn(T, 1, DIM)
     with torch.no_grad():

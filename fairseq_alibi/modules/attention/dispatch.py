@@ -195,37 +195,38 @@ DENSE_MASK_BUDGET = 64 * 2**20
 #: slower for every variant and T = 2…16 measured there: docs/benchmarks.md, "Slope windows")
 WINDOWED_MIN_LENGTH = 1024
 
-#: :func:`windowed_cost`'s constants ``(α₁, α₂, γ, β)``: least absolute deviations over every
-#: variant, T = 2…16 and 512…4096 keys (8192: symmetric and offset, T = 8…16), of the slower of
-#: forward and forward+backward (8 heads, D = 64, float32, 1 thread:
-#: ``python -m benchmarks.windows --tables thresholds``, docs/benchmarks.md, "Slope windows")
-WINDOWED_COST = (1.03, 2.03, 2.73, 0.57)
+#: :func:`windowed_cost`'s constants ``(α₁, α₂, β)``: least absolute deviations over every
+#: variant, T = 2…16 and 512…4096 keys (8192: symmetric and offset, T = 8…16) of the slower of
+#: forward and forward+backward, the calls without a dense head (8 heads, D = 64, float32,
+#: 1 thread: ``python -m benchmarks.windows --tables thresholds``, docs/benchmarks.md,
+#: "Slope windows")
+WINDOWED_COST = (1.09, 1.60, 0.42)
 
 #: ``auto`` picks ``windowed`` for a whole sequence where :func:`windowed_cost` predicts at
-#: most this fraction of ``sdpa``'s time: below 1 by the model's scatter (the calls measured
-#: slower than ``sdpa`` were all predicted above it, with a margin), so that no call it picks
-#: was measured slower
-WINDOWED_MAX_COST = 0.65
+#: most this fraction of ``sdpa``'s time (below 1 by the model's scatter: no call it picks
+#: was measured slower than ``sdpa``)
+WINDOWED_MAX_COST = 0.75
 
 
 def windowed_cost(windows, variant: str, length: int) -> float:
     """The predicted time of :func:`.windowed.attention` ÷ ``sdpa``'s dense windowed bias for a
     whole sequence of ``S = length`` keys, ``H`` heads with ``windows`` ``(back, ahead)``
-    (``None`` = unbounded), as ``.windowed`` computes it:
+    (``None`` = unbounded), as ``.windowed`` computes it; ``inf`` if a head is *dense*:
 
-        (α₁ · Σ_one-way keys_h + α₂ · Σ_two-way keys_h) / (H·S)  +  γ · dense / H  +  β · 1000 / S
+        (α₁ · Σ_one-way keys_h + α₂ · Σ_two-way keys_h) / (H·S)  +  β · 1000 / S
 
     A head whose window and chunk (:func:`.windowed.chunk_size` ``c_h``) leave keys out reads
     ``keys_h = back_h + c_h + ahead_h`` keys per query, one-way (``back_h`` or ``ahead_h`` 0:
     causal, one_sided) or two-way (its chunks hide keys at both ends); one that drops no key
     runs as the fold, one-way (``keys_h = S``, ``S / 2`` causal: the kernel skips the blocks
-    above the diagonal; ``one_sided`` is never folded); the ``dense`` others cover the sequence
-    but drop keys and run as one chunk with a ``(T, S)`` bias built in the call (``sdpa`` reads
-    a memoised one). ``β/S``: the chunks' fixed costs. Constants :data:`WINDOWED_COST`."""
-    one_way, two_way, dense_weight, fixed = WINDOWED_COST
+    above the diagonal; ``one_sided`` is never folded). A dense head covers the sequence but
+    drops keys: it runs as one chunk with a ``(T, S)`` bias built in the call, where ``sdpa``
+    reads a memoised one, and every call measured with one was slower or barely faster than
+    ``sdpa``. ``β/S``: the chunks' fixed costs. Constants :data:`WINDOWED_COST`."""
+    one_way, two_way, fixed = WINDOWED_COST
     S = length
     heads = len(windows[0])
-    one = two = dense = 0.0
+    one = two = 0.0
     for back, ahead in zip(*windows):
         drops_none = ((back is None or back >= S - 1)
                       and (ahead is None or ahead >= S - 1 or variant == "causal"))
@@ -240,9 +241,8 @@ def windowed_cost(windows, variant: str, length: int) -> float:
         elif drops_none and variant != "one_sided":
             one += S / 2 if variant == "causal" else S
         else:
-            dense += 1
-    return (one_way * one + two_way * two) / (heads * S) + dense_weight * dense / heads \
-        + fixed * 1000 / S
+            return float("inf")
+    return (one_way * one + two_way * two) / (heads * S) + fixed * 1000 / S
 
 
 def _windowed_choice(call: Call) -> str:
