@@ -36,6 +36,7 @@ cutoff ``T`` (``W_h = ceil(T / m_h)``; 8 heads, ``T = 8``: 16, 32, …, 2048 key
 """
 
 import argparse
+import gc
 import json
 import math
 import sys
@@ -116,6 +117,13 @@ def _label(cutoff: float) -> str:
     return f"T={cutoff:g}"
 
 
+def _peak(fn, q, k, v) -> int:
+    """:func:`peak_bytes` of one forward call, after a garbage collection: a tensor of an earlier
+    case freed during the profiled call would count as a negative allocation."""
+    gc.collect()
+    return peak_bytes(forward_call(fn, q, k, v))
+
+
 def cutoffs_table(lengths, variants, cutoffs, rounds=3, batch=1, heads=8, head_dim=64,
                   log=print):
     """``(shape line, Markdown table)``: per variant and length, ``windowed`` forward time ÷
@@ -128,15 +136,16 @@ def cutoffs_table(lengths, variants, cutoffs, rounds=3, batch=1, heads=8, head_d
             found.update({_label(c): attending("windowed", layer_of(heads, variant, c), scale)
                           for c in cutoffs})
             rounds_of = timed(found, L, rounds, batch, heads, head_dim, ("forward",))["forward"]
-            (q, k, v), _, _ = inputs(batch, heads, L, head_dim)
-            peaks = {"dense auto": peak_bytes(forward_call(
-                attending("auto", layer_of(heads, variant), scale), q, k, v))}
-            for c in cutoffs:  # a fresh layer: nothing memoised before the measured call
-                peaks[_label(c)] = peak_bytes(forward_call(
-                    attending("windowed", layer_of(heads, variant, c), scale), q, k, v))
             ratios = [f"{rounds_of.ratio(_label(c), 'dense auto'):.2f}" for c in cutoffs]
-            rows.append([variant, L, "time ÷ dense auto", f"{rounds_of.median('dense auto'):.3f} s"]
-                        + ratios)
+            dense_s = rounds_of.median("dense auto")
+            (q, k, v), _, _ = inputs(batch, heads, L, head_dim)
+            del rounds_of
+            peaks = {"dense auto": _peak(attending("auto", layer_of(heads, variant), scale),
+                                         q, k, v)}
+            for c in cutoffs:  # a fresh layer: nothing memoised before the measured call
+                peaks[_label(c)] = _peak(attending("windowed", layer_of(heads, variant, c),
+                                                   scale), q, k, v)
+            rows.append([variant, L, "time ÷ dense auto", f"{dense_s:.3f} s"] + ratios)
             rows.append([variant, L, "peak MiB", mib(peaks["dense auto"])]
                         + [mib(peaks[_label(c)]) for c in cutoffs])
             log(f"[windows] {variant} L={L}: " + ", ".join(
