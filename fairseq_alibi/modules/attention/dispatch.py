@@ -192,7 +192,8 @@ DENSE_MASK_BUDGET = 64 * 2**20
 
 #: on the CPU, below this many keys a whole sequence with slope windows runs ``sdpa``'s dense
 #: windowed bias whatever its windows: the chunks' fixed costs dominate (``windowed`` was
-#: slower for every variant and T = 2…16 measured there: docs/benchmarks.md, "Slope windows")
+#: slower at 256 and 512 keys for every variant and T = 2…16, and at 768 for all but causal;
+#: the cost model below is fitted from 512 on: docs/benchmarks.md, "Slope windows")
 WINDOWED_MIN_LENGTH = 1024
 
 #: :func:`windowed_cost`'s constants ``(α₁, α₂, β)``: least absolute deviations over every
@@ -253,7 +254,8 @@ def _windowed_choice(call: Call) -> str:
                 and serves("windowed", call)):
             return "windowed"
         return "sdpa"
-    # a decoding step (fewer queries than keys, a KV cache): the dense windowed bias
+    # a decoding step (fewer queries than keys, a KV cache): its own policy, here; today the
+    # dense windowed bias
     return "sdpa"
 
 
@@ -275,9 +277,9 @@ def auto_backend(call: Call) -> str:
     With slope windows (``call.windowed``): ``windowed`` for a whole sequence of
     :data:`WINDOWED_MIN_LENGTH` keys or more whose :func:`windowed_cost` (the call's windows,
     ``call.windows``) is at most :data:`WINDOWED_MAX_COST`, where it serves (CPU, float32/64, no
-    dropout, no extra mask), else ``sdpa`` with the dense
-    windowed bias (``fold`` and ``flash`` refuse windows; ``flex`` serves them with a per-head
-    block mask but was not measured: never chosen for a windowed call).
+    dropout, no extra mask), else ``sdpa`` with the dense windowed bias (``fold`` and ``flash``
+    refuse windows; ``flex`` serves them with a per-head block mask but was not measured: never
+    chosen for a windowed call). Decoding steps (``query_len < key_len``): ``sdpa``.
 
     On the CPU ``flex`` is never chosen: it was slower than these in every case measured but
     one_sided inference (up to 10 %), has no CPU backward and compiles per shape.
