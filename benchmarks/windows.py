@@ -1,78 +1,110 @@
 """Slope windows (issue 38): windowed ALiBi attention against dense ALiBi and the dense limit.
 
-    python -m benchmarks.windows [--quick] [--lengths 1024,2048,4096,8192] [--cutoff 8]
-                                 [--rounds 3] [--threads 1] [--batch 1]
+    python -m benchmarks.windows [--quick] [--tables targets,cutoffs,thresholds]
+        [--lengths 1024,2048,4096,8192] [--cutoff 8] [--cutoffs 2,4,6,8,12,16]
+        [--variants causal,symmetric] [--passes forward,fwd+bwd] [--rounds 3] [--threads 1]
+        [--batch 1] [--json FILE]
 
-Given ``(B, H, L, D)`` float32 queries, keys and values (the attention alone), causal, with
-Press's slopes of ``H`` heads, each length timed in interleaved paired rounds
-(:class:`benchmarks.timing.Rounds`: a ratio is the median of the same round's ratios, so load
-from other processes hits both sides alike):
+The attention alone, ``(B, H, L, D)`` float32 queries, keys and values, Press's slopes of ``H``
+heads; every table times its cases in interleaved paired rounds (:class:`benchmarks.timing.Rounds`:
+a ratio is the median of the same round's ratios, so load from other processes hits both sides
+alike). ``windowed`` is the backend (``dispatch.attend("windowed", ...)``) with the windows of a
+cutoff ``T`` (``W_h = ceil(T / m_h)``; 8 heads, ``T = 8``: 16, 32, …, 2048 keys back).
 
-* ``no bias``: ``scaled_dot_product_attention(is_causal=True)``, the dense limit;
-* ``dense auto``: today's ALiBi, ``dispatch.attend("auto", ...)`` with a layer's view of an
-  ``AlibiBias`` (on the CPU from ``dispatch.FOLD_MIN_LENGTH`` keys on: the fold);
-* ``windowed``: :func:`fairseq_alibi.modules.attention.windowed.attention` with the windows of
-  ``--cutoff T`` (``W_h = ceil(T / m_h)``; 8 heads, ``T = 8``: 16, 32, …, 2048 keys).
-
-Forward (no autograd) and forward+backward (the gradients of q, k, v). The speed-ups are
-``dense auto ÷ windowed`` and ``no bias ÷ windowed``.
+* ``targets`` (causal, ``--cutoff``): ``no bias`` (``scaled_dot_product_attention(is_causal=
+  True)``, the dense limit), ``dense auto`` (today's ALiBi without a cutoff,
+  ``dispatch.attend("auto", ...)``: on the CPU from ``dispatch.FOLD_MIN_LENGTH`` keys on the
+  fold) and ``windowed``, forward and forward+backward; the speed-ups ``dense auto ÷ windowed``
+  and ``no bias ÷ windowed``.
+* ``cutoffs`` (attention time and memory per T; ``--variants``, ``--cutoffs``): per variant and
+  length, the forward time of ``windowed`` at each cutoff ÷ ``dense auto`` (all cutoffs and
+  ``dense auto`` in the same rounds), and the peak memory of one forward call of each. Peak
+  memory is :func:`benchmarks.timing.peak_bytes`: the tensor bytes alive at once during the
+  call from ``torch.profiler``'s allocation events, with a fresh bias (so ``sdpa``'s dense bias,
+  memoised in a model once per forward pass for every layer, counts): exact, repeatable and
+  blind to other processes and the allocator's cache, which the resident set size is not.
+* ``thresholds`` (``auto``'s choice for windowed calls; ``--variants``, ``--cutoffs``,
+  ``--passes``): per variant, length and pass, in the same rounds, ``sdpa`` with the dense
+  windowed bias (what ``auto`` runs when it does not pick ``windowed``: ``fold``, ``flex`` and
+  ``flash`` refuse windows; its cost does not depend on ``T``, the same ``(H, L, L)`` tensor is
+  read whatever its values, so it is timed once, with the largest cutoff's bias), ``dense auto``
+  without a cutoff, and ``windowed`` at each cutoff. Each row gives the cost model's
+  prediction of ``windowed ÷ sdpa`` (:func:`~fairseq_alibi.modules.attention.dispatch.
+  windowed_cost`, what ``auto`` decides on), the measured ``windowed ÷ sdpa``, ``auto``'s choice and ``auto ÷ sdpa``, ``auto ÷ dense auto`` (time
+  ratios: below 1 is faster); a check line says whether ``auto`` with a cutoff was ever slower
+  than the dense choice by more than :data:`NOISE`.
 """
 
 import argparse
+import gc
+import json
 import math
 import sys
 
 import torch
 import torch.nn.functional as F
 
-from benchmarks.tables import machine, table
-from benchmarks.timing import Rounds, backward_call, forward_call
-from fairseq_alibi.alibi import get_slopes, variant_windows
-from fairseq_alibi.modules.attention import dispatch, windowed
+from benchmarks.tables import comma_choices, machine, table
+from benchmarks.timing import Rounds, backward_call, forward_call, mib, peak_bytes
+from fairseq_alibi.alibi import VARIANTS, get_slopes, variant_windows
+from fairseq_alibi.modules.attention import dispatch
 from fairseq_alibi.modules.bias import AlibiBias
 
 CASES = ("no bias", "dense auto", "windowed")
+TABLES = ("targets", "cutoffs", "thresholds")
+PASSES = ("forward", "fwd+bwd")
+CUTOFFS = (2.0, 4.0, 6.0, 8.0, 12.0, 16.0)
+
+#: a time ratio above ``1 + NOISE`` counts as slower in the check line (paired medians of a
+#: shared machine move by a few percent from run to run)
+NOISE = 0.05
 
 
-def methods(heads: int, head_dim: int, cutoff: float):
-    """name -> function of ``(q, k, v)``, and the windows of the heads."""
+def layer_of(heads: int, variant: str, cutoff: float = 0.0):
+    """A layer's view of a fresh :class:`AlibiBias` (its own bias cache) with ``cutoff``."""
+    return AlibiBias(heads, variant=variant, window_cutoff=cutoff).layer(0)
+
+
+def attending(name: str, layer, scale: float):
+    """``(q, k, v) -> out`` through ``dispatch.attend(name, ...)``."""
+    return lambda q, k, v: dispatch.attend(name, q, k, v, layer, scale=scale)
+
+
+def inputs(batch, heads, length, head_dim):
+    """Queries, keys, values, the output gradient, and leaves for the backward."""
+    q, k, v = (torch.randn(batch, heads, length, head_dim) for _ in range(3))
+    grad = torch.randn(batch, heads, length, head_dim)
+    return (q, k, v), grad, [t.clone().requires_grad_() for t in (q, k, v)]
+
+
+def timed(found, length, rounds, batch, heads, head_dim, which=PASSES):
+    """``{pass: Rounds}`` of the functions ``found`` (name -> ``f(q, k, v)``) at ``length``."""
+    (q, k, v), grad, leaves = inputs(batch, heads, length, head_dim)
+    makers = {"forward": lambda f: forward_call(f, q, k, v),
+              "fwd+bwd": lambda f: backward_call(f, leaves, grad)}
+    return {p: Rounds({n: makers[p](f) for n, f in found.items()}, rounds) for p in which}
+
+
+def targets(lengths, cutoff=8.0, rounds=3, batch=1, heads=8, head_dim=64, log=print):
+    """``(shape line, Markdown table)``: causal, per length and pass, the seconds of ``no
+    bias``, ``dense auto`` and ``windowed`` and the windowed path's speed-ups."""
     scale = 1 / math.sqrt(head_dim)
-    layer = AlibiBias(heads, variant="causal").layer(0)
-    slopes = get_slopes(heads)
-    windows = variant_windows(slopes, cutoff, "causal")
     found = {
         "no bias": lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True,
                                                                   scale=scale),
-        "dense auto": lambda q, k, v: dispatch.attend("auto", q, k, v, layer, scale=scale),
-        "windowed": lambda q, k, v: windowed.attention(q, k, v, slopes, None, "causal", windows,
-                                                       scale=scale),
+        "dense auto": attending("auto", layer_of(heads, "causal"), scale),
+        "windowed": attending("windowed", layer_of(heads, "causal", cutoff), scale),
     }
-    return found, windows[0]
-
-
-def run(lengths, cutoff=8.0, rounds=3, batch=1, heads=8, head_dim=64, log=print):
-    """``(shape line, Markdown table)``: per length and pass, the seconds of each case and the
-    windowed path's speed-ups."""
-    torch.manual_seed(0)
-    found, windows = methods(heads, head_dim, cutoff)
     rows = []
     for L in lengths:
-        q, k, v = (torch.randn(batch, heads, L, head_dim) for _ in range(3))
-        grad = torch.randn(batch, heads, L, head_dim)
-        leaves = [t.clone().requires_grad_() for t in (q, k, v)]
-        passes = {
-            "forward": Rounds({n: forward_call(f, q, k, v) for n, f in found.items()}, rounds),
-            "fwd+bwd": Rounds({n: backward_call(f, leaves, grad) for n, f in found.items()},
-                              rounds),
-        }
-        for name, timed in passes.items():
-            row = [L, name] + [f"{timed.median(case):.3f}" for case in CASES] + [
-                f"{timed.ratio('dense auto', 'windowed'):.2f}",
-                f"{timed.ratio('no bias', 'windowed'):.2f}",
-            ]
-            rows.append(row)
+        for name, rounds_of in timed(found, L, rounds, batch, heads, head_dim).items():
+            rows.append([L, name] + [f"{rounds_of.median(case):.3f}" for case in CASES] + [
+                f"{rounds_of.ratio('dense auto', 'windowed'):.2f}",
+                f"{rounds_of.ratio('no bias', 'windowed'):.2f}",
+            ])
             log(f"[windows] L={L} {name}: " + ", ".join(
-                f"{case} {timed.median(case):.3f}s" for case in CASES))
+                f"{case} {rounds_of.median(case):.3f}s" for case in CASES))
+    windows = variant_windows(get_slopes(heads), cutoff, "causal")[0]
     shape = (f"B={batch}, H={heads}, D={head_dim}, float32, causal, cutoff T={cutoff:g} "
              f"(windows {', '.join(str(w) for w in windows)}), {rounds} interleaved round(s), "
              "median")
@@ -81,28 +113,163 @@ def run(lengths, cutoff=8.0, rounds=3, batch=1, heads=8, head_dim=64, log=print)
     return shape, body
 
 
+def _label(cutoff: float) -> str:
+    return f"T={cutoff:g}"
+
+
+def _peak(fn, q, k, v) -> int:
+    """:func:`peak_bytes` of one forward call, after a garbage collection: a tensor of an earlier
+    case freed during the profiled call would count as a negative allocation."""
+    gc.collect()
+    return peak_bytes(forward_call(fn, q, k, v))
+
+
+def cutoffs_table(lengths, variants, cutoffs, rounds=3, batch=1, heads=8, head_dim=64,
+                  log=print):
+    """``(shape line, Markdown table)``: per variant and length, ``windowed`` forward time ÷
+    ``dense auto`` and the peak MiB of one forward call, per cutoff."""
+    scale = 1 / math.sqrt(head_dim)
+    rows = []
+    for variant in variants:
+        for L in lengths:
+            found = {"dense auto": attending("auto", layer_of(heads, variant), scale)}
+            found.update({_label(c): attending("windowed", layer_of(heads, variant, c), scale)
+                          for c in cutoffs})
+            rounds_of = timed(found, L, rounds, batch, heads, head_dim, ("forward",))["forward"]
+            ratios = [f"{rounds_of.ratio(_label(c), 'dense auto'):.2f}" for c in cutoffs]
+            dense_s = rounds_of.median("dense auto")
+            (q, k, v), _, _ = inputs(batch, heads, L, head_dim)
+            del rounds_of
+            peaks = {"dense auto": _peak(attending("auto", layer_of(heads, variant), scale),
+                                         q, k, v)}
+            for c in cutoffs:  # a fresh layer: nothing memoised before the measured call
+                peaks[_label(c)] = _peak(attending("windowed", layer_of(heads, variant, c),
+                                                   scale), q, k, v)
+            rows.append([variant, L, "time ÷ dense auto", f"{dense_s:.3f} s"] + ratios)
+            rows.append([variant, L, "peak MiB", mib(peaks["dense auto"])]
+                        + [mib(peaks[_label(c)]) for c in cutoffs])
+            log(f"[windows] {variant} L={L}: " + ", ".join(
+                f"{_label(c)} {ratio}" for c, ratio in zip(cutoffs, ratios)))
+    shape = (f"B={batch}, H={heads}, D={head_dim}, float32, forward, {rounds} interleaved "
+             "round(s), median; peak MiB: torch.profiler's allocation events of one call, "
+             "fresh bias")
+    body = table(["variant", "L", "figure", "dense auto"] + [_label(c) for c in cutoffs], rows)
+    return shape, body
+
+
+def thresholds(lengths, variants, cutoffs, passes=PASSES, rounds=3, batch=1, heads=8,
+               head_dim=64, log=print):
+    """``(shape line, Markdown table, check line, records)``: ``auto``'s choice for whole
+    windowed sequences against the measured times (module docstring, ``thresholds``)."""
+    scale = 1 / math.sqrt(head_dim)
+    rows, records, slower = [], [], []
+    for variant in variants:
+        layers = {c: layer_of(heads, variant, c) for c in cutoffs}
+        found = {"sdpa": attending("sdpa", layers[max(cutoffs)], scale),
+                 "dense auto": attending("auto", layer_of(heads, variant), scale)}
+        found.update({_label(c): attending("windowed", layers[c], scale) for c in cutoffs})
+        for L in lengths:
+            for pass_name, rounds_of in timed(found, L, rounds, batch, heads, head_dim,
+                                              passes).items():
+                q, k = torch.empty(batch, heads, L, 1), torch.empty(batch, heads, L, 1)
+                with torch.set_grad_enabled(pass_name != "forward"):
+                    for c in cutoffs:
+                        call = dispatch.call_of(q.requires_grad_(pass_name != "forward"), k, k,
+                                                layers[c])
+                        chosen = dispatch.auto_backend(call)
+                        predicted = dispatch.windowed_cost(call.windows, variant, L)
+                        win = rounds_of.ratio(_label(c), "sdpa")
+                        auto = win if chosen == "windowed" else 1.0
+                        auto_dense = rounds_of.ratio(
+                            _label(c) if chosen == "windowed" else "sdpa", "dense auto")
+                        records.append(dict(variant=variant, length=L, pass_name=pass_name,
+                                            cutoff=c, predicted=predicted, windowed_over_sdpa=win,
+                                            chosen=chosen, auto_over_dense_auto=auto_dense))
+                        rows.append([variant, L, pass_name, f"{c:g}", f"{predicted:.2f}",
+                                     f"{win:.2f}", chosen, f"{auto:.2f}", f"{auto_dense:.2f}"])
+                        if auto > 1 + NOISE:
+                            slower.append(f"{variant} L={L} {pass_name} T={c:g} ({auto:.2f})")
+                log(f"[windows] {variant} L={L} {pass_name}: sdpa "
+                    f"{rounds_of.median('sdpa'):.3f}s, windowed ÷ sdpa " + ", ".join(
+                        f"{_label(c)} {rounds_of.ratio(_label(c), 'sdpa'):.2f}"
+                        for c in cutoffs))
+    shape = (f"B={batch}, H={heads}, D={head_dim}, float32, {rounds} interleaved round(s), "
+             f"median; auto: WINDOWED_MIN_LENGTH={dispatch.WINDOWED_MIN_LENGTH}, "
+             f"WINDOWED_COST={dispatch.WINDOWED_COST}, "
+             f"WINDOWED_MAX_COST={dispatch.WINDOWED_MAX_COST:g}")
+    body = table(["variant", "L", "pass", "T", "predicted", "windowed ÷ sdpa", "auto",
+                  "auto ÷ sdpa", "auto ÷ dense auto"], rows)
+    check = ("Check: auto with a cutoff was never slower than the dense choice (sdpa, windowed "
+             f"bias) by more than {NOISE:.0%} in {len(records)} cases" if not slower else
+             f"Check: auto with a cutoff was SLOWER than the dense choice by more than "
+             f"{NOISE:.0%} in {len(slower)} of {len(records)} cases: " + "; ".join(slower))
+    return shape, body, check, records
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true",
-                        help="a smoke run: short lengths, small heads, one round")
+                        help="a smoke run: short lengths, small heads, one round, two cutoffs")
+    parser.add_argument("--tables", default="targets,cutoffs",
+                        help=f"comma-separated, of {', '.join(TABLES)} (default targets,cutoffs)")
     parser.add_argument("--lengths", default=None,
-                        help="comma-separated sequence lengths (default 1024,2048,4096,8192)")
-    parser.add_argument("--cutoff", type=float, default=8.0, help="the window cutoff T, nats")
+                        help="comma-separated sequence lengths (default 1024,2048,4096,8192; "
+                             "thresholds: 256,512,768,1024,2048)")
+    parser.add_argument("--cutoff", type=float, default=8.0,
+                        help="the window cutoff T of the targets table, nats")
+    parser.add_argument("--cutoffs", default=None,
+                        help="comma-separated cutoffs T of the other tables (default 2,4,6,8,12,16)")
+    parser.add_argument("--variants", default=None,
+                        help="comma-separated variants of the other tables (default: cutoffs "
+                             "causal,symmetric; thresholds every variant)")
+    parser.add_argument("--passes", default="forward,fwd+bwd",
+                        help="comma-separated passes of the thresholds table")
     parser.add_argument("--rounds", type=int, default=3, help="interleaved timing rounds")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
     parser.add_argument("--batch", type=int, default=1, help="sequences per call")
+    parser.add_argument("--json", default=None, help="write the thresholds' records to this file")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
-    if args.lengths:
-        lengths = [int(x) for x in args.lengths.split(",") if x.strip()]
-    else:
-        lengths = [64, 256] if args.quick else [1024, 2048, 4096, 8192]
+    tables = comma_choices(parser, args.tables, TABLES, "table")
+    passes = comma_choices(parser, args.passes, PASSES, "pass")
+    cutoffs = ([float(x) for x in args.cutoffs.split(",") if x.strip()] if args.cutoffs
+               else [2.0, 8.0] if args.quick else list(CUTOFFS))
+    if any(not c > 0 for c in cutoffs) or args.cutoff <= 0:
+        parser.error("--cutoff/--cutoffs: each cutoff must be a positive number of nats")
     head_dim, rounds = (16, 1) if args.quick else (64, args.rounds)
-    shape, body = run(lengths, args.cutoff, rounds, args.batch, head_dim=head_dim,
-                      log=lambda line: print(line, file=sys.stderr))
+    log = lambda line: print(line, file=sys.stderr)  # noqa: E731
     command = "python -m benchmarks.windows " + " ".join(argv if argv is not None else sys.argv[1:])
-    print(f"Command: `{command.strip()}`  \nMachine: {machine()}  \n{shape}\n\n{body}")
-    return body
+    parts = [f"Command: `{command.strip()}`  \nMachine: {machine()}"]
+
+    def lengths_or(default):
+        if args.lengths:
+            return [int(x) for x in args.lengths.split(",") if x.strip()]
+        return [64, 256] if args.quick else default
+
+    def variants_or(default):
+        return comma_choices(parser, args.variants, VARIANTS, "variant") if args.variants \
+            else default
+
+    if "targets" in tables:
+        shape, body = targets(lengths_or([1024, 2048, 4096, 8192]), args.cutoff, rounds,
+                              args.batch, head_dim=head_dim, log=log)
+        parts.append(f"Targets: {shape}\n\n{body}")
+    if "cutoffs" in tables:
+        shape, body = cutoffs_table(lengths_or([1024, 2048, 4096, 8192]),
+                                    variants_or(["causal", "symmetric"]), cutoffs, rounds,
+                                    args.batch, head_dim=head_dim, log=log)
+        parts.append(f"Per cutoff: {shape}\n\n{body}")
+    if "thresholds" in tables:
+        shape, body, check, records = thresholds(
+            lengths_or([256, 512, 768, 1024, 2048]), variants_or(list(VARIANTS)), cutoffs,
+            passes, rounds, args.batch, head_dim=head_dim, log=log)
+        parts.append(f"Thresholds: {shape}\n\n{body}\n\n{check}")
+        if args.json:
+            with open(args.json, "w") as out:
+                json.dump(records, out, indent=1)
+    text = "\n\n".join(parts)
+    print(text)
+    return text
 
 
 if __name__ == "__main__":

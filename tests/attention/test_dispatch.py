@@ -283,3 +283,96 @@ def test_checkpoint_saved_with_the_old_sdpa_loads_and_computes_the_same(
         torch.testing.assert_close(old(tokens[:, :40])[0], want[:, :40], **TOL)
         set_attention_backend(old, "auto")  # the old sdpa's formulation at 700 tokens: folded
         torch.testing.assert_close(old(tokens)[0], want, **TOL)
+
+
+# ------------------------------------------------------------ auto with slope windows (issue 38)
+
+
+def windowed_call(variant, length, cutoff, heads=8, **fields):
+    """A whole-sequence call on the CPU with the windows of ``cutoff`` (Press's slopes)."""
+    windows = AlibiBias(heads, variant=variant, window_cutoff=cutoff).layer(0).windows()
+    fields = dict(dict(device="cpu", dtype=torch.float32), **fields)
+    return Call(variant=variant, query_len=length, key_len=length, heads=heads, windowed=True,
+                windows=windows, **fields)
+
+
+#: (variant, length, cutoff, auto's choice): what was measured (docs/benchmarks.md, "Slope
+#: windows"): windowed was slower than sdpa's dense windowed bias below 1024 keys for every
+#: variant and T (but causal at 768), for the bidirectional variants at T >= 4 up to 2048 keys
+#: and at T = 16 up to 8192 keys, its windows then covering much of the sequence; faster for
+#: small windows of long sequences
+WINDOWED_POLICY = [(variant, length, cutoff, "sdpa") for variant in VARIANTS
+                   for length, cutoff in ((256, 2.0), (512, 2.0), (768, 2.0), (1023, 2.0))] + [
+    ("causal", 2048, 2.0, "windowed"),
+    ("causal", 2048, 8.0, "windowed"),
+    ("causal", 4096, 16.0, "windowed"),
+    ("causal", 8192, 8.0, "windowed"),
+    ("symmetric", 1024, 8.0, "sdpa"),
+    ("offset", 2048, 8.0, "sdpa"),
+    ("asymmetric", 1536, 16.0, "sdpa"),
+    ("one_sided", 1024, 16.0, "sdpa"),
+    ("symmetric", 8192, 12.0, "windowed"),
+    ("symmetric", 8192, 16.0, "sdpa"),  # its widest head covers the keys: a dense chunk
+    ("offset", 8192, 16.0, "sdpa"),
+] + [(variant, 4096, 2.0, "windowed") for variant in VARIANTS]
+
+
+@pytest.mark.parametrize("variant,length,cutoff,expected", WINDOWED_POLICY,
+                         ids=[f"{v}-{n}-T{c:g}" for v, n, c, _ in WINDOWED_POLICY])
+def test_auto_with_slope_windows_follows_the_measurements(variant, length, cutoff, expected):
+    call = windowed_call(variant, length, cutoff)
+    assert auto_backend(call) == expected
+    assert auto_backend(call._replace(grad=True)) == expected  # training: the same choice
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_auto_picks_windowed_exactly_where_the_cost_model_says(variant):
+    for length, cutoff in itertools.product((512, 1024, 1536, 2048, 4096, 8192),
+                                            (2.0, 4.0, 6.0, 8.0, 12.0, 16.0)):
+        call = windowed_call(variant, length, cutoff)
+        cost = dispatch.windowed_cost(call.windows, variant, length)
+        wanted = length >= dispatch.WINDOWED_MIN_LENGTH and cost <= dispatch.WINDOWED_MAX_COST
+        assert (auto_backend(call) == "windowed") == wanted, (length, cutoff, cost)
+
+
+def test_the_cost_model_counts_the_keys_each_head_reads():
+    one_way, two_way, fixed = dispatch.WINDOWED_COST
+    S = 4096
+    overhead = fixed * 1000 / S
+    # windows that drop no key: every head folded, causal reads half the keys on average
+    unbounded = ([None] * 8, [0] * 8)
+    assert dispatch.windowed_cost(unbounded, "causal", S) == pytest.approx(
+        one_way / 2 + overhead)
+    assert dispatch.windowed_cost(([None] * 8, [None] * 8), "symmetric", S) == pytest.approx(
+        one_way + overhead)
+    # a window of 16 back (chunk 64): 16 + 64 keys per query, one way; 16 + 64 + 16 two ways
+    assert dispatch.windowed_cost(([16] * 8, [0] * 8), "causal", S) == pytest.approx(
+        one_way * 80 / S + overhead)
+    assert dispatch.windowed_cost(([16] * 8, [16] * 8), "symmetric", S) == pytest.approx(
+        two_way * 96 / S + overhead)
+    # a head that covers the sequence but drops keys (one_sided's are never folded): dense
+    assert dispatch.windowed_cost(([16] * 7 + [4000], [16] * 7 + [4000]), "symmetric",
+                                  S) == float("inf")
+    assert dispatch.windowed_cost(unbounded, "one_sided", S) == float("inf")
+
+
+def test_auto_with_slope_windows_keeps_sdpa_where_windowed_cannot_serve_or_has_no_windows():
+    long = windowed_call("causal", 4096, 2.0)
+    assert auto_backend(long) == "windowed"
+    for call in (long._replace(dropout_p=0.1), long._replace(attn_mask=True),
+                 long._replace(dtype=torch.bfloat16),
+                 long._replace(device="cuda", dtype=torch.float16),
+                 long._replace(windows=None),  # a call that does not say its windows
+                 long._replace(kind="rows")):  # --alibi-length-scale's rows: dense only
+        assert auto_backend(call) == "sdpa", call
+    # without windows nothing changes: the fold, as before
+    assert auto_backend(long._replace(windowed=False, windows=None)) == "fold"
+
+
+def test_attend_passes_the_windows_of_the_call():
+    layer = AlibiBias(8, variant="symmetric", window_cutoff=4.0).layer(0)
+    q = torch.zeros(1, 8, 16, 4)
+    call = dispatch.call_of(q, q, q, layer)
+    assert call.windowed and call.windows == layer.windows()
+    plain = dispatch.call_of(q, q, q, AlibiBias(8).layer(0))
+    assert not plain.windowed and plain.windows is None

@@ -72,6 +72,8 @@ def test_every_backend_that_declares_windows_computes_the_windowed_definition(
     options = dict(CASES[case])
     if variant == "one_sided" and "heads" in options:
         pytest.skip("one_sided takes no --alibi-heads")
+    if backend == "flex" and "global_tokens" in options:
+        pytest.skip("flex takes no global tokens (its refusal: tests/attention/test_dispatch.py)")
     attn, alibi = attention(variant, backend, **options)
     x, kpm = inputs(padded=padded)
     want, bias = reference(attn, alibi, x, kpm)
@@ -135,8 +137,10 @@ def test_a_cutoff_that_drops_no_key_is_the_dense_bias(variant, backend):
 
 
 def test_auto_picks_windowed_where_it_was_measured_faster():
+    # (which windows at which lengths: tests/attention/test_dispatch.py, windowed_cost)
     long = Call("cpu", torch.float32, "causal", dispatch.WINDOWED_MIN_LENGTH,
-                dispatch.WINDOWED_MIN_LENGTH, windowed=True)
+                dispatch.WINDOWED_MIN_LENGTH, heads=8, windowed=True,
+                windows=AlibiBias(8, window_cutoff=CUTOFF).layer(0).windows())
     assert dispatch.auto_backend(long) == "windowed"
     for call in (long._replace(query_len=long.key_len - 1, key_len=long.key_len - 1),
                  long._replace(query_len=1),  # a decoding step: sdpa's windowed row
@@ -152,14 +156,14 @@ def test_auto_runs_windowed_on_a_long_sequence(monkeypatch):
     original = REGISTRY["windowed"]
     monkeypatch.setitem(REGISTRY, "windowed", original.__class__(
         original.name, lambda *a: ran.append(1) or original.run(*a), original.capabilities))
-    attn, alibi = attention("causal", "auto", cutoff=8.0)
+    attn, alibi = attention("causal", "auto")
     T = dispatch.WINDOWED_MIN_LENGTH
     torch.manual_seed(2)
     x = torch.randn(T, 1, DIM)
     with torch.no_grad():
         out, _ = attn(x, x, x, need_weights=False)
     assert ran == [1]
-    want, _ = reference(attn, alibi, x, None, cutoff=8.0)
+    want, _ = reference(attn, alibi, x, None)
     torch.testing.assert_close(out.double(), want, atol=2e-5, rtol=1e-4)
 
 

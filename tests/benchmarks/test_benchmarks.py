@@ -86,3 +86,35 @@ def test_unknown_benchmark_name_is_a_clear_error():
     proc = run_benchmarks("--only", "attention,speed")
     assert proc.returncode != 0
     assert "unknown benchmark(s) speed; choose from attention, decoding, train, eval, encoder" in proc.stderr
+
+
+def test_quick_run_of_the_slope_window_tables(tmp_path, capsys):
+    """benchmarks/windows.py's three tables (issue 38): the targets, time and peak memory per
+    cutoff, auto's choice against the measured times with its check line."""
+    import json
+
+    from benchmarks import windows
+
+    records = tmp_path / "thresholds.json"
+    text = windows.main(["--quick", "--tables", "targets,cutoffs,thresholds", "--lengths", "64",
+                         "--variants", "causal,symmetric", "--json", str(records)])
+    assert text == capsys.readouterr().out.strip()
+    assert text.startswith("Command: `python -m benchmarks.windows --quick") and "Machine: " in text
+    assert "| 64 | forward |" in text and "| 64 | fwd+bwd |" in text  # the targets
+    for variant in ("causal", "symmetric"):  # per cutoff: time ratio and peak MiB, T = 2 and 8
+        assert f"| {variant} | 64 | time ÷ dense auto |" in text
+        assert f"| {variant} | 64 | peak MiB |" in text
+    assert "| figure | dense auto | T=2 | T=8 |" in text
+    found = json.loads(records.read_text())
+    assert {(r["variant"], r["pass_name"], r["cutoff"]) for r in found} == {
+        (v, p, c) for v in ("causal", "symmetric") for p in ("forward", "fwd+bwd")
+        for c in (2.0, 8.0)}
+    assert {r["chosen"] for r in found} == {"sdpa"}  # 64 keys: below WINDOWED_MIN_LENGTH
+    assert "Check: auto with a cutoff was never slower than the dense choice" in text
+
+
+def test_the_slope_window_benchmark_names_a_bad_table():
+    from benchmarks import windows
+
+    with pytest.raises(SystemExit):
+        windows.main(["--tables", "speed"])

@@ -45,7 +45,8 @@ class Capabilities:
     after the call's own limits; ``windows``: slope windows (``--alibi-window-cutoff``: the keys
     beyond each head's window dropped). ``windows`` alone defaults to *not* served: a backend
     that computes the plain bias from the slopes would silently ignore the windows, so only one
-    that drops those keys declares it (``sdpa``/``naive``'s dense bias, ``windowed``).
+    that drops those keys declares it (``sdpa``/``naive``'s dense bias, ``windowed``, ``flex``'s
+    per-head block mask).
     """
 
     kinds: Tuple[str, ...] = ("distance",)

@@ -168,6 +168,7 @@ class Call(NamedTuple):
     kind: str = "distance"  # the bias's CallBias.kind
     global_tokens: int = 0  # CallBias.global_tokens
     windowed: bool = False  # CallBias.windowed: slope windows
+    windows: Optional[tuple] = None  # DistanceBias.windows(): (back, ahead) per head, or None
 
 
 #: from this many keys on, causal and one_sided attention is faster folded than with the dense
@@ -189,10 +190,73 @@ FLEX_MIN_LENGTH = 4096
 DENSE_MASK_BUDGET = 64 * 2**20
 
 
-#: on the CPU, from this many keys on, ``windowed`` is faster than the dense choices for a whole
-#: sequence with slope windows (causal, 8 heads, T = 8, float32, forward and forward+backward:
-#: docs/benchmarks.md, "Slope windows"); below it ``sdpa``'s dense windowed bias
+#: on the CPU, below this many keys a whole sequence with slope windows runs ``sdpa``'s dense
+#: windowed bias whatever its windows: the chunks' fixed costs dominate (``windowed`` was
+#: slower at 256 and 512 keys for every variant and T = 2…16, and at 768 for all but causal;
+#: the cost model below is fitted from 512 on: docs/benchmarks.md, "Slope windows")
 WINDOWED_MIN_LENGTH = 1024
+
+#: :func:`windowed_cost`'s constants ``(α₁, α₂, β)``: least absolute deviations over every
+#: variant, T = 2…16 and 512…4096 keys (8192: symmetric and offset, T = 8…16) of the slower of
+#: forward and forward+backward, the calls without a dense head (8 heads, D = 64, float32,
+#: 1 thread: ``python -m benchmarks.windows --tables thresholds``, docs/benchmarks.md,
+#: "Slope windows")
+WINDOWED_COST = (1.09, 1.60, 0.42)
+
+#: ``auto`` picks ``windowed`` for a whole sequence where :func:`windowed_cost` predicts at
+#: most this fraction of ``sdpa``'s time (below 1 by the model's scatter: no call it picks
+#: was measured slower than ``sdpa``)
+WINDOWED_MAX_COST = 0.75
+
+
+def windowed_cost(windows, variant: str, length: int) -> float:
+    """The predicted time of :func:`.windowed.attention` ÷ ``sdpa``'s dense windowed bias for a
+    whole sequence of ``S = length`` keys, ``H`` heads with ``windows`` ``(back, ahead)``
+    (``None`` = unbounded), as ``.windowed`` computes it; ``inf`` if a head is *dense*:
+
+        (α₁ · Σ_one-way keys_h + α₂ · Σ_two-way keys_h) / (H·S)  +  β · 1000 / S
+
+    A head whose window and chunk (:func:`.windowed.chunk_size` ``c_h``) leave keys out reads
+    ``keys_h = back_h + c_h + ahead_h`` keys per query, one-way (``back_h`` or ``ahead_h`` 0:
+    causal, one_sided) or two-way (its chunks hide keys at both ends); one that drops no key
+    runs as the fold, one-way (``keys_h = S``, ``S / 2`` causal: the kernel skips the blocks
+    above the diagonal; ``one_sided`` is never folded). A dense head covers the sequence but
+    drops keys: it runs as one chunk with a ``(T, S)`` bias built in the call, where ``sdpa``
+    reads a memoised one, and every call measured with one was slower or barely faster than
+    ``sdpa``. ``β/S``: the chunks' fixed costs. Constants :data:`WINDOWED_COST`."""
+    one_way, two_way, fixed = WINDOWED_COST
+    S = length
+    heads = len(windows[0])
+    one = two = 0.0
+    for back, ahead in zip(*windows):
+        drops_none = ((back is None or back >= S - 1)
+                      and (ahead is None or ahead >= S - 1 or variant == "causal"))
+        back = S - 1 if back is None else min(back, S - 1)
+        ahead = S - 1 if ahead is None else min(ahead, S - 1)
+        chunk = windowed.chunk_size(back, ahead)
+        if chunk < S and back + chunk + ahead < S:
+            if back and ahead:
+                two += back + chunk + ahead
+            else:
+                one += back + chunk + ahead
+        elif drops_none and variant != "one_sided":
+            one += S / 2 if variant == "causal" else S
+        else:
+            return float("inf")
+    return (one_way * one + two_way * two) / (heads * S) + fixed * 1000 / S
+
+
+def _windowed_choice(call: Call) -> str:
+    """``auto``'s backend for a call with slope windows (:func:`auto_backend`)."""
+    if call.query_len == call.key_len:  # a whole sequence
+        if (call.key_len >= WINDOWED_MIN_LENGTH and call.windows is not None
+                and windowed_cost(call.windows, call.variant, call.key_len) <= WINDOWED_MAX_COST
+                and serves("windowed", call)):
+            return "windowed"
+        return "sdpa"
+    # a decoding step (fewer queries than keys, a KV cache): its own policy, here; today the
+    # dense windowed bias
+    return "sdpa"
 
 
 def auto_backend(call: Call) -> str:
@@ -210,18 +274,18 @@ def auto_backend(call: Call) -> str:
        ``(B, H, T, S)`` tensor per layer: docs/learned_scales.md).
     3. ``sdpa`` otherwise (it serves every call: decoding steps, dropout, half precision, ...).
 
-    With slope windows (``call.windowed``): ``windowed`` for whole sequences of
-    :data:`WINDOWED_MIN_LENGTH` keys or more where it serves (CPU, float32/64, no dropout, no
-    extra mask), else ``sdpa`` with the dense windowed bias (``fold``, ``flex`` and ``flash``
-    refuse windows).
+    With slope windows (``call.windowed``): ``windowed`` for a whole sequence of
+    :data:`WINDOWED_MIN_LENGTH` keys or more whose :func:`windowed_cost` (the call's windows,
+    ``call.windows``) is at most :data:`WINDOWED_MAX_COST`, where it serves (CPU, float32/64, no
+    dropout, no extra mask), else ``sdpa`` with the dense windowed bias (``fold`` and ``flash``
+    refuse windows; ``flex`` serves them with a per-head block mask but was not measured: never
+    chosen for a windowed call). Decoding steps (``query_len < key_len``): ``sdpa``.
 
     On the CPU ``flex`` is never chosen: it was slower than these in every case measured but
     one_sided inference (up to 10 %), has no CPU backward and compiles per shape.
     """
     if call.windowed:
-        if call.query_len == call.key_len >= WINDOWED_MIN_LENGTH and serves("windowed", call):
-            return "windowed"
-        return "sdpa"
+        return _windowed_choice(call)
     if call.device == "cuda":
         if serves("flash", call):
             return "flash"
@@ -260,15 +324,23 @@ def attend(name, q, k, v, alibi, key_padding_mask=None, attn_mask=None, dropout_
            scale=None):
     """ALiBi attention of ``(B, H, T, D)`` tensors with backend ``name`` (or ``auto``);
     ``alibi`` this call's :class:`CallBias` (:meth:`AttentionBias.for_call`)."""
-    B, H, T, D = q.shape
-    scale = D**-0.5 if scale is None else scale
-    call = Call(
+    scale = q.size(-1)**-0.5 if scale is None else scale
+    call = call_of(q, k, v, alibi, key_padding_mask, attn_mask, dropout_p)
+    return REGISTRY[resolve(name, call)].run(q, k, v, alibi, key_padding_mask, attn_mask,
+                                             dropout_p, scale)
+
+
+def call_of(q, k, v, alibi, key_padding_mask=None, attn_mask=None, dropout_p=0.0) -> Call:
+    """The :class:`Call` of attending ``(B, H, T, D)`` queries to ``(B, H, S, D)`` keys with
+    ``alibi`` (a :class:`CallBias`): what :func:`attend` judges (and a benchmark reports)."""
+    B, H, T, _ = q.shape
+    windowed = alibi.windowed
+    return Call(
         q.device.type, q.dtype, alibi.variant, T, k.size(2), B, H,
         padded=key_padding_mask is not None, attn_mask=attn_mask is not None,
         dropout_p=dropout_p,
         grad=torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad),
         scale_grad=alibi.scales_need_grad, kind=alibi.kind, global_tokens=alibi.global_tokens,
-        windowed=alibi.windowed,
+        windowed=windowed,
+        windows=alibi.windows() if windowed and alibi.kind == "distance" else None,
     )
-    return REGISTRY[resolve(name, call)].run(q, k, v, alibi, key_padding_mask, attn_mask,
-                                             dropout_p, scale)

@@ -4,6 +4,13 @@ The bias is a ``score_mod``, the keys a variant hides a block ``mask_mod`` (whol
 skipped), padding and an extra ``attn_mask`` ``score_mod`` terms; compiled for full sequences
 on GPUs, eager for decoding steps and on the CPU. Every variant. PyTorch has no CPU backward
 for it: inference only on the CPU.
+
+Slope windows (``--alibi-window-cutoff``): the block mask is per head
+(:func:`window_mask_mod`: head ``h`` keeps the keys with ``i - j <= back_h`` and
+``j - i <= ahead_h``, the call's ``windows()``), so the compiled kernel skips every block
+beyond a head's window; the ``score_mod`` keeps the bias of the keys inside. ``auto`` never
+picks ``flex`` for a windowed call (not measured: ``dispatch.auto_backend``); named, it serves
+one (the eager CPU path computes the same function, every score, for inference).
 """
 
 import functools
@@ -30,12 +37,12 @@ def _missing() -> Optional[str]:
     return None if available() else f"this torch ({torch.__version__}) has no flex_attention"
 
 
-#: what :func:`attention` serves: the slopes of every variant, any device and dtype, KV caches,
-#: padding and an extra mask; no attention dropout, no global tokens, and (PyTorch has none)
-#: no backward on the CPU
+#: what :func:`attention` serves: the slopes of every variant, with slope windows or without,
+#: any device and dtype, KV caches, padding and an extra mask; no attention dropout, no global
+#: tokens, and (PyTorch has none) no backward on the CPU
 CAPABILITIES = Capabilities(
     kinds=("distance",), dropout=False, global_tokens=False, no_backward_on=("cpu",),
-    missing=_missing)
+    windows=True, missing=_missing)
 
 
 def alibi_score_mod(variant, slopes, future_slopes=None, query_offset=0, key_padding_mask=None):
@@ -92,6 +99,30 @@ def alibi_mask_mod(variant, num_heads, query_offset=0):
     return None
 
 
+#: an unbounded window (``None``) as a reach no sequence attains
+UNBOUNDED = 2**62
+
+
+def window_mask_mod(windows, query_offset=0, device=None):
+    """A ``flex_attention`` ``mask_mod`` (True = visible) for slope windows: head ``h`` keeps
+    key ``j`` of query ``i = query_offset + q_idx`` iff ``i - j <= back_h`` and
+    ``j - i <= ahead_h``.
+
+    ``windows`` ``(back, ahead)`` per head (:func:`~fairseq_alibi.alibi.variant_windows`,
+    ``None`` = unbounded), held as two ``(H,)`` int64 tensors indexed by ``h``. They carry the
+    variant's own hidden keys (``causal``: ``ahead = 0``; ``one_sided``: ``back`` or ``ahead``
+    0 by the head's direction), so this mask replaces :func:`alibi_mask_mod`.
+    """
+    back, ahead = (torch.tensor([UNBOUNDED if w is None else int(w) for w in side],
+                                dtype=torch.int64, device=device) for side in windows)
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        rel = q_idx + query_offset - kv_idx  # i - j
+        return (rel <= back[h]) & (-rel <= ahead[h])
+
+    return mask_mod
+
+
 @functools.lru_cache(maxsize=None)
 def _compiled_flex():
     from torch.nn.attention.flex_attention import flex_attention
@@ -110,8 +141,20 @@ def _block_mask(variant, num_heads, query_len, key_len, device):
     return create_block_mask(mask_mod, None, heads, query_len, key_len, device=device)
 
 
+@functools.lru_cache(maxsize=64)
+def _window_block_mask(windows, query_len, key_len, device):
+    """The per-head block mask of ``windows`` (a tuple of two tuples, hashable: cached per
+    windows and lengths, as :func:`_block_mask` per variant and lengths)."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    mask_mod = window_mask_mod(windows, key_len - query_len, device)
+    return create_block_mask(mask_mod, None, len(windows[0]), query_len, key_len,
+                             device=device)
+
+
 def attention(q, k, v, alibi, key_padding_mask, attn_mask, dropout_p, scale):
-    """The ``flex`` backend: the ALiBi ``score_mod`` and the variant's block mask."""
+    """The ``flex`` backend: the ALiBi ``score_mod`` and the variant's block mask, or, with
+    slope windows, the windows' per-head block mask."""
     from torch.nn.attention.flex_attention import flex_attention as eager_flex
 
     B, H, T, D = q.shape
@@ -131,7 +174,11 @@ def attention(q, k, v, alibi, key_padding_mask, attn_mask, dropout_p, scale):
                 return torch.where(extra[q_idx, kv_idx], mask_value(torch.float32), s)
             return s + extra[q_idx, kv_idx].float().clamp(min=mask_value(torch.float32))
 
-    block_mask = _block_mask(alibi.variant, H, T, S, q.device)
+    windows = alibi.windows() if alibi.windowed else None
+    if windows is not None:
+        block_mask = _window_block_mask(tuple(tuple(side) for side in windows), T, S, q.device)
+    else:
+        block_mask = _block_mask(alibi.variant, H, T, S, q.device)
     # compiled for whole sequences (a few shapes); a decoding step grows the keys every call,
     # where recompiling would cost more than the unfused (1, S) scores. Never on the CPU:
     # torch 2.13's compiled CPU kernel returned wrong outputs for some lengths, intermittently

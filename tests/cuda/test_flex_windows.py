@@ -1,0 +1,74 @@
+"""``flex`` with slope windows on CUDA (skipped without a GPU): the compiled kernel with the
+per-head block mask, against the float64 windowed definition on the CPU, every variant, left
+padding, partial heads, forward and backward (the input gradients); the eager decoding step.
+
+Run on the device with ``python -m pytest tests/cuda/test_flex_windows.py``.
+"""
+
+import pytest
+import torch
+
+from fairseq_alibi.alibi import VARIANTS
+from fairseq_alibi.modules.attention import dispatch, flex
+from tests.helpers.flex_windows import (
+    CASES, make_inputs, windowed_layer, windowed_reference)
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available() or not flex.available(),
+                                reason="needs a CUDA GPU and flex_attention")
+
+#: ‖got - ref‖ / ‖ref‖ allowed, as tests/cuda/test_cuda.py: float32 as the CPU tests, bf16 4
+#: machine epsilons
+REL_TOL = {torch.float32: 1e-4, torch.bfloat16: 4 * 2**-7}
+
+
+@pytest.fixture(autouse=True)
+def many_flex_graphs():
+    """Every variant, case and dtype compiles a graph of its own: more than dynamo's default
+    recompile limit (8), past which it would silently run flex eagerly."""
+    import torch._dynamo
+
+    with torch._dynamo.config.patch(recompile_limit=256, accumulated_recompile_limit=4096):
+        yield
+
+
+def relative_error(got, want, rows):
+    got, want = got.detach().double().cpu()[rows], want[rows]
+    return float((got - want).norm() / want.norm())
+
+
+@pytest.mark.parametrize("dtype", REL_TOL, ids=["fp32", "bf16"])
+@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_flex_windows_forward_and_backward_match_the_definition(variant, case, dtype):
+    batch, query_len, key_len, padded, heads_with_bias = CASES[case]
+    if heads_with_bias and variant == "one_sided":
+        pytest.skip("one_sided takes no --alibi-heads")
+    layer = windowed_layer(variant, heads_with_bias, device="cuda")
+    q, k, v, kpm = make_inputs(batch, query_len, key_len, padded, "cuda", dtype)
+    # the reference from the same values, rounded to the dtype under test
+    want, rows = windowed_reference(q, k, v, layer, kpm)
+    leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+    got = dispatch.attend("flex", *leaves, layer, key_padding_mask=kpm)
+    assert relative_error(got, want, rows) < REL_TOL[dtype]
+
+    # backward: the gradients of q, k, v for an output gradient on the rows with a visible key
+    grad = torch.randn(want.shape, dtype=torch.float64).masked_fill(~rows[..., None], 0)
+    ref_leaves = [t.detach().double().cpu().requires_grad_() for t in (q, k, v)]
+    ref_out, _ = windowed_reference(*ref_leaves, layer, kpm)
+    ref_grads = torch.autograd.grad(ref_out, ref_leaves, grad)
+    grads = torch.autograd.grad(got, leaves, grad.to("cuda", dtype))
+    for name, g, r in zip("qkv", grads, ref_grads):
+        assert float((g.double().cpu() - r).norm() / r.norm()) < 4 * REL_TOL[dtype], name
+
+
+def test_flex_windows_skip_blocks_on_cuda():
+    """The block mask on the GPU is the one built on the CPU: per head, the key blocks in reach
+    only (tests/attention/test_flex_windows_cpu.py checks the counts)."""
+    windows = windowed_layer("symmetric", device="cuda").windows()
+    key = tuple(tuple(side) for side in windows)
+    on_gpu = flex._window_block_mask(key, 1024, 1024, torch.device("cuda"))
+    on_cpu = flex._window_block_mask(key, 1024, 1024, "cpu")
+    for name in ("kv_num_blocks", "full_kv_num_blocks"):
+        assert torch.equal(getattr(on_gpu, name).cpu(), getattr(on_cpu, name))
+    counts = on_gpu.kv_num_blocks + on_gpu.full_kv_num_blocks
+    assert counts[0, 0].max() <= 3 < counts.shape[-1]
