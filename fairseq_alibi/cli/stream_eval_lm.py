@@ -24,6 +24,7 @@ stream (the stream is their definition); anything else is a one-line error.
 
 import contextlib
 import logging
+import os
 import sys
 from typing import Iterator, List, Optional
 
@@ -102,7 +103,10 @@ def split_as_one_block(cfg, subset: str):
 
     from fairseq_alibi.cli.sweep import split_token_count
 
-    tokens = split_token_count(cfg.task.data, subset)
+    first_shard = os.path.join(str(cfg.task.data).split(os.pathsep)[0], subset)
+    # fairseq cannot map an empty split's file (it fails with "cannot mmap an empty file")
+    empty = os.path.isfile(first_shard + ".bin") and os.path.getsize(first_shard + ".bin") == 0
+    tokens = 0 if empty else split_token_count(cfg.task.data, subset)
     if tokens is None:
         raise StreamError(f"no split {subset!r} in {cfg.task.data}: give --gen-subset a split "
                           "that fairseq-preprocess wrote there")
