@@ -46,8 +46,8 @@ from pathlib import Path
 from typing import List, Optional, Sequence
 
 from benchmarks.tables import machine, table, today
-from experiments.lm_runs import data_folder, publish, start_run, train
-from fairseq_alibi.cli.quickstart import SIZES, SMOKE, SMOKE_L
+from experiments.lm_runs import prepare_model, publish, start_run
+from fairseq_alibi.cli.quickstart import SIZES, SMOKE_L
 from fairseq_alibi.cli.sweep import SweepModel, run_sweep
 
 CUTOFFS = (2, 4, 6, 8, 12, 16)
@@ -312,23 +312,6 @@ def report_tables(rows, cutoffs, lengths, L: int) -> str:
         "and one after the windowed runs; one block a batch; the median of the rounds):", "",
         table(heads, speed),
     ])
-
-
-def prepare_model(args, out: Path, env: dict, log) -> dict:
-    """The scored model: ``--checkpoint``, or the quickstart LM trained here at ``L``."""
-    if args.checkpoint:
-        if not Path(args.checkpoint).is_file():
-            raise SystemExit(f"--checkpoint {args.checkpoint}: no such file")
-        data = data_folder(out, args.data, 0, env, args.seed, log)
-        return {"checkpoint": Path(args.checkpoint).resolve(), "data": data, "trained": None}
-    size = dict(SMOKE if args.smoke else SIZES["tiny"])
-    data = data_folder(out, args.data, size["vocab"], env, args.seed, log)
-    log(f"training the quickstart LM at L={args.L}: {size['layers']} layers, dim {size['dim']}, "
-        f"{size['heads']} heads, {args.max_update} updates ...")
-    run = train("alibi", "alibi_transformer_lm", data, out, size, args.L, args.max_update,
-                args.seed, env)
-    log(f"trained in {run['seconds']:.0f} s")
-    return {"checkpoint": run["checkpoint"], "data": data, "trained": run}
 
 
 def main(argv=None):
