@@ -201,11 +201,14 @@ def compare(rows: List[dict]) -> List[dict]:
 
 
 def report_tables(rows: List[dict], pairs: List[dict]) -> str:
+    def speed(value):
+        return f"{value:,.1f}" if value < 100 else f"{value:,.0f}"
+
     scored = table(["scorer", "perplexity", "loss (base 2)", "tokens/s (median)",
                     "tokens/s of the rounds"],
                    [[r["scorer"], f"{r['perplexity']:.3f}", f"{r['loss_base2']:.4f}",
-                     f"{r['tokens_per_s']:,.0f}",
-                     ", ".join(f"{v:,.0f}" for v in r["tokens_per_s_rounds"])] for r in rows])
+                     speed(r["tokens_per_s"]),
+                     ", ".join(speed(v) for v in r["tokens_per_s_rounds"])] for r in rows])
     lengths = sorted({p["length"] for p in pairs})
     streams = list(dict.fromkeys(p["stream"] for p in pairs))
     cell = {(p["stream"], p["length"]): p for p in pairs}
