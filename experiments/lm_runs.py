@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Dict, Optional, Sequence
 
 from fairseq_alibi.cli.fairseq_runs import thread_env
-from fairseq_alibi.cli.quickstart import SMOKE, prepare_embedded_data, train_command
+from fairseq_alibi.cli.quickstart import SIZES, SMOKE, prepare_embedded_data, train_command
 
 #: the model of the demonstrations: small enough for a few minutes on 2 shared CPU cores
 DEMO_SIZE = dict(layers=2, dim=64, heads=4, ffn=256, max_tokens=2048, lr=3e-3, warmup=50,
@@ -86,6 +86,33 @@ def train(name: str, arch: str, data: Path, out: Path, size: dict, L: int, max_u
                            f"output in {log}:\n" + (proc.stdout + proc.stderr)[-3000:])
     return {"checkpoint": checkpoint, "log": log, "seconds": round(seconds, 1),
             "command": " ".join(cmd)}
+
+
+def prepare_model(args, out: Path, env: dict, log, make_data=None) -> dict:
+    """The causal ALiBi LM an experiment scores: ``args.checkpoint`` (with ``args.data``), or
+    the quickstart's LM (``tiny``, ``--smoke``: its smoke size) trained here at ``args.L`` for
+    ``args.max_update`` updates on ``args.data``, else ``make_data(vocab)``'s folder, else the
+    embedded corpus. Returns ``{"checkpoint", "data", "trained", "trained_line"}``
+    (``trained``: :func:`train`'s record, or ``None``; ``trained_line`` says what was trained)."""
+    if args.checkpoint:
+        if not Path(args.checkpoint).is_file():
+            raise SystemExit(f"--checkpoint {args.checkpoint}: no such file")
+        data = data_folder(out, args.data, 0, env, args.seed, log)
+        return {"checkpoint": Path(args.checkpoint).resolve(), "data": data, "trained": None}
+    size = dict(SMOKE if args.smoke else SIZES["tiny"])
+    if make_data is not None and not args.data:
+        data = make_data(size["vocab"])
+    else:
+        data = data_folder(out, args.data, size["vocab"], env, args.seed, log)
+    log(f"training the quickstart LM at L={args.L}: {size['layers']} layers, dim {size['dim']}, "
+        f"{size['heads']} heads, {args.max_update} updates ...")
+    run = train("alibi", "alibi_transformer_lm", data, out, size, args.L, args.max_update,
+                args.seed, env)
+    log(f"trained in {run['seconds']:.0f} s")
+    return {"checkpoint": run["checkpoint"], "data": data, "trained": run,
+            "trained_line": f"{size['layers']} layers, dim {size['dim']}, {size['heads']} heads, "
+                            f"{args.max_update} updates of {size['max_tokens']} tokens in "
+                            f"{run['seconds']:.0f} s"}
 
 
 def run_all(jobs: Dict[str, callable], parallel: int) -> Dict[str, object]:

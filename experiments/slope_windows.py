@@ -55,9 +55,9 @@ from pathlib import Path
 from typing import List, Optional, Sequence
 
 from benchmarks.tables import machine, table, today
-from experiments.lm_runs import (DEFAULT_WIKITEXT, data_folder, publish, start_run, train,
+from experiments.lm_runs import (DEFAULT_WIKITEXT, prepare_model, publish, start_run,
                                  wikitext_files)
-from fairseq_alibi.cli.quickstart import SIZES, SMOKE, SMOKE_L
+from fairseq_alibi.cli.quickstart import SIZES, SMOKE_L
 from fairseq_alibi.cli.sweep import SweepModel, run_sweep
 
 CUTOFFS = (2, 4, 6, 8, 12, 16)
@@ -440,30 +440,6 @@ def wikitext_data(args, out: Path, vocab: int, env: dict, log) -> Path:
                              args.seed)
 
 
-def prepare_model(args, out: Path, env: dict, log) -> dict:
-    """The scored model: ``--checkpoint``, or the quickstart LM (``lm``: on the quickstart's
-    corpus; ``wikitext2``: on WikiText-2) trained here at ``L``."""
-    if args.checkpoint:
-        if not Path(args.checkpoint).is_file():
-            raise SystemExit(f"--checkpoint {args.checkpoint}: no such file")
-        data = data_folder(out, args.data, 0, env, args.seed, log)
-        return {"checkpoint": Path(args.checkpoint).resolve(), "data": data, "trained": None}
-    size = dict(SMOKE if args.smoke else SIZES["tiny"])
-    if args.family == "wikitext2" and not args.data:
-        data = wikitext_data(args, out, size["vocab"], env, log)
-    else:
-        data = data_folder(out, args.data, size["vocab"], env, args.seed, log)
-    log(f"training the quickstart LM at L={args.L}: {size['layers']} layers, dim {size['dim']}, "
-        f"{size['heads']} heads, {args.max_update} updates ...")
-    run = train("alibi", "alibi_transformer_lm", data, out, size, args.L, args.max_update,
-                args.seed, env)
-    log(f"trained in {run['seconds']:.0f} s")
-    return {"checkpoint": run["checkpoint"], "data": data, "trained": run,
-            "trained_line": f"{size['layers']} layers, dim {size['dim']}, {size['heads']} heads, "
-                            f"{args.max_update} updates of {size['max_tokens']} tokens in "
-                            f"{run['seconds']:.0f} s"}
-
-
 def main(argv=None):
     args = parse_args(argv)
     out, env, log = start_run(args.out, "slope-windows", args.threads)
@@ -474,7 +450,11 @@ def main(argv=None):
         return module.main(args, command, out, env, log)
     started = time.time()
     machine_line = machine()
-    model = prepare_model(args, out, env, log)
+    make_data = None
+    if args.family == "wikitext2":
+        def make_data(vocab):
+            return wikitext_data(args, out, vocab, env, log)
+    model = prepare_model(args, out, env, log, make_data)
     lengths = [m * args.L for m in args.multiples]
     rows = evaluate(model["checkpoint"], model["data"], args.cutoffs, lengths, out,
                     args.threads, log, max(1, args.rounds))

@@ -21,6 +21,8 @@ TOOLS = {
     "sweep": ("fairseq_alibi.cli.sweep", "main", "evaluate checkpoints over lengths"),
     "convert": ("fairseq_alibi.cli.convert_checkpoints", "main",
                 "stock transformer_lm and ALiBi-fork checkpoints -> this plugin"),
+    "eval-lm-stream": ("fairseq_alibi.cli.stream_eval_lm", "main",
+                       "fairseq-eval-lm scoring each token once, streaming (causal ALiBi LMs)"),
     "checkpoints": ("fairseq_alibi.cli.checkpoints", "main", "inspect or repair a save folder"),
     "corpus": ("fairseq_alibi.cli.corpus", "main", "build the quickstart corpus"),
     "glue": ("fairseq_alibi.cli.glue_finetune", "main",

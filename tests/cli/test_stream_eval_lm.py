@@ -1,0 +1,80 @@
+"""``fairseq-alibi eval-lm-stream`` end to end on a trained tiny LM: the token count of
+fairseq-eval-lm, the perplexity of fairseq-eval-lm with the whole split as one block (both give
+every token all earlier ones as context), the load-time cutoff, the output read by the sweep's
+parser, and its one-line errors."""
+
+import pytest
+
+from fairseq_alibi.cli.sweep import parse_eval_output, split_token_count
+from tests.helpers.checkpoints import saved_in_process
+from tests.helpers.cli import preprocess, python_module, run_cli
+from tests.helpers.training import STOCK
+
+#: end to end through fairseq's real command lines
+pytestmark = pytest.mark.slow
+
+FIXTURES = "tests/fixtures/saved_models"
+
+
+def stream(data, checkpoint, *extra, expect_ok=True):
+    code, out = python_module("fairseq_alibi", "eval-lm-stream", data, "--path", checkpoint,
+                              "--cpu", *extra, expect_ok=expect_ok)
+    return out if expect_ok else (code, out)
+
+
+def eval_lm(data, checkpoint, user_dir, *extra):
+    return run_cli("fairseq-eval-lm", data, "--user-dir", user_dir, "--path", checkpoint,
+                   "--cpu", "--num-workers", "0", *extra)
+
+
+@pytest.mark.parametrize("overrides", [None, "{'alibi_window_cutoff': 2}"])
+def test_stream_scores_every_token_with_every_earlier_one(trained_lm_checkpoint, tiny_lm_data,
+                                                          alibi_user_dir, overrides):
+    extra = [] if overrides is None else ["--model-overrides", overrides]
+    whole = split_token_count(tiny_lm_data, "test")
+    blocks, _ = parse_eval_output(eval_lm(tiny_lm_data, trained_lm_checkpoint, alibi_user_dir,
+                                          "--tokens-per-sample", "16", *extra))
+    one_block = parse_eval_output(eval_lm(
+        tiny_lm_data, trained_lm_checkpoint, alibi_user_dir, "--tokens-per-sample", str(whole),
+        "--max-tokens", str(whole), *extra))
+    assert blocks == one_block[0] == whole
+    for chunk in ("1", "16", "10000"):
+        out = stream(tiny_lm_data, trained_lm_checkpoint, "--stream-chunk", chunk, *extra)
+        assert f"{whole:,} tokens as one stream, {chunk} per forward call" in out
+        tokens, loss = parse_eval_output(out)
+        assert tokens == whole
+        # fairseq prints the loss to 4 decimals: the same scores give the same line
+        assert loss == pytest.approx(one_block[1], abs=1.5e-4), (chunk, overrides)
+    assert "Perplexity: " in out.splitlines()[-1]
+
+
+def test_word_probabilities_and_the_default_chunk(trained_lm_checkpoint, tiny_lm_data):
+    out = stream(tiny_lm_data, trained_lm_checkpoint, "--output-word-probs")
+    assert "64 per forward call" in out
+    assert "\tw" in out and "[-" in out  # fairseq's "word [log-prob]" lines, per chunk
+
+
+def test_bad_input_is_one_line_naming_the_fix(trained_lm_checkpoint, tiny_lm_data, tmp_path):
+    stock = saved_in_process(tmp_path / "stock" / "checkpoint.pt", tiny_lm_data, *STOCK["lm"])
+    empty_raw = tmp_path / "empty.txt"
+    empty_raw.write_text("")
+    preprocess("--only-source", "--srcdict", tiny_lm_data / "dict.txt", "--testpref", empty_raw,
+               "--destdir", tmp_path / "empty", "--workers", "1")
+    cases = [
+        ((tiny_lm_data, trained_lm_checkpoint, "--stream-chunk", "0"),
+         "--stream-chunk must be at least 1 token, got 0"),
+        ((tiny_lm_data, stock), "TransformerLanguageModel has no ALiBi self-attention"),
+        ((tiny_lm_data, f"{FIXTURES}/roberta_one_sided_head/checkpoint.pt"),
+         "architecture alibi_roberta (AlibiRobertaModel), not a language model"),
+        ((tmp_path / "empty", trained_lm_checkpoint), "holds no tokens: give --gen-subset"),
+        ((tiny_lm_data, trained_lm_checkpoint, "--gen-subset", "valid7"), "no split 'valid7'"),
+        ((tiny_lm_data, trained_lm_checkpoint, "--context-window", "8"),
+         "drop --context-window"),
+        ((tiny_lm_data, trained_lm_checkpoint, "--sample-break-mode", "eos"),
+         "drop --sample-break-mode"),
+    ]
+    for args, message in cases:
+        code, out = stream(*args, expect_ok=False)
+        last = out.strip().splitlines()[-1]
+        assert code != 0 and last.startswith("fairseq-alibi eval-lm-stream: error: "), out[-2000:]
+        assert message in last, last
