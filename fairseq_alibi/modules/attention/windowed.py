@@ -7,7 +7,9 @@ With a cutoff ``T`` head ``h`` keeps the keys at ``i - j <= back_h`` and ``j - i
 (:func:`~fairseq_alibi.alibi.windowed_alibi_bias`, the dense definition). Computed as:
 
 * heads with the same windows form a group; a group whose window (plus a chunk) covers the
-  keys anyway runs as one chunk of ``T`` queries over every key, or, if its window drops no
+  keys anyway runs as one chunk of ``T`` queries over the keys from the first query's reach
+  on (every key of a whole sequence; with a KV cache, e.g. a decoding step of ``T = 1``, only
+  the ``back + T`` keys ``S - T - back … S - 1``), or, if its window drops no
   key at all, as the ``fold`` backend where that serves the call (:func:`_folds`);
 * the others split their ``T`` queries into ``n`` chunks of ``c`` (:func:`chunk_size`); chunk
   ``k``, queries ``s … s+c-1``, reads only the ``R = back + c + ahead`` keys
@@ -65,6 +67,29 @@ def chunk_size(back: int, ahead: int) -> int:
     of two), within :data:`MIN_CHUNK` … :data:`MAX_CHUNK`."""
     span = max(1, back + ahead)
     return max(MIN_CHUNK, min(MAX_CHUNK, (1 << (span - 1).bit_length()) // CHUNK_FRACTION))
+
+
+def decoding_reach(bias) -> Optional[int]:
+    """How many of the latest keys a KV cache must keep after a call with ``bias`` (a
+    :class:`~.dispatch.CallBias`): ``max_h back_h``, or ``None`` (every key) unless every
+    later query's keys are bounded so.
+
+    The next query, at position ``S``, reads the keys ``S - back_h … S`` of head ``h``
+    (:func:`~fairseq_alibi.alibi.variant_windows`): the last ``max_h back_h`` cached ones and
+    its own. A bound holds for a ``"distance"`` bias (``-m_h·f(i - j)``: the same for a cache
+    that starts later, since queries are aligned to the end of the keys) with slope windows, of
+    the ``causal`` variant (looks back only), with every head windowed (``--alibi-heads``'
+    unbiased heads have ``None``: unbounded) and no global tokens (the first keys stay visible
+    to every query). A ``"rows"`` bias (``--alibi-length-scale``'s per-sequence slopes, which
+    depend on the sequence's real length) gets no bound.
+    """
+    if (bias.kind != "distance" or not bias.windowed or bias.variant != "causal"
+            or bias.global_tokens):
+        return None
+    windows = bias.windows()
+    if windows is None or any(w is None for w in windows[0]):
+        return None
+    return max(windows[0])
 
 
 def _groups(windows: Tuple[Sequence[Optional[int]], Sequence[Optional[int]]]):
@@ -222,8 +247,10 @@ def attention(q: Tensor, k: Tensor, v: Tensor, slopes: Tensor, future_slopes: Op
         back = first + T - 1 if window[0] is None else min(window[0], first + T - 1)
         ahead = T - 1 if window[1] is None else min(window[1], T - 1)
         size = chunk or chunk_size(back, ahead)
-        if size >= T or back + size + ahead >= S:  # the window covers the keys: one chunk
-            size, back, ahead = T, first, 0
+        if size >= T or back + size + ahead >= S:  # one chunk of every query
+            # it reads the keys from the first query's reach on (every key of a whole
+            # sequence; of a KV cache, e.g. a decoding step, only the group's window)
+            size, back, ahead = T, min(back, first), 0
             drops_none = ((window[0] is None or window[0] >= S - 1) and
                           (window[1] is None or window[1] >= T - 1 or variant == "causal"))
             if drops_none and _folds(q, T, S, variant, global_tokens):
