@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from fairseq_alibi.modules.alibi_multihead_attention import AlibiMultiheadAttention
-from fairseq_alibi.modules.attention import windowed
+from fairseq_alibi.modules.attention import Call, dispatch, windowed
 from fairseq_alibi.modules.attention.windowed import decoding_reach
 from fairseq_alibi.modules.bias import AlibiBias
 from tests.helpers.references import reference_module_attention, reference_windowed_bias
@@ -234,3 +234,58 @@ def test_the_windowed_decoding_step_reads_only_each_groups_window(monkeypatch):
     scores = (q.double() @ k.double().transpose(-1, -2)) * D**-0.5 + bias
     want = torch.softmax(scores, -1) @ v.double()
     torch.testing.assert_close(out.double(), want, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("padded", [False, True])
+def test_few_queries_against_a_cache_read_only_each_groups_window(monkeypatch, padded):
+    """The ``windowed`` backend's decoding step (``few_queries``): group ``h`` reads
+    ``back_h + T`` keys; it equals the dense windowed definition, key padding included."""
+    attn, alibi = attention("windowed")
+    read = []
+    sdpa = windowed.F.scaled_dot_product_attention
+
+    def recording(q, k, v, **kwargs):
+        read.append(k.size(-2))
+        return sdpa(q, k, v, **kwargs)
+
+    S, T, D = 200, 3, DIM // HEADS
+    torch.manual_seed(8)
+    q = torch.randn(2, HEADS, T, D, dtype=torch.float64)
+    k, v = (torch.randn(2, HEADS, S, D, dtype=torch.float64) for _ in range(2))
+    kpm = (torch.arange(S)[None, :] < torch.tensor([0, 150])[:, None]) if padded else None
+    call = alibi.layer(1)
+    monkeypatch.setattr(windowed.F, "scaled_dot_product_attention", recording)
+    out = windowed.run(q, k, v, call, kpm, None, 0.0, D**-0.5)
+    assert read == [1 + T, 4 + T, 16 + T, 64 + T]
+    monkeypatch.undo()
+    bias = reference_windowed_bias("causal", alibi.slopes_of(1)[0].tolist(), None, S,
+                                   CUTOFF)[:, -T:]
+    scores = (q @ k.transpose(-1, -2)) * D**-0.5 + bias
+    if padded:
+        scores = scores.masked_fill(kpm[:, None, None, :], -1e9)
+    torch.testing.assert_close(out, torch.softmax(scores, -1) @ v, **TOL)
+
+
+def test_auto_sends_decoding_steps_of_a_long_cache_to_windowed(monkeypatch):
+    step = Call("cpu", torch.float32, "causal", 1, dispatch.WINDOWED_STEP_MIN_KEYS, 1, HEADS,
+                windowed=True)
+    assert dispatch.auto_backend(step) == "windowed"
+    assert dispatch.auto_backend(step._replace(batch=4, key_len=step.key_len // 4)) == "windowed"
+    for call in (step._replace(key_len=step.key_len - 1),  # sdpa's row was faster
+                 step._replace(query_len=windowed.FEW_QUERIES + 1),
+                 step._replace(global_tokens=1), step._replace(dtype=torch.bfloat16),
+                 step._replace(dropout_p=0.1), step._replace(windowed=False)):
+        assert dispatch.auto_backend(call) != "windowed", call
+
+    # through the module: auto's decoding steps run few_queries and equal the full forward
+    monkeypatch.setattr(dispatch, "WINDOWED_STEP_MIN_KEYS", 1)
+    ran = []
+    original = windowed.few_queries
+    monkeypatch.setattr(windowed, "few_queries", lambda *a: ran.append(1) or original(*a))
+    attn, alibi = attention("auto")
+    torch.manual_seed(9)
+    x = torch.randn(150, 2, DIM, dtype=torch.float64)
+    with torch.no_grad():
+        steps = Decoder(attn).run(x, 0, 150)
+    assert len(ran) == 149  # every step but the first (no cache yet)
+    torch.testing.assert_close(steps, full(attn, alibi, x), **TOL)

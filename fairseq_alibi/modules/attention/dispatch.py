@@ -194,6 +194,13 @@ DENSE_MASK_BUDGET = 64 * 2**20
 #: docs/benchmarks.md, "Slope windows"); below it ``sdpa``'s dense windowed bias
 WINDOWED_MIN_LENGTH = 1024
 
+#: on the CPU, a decoding step with slope windows (a few queries against a KV cache:
+#: :func:`.windowed.few_queries`) is faster with ``windowed``, each head group reading only its
+#: window, than with ``sdpa``'s dense windowed row from this many cached keys summed over the
+#: batch on (causal, 8 heads, T = 8, float32, head sizes 16 and 64: docs/decoding.md,
+#: "Decoding step")
+WINDOWED_STEP_MIN_KEYS = 8192
+
 
 def auto_backend(call: Call) -> str:
     """``auto``'s choice: the fastest backend measured that can serve ``call``.
@@ -212,7 +219,9 @@ def auto_backend(call: Call) -> str:
 
     With slope windows (``call.windowed``): ``windowed`` for whole sequences of
     :data:`WINDOWED_MIN_LENGTH` keys or more where it serves (CPU, float32/64, no dropout, no
-    extra mask), else ``sdpa`` with the dense windowed bias (``fold``, ``flex`` and ``flash``
+    extra mask), and for decoding steps (at most ``windowed.FEW_QUERIES`` queries against a KV
+    cache, no global tokens) of :data:`WINDOWED_STEP_MIN_KEYS` cached keys over the batch or
+    more, else ``sdpa`` with the dense windowed bias (``fold``, ``flex`` and ``flash``
     refuse windows).
 
     On the CPU ``flex`` is never chosen: it was slower than these in every case measured but
@@ -221,6 +230,10 @@ def auto_backend(call: Call) -> str:
     if call.windowed:
         if call.query_len == call.key_len >= WINDOWED_MIN_LENGTH and serves("windowed", call):
             return "windowed"
+        if (call.query_len < call.key_len and call.query_len <= windowed.FEW_QUERIES
+                and call.batch * call.key_len >= WINDOWED_STEP_MIN_KEYS
+                and not call.global_tokens and serves("windowed", call)):
+            return "windowed"  # a decoding step: each head group reads only its window
         return "sdpa"
     if call.device == "cuda":
         if serves("flash", call):
