@@ -289,3 +289,21 @@ def test_auto_sends_decoding_steps_of_a_long_cache_to_windowed(monkeypatch):
         steps = Decoder(attn).run(x, 0, 150)
     assert len(ran) == 149  # every step but the first (no cache yet)
     torch.testing.assert_close(steps, full(attn, alibi, x), **TOL)
+
+
+@pytest.mark.parametrize("variant", ["causal", "symmetric", "offset"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_a_decoding_steps_windowed_row_from_the_table_is_the_dense_definition(variant, dtype):
+    """The hot path of a step (``BiasCache.last_query_row``) with windows: the last column of
+    ``windowed_alibi_bias`` exactly, at every key length (the table grows past 1024), and after
+    the cutoff changes."""
+    from fairseq_alibi.alibi import windowed_alibi_bias
+
+    alibi = AlibiBias(HEADS, variant=variant, window_cutoff=CUTOFF)
+    for cutoff in (CUTOFF, 2.0, 0.0):
+        alibi.window_cutoff = cutoff
+        slopes = alibi.slopes_of()[0]
+        for key_len in (1, 5, 64, 65, 300, 1500):
+            row = alibi(1, key_len, dtype)
+            want = windowed_alibi_bias(slopes, 1, key_len, variant, None, dtype, 0, cutoff)
+            assert torch.equal(row, want), (cutoff, key_len)
