@@ -3,6 +3,7 @@ length with slope windows, side by side with the same model without them.
 
     python -m benchmarks.decoding_windows [--smoke] [--tokens 32768] [--segment 2048]
                                           [--cutoff 8] [--check 4096] [--threads 1]
+    python -m benchmarks.decoding_windows --attention-steps [--smoke] [--cutoff 8]
 
 Two decoders of the quickstart's tiny size (``alibi_transformer_lm``: 2 layers, 128 dims,
 8 heads, FFN 512; a vocabulary of 1000; randomly initialised: the step time and the cache do
@@ -24,6 +25,12 @@ over the generation, after the prompt, is measured for each model alone in a pro
 generated tokens are the greedy choices of one full forward with the same cutoff over the first
 ``--check`` generated tokens (a causal model's full forward at position ``p`` is that of the
 tokens up to ``p``: the repeated full forwards of greedy decoding, at once).
+
+``--attention-steps``: what ``auto``'s choice for a decoding step with slope windows rests on
+(``dispatch.WINDOWED_STEP_MIN_KEYS``): one query against ``S`` cached keys, 8 heads, float32,
+the windows of ``--cutoff``, ``windowed`` (each head group reads only its window:
+``windowed.few_queries``) ÷ ``sdpa`` (the dense windowed row, every key), per batch, head size
+and ``S``, in interleaved rounds (:class:`benchmarks.timing.Rounds`, median of paired ratios).
 """
 
 import argparse
@@ -38,6 +45,7 @@ import torch
 
 from benchmarks.decoding import build
 from benchmarks.tables import machine, table
+from benchmarks.timing import Rounds, forward_call
 from fairseq_alibi.modules.alibi_multihead_attention import AlibiMultiheadAttention
 
 #: the quickstart's tiny LM (fairseq_alibi/cli/quickstart.py, SIZES["tiny"]): layers, dims,
@@ -187,6 +195,30 @@ def report(runs, cache, segment, reach, rss, agreement) -> str:
     return body + "\n".join(lines)
 
 
+def attention_steps(cutoff: float, smoke: bool, log=print) -> str:
+    """The table of ``windowed ÷ sdpa`` for one decoding step's attention (see the module)."""
+    from fairseq_alibi.modules.attention import dense, windowed
+    from fairseq_alibi.modules.bias import AlibiBias
+
+    heads, rounds = 8, (3 if smoke else 200)
+    lengths = (65, 257) if smoke else (65, 257, 1025, 2049, 4097)
+    alibi = AlibiBias(heads, window_cutoff=cutoff).layer(0)
+    rows = []
+    for head_dim in (16, 64):
+        for batch in (1, 5):
+            for keys in lengths:
+                q = torch.randn(batch, heads, 1, head_dim)
+                k, v = (torch.randn(batch, heads, keys, head_dim) for _ in range(2))
+                args = (q, k, v, alibi, None, None, 0.0, head_dim**-0.5)
+                timed = Rounds({"sdpa": forward_call(dense.sdpa, *args),
+                                "windowed": forward_call(windowed.run, *args)},
+                               rounds=rounds, warmup=3)
+                rows.append([head_dim, batch, keys, batch * keys,
+                             f"{timed.ratio('windowed', 'sdpa'):.2f}"])
+                log(" ".join(str(c) for c in rows[-1]))
+    return table(["head size", "batch", "cached keys S", "batch × S", "windowed ÷ sdpa"], rows)
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--smoke", action="store_true",
@@ -199,9 +231,20 @@ def main(argv=None):
     parser.add_argument("--check", type=int, default=None,
                         help="generated tokens checked against the full forward (default 4096)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
+    parser.add_argument("--attention-steps", action="store_true",
+                        help="time one decoding step's attention, windowed vs sdpa, instead")
     parser.add_argument("--rss-of", choices=MODELS, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
+    command = "python -m benchmarks.decoding_windows " + " ".join(
+        argv if argv is not None else sys.argv[1:])
+    log = lambda line: print(line, file=sys.stderr)  # noqa: E731
+    if args.attention_steps:
+        cutoff = args.cutoff or 8.0
+        body = attention_steps(cutoff, args.smoke, log)
+        print(f"Command: `{command.strip()}`  \nMachine: {machine()}  \n"
+              f"one query, 8 heads, float32, T = {cutoff:g}, {args.threads} thread(s)\n\n{body}")
+        return body
     dims = (1, 32, 8) if args.smoke else DIMS
     tokens = args.tokens or (512 if args.smoke else 32768)
     segment = args.segment or (64 if args.smoke else 2048)
@@ -210,15 +253,12 @@ def main(argv=None):
     if args.rss_of:
         print(peak_rss_growth(args.rss_of, cutoff, tokens, dims))
         return None
-    log = lambda line: print(line, file=sys.stderr)  # noqa: E731
     runs, cache = generate_side_by_side(cutoff, tokens, segment, dims, log)
     bounded = runs["bounded"]
     reach = max(max(bounded.decoder.alibi.windows_of(layer)[0]) for layer in range(dims[0]))
     agreement = greedy_agreement((bounded.decoder, None), cutoff, bounded.tokens, check)
     rss = {name: rss_in_own_process(name, cutoff, tokens, args.smoke) for name in MODELS}
     body = report(runs, cache, segment, reach, rss, agreement)
-    command = "python -m benchmarks.decoding_windows " + " ".join(
-        argv if argv is not None else sys.argv[1:])
     shape = (f"{dims[0]} layers, {dims[1]} dims, {dims[2]} heads, vocabulary {VOCAB}, "
              f"T = {cutoff:g}, prompt {PROMPT}, {tokens:,} tokens, greedy, batch 1, "
              f"{args.threads} thread(s)")

@@ -14,9 +14,8 @@ import pytest
 import torch
 
 from fairseq_alibi.modules.alibi_multihead_attention import AlibiMultiheadAttention
-from fairseq_alibi.modules.attention import windowed
 from tests.helpers.cli import BIN, child_env
-from tests.models.test_lm_model import TINY, build
+from tests.helpers.building import build_model
 
 #: 4 heads, slopes 1/4 … 1/256: windows 2, 8, 32, 128 keys; 500 tokens roll every layer's
 #: buffer (about 2·128 positions) several times
@@ -26,8 +25,8 @@ CUTOFF, LENGTH, REACH = 0.5, 500, 128
 @pytest.fixture(scope="module")
 def windowed_lm(tiny_lm_data):
     torch.manual_seed(0)
-    return build(tiny_lm_data, "alibi_transformer_lm", *TINY, "--alibi-window-cutoff",
-                 str(CUTOFF))
+    model, task = build_model("lm", tiny_lm_data, "--alibi-window-cutoff", str(CUTOFF))
+    return model.eval(), task
 
 
 def caches(model, state):

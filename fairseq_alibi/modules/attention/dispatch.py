@@ -199,7 +199,7 @@ WINDOWED_MIN_LENGTH = 1024
 #: window, than with ``sdpa``'s dense windowed row from this many cached keys summed over the
 #: batch on (causal, 8 heads, T = 8, float32, head sizes 16 and 64: docs/decoding.md,
 #: "Decoding step")
-WINDOWED_STEP_MIN_KEYS = 8192
+WINDOWED_STEP_MIN_KEYS = 4096
 
 
 def auto_backend(call: Call) -> str:
