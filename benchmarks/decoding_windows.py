@@ -19,8 +19,8 @@ Per segment of ``--segment`` steps: the median step time of each model, as ratio
 by side (``bounded ÷ dense``, and each model's own step time ÷ its time in the first segment
 that starts at or after ``max_h W_h`` cached keys: flat means within 10 %); at the end of each
 checkpoint segment (doubling: 2k, 4k, …, 32k), the KV cache's bytes (every layer's key and
-value buffers, spare room included). The growth of the process's peak resident set (``ru_maxrss``)
-over the generation, after the prompt, is measured for each model alone in a process of its own
+value buffers, spare room included). The growth of the process's peak resident set (``VmHWM``,
+reset after the prompt) over the generation, is measured for each model alone in a process of its own
 (one process per model: a peak is per process). The equality check: the bounded model's
 generated tokens are the greedy choices of one full forward with the same cutoff over the first
 ``--check`` generated tokens (a causal model's full forward at position ``p`` is that of the
@@ -34,7 +34,6 @@ and ``S``, in interleaved rounds (:class:`benchmarks.timing.Rounds`, median of p
 """
 
 import argparse
-import resource
 import statistics
 import subprocess
 import sys
@@ -137,18 +136,27 @@ def greedy_agreement(model, cutoff, generated: torch.Tensor, check: int):
     return int((choices == tokens[0, PROMPT:]).sum()), check
 
 
+def _status_kib(field: str) -> int:
+    """``VmRSS``/``VmHWM`` of this process, KiB (``/proc/self/status``)."""
+    with open("/proc/self/status") as status:
+        line = next(line for line in status if line.startswith(field + ":"))
+    return int(line.split()[1])
+
+
 def peak_rss_growth(name: str, cutoff: float, tokens: int, dims) -> int:
     """Bytes the peak resident set grew by while model ``name`` alone generated ``tokens``
-    tokens after its prompt (this process: run through :func:`rss_in_own_process`)."""
+    tokens after its prompt (this process: run through :func:`rss_in_own_process`). The peak
+    is reset after the prompt (``/proc/self/clear_refs``), so the imports' and the build's
+    earlier peak does not hide the generation's."""
     torch.manual_seed(0)
     model = models(cutoff, dims)[name]
     run = Generation(model, torch.randint(4, VOCAB, (PROMPT,)), tokens)
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    with open("/proc/self/clear_refs", "w") as clear:
+        clear.write("5")  # resets VmHWM to the current VmRSS
+    before = _status_kib("VmRSS")
     for _ in range(tokens):
         run.step()
-    return (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) * 1024  # KiB
-
-
+    return (_status_kib("VmHWM") - before) * 1024
 def rss_in_own_process(name, cutoff, tokens, smoke) -> int:
     """:func:`peak_rss_growth` in a process of its own."""
     args = [sys.executable, "-m", "benchmarks.decoding_windows", "--rss-of", name,
