@@ -19,7 +19,8 @@ from fairseq.modules import MultiheadAttention
 from torch import Tensor
 
 from fairseq_alibi.modules.attention import attend, check_attention_backend, dense
-from fairseq_alibi.modules.attention.dispatch import AttentionBias
+from fairseq_alibi.modules.attention.dispatch import AttentionBias, CallBias
+from fairseq_alibi.modules.attention.windowed import decoding_reach
 
 
 class AlibiMultiheadAttention(MultiheadAttention):
@@ -72,27 +73,42 @@ class AlibiMultiheadAttention(MultiheadAttention):
 
         q, k, v = heads(self.q_proj(query)), heads(self.k_proj(query)), heads(self.v_proj(query))
 
+        reach = None
         if incremental_state is not None:
             saved = self._get_input_buffer(incremental_state)
-            if saved.get("prev_key") is not None:
-                k = append_to_cache(saved, "key", k)
-                v = append_to_cache(saved, "value", v)
+            cached = 0 if saved.get("prev_key") is None else saved["prev_key"].size(2)
             key_padding_mask = MultiheadAttention._append_prev_key_padding_mask(
                 key_padding_mask=key_padding_mask,
                 prev_key_padding_mask=saved.get("prev_key_padding_mask"),
                 batch_size=bsz,
-                src_len=k.size(2),
+                src_len=cached + tgt_len,
                 static_kv=False,
             )
+            if key_padding_mask is not None and key_padding_mask.dim() == 0:
+                key_padding_mask = None
+            call_bias = self.alibi.for_call(key_padding_mask, bsz, tgt_len, cached + tgt_len,
+                                            True)
+            reach = decoding_reach(call_bias)
+            if cached:
+                k = append_to_cache(saved, "key", k, reach)
+                v = append_to_cache(saved, "value", v, reach)
             saved["prev_key"], saved["prev_value"] = k, v
             saved["prev_key_padding_mask"] = key_padding_mask
-            incremental_state = self._set_input_buffer(incremental_state, saved)
-
-        if key_padding_mask is not None and key_padding_mask.dim() == 0:
-            key_padding_mask = None
-        return attend_and_project(self, self.attention_backend, q, k, v, self.alibi,
-                                  key_padding_mask, attn_mask, need_weights, need_head_weights,
-                                  before_softmax, incremental=incremental_state is not None)
+        else:
+            if key_padding_mask is not None and key_padding_mask.dim() == 0:
+                key_padding_mask = None
+            call_bias = self.alibi.for_call(key_padding_mask, bsz, tgt_len, tgt_len, False)
+        out = attend_call_and_project(self, self.attention_backend, q, k, v, call_bias,
+                                      key_padding_mask, attn_mask, need_weights,
+                                      need_head_weights, before_softmax)
+        if incremental_state is not None:
+            if reach is not None:  # keep only the keys a later query can reach
+                for name in ("key", "value"):
+                    trim_cache(saved, name, reach)
+                if key_padding_mask is not None:
+                    saved["prev_key_padding_mask"] = key_padding_mask[:, -reach:]
+            self._set_input_buffer(incremental_state, saved)
+        return out
 
     def reorder_incremental_state(self, incremental_state, new_order: Tensor):
         """Beam search's reordering of the cache: the parent's ``index_select`` of every entry,
@@ -109,7 +125,8 @@ class AlibiMultiheadAttention(MultiheadAttention):
         for name in ("key", "value"):
             view, room = saved.get(f"prev_{name}"), _own_room(saved, name)
             if room is not None:  # reorder the buffer, keep its spare room
-                _set_room(saved, name, room.index_select(0, new_order), view.size(2))
+                end = room._alibi_filled
+                _set_room(saved, name, room.index_select(0, new_order), end - view.size(2), end)
             elif view is not None:
                 saved[f"prev_{name}"] = view.index_select(0, new_order)
         for entry, tensor in saved.items():
@@ -128,9 +145,17 @@ def attend_and_project(module: MultiheadAttention, backend: str, q, k, v,
     otherwise backend ``backend`` of the dispatch; the module's dropout while training.
     ``alibi`` gives this call's bias (:meth:`AttentionBias.for_call`; ``incremental``: a
     decoding step with a KV cache), which is all this module reads of it."""
+    call_bias = alibi.for_call(key_padding_mask, q.size(0), q.size(2), k.size(2), incremental)
+    return attend_call_and_project(module, backend, q, k, v, call_bias, key_padding_mask,
+                                   attn_mask, need_weights, need_head_weights, before_softmax)
+
+
+def attend_call_and_project(module: MultiheadAttention, backend: str, q, k, v,
+                            alibi: CallBias, key_padding_mask=None, attn_mask=None,
+                            need_weights=False, need_head_weights=False, before_softmax=False):
+    """:func:`attend_and_project` with this call's bias ``alibi`` already asked for."""
     bsz, H, tgt_len, D = q.shape
     src_len = k.size(2)
-    alibi = alibi.for_call(key_padding_mask, bsz, tgt_len, src_len, incremental)
     dropout_p = module.dropout_module.p
     if not (module.training or module.dropout_module.apply_during_inference):
         dropout_p = 0.0
@@ -157,37 +182,56 @@ _CACHE_ENTRIES = ("prev_key", "prev_value", "key_room", "value_room")
 
 
 def _own_room(saved: Dict[str, Optional[Tensor]], name: str) -> Optional[Tensor]:
-    """The spare-room buffer behind ``saved["prev_<name>"]``, if the cache is its leading
-    positions and nothing was written after them; else ``None``.
+    """The buffer behind ``saved["prev_<name>"]``, if the cache is a view of its positions
+    ``start … filled - 1`` that ends where the buffer was last written; else ``None``.
 
     The buffer records how far it is filled (its attribute ``_alibi_filled``, seen by every
     copy of the cache that holds this buffer): a cache copied by reference (two continuations
     of one prefix, e.g. a shallow copy of the state) finds the buffer filled beyond its own
-    length once the other copy has appended, and takes a buffer of its own instead of
-    overwriting the other's.
+    end once the other copy has appended, and takes a buffer of its own instead of
+    overwriting the other's. Nothing ever writes below the mark, so a view that ends before
+    it still holds what it held.
     """
     view, room = saved.get(f"prev_{name}"), saved.get(f"{name}_room")
-    if (view is None or room is None or getattr(room, "_alibi_filled", -1) != view.size(2)
-            or view.data_ptr() != room.data_ptr() or view.stride() != room.stride()):
+    if view is None or room is None or view.stride() != room.stride():
+        return None
+    start = getattr(room, "_alibi_filled", -1) - view.size(2)
+    if start < 0 or view.data_ptr() != room.data_ptr() + start * room.stride(2) * room.itemsize:
         return None
     return room
 
 
-def _set_room(saved, name, room: Tensor, length: int) -> Tensor:
-    room._alibi_filled = length
+def _set_room(saved, name, room: Tensor, start: int, end: int) -> Tensor:
+    room._alibi_filled = end
     saved[f"{name}_room"] = room
-    saved[f"prev_{name}"] = view = room[:, :, :length]
+    saved[f"prev_{name}"] = view = room[:, :, start:end]
     return view
 
 
-def append_to_cache(saved: Dict[str, Optional[Tensor]], name: str, new: Tensor) -> Tensor:
+def _fresh_room(saved, name, kept: Tensor, spare: int) -> Tensor:
+    """A new buffer of ``kept.size(2) + spare`` positions whose first ones are ``kept``."""
+    bsz, heads, length, dim = kept.shape
+    room = kept.new_empty(bsz, heads, length + spare, dim)
+    room[:, :, :length] = kept
+    return _set_room(saved, name, room, 0, length)
+
+
+def append_to_cache(saved: Dict[str, Optional[Tensor]], name: str, new: Tensor,
+                    reach: Optional[int] = None) -> Tensor:
     """``saved["prev_<name>"]`` with ``new`` appended along the time axis (dim 2).
 
     fairseq's attention concatenates the whole cache with each step's key and value, copying
-    ``O(cached tokens)`` per step and layer. Here the cache is the leading positions of a buffer
-    with spare room (``saved["<name>_room"]``) and a step writes only its own positions; the
-    buffer grows by a quarter (at least 16 positions) when full, so its spare room stays under a
-    quarter of the cache. The layout fairseq reads, ``prev_<name>`` as ``(B, H, T, D)``, is kept
+    ``O(cached tokens)`` per step and layer. Here the cache is a view of a buffer with spare
+    room (``saved["<name>_room"]``) and a step writes only its own positions after the view.
+    Without a bound (``reach`` ``None``) the view starts at the buffer's front and the buffer
+    grows by a quarter (at least 16 positions) when full, so its spare room stays under a
+    quarter of the cache. With a bound (:func:`.windowed.decoding_reach`: slope windows keep
+    the cache at its last ``reach`` positions, :func:`trim_cache`) the view slides along the
+    buffer; when the buffer's end is reached the view is copied to the front of a new buffer
+    of about ``2·reach`` positions: ``reach`` steps of spare room per copy of ``reach``
+    positions, amortised ``O(1)`` per step, and bounded memory. (A new buffer, not a move
+    within this one: a move would overwrite positions that a copy of the cache sharing the
+    buffer still reads.) The layout fairseq reads, ``prev_<name>`` as ``(B, H, T, D)``, is kept
     (a view). A cache that is not such a view (filled by someone else, reordered by code that
     does not know the buffer, or sharing it with another continuation: :func:`_own_room`) is
     copied into a new buffer first. While autograd records, the plain concatenation is used:
@@ -197,13 +241,30 @@ def append_to_cache(saved: Dict[str, Optional[Tensor]], name: str, new: Tensor) 
     if torch.is_grad_enabled() and (prev.requires_grad or new.requires_grad):
         return torch.cat([prev, new], dim=2)
     room = _own_room(saved, name)
-    cached, length = prev.size(2), prev.size(2) + new.size(2)
-    if room is None or length > room.size(2):
-        bsz, heads, _, dim = new.shape
-        room = new.new_empty(bsz, heads, length + max(16, length // 4), dim)
-        room[:, :, :cached] = prev
-    room[:, :, cached:length] = new
-    return _set_room(saved, name, room, length)
+    length = prev.size(2) + new.size(2)
+    if room is None or room._alibi_filled + new.size(2) > room.size(2):
+        spare = max(16, length // 4 if reach is None else reach)
+        _fresh_room(saved, name, prev, spare + new.size(2))
+        room = saved[f"{name}_room"]
+    end = room._alibi_filled + new.size(2)
+    room[:, :, end - new.size(2):end] = new
+    return _set_room(saved, name, room, end - length, end)
+
+
+def trim_cache(saved: Dict[str, Optional[Tensor]], name: str, reach: int) -> None:
+    """Keep only the last ``reach`` positions of ``saved["prev_<name>"]`` (a call's slope
+    windows let no later query read further back: :func:`.windowed.decoding_reach`): a
+    narrower view of the cache's own buffer, else (a tensor of the call's own: a prompt, a
+    concatenation) a copy of those positions into a new buffer with ``reach`` spare ones, so
+    that the rest is freed. While autograd records, a slice of the concatenation."""
+    view = saved[f"prev_{name}"]
+    if view.size(2) <= reach:
+        return
+    kept = view[:, :, view.size(2) - reach:]
+    if _own_room(saved, name) is not None or (torch.is_grad_enabled() and view.requires_grad):
+        saved[f"prev_{name}"] = kept
+    else:
+        _fresh_room(saved, name, kept, max(16, reach))
 
 
 def set_attention_backend(model: torch.nn.Module, attention: str) -> torch.nn.Module:

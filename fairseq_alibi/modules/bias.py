@@ -14,8 +14,8 @@ from typing import Dict, Optional, Tuple
 import torch
 from torch import Tensor
 
-from fairseq_alibi.alibi import (VARIANTS, alibi_bias, length_factors, variant_slopes,
-                                 variant_windows, windowed_alibi_bias)
+from fairseq_alibi.alibi import (VARIANTS, alibi_bias, length_factors, mask_value,
+                                 variant_slopes, variant_windows, windowed_alibi_bias)
 from fairseq_alibi.modules.checkpoint_match import check_stack
 from fairseq_alibi.modules.learned_scales import fixed_scale, load_scales, make_scales, scale_row
 from fairseq_alibi.options import Side, StackOptions
@@ -69,22 +69,30 @@ class BiasCache:
             self.key = key
         return self.bias
 
-    def last_query_row(self, key_len: int, dtype, slope_scale: float, slopes) -> Tensor:
+    def last_query_row(self, key_len: int, dtype, slope_scale: float, slopes,
+                       back=None) -> Tensor:
         """``(H, 1, k)``: a decoding step's row ``-m·(k-1-j)``, a view of a cached table.
 
         The query sits at the last position, every key behind it: the look-back bias of every
         variant but ``one_sided``. It is the last ``k`` columns of ``-m·(N-1-j)``, ``N >= k``, so
         one ``(H, N)`` table (grown by doubling) serves every step. ``slopes``: a function
-        giving the float32 slopes when the table is (re)built.
+        giving the float32 slopes when the table is (re)built; ``back``: the slope windows'
+        look-back per head (a tuple, ``None`` = unbounded), or ``None`` without windows: a
+        distance beyond its head's window holds :func:`~fairseq_alibi.alibi.mask_value` (a
+        function of the distance, as the bias: still the last ``k`` columns).
         """
-        rows = self.rows
-        if rows is None or self.rows_key != (dtype, slope_scale) or rows.size(1) < key_len:
+        rows, key = self.rows, (dtype, slope_scale, back)
+        if rows is None or self.rows_key != key or rows.size(1) < key_len:
             m = slopes()
             size = 1 << max(10, (key_len - 1).bit_length())
             distances = torch.arange(size - 1, -1, -1, dtype=torch.float32, device=m.device)
             # float32, then cast: exactly the values of alibi_bias
-            rows = self.rows = ((-m)[:, None] * distances).to(dtype)
-            self.rows_key = (dtype, slope_scale)
+            rows = ((-m)[:, None] * distances).to(dtype)
+            if back is not None:  # masked after the cast, as windowed_alibi_bias does
+                reach = torch.tensor([float("inf") if w is None else w for w in back],
+                                     device=m.device)
+                rows = rows.masked_fill(distances[None, :] > reach[:, None], mask_value(dtype))
+            self.rows, self.rows_key = rows, key
         return rows[:, None, rows.size(1) - key_len:]
 
 
@@ -180,9 +188,10 @@ class AlibiBias(torch.nn.Module):
         the keys), memoised: the layers that share a scale row share one tensor. A bias that
         carries a gradient is built per call and never kept (a kept one would hold a graph that
         a backward frees)."""
-        if query_len == 1 and self._steps_from_rows and not self.window_cutoff:  # hot path
+        if query_len == 1 and self._steps_from_rows:  # hot path
+            back = tuple(self.windows_of()[0]) if self.window_cutoff else None
             return self.cache.last_query_row(key_len, dtype, self.slope_scale,
-                                             lambda: self.slopes_of()[0])
+                                             lambda: self.slopes_of()[0], back)
         return self.memoised(None, query_len, key_len, dtype, layer,
                              lambda: self._build(query_len, key_len, dtype, layer))
 

@@ -196,6 +196,13 @@ DENSE_MASK_BUDGET = 64 * 2**20
 #: the cost model below is fitted from 512 on: docs/benchmarks.md, "Slope windows")
 WINDOWED_MIN_LENGTH = 1024
 
+#: on the CPU, a decoding step with slope windows (a few queries against a KV cache:
+#: :func:`.windowed.few_queries`) is faster with ``windowed``, each head group reading only its
+#: window, than with ``sdpa``'s dense windowed row from this many cached keys summed over the
+#: batch on (causal, 8 heads, T = 8, float32, head sizes 16 and 64: docs/decoding.md,
+#: "Decoding step")
+WINDOWED_STEP_MIN_KEYS = 4096
+
 #: :func:`windowed_cost`'s constants ``(α₁, α₂, β)``: least absolute deviations over every
 #: variant, T = 2…16 and 512…4096 keys (8192: symmetric and offset, T = 8…16) of the slower of
 #: forward and forward+backward, the calls without a dense head (8 heads, D = 64, float32,
@@ -254,8 +261,12 @@ def _windowed_choice(call: Call) -> str:
                 and serves("windowed", call)):
             return "windowed"
         return "sdpa"
-    # a decoding step (fewer queries than keys, a KV cache): its own policy, here; today the
-    # dense windowed bias
+    # a decoding step (fewer queries than keys, a KV cache): each head group reads only its
+    # window (.windowed.few_queries) once the cached keys over the batch are many enough
+    if (call.query_len <= windowed.FEW_QUERIES
+            and call.batch * call.key_len >= WINDOWED_STEP_MIN_KEYS
+            and not call.global_tokens and serves("windowed", call)):
+        return "windowed"
     return "sdpa"
 
 
@@ -279,7 +290,9 @@ def auto_backend(call: Call) -> str:
     ``call.windows``) is at most :data:`WINDOWED_MAX_COST`, where it serves (CPU, float32/64, no
     dropout, no extra mask), else ``sdpa`` with the dense windowed bias (``fold`` and ``flash``
     refuse windows; ``flex`` serves them with a per-head block mask but was not measured: never
-    chosen for a windowed call). Decoding steps (``query_len < key_len``): ``sdpa``.
+    chosen for a windowed call). Decoding steps (at most ``windowed.FEW_QUERIES`` queries
+    against a KV cache, no global tokens): ``windowed`` from :data:`WINDOWED_STEP_MIN_KEYS`
+    cached keys over the batch, else ``sdpa``.
 
     On the CPU ``flex`` is never chosen: it was slower than these in every case measured but
     one_sided inference (up to 10 %), has no CPU backward and compiles per shape.

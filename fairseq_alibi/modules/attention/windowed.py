@@ -7,7 +7,9 @@ With a cutoff ``T`` head ``h`` keeps the keys at ``i - j <= back_h`` and ``j - i
 (:func:`~fairseq_alibi.alibi.windowed_alibi_bias`, the dense definition). Computed as:
 
 * heads with the same windows form a group; a group whose window (plus a chunk) covers the
-  keys anyway runs as one chunk of ``T`` queries over every key, or, if its window drops no
+  keys anyway runs as one chunk of ``T`` queries over the keys from the first query's reach
+  on (every key of a whole sequence; with a KV cache, e.g. a decoding step of ``T = 1``, only
+  the ``back + T`` keys ``S - T - back … S - 1``), or, if its window drops no
   key at all, as the ``fold`` backend where that serves the call (:func:`_folds`);
 * the others split their ``T`` queries into ``n`` chunks of ``c`` (:func:`chunk_size`); chunk
   ``k``, queries ``s … s+c-1``, reads only the ``R = back + c + ahead`` keys
@@ -37,7 +39,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from fairseq_alibi.alibi import alibi_bias_between, mask_value, variant_windows
-from fairseq_alibi.modules.attention import fold
+from fairseq_alibi.modules.attention import dense, fold
 from fairseq_alibi.modules.attention.capabilities import Capabilities
 
 #: what :func:`run` serves: the slopes' bias (with windows or without: every window unbounded)
@@ -65,6 +67,29 @@ def chunk_size(back: int, ahead: int) -> int:
     of two), within :data:`MIN_CHUNK` … :data:`MAX_CHUNK`."""
     span = max(1, back + ahead)
     return max(MIN_CHUNK, min(MAX_CHUNK, (1 << (span - 1).bit_length()) // CHUNK_FRACTION))
+
+
+def decoding_reach(bias) -> Optional[int]:
+    """How many of the latest keys a KV cache must keep after a call with ``bias`` (a
+    :class:`~.dispatch.CallBias`): ``max_h back_h``, or ``None`` (every key) unless every
+    later query's keys are bounded so.
+
+    The next query, at position ``S``, reads the keys ``S - back_h … S`` of head ``h``
+    (:func:`~fairseq_alibi.alibi.variant_windows`): the last ``max_h back_h`` cached ones and
+    its own. A bound holds for a ``"distance"`` bias (``-m_h·f(i - j)``: the same for a cache
+    that starts later, since queries are aligned to the end of the keys) with slope windows, of
+    the ``causal`` variant (looks back only), with every head windowed (``--alibi-heads``'
+    unbiased heads have ``None``: unbounded) and no global tokens (the first keys stay visible
+    to every query). A ``"rows"`` bias (``--alibi-length-scale``'s per-sequence slopes, which
+    depend on the sequence's real length) gets no bound.
+    """
+    if (bias.kind != "distance" or not bias.windowed or bias.variant != "causal"
+            or bias.global_tokens):
+        return None
+    windows = bias.windows()
+    if windows is None or any(w is None for w in windows[0]):
+        return None
+    return max(windows[0])
 
 
 def _groups(windows: Tuple[Sequence[Optional[int]], Sequence[Optional[int]]]):
@@ -95,9 +120,7 @@ def _band(q, k, v, visible, slopes, future_slopes, variant, heads, window, back,
     G = global_tokens
     # the hiding column, the head size rounded up as the fold's (the kernel is slower at odd sizes)
     Dp = fold._padded_head_dim(D, 1) if hide else D
-    idx = torch.as_tensor(heads, device=q.device)
-    if heads == list(range(heads[0], heads[0] + len(heads))):
-        idx = slice(heads[0], heads[0] + len(heads))  # a view, not a copy
+    idx = _heads_index(heads, q.device)
     Hg = len(heads)
     fill = mask_value(q.dtype) / max(scale, 1.0)  # times scale: a huge, finite negative logit
 
@@ -222,8 +245,10 @@ def attention(q: Tensor, k: Tensor, v: Tensor, slopes: Tensor, future_slopes: Op
         back = first + T - 1 if window[0] is None else min(window[0], first + T - 1)
         ahead = T - 1 if window[1] is None else min(window[1], T - 1)
         size = chunk or chunk_size(back, ahead)
-        if size >= T or back + size + ahead >= S:  # the window covers the keys: one chunk
-            size, back, ahead = T, first, 0
+        if size >= T or back + size + ahead >= S:  # one chunk of every query
+            # it reads the keys from the first query's reach on (every key of a whole
+            # sequence; of a KV cache, e.g. a decoding step, only the group's window)
+            size, back, ahead = T, min(back, first), 0
             drops_none = ((window[0] is None or window[0] >= S - 1) and
                           (window[1] is None or window[1] >= T - 1 or variant == "causal"))
             if drops_none and _folds(q, T, S, variant, global_tokens):
@@ -255,13 +280,54 @@ def attention(q: Tensor, k: Tensor, v: Tensor, slopes: Tensor, future_slopes: Op
     return out
 
 
+def _heads_index(heads: List[int], device):
+    """``heads`` as an index of the head axis: a slice (a view) when they are contiguous."""
+    if heads == list(range(heads[0], heads[0] + len(heads))):
+        return slice(heads[0], heads[0] + len(heads))
+    return torch.as_tensor(heads, device=device)
+
+
+def few_queries(q, k, v, alibi, windows, key_padding_mask, scale) -> Tensor:
+    """A call of a few queries against a KV cache (a decoding step, ``T = 1``; a short chunk),
+    ``(B, H, T, D)``: each head group reads only the keys from its first query's reach on,
+    ``S - T - back … S - 1``, with its rows of the call's dense bias (``alibi.dense``: memoised
+    by the stack, the same tensor for every step of a cache trimmed to its bound), one fused
+    kernel call per group. Not with global tokens (the first keys are in every window)."""
+    B, H, T, D = q.shape
+    S = k.size(2)
+    first = S - T
+    mask = dense.dense_mask(alibi, B, T, S, q.dtype, key_padding_mask, None)
+    outs: List[Tensor] = []
+    order: List[int] = []
+    for (back, _), heads in _groups(windows).items():
+        lo = 0 if back is None else first - min(back, first)
+        idx = _heads_index(heads, q.device)
+        outs.append(F.scaled_dot_product_attention(
+            q[:, idx], k[:, idx, lo:], v[:, idx, lo:], attn_mask=mask[:, idx, :, lo:],
+            scale=scale))
+        order += heads
+    out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)
+    if order != list(range(H)):
+        out = out[:, torch.as_tensor(order).argsort()]
+    return out
+
+
+#: the most queries a call against a KV cache may hold to run as :func:`few_queries` (one
+#: chunk of :func:`attention` would hold them all anyway: at most :data:`MIN_CHUNK`)
+FEW_QUERIES = MIN_CHUNK
+
+
 def run(q, k, v, alibi, key_padding_mask, attn_mask, dropout_p, scale):
     """The ``windowed`` backend (the calls of :data:`CAPABILITIES`): :func:`attention` with the
     call's windows (``alibi.windows()``), or, for a call without a cutoff, the variant's
-    unbounded ones (every key its bias reaches)."""
+    unbounded ones (every key its bias reaches); a few queries against a KV cache (a decoding
+    step) as :func:`few_queries`."""
     slopes, future_slopes = alibi.head_slopes()
     windows = alibi.windows() if alibi.windowed else None
     if windows is None:
         windows = variant_windows(slopes, 0.0, alibi.variant, future_slopes)
+    T, S = q.size(2), k.size(2)
+    if T < S and T <= FEW_QUERIES and not alibi.global_tokens:
+        return few_queries(q, k, v, alibi, windows, key_padding_mask, scale)
     return attention(q, k, v, slopes, future_slopes, alibi.variant, windows, key_padding_mask,
                      scale, alibi.global_tokens)

@@ -1,0 +1,278 @@
+"""Decoding in bounded memory (issue 38): a language model generating far past its training
+length with slope windows, side by side with the same model without them.
+
+    python -m benchmarks.decoding_windows [--smoke] [--tokens 32768] [--segment 2048]
+                                          [--cutoff 8] [--check 4096] [--threads 1]
+    python -m benchmarks.decoding_windows --attention-steps [--smoke] [--cutoff 8]
+
+Two decoders of the quickstart's tiny size (``alibi_transformer_lm``: 2 layers, 128 dims,
+8 heads, FFN 512; a vocabulary of 1000; randomly initialised: the step time and the cache do
+not depend on training, and the windows depend only on the slopes and ``T``), the same
+weights, one built with ``--alibi-window-cutoff T`` (``bounded``: windows
+``ceil(T / m_h)``, with 8 heads and ``T = 8`` 16, 32, …, 2048 keys; its KV cache keeps the
+last ``max_h W_h`` keys) and one without (``dense``). From a prompt of 64 random tokens each
+generates ``--tokens`` tokens greedily with cached decoding (one token per step, as
+``fairseq-generate``'s steps with beam 1); their steps alternate, so load from other processes
+hits both alike.
+
+Per segment of ``--segment`` steps: the median step time of each model, as ratios measured side
+by side (``bounded ÷ dense``, and each model's own step time ÷ its time in the first segment
+that starts at or after ``max_h W_h`` cached keys: flat means within 10 %); at the end of each
+checkpoint segment (doubling: 2k, 4k, …, 32k), the KV cache's bytes (every layer's key and
+value buffers, spare room included). The growth of the process's peak resident set (``VmHWM``,
+reset after the prompt) over the generation, is measured for each model alone in a process of its own
+(one process per model: a peak is per process). The equality check: the bounded model's
+generated tokens are the greedy choices of one full forward with the same cutoff over the first
+``--check`` generated tokens (a causal model's full forward at position ``p`` is that of the
+tokens up to ``p``: the repeated full forwards of greedy decoding, at once).
+
+``--attention-steps``: what ``auto``'s choice for a decoding step with slope windows rests on
+(``dispatch.WINDOWED_STEP_MIN_KEYS``): one query against ``S`` cached keys, 8 heads, float32,
+the windows of ``--cutoff``, ``windowed`` (each head group reads only its window:
+``windowed.few_queries``) ÷ ``sdpa`` (the dense windowed row, every key), per batch, head size
+and ``S``, in interleaved rounds (:class:`benchmarks.timing.Rounds`, median of paired ratios).
+"""
+
+import argparse
+import statistics
+import subprocess
+import sys
+import time
+from typing import Dict, List
+
+import torch
+
+from benchmarks.decoding import build
+from benchmarks.tables import machine, table
+from benchmarks.timing import Rounds, forward_call
+from fairseq_alibi.modules.alibi_multihead_attention import AlibiMultiheadAttention
+
+#: the quickstart's tiny LM (fairseq_alibi/cli/quickstart.py, SIZES["tiny"]): layers, dims,
+#: heads (the FFN is 4 × dims = 512, as there)
+DIMS = (2, 128, 8)
+VOCAB, PROMPT = 1000, 64
+MODELS = ("bounded", "dense")
+
+
+def models(cutoff: float, dims=DIMS):
+    """``{name: (decoder, step)}``: the two decoders, sharing their weights."""
+    bounded = build("alibi_transformer_lm", dims, VOCAB, ["--alibi-window-cutoff", str(cutoff)])
+    dense = build("alibi_transformer_lm", dims, VOCAB)
+    dense[0].load_state_dict(bounded[0].state_dict())
+    return {"bounded": bounded, "dense": dense}
+
+
+def cache_bytes(decoder, state) -> int:
+    """The bytes of every layer's cached keys and values: their buffers, spare room included."""
+    total = 0
+    for module in decoder.modules():
+        if isinstance(module, AlibiMultiheadAttention):
+            saved = module._get_input_buffer(state)
+            for name in ("key", "value"):
+                held = saved.get(f"{name}_room")
+                held = saved[f"prev_{name}"] if held is None else held
+                total += held.numel() * held.element_size()
+    return total
+
+
+class Generation:
+    """One model's greedy generation: its token buffer, its cache, its step times."""
+
+    def __init__(self, model, prompt: torch.Tensor, tokens: int):
+        self.decoder, self.step_fn = model
+        self.tokens = torch.zeros(1, prompt.numel() + tokens, dtype=torch.long)
+        self.tokens[0, :prompt.numel()] = prompt
+        self.state, self.times = {}, []
+        with torch.no_grad():  # the prompt, one token per call (fairseq's decoder reads the
+            for length in range(1, prompt.numel() + 1):  # last token only): forced steps
+                self.last = self.step_fn(self.tokens[:, :length], self.state)[0][:, -1]
+        self.length = prompt.numel()
+
+    def step(self):
+        with torch.no_grad():
+            start = time.perf_counter()
+            self.tokens[0, self.length] = self.last[0, 4:].argmax() + 4  # no specials
+            self.length += 1
+            self.last = self.step_fn(self.tokens[:, :self.length], self.state)[0][:, -1]
+            self.times.append(time.perf_counter() - start)
+
+
+def checkpoints(tokens: int, segment: int) -> List[int]:
+    """``segment, 2·segment, 4·segment, … tokens``."""
+    found, n = [], segment
+    while n <= tokens:
+        found.append(n)
+        n *= 2
+    return found
+
+
+def generate_side_by_side(cutoff, tokens, segment, dims=DIMS, log=print):
+    """``(runs, cache)``: each model's :class:`Generation` (steps alternating) and its cache
+    bytes at each checkpoint."""
+    torch.manual_seed(0)
+    built = models(cutoff, dims)
+    prompt = torch.randint(4, VOCAB, (PROMPT,))
+    runs = {name: Generation(built[name], prompt, tokens) for name in MODELS}
+    marks = set(checkpoints(tokens, segment))
+    cache: Dict[str, Dict[int, int]] = {name: {} for name in MODELS}
+    for t in range(1, tokens + 1):
+        for name in (MODELS if t % 2 else MODELS[::-1]):
+            runs[name].step()
+        if t in marks:
+            for name in MODELS:
+                cache[name][t] = cache_bytes(runs[name].decoder, runs[name].state)
+            log(f"{t} tokens generated")
+    return runs, cache
+
+
+def greedy_agreement(model, cutoff, generated: torch.Tensor, check: int):
+    """``(agreeing, checked)``: how many of the first ``check`` generated tokens (after the
+    prompt) are the greedy choice of the full forward with the cutoff over them."""
+    decoder = model[0]
+    tokens = generated[:, :PROMPT + check]
+    with torch.no_grad():
+        logits = decoder(tokens)[0][0, PROMPT - 1:-1, 4:]
+    choices = logits.argmax(-1) + 4
+    return int((choices == tokens[0, PROMPT:]).sum()), check
+
+
+def _status_kib(field: str) -> int:
+    """``VmRSS``/``VmHWM`` of this process, KiB (``/proc/self/status``)."""
+    with open("/proc/self/status") as status:
+        line = next(line for line in status if line.startswith(field + ":"))
+    return int(line.split()[1])
+
+
+def peak_rss_growth(name: str, cutoff: float, tokens: int, dims) -> int:
+    """Bytes the peak resident set grew by while model ``name`` alone generated ``tokens``
+    tokens after its prompt (this process: run through :func:`rss_in_own_process`). The peak
+    is reset after the prompt (``/proc/self/clear_refs``), so the imports' and the build's
+    earlier peak does not hide the generation's."""
+    torch.manual_seed(0)
+    model = models(cutoff, dims)[name]
+    run = Generation(model, torch.randint(4, VOCAB, (PROMPT,)), tokens)
+    with open("/proc/self/clear_refs", "w") as clear:
+        clear.write("5")  # resets VmHWM to the current VmRSS
+    before = _status_kib("VmRSS")
+    for _ in range(tokens):
+        run.step()
+    return (_status_kib("VmHWM") - before) * 1024
+def rss_in_own_process(name, cutoff, tokens, smoke) -> int:
+    """:func:`peak_rss_growth` in a process of its own."""
+    args = [sys.executable, "-m", "benchmarks.decoding_windows", "--rss-of", name,
+            "--cutoff", str(cutoff), "--tokens", str(tokens)] + (["--smoke"] if smoke else [])
+    proc = subprocess.run(args, capture_output=True, text=True, timeout=3600)
+    if proc.returncode != 0:
+        raise RuntimeError(proc.stderr[-3000:])
+    return int(proc.stdout.split()[-1])
+
+
+def report(runs, cache, segment, reach, rss, agreement) -> str:
+    """The Markdown table and the lines under it."""
+    marks = sorted(cache["bounded"])
+    medians = {name: [statistics.median(runs[name].times[t - segment:t]) for t in marks]
+               for name in MODELS}
+    # the first checkpoint segment that starts with max W_h keys cached or more
+    flat_from = next((i for i, t in enumerate(marks) if t - segment >= reach), len(marks) - 1)
+    rows = []
+    for i, t in enumerate(marks):
+        rows.append([f"{t:,}",
+                     f"{medians['bounded'][i] / medians['dense'][i]:.2f}",
+                     f"{medians['bounded'][i] / medians['bounded'][flat_from]:.2f}",
+                     f"{medians['dense'][i] / medians['dense'][flat_from]:.2f}",
+                     f"{cache['bounded'][t] / 2**20:.2f}", f"{cache['dense'][t] / 2**20:.2f}"])
+    base = marks[flat_from]
+    body = table(["tokens generated", "step time bounded ÷ dense (segment ending here)",
+                  f"bounded step ÷ its step at {base:,}", f"dense step ÷ its step at {base:,}",
+                  "KV cache MiB bounded", "KV cache MiB dense"], rows)
+    after = [medians["bounded"][i] / medians["bounded"][flat_from]
+             for i in range(flat_from, len(marks))]
+    spread = max(after) / min(after) - 1
+    cache_after = {cache["bounded"][t] for t in marks[flat_from:]}
+    agree, checked = agreement
+    lines = [
+        "",
+        f"Bounded model: max_h W_h = {reach:,} keys. From {base:,} tokens on its step time "
+        f"spreads by {100 * spread:.1f} % (max ÷ min − 1 of the segment medians) and its KV "
+        f"cache is {'constant' if len(cache_after) == 1 else 'not constant'}.",
+        f"Peak RSS growth over the generation, each model alone in its own process: bounded "
+        f"{rss['bounded'] / 2**20:.1f} MiB, dense {rss['dense'] / 2**20:.1f} MiB.",
+        f"Equality: {agree:,} of the first {checked:,} generated tokens are the greedy choices "
+        f"of the full forward with the same cutoff ({'all' if agree == checked else 'NOT all'}).",
+    ]
+    return body + "\n".join(lines)
+
+
+def attention_steps(cutoff: float, smoke: bool, log=print) -> str:
+    """The table of ``windowed ÷ sdpa`` for one decoding step's attention (see the module)."""
+    from fairseq_alibi.modules.attention import dense, windowed
+    from fairseq_alibi.modules.bias import AlibiBias
+
+    heads, rounds = 8, (3 if smoke else 200)
+    lengths = (65, 257) if smoke else (65, 257, 1025, 2049, 4097)
+    alibi = AlibiBias(heads, window_cutoff=cutoff).layer(0)
+    rows = []
+    for head_dim in (16, 64):
+        for batch in (1, 5):
+            for keys in lengths:
+                q = torch.randn(batch, heads, 1, head_dim)
+                k, v = (torch.randn(batch, heads, keys, head_dim) for _ in range(2))
+                args = (q, k, v, alibi, None, None, 0.0, head_dim**-0.5)
+                timed = Rounds({"sdpa": forward_call(dense.sdpa, *args),
+                                "windowed": forward_call(windowed.run, *args)},
+                               rounds=rounds, warmup=3)
+                rows.append([head_dim, batch, keys, batch * keys,
+                             f"{timed.ratio('windowed', 'sdpa'):.2f}"])
+                log(" ".join(str(c) for c in rows[-1]))
+    return table(["head size", "batch", "cached keys S", "batch × S", "windowed ÷ sdpa"], rows)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--smoke", action="store_true",
+                        help="a smoke run: 1 layer of 32 dims, 512 tokens, T = 0.5")
+    parser.add_argument("--tokens", type=int, default=None,
+                        help="tokens generated past the prompt (default 32768)")
+    parser.add_argument("--segment", type=int, default=None,
+                        help="steps per timed segment, the first checkpoint (default 2048)")
+    parser.add_argument("--cutoff", type=float, default=None, help="window cutoff T (nats)")
+    parser.add_argument("--check", type=int, default=None,
+                        help="generated tokens checked against the full forward (default 4096)")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
+    parser.add_argument("--attention-steps", action="store_true",
+                        help="time one decoding step's attention, windowed vs sdpa, instead")
+    parser.add_argument("--rss-of", choices=MODELS, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    command = "python -m benchmarks.decoding_windows " + " ".join(
+        argv if argv is not None else sys.argv[1:])
+    log = lambda line: print(line, file=sys.stderr)  # noqa: E731
+    if args.attention_steps:
+        cutoff = args.cutoff or 8.0
+        body = attention_steps(cutoff, args.smoke, log)
+        print(f"Command: `{command.strip()}`  \nMachine: {machine()}  \n"
+              f"one query, 8 heads, float32, T = {cutoff:g}, {args.threads} thread(s)\n\n{body}")
+        return body
+    dims = (1, 32, 8) if args.smoke else DIMS
+    tokens = args.tokens or (512 if args.smoke else 32768)
+    segment = args.segment or (64 if args.smoke else 2048)
+    cutoff = args.cutoff or (0.5 if args.smoke else 8.0)
+    check = min(tokens, args.check or (512 if args.smoke else 4096))
+    if args.rss_of:
+        print(peak_rss_growth(args.rss_of, cutoff, tokens, dims))
+        return None
+    runs, cache = generate_side_by_side(cutoff, tokens, segment, dims, log)
+    bounded = runs["bounded"]
+    reach = max(max(bounded.decoder.alibi.windows_of(layer)[0]) for layer in range(dims[0]))
+    agreement = greedy_agreement((bounded.decoder, None), cutoff, bounded.tokens, check)
+    rss = {name: rss_in_own_process(name, cutoff, tokens, args.smoke) for name in MODELS}
+    body = report(runs, cache, segment, reach, rss, agreement)
+    shape = (f"{dims[0]} layers, {dims[1]} dims, {dims[2]} heads, vocabulary {VOCAB}, "
+             f"T = {cutoff:g}, prompt {PROMPT}, {tokens:,} tokens, greedy, batch 1, "
+             f"{args.threads} thread(s)")
+    print(f"Command: `{command.strip()}`  \nMachine: {machine()}  \n{shape}\n\n{body}")
+    return body
+
+
+if __name__ == "__main__":
+    main()

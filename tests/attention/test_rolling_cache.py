@@ -1,0 +1,309 @@
+"""Decoding in bounded memory (issue 38, item 3): with slope windows a causal layer's KV cache
+keeps only the last ``max_h W_h`` keys (:func:`~fairseq_alibi.modules.attention.windowed.
+decoding_reach`), in a buffer that rolls, and still equals the full forward with the same
+cutoff (float64 reference of the windowed definition): step by step and in chunks, long enough
+that the buffer rolls several times, through beam reorders, left-padded prompts, a shared
+prefix and autograd; the cache and its buffer never outgrow the bound. Heads without a bias,
+global tokens, other variants and no cutoff keep every key, as before. The ``windowed``
+backend's decoding step reads only each head group's window."""
+
+import pytest
+import torch
+
+from fairseq_alibi.modules.alibi_multihead_attention import AlibiMultiheadAttention
+from fairseq_alibi.modules.attention import Call, dispatch, windowed
+from fairseq_alibi.modules.attention.windowed import decoding_reach
+from fairseq_alibi.modules.bias import AlibiBias
+from tests.helpers.references import reference_module_attention, reference_windowed_bias
+
+HEADS, DIM = 4, 32
+#: 4 heads, slopes 1/4 … 1/256: windows 1, 4, 16, 64 keys; 300 positions roll a buffer of
+#: about 2·64 positions several times
+CUTOFF, LENGTH = 0.25, 300
+
+CASES = {  # name -> (AlibiBias options, whether the cache is bounded)
+    "plain": ({}, True),
+    "learned scales": (dict(learned_scales="per_layer_head"), True),
+    "slope scale 2": (dict(slope_scale=2.0), True),
+    "2 of 4 heads": (dict(heads=2), False),  # the unbiased heads see every key
+    "1 global token": (dict(global_tokens=1), False),  # the first key stays visible
+}
+BACKENDS = ["auto", "sdpa", "naive", "windowed"]
+#: float64 throughout, but the bias is ``-m·d`` of float32 slopes (learned scales' products
+#: round), and ``naive``'s softmax is float32 (fairseq's attention weights); a key dropped or
+#: kept wrongly moves an output by far more (the windows' weights are ``e^-0.25`` and up)
+TOL = dict(atol=1e-7, rtol=1e-6)
+NAIVE_TOL = dict(atol=1e-5, rtol=1e-5)
+
+
+def attention(backend, cutoff=CUTOFF, variant="causal", **options):
+    """``(attn, alibi)``: float64 layer 1 of a 2-layer stack with the cutoff."""
+    alibi = AlibiBias(HEADS, variant=variant, window_cutoff=cutoff, num_layers=2, **options)
+    if alibi.scales is not None:
+        with torch.no_grad():
+            torch.manual_seed(7)
+            alibi.scales.uniform_(0.5, 2.0)
+    torch.manual_seed(0)
+    attn = AlibiMultiheadAttention(DIM, HEADS, alibi.layer(1), attention=backend)
+    for p in attn.parameters():  # every term away from zero
+        torch.nn.init.normal_(p, std=0.3)
+    return attn.double().eval(), alibi
+
+
+def full(attn, alibi, x, kpm=None, cutoff=CUTOFF):
+    """The float64 reference of the whole sequence with the same cutoff."""
+    slopes, _ = alibi.slopes_of(1)
+    bias = reference_windowed_bias(alibi.variant, slopes.detach().tolist(), None, x.size(0),
+                                   cutoff, alibi.global_tokens)
+    return reference_module_attention(attn, x, bias, kpm)
+
+
+def bound(alibi):
+    """``max_h W_h`` of layer 1, or None when some head's window is unbounded."""
+    back = alibi.windows_of(1)[0]
+    return None if None in back else max(back)
+
+
+class Decoder:
+    """Cached decoding of one layer in calls of ``sizes`` queries, recording the cache after
+    each call: its length, its buffer's size."""
+
+    def __init__(self, attn):
+        self.attn, self.state, self.lengths, self.rooms = attn, {}, [], []
+
+    def run(self, x, start, stop, kpm=None, step=1):
+        outs = []
+        for t in range(start, stop, step):
+            chunk = x[t:min(stop, t + step)]
+            pad = None if kpm is None else kpm[:, t:t + chunk.size(0)]
+            outs.append(self.attn(chunk, chunk, chunk, key_padding_mask=pad,
+                                  incremental_state=self.state, need_weights=False)[0])
+            saved = self.attn._get_input_buffer(self.state)
+            self.lengths.append(saved["prev_key"].size(2))
+            room = saved.get("key_room")
+            self.rooms.append(None if room is None else room.size(2))
+        return torch.cat(outs)
+
+    def reorder(self, order):
+        self.attn.reorder_incremental_state(self.state, order)
+
+
+def test_the_reach_is_the_largest_back_window_of_a_bounded_causal_call():
+    _, alibi = attention("auto")
+    assert decoding_reach(alibi.layer(1)) == bound(alibi) == 64
+    _, scaled = attention("auto", slope_scale=2.0)
+    assert decoding_reach(scaled.layer(1)) == 32
+    for options in (dict(heads=2), dict(global_tokens=1), dict(variant="symmetric"),
+                    dict(cutoff=0.0)):
+        _, other = attention("auto", **options)
+        assert decoding_reach(other.layer(1)) is None, options
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("case", CASES)
+def test_step_by_step_decoding_equals_the_full_forward_and_stays_bounded(backend, case):
+    options, bounded = CASES[case]
+    attn, alibi = attention(backend, **options)
+    torch.manual_seed(1)
+    x = torch.randn(LENGTH, 2, DIM, dtype=torch.float64)
+    decoder = Decoder(attn)
+    with torch.no_grad():
+        steps = decoder.run(x, 0, LENGTH)
+    torch.testing.assert_close(steps, full(attn, alibi, x),
+                               **(NAIVE_TOL if backend == "naive" else TOL))
+    reach = bound(alibi)
+    if not bounded:
+        assert decoder.lengths == list(range(1, LENGTH + 1))  # every key kept, as before
+        return
+    assert decoder.lengths == [min(t + 1, reach) for t in range(LENGTH)]
+    # the buffer: one size from its first roll on, about 2·reach; it rolled several times
+    rooms = decoder.rooms[2 * reach:]
+    assert len(set(rooms)) == 1 and rooms[0] <= 2 * reach + 16 + 1
+    assert LENGTH // (rooms[0] - reach) >= 3
+
+
+@pytest.mark.parametrize("backend", ["auto", "windowed"])
+@pytest.mark.parametrize("step", [5, 17])
+def test_a_prompt_then_chunks_of_queries_equal_the_full_forward(backend, step):
+    """Multi-token calls against the cache (a prompt, chunks): trimmed after each call."""
+    attn, alibi = attention(backend)
+    torch.manual_seed(2)
+    x = torch.randn(LENGTH, 2, DIM, dtype=torch.float64)
+    decoder = Decoder(attn)
+    with torch.no_grad():
+        out = torch.cat([decoder.run(x, 0, 100, step=100), decoder.run(x, 100, LENGTH, step=step)])
+    torch.testing.assert_close(out, full(attn, alibi, x), **TOL)
+    assert max(decoder.lengths) == bound(alibi)
+
+
+@pytest.mark.parametrize("backend", ["auto", "windowed"])
+def test_a_beam_reorder_midway_equals_the_reordered_full_forward(backend):
+    attn, alibi = attention(backend)
+    torch.manual_seed(3)
+    x = torch.randn(LENGTH, 3, DIM, dtype=torch.float64)
+    order = torch.tensor([2, 2, 0])
+    decoder = Decoder(attn)
+    with torch.no_grad():
+        decoder.run(x, 0, 150)
+        decoder.reorder(order)
+        decoder.reorder(torch.arange(3))  # the identity: skipped
+        after = decoder.run(x[:, order], 150, LENGTH)
+    torch.testing.assert_close(after, full(attn, alibi, x[:, order])[150:], **TOL)
+    assert max(decoder.lengths) == bound(alibi)
+
+
+@pytest.mark.parametrize("backend", ["auto", "windowed", "sdpa"])
+def test_left_padded_prompts_equal_the_full_forward(backend):
+    """fairseq pads prompts on the left: the padding mask is trimmed with the keys."""
+    attn, alibi = attention(backend)
+    torch.manual_seed(4)
+    x = torch.randn(LENGTH, 3, DIM, dtype=torch.float64)
+    kpm = torch.arange(LENGTH)[None, :] < torch.tensor([0, 5, 30])[:, None]
+    decoder = Decoder(attn)
+    with torch.no_grad():
+        out = torch.cat([decoder.run(x, 0, 40, kpm, step=40), decoder.run(x, 40, LENGTH, kpm)])
+    real = ~kpm.t()[..., None]
+    torch.testing.assert_close(out * real, full(attn, alibi, x, kpm) * real, **TOL)
+    saved = attn._get_input_buffer(decoder.state)
+    assert saved["prev_key_padding_mask"].shape == (3, bound(alibi))
+
+
+def test_two_continuations_of_a_shared_prefix_do_not_overwrite_each_other():
+    """A shallow copy of the state shares the prefix's buffers; both roll independently."""
+    attn, alibi = attention("auto")
+    torch.manual_seed(5)
+    x = torch.randn(LENGTH, 2, DIM, dtype=torch.float64)
+    other = x.clone()
+    other[100:] = torch.randn(LENGTH - 100, 2, DIM, dtype=torch.float64)
+    first = Decoder(attn)
+    with torch.no_grad():
+        first.run(x, 0, 100)
+        second = Decoder(attn)
+        second.state = {key: dict(value) for key, value in first.state.items()}
+        outs, others = [], []
+        for t in range(100, LENGTH):  # interleaved, as a tree search would
+            outs.append(first.run(x, t, t + 1))
+            others.append(second.run(other, t, t + 1))
+    torch.testing.assert_close(torch.cat(outs), full(attn, alibi, x)[100:], **TOL)
+    torch.testing.assert_close(torch.cat(others), full(attn, alibi, other)[100:], **TOL)
+
+
+def test_cached_decoding_while_autograd_records_is_bounded_and_exact():
+    attn, alibi = attention("auto")
+    torch.manual_seed(6)
+    x = torch.randn(150, 2, DIM, dtype=torch.float64)
+    decoder = Decoder(attn)
+    steps = decoder.run(x, 0, 150)
+    steps.sum().backward()
+    with torch.no_grad():
+        torch.testing.assert_close(steps, full(attn, alibi, x), **TOL)
+    assert max(decoder.lengths) == bound(alibi)
+
+
+def test_without_a_cutoff_the_cache_keeps_every_key_from_the_front_of_its_buffer():
+    attn, _ = attention("auto", cutoff=0.0)
+    x = torch.randn(100, 2, DIM, dtype=torch.float64)
+    decoder = Decoder(attn)
+    with torch.no_grad():
+        decoder.run(x, 0, 100)
+    saved = attn._get_input_buffer(decoder.state)
+    assert decoder.lengths == list(range(1, 101))
+    assert saved["prev_key"].data_ptr() == saved["key_room"].data_ptr()
+
+
+def test_the_windowed_decoding_step_reads_only_each_groups_window(monkeypatch):
+    """T = 1 against S cached keys: head group ``h`` reads ``back_h + 1`` keys, not S."""
+    attn, alibi = attention("windowed", cutoff=0.0)  # no trimming: the cache holds S keys
+    read = []
+    sdpa = windowed.F.scaled_dot_product_attention
+
+    def recording(q, k, v, **kwargs):
+        read.append(k.size(-2))
+        return sdpa(q, k, v, **kwargs)
+
+    S, D = 200, DIM // HEADS
+    q = torch.randn(2, HEADS, 1, D)
+    k, v = torch.randn(2, HEADS, S, D), torch.randn(2, HEADS, S, D)
+    slopes = alibi.slopes_of(1)[0]
+    windows = ([1, 4, 16, 64], [0] * HEADS)
+    monkeypatch.setattr(windowed.F, "scaled_dot_product_attention", recording)
+    out = windowed.attention(q, k, v, slopes, None, "causal", windows)
+    assert read == [2, 5, 17, 65]
+    monkeypatch.undo()
+    bias = reference_windowed_bias("causal", slopes.tolist(), None, S, CUTOFF)[:, -1:]
+    scores = (q.double() @ k.double().transpose(-1, -2)) * D**-0.5 + bias
+    want = torch.softmax(scores, -1) @ v.double()
+    torch.testing.assert_close(out.double(), want, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("padded", [False, True])
+def test_few_queries_against_a_cache_read_only_each_groups_window(monkeypatch, padded):
+    """The ``windowed`` backend's decoding step (``few_queries``): group ``h`` reads
+    ``back_h + T`` keys; it equals the dense windowed definition, key padding included."""
+    attn, alibi = attention("windowed")
+    read = []
+    sdpa = windowed.F.scaled_dot_product_attention
+
+    def recording(q, k, v, **kwargs):
+        read.append(k.size(-2))
+        return sdpa(q, k, v, **kwargs)
+
+    S, T, D = 200, 3, DIM // HEADS
+    torch.manual_seed(8)
+    q = torch.randn(2, HEADS, T, D, dtype=torch.float64)
+    k, v = (torch.randn(2, HEADS, S, D, dtype=torch.float64) for _ in range(2))
+    kpm = (torch.arange(S)[None, :] < torch.tensor([0, 150])[:, None]) if padded else None
+    call = alibi.layer(1)
+    monkeypatch.setattr(windowed.F, "scaled_dot_product_attention", recording)
+    out = windowed.run(q, k, v, call, kpm, None, 0.0, D**-0.5)
+    assert read == [1 + T, 4 + T, 16 + T, 64 + T]
+    monkeypatch.undo()
+    bias = reference_windowed_bias("causal", alibi.slopes_of(1)[0].tolist(), None, S,
+                                   CUTOFF)[:, -T:]
+    scores = (q @ k.transpose(-1, -2)) * D**-0.5 + bias
+    if padded:
+        scores = scores.masked_fill(kpm[:, None, None, :], -1e9)
+    torch.testing.assert_close(out, torch.softmax(scores, -1) @ v, **TOL)
+
+
+def test_auto_sends_decoding_steps_of_a_long_cache_to_windowed(monkeypatch):
+    step = Call("cpu", torch.float32, "causal", 1, dispatch.WINDOWED_STEP_MIN_KEYS, 1, HEADS,
+                windowed=True)
+    assert dispatch.auto_backend(step) == "windowed"
+    assert dispatch.auto_backend(step._replace(batch=4, key_len=step.key_len // 4)) == "windowed"
+    for call in (step._replace(key_len=step.key_len - 1),  # sdpa's row was faster
+                 step._replace(query_len=windowed.FEW_QUERIES + 1),
+                 step._replace(global_tokens=1), step._replace(dtype=torch.bfloat16),
+                 step._replace(dropout_p=0.1), step._replace(windowed=False)):
+        assert dispatch.auto_backend(call) != "windowed", call
+
+    # through the module: auto's decoding steps run few_queries and equal the full forward
+    monkeypatch.setattr(dispatch, "WINDOWED_STEP_MIN_KEYS", 1)
+    ran = []
+    original = windowed.few_queries
+    monkeypatch.setattr(windowed, "few_queries", lambda *a: ran.append(1) or original(*a))
+    attn, alibi = attention("auto")
+    torch.manual_seed(9)
+    x = torch.randn(150, 2, DIM, dtype=torch.float64)
+    with torch.no_grad():
+        steps = Decoder(attn).run(x, 0, 150)
+    assert len(ran) == 149  # every step but the first (no cache yet)
+    torch.testing.assert_close(steps, full(attn, alibi, x), **TOL)
+
+
+@pytest.mark.parametrize("variant", ["causal", "symmetric", "offset"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_a_decoding_steps_windowed_row_from_the_table_is_the_dense_definition(variant, dtype):
+    """The hot path of a step (``BiasCache.last_query_row``) with windows: the last column of
+    ``windowed_alibi_bias`` exactly, at every key length (the table grows past 1024), and after
+    the cutoff changes."""
+    from fairseq_alibi.alibi import windowed_alibi_bias
+
+    alibi = AlibiBias(HEADS, variant=variant, window_cutoff=CUTOFF)
+    for cutoff in (CUTOFF, 2.0, 0.0):
+        alibi.window_cutoff = cutoff
+        slopes = alibi.slopes_of()[0]
+        for key_len in (1, 5, 64, 65, 300, 1500):
+            row = alibi(1, key_len, dtype)
+            want = windowed_alibi_bias(slopes, 1, key_len, variant, None, dtype, 0, cutoff)
+            assert torch.equal(row, want), (cutoff, key_len)
