@@ -7,6 +7,7 @@
 #
 #   bash examples/quickstart.sh                      # the default experiment
 #   bash examples/quickstart.sh --smoke              # every step in about a minute
+#   bash examples/quickstart.sh --window-cutoff 8    # + ALiBi rows with slope windows, T = 8
 #   bash examples/quickstart.sh --out DIR --L 128 --max-update 2000 --seed 2
 #   bash examples/quickstart.sh --data data-bin/wikitext-103 --size small --L 512
 #   bash examples/quickstart.sh --help

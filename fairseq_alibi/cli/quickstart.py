@@ -12,12 +12,18 @@
 4. prints the table and writes ``extrapolation.md``, ``extrapolation.csv`` and
    ``extrapolation.png`` (perplexity against evaluation length) to the output folder.
 
+With ``--window-cutoff T [T ...]`` the ALiBi model is also evaluated with each slope-window
+cutoff ``T`` (the load-time override ``--model-overrides "{'alibi_window_cutoff': T}"``): rows
+``ALiBi T=8`` beside the dense ``ALiBi`` row, on the same tokens, and a table of their
+fairseq-eval-lm tokens/s against the dense row's.
+
 Everything runs through fairseq's own command lines, as subprocesses. The result is
 deterministic for a fixed ``--seed`` on a given machine and thread count.
 """
 
 import argparse
 import json
+import math
 import os
 import re
 import shutil
@@ -31,6 +37,7 @@ from typing import Dict, List, Optional
 from fairseq_alibi.cli.corpus import SPLITS, build_corpus
 from fairseq_alibi.cli.sweep import (
     MODES,
+    MODE_TITLES,
     SweepModel,
     SweepError,
     position_overrides,
@@ -62,6 +69,10 @@ SMOKE_TEST_FRACTION = 0.01
 
 #: the two rows of the table: name -> fairseq architecture
 MODELS = {"ALiBi": "alibi_transformer_lm", "Sinusoidal": "transformer_lm"}
+#: the row whose checkpoint the ``--window-cutoff`` rows evaluate, and their speed baseline
+DENSE_ROW = "ALiBi"
+#: fairseq-eval-lm's last line: tokens, seconds and tokens/s of the scoring (loading excluded)
+_EVAL_SPEED = re.compile(r"Evaluated ([\d,]+) tokens in ([\d.]+)s \(([\d.]+) tokens/s\)")
 
 
 def prepare_text_data(texts: Dict[str, Path], work_dir, vocab_size: int, env: dict,
@@ -218,6 +229,65 @@ def verdict(result, L: int) -> List[str]:
 
 
 # ---------------------------------------------------------------------------------------------
+# slope-window rows (--window-cutoff)
+
+
+def window_row(cutoff: float) -> str:
+    """The table row of the ALiBi model evaluated with window cutoff ``T``: ``ALiBi T=8``."""
+    return f"{DENSE_ROW} T={cutoff:g}"
+
+
+def window_models(checkpoint, cutoffs) -> Dict[str, SweepModel]:
+    """``{row: SweepModel}``: the ALiBi checkpoint with the load-time override
+    ``{'alibi_window_cutoff': T}`` at every length, one row per ``T``."""
+    return {window_row(t): SweepModel(str(checkpoint),
+                                      overrides=lambda length, t=t: {"alibi_window_cutoff": t})
+            for t in cutoffs}
+
+
+def eval_tokens_per_second(log) -> Optional[float]:
+    """fairseq-eval-lm's own tokens/s (model loading excluded) in a run's log, or None."""
+    found = _EVAL_SPEED.findall(Path(log).read_text())
+    return float(found[-1][2]) if found else None
+
+
+def window_speed_table(result, cutoffs) -> str:
+    """Markdown: per mode and length, the dense ALiBi row's fairseq-eval-lm tokens/s and each
+    cutoff row's, with its ratio ``tokens/s(T) / tokens/s(dense)``."""
+    lines = []
+    for mode in result.modes:
+        heads = [f"{n} (L)" if n == result.train_length else str(n) for n in result.lengths]
+        title = f"{MODE_TITLES.get(mode, mode)}: fairseq-eval-lm tokens/s (× the dense ALiBi row)"
+        lines += [f"### {title}", "",
+                  "| model | " + " | ".join(heads) + " |", "|---|" + "---:|" * len(heads)]
+        dense = {n: eval_tokens_per_second(result._point(DENSE_ROW, mode, n).log)
+                 for n in result.lengths}
+        for row in [DENSE_ROW] + [window_row(t) for t in cutoffs]:
+            cells = []
+            for n in result.lengths:
+                speed = eval_tokens_per_second(result._point(row, mode, n).log)
+                ratio = (f" ({speed / dense[n]:.2f}×)" if row != DENSE_ROW and speed
+                         and dense[n] else "")
+                cells.append("–" if speed is None else f"{speed:,.0f}{ratio}")
+            lines.append(f"| {row} | " + " | ".join(cells) + " |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def _window_cutoff(text: str) -> float:
+    """argparse type of ``--window-cutoff``: a finite number of nats > 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a finite number of nats > 0 (e.g. --window-cutoff 8; the dense "
+            "rows are always evaluated)")
+    return value
+
+
+# ---------------------------------------------------------------------------------------------
 # command line
 
 
@@ -251,8 +321,15 @@ def parse_args(argv=None):
                         help="threads per process (default: $OMP_NUM_THREADS, else cores/jobs)")
     parser.add_argument("--modes", default=",".join(MODES),
                         help="evaluation modes, comma-separated (default: both)")
+    parser.add_argument("--window-cutoff", type=_window_cutoff, nargs="+", default=[],
+                        metavar="T",
+                        help="also evaluate the ALiBi model with each slope-window cutoff T "
+                        "(nats; the load-time override --model-overrides "
+                        "\"{'alibi_window_cutoff': T}\"), side by side with the dense rows, "
+                        "with their tokens/s against dense")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
     args = parser.parse_args(argv)
+    args.window_cutoff = sorted(set(args.window_cutoff))
     if args.L is None:
         args.L = SMOKE_L if args.smoke else 64
     if args.L < 2:
@@ -320,6 +397,7 @@ def main(argv=None):
         "ALiBi": SweepModel(str(checkpoints["ALiBi"])),
         "Sinusoidal": SweepModel(str(checkpoints["Sinusoidal"]), overrides=position_overrides),
     }
+    sweep_models.update(window_models(checkpoints[DENSE_ROW], args.window_cutoff))
     result = run_sweep(
         sweep_models, str(data), lengths, out, modes=args.modes.split(","),
         extra_eval_args=["--cpu"] if cpu else [], train_length=L, jobs=jobs, threads=threads,
@@ -334,8 +412,11 @@ def main(argv=None):
 
     summary = verdict(result, L)
     counts = sorted({p.tokens for p in result.points})
+    speeds = window_speed_table(result, args.window_cutoff) if args.window_cutoff else ""
     print()
     print(result.markdown())
+    if speeds:
+        print(speeds)
     for line in summary:
         print(line)
     print(f"Every run scored the same {', '.join(f'{c:,}' for c in counts)} test tokens."
@@ -343,14 +424,14 @@ def main(argv=None):
     run.update(
         settings=dict(size, L=L, lengths=lengths, size="smoke" if args.smoke else args.size,
                       max_update=max_update, seed=args.seed, jobs=jobs, threads=threads,
-                      device="cpu" if cpu else "cuda"),
+                      device="cpu" if cpu else "cuda", window_cutoffs=args.window_cutoff),
         data=str(data), checkpoints={k: str(v) for k, v in checkpoints.items()},
         timings=timings, summary=summary,
         machine_at_start=machine_at_start, machine_at_end=machine(),
     )
     (out / "run.json").write_text(json.dumps(run, indent=2) + "\n")
     with open(result.files["markdown"], "a") as f:
-        f.write("\n" + "\n".join(summary) + "\n")
+        f.write("\n" + (speeds + "\n" if speeds else "") + "\n".join(summary) + "\n")
     print()
     log(f"done in {timings['total_s']:.0f} s ({timings['cpu_s']:.0f} CPU-seconds). "
         f"Outputs in {out}:")

@@ -1,9 +1,10 @@
 """The quickstart end to end at its smallest setting, and the sweep's refusal of dropped tokens.
 
 One quickstart run (``--smoke``: the embedded corpus, a 1-layer model, 40 updates, evaluated
-at L..8L) is shared by the tests of this file. It evaluates the non-overlapping mode only, to
-halve its fairseq-eval-lm runs; the sliding-window mode (the same code with
-``--context-window``) is run by the sweep test below.
+at L..8L, and with ``--window-cutoff 2``: the ALiBi model again with the load-time cutoff) is
+shared by the tests of this file. It evaluates the non-overlapping mode only, to halve its
+fairseq-eval-lm runs; the sliding-window mode (the same code with ``--context-window``) is run
+by the sweep test below.
 """
 
 import csv
@@ -31,6 +32,9 @@ pytestmark = pytest.mark.slow
 
 SMOKE_LENGTHS = [16, 32, 64, 128]  # the smoke setting's L=16, 2L, 4L, 8L
 ROWS = ["ALiBi", "Sinusoidal"]
+#: ``--window-cutoff 2``: windows of 8, 32, 128, 512 keys for the smoke model's 4 heads, so the
+#: steepest head drops keys at every smoke length
+WINDOW_ROWS = ["ALiBi T=2"]
 #: perplexity at every smoke length, measured 2026-11-26 at --seed 1 and seeds 2, 3 (the same on
 #: 2 threads): ALiBi 134.3-134.8 (122.0-122.5, 128.6-128.9), Sinusoidal 138.2-138.4
 #: (138.3-138.7, 139.8-140.3); each range adds the seeds' spread on each side
@@ -48,7 +52,7 @@ def _python(*args, env=None):
 def smoke(tmp_path_factory):
     out = tmp_path_factory.mktemp("quickstart") / "out"
     proc = _python("-m", "fairseq_alibi.quickstart", "--smoke", "--out", str(out),
-                   "--modes", "nonoverlapping", "--no-progress")
+                   "--modes", "nonoverlapping", "--no-progress", "--window-cutoff", "2")
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     return out, proc.stdout
 
@@ -68,8 +72,10 @@ def test_quickstart_writes_table_csv_and_plot(smoke):
     with open(out / "extrapolation.csv") as f:
         rows = list(csv.DictReader(f))
     assert sorted((r["model"], r["mode"], int(r["length"])) for r in rows) == sorted(
-        (m, "nonoverlapping", n) for m in ROWS for n in SMOKE_LENGTHS
+        (m, "nonoverlapping", n) for m in ROWS + WINDOW_ROWS for n in SMOKE_LENGTHS
     )
+    window_rows = [r for r in rows if r["model"] in WINDOW_ROWS]
+    rows = [r for r in rows if r["model"] not in WINDOW_ROWS]
     for r in rows:
         assert r["refused"] == ""
         assert int(r["tokens"]) == int(r["expected_tokens"]) == expected  # every token, every run
@@ -80,17 +86,18 @@ def test_quickstart_writes_table_csv_and_plot(smoke):
         assert r["context_window"] == "0"
         assert os.path.isfile(r["log"])
 
-    table = (out / "extrapolation.md").read_text()
+    table, speeds = (out / "extrapolation.md").read_text().split("fairseq-eval-lm tokens/s")
     by_row = {}
     for line in table.splitlines():
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
         if cells[0] == "model":
             assert cells[1:] == ["16 (L)", "32", "64", "128"]
-        if cells[0] in ROWS:
+        if cells[0] in ROWS + WINDOW_ROWS:
             values = [float(c) for c in cells[1:]]  # 'refused' would not parse
             assert len(values) == 4 and all(math.isfinite(v) for v in values)
             by_row.setdefault(cells[0], []).append(values)
-    assert {k: len(v) for k, v in by_row.items()} == {"ALiBi": 1, "Sinusoidal": 1}
+    assert {k: len(v) for k, v in by_row.items()} == {"ALiBi": 1, "Sinusoidal": 1,
+                                                      "ALiBi T=2": 1}
     csv_ppl = {(r["model"], int(r["length"])): float(r["perplexity"]) for r in rows}
     # ALiBi up to 8L: within 0.4% of its perplexity at L at each measured seed (the bound adds
     # the seeds' spread)
@@ -99,6 +106,8 @@ def test_quickstart_writes_table_csv_and_plot(smoke):
     for model in ROWS:
         assert by_row[model][0] == [round(csv_ppl[model, n], 2) for n in SMOKE_LENGTHS]
 
+    check_window_rows(window_rows, csv_ppl, by_row, speeds, expected)
+
     width, height = _png_size(out / "extrapolation.png")
     assert width > 400 and height > 300
 
@@ -106,6 +115,26 @@ def test_quickstart_writes_table_csv_and_plot(smoke):
     assert str(out) in stdout and "extrapolation.png" in stdout
     assert f"same {expected:,} test tokens" in stdout
     assert (out / "run.json").is_file()
+
+
+def check_window_rows(window_rows, dense_ppl, table_rows, speeds, expected):
+    """``--window-cutoff 2``'s rows: the ALiBi checkpoint with the load-time override, on every
+    test token, close to the dense row (the windows drop keys of negligible weight), in the
+    table, and in the tokens/s table against the dense row."""
+    for r in window_rows:
+        assert r["refused"] == "" and int(r["tokens"]) == expected
+        command = open(r["log"]).readline()  # shell-quoted: '{'\''alibi_window_cutoff'\'': 2.0}'
+        assert "--model-overrides" in command and "alibi_window_cutoff" in command
+        assert "2.0}" in command
+        assert abs(float(r["perplexity"]) / dense_ppl["ALiBi", int(r["length"])] - 1) < 0.01
+    assert table_rows["ALiBi T=2"][0] == [
+        round(float(r["perplexity"]), 2)
+        for r in sorted(window_rows, key=lambda r: int(r["length"]))]
+    lines = {line.split("|")[1].strip(): line for line in speeds.splitlines()
+             if line.startswith("| ALiBi")}
+    assert set(lines) == {"ALiBi", "ALiBi T=2"}
+    assert lines["ALiBi T=2"].count("×)") == len(SMOKE_LENGTHS)
+    assert "×" not in lines["ALiBi"]
 
 
 def test_parse_eval_output_reads_the_real_log(smoke):
