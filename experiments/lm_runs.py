@@ -4,6 +4,7 @@ Every step is a fairseq command line run as a subprocess (``fairseq-train``,
 ``fairseq-eval-lm`` through :mod:`fairseq_alibi.sweep`), as a user would run it.
 """
 
+import argparse
 import json
 import os
 import re
@@ -40,6 +41,16 @@ def publish(out: Path, name: str, report: str, record: dict, log, seconds: float
     print(report)
     log(f"done in {seconds:.0f} s; outputs in {out}")
     return 0
+
+
+def comma_list(kind):
+    """argparse type: ``a,b`` as numbers of ``kind``, sorted, once each."""
+    def parse(text: str) -> list:
+        try:
+            return sorted({kind(part) for part in text.split(",") if part.strip()})
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a comma-separated list of numbers: {text!r}")
+    return parse
 
 
 def data_folder(out: Path, data: Optional[str], vocab: int, env: dict, seed: int,

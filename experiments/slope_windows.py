@@ -48,16 +48,15 @@ import csv
 import importlib
 import math
 import os
-import re
 import sys
 import time
 from pathlib import Path
 from typing import List, Optional, Sequence
 
 from benchmarks.tables import machine, table, today
-from experiments.lm_runs import (DEFAULT_WIKITEXT, prepare_model, publish, start_run,
-                                 wikitext_files)
-from fairseq_alibi.cli.quickstart import SIZES, SMOKE_L
+from experiments.lm_runs import (DEFAULT_WIKITEXT, comma_list, prepare_model, publish,
+                                 start_run, wikitext_files)
+from fairseq_alibi.cli.quickstart import SIZES, SMOKE_L, eval_tokens_per_second
 from fairseq_alibi.cli.sweep import SweepModel, run_sweep
 
 CUTOFFS = (2, 4, 6, 8, 12, 16)
@@ -72,7 +71,6 @@ DENSE_AGAIN = "off (again)"
 RESOLUTION = math.log(2) * 5e-5
 LOST_MASS_TITLE = ("Largest attention mass a query of the dense model puts beyond its head's "
                    "window (every layer and head):")
-_SPEED = re.compile(r"Evaluated [\d,]+ tokens in ([\d.]+)s \(([\d.]+) tokens/s\)")
 
 
 #: the model families measured (``--family``); per family its training length, evaluation
@@ -158,9 +156,9 @@ def number_list(parser, text: Optional[str], default: Sequence, kind) -> list:
     if text is None:
         return sorted(set(default))
     try:
-        return sorted({kind(part) for part in text.split(",") if part.strip()})
-    except ValueError:
-        parser.error(f"not a comma-separated list of numbers: {text!r}")
+        return comma_list(kind)(text)
+    except argparse.ArgumentTypeError as error:
+        parser.error(str(error))
 
 
 def label(cutoff: Optional[float]) -> str:
@@ -196,8 +194,7 @@ def evaluate(checkpoint, data, cutoffs, lengths, out: Path, threads: int, log,
                                threads=threads, progress=False, title=f"Slope windows at N={n}")
             result.check()
             for point in result.points:
-                found = _SPEED.findall(Path(point.log).read_text())
-                speeds[point.model].append(float(found[-1][1]) if found else None)
+                speeds[point.model].append(eval_tokens_per_second(point.log))
         for point in result.points:  # perplexities: the same every round
             measured = sorted(v for v in speeds[point.model] if v is not None)
             rows.append({"cutoff": point.model, "T": values.get(point.model), "length": n,

@@ -51,7 +51,7 @@ from pathlib import Path
 from typing import Dict, List, Optional
 
 from benchmarks.tables import machine, table, today
-from experiments.lm_runs import data_folder, publish, run_all, start_run, train
+from experiments.lm_runs import comma_list, data_folder, publish, run_all, start_run, train
 from fairseq_alibi.cli.quickstart import SIZES, SMOKE, SMOKE_L
 from fairseq_alibi.cli.sweep import SweepModel, run_sweep
 
@@ -76,16 +76,6 @@ SPEED_GOAL = 1.5
 def label(cutoff: Optional[float]) -> str:
     """A setting's name: ``off`` (dense) or ``T=8``."""
     return "off" if not cutoff else f"T={cutoff:g}"
-
-
-def comma_list(kind):
-    """argparse type: ``a,b`` as numbers of ``kind``, sorted, once each."""
-    def parse(text: str) -> list:
-        try:
-            return sorted({kind(part) for part in text.split(",") if part.strip()})
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"not a comma-separated list of numbers: {text!r}")
-    return parse
 
 
 def parse_args(argv=None):
