@@ -1,4 +1,4 @@
-"""Decoding in bounded memory (issue 38): a language model generating far past its training
+"""Decoding in bounded memory: a language model generating far past its training
 length with slope windows, side by side with the same model without them.
 
     python -m benchmarks.decoding_windows [--smoke] [--tokens 32768] [--segment 2048]

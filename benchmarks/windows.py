@@ -1,4 +1,4 @@
-"""Slope windows (issue 38): windowed ALiBi attention against dense ALiBi and the dense limit.
+"""Slope windows: windowed ALiBi attention against dense ALiBi and the dense limit.
 
     python -m benchmarks.windows [--quick] [--tables targets,cutoffs,thresholds]
         [--lengths 1024,2048,4096,8192] [--cutoff 8] [--cutoffs 2,4,6,8,12,16]

@@ -35,7 +35,7 @@ blocks of ``N``) summed over the keys beyond the head's window ``W_h``
 
 (and ``j - i`` beyond the look-ahead window for bidirectional variants): what the windowed
 model renormalises away. The report names the smallest ``T`` whose perplexity is within
-0.1 % of dense at every length measured (issue 38's goal), or says that none is: the bound a
+0.1 % of dense at every length measured (the goal), or says that none is: the bound a
 recommendation must respect, not the recommendation itself (a larger ``T`` keeps a margin).
 
 Outputs in ``--out``: ``slope_windows.md``, ``slope_windows.csv`` (one row per T and N),

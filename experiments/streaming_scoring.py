@@ -25,7 +25,7 @@ end-of-sentence symbol for both) in two ways:
   "{'alibi_window_cutoff': T}"``.
 
 Every run must score every prefix token (checked). Per scorer the report gives the perplexity,
-streaming's change against each window ``ppl_stream / ppl_window - 1`` (issue 38's goal:
+streaming's change against each window ``ppl_stream / ppl_window - 1`` (the goal:
 ``<= +0.5 %``), the tokens/s fairseq-eval-lm's timer reports (the forward passes only, the same
 timer in both tools), and streaming's tokens/s over each window's (goal ``>= 20×`` at
 ``L' >= 256``): the runs follow each other in every round and the median of ``--rounds`` is
@@ -51,7 +51,7 @@ from fairseq_alibi.cli.quickstart import SIZES, SMOKE_L
 from fairseq_alibi.cli.sweep import (SweepModel, eval_command, parse_eval_output, refusal,
                                      split_token_count)
 
-#: issue 38's goals: streaming's perplexity at most this much above the stride-1 window's, at
+#: the goals: streaming's perplexity at most this much above the stride-1 window's, at
 #: least this many times its tokens/s
 PERPLEXITY_GOAL, SPEED_GOAL = 0.005, 20.0
 #: tokens of one forward pass of the sliding window (its batch: this many // L' windows)

@@ -1,4 +1,4 @@
-"""Training with a slope-window cutoff (issue 38): perplexity against dense over seeds, and the
+"""Training with a slope-window cutoff: perplexity against dense over seeds, and the
 training step's speed at a long length.
 
     python -m experiments.window_training [--out DIR] [--cutoffs 8] [--seeds 1,2,3]
@@ -69,7 +69,7 @@ SMOKE_SEEDS, SMOKE_MAX_UPDATE, SMOKE_SPEED_LENGTH = (1, 2), 6, 64
 #: ``--smoke``: a cutoff whose window (8 keys for the smoke model's steepest head) is shorter
 #: than the smoke's L = 16, so that the cutoff changes the model; the test split only
 SMOKE_CUTOFFS, SMOKE_SPLITS = (2,), ("test",)
-#: issue 38's goal for the step at L = 4096
+#: the goal for the step at L = 4096
 SPEED_GOAL = 1.5
 
 

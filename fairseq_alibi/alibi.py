@@ -167,7 +167,7 @@ def alibi_bias(slopes, query_len, key_len, variant="causal", future_slopes=None,
     return bias
 
 
-# ---------------------------------------------------------------- slope windows (issue 38)
+# ---------------------------------------------------------------- slope windows
 #
 # Head ``h`` gives a key at distance ``d`` the bias ``-m_h·d``: beyond ``W_h = ceil(T / m_h)``
 # the bias is below ``-T`` nats, so the key's softmax weight is at most ``e^-T`` times what it

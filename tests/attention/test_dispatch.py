@@ -285,7 +285,7 @@ def test_checkpoint_saved_with_the_old_sdpa_loads_and_computes_the_same(
         torch.testing.assert_close(old(tokens)[0], want, **TOL)
 
 
-# ------------------------------------------------------------ auto with slope windows (issue 38)
+# ------------------------------------------------------------ auto with slope windows
 
 
 def windowed_call(variant, length, cutoff, heads=8, **fields):

@@ -1,4 +1,4 @@
-"""Decoding in bounded memory (issue 38, item 3): with slope windows a causal layer's KV cache
+"""Decoding in bounded memory: with slope windows a causal layer's KV cache
 keeps only the last ``max_h W_h`` keys (:func:`~fairseq_alibi.modules.attention.windowed.
 decoding_reach`), in a buffer that rolls, and still equals the full forward with the same
 cutoff (float64 reference of the windowed definition): step by step and in chunks, long enough

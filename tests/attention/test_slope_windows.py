@@ -1,4 +1,4 @@
-"""Slope windows (issue 38): the window math of fairseq_alibi/alibi.py, the CPU windowed backend
+"""Slope windows: the window math of fairseq_alibi/alibi.py, the CPU windowed backend
 (fairseq_alibi/modules/attention/windowed.py) against a float64 reference written from the
 definition, and the smoke run of benchmarks/windows.py."""
 
@@ -25,7 +25,7 @@ from tests.helpers.references import MASKED, reference_windowed_bias
 
 
 def test_eight_causal_heads_at_cutoff_eight_keep_16_to_2048_keys():
-    # slopes 1/2 … 1/256: W = ceil(8 / m) = 16, 32, …, 2048 (the issue's example)
+    # slopes 1/2 … 1/256: W = ceil(8 / m) = 16, 32, …, 2048 (the example of the docs)
     assert window_lengths(get_slopes(8), 8) == [16, 32, 64, 128, 256, 512, 1024, 2048]
     back, ahead = variant_windows(get_slopes(8), 8, "causal")
     assert back == [16, 32, 64, 128, 256, 512, 1024, 2048] and ahead == [0] * 8

@@ -1,4 +1,4 @@
-"""Slope windows in the attention (``--alibi-window-cutoff``, issue 38): a stack's bias with a
+"""Slope windows in the attention (``--alibi-window-cutoff``): a stack's bias with a
 cutoff gives each call its windows, every backend that declares ``windows`` computes the
 windowed definition through ``AlibiMultiheadAttention`` (float64 reference: each variant, key
 padding, learned scales, global tokens, partial heads, windows that drop keys), the others

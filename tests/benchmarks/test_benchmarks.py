@@ -89,7 +89,7 @@ def test_unknown_benchmark_name_is_a_clear_error():
 
 
 def test_quick_run_of_the_slope_window_tables(tmp_path, capsys):
-    """benchmarks/windows.py's three tables (issue 38): the targets, time and peak memory per
+    """benchmarks/windows.py's three tables: the targets, time and peak memory per
     cutoff, auto's choice against the measured times with its check line."""
     import json
 

@@ -1,4 +1,4 @@
-"""Generation in bounded memory (issue 38, item 3) through the language model: with slope windows
+"""Generation in bounded memory through the language model: with slope windows
 (``--alibi-window-cutoff``, or the load-time override of a trained model) every layer's KV
 cache stays at its bound while the decoder generates far past the training length, and the
 outputs are those of the full forward with the same cutoff: step by step, through fairseq's

@@ -1,4 +1,4 @@
-"""Misspelt ALiBi options at load time (issue 38, "Bad input"): fairseq drops an unknown
+"""Misspelt ALiBi options at load time: fairseq drops an unknown
 ``--model-overrides`` key (a hydra-era checkpoint of a dataclass model) or sets it where nothing
 reads it (an argparse-era checkpoint, a legacy model's Namespace), and the run would report
 figures as if the option were on. A key that starts like one of the package's options but names

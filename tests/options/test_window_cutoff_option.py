@@ -1,4 +1,4 @@
-"""``--alibi-window-cutoff T`` (slope windows, issue 38) as a model option: declared once, it is
+"""``--alibi-window-cutoff T`` (slope windows) as a model option: declared once, it is
 a flag of every family and side with a distance bias, a hydra field, 0 (today's bias) for
 checkpoints written before it, saved and loaded, a load-time override of a model trained
 without it, a one-line error for bad values, and cached decoding equals the full forward with
