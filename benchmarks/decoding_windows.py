@@ -19,7 +19,9 @@ Per segment of ``--segment`` steps: the median step time of each model, as ratio
 by side (``bounded ÷ dense``, and each model's own step time ÷ its time in the first segment
 that starts at or after ``max_h W_h`` cached keys: flat means within 10 %); at the end of each
 checkpoint segment (doubling: 2k, 4k, …, 32k), the KV cache's bytes (every layer's key and
-value buffers, spare room included). The growth of the process's peak resident set (``VmHWM``,
+value buffers, spare room included). Those per-segment ratios of one model compare different minutes;
+the flatness is then measured side by side too (:func:`aged_vs_young`): the bounded model
+aged to ``--tokens`` tokens against itself just past ``max_h W_h``, steps alternating. The growth of the process's peak resident set (``VmHWM``,
 reset after the prompt) over the generation, is measured for each model alone in a process of its own
 (one process per model: a peak is per process). The equality check: the bounded model's
 generated tokens are the greedy choices of one full forward with the same cutoff over the first
@@ -97,6 +99,27 @@ class Generation:
             self.times.append(time.perf_counter() - start)
 
 
+def aged_vs_young(model, prompt: torch.Tensor, tokens: int, reach: int, steps: int) -> float:
+    """The bounded model's step after ``tokens`` generated tokens ÷ its step just past
+    ``reach`` (its cache already at the bound), measured side by side: two generations of the
+    same model, steps alternating, the median of ``steps`` paired ratios. Unlike comparing
+    segments of one generation, the two are timed in the same minutes, so a change in the
+    machine's load cancels out: what is left is what the length itself costs."""
+    aged = Generation(model, prompt, tokens + steps)
+    for _ in range(tokens):
+        aged.step()
+    young = Generation(model, prompt, reach + steps)
+    for _ in range(reach):
+        young.step()
+    aged.times.clear()
+    young.times.clear()
+    for i in range(steps):
+        first, second = (aged, young) if i % 2 else (young, aged)
+        first.step()
+        second.step()
+    return statistics.median(a / y for a, y in zip(aged.times, young.times))
+
+
 def checkpoints(tokens: int, segment: int) -> List[int]:
     """``segment, 2·segment, 4·segment, … tokens``."""
     found, n = [], segment
@@ -167,7 +190,7 @@ def rss_in_own_process(name, cutoff, tokens, smoke) -> int:
     return int(proc.stdout.split()[-1])
 
 
-def report(runs, cache, segment, reach, rss, agreement) -> str:
+def report(runs, cache, segment, reach, rss, agreement, aged) -> str:
     """The Markdown table and the lines under it."""
     marks = sorted(cache["bounded"])
     medians = {name: [statistics.median(runs[name].times[t - segment:t]) for t in marks]
@@ -195,6 +218,8 @@ def report(runs, cache, segment, reach, rss, agreement) -> str:
         f"Bounded model: max_h W_h = {reach:,} keys. From {base:,} tokens on its step time "
         f"spreads by {100 * spread:.1f} % (max ÷ min − 1 of the segment medians) and its KV "
         f"cache is {'constant' if len(cache_after) == 1 else 'not constant'}.",
+        f"Side by side (the same minutes): its step after {marks[-1]:,} tokens ÷ its step just "
+        f"past max_h W_h, steps alternating, median of {segment:,} pairs: {aged:.3f}.",
         f"Peak RSS growth over the generation, each model alone in its own process: bounded "
         f"{rss['bounded'] / 2**20:.1f} MiB, dense {rss['dense'] / 2**20:.1f} MiB.",
         f"Equality: {agree:,} of the first {checked:,} generated tokens are the greedy choices "
@@ -265,8 +290,10 @@ def main(argv=None):
     bounded = runs["bounded"]
     reach = max(max(bounded.decoder.alibi.windows_of(layer)[0]) for layer in range(dims[0]))
     agreement = greedy_agreement((bounded.decoder, None), cutoff, bounded.tokens, check)
+    aged = aged_vs_young((bounded.decoder, bounded.step_fn), bounded.tokens[0, :PROMPT],
+                         tokens, reach, segment)
     rss = {name: rss_in_own_process(name, cutoff, tokens, args.smoke) for name in MODELS}
-    body = report(runs, cache, segment, reach, rss, agreement)
+    body = report(runs, cache, segment, reach, rss, agreement, aged)
     shape = (f"{dims[0]} layers, {dims[1]} dims, {dims[2]} heads, vocabulary {VOCAB}, "
              f"T = {cutoff:g}, prompt {PROMPT}, {tokens:,} tokens, greedy, batch 1, "
              f"{args.threads} thread(s)")

@@ -29,6 +29,8 @@ def test_the_smoke_run_writes_its_table_and_the_bounded_cache_stays_flat():
     bounded, dense = [float(r[4]) for r in rows], [float(r[5]) for r in rows]
     assert bounded[2] == bounded[3] and dense[3] > dense[2] > bounded[3], rows
     assert "max_h W_h = 128 keys" in out and "its KV cache is constant" in out
+    aged = float(out.split("median of 64 pairs: ")[1].split(".\n")[0])
+    assert aged > 0, out
     assert "Equality: 512 of the first 512 generated tokens" in out and "(all)" in out
 
 
