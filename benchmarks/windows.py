@@ -227,6 +227,8 @@ def main(argv=None):
     parser.add_argument("--rounds", type=int, default=3, help="interleaved timing rounds")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
     parser.add_argument("--batch", type=int, default=1, help="sequences per call")
+    parser.add_argument("--head-dim", type=int, default=None,
+                        help="head size D (default 64; --quick: 16)")
     parser.add_argument("--json", default=None, help="write the thresholds' records to this file")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -237,6 +239,10 @@ def main(argv=None):
     if any(not c > 0 for c in cutoffs) or args.cutoff <= 0:
         parser.error("--cutoff/--cutoffs: each cutoff must be a positive number of nats")
     head_dim, rounds = (16, 1) if args.quick else (64, args.rounds)
+    if args.head_dim is not None:
+        if args.head_dim < 1:
+            parser.error(f"--head-dim must be a positive number of dims, got {args.head_dim}")
+        head_dim = args.head_dim
     log = lambda line: print(line, file=sys.stderr)  # noqa: E731
     command = "python -m benchmarks.windows " + " ".join(argv if argv is not None else sys.argv[1:])
     parts = [f"Command: `{command.strip()}`  \nMachine: {machine()}"]
