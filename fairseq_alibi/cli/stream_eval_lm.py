@@ -30,6 +30,7 @@ from typing import Iterator, List, Optional
 
 import torch
 
+from fairseq_alibi.error_hints import raised_by_plugin
 from fairseq_alibi.modules.streaming import stream_states, streamed_attentions
 from fairseq_alibi.paths import user_dir
 
@@ -156,6 +157,9 @@ def load_models(cfg, task):
             wrong = not_a_language_model(path)
             if wrong:
                 raise StreamError(wrong) from exc
+        if isinstance(exc, ValueError) and raised_by_plugin(exc):
+            # the plugin's own option check (e.g. a bad load-time override): its line is the fix
+            raise StreamError(str(exc)) from exc
         raise
     use_cuda = torch.cuda.is_available() and not cfg.common.cpu
     for model in models:

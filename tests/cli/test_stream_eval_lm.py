@@ -72,9 +72,14 @@ def test_bad_input_is_one_line_naming_the_fix(trained_lm_checkpoint, tiny_lm_dat
          "drop --context-window"),
         ((tiny_lm_data, trained_lm_checkpoint, "--sample-break-mode", "eos"),
          "drop --sample-break-mode"),
+        ((tiny_lm_data, trained_lm_checkpoint, "--model-overrides",
+          "{'alibi_window_cutoff': -1}"), "--alibi-window-cutoff must be a finite number"),
+        ((tiny_lm_data, trained_lm_checkpoint, "--model-overrides",
+          "{'alibi_window_cutof': 8}"), "did you mean 'alibi_window_cutoff'"),
     ]
     for args, message in cases:
         code, out = stream(*args, expect_ok=False)
         last = out.strip().splitlines()[-1]
         assert code != 0 and last.startswith("fairseq-alibi eval-lm-stream: error: "), out[-2000:]
+        assert "Traceback" not in out, out[-2000:]
         assert message in last, last
