@@ -30,9 +30,12 @@ cutoff ``T`` (``W_h = ceil(T / m_h)``; 8 heads, ``T = 8``: 16, 32, …, 2048 key
   read whatever its values, so it is timed once, with the largest cutoff's bias), ``dense auto``
   without a cutoff, and ``windowed`` at each cutoff. Each row gives the cost model's
   prediction of ``windowed ÷ sdpa`` (:func:`~fairseq_alibi.modules.attention.dispatch.
-  windowed_cost`, what ``auto`` decides on), the measured ``windowed ÷ sdpa``, ``auto``'s choice and ``auto ÷ sdpa``, ``auto ÷ dense auto`` (time
-  ratios: below 1 is faster); a check line says whether ``auto`` with a cutoff was ever slower
-  than the dense choice by more than :data:`NOISE`.
+  windowed_cost`, what ``auto`` decides on for the bidirectional variants; ``by length`` for
+  causal and one_sided, which it sends to ``windowed`` from ``FOLD_MIN_LENGTH`` keys on), the
+  measured ``windowed ÷ sdpa``, ``auto``'s choice and ``auto ÷ sdpa``, ``auto ÷ dense auto``
+  (time ratios: below 1 is faster); two check lines say whether ``auto`` with a cutoff was
+  ever slower than the dense choice, or than ``dense auto`` without a cutoff, by more than
+  :data:`NOISE`.
 """
 
 import argparse
@@ -162,7 +165,7 @@ def thresholds(lengths, variants, cutoffs, passes=PASSES, rounds=3, batch=1, hea
     """``(shape line, Markdown table, check line, records)``: ``auto``'s choice for whole
     windowed sequences against the measured times (module docstring, ``thresholds``)."""
     scale = 1 / math.sqrt(head_dim)
-    rows, records, slower = [], [], []
+    rows, records, slower, slower_than_dense = [], [], [], []
     for variant in variants:
         layers = {c: layer_of(heads, variant, c) for c in cutoffs}
         found = {"sdpa": attending("sdpa", layers[max(cutoffs)], scale),
@@ -177,24 +180,33 @@ def thresholds(lengths, variants, cutoffs, passes=PASSES, rounds=3, batch=1, hea
                         call = dispatch.call_of(q.requires_grad_(pass_name != "forward"), k, k,
                                                 layers[c])
                         chosen = dispatch.auto_backend(call)
+                        # the cost model decides the calls not sent to windowed by length
+                        by_length = variant in dispatch.ONE_WAY_VARIANTS
                         predicted = dispatch.windowed_cost(call.windows, variant, L)
                         win = rounds_of.ratio(_label(c), "sdpa")
                         auto = win if chosen == "windowed" else 1.0
                         auto_dense = rounds_of.ratio(
                             _label(c) if chosen == "windowed" else "sdpa", "dense auto")
                         records.append(dict(variant=variant, length=L, pass_name=pass_name,
-                                            cutoff=c, predicted=predicted, windowed_over_sdpa=win,
-                                            chosen=chosen, auto_over_dense_auto=auto_dense))
-                        rows.append([variant, L, pass_name, f"{c:g}", f"{predicted:.2f}",
+                                            cutoff=c, predicted=None if by_length else predicted,
+                                            windowed_over_sdpa=win, chosen=chosen,
+                                            auto_over_dense_auto=auto_dense))
+                        rows.append([variant, L, pass_name, f"{c:g}",
+                                     "by length" if by_length else f"{predicted:.2f}",
                                      f"{win:.2f}", chosen, f"{auto:.2f}", f"{auto_dense:.2f}"])
                         if auto > 1 + NOISE:
                             slower.append(f"{variant} L={L} {pass_name} T={c:g} ({auto:.2f})")
+                        if auto_dense > 1 + NOISE:
+                            slower_than_dense.append(
+                                f"{variant} L={L} {pass_name} T={c:g} ({auto_dense:.2f})")
                 log(f"[windows] {variant} L={L} {pass_name}: sdpa "
                     f"{rounds_of.median('sdpa'):.3f}s, windowed ÷ sdpa " + ", ".join(
                         f"{_label(c)} {rounds_of.ratio(_label(c), 'sdpa'):.2f}"
                         for c in cutoffs))
     shape = (f"B={batch}, H={heads}, D={head_dim}, float32, {rounds} interleaved round(s), "
-             f"median; auto: WINDOWED_MIN_LENGTH={dispatch.WINDOWED_MIN_LENGTH}, "
+             f"median; auto: causal and one_sided from FOLD_MIN_LENGTH="
+             f"{dispatch.FOLD_MIN_LENGTH}, the others from WINDOWED_MIN_LENGTH="
+             f"{dispatch.WINDOWED_MIN_LENGTH}, "
              f"WINDOWED_COST={dispatch.WINDOWED_COST}, "
              f"WINDOWED_MAX_COST={dispatch.WINDOWED_MAX_COST:g}")
     body = table(["variant", "L", "pass", "T", "predicted", "windowed ÷ sdpa", "auto",
@@ -203,6 +215,11 @@ def thresholds(lengths, variants, cutoffs, passes=PASSES, rounds=3, batch=1, hea
              f"bias) by more than {NOISE:.0%} in {len(records)} cases" if not slower else
              f"Check: auto with a cutoff was SLOWER than the dense choice by more than "
              f"{NOISE:.0%} in {len(slower)} of {len(records)} cases: " + "; ".join(slower))
+    check += ("\nCheck: auto with a cutoff was never slower than dense auto without one by more "
+              f"than {NOISE:.0%} in {len(records)} cases" if not slower_than_dense else
+              "\nCheck: auto with a cutoff was SLOWER than dense auto without one by more than "
+              f"{NOISE:.0%} in {len(slower_than_dense)} of {len(records)} cases: "
+              + "; ".join(slower_than_dense))
     return shape, body, check, records
 
 

@@ -296,13 +296,19 @@ def windowed_call(variant, length, cutoff, heads=8, **fields):
                 windows=windows, **fields)
 
 
-#: (variant, length, cutoff, auto's choice): what was measured (docs/benchmarks.md, "Slope
-#: windows"): windowed was slower than sdpa's dense windowed bias below 1024 keys for every
-#: variant and T (but causal at 768), for the bidirectional variants at T >= 4 up to 2048 keys
-#: and at T = 16 up to 8192 keys, its windows then covering much of the sequence; faster for
-#: small windows of long sequences
-WINDOWED_POLICY = [(variant, length, cutoff, "sdpa") for variant in VARIANTS
-                   for length, cutoff in ((256, 2.0), (512, 2.0), (768, 2.0), (1023, 2.0))] + [
+#: (variant, length, cutoff, auto's choice): what was measured (docs/benchmarks.md, "auto's
+#: choice with windows"): the one-way variants (causal, one_sided) run windowed from the fold's
+#: length on (their head groups are fold calls, over blocks where a window drops keys: never
+#: slower than the fold of every key), sdpa's memoised windowed bias below; for the
+#: bidirectional variants windowed was slower than sdpa's dense windowed bias below 1024 keys,
+#: at T >= 4 up to 2048 keys and at T = 16 up to 8192 keys, its windows then covering much of
+#: the sequence; faster for small windows of long sequences
+ONE_WAY = ("causal", "one_sided")
+WINDOWED_POLICY = [
+    (variant, length, cutoff, "sdpa") for variant in VARIANTS
+    for length, cutoff in ((256, 2.0), (512, 2.0), (639, 16.0))] + [
+    (variant, length, cutoff, "windowed" if variant in ONE_WAY else "sdpa")
+    for variant in VARIANTS for length, cutoff in ((640, 16.0), (768, 2.0), (1023, 2.0))] + [
     ("causal", 2048, 2.0, "windowed"),
     ("causal", 2048, 8.0, "windowed"),
     ("causal", 4096, 16.0, "windowed"),
@@ -310,7 +316,7 @@ WINDOWED_POLICY = [(variant, length, cutoff, "sdpa") for variant in VARIANTS
     ("symmetric", 1024, 8.0, "sdpa"),
     ("offset", 2048, 8.0, "sdpa"),
     ("asymmetric", 1536, 16.0, "sdpa"),
-    ("one_sided", 1024, 16.0, "sdpa"),
+    ("one_sided", 1024, 16.0, "windowed"),
     ("symmetric", 8192, 12.0, "windowed"),
     ("symmetric", 8192, 16.0, "sdpa"),  # its widest head covers the keys: a dense chunk
     ("offset", 8192, 16.0, "sdpa"),
@@ -327,9 +333,14 @@ def test_auto_with_slope_windows_follows_the_measurements(variant, length, cutof
 
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_auto_picks_windowed_exactly_where_the_cost_model_says(variant):
+    """The bidirectional variants, and the one-way ones with global tokens (which the blocks
+    do not take)."""
     for length, cutoff in itertools.product((512, 1024, 1536, 2048, 4096, 8192),
                                             (2.0, 4.0, 6.0, 8.0, 12.0, 16.0)):
         call = windowed_call(variant, length, cutoff)
+        if variant in ONE_WAY:
+            assert (auto_backend(call) == "windowed") == (length >= dispatch.FOLD_MIN_LENGTH)
+            call = call._replace(global_tokens=2)
         cost = dispatch.windowed_cost(call.windows, variant, length)
         wanted = length >= dispatch.WINDOWED_MIN_LENGTH and cost <= dispatch.WINDOWED_MAX_COST
         assert (auto_backend(call) == "windowed") == wanted, (length, cutoff, cost)

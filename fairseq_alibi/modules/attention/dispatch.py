@@ -192,9 +192,18 @@ DENSE_MASK_BUDGET = 64 * 2**20
 
 #: on the CPU, below this many keys a whole sequence with slope windows runs ``sdpa``'s dense
 #: windowed bias whatever its windows: the chunks' fixed costs dominate (``windowed`` was
-#: slower at 256 and 512 keys for every variant and T = 2…16, and at 768 for all but causal;
-#: the cost model below is fitted from 512 on: docs/benchmarks.md, "Slope windows")
+#: slower at 256 and 512 keys for every variant and T = 2…16, and at 768 for the
+#: bidirectional ones; the cost model below is fitted from 512 on: docs/benchmarks.md, "Slope
+#: windows")
 WINDOWED_MIN_LENGTH = 1024
+
+#: the variants whose windows look one way: ``windowed`` runs each of their head groups as the
+#: fold's kernel (over blocks where the window drops keys: :mod:`.band_fold`) or over chunks of
+#: narrow windows, never slower than the fold over every key, so ``auto`` takes it from
+#: :data:`FOLD_MIN_LENGTH` keys on, where it would fold without a cutoff (below, ``sdpa``'s
+#: memoised windowed bias costs what its dense one does): docs/benchmarks.md, "auto's choice
+#: with windows"
+ONE_WAY_VARIANTS = ("causal", "one_sided")
 
 #: on the CPU, a decoding step with slope windows (a few queries against a KV cache:
 #: :func:`.windowed.few_queries`) is faster with ``windowed``, each head group reading only its
@@ -219,7 +228,9 @@ WINDOWED_MAX_COST = 0.75
 def windowed_cost(windows, variant: str, length: int) -> float:
     """The predicted time of :func:`.windowed.attention` ÷ ``sdpa``'s dense windowed bias for a
     whole sequence of ``S = length`` keys, ``H`` heads with ``windows`` ``(back, ahead)``
-    (``None`` = unbounded), as ``.windowed`` computes it; ``inf`` if a head is *dense*:
+    (``None`` = unbounded), as ``.windowed`` computes it over chunks; ``inf`` if a head is
+    *dense*. ``auto`` consults it for the calls it does not send to ``windowed`` by length
+    (:data:`ONE_WAY_VARIANTS`): the bidirectional variants, and global tokens:
 
         (α₁ · Σ_one-way keys_h + α₂ · Σ_two-way keys_h) / (H·S)  +  β · 1000 / S
 
@@ -256,6 +267,10 @@ def windowed_cost(windows, variant: str, length: int) -> float:
 def _windowed_choice(call: Call) -> str:
     """``auto``'s backend for a call with slope windows (:func:`auto_backend`)."""
     if call.query_len == call.key_len:  # a whole sequence
+        if (call.variant in ONE_WAY_VARIANTS and not call.global_tokens
+                and call.windows is not None and call.key_len >= FOLD_MIN_LENGTH
+                and serves("windowed", call)):
+            return "windowed"
         if (call.key_len >= WINDOWED_MIN_LENGTH and call.windows is not None
                 and windowed_cost(call.windows, call.variant, call.key_len) <= WINDOWED_MAX_COST
                 and serves("windowed", call)):
@@ -285,10 +300,12 @@ def auto_backend(call: Call) -> str:
        ``(B, H, T, S)`` tensor per layer: docs/learned_scales.md).
     3. ``sdpa`` otherwise (it serves every call: decoding steps, dropout, half precision, ...).
 
-    With slope windows (``call.windowed``): ``windowed`` for a whole sequence of
-    :data:`WINDOWED_MIN_LENGTH` keys or more whose :func:`windowed_cost` (the call's windows,
-    ``call.windows``) is at most :data:`WINDOWED_MAX_COST`, where it serves (CPU, float32/64, no
-    dropout, no extra mask), else ``sdpa`` with the dense windowed bias (``fold`` and ``flash``
+    With slope windows (``call.windowed``): ``windowed`` for a whole sequence of a one-way
+    variant (:data:`ONE_WAY_VARIANTS`, no global tokens) from :data:`FOLD_MIN_LENGTH` keys on,
+    and of the others from :data:`WINDOWED_MIN_LENGTH` keys on where :func:`windowed_cost` (the
+    call's windows, ``call.windows``) is at most :data:`WINDOWED_MAX_COST`, where it serves
+    (CPU, float32/64, no dropout, no extra mask), else ``sdpa`` with the dense windowed bias
+    (``fold`` and ``flash``
     refuse windows; ``flex`` serves them with a per-head block mask but was not measured: never
     chosen for a windowed call). Decoding steps (at most ``windowed.FEW_QUERIES`` queries
     against a KV cache, no global tokens): ``windowed`` from :data:`WINDOWED_STEP_MIN_KEYS`

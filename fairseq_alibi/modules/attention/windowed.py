@@ -6,16 +6,22 @@ With a cutoff ``T`` head ``h`` keeps the keys at ``i - j <= back_h`` and ``j - i
 ``softmax(q·kᵀ·scale + windowed_alibi_bias) v``
 (:func:`~fairseq_alibi.alibi.windowed_alibi_bias`, the dense definition). Computed as:
 
-* heads with the same windows form a group; a group whose window (plus a chunk) covers the
-  keys anyway runs as one chunk of ``T`` queries over the keys from the first query's reach
-  on (every key of a whole sequence; with a KV cache, e.g. a decoding step of ``T = 1``, only
-  the ``back + T`` keys ``S - T - back … S - 1``), or, if its window drops no
-  key at all, as the ``fold`` backend where that serves the call (:func:`_folds`);
+* heads with the same windows form a group (windows that reach past every key count as
+  unbounded: such heads share one); a group that looks one way (``causal``, ``one_sided``)
+  over a whole sequence with no global tokens, with a window of half the sequence or more (or
+  of :data:`BANDED_MIN_WINDOW` keys or more), runs as the fold's kernel over blocks
+  (:mod:`.band_fold`: no bias tensor; a window over the whole sequence is the fold itself);
+* any other group whose window (plus a chunk) covers the keys anyway runs as one chunk of
+  ``T`` queries over the keys from the first query's reach on (every key of a whole
+  sequence; with a KV cache, e.g. a decoding step of ``T = 1``, only the ``back + T`` keys
+  ``S - T - back … S - 1``), or, if its window drops no key at all, as the ``fold`` backend
+  where that serves the call (:func:`_folds`);
 * the others split their ``T`` queries into ``n`` chunks of ``c`` (:func:`chunk_size`); chunk
   ``k``, queries ``s … s+c-1``, reads only the ``R = back + c + ahead`` keys
   ``s-back … s+c-1+ahead``. The chunks are the batch of one fused ``scaled_dot_product_attention``
   call, ``(B·n, H_g, c, D)`` against ``(B·n, H_g, R, D)`` keys, with one ``(H_g, c, R)`` bias
-  shared by every chunk (the bias depends on ``i - j`` only): the work is ``T·R`` per head
+  shared by every chunk (the bias depends on ``i - j`` only; made once per group and shape
+  while the slopes need no gradient: :func:`_chunk_bias`): the work is ``T·R`` per head
   instead of ``T·S``, and no ``(H, T, S)`` bias exists;
 * keys outside the sequence (before position 0, past the end), padding keys and, with global
   tokens, window keys that are global tokens are hidden by one more query/key column
@@ -39,7 +45,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from fairseq_alibi.alibi import alibi_bias_between, mask_value, variant_windows
-from fairseq_alibi.modules.attention import dense, fold
+from fairseq_alibi.modules.attention import band_fold, dense, fold
 from fairseq_alibi.modules.attention.capabilities import Capabilities
 
 #: what :func:`run` serves: the slopes' bias (with windows or without: every window unbounded)
@@ -160,18 +166,54 @@ def _band(q, k, v, visible, slopes, future_slopes, variant, heads, window, back,
         va = torch.cat([widened(v[:, idx, None, :G].transpose(1, 2).expand(shape),
                                 q.new_zeros(())), va], 3)
 
-    # one bias for every chunk: queries at back … back+c-1 of keys 0 … R-1 (only i - j counts)
-    windows = tuple([w] * len(slopes) for w in window)
-    bias = alibi_bias_between(slopes, torch.arange(back, back + chunk), torch.arange(R), variant,
-                              future_slopes, q.dtype, heads=heads, windows=windows)
-    if G:  # the global keys: bias 0 for every query (queries >= G, all of them past)
-        bias = torch.cat([bias.new_zeros(Hg, chunk, G), bias], dim=-1)
+    bias = _chunk_bias(slopes, future_slopes, variant, heads, window, back, chunk, R, G, q.dtype)
     out = F.scaled_dot_product_attention(
         qa.reshape(B * n, Hg, chunk, Dp), ka.reshape(B * n, Hg, G + R, Dp),
         va.reshape(B * n, Hg, G + R, Dp), attn_mask=bias[None], scale=scale,
     )
     out = out.reshape(B, n, Hg, chunk, Dp).transpose(1, 2).reshape(B, Hg, n * chunk, Dp)
     return out[:, :, :t1 - t0, :D]
+
+
+def _within(windows, T, S):
+    """``windows`` with every reach that no key of the call exceeds (``back >= S - 1``,
+    ``ahead >= T - 1``) unbounded: heads whose windows drop no key share a group."""
+    def capped(reach, most):
+        return None if reach is not None and reach >= most else reach
+    return ([capped(b, S - 1) for b in windows[0]], [capped(a, T - 1) for a in windows[1]])
+
+
+def _chunk_bias(slopes, future_slopes, variant, heads, window, back, chunk, R, G, dtype):
+    """The ``(H_g, c, G + R)`` bias of every chunk of a group: queries at ``back … back+c-1``
+    of keys ``0 … R-1`` (only ``i - j`` counts), after ``G`` global keys of bias 0 (queries past
+    them); one per group and shape while the slopes are fixed (no learned-scale gradient)."""
+    if slopes.requires_grad or (future_slopes is not None and future_slopes.requires_grad):
+        return _chunk_bias_of(slopes, future_slopes, variant, tuple(heads), window, back,
+                              chunk, R, G, dtype)
+    key = (tuple(slopes.tolist()), None if future_slopes is None else
+           tuple(future_slopes.tolist()), variant, tuple(heads), window, back, chunk, R, G,
+           dtype, slopes.device)
+    found = _CHUNK_BIASES.get(key)
+    if found is None:
+        if len(_CHUNK_BIASES) >= 64:
+            _CHUNK_BIASES.pop(next(iter(_CHUNK_BIASES)))
+        found = _CHUNK_BIASES[key] = _chunk_bias_of(slopes, future_slopes, variant,
+                                                    tuple(heads), window, back, chunk, R, G,
+                                                    dtype)
+    return found
+
+
+#: the chunk biases made, oldest first (:func:`_chunk_bias`)
+_CHUNK_BIASES = {}
+
+
+def _chunk_bias_of(slopes, future_slopes, variant, heads, window, back, chunk, R, G, dtype):
+    windows = tuple([w] * len(slopes) for w in window)
+    bias = alibi_bias_between(slopes, torch.arange(back, back + chunk), torch.arange(R), variant,
+                              future_slopes, dtype, heads=list(heads), windows=windows)
+    if G:  # the global keys: bias 0 for every query (queries >= G, all of them past)
+        bias = torch.cat([bias.new_zeros(len(heads), chunk, G), bias], dim=-1)
+    return bias
 
 
 def _interior(T, S, back, ahead, chunk) -> Tuple[int, int]:
@@ -198,6 +240,40 @@ def _folded(q, k, v, slopes, future_slopes, variant, heads, scale, key_padding_m
     future = None if future_slopes is None else future_slopes[idx]
     return fold.folded_attention(q[:, idx], k[:, idx], v[:, idx], slopes[idx], future, variant,
                                  scale, key_padding_mask)
+
+
+#: a one-way window of this many keys or more, or of half the sequence or more, runs as
+#: :func:`.band_fold.banded_attention` (the fold's kernel over blocks of about ``W / 4``);
+#: narrower ones as :func:`_band`'s chunks, which were faster for them (the kernel's causal
+#: block and the merges cost more than a chunk with a small shared bias): docs/benchmarks.md,
+#: "Slope windows"
+BANDED_MIN_WINDOW = 1024
+
+
+def _one_way(window, variant, T, S, global_tokens, q, chunk) -> Optional[Tuple[int, bool]]:
+    """``(W, ahead)`` if a group with ``window`` runs as :func:`_banded`: its keys on one side
+    (``causal``, ``one_sided``), a whole sequence with no global tokens on what the fold
+    serves, no chunk size asked for, and a window of :data:`BANDED_MIN_WINDOW` or more or of
+    half the sequence or more (one over the whole sequence: the fold itself)."""
+    back, ahead = window
+    if (chunk is not None or T != S or global_tokens or variant not in ("causal", "one_sided")
+            or not fold.available() or q.device.type != "cpu" or q.dtype not in fold.FOLD_DTYPES):
+        return None
+    looks_ahead = variant == "one_sided" and back == 0 and ahead != 0
+    reach = ahead if looks_ahead else back
+    reach = S - 1 if reach is None else min(reach, S - 1)
+    if reach < BANDED_MIN_WINDOW and 2 * reach < S:
+        return None
+    return reach, looks_ahead
+
+
+def _banded(q, k, v, slopes, heads, one_way, scale, key_padding_mask):
+    """A one-way group's output ``(B, len(heads), T, D)`` by
+    :func:`.band_fold.banded_attention`."""
+    idx = _heads_index(heads, q.device)
+    window, ahead = one_way
+    return band_fold.banded_attention(q[:, idx], k[:, idx], v[:, idx], slopes[idx], window,
+                                      scale, key_padding_mask, ahead)
 
 
 def _global_queries(q, k, v, visible, slopes, future_slopes, variant, global_tokens, scale):
@@ -240,7 +316,12 @@ def attention(q: Tensor, k: Tensor, v: Tensor, slopes: Tensor, future_slopes: Op
     first = S - T
     outs: List[Tensor] = []
     order: List[int] = []
-    for window, heads in _groups(windows).items():
+    for window, heads in _groups(_within(windows, T, S)).items():
+        one_way = _one_way(window, variant, T, S, global_tokens, q, chunk)
+        if one_way is not None:  # no bias tensor: the fold's kernel over blocks
+            outs.append(_banded(q, k, v, slopes, heads, one_way, scale, key_padding_mask))
+            order += heads
+            continue
         # the reach the sequence allows: past keys down to 0, future ones up to S - 1
         back = first + T - 1 if window[0] is None else min(window[0], first + T - 1)
         ahead = T - 1 if window[1] is None else min(window[1], T - 1)
