@@ -299,10 +299,11 @@ def windowed_call(variant, length, cutoff, heads=8, **fields):
 #: (variant, length, cutoff, auto's choice): what was measured (docs/benchmarks.md, "auto's
 #: choice with windows"): the one-way variants (causal, one_sided) run windowed from the fold's
 #: length on (their head groups are fold calls, over blocks where a window drops keys: never
-#: slower than the fold of every key), sdpa's memoised windowed bias below; for the
-#: bidirectional variants windowed was slower than sdpa's dense windowed bias below 1024 keys,
-#: at T >= 4 up to 2048 keys and at T = 16 up to 8192 keys, its windows then covering much of
-#: the sequence; faster for small windows of long sequences
+#: slower than the fold of every key), sdpa's memoised windowed bias below; the bidirectional
+#: variants run windowed where the cost model predicts it faster (slower than sdpa's dense
+#: windowed bias below 1024 keys, and at 1024 keys from T = 4: their windows then cover much
+#: of the sequence; faster for small windows of long sequences) and wherever sdpa's bias would
+#: exceed the dense mask's budget, as without a cutoff (from 1449 keys with 8 heads)
 ONE_WAY = ("causal", "one_sided")
 WINDOWED_POLICY = [
     (variant, length, cutoff, "sdpa") for variant in VARIANTS
@@ -313,13 +314,16 @@ WINDOWED_POLICY = [
     ("causal", 2048, 8.0, "windowed"),
     ("causal", 4096, 16.0, "windowed"),
     ("causal", 8192, 8.0, "windowed"),
+    ("symmetric", 1024, 2.0, "windowed"),
     ("symmetric", 1024, 8.0, "sdpa"),
-    ("offset", 2048, 8.0, "sdpa"),
-    ("asymmetric", 1536, 16.0, "sdpa"),
+    ("offset", 1024, 16.0, "sdpa"),
+    ("offset", 1448, 16.0, "sdpa"),  # the dense bias within its budget
+    ("offset", 1449, 16.0, "windowed"),  # beyond it
+    ("offset", 2048, 8.0, "windowed"),
+    ("asymmetric", 1536, 16.0, "windowed"),
     ("one_sided", 1024, 16.0, "windowed"),
     ("symmetric", 8192, 12.0, "windowed"),
-    ("symmetric", 8192, 16.0, "sdpa"),  # its widest head covers the keys: a dense chunk
-    ("offset", 8192, 16.0, "sdpa"),
+    ("symmetric", 8192, 16.0, "windowed"),
 ] + [(variant, 4096, 2.0, "windowed") for variant in VARIANTS]
 
 
@@ -334,7 +338,7 @@ def test_auto_with_slope_windows_follows_the_measurements(variant, length, cutof
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_auto_picks_windowed_exactly_where_the_cost_model_says(variant):
     """The bidirectional variants, and the one-way ones with global tokens (which the blocks
-    do not take)."""
+    do not take), within the dense mask's budget; beyond it windowed."""
     for length, cutoff in itertools.product((512, 1024, 1536, 2048, 4096, 8192),
                                             (2.0, 4.0, 6.0, 8.0, 12.0, 16.0)):
         call = windowed_call(variant, length, cutoff)
@@ -342,12 +346,14 @@ def test_auto_picks_windowed_exactly_where_the_cost_model_says(variant):
             assert (auto_backend(call) == "windowed") == (length >= dispatch.FOLD_MIN_LENGTH)
             call = call._replace(global_tokens=2)
         cost = dispatch.windowed_cost(call.windows, variant, length)
-        wanted = length >= dispatch.WINDOWED_MIN_LENGTH and cost <= dispatch.WINDOWED_MAX_COST
+        over_budget = 8 * length * length * 4 > dispatch.DENSE_MASK_BUDGET
+        wanted = over_budget or (length >= dispatch.WINDOWED_MIN_LENGTH
+                                 and cost <= dispatch.WINDOWED_MAX_COST)
         assert (auto_backend(call) == "windowed") == wanted, (length, cutoff, cost)
 
 
 def test_the_cost_model_counts_the_keys_each_head_reads():
-    one_way, two_way, fixed = dispatch.WINDOWED_COST
+    one_way, two_way, dense_way, fixed = dispatch.WINDOWED_COST
     S = 4096
     overhead = fixed * 1000 / S
     # windows that drop no key: every head folded, causal reads half the keys on average
@@ -361,10 +367,14 @@ def test_the_cost_model_counts_the_keys_each_head_reads():
         one_way * 80 / S + overhead)
     assert dispatch.windowed_cost(([16] * 8, [16] * 8), "symmetric", S) == pytest.approx(
         two_way * 96 / S + overhead)
-    # a head that covers the sequence but drops keys (one_sided's are never folded): dense
-    assert dispatch.windowed_cost(([16] * 7 + [4000], [16] * 7 + [4000]), "symmetric",
-                                  S) == float("inf")
-    assert dispatch.windowed_cost(unbounded, "one_sided", S) == float("inf")
+    # a head that covers the sequence but drops keys reads every key through a (T, S) bias,
+    # kept between calls while it fits windowed.CHUNK_BIAS_BYTES (4096² float32: 64 MiB)
+    covering = ([16] * 7 + [4000], [16] * 7 + [4000])
+    assert dispatch.windowed_cost(covering, "symmetric", S) == pytest.approx(
+        (two_way * 7 * 96 + dense_way * S) / (8 * S) + overhead)
+    assert dispatch.windowed_cost(covering, "symmetric", S, itemsize=8) == float("inf")
+    assert dispatch.windowed_cost(([16] * 7 + [8000], [16] * 7 + [8000]), "symmetric",
+                                  8192) == float("inf")
 
 
 def test_auto_with_slope_windows_keeps_sdpa_where_windowed_cannot_serve_or_has_no_windows():

@@ -320,3 +320,26 @@ def test_the_benchmark_smoke_run(capsys):
     printed = capsys.readouterr().out
     assert "| 64 | forward |" in body and "| 64 | fwd+bwd |" in body
     assert "× faster than dense auto" in printed and "windows 16, 32" in printed
+
+
+def test_chunk_biases_are_kept_for_the_next_call_within_their_budget(monkeypatch):
+    monkeypatch.setattr(windowed, "_CHUNK_BIASES", {})
+    made = []
+    real = windowed._chunk_bias_of
+    monkeypatch.setattr(windowed, "_chunk_bias_of", lambda *a: made.append(1) or real(*a))
+    slopes, _ = head_slopes("symmetric")
+    q, k, v = inputs(1, 4, 70, 70)
+    first = run_windowed(q, k, v, slopes, None, "symmetric", 2.0, chunk=8)
+    count = len(made)
+    assert count and len(windowed._CHUNK_BIASES) == count
+    again = run_windowed(q, k, v, slopes, None, "symmetric", 2.0, chunk=8)
+    assert len(made) == count and torch.equal(first, again)  # the layers of a model: no new bias
+    # learned scales (a gradient through the slopes): made per call, never kept
+    run_windowed(q, k, v, slopes.clone().requires_grad_(), None, "symmetric", 2.0, chunk=8)
+    assert len(made) > count and len(windowed._CHUNK_BIASES) == count
+    # the budget: the least recently used go first, one bias over it is never kept
+    sizes = [b.numel() * b.element_size() for b in windowed._CHUNK_BIASES.values()]
+    monkeypatch.setattr(windowed, "CHUNK_BIAS_BYTES", max(sizes))
+    run_windowed(q, k, v, slopes, None, "symmetric", 1.0, chunk=8)
+    kept = sum(b.numel() * b.element_size() for b in windowed._CHUNK_BIASES.values())
+    assert 0 < kept <= max(sizes)

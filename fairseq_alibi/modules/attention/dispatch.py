@@ -212,12 +212,13 @@ ONE_WAY_VARIANTS = ("causal", "one_sided")
 #: "Decoding step")
 WINDOWED_STEP_MIN_KEYS = 4096
 
-#: :func:`windowed_cost`'s constants ``(α₁, α₂, β)``: least absolute deviations over every
-#: variant, T = 2…16 and 512…4096 keys (8192: symmetric and offset, T = 8…16) of the slower of
-#: forward and forward+backward, the calls without a dense head (8 heads, D = 64, float32,
-#: 1 thread: ``python -m benchmarks.windows --tables thresholds``, docs/benchmarks.md,
-#: "Slope windows")
-WINDOWED_COST = (1.09, 1.60, 0.42)
+#: :func:`windowed_cost`'s constants ``(α₁, α₂, α₃, β)``: ``α₂, α₃, β`` least absolute
+#: deviations over the bidirectional variants (symmetric, offset, asymmetric), T = 2, 4, 8, 16
+#: at 1024…2048 keys and T = 2, 8, 16 at 4096 (symmetric, offset), of the slower of forward and
+#: forward+backward; ``α₁`` from the earlier fit over every variant (8 heads, D = 64, float32,
+#: 1 thread: ``python -m benchmarks.windows --tables thresholds``, docs/benchmarks.md, "auto's
+#: choice with windows")
+WINDOWED_COST = (1.09, 0.64, 0.96, 0.48)
 
 #: ``auto`` picks ``windowed`` for a whole sequence where :func:`windowed_cost` predicts at
 #: most this fraction of ``sdpa``'s time (below 1 by the model's scatter: no call it picks
@@ -225,27 +226,29 @@ WINDOWED_COST = (1.09, 1.60, 0.42)
 WINDOWED_MAX_COST = 0.75
 
 
-def windowed_cost(windows, variant: str, length: int) -> float:
+def windowed_cost(windows, variant: str, length: int, itemsize: int = 4) -> float:
     """The predicted time of :func:`.windowed.attention` ÷ ``sdpa``'s dense windowed bias for a
     whole sequence of ``S = length`` keys, ``H`` heads with ``windows`` ``(back, ahead)``
-    (``None`` = unbounded), as ``.windowed`` computes it over chunks; ``inf`` if a head is
-    *dense*. ``auto`` consults it for the calls it does not send to ``windowed`` by length
-    (:data:`ONE_WAY_VARIANTS`): the bidirectional variants, and global tokens:
+    (``None`` = unbounded), as ``.windowed`` computes it over chunks. ``auto`` consults it for
+    the calls it does not send to ``windowed`` by length (:data:`ONE_WAY_VARIANTS`): the
+    bidirectional variants, and global tokens:
 
-        (α₁ · Σ_one-way keys_h + α₂ · Σ_two-way keys_h) / (H·S)  +  β · 1000 / S
+        (α₁ · Σ_one-way keys_h + α₂ · Σ_two-way keys_h + α₃ · Σ_dense keys_h) / (H·S)
+            + β · 1000 / S
 
     A head whose window and chunk (:func:`.windowed.chunk_size` ``c_h``) leave keys out reads
-    ``keys_h = back_h + c_h + ahead_h`` keys per query, one-way (``back_h`` or ``ahead_h`` 0:
-    causal, one_sided) or two-way (its chunks hide keys at both ends); one that drops no key
-    runs as the fold, one-way (``keys_h = S``, ``S / 2`` causal: the kernel skips the blocks
-    above the diagonal; ``one_sided`` is never folded). A dense head covers the sequence but
-    drops keys: it runs as one chunk with a ``(T, S)`` bias built in the call, where ``sdpa``
-    reads a memoised one, and every call measured with one was slower or barely faster than
-    ``sdpa``. ``β/S``: the chunks' fixed costs. Constants :data:`WINDOWED_COST`."""
-    one_way, two_way, fixed = WINDOWED_COST
+    ``keys_h = back_h + c_h + ahead_h`` keys per query, one-way (``back_h`` or ``ahead_h`` 0)
+    or two-way (its chunks hide keys at both ends); one that drops no key runs as the fold,
+    one-way (``keys_h = S``, ``S / 2`` causal: the kernel skips the blocks above the diagonal;
+    ``one_sided`` is not folded here). A *dense* head covers the sequence but drops keys: it
+    runs as one chunk of every query with a ``(T, S)`` bias (``keys_h = S``), kept between
+    calls as ``sdpa``'s memoised one if it fits :data:`.windowed.CHUNK_BIAS_BYTES` (in
+    ``itemsize`` bytes an element), else built in every call: ``inf``. ``β/S``: the chunks'
+    fixed costs. Constants :data:`WINDOWED_COST`."""
+    one_way, two_way, dense_way, fixed = WINDOWED_COST
     S = length
     heads = len(windows[0])
-    one = two = 0.0
+    one = two = dense = 0.0
     for back, ahead in zip(*windows):
         drops_none = ((back is None or back >= S - 1)
                       and (ahead is None or ahead >= S - 1 or variant == "causal"))
@@ -259,20 +262,33 @@ def windowed_cost(windows, variant: str, length: int) -> float:
                 one += back + chunk + ahead
         elif drops_none and variant != "one_sided":
             one += S / 2 if variant == "causal" else S
+        elif S * S * itemsize <= windowed.CHUNK_BIAS_BYTES:
+            dense += S
         else:
             return float("inf")
-    return (one_way * one + two_way * two) / (heads * S) + fixed * 1000 / S
+    return (one_way * one + two_way * two + dense_way * dense) / (heads * S) + fixed * 1000 / S
+
+
+def _dense_mask_bytes(call: Call) -> int:
+    """The bytes of ``sdpa``'s one ``(H, T, S)`` bias for the batch, padded or not
+    (:func:`.dense.padding_column`)."""
+    return call.heads * call.query_len * call.key_len * call.dtype.itemsize
 
 
 def _windowed_choice(call: Call) -> str:
     """``auto``'s backend for a call with slope windows (:func:`auto_backend`)."""
     if call.query_len == call.key_len:  # a whole sequence
+        if call.windows is None:  # a call that does not say its windows
+            return "sdpa"
         if (call.variant in ONE_WAY_VARIANTS and not call.global_tokens
-                and call.windows is not None and call.key_len >= FOLD_MIN_LENGTH
-                and serves("windowed", call)):
+                and call.key_len >= FOLD_MIN_LENGTH and serves("windowed", call)):
             return "windowed"
-        if (call.key_len >= WINDOWED_MIN_LENGTH and call.windows is not None
-                and windowed_cost(call.windows, call.variant, call.key_len) <= WINDOWED_MAX_COST
+        # beyond the dense mask's budget, as without windows: no (H, T, S) bias
+        if _dense_mask_bytes(call) > DENSE_MASK_BUDGET and serves("windowed", call):
+            return "windowed"
+        if (call.key_len >= WINDOWED_MIN_LENGTH
+                and windowed_cost(call.windows, call.variant, call.key_len,
+                                   call.dtype.itemsize) <= WINDOWED_MAX_COST
                 and serves("windowed", call)):
             return "windowed"
         return "sdpa"
@@ -303,7 +319,8 @@ def auto_backend(call: Call) -> str:
     With slope windows (``call.windowed``): ``windowed`` for a whole sequence of a one-way
     variant (:data:`ONE_WAY_VARIANTS`, no global tokens) from :data:`FOLD_MIN_LENGTH` keys on,
     and of the others from :data:`WINDOWED_MIN_LENGTH` keys on where :func:`windowed_cost` (the
-    call's windows, ``call.windows``) is at most :data:`WINDOWED_MAX_COST`, where it serves
+    call's windows, ``call.windows``) is at most :data:`WINDOWED_MAX_COST` or the dense mask
+    would exceed :data:`DENSE_MASK_BUDGET`, where it serves
     (CPU, float32/64, no dropout, no extra mask), else ``sdpa`` with the dense windowed bias
     (``fold`` and ``flash``
     refuse windows; ``flex`` serves them with a per-head block mask but was not measured: never
@@ -325,9 +342,7 @@ def auto_backend(call: Call) -> str:
                 and serves("flex", call) and flex.compilable()):
             return "flex"
     if serves("fold", call):
-        # one (H, T, S) bias for the batch, padded or not (sdpa: dense.padding_column)
-        mask_bytes = call.heads * call.query_len * call.key_len * call.dtype.itemsize
-        if mask_bytes > DENSE_MASK_BUDGET or call.scale_grad:
+        if _dense_mask_bytes(call) > DENSE_MASK_BUDGET or call.scale_grad:
             return "fold"
         if call.variant not in fold.MERGED_VARIANTS and call.key_len >= FOLD_MIN_LENGTH:
             return "fold"

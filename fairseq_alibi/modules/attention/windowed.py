@@ -186,25 +186,33 @@ def _within(windows, T, S):
 def _chunk_bias(slopes, future_slopes, variant, heads, window, back, chunk, R, G, dtype):
     """The ``(H_g, c, G + R)`` bias of every chunk of a group: queries at ``back … back+c-1``
     of keys ``0 … R-1`` (only ``i - j`` counts), after ``G`` global keys of bias 0 (queries past
-    them); one per group and shape while the slopes are fixed (no learned-scale gradient)."""
+    them); kept for the next call of the same group and shape while the slopes need no gradient
+    (the layers of a model, the batches of a run), within :data:`CHUNK_BIAS_BYTES` in all."""
     if slopes.requires_grad or (future_slopes is not None and future_slopes.requires_grad):
         return _chunk_bias_of(slopes, future_slopes, variant, tuple(heads), window, back,
                               chunk, R, G, dtype)
     key = (tuple(slopes.tolist()), None if future_slopes is None else
            tuple(future_slopes.tolist()), variant, tuple(heads), window, back, chunk, R, G,
            dtype, slopes.device)
-    found = _CHUNK_BIASES.get(key)
+    found = _CHUNK_BIASES.pop(key, None)
     if found is None:
-        if len(_CHUNK_BIASES) >= 64:
+        found = _chunk_bias_of(slopes, future_slopes, variant, tuple(heads), window, back,
+                               chunk, R, G, dtype)
+    size = found.numel() * found.element_size()
+    if size <= CHUNK_BIAS_BYTES:  # the most recent last; the oldest go first
+        while sum(b.numel() * b.element_size() for b in _CHUNK_BIASES.values()) + size > \
+                CHUNK_BIAS_BYTES:
             _CHUNK_BIASES.pop(next(iter(_CHUNK_BIASES)))
-        found = _CHUNK_BIASES[key] = _chunk_bias_of(slopes, future_slopes, variant,
-                                                    tuple(heads), window, back, chunk, R, G,
-                                                    dtype)
+        _CHUNK_BIASES[key] = found
     return found
 
 
-#: the chunk biases made, oldest first (:func:`_chunk_bias`)
+#: the chunk biases kept (:func:`_chunk_bias`), least recently used first
 _CHUNK_BIASES = {}
+
+#: the most memory the kept chunk biases take together (as ``dispatch.DENSE_MASK_BUDGET`` for
+#: ``sdpa``'s one dense bias)
+CHUNK_BIAS_BYTES = 64 * 2**20
 
 
 def _chunk_bias_of(slopes, future_slopes, variant, heads, window, back, chunk, R, G, dtype):
