@@ -242,9 +242,10 @@ def windowed_cost(windows, variant: str, length: int, itemsize: int = 4) -> floa
     one-way (``keys_h = S``, ``S / 2`` causal: the kernel skips the blocks above the diagonal;
     ``one_sided`` is not folded here). A *dense* head covers the sequence but drops keys: it
     runs as one chunk of every query with a ``(T, S)`` bias (``keys_h = S``), kept between
-    calls as ``sdpa``'s memoised one if it fits :data:`.windowed.CHUNK_BIAS_BYTES` (in
-    ``itemsize`` bytes an element), else built in every call: ``inf``. ``β/S``: the chunks'
-    fixed costs. Constants :data:`WINDOWED_COST`."""
+    calls as ``sdpa``'s memoised one, if it fits :data:`.windowed.CHUNK_BIAS_BYTES` (in
+    ``itemsize`` bytes an element); else as chunks that read ``back_h + c_h + ahead_h`` keys,
+    two-way (some past the sequence's ends). ``β/S``: the chunks' fixed costs. Constants
+    :data:`WINDOWED_COST`."""
     one_way, two_way, dense_way, fixed = WINDOWED_COST
     S = length
     heads = len(windows[0])
@@ -264,8 +265,8 @@ def windowed_cost(windows, variant: str, length: int, itemsize: int = 4) -> floa
             one += S / 2 if variant == "causal" else S
         elif S * S * itemsize <= windowed.CHUNK_BIAS_BYTES:
             dense += S
-        else:
-            return float("inf")
+        else:  # chunks after all, reading keys past the sequence's ends (hidden)
+            two += back + chunk + ahead
     return (one_way * one + two_way * two + dense_way * dense) / (heads * S) + fixed * 1000 / S
 
 

@@ -334,12 +334,16 @@ def attention(q: Tensor, k: Tensor, v: Tensor, slopes: Tensor, future_slopes: Op
         back = first + T - 1 if window[0] is None else min(window[0], first + T - 1)
         ahead = T - 1 if window[1] is None else min(window[1], T - 1)
         size = chunk or chunk_size(back, ahead)
-        if size >= T or back + size + ahead >= S:  # one chunk of every query
+        drops_none = ((window[0] is None or window[0] >= S - 1) and
+                      (window[1] is None or window[1] >= T - 1 or variant == "causal"))
+        # one chunk of every query where a chunk would hold them all, or where the chunks
+        # would read about every key anyway and the one chunk's (H_g, T, reach) bias can be
+        # kept between calls (else built in every call: slower than the chunks' small biases)
+        whole = len(heads) * T * (min(back, first) + T + global_tokens) * q.element_size()
+        if size >= T or (back + size + ahead >= S and (drops_none or whole <= CHUNK_BIAS_BYTES)):
             # it reads the keys from the first query's reach on (every key of a whole
             # sequence; of a KV cache, e.g. a decoding step, only the group's window)
             size, back, ahead = T, min(back, first), 0
-            drops_none = ((window[0] is None or window[0] >= S - 1) and
-                          (window[1] is None or window[1] >= T - 1 or variant == "causal"))
             if drops_none and _folds(q, T, S, variant, global_tokens):
                 outs.append(_folded(q, k, v, slopes, future_slopes, variant, heads, scale,
                                     key_padding_mask))
