@@ -368,13 +368,14 @@ def test_the_cost_model_counts_the_keys_each_head_reads():
     assert dispatch.windowed_cost(([16] * 8, [16] * 8), "symmetric", S) == pytest.approx(
         two_way * 96 / S + overhead)
     # a head that covers the sequence but drops keys reads every key through a (T, S) bias,
-    # kept between calls while it fits windowed.CHUNK_BIAS_BYTES (4096² float32: 64 MiB)
-    covering = ([16] * 7 + [4000], [16] * 7 + [4000])
+    # while that is at most windowed.ONE_CHUNK_BYTES (1024² float32: 4 MiB) ...
+    S = 1024
+    covering = ([16] * 7 + [1000], [16] * 7 + [1000])
     assert dispatch.windowed_cost(covering, "symmetric", S) == pytest.approx(
-        (two_way * 7 * 96 + dense_way * S) / (8 * S) + overhead)
-    # in float64 it would not fit: chunks of 512 reading 4000 + 512 + 4000 keys, two ways
+        (two_way * 7 * 96 + dense_way * S) / (8 * S) + fixed * 1000 / S)
+    # ... else as chunks of 512 reading 1000 + 512 + 1000 keys, two ways (float64: 8 MiB)
     assert dispatch.windowed_cost(covering, "symmetric", S, itemsize=8) == pytest.approx(
-        (two_way * (7 * 96 + 8512)) / (8 * S) + overhead)
+        two_way * (7 * 96 + 2512) / (8 * S) + fixed * 1000 / S)
 
 
 def test_auto_with_slope_windows_keeps_sdpa_where_windowed_cannot_serve_or_has_no_windows():

@@ -348,10 +348,10 @@ def test_chunk_biases_are_kept_for_the_next_call_within_their_budget(monkeypatch
 @pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("case", [CASES[0], CASES[2], CASES[4], CASES[8]],
                          ids=lambda c: "-".join(map(str, c)))
-def test_groups_whose_one_chunk_bias_cannot_be_kept_run_as_chunks(monkeypatch, variant, case):
-    """A window that covers most of the sequence runs as one chunk of every query only if that
-    chunk's bias can be kept between calls; else as chunks reading keys past the ends."""
-    monkeypatch.setattr(windowed, "CHUNK_BIAS_BYTES", 0)
+def test_groups_whose_one_chunk_bias_would_be_large_run_as_chunks(monkeypatch, variant, case):
+    """A window that covers most of the sequence runs as one chunk of every query only while
+    that chunk's bias is small; else as chunks reading keys past the ends."""
+    monkeypatch.setattr(windowed, "ONE_CHUNK_BYTES", 0)
     T, S, cutoff, padded, G, partial, chunk = case
     slopes, future = head_slopes(variant, partial)
     q, k, v = inputs(2, 4, T, S)

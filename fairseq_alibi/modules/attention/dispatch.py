@@ -242,7 +242,7 @@ def windowed_cost(windows, variant: str, length: int, itemsize: int = 4) -> floa
     one-way (``keys_h = S``, ``S / 2`` causal: the kernel skips the blocks above the diagonal;
     ``one_sided`` is not folded here). A *dense* head covers the sequence but drops keys: it
     runs as one chunk of every query with a ``(T, S)`` bias (``keys_h = S``), kept between
-    calls as ``sdpa``'s memoised one, if it fits :data:`.windowed.CHUNK_BIAS_BYTES` (in
+    calls as ``sdpa``'s memoised one, if it is at most :data:`.windowed.ONE_CHUNK_BYTES` (in
     ``itemsize`` bytes an element); else as chunks that read ``back_h + c_h + ahead_h`` keys,
     two-way (some past the sequence's ends). ``β/S``: the chunks' fixed costs. Constants
     :data:`WINDOWED_COST`."""
@@ -263,7 +263,7 @@ def windowed_cost(windows, variant: str, length: int, itemsize: int = 4) -> floa
                 one += back + chunk + ahead
         elif drops_none and variant != "one_sided":
             one += S / 2 if variant == "causal" else S
-        elif S * S * itemsize <= windowed.CHUNK_BIAS_BYTES:
+        elif S * S * itemsize <= windowed.ONE_CHUNK_BYTES:
             dense += S
         else:  # chunks after all, reading keys past the sequence's ends (hidden)
             two += back + chunk + ahead

@@ -207,6 +207,10 @@ def _chunk_bias(slopes, future_slopes, variant, heads, window, back, chunk, R, G
     return found
 
 
+#: the largest bias of one chunk of every query (a group whose window covers most of the
+#: sequence); beyond it the group runs as chunks, which read keys past the sequence's ends
+ONE_CHUNK_BYTES = 4 * 2**20
+
 #: the chunk biases kept (:func:`_chunk_bias`), least recently used first
 _CHUNK_BIASES = {}
 
@@ -337,10 +341,11 @@ def attention(q: Tensor, k: Tensor, v: Tensor, slopes: Tensor, future_slopes: Op
         drops_none = ((window[0] is None or window[0] >= S - 1) and
                       (window[1] is None or window[1] >= T - 1 or variant == "causal"))
         # one chunk of every query where a chunk would hold them all, or where the chunks
-        # would read about every key anyway and the one chunk's (H_g, T, reach) bias can be
-        # kept between calls (else built in every call: slower than the chunks' small biases)
+        # would read about every key anyway and the one chunk's (H_g, T, reach) bias is small
+        # (a large one held several times the memory of dense attention, and, built again
+        # whenever it could not be kept, more time than the chunks' small biases)
         whole = len(heads) * T * (min(back, first) + T + global_tokens) * q.element_size()
-        if size >= T or (back + size + ahead >= S and (drops_none or whole <= CHUNK_BIAS_BYTES)):
+        if size >= T or (back + size + ahead >= S and (drops_none or whole <= ONE_CHUNK_BYTES)):
             # it reads the keys from the first query's reach on (every key of a whole
             # sequence; of a KV cache, e.g. a decoding step, only the group's window)
             size, back, ahead = T, min(back, first), 0
