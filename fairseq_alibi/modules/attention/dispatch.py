@@ -214,11 +214,11 @@ WINDOWED_STEP_MIN_KEYS = 4096
 
 #: :func:`windowed_cost`'s constants ``(α₁, α₂, α₃, β)``: ``α₂, α₃, β`` least absolute
 #: deviations over the bidirectional variants (symmetric, offset, asymmetric), T = 2, 4, 8, 16
-#: at 1024…2048 keys and T = 2, 8, 16 at 4096 (symmetric, offset), of the slower of forward and
-#: forward+backward; ``α₁`` from the earlier fit over every variant (8 heads, D = 64, float32,
-#: 1 thread: ``python -m benchmarks.windows --tables thresholds``, docs/benchmarks.md, "auto's
-#: choice with windows")
-WINDOWED_COST = (1.09, 0.64, 0.96, 0.48)
+#: at 768…2048 keys, T = 2, 8, 16 at 4096 and T = 8, 12, 16 at 8192 (symmetric, offset), of the
+#: slower of forward and forward+backward; ``α₁`` from the earlier fit over every variant
+#: (8 heads, D = 64, float32, 1 thread: ``python -m benchmarks.windows --tables thresholds``,
+#: docs/benchmarks.md, "auto's choice with windows")
+WINDOWED_COST = (1.09, 1.34, 1.88, 0.22)
 
 #: ``auto`` picks ``windowed`` for a whole sequence where :func:`windowed_cost` predicts at
 #: most this fraction of ``sdpa``'s time (below 1 by the model's scatter: no call it picks
