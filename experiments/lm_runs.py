@@ -5,6 +5,7 @@ Every step is a fairseq command line run as a subprocess (``fairseq-train``,
 """
 
 import argparse
+import sys
 import json
 import os
 import re
@@ -30,6 +31,12 @@ def start_run(out_dir, tag: str, threads: int = 1):
     out = Path(out_dir).resolve()
     out.mkdir(parents=True, exist_ok=True)
     return out, thread_env(threads), lambda msg: print(f"[{tag}] {msg}", flush=True)
+
+
+def command_line(module: str, argv=None) -> str:
+    """The command that ran ``python -m module`` with ``argv`` (``sys.argv[1:]`` if ``None``),
+    as reports print it."""
+    return " ".join([f"python -m {module}"] + (argv if argv is not None else sys.argv[1:]))
 
 
 def publish(out: Path, name: str, report: str, record: dict, log, seconds: float) -> int:

@@ -54,8 +54,8 @@ from pathlib import Path
 from typing import List, Optional, Sequence
 
 from benchmarks.tables import machine, table, today
-from experiments.lm_runs import (DEFAULT_WIKITEXT, comma_list, prepare_model, publish,
-                                 start_run, wikitext_files)
+from experiments.lm_runs import (DEFAULT_WIKITEXT, comma_list, command_line, prepare_model,
+                                 publish, start_run, wikitext_files)
 from fairseq_alibi.cli.quickstart import SIZES, SMOKE_L, eval_tokens_per_second
 from fairseq_alibi.cli.sweep import SweepModel, run_sweep
 
@@ -440,8 +440,7 @@ def wikitext_data(args, out: Path, vocab: int, env: dict, log) -> Path:
 def main(argv=None):
     args = parse_args(argv)
     out, env, log = start_run(args.out, "slope-windows", args.threads)
-    command = " ".join(["python -m experiments.slope_windows"]
-                       + (argv if argv is not None else sys.argv[1:]))
+    command = command_line("experiments.slope_windows", argv)
     if args.family in ("encoder", "translation"):
         module = importlib.import_module(f"experiments.slope_windows_{args.family}")
         return module.main(args, command, out, env, log)

@@ -45,7 +45,7 @@ from statistics import median
 from typing import List, Optional, Sequence
 
 from benchmarks.tables import machine, table, today
-from experiments.lm_runs import prepare_model, publish, start_run
+from experiments.lm_runs import command_line, prepare_model, publish, start_run
 from fairseq_alibi.cli.fairseq_runs import run_logged
 from fairseq_alibi.cli.quickstart import SIZES, SMOKE_L
 from fairseq_alibi.cli.sweep import (SweepModel, eval_command, parse_eval_output, refusal,
@@ -237,8 +237,7 @@ def main(argv=None):
     args = parse_args(argv)
     out, env, log = start_run(args.out, "streaming-scoring", args.threads)
     started = time.time()
-    command = " ".join(["python -m experiments.streaming_scoring"]
-                       + (argv if argv is not None else sys.argv[1:]))
+    command = command_line("experiments.streaming_scoring", argv)
     machine_line = machine()
     model = prepare_model(args, out, env, log)
     prefix = out / "prefix"

@@ -51,7 +51,8 @@ from pathlib import Path
 from typing import Dict, List, Optional
 
 from benchmarks.tables import machine, table, today
-from experiments.lm_runs import comma_list, data_folder, publish, run_all, start_run, train
+from experiments.lm_runs import (comma_list, command_line, data_folder, publish, run_all,
+                                 start_run, train)
 from fairseq_alibi.cli.quickstart import SIZES, SMOKE, SMOKE_L
 from fairseq_alibi.cli.sweep import SweepModel, run_sweep
 
@@ -310,8 +311,7 @@ def main(argv=None):
     args = parse_args(argv)
     out, env, log = start_run(args.out, "window-training", args.threads)
     started = time.time()
-    command = " ".join(["python -m experiments.window_training"]
-                       + (argv if argv is not None else sys.argv[1:]))
+    command = command_line("experiments.window_training", argv)
     machine_line = machine()
     record = {"command": command, "machine": machine_line, "L": args.L, "seeds": args.seeds,
               "cutoffs": args.cutoffs, "max_update": args.max_update}
