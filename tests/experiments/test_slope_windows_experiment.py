@@ -6,16 +6,13 @@ a translation model through fairseq-train and fairseq-generate."""
 
 import csv
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
 
 from experiments import slope_windows as experiment
 from fairseq_alibi.alibi import variant_windows
-from tests.helpers.cli import REPO
+from tests.helpers.cli import REPO, python_module
 
 
 def reference_lost_mass(probs, windows):
@@ -95,11 +92,8 @@ def test_flags():
 @pytest.mark.slow
 def test_smoke_runs_every_step(tmp_path):
     out = tmp_path / "out"
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
-    proc = subprocess.run([sys.executable, "-m", "experiments.slope_windows", "--smoke",
-                           "--out", str(out), "--sample-tokens", "128"],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    python_module("experiments.slope_windows", "--smoke", "--out", out, "--sample-tokens", "128",
+                  timeout=900)
     with open(out / "slope_windows.csv") as f:
         rows = list(csv.DictReader(f))
     assert [(r["cutoff"], r["length"]) for r in rows] == [
@@ -115,11 +109,8 @@ def test_smoke_runs_every_step(tmp_path):
 def smoke(tmp_path, family):
     """``--smoke --family family``: its output folder, the CSV's rows and the run record."""
     out = tmp_path / family
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
-    proc = subprocess.run([sys.executable, "-m", "experiments.slope_windows", "--smoke",
-                           "--family", family, "--out", str(out), "--sample-tokens", "128"],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    python_module("experiments.slope_windows", "--smoke", "--family", family, "--out", out,
+                  "--sample-tokens", "128", timeout=900)
     with open(out / "slope_windows.csv") as f:
         rows = list(csv.DictReader(f))
     return out, rows, json.loads((out / "run.json").read_text())

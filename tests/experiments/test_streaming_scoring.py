@@ -4,9 +4,6 @@ through fairseq-train, fairseq-eval-lm and eval-lm-stream (slow)."""
 
 import csv
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -14,7 +11,7 @@ from fairseq.data import data_utils
 
 from experiments import streaming_scoring as experiment
 from fairseq_alibi.cli.sweep import split_token_count
-from tests.helpers.cli import REPO
+from tests.helpers.cli import python_module
 
 
 def stream_of(folder):
@@ -79,11 +76,8 @@ def test_flags():
 @pytest.mark.slow
 def test_smoke_runs_every_step(tmp_path):
     out = tmp_path / "out"
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
-    proc = subprocess.run([sys.executable, "-m", "experiments.streaming_scoring", "--smoke",
-                           "--out", str(out), "--prefix-tokens", "96", "--chunks", "8"],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    python_module("experiments.streaming_scoring", "--smoke", "--out", out, "--prefix-tokens",
+                  "96", "--chunks", "8", timeout=900)
     with open(out / "streaming_scoring.csv") as f:
         rows = list(csv.DictReader(f))
     assert [r["scorer"] for r in rows] == ["window L'=32", "window L'=64",

@@ -46,10 +46,12 @@ def run_cli(tool, *args, cwd=None, expect_ok=True, timeout=600, env=None):
     return out
 
 
-def python_module(*args, expect_ok=True):
-    """``python -m ...`` in this environment; returns (exit code, combined output)."""
-    proc = subprocess.run([sys.executable, "-m", *[str(a) for a in args]], env=child_env(),
-                          capture_output=True, text=True, timeout=600)
+def python_module(*args, expect_ok=True, timeout=600):
+    """``python -m ...`` in this environment, from the repository root with it on the path (the
+    ``experiments`` and ``benchmarks`` packages); returns (exit code, combined output)."""
+    proc = subprocess.run([sys.executable, "-m", *[str(a) for a in args]], cwd=REPO,
+                          env=child_env(PYTHONPATH=str(REPO)), capture_output=True, text=True,
+                          timeout=timeout)
     out = proc.stdout + proc.stderr
     if expect_ok:
         assert proc.returncode == 0, out[-3000:]
