@@ -169,8 +169,7 @@ class _Blocks:
 
 def _forward(blocks: _Blocks, dtype):
     """``(out, lse)`` in block layout ``(B, n, H, c, Dp)`` / ``(B, n, H, c)``: the passes merged
-    by their log-sum-exps (normalised by the weights' sum, as :mod:`.fold`'s: an all-padding
-    row holds the mask value in each)."""
+    by their log-sum-exps (:func:`.fold.merge_passes`)."""
     B, n, H, c, Dp = blocks.k.shape
     lse_dtype = torch.promote_types(dtype, torch.float32)
     found = []
@@ -184,17 +183,7 @@ def _forward(blocks: _Blocks, dtype):
                       l.to(lse_dtype).reshape(B, count, H, c)))
     if len(found) == 1:
         return found[0][1].contiguous(), found[0][2]
-    top = torch.full((B, n, H, c), float("-inf"), dtype=lse_dtype, device=blocks.k.device)
-    for rows, _, l in found:
-        top[:, rows] = torch.maximum(top[:, rows], l)
-    total = torch.zeros_like(top)
-    out = blocks.k.new_zeros(B, n, H, c, Dp)
-    for rows, o, l in found:
-        w = torch.exp(l - top[:, rows])
-        total[:, rows] += w
-        out[:, rows] += w[..., None].to(o.dtype) * o
-    out /= total[..., None].to(out.dtype)
-    return out, top + torch.log(total)
+    return fold.merge_passes(found, (B, n, H, c, Dp), lse_dtype)
 
 
 class BandedFold(torch.autograd.Function):

@@ -289,17 +289,31 @@ def _forward(q, k, v, slopes, future, key_padding_mask, variant, scale):
         if len(halves) == 1:
             o, l = halves[0]
         else:
-            # a softmax over the two halves, not exp(l - logaddexp): an all-padding row holds
-            # mask_value in both, where logaddexp cannot add log 2 and the weights would sum to 2
-            (o1, l1), (o2, l2) = halves
-            top = torch.maximum(l1, l2)
-            w1, w2 = torch.exp(l1 - top), torch.exp(l2 - top)
-            total = w1 + w2
-            o = (w1 / total)[..., None] * o1 + (w2 / total)[..., None] * o2
-            l = top + torch.log(total)
+            o, l = merge_passes([(slice(None), o, l) for o, l in halves], halves[0][0].shape,
+                                lse_dtype)
         out[:, group[0].heads] = o
         lse[:, group[0].heads] = l
     return out, lse
+
+
+def merge_passes(parts, shape, lse_dtype):
+    """``(out, lse)`` of one softmax over several passes whose key sets partition each query's
+    keys, from each pass's ``(rows, out, lse)`` (``rows``: the slice of dim 1 it covers, of
+    ``shape``): with ``top`` the largest log-sum-exp, ``out = Σ e^(l_p - top)·out_p / Σ e^(l_p -
+    top)``, ``lse = top + log Σ e^(l_p - top)``. Normalised by the weights' sum, not by
+    ``exp(l - logaddexp)``: an all-padding row holds the mask value in every pass, where
+    logaddexp cannot add log 2 and the weights would sum to 2."""
+    top = torch.full(shape[:-1], float("-inf"), dtype=lse_dtype, device=parts[0][1].device)
+    for rows, _, l in parts:
+        top[:, rows] = torch.maximum(top[:, rows], l)
+    total = torch.zeros_like(top)
+    out = parts[0][1].new_zeros(shape)
+    for rows, o, l in parts:
+        w = torch.exp(l - top[:, rows])
+        total[:, rows] += w
+        out[:, rows] += w[..., None].to(o.dtype) * o
+    out /= total[..., None].to(out.dtype)
+    return out, top + torch.log(total)
 
 
 class FoldedAlibiAttention(torch.autograd.Function):
