@@ -306,13 +306,14 @@ def merge_passes(parts, shape, lse_dtype):
     top = torch.full(shape[:-1], float("-inf"), dtype=lse_dtype, device=parts[0][1].device)
     for rows, _, l in parts:
         top[:, rows] = torch.maximum(top[:, rows], l)
+    weights = [torch.exp(l - top[:, rows]) for rows, _, l in parts]
     total = torch.zeros_like(top)
-    out = parts[0][1].new_zeros(shape)
-    for rows, o, l in parts:
-        w = torch.exp(l - top[:, rows])
+    for (rows, _, _), w in zip(parts, weights):
         total[:, rows] += w
-        out[:, rows] += w[..., None].to(o.dtype) * o
-    out /= total[..., None].to(out.dtype)
+    # each pass's share (w / total)·out_p, summed: the fold's two halves bit for bit as before
+    out = parts[0][1].new_zeros(shape)
+    for (rows, o, _), w in zip(parts, weights):
+        out[:, rows] += (w / total[:, rows])[..., None].to(o.dtype) * o
     return out, top + torch.log(total)
 
 
