@@ -300,3 +300,59 @@ def windowed_alibi_bias(slopes, query_len, key_len, variant="causal", future_slo
         slopes, torch.arange(key_len - query_len, key_len), torch.arange(key_len), variant,
         future_slopes, dtype, global_tokens, windows=windows,
     )
+
+
+# ---------------------------------------------------------------- documents
+#
+# A packed row (fairseq's ``--sample-break-mode none``, masked_lm's ``complete``) holds the end
+# of one document and the start of the next. With a document mask (``--alibi-document-mask``)
+# no query reads a key of another document: each document is attended as if it were its own
+# sequence. The bias depends on ``i - j`` only, so within a document it is the row's bias;
+# across documents every key is masked:
+#
+#     bias_h(i, j) + (mask_value if doc(i) != doc(j) else 0)
+#
+# The token that marks a boundary opens the next document: it is what predicts that document's
+# first token.
+
+#: ``--alibi-document-mask``: where documents begin. ``eos``: at every ``</s>``; ``doc``: at an
+#: ``</s>`` right after an ``</s>`` (the empty line ``--sample-break-mode complete_doc`` splits
+#: on); ``none``: off
+DOCUMENT_MASKS = ("none", "eos", "doc")
+
+
+def document_starts(eos: torch.Tensor, mode: str,
+                    previous_eos: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """``(B, N)`` bool, True where a position opens a document.
+
+    ``eos`` ``(B, N)`` bool: the positions holding ``</s>``. ``mode`` ``eos``: every such
+    position; ``doc``: one whose previous position holds ``</s>`` too (``previous_eos`` ``(B,
+    1)``: whether the position before the first is one, e.g. a KV cache's last key; default
+    not).
+    """
+    if mode not in DOCUMENT_MASKS[1:]:
+        raise ValueError(f"unknown --alibi-document-mask {mode!r}; choose one of: "
+                         f"{', '.join(DOCUMENT_MASKS)}")
+    if mode == "eos":
+        return eos
+    before = torch.zeros_like(eos[:, :1]) if previous_eos is None else previous_eos.to(
+        eos.device, torch.bool).view(-1, 1)
+    return eos & torch.cat([before, eos[:, :-1]], dim=1)
+
+
+def document_ids(eos: torch.Tensor, mode: str, previous_eos: Optional[torch.Tensor] = None,
+                 previous_id: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """``(B, N)`` int64: each position's document, ``previous_id + `` the number of
+    :func:`document_starts` at or before it (``previous_id`` ``(B, 1)``: the document of the
+    position before the first, e.g. a KV cache's last key; default 0). Equal ids: one
+    document."""
+    ids = document_starts(eos, mode, previous_eos).long().cumsum(dim=1)
+    return ids if previous_id is None else ids + previous_id.to(ids.device).view(-1, 1)
+
+
+def document_mask(documents: torch.Tensor, query_len: int) -> torch.Tensor:
+    """``(B, 1, T, S)`` bool, True where query and key lie in different documents (masked):
+    ``documents`` ``(B, S)`` the keys' ids (:func:`document_ids`), the queries the last ``T``
+    of them (aligned to the end of the keys, as everywhere)."""
+    queries = documents[:, documents.size(1) - query_len:]
+    return (queries[:, None, :, None] != documents[:, None, None, :])

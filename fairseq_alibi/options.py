@@ -42,8 +42,8 @@ from typing import Dict, Iterable, Optional, Tuple
 
 from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 
-from fairseq_alibi.alibi import (ENCODER_VARIANTS, SCALE_MODES, VARIANTS, check_variant,
-                                 check_window_cutoff)
+from fairseq_alibi.alibi import (DOCUMENT_MASKS, ENCODER_VARIANTS, SCALE_MODES, VARIANTS,
+                                 check_variant, check_window_cutoff)
 from fairseq_alibi.config_access import cfg_get, cfg_set
 from fairseq_alibi.cross_alibi import CROSS_ALIBI_MODES
 from fairseq_alibi.modules.attention.dispatch import ATTENTION_BACKENDS
@@ -179,6 +179,9 @@ _SHAPES_THE_BIAS = Needs("variant", "it shapes the ALiBi bias", BIASED)
 #: cross-attention's (a stock decoder under --cross-alibi) has nothing it could window
 _WINDOWS_THE_BIAS = Needs("variant", "it shapes the ALiBi bias of this side's self-attention "
                           "(a --cross-alibi bias has no window)", BIASED)
+#: documents are masked in a side's own ALiBi self-attention (stock attention reads no mask)
+_MASKS_THE_SELF_ATTENTION = Needs("variant", "it masks this side's ALiBi self-attention",
+                                  BIASED)
 
 
 @dataclass
@@ -226,6 +229,13 @@ class StackOptions(FairseqDataclass):
                 "global tokens stay visible; the windowed backend skips those keys on the CPU; "
                 "a load-time override, e.g. --model-overrides \"{'alibi_window_cutoff': 8}\"; "
                 "0 = off", "check": _window_cutoff, "needs": _WINDOWS_THE_BIAS})
+    document_mask: ChoiceEnum(DOCUMENT_MASKS) = field(default="none", metadata={
+        "help": "packed batches: no attention crosses a document boundary, each document is "
+                "attended as its own sequence; eos: every </s> opens a document, doc: an </s> "
+                "right after an </s> (the empty line --sample-break-mode complete_doc splits "
+                "on); a load-time override, e.g. --model-overrides "
+                "\"{'alibi_document_mask': 'doc'}\"; none = off",
+        "needs": _MASKS_THE_SELF_ATTENTION})
     attention: ChoiceEnum(ATTENTION_BACKENDS) = field(default="auto", metadata={
         "help": "attention implementation; saved with the model, can be overridden at load "
                 "time with --model-overrides \"{'alibi_attention': 'naive'}\"",
@@ -258,6 +268,20 @@ class StackOptions(FairseqDataclass):
         """Clear errors for values and combinations that cannot work (named as typed)."""
         self.check_values(side, num_heads)
         _check_needs(self, side.prefix, side)
+        self.check_documents(side.flag)
+
+    def check_documents(self, flag: str = "--alibi"):
+        """A document mask attends each document as its own sequence: the options that read
+        the row as one sequence (its first positions, its real length) refuse it."""
+        if str(self.document_mask) == "none":
+            return
+        for name, value, why in (
+                ("global-tokens", self.global_tokens, "they are the first positions of a row"),
+                ("length-scale", self.length_scale, "it reads the real length of a row")):
+            if value:
+                raise ValueError(f"{flag}-document-mask {self.document_mask} cannot be combined "
+                                 f"with {flag}-{name} {value}: {why}, not of each document; "
+                                 f"drop one of them")
 
     def check_model_wide(self):
         for f in option_fields(StackOptions):

@@ -9,11 +9,14 @@ options differ from the model's is refused in one style, naming the flag to fix
 """
 
 import argparse
+import logging
 
 from fairseq.utils import safe_getattr
 
 from fairseq_alibi.config_access import architecture_of, cfg_get
 from fairseq_alibi.modules.checkpoint_match import check_stack, mismatch
+
+logger = logging.getLogger(__name__)
 
 
 def reject_position_embeddings(state_dict, prefix, model_name, fix=None):
@@ -216,6 +219,18 @@ def refuse_position_embedding_options(model_cfg):
                 f"replaces on {model}'s {side}: drop {option} from the model config, or set "
                 f"model.{variant_option}=none for stock positions"
             )
+
+
+def note_document_mask(stack, task, flag="--alibi-document-mask"):
+    """A log line where a document mask (``stack``: the side's ``StackOptions``) changes
+    nothing: with ``--sample-break-mode eos`` each sample is one line, so ``eos`` finds one
+    document a sample (a note, not an error: the samples are already documents)."""
+    mode = str(getattr(stack, "document_mask", "none"))
+    task_cfg = getattr(task, "cfg", None) or getattr(task, "args", None)
+    if mode == "eos" and str(cfg_get(task_cfg, "sample_break_mode", "")) == "eos":
+        logger.warning(f"{flag} eos with --sample-break-mode eos: every sample is one line, so "
+                       "one document; the mask changes nothing (packed batches: "
+                       "--sample-break-mode none or complete)")
 
 
 def check_tokens_per_sample(args):

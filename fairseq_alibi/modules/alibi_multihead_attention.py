@@ -86,14 +86,21 @@ class AlibiMultiheadAttention(MultiheadAttention):
             )
             if key_padding_mask is not None and key_padding_mask.dim() == 0:
                 key_padding_mask = None
-            call_bias = self.alibi.for_call(key_padding_mask, bsz, tgt_len, cached + tgt_len,
-                                            True)
+            documents = saved.get("prev_document_ids")  # the cached keys' documents, if any
+            call_bias = self.alibi.for_call(
+                key_padding_mask, bsz, tgt_len, cached + tgt_len, True,
+                **({} if documents is None else
+                   {"cached_documents": (documents, saved["prev_document_eos"])}))
             reach = decoding_reach(call_bias)
             if cached:
                 k = append_to_cache(saved, "key", k, reach)
                 v = append_to_cache(saved, "value", v, reach)
             saved["prev_key"], saved["prev_value"] = k, v
             saved["prev_key_padding_mask"] = key_padding_mask
+            documents = getattr(call_bias, "documents", None)
+            if documents is not None:  # trimmed with the keys below
+                saved["prev_document_ids"] = documents.ids
+                saved["prev_document_eos"] = documents.last_eos
         else:
             if key_padding_mask is not None and key_padding_mask.dim() == 0:
                 key_padding_mask = None
@@ -107,6 +114,8 @@ class AlibiMultiheadAttention(MultiheadAttention):
                     trim_cache(saved, name, reach)
                 if key_padding_mask is not None:
                     saved["prev_key_padding_mask"] = key_padding_mask[:, -reach:]
+                if saved.get("prev_document_ids") is not None:
+                    saved["prev_document_ids"] = saved["prev_document_ids"][:, -reach:]
             self._set_input_buffer(incremental_state, saved)
         return out
 

@@ -14,7 +14,7 @@ from typing import Dict, Optional, Tuple
 import torch
 from torch import Tensor
 
-from fairseq_alibi.alibi import (VARIANTS, alibi_bias, length_factors, mask_value,
+from fairseq_alibi.alibi import (VARIANTS, alibi_bias, document_ids, length_factors, mask_value,
                                  variant_slopes, variant_windows, windowed_alibi_bias)
 from fairseq_alibi.modules.checkpoint_match import check_stack
 from fairseq_alibi.modules.learned_scales import fixed_scale, load_scales, make_scales, scale_row
@@ -37,6 +37,7 @@ class BiasCache:
         self.key, self.bias, self.rows, self.rows_key = None, None, None, None
         self.lengths_key, self.factors = None, None
         self.windows_key, self.windows = None, {}
+        self.eos, self.documents_key, self.documents = None, None, None
 
     def windows_of(self, key, row, compute):
         """The slope windows of scale row ``row``, computed once while ``key`` (what every
@@ -121,6 +122,8 @@ class AlibiBias(torch.nn.Module):
         self.length_scale = int(options.length_scale)
         self.global_tokens = int(options.global_tokens)
         self.window_cutoff = float(options.window_cutoff)
+        options.check_documents()
+        self.document_mask = str(options.document_mask)
         self.register_buffer("slopes", variant_slopes(num_heads, self.variant, options.heads))
         ratio = None
         if self.variant == "asymmetric":
@@ -145,7 +148,41 @@ class AlibiBias(torch.nn.Module):
         return (f"variant={self.variant}, num_heads={self.num_heads}, "
                 f"learned_scales={self.learned_scales}, slope_scale={self.slope_scale}, "
                 f"length_scale={self.length_scale}, global_tokens={self.global_tokens}, "
-                f"window_cutoff={self.window_cutoff}")
+                f"window_cutoff={self.window_cutoff}, document_mask={self.document_mask}")
+
+    def read_tokens(self, tokens: Tensor, eos: int):
+        """Before a forward pass of the stack: where its ``tokens`` ``(B, N)`` hold ``</s>``
+        (``eos``), from which each call's documents are found (:meth:`documents_of`); nothing
+        without a document mask."""
+        if self.document_mask != "none":
+            self.cache.eos = tokens.eq(eos)
+
+    def documents_of(self, batch: int, query_len: int, key_len: int,
+                     cached: Optional[Tuple[Tensor, Tensor]] = None) -> "Documents":
+        """The :class:`Documents` of a call whose queries are the last ``query_len`` tokens
+        the stack read (:meth:`read_tokens`), after ``key_len - query_len`` cached keys whose
+        ``(ids, last_eos)`` are ``cached`` (a KV cache's, :class:`Documents`), numbered on from
+        the cache's last document (:func:`~fairseq_alibi.alibi.document_ids`)."""
+        eos = self.cache.eos
+        if eos is None or eos.size(0) != batch or eos.size(1) < query_len:
+            raise ValueError(
+                "--alibi-document-mask finds documents in the tokens of the stack's forward "
+                "pass: run the model's encoder or decoder, not one of its layers on its own")
+        eos = eos[:, eos.size(1) - query_len:]
+        cached_len = 0 if cached is None else cached[0].size(1)
+        if cached_len != key_len - query_len:
+            raise ValueError(f"the KV cache holds {key_len - query_len} keys but the documents "
+                             f"of {cached_len}: a cache must be trimmed with its documents")
+        if cached is None:  # once per forward pass, not per layer: kept with its tokens
+            key = self.cache.documents_key
+            if key is None or key[0] is not self.cache.eos or key[1] != query_len:
+                self.cache.documents = Documents(document_ids(eos, self.document_mask),
+                                                 eos[:, -1:])
+                self.cache.documents_key = (self.cache.eos, query_len)
+            return self.cache.documents
+        ids, last_eos = cached
+        found = document_ids(eos, self.document_mask, last_eos, ids[:, -1:])
+        return Documents(torch.cat([ids, found], dim=1), eos[:, -1:])
 
     def _apply(self, fn, *args, **kwargs):
         # model.half() / .bfloat16() must not round the slopes: the bias is built in float32
@@ -263,6 +300,7 @@ class LayerBias:
     Not a module: the state stays in the stack's bias."""
 
     kind = "distance"
+    documents = None  # a call with a document mask is a DocumentBias
 
     def __init__(self, stack: AlibiBias, index: int):
         self.stack, self.index = stack, index
@@ -288,11 +326,17 @@ class LayerBias:
         return self.stack.bias(query_len, key_len, dtype, self.index)
 
     def for_call(self, key_padding_mask: Optional[Tensor], batch: int, query_len: int,
-                 key_len: int, incremental: bool):
+                 key_len: int, incremental: bool,
+                 cached_documents: Optional[Tuple[Tensor, Tensor]] = None):
         """This call's bias: this view, or, with the stack's ``length_scale`` N and a whole
         sequence (not ``incremental``) of more than N real tokens, a :class:`LengthScaledBias`
         (each sequence's slopes times :func:`~fairseq_alibi.alibi.length_factors` of its real
-        length, which ``key_padding_mask`` gives)."""
+        length, which ``key_padding_mask`` gives); with a document mask, that bias and the
+        call's documents (a :class:`DocumentBias`; ``cached_documents``: a KV cache's,
+        ``(ids, last_eos)``)."""
+        if self.stack.document_mask != "none":  # (never with a length scale: options check)
+            return DocumentBias(self, self.stack.documents_of(batch, query_len, key_len,
+                                                              cached_documents))
         reference = self.length_scale
         if incremental or not reference or key_len <= reference:  # the hot path: no work
             return self
@@ -320,6 +364,7 @@ class LengthScaledBias:
     on the factors' ``serial``)."""
 
     kind = "rows"
+    documents = None
 
     def __init__(self, layer: LayerBias, factors: Tensor, serial: int):
         self.stack, self.index = layer.stack, layer.index
@@ -347,3 +392,28 @@ class LengthScaledBias:
                                key_len, dtype)
             for f in distinct.tolist()])
         return tables.index_select(0, row_of)
+
+
+class Documents:
+    """One call's documents (``--alibi-document-mask``): ``ids`` ``(B, S)``, the document of
+    each key (the queries are the last ``T`` keys), and ``last_eos`` ``(B, 1)``, whether the
+    last position holds ``</s>`` (what a KV cache's next call continues from). ``crossing``:
+    whether some row holds more than one document (else the call is the plain one)."""
+
+    __slots__ = ("ids", "last_eos", "crossing")
+
+    def __init__(self, ids: Tensor, last_eos: Tensor):
+        self.ids, self.last_eos = ids, last_eos
+        self.crossing = bool((ids[:, 0] != ids[:, -1]).any()) if ids.numel() else False
+
+
+class DocumentBias:
+    """A call's bias with its :class:`Documents`: the ``DistanceBias`` ``base`` (every
+    attribute read through) and ``documents``, which the backends that read documents mask
+    (``Capabilities.documents``) and the dispatch otherwise splits into sequences."""
+
+    def __init__(self, base, documents: Documents):
+        self.base, self.documents = base, documents
+
+    def __getattr__(self, name):
+        return getattr(self.base, name)

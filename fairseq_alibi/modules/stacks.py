@@ -57,6 +57,12 @@ class AlibiStack:
     def max_positions(self):
         return UNBOUNDED_POSITIONS
 
+    def read_tokens(self, tokens):
+        """Before a forward pass: the bias finds the documents of ``--alibi-document-mask`` in
+        the tokens' ``</s>`` (the full prefix while decoding: the cache numbers on from it)."""
+        if "alibi" in self._modules:
+            self.alibi.read_tokens(tokens, self.dictionary.eos())
+
 
 class AlibiTransformerEncoder(AlibiStack, TransformerEncoder):
     """Stock ``TransformerEncoder``: no position embeddings, ALiBi self-attention layers."""
@@ -65,6 +71,10 @@ class AlibiTransformerEncoder(AlibiStack, TransformerEncoder):
         keep_references(self, alibi_options=options)
         args.no_token_positional_embeddings = True  # the bias replaces them
         super().__init__(args, dictionary, embed_tokens, **kwargs)
+
+    def forward_scriptable(self, src_tokens, *args, **kwargs):
+        self.read_tokens(src_tokens)
+        return super().forward_scriptable(src_tokens, *args, **kwargs)
 
     def build_encoder_layer(self, args):
         cfg = TransformerConfig.from_namespace(args)
@@ -83,6 +93,10 @@ class AlibiTransformerDecoder(AlibiStack, TransformerDecoder):
         keep_references(self, alibi_options=options, cross_options=cross)
         args.no_token_positional_embeddings = True  # the bias replaces them
         super().__init__(args, dictionary, embed_tokens, no_encoder_attn, **kwargs)
+
+    def extract_features_scriptable(self, prev_output_tokens, *args, **kwargs):
+        self.read_tokens(prev_output_tokens)
+        return super().extract_features_scriptable(prev_output_tokens, *args, **kwargs)
 
     def build_decoder_layer(self, args, no_encoder_attn=False):
         cfg = TransformerConfig.from_namespace(args)

@@ -27,7 +27,7 @@ LM = FIXTURES / "lm_fixed_slopes" / "checkpoint.pt"  # a hydra-era checkpoint (s
 ROBERTA = FIXTURES / "roberta_one_sided_head" / "checkpoint.pt"  # its model: a Namespace
 TRANSLATION = FIXTURES / "translation_pointer" / "checkpoint.pt"
 LM_OPTIONS = ("alibi_learned_scales, alibi_scale_init, alibi_heads, alibi_window_cutoff, "
-              "alibi_attention, alibi_slope_scale")
+              "alibi_document_mask, alibi_attention, alibi_slope_scale")
 
 
 def load(path, **overrides):

@@ -46,7 +46,9 @@ class Capabilities:
     beyond each head's window dropped). ``windows`` alone defaults to *not* served: a backend
     that computes the plain bias from the slopes would silently ignore the windows, so only one
     that drops those keys declares it (``sdpa``/``naive``'s dense bias, ``windowed``, ``flex``'s
-    per-head block mask).
+    per-head block mask). ``documents``, likewise not served by default: the backend masks the
+    keys of other documents itself (``--alibi-document-mask``); for the others the dispatch
+    splits a whole sequence into its documents, so only calls against a KV cache reach it.
     """
 
     kinds: Tuple[str, ...] = ("distance",)
@@ -61,6 +63,7 @@ class Capabilities:
     scale_grad: bool = True
     no_backward_on: Tuple[str, ...] = ()
     windows: bool = False
+    documents: bool = False
     missing: Callable[[], Optional[str]] = _nothing_missing
 
     def limit(self, call) -> Optional[str]:
@@ -70,6 +73,8 @@ class Capabilities:
             return "kinds"
         if call.windowed and not self.windows:
             return "windows"
+        if call.documents and not self.documents:
+            return "documents"
         if call.global_tokens and not self.global_tokens:
             return "global_tokens"
         if self.devices is not None and call.device not in self.devices:
@@ -107,6 +112,9 @@ _REFUSALS = {
     "windows": lambda name, call, caps: (
         f"{name} computes the whole ALiBi bias: it cannot drop the keys beyond the slope "
         "windows (--alibi-window-cutoff)"),
+    "documents": lambda name, call, caps: (
+        f"{name} cannot mask the keys of other documents (--alibi-document-mask) in this call "
+        "(a KV cache or an extra attn_mask: only whole sequences are split into documents)"),
     "global_tokens": lambda name, call, caps: (
         f"global tokens (--alibi-global-tokens) are not part of {name}'s bias"),
     "devices": lambda name, call, caps: (

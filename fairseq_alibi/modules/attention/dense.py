@@ -11,13 +11,14 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from fairseq_alibi.alibi import mask_value
+from fairseq_alibi.alibi import document_mask, mask_value
 from fairseq_alibi.modules.attention.capabilities import Capabilities
 
 
 #: both serve every call: either kind of bias, any device, dtype, variant, mask, cache or dropout,
 #: with slope windows too (the bias's dense tensor holds them: ``alibi.windowed_alibi_bias``)
-CAPABILITIES = Capabilities(kinds=("distance", "rows"), windows=True)
+#: and document masks (masked in the dense mask: ``alibi.document_mask``)
+CAPABILITIES = Capabilities(kinds=("distance", "rows"), windows=True, documents=True)
 
 
 def dense_mask(alibi, bsz, tgt_len, src_len, dtype, key_padding_mask, attn_mask) -> Tensor:
@@ -25,10 +26,14 @@ def dense_mask(alibi, bsz, tgt_len, src_len, dtype, key_padding_mask, attn_mask)
 
     ``alibi.dense(tgt_len, src_len, dtype)`` is the ``(H, tgt, src)`` bias shared by the batch
     (kind ``distance``), or a 4-D one of its own per row (kind ``rows``: the cross-attention's
-    position bias)."""
+    position bias); with documents that cross (``alibi.documents``), the keys of other
+    documents masked (:func:`~fairseq_alibi.alibi.document_mask`, ``(B, H, tgt, src)``)."""
     mask = alibi.dense(tgt_len, src_len, dtype)
     if mask.dim() == 3:
         mask = mask.unsqueeze(0)
+    documents = getattr(alibi, "documents", None)
+    if documents is not None and documents.crossing:
+        mask = mask.masked_fill(document_mask(documents.ids, tgt_len), mask_value(dtype))
     if attn_mask is not None:  # fairseq's (tgt, src) mask: bool (True = masked) or float
         if attn_mask.dtype == torch.bool:
             mask = mask.masked_fill(attn_mask, mask_value(dtype))

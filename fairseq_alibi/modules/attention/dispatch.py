@@ -15,6 +15,10 @@ dropout_p, scale) -> out`` for ``(B, H, T, D)`` queries and ``(B, H, S, D)`` key
 ``windowed``  slope windows on the CPU: only the keys in each head's window (:mod:`.windowed`)
 ============  ================================================================================
 
+Document masks (``--alibi-document-mask``): a whole sequence is split into its documents, each
+attended as its own sequence by the backend (:mod:`.documents`, :func:`splits_documents`);
+``sdpa``, ``naive`` and ``flex`` can also mask them in the call itself.
+
 ``auto`` is :func:`auto_backend`; a backend chosen by name that cannot serve a call is the one
 error of :func:`resolve`, which says why and which backends can. (fairseq's ``need_weights``/
 ``before_softmax`` are served by the attention module with the explicit computation, whatever
@@ -30,7 +34,7 @@ from typing import Callable, NamedTuple, Optional, Protocol, Tuple
 import torch
 from torch import Tensor
 
-from fairseq_alibi.modules.attention import dense, flash, flex, fold, windowed
+from fairseq_alibi.modules.attention import dense, documents, flash, flex, fold, windowed
 from fairseq_alibi.modules.attention.capabilities import Capabilities
 
 
@@ -51,6 +55,9 @@ class CallBias(Protocol):
     num_heads: int
     global_tokens: int  # the first positions exempt from the bias (0: none)
     windowed: bool  # slope windows (--alibi-window-cutoff): keys beyond them are dropped
+    # --alibi-document-mask: ``ids`` (B, S) per key, ``crossing``; None without
+    # (modules/bias.py's Documents)
+    documents: Optional[object]
 
     @property
     def scales_need_grad(self) -> bool:
@@ -169,6 +176,7 @@ class Call(NamedTuple):
     global_tokens: int = 0  # CallBias.global_tokens
     windowed: bool = False  # CallBias.windowed: slope windows
     windows: Optional[tuple] = None  # DistanceBias.windows(): (back, ahead) per head, or None
+    documents: bool = False  # CallBias.documents cross: keys of other documents are masked
 
 
 #: from this many keys on, causal and one_sided attention is faster folded than with the dense
@@ -366,12 +374,30 @@ def resolve(name: str, call: Call) -> str:
     return name
 
 
+def splits_documents(name: str, call: Call) -> bool:
+    """Whether a call with document masks (``call.documents``) is split into its documents,
+    each attended as its own sequence by ``name`` (:mod:`.documents`), rather than run as
+    it is: every whole sequence without an extra mask, but where a backend named by the user
+    masks the documents itself (``sdpa``, ``naive``, ``flex``: their own mask is what they were
+    named for). Split, the keys of other documents are never read, whatever the backend; a
+    call against a KV cache goes to a backend that masks them (``auto``: ``sdpa``)."""
+    return (call.documents and call.query_len == call.key_len and not call.attn_mask
+            and (name == "auto" or not REGISTRY[name].capabilities.documents))
+
+
 def attend(name, q, k, v, alibi, key_padding_mask=None, attn_mask=None, dropout_p=0.0,
            scale=None):
     """ALiBi attention of ``(B, H, T, D)`` tensors with backend ``name`` (or ``auto``);
     ``alibi`` this call's :class:`CallBias` (:meth:`AttentionBias.for_call`)."""
     scale = q.size(-1)**-0.5 if scale is None else scale
+    found = getattr(alibi, "documents", None)
+    if found is not None and not found.crossing:  # one document a row: the plain call
+        alibi = alibi.base
     call = call_of(q, k, v, alibi, key_padding_mask, attn_mask, dropout_p)
+    if splits_documents(check_attention_backend(name), call):
+        return documents.attention(
+            lambda *part: attend(name, *part, None, dropout_p, scale), q, k, v, alibi.base,
+            alibi.documents.ids, key_padding_mask)
     return REGISTRY[resolve(name, call)].run(q, k, v, alibi, key_padding_mask, attn_mask,
                                              dropout_p, scale)
 
@@ -389,4 +415,5 @@ def call_of(q, k, v, alibi, key_padding_mask=None, attn_mask=None, dropout_p=0.0
         scale_grad=alibi.scales_need_grad, kind=alibi.kind, global_tokens=alibi.global_tokens,
         windowed=windowed,
         windows=alibi.windows() if windowed and alibi.kind == "distance" else None,
+        documents=getattr(alibi, "documents", None) is not None,
     )

@@ -11,6 +11,10 @@ Slope windows (``--alibi-window-cutoff``): the block mask is per head
 beyond a head's window; the ``score_mod`` keeps the bias of the keys inside. ``auto`` never
 picks ``flex`` for a windowed call (not measured: ``dispatch.auto_backend``); named, it serves
 one (the eager CPU path computes the same function, every score, for inference).
+
+Document masks (``--alibi-document-mask``): one more ``mask_mod`` term, the keys of the
+query's own document (:func:`document_mask_mod`), so whole blocks of other documents are
+skipped too; the block mask is then per row and built per call.
 """
 
 import functools
@@ -42,7 +46,7 @@ def _missing() -> Optional[str]:
 #: tokens, and (PyTorch has none) no backward on the CPU
 CAPABILITIES = Capabilities(
     kinds=("distance",), dropout=False, global_tokens=False, no_backward_on=("cpu",),
-    windows=True, missing=_missing)
+    windows=True, documents=True, missing=_missing)
 
 
 def alibi_score_mod(variant, slopes, future_slopes=None, query_offset=0, key_padding_mask=None):
@@ -123,6 +127,19 @@ def window_mask_mod(windows, query_offset=0, device=None):
     return mask_mod
 
 
+def document_mask_mod(documents, inner=None, query_offset=0):
+    """A ``flex_attention`` ``mask_mod`` (True = visible) keeping the keys of the query's own
+    document, ``documents[b, i] == documents[b, j]`` (``documents`` ``(B, S)``, the keys' ids:
+    :func:`~fairseq_alibi.alibi.document_ids`), and of those what ``inner`` keeps (the
+    variant's or the windows' mask, ``None``: every key)."""
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        same = documents[b, q_idx + query_offset] == documents[b, kv_idx]
+        return same if inner is None else same & inner(b, h, q_idx, kv_idx)
+
+    return mask_mod
+
+
 @functools.lru_cache(maxsize=None)
 def _compiled_flex():
     from torch.nn.attention.flex_attention import flex_attention
@@ -175,7 +192,16 @@ def attention(q, k, v, alibi, key_padding_mask, attn_mask, dropout_p, scale):
             return s + extra[q_idx, kv_idx].float().clamp(min=mask_value(torch.float32))
 
     windows = alibi.windows() if alibi.windowed else None
-    if windows is not None:
+    documents = getattr(alibi, "documents", None)
+    if documents is not None and documents.crossing:  # per row: built per call
+        from torch.nn.attention.flex_attention import create_block_mask
+
+        inner = (alibi_mask_mod(alibi.variant, H, S - T) if windows is None
+                 else window_mask_mod(windows, S - T, q.device))
+        block_mask = create_block_mask(
+            document_mask_mod(documents.ids.to(q.device), inner, S - T), B, H, T, S,
+            device=q.device)
+    elif windows is not None:
         block_mask = _window_block_mask(tuple(tuple(side) for side in windows), T, S, q.device)
     else:
         block_mask = _block_mask(alibi.variant, H, T, S, q.device)

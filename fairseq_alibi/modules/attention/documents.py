@@ -1,0 +1,97 @@
+"""Document masks as sequences: each document of a packed row attended as its own sequence.
+
+With ``--alibi-document-mask`` no query reads a key of another document, and the ALiBi bias
+depends on ``i - j`` only, so the attention of a row is, document by document, the attention of
+that document alone (:func:`~fairseq_alibi.alibi.document_mask`). That is how a whole sequence
+is computed here, for any backend (``fold``, ``windowed``, ``sdpa``, ...): the :func:`plan`
+cuts each row at its document boundaries and gathers documents of about the same length into
+one batch, padded at the end to a length of the batch (a *bucket*); each bucket is one call of
+the backend, with no document mask; the outputs are scattered back. Keys of other documents
+are never read: a row of documents of lengths ``l_d`` costs ``Σ l_d²`` instead of ``L²``.
+
+Padding: a bucket's slots past a document's end are key padding for the variants that look
+ahead (causal ones never read them: they lie after every real query), and the row's own key
+padding comes along with its positions. Autograd runs through the gathers and the backend's
+backward.
+"""
+
+from typing import Callable, List, NamedTuple, Optional
+
+import torch
+from torch import Tensor
+
+#: a bucket's length is a document's ``l`` rounded up to a multiple of
+#: ``2^(floor(log2 l) - GRANULE_BITS)`` (at most 1/8 more) or of :data:`MIN_GRANULE`: few
+#: distinct shapes (few backend calls) for little padding
+GRANULE_BITS = 3
+MIN_GRANULE = 16
+
+
+class Bucket(NamedTuple):
+    """Documents of one padded ``length``: row ``rows[d]``, positions ``positions[d]``
+    ``(n, length)`` of that row (a slot past the document's end repeats its first position),
+    ``slots`` ``(n, length)`` True on the document's own positions."""
+
+    length: int
+    rows: Tensor
+    positions: Tensor
+    slots: Tensor
+
+
+def bucket_length(length: Tensor, most: int) -> Tensor:
+    """Each document's bucket length: ``length`` rounded up to its granule, at most ``most``."""
+    top = torch.floor(torch.log2(length.float())).long()  # 2^top <= length
+    granule = torch.clamp(2 ** (top - GRANULE_BITS), min=MIN_GRANULE)
+    return torch.clamp(-(-length // granule) * granule, max=most)
+
+
+def plan(ids: Tensor) -> List[Bucket]:
+    """The buckets of the documents of ``ids`` ``(B, L)`` (:func:`~fairseq_alibi.alibi.
+    document_ids`: a new document where the id changes), shortest first."""
+    B, L = ids.shape
+    opens = torch.ones(B, L, dtype=torch.bool, device=ids.device)
+    opens[:, 1:] = ids[:, 1:] != ids[:, :-1]
+    rows, starts = opens.nonzero(as_tuple=True)
+    ends = torch.cat([starts[1:], starts.new_tensor([L])])
+    last = torch.ones_like(rows, dtype=torch.bool)  # a row's last document ends at L
+    last[:-1] = rows[1:] != rows[:-1]
+    ends = torch.where(last, torch.full_like(ends, L), ends)
+    lengths = ends - starts
+    padded = bucket_length(lengths, L)
+    buckets = []
+    for length in torch.unique(padded).tolist():
+        chosen = (padded == length).nonzero(as_tuple=True)[0]
+        offsets = torch.arange(length, device=ids.device)
+        slots = offsets[None, :] < lengths[chosen, None]
+        positions = torch.where(slots, starts[chosen, None] + offsets[None, :],
+                                starts[chosen, None])
+        buckets.append(Bucket(length, rows[chosen], positions, slots))
+    return buckets
+
+
+def attention(run: Callable, q: Tensor, k: Tensor, v: Tensor, alibi, ids: Tensor,
+              key_padding_mask: Optional[Tensor]) -> Tensor:
+    """``(B, H, L, D)``: the attention of whole sequences ``q, k, v`` ``(B, H, L, D)`` whose
+    positions lie in the documents ``ids`` ``(B, L)``, each document as its own sequence:
+    ``run(q, k, v, alibi, key_padding_mask)`` per bucket of :func:`plan` (``alibi``: the
+    call's bias without documents). The output is laid out as fairseq's ``(L, B, H, D)``."""
+    B, H, L, D = q.shape
+    looks_ahead = alibi.variant != "causal"
+    pad = None if key_padding_mask is None else key_padding_mask.to(torch.bool)
+    by_position = [x.transpose(1, 2) for x in (q, k, v)]  # (B, L, H, D) views
+    outs, targets = [], []
+    for bucket in plan(ids.to(q.device)):
+        rows = bucket.rows[:, None]
+        q_b, k_b, v_b = (x[rows, bucket.positions].transpose(1, 2) for x in by_position)
+        hidden = None
+        if pad is not None:
+            hidden = pad[rows, bucket.positions] | ~bucket.slots
+        elif looks_ahead and not bool(bucket.slots.all()):
+            hidden = ~bucket.slots
+        out = run(q_b, k_b, v_b, alibi, hidden)  # (n, H, length, D)
+        outs.append(out.transpose(1, 2)[bucket.slots])  # (positions, H, D)
+        targets.append((bucket.positions * B + bucket.rows[:, None])[bucket.slots])
+    out = torch.cat(outs) if len(outs) > 1 else outs[0]
+    target = torch.cat(targets) if len(targets) > 1 else targets[0]
+    whole = out.new_zeros(L * B, H, D).index_copy(0, target, out)
+    return whole.view(L, B, H, D).permute(1, 2, 0, 3)

@@ -1,0 +1,105 @@
+"""Document masks in the models: a document inside a packed row computes what it computes on its
+own (LM and encoder), cached decoding and streaming equal the full forward with documents and
+slope windows, the load-time override, checkpoints saved before the option, the errors."""
+
+import pytest
+import torch
+from fairseq import checkpoint_utils
+
+import fairseq_alibi  # noqa: F401  (registers the models)
+from fairseq_alibi.modules.streaming import stream_log_probs
+from tests.helpers.building import build_model, decode_token_by_token, write_dictionary
+from tests.helpers.cli import REPO
+
+FIXTURES = REPO / "tests" / "fixtures" / "saved_models"
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    return write_dictionary(tmp_path_factory.mktemp("documents"), 40)
+
+
+def packed(eos, first, second, seed=0):
+    """``(row, second_alone)``: a row holding the end of one document (``first`` tokens) and a
+    second one opened by ``</s>`` (``second`` tokens, ``</s>`` included), and that document
+    on its own."""
+    generator = torch.Generator().manual_seed(seed)
+    row = torch.randint(4, 40, (first + second,), generator=generator)
+    row[first] = eos
+    return row[None], row[None, first:]
+
+
+def lm(data, *flags):
+    model, task = build_model("lm", data, "--alibi-document-mask", "eos", *flags)
+    return model.eval(), task.source_dictionary.eos()
+
+
+@pytest.mark.parametrize("flags", [(), ("--alibi-window-cutoff", "1")])
+def test_a_document_in_a_packed_lm_row_computes_what_it_computes_alone(data, flags):
+    model, eos = lm(data, *flags)
+    row, alone = packed(eos, 9, 14)
+    with torch.no_grad():
+        together = model(row)[0][:, 9:]
+        by_itself = model(alone)[0]
+    torch.testing.assert_close(together, by_itself, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("flags", [(), ("--alibi-window-cutoff", "1")])
+def test_cached_decoding_and_streaming_equal_the_full_forward_with_documents(data, flags):
+    model, eos = lm(data, *flags)
+    row = torch.randint(4, 40, (2, 40), generator=torch.Generator().manual_seed(3))
+    row[0, [7, 8, 30]] = eos  # a document of one token, one of 22
+    row[1, 19] = eos
+    with torch.no_grad():
+        full = model.get_normalized_probs(model(row), log_probs=True)
+        steps = decode_token_by_token(model, row)
+        streamed = stream_log_probs(model, row, chunk=6)
+    torch.testing.assert_close(model.get_normalized_probs((steps, None), log_probs=True), full,
+                               rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(streamed, full, rtol=1e-5, atol=1e-5)
+
+
+def test_the_doc_mode_opens_documents_at_the_empty_line_only(data):
+    model, eos = lm(data)
+    model.decoder.alibi.document_mask = "doc"
+    row, alone = packed(eos, 9, 14)
+    with torch.no_grad():
+        lone_eos = model(row)[0][:, 9:]  # one </s>: the same document in doc mode
+        row[0, 8] = eos  # </s> </s>: the empty line
+        empty_line = model(row)[0][:, 9:]
+        by_itself = model(alone)[0]
+    assert not torch.allclose(lone_eos, by_itself, atol=1e-3)
+    torch.testing.assert_close(empty_line, by_itself, rtol=1e-5, atol=1e-5)
+
+
+def test_an_encoder_document_in_a_packed_row_computes_what_it_computes_alone(data):
+    model, task = build_model("encoder", data, "--alibi-document-mask", "eos",
+                              "--alibi-variant", "symmetric")
+    model.eval()
+    eos = task.source_dictionary.eos()
+    row, alone = packed(eos, 7, 12)
+    with torch.no_grad():
+        together = model(row)[0][:, 7:]
+        by_itself = model(alone)[0]
+    torch.testing.assert_close(together, by_itself, rtol=1e-5, atol=1e-5)
+
+
+def test_checkpoints_saved_before_the_option_load_without_it_and_take_the_override():
+    path = str(FIXTURES / "lm_fixed_slopes" / "checkpoint.pt")
+    old = checkpoint_utils.load_model_ensemble([path], arg_overrides={"data": str(FIXTURES)})
+    assert old[0][0].decoder.alibi.document_mask == "none"
+    new = checkpoint_utils.load_model_ensemble(
+        [path], arg_overrides={"data": str(FIXTURES), "alibi_document_mask": "doc"})
+    assert new[0][0].decoder.alibi.document_mask == "doc"
+
+
+def test_a_misspelt_or_unknown_document_mask_is_a_one_line_error(data):
+    with pytest.raises(SystemExit):  # argparse: an invalid choice
+        build_model("lm", data, "--alibi-document-mask", "lines")
+    with pytest.raises(ValueError, match="--alibi-document-mask eos cannot be combined with "
+                                         "--alibi-global-tokens"):
+        build_model("encoder", data, "--alibi-document-mask", "eos", "--alibi-global-tokens", "1")
+    path = str(FIXTURES / "lm_fixed_slopes" / "checkpoint.pt")
+    with pytest.raises(Exception, match="alibi_document_mask"):
+        checkpoint_utils.load_model_ensemble(
+            [path], arg_overrides={"data": str(FIXTURES), "alibi_documents_mask": "eos"})
