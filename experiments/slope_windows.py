@@ -58,6 +58,7 @@ from experiments.lm_runs import (DEFAULT_WIKITEXT, comma_list, command_line, pre
                                  publish, start_run, wikitext_files)
 from fairseq_alibi.cli.quickstart import SIZES, SMOKE_L, eval_tokens_per_second
 from fairseq_alibi.cli.sweep import SweepModel, run_sweep
+from fairseq_alibi.cli.windows_check import head_weights
 
 CUTOFFS = (2, 4, 6, 8, 12, 16)
 MULTIPLES = (1, 2, 4, 8, 16, 64)
@@ -311,27 +312,13 @@ class LostMassMeter:
             for t in self.windows[0]:
                 self.found.setdefault((t, key), 0.0)
 
-            def ask_weights(module, args, kwargs):
-                return args, dict(kwargs, need_head_weights=True)
+            def receive(index, weights, kwargs):
+                masses = lost_masses(weights, self.windows[index], kwargs.get("key_padding_mask"))
+                for t, mass in masses.items():
+                    self.found[(t, self.key)] = max(self.found[(t, self.key)], mass)
 
-            def measure(index):
-                def hook(module, args, kwargs, output):
-                    masses = lost_masses(output[1], self.windows[index],
-                                         kwargs.get("key_padding_mask"))
-                    for t, mass in masses.items():
-                        self.found[(t, self.key)] = max(self.found[(t, self.key)], mass)
-                    return output[0], None
-                return hook
-
-            handles = [m.register_forward_pre_hook(ask_weights, with_kwargs=True)
-                       for m in self.attentions]
-            handles += [m.register_forward_hook(measure(i), with_kwargs=True)
-                        for i, m in enumerate(self.attentions)]
-            try:
+            with head_weights(self.attentions, receive):
                 yield self
-            finally:
-                for handle in handles:
-                    handle.remove()
         return hooked()
 
 

@@ -96,10 +96,10 @@ def stream_samples(source, target, chunk: int) -> Iterator[dict]:
                "target": target[start:start + chunk][None]}
 
 
-def split_as_one_block(cfg, subset: str):
+def split_as_one_block(cfg, subset: str, error=StreamError):
     """``(task, source, target)``: the task, and split ``subset`` read by its dataset as one
     block of all its tokens (``--sample-break-mode none``), of which fairseq-eval-lm's blocks
-    are pieces."""
+    are pieces. A missing or empty split is ``error(message)`` (the calling tool's one line)."""
     from fairseq import tasks
 
     from fairseq_alibi.cli.sweep import split_token_count
@@ -109,11 +109,11 @@ def split_as_one_block(cfg, subset: str):
     empty = os.path.isfile(first_shard + ".bin") and os.path.getsize(first_shard + ".bin") == 0
     tokens = 0 if empty else split_token_count(cfg.task.data, subset)
     if tokens is None:
-        raise StreamError(f"no split {subset!r} in {cfg.task.data}: give --gen-subset a split "
-                          "that fairseq-preprocess wrote there")
+        raise error(f"no split {subset!r} in {cfg.task.data}: give --gen-subset a split "
+                    "that fairseq-preprocess wrote there")
     if tokens == 0:
-        raise StreamError(f"the split {subset!r} of {cfg.task.data} holds no tokens: give "
-                          "--gen-subset a split with text")
+        raise error(f"the split {subset!r} of {cfg.task.data} holds no tokens: give "
+                    "--gen-subset a split with text")
     cfg.task.tokens_per_sample = tokens
     task = tasks.setup_task(cfg.task)
     task.load_dataset(subset)
@@ -121,25 +121,40 @@ def split_as_one_block(cfg, subset: str):
     return task, item["source"], item["target"]
 
 
+#: what eval-lm-stream scores, said when a checkpoint holds something else
+STREAMED_MODELS = ("streaming scores causal ALiBi language models (alibi_transformer_lm); give "
+                   "one with --path")
+
+
 def not_a_language_model(path) -> Optional[str]:
     """Why checkpoint ``path`` cannot stream (a model that is not a language model: an encoder,
-    a translation model), or ``None``."""
+    a translation model; a file that is no checkpoint), or ``None``."""
+    from fairseq_alibi.cli.checkpoint_io import ConversionError, read_checkpoint
+
+    try:
+        state = read_checkpoint(path)
+    except ConversionError as exc:
+        return f"{path}: {exc}"
+    return language_model_refusal(path, state)
+
+
+def language_model_refusal(path, state, needs: str = STREAMED_MODELS) -> Optional[str]:
+    """Why the checkpoint ``state`` (read from ``path``) holds no language model, ending with
+    ``needs`` (what the calling tool reads, and where to give it), or ``None``."""
     from fairseq.models import ARCH_MODEL_REGISTRY, MODEL_REGISTRY, FairseqLanguageModel
 
-    from fairseq_alibi.cli.checkpoint_io import ConversionError, model_config, read_checkpoint
+    from fairseq_alibi.cli.checkpoint_io import ConversionError, model_config
     from fairseq_alibi.config_access import architecture_of
 
     try:
-        arch = architecture_of(model_config(read_checkpoint(path)))
+        arch = architecture_of(model_config(state))
     except ConversionError as exc:
         return f"{path}: {exc}"
     model_class = ARCH_MODEL_REGISTRY.get(arch) or MODEL_REGISTRY.get(arch)
     if model_class is None or issubclass(model_class, FairseqLanguageModel):
         return None
     return (f"{path} holds a model of architecture {arch} ({model_class.__name__}), not a "
-            "language model: "
-            "streaming scores causal ALiBi language models (alibi_transformer_lm); give one "
-            "with --path")
+            f"language model: {needs}")
 
 
 def load_models(cfg, task):

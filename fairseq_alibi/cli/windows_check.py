@@ -1,0 +1,743 @@
+"""``fairseq-alibi windows``: the check before turning slope windows on, on your own model.
+
+    fairseq-alibi windows CKPT DATA [--gen-subset valid] [--tokens N] [--lengths L1,L2,...]
+        [--cutoffs 4,6,8,12,16] [--sinks 0,4] [--tolerance 0.1] [--sink-mass 0.05]
+        [--seed 1] [--out DIR] [--cpu]
+
+``--alibi-window-cutoff T`` makes head ``h`` drop the keys beyond ``W_h = ceil(T / m_h)``
+(:func:`fairseq_alibi.alibi.window_lengths` of its effective slope ``m_h``). The bound ``e^-T``
+holds against a key at distance 0 *with the same logit*, not against the keys a head prefers: a
+head that learned an attention sink (most of its weight on the first tokens, whatever the
+distance) loses that weight under windows. This tool measures, on a causal ALiBi language
+model (``alibi_transformer_lm`` and the ``alibi_<arch>`` mirrors) and a binarized
+``language_modeling`` folder, what each cutoff would change:
+
+* ``--tokens N`` tokens of split ``--gen-subset`` (read as one stream, as ``fairseq-alibi
+  eval-lm-stream`` reads it) at each length of ``--lengths`` (default: the checkpoint's
+  training ``tokens_per_sample`` times 1, 4, 16), as ``ceil(N / L)`` sequences of ``L``
+  tokens whose start offsets are drawn uniformly (``--seed``; the same every run);
+* per layer and head (both counted from 0) and per ``T``: the slope, ``W_h``, and the dense
+  model's attention probabilities ``p[i, j]`` (its own, asked with ``need_head_weights``
+  through forward hooks, one sequence at a time) summed over the keys beyond the window,
+  ``beyond_i = sum_{j < i - W_h} p[i, j]``: mean, 99th percentile and max over the queries
+  that have such keys (``i > W_h``), and, for each ``S`` of ``--sinks``, the share of that
+  mass on the first ``S`` positions of the sequence. A head whose mean mass beyond its window
+  on the first ``max(--sinks)`` positions is at least ``--sink-mass`` is a *sink head*
+  (``layer L head h``; ``--sinks 0`` alone turns this off);
+* per ``T``: the perplexity of the sampled tokens with the cutoff (the checkpoint loaded with
+  the load-time override ``{'alibi_window_cutoff': T}``, as ``--model-overrides`` gives it)
+  against dense (loaded with the cutoff off), at each length; the attention saved, *computed*
+  from the windows (the share of the score entries ``(i, j)``, ``j <= i``, beyond them: what a
+  windowed backend does not compute or hold; not timed, the backends' timings are in
+  docs/benchmarks.md), and the keys a decoding cache keeps (``max_h W_h``).
+
+Outputs: a table on stdout, ``windows.md``, ``windows_heads.csv`` (a row per layer, head and
+``T``), ``windows_cutoffs.csv`` (a row per ``T``) and ``windows.png`` (mass beyond the window by
+head and ``T``; needs matplotlib) in ``--out``. The last line of stdout is the verdict:
+``recommended: --alibi-window-cutoff T`` (the smallest ``T`` of ``--cutoffs`` whose perplexity
+changes by at most ``--tolerance`` percent at every length and that leaves no sink head) or
+``not recommended: <reason>``. Bad input is one line naming the argument, exit status 2. The
+checkpoint is only read.
+"""
+
+import argparse
+import contextlib
+import copy
+import csv
+import math
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence
+
+from fairseq_alibi.error_hints import OneLineError
+
+PROG = "fairseq-alibi windows"
+DEFAULT_TOKENS = 4096
+DEFAULT_CUTOFFS = (4.0, 6.0, 8.0, 12.0, 16.0)
+DEFAULT_SINKS = (0, 4)
+#: percent of dense perplexity (docs/benchmarks.md's goal for T)
+DEFAULT_TOLERANCE = 0.1
+DEFAULT_SINK_MASS = 0.05
+#: --lengths by default: the training length times these
+DEFAULT_MULTIPLES = (1, 4, 16)
+DEFAULT_OUT = os.path.join("outputs", "windows")
+#: queries whose running sums over the keys are held at once (memory: this times L doubles)
+QUERY_CHUNK = 512
+#: the heads the stdout table shows (the most mass beyond their windows); the report has all
+SHOWN_HEADS = 12
+#: what the tool reads, said when a checkpoint holds something else
+SUPPORTED = ("the windows check reads causal ALiBi language models (alibi_transformer_lm or an "
+             "alibi_<arch> mirror; encoders and translation models are not supported yet): "
+             "give one as CKPT")
+
+
+class WindowsInputError(OneLineError):
+    """Bad input: printed as ``fairseq-alibi windows: error: <message>``, exit status 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line naming the flag, not argparse's usage block
+        raise WindowsInputError(message)
+
+
+def _value(kind, rule: str, ok):
+    """argparse type: a ``kind`` for which ``ok`` holds; otherwise '<text> is not <rule>'."""
+    def parse(text: str):
+        try:
+            value = kind(text.strip())
+        except ValueError:
+            value = None
+        if value is None or not ok(value):
+            raise argparse.ArgumentTypeError(f"{text.strip()!r} is not {rule}")
+        return value
+    return parse
+
+
+def _list_of(kind, rule: str, ok):
+    """argparse type: comma-separated :func:`_value` s, sorted, without repeats."""
+    one = _value(kind, rule, ok)
+    return lambda text: sorted({one(part) for part in text.split(",")})
+
+
+def build_parser() -> argparse.ArgumentParser:
+    finite = math.isfinite
+    parser = _Parser(prog=PROG, description=(
+        "The check before --alibi-window-cutoff T: per layer and head, the dense attention "
+        "mass beyond each window (and on the first --sinks positions: attention sinks), the "
+        "perplexity change per T on sampled sequences, the attention saved; the last line "
+        "of stdout is the verdict, 'recommended: --alibi-window-cutoff T' or 'not "
+        "recommended: <reason>'."))
+    parser.add_argument("checkpoint", metavar="CKPT", help="a causal ALiBi LM checkpoint")
+    parser.add_argument("data", metavar="DATA", help="a folder written by fairseq-preprocess "
+                        "(the language_modeling task's data)")
+    parser.add_argument("--gen-subset", default="valid", help="the split sampled (default: valid)")
+    parser.add_argument("--tokens", type=_value(int, "a number of tokens >= 1", lambda v: v >= 1),
+                        default=DEFAULT_TOKENS, metavar="N",
+                        help=f"tokens sampled at each length (default: {DEFAULT_TOKENS})")
+    parser.add_argument("--lengths", metavar="L1,L2,...", type=_list_of(
+        int, "a sequence length >= 2 (e.g. --lengths 512,2048)", lambda v: v >= 2),
+        help="sequence lengths (default: the checkpoint's tokens_per_sample times 1,4,16)")
+    parser.add_argument("--cutoffs", metavar="T1,T2,...", default=list(DEFAULT_CUTOFFS),
+                        type=_list_of(float, "a positive finite number of nats (e.g. --cutoffs "
+                                      "4,8)", lambda v: finite(v) and v > 0),
+                        help="the cutoffs T checked (default: 4,6,8,12,16)")
+    parser.add_argument("--sinks", metavar="S1,S2,...", default=list(DEFAULT_SINKS),
+                        type=_list_of(int, "a number of first positions >= 0 (e.g. --sinks 0,4)",
+                                      lambda v: v >= 0),
+                        help="report the share of the mass beyond each window on the first S "
+                        "positions, for each S (default: 0,4); sink heads are judged on the "
+                        "largest S")
+    parser.add_argument("--tolerance", default=DEFAULT_TOLERANCE, metavar="PERCENT",
+                        type=_value(float, "a finite percentage >= 0 (e.g. --tolerance 0.1)",
+                                  lambda v: finite(v) and v >= 0),
+                        help="largest perplexity change recommended, in percent of dense at "
+                        "every length (default: 0.1)")
+    parser.add_argument("--sink-mass", default=DEFAULT_SINK_MASS, metavar="P",
+                        type=_value(float, "a share of attention in (0, 1] (e.g. --sink-mass "
+                                  "0.05)", lambda v: finite(v) and 0 < v <= 1),
+                        help="a head whose mean mass beyond its window on the first "
+                        "max(--sinks) positions reaches this is a sink head (default: 0.05)")
+    parser.add_argument("--seed", type=int, default=1, help="seed of the start offsets")
+    parser.add_argument("--out", default=DEFAULT_OUT, help=f"report folder (default: "
+                        f"{DEFAULT_OUT}); files of other names there are left alone")
+    parser.add_argument("--cpu", action="store_true", help="run on the CPU even with CUDA")
+    return parser
+
+
+# ---------------------------------------------------------------------------------------------
+# reading the checkpoint and the data
+
+
+def checkpoint_config(path):
+    """The configuration of checkpoint ``path`` (read as fairseq reads it), refused unless it
+    holds a language model; the weights are loaded later, per cutoff."""
+    from fairseq_alibi.cli.checkpoint_io import ConversionError, read_checkpoint
+    from fairseq_alibi.cli.stream_eval_lm import language_model_refusal
+
+    try:
+        state = read_checkpoint(path)
+    except ConversionError as exc:
+        raise WindowsInputError(f"CKPT: {exc}") from None
+    refusal = language_model_refusal(path, state, SUPPORTED)
+    if refusal:
+        raise WindowsInputError(f"CKPT {refusal}")
+    return state["cfg"]
+
+
+def resolve_lengths(args, cfg) -> List[int]:
+    """``--lengths``, or the training length times :data:`DEFAULT_MULTIPLES`; checks
+    ``--sinks`` against the shortest."""
+    from fairseq_alibi.config_access import cfg_get
+
+    lengths = args.lengths
+    if not lengths:
+        trained = cfg_get(cfg_get(cfg, "task"), "tokens_per_sample")
+        if not isinstance(trained, int) or trained < 2:
+            raise WindowsInputError(f"--lengths: CKPT records no training length "
+                                    f"(tokens_per_sample {trained!r}); give --lengths")
+        lengths = [trained * k for k in DEFAULT_MULTIPLES]
+    if max(args.sinks) > min(lengths):
+        raise WindowsInputError(f"--sinks {max(args.sinks)} is more than the shortest of the "
+                                f"lengths ({min(lengths)}): give --sinks of at most "
+                                f"{min(lengths)} first positions")
+    return lengths
+
+
+def read_stream(cfg, data, subset: str, longest: int):
+    """``(task, source, target)``: split ``subset`` of ``data`` as one stream
+    (:func:`~fairseq_alibi.cli.stream_eval_lm.split_as_one_block`, the checkpoint's task)."""
+    from fairseq_alibi.cli.stream_eval_lm import split_as_one_block
+    from fairseq_alibi.config_access import cfg_set
+
+    if not os.path.isfile(os.path.join(str(data), "dict.txt")):
+        raise WindowsInputError(f"DATA {data}: no dict.txt there; give a folder written by "
+                                "fairseq-preprocess")
+    cfg = copy.deepcopy(cfg)
+    for key, value in (("data", str(data)), ("sample_break_mode", "none"),
+                       ("add_bos_token", False)):
+        cfg_set(cfg.task, key, value)
+    task, source, target = split_as_one_block(cfg, subset, error=WindowsInputError)
+    if source.numel() < longest:
+        raise WindowsInputError(
+            f"--lengths {longest}: the split {subset!r} of {data} holds {source.numel():,} "
+            f"tokens; give --lengths of at most {source.numel()} (or a longer --gen-subset)")
+    return task, source, target
+
+
+def load_model(path, task, cutoff: Optional[float], device):
+    """The checkpoint's model in eval mode on ``device``: as saved (``cutoff`` ``None``) or with
+    the load-time override ``{'alibi_window_cutoff': cutoff}`` (what ``--model-overrides``
+    gives), for ``task``'s dictionary."""
+    from fairseq import checkpoint_utils
+
+    from fairseq_alibi.error_hints import raised_by_plugin
+
+    overrides = {} if cutoff is None else {"alibi_window_cutoff": cutoff}
+    try:
+        models, _, _ = checkpoint_utils.load_model_ensemble_and_task(
+            [str(path)], arg_overrides=overrides, task=task)
+    except ValueError as exc:  # the plugin's checks (e.g. DATA's dictionary): its line
+        if not raised_by_plugin(exc):
+            raise
+        raise WindowsInputError(f"CKPT {path}: {exc}") from None
+    return models[0].eval().to(device)
+
+
+def alibi_attentions(model, path) -> list:
+    """The causal ALiBi self-attentions of ``model`` (in layer order), refused unless there is
+    one and some head has a distance bias."""
+    from fairseq_alibi.modules.alibi_multihead_attention import AlibiMultiheadAttention
+
+    found = [m for m in model.modules()
+             if isinstance(m, AlibiMultiheadAttention) and m.alibi is not None]
+    what = f"CKPT {path}: {type(model).__name__}"
+    if not found:
+        raise WindowsInputError(f"{what} has no ALiBi self-attention (a stock model or a "
+                                f"variant none): it has no slope windows; {SUPPORTED}")
+    variants = sorted({m.alibi.variant for m in found} - {"causal"})
+    if variants:
+        raise WindowsInputError(f"{what}'s ALiBi attention is {', '.join(variants)}; {SUPPORTED}")
+    if not any(bool((m.alibi.head_slopes()[0] > 0).any()) for m in found):
+        raise WindowsInputError(f"{what}: no head has a distance bias (every slope is 0), so no "
+                                "head has a window")
+    return found
+
+
+def saved_cutoff(model) -> float:
+    """The largest ``--alibi-window-cutoff`` the model's stacks were loaded with (0: dense)."""
+    from fairseq_alibi.modules.bias import AlibiBias
+
+    return max([m.window_cutoff for m in model.modules() if isinstance(m, AlibiBias)] + [0.0])
+
+
+def sample_starts(total: int, length: int, tokens: int, seed: int) -> List[int]:
+    """``ceil(tokens / length)`` different start offsets (all there are, if fewer) of sequences
+    of ``length`` in a stream of ``total`` tokens, drawn uniformly, sorted; the same for the
+    same arguments."""
+    import torch
+
+    generator = torch.Generator().manual_seed(seed * 1_000_003 + length)
+    count = min(math.ceil(tokens / length), total - length + 1)
+    return sorted(torch.randperm(total - length + 1, generator=generator)[:count].tolist())
+
+
+# ---------------------------------------------------------------------------------------------
+# measuring
+
+
+@contextlib.contextmanager
+def head_weights(attentions, receive):
+    """Within this context each forward call of an attention of ``attentions``
+    (:class:`~fairseq_alibi.modules.alibi_multihead_attention.AlibiMultiheadAttention` s)
+    computes its attention probabilities per head (``need_head_weights``: ``(H, B, T, S)``,
+    explicitly, whatever the backend) and hands them to ``receive(index, weights, kwargs)``
+    (``index`` in ``attentions``, ``kwargs`` the call's); the call then returns no weights (no
+    layer reads a self-attention's). The hooks are removed on exit, even on an error."""
+    def ask_weights(module, args, kwargs):
+        return args, dict(kwargs, need_head_weights=True)
+
+    def hand_over(index):
+        def hook(module, args, kwargs, output):
+            receive(index, output[1], kwargs)
+            return output[0], None
+        return hook
+
+    handles = [m.register_forward_pre_hook(ask_weights, with_kwargs=True) for m in attentions]
+    handles += [m.register_forward_hook(hand_over(i), with_kwargs=True)
+                for i, m in enumerate(attentions)]
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+class MassMeter:
+    """Forward hooks on the dense model's ALiBi self-attentions: within :meth:`hooked`, every
+    forward pass asks each for its head weights (``need_head_weights``) and reduces them, per
+    head and cutoff, to the mass beyond the window of each query that has keys beyond it, and
+    the part of it on the first ``S`` positions for each ``S`` of ``sinks``; the weights are not
+    passed on (the layers never read a self-attention's weights)."""
+
+    def __init__(self, attentions, cutoffs: Sequence[float], sinks: Sequence[int]):
+        import torch
+
+        from fairseq_alibi.alibi import window_lengths
+
+        self.attentions, self.cutoffs, self.sinks = attentions, list(cutoffs), list(sinks)
+        with torch.no_grad():
+            self.slopes = [m.alibi.head_slopes()[0].double().cpu().tolist() for m in attentions]
+        self.windows = [{t: window_lengths(slopes, t) for t in cutoffs} for slopes in self.slopes]
+        self.beyond: Dict[tuple, list] = {}  # (layer, head, T) -> [per-query masses]
+        self.on_sinks: Dict[tuple, float] = {}  # (layer, head, T, S) -> summed over queries
+
+    def hooked(self):
+        """A context in which the forward passes are counted."""
+        return head_weights(self.attentions, lambda layer, weights, _: self.add(layer,
+                                                                               weights[:, 0]))
+
+    def add(self, layer: int, probs):
+        """Count one sequence's ``(H, L, L)`` attention probabilities of layer ``layer``."""
+        import torch
+
+        length = probs.size(-1)
+        for head in range(probs.size(0)):
+            windows = {t: w[head] for t, w in self.windows[layer].items() if w[head] is not None}
+            if not windows or min(windows.values()) + 1 >= length:
+                continue  # every key of every query within the window
+            for start in range(min(windows.values()) + 1, length, QUERY_CHUNK):
+                rows = torch.arange(start, min(length, start + QUERY_CHUNK), device=probs.device)
+                sums = probs[head, rows].double().cumsum(-1)  # from the farthest key: exact
+                for t, window in windows.items():
+                    self._count(layer, head, t, rows - window - 1, sums)
+
+    def _count(self, layer, head, t, last, sums):
+        kept = last >= 0  # the queries with keys beyond the window: 0 … i - W - 1
+        if not bool(kept.any()):
+            return
+        last, sums = last[kept][:, None], sums[kept]
+        self.beyond.setdefault((layer, head, t), []).append(sums.gather(1, last)[:, 0].cpu())
+        for s in self.sinks:
+            key = (layer, head, t, s)
+            mass = sums.gather(1, last.clamp(max=s - 1)).sum().item() if s else 0.0
+            self.on_sinks[key] = self.on_sinks.get(key, 0.0) + mass
+
+
+def sequence_nll(model, source, target) -> float:
+    """Summed negative log-likelihood (nats) of ``target`` given ``source`` (one sequence)."""
+    out = model(source[None])
+    log_probs = model.get_normalized_probs(out, log_probs=True)[0]
+    return -float(log_probs.double().gather(-1, target[:, None]).sum())
+
+
+@dataclass
+class Scores:
+    """What the passes gave: summed NLL per length, dense and per ``T``; decoding cache keys."""
+    tokens: Dict[int, int]
+    dense: Dict[int, float]
+    windowed: Dict[float, Dict[int, float]]
+    cache: Dict[float, Optional[int]]
+
+
+def measure(args, cfg, lengths: List[int], bar) -> tuple:
+    """Every forward pass: the dense model's (hooked, :class:`MassMeter`), then each ``T``'s;
+    returns ``(meter, scores)``."""
+    import torch
+
+    from fairseq_alibi.modules.attention.windowed import decoding_reach
+
+    task, source, target = read_stream(cfg, args.data, args.gen_subset, max(lengths))
+    device = torch.device("cuda" if torch.cuda.is_available() and not args.cpu else "cpu")
+    model = load_model(args.checkpoint, task, None, device)
+    attentions = alibi_attentions(model, args.checkpoint)
+    if saved_cutoff(model):  # saved with windows: dense is the cutoff off
+        model = load_model(args.checkpoint, task, 0.0, device)
+        attentions = alibi_attentions(model, args.checkpoint)
+    meter = MassMeter(attentions, args.cutoffs, args.sinks)
+    pieces = [(n, s) for n in lengths
+              for s in sample_starts(source.numel(), n, args.tokens, args.seed)]
+    pieces = [(n, source[s:s + n].to(device), target[s:s + n].to(device)) for n, s in pieces]
+    scores = Scores({n: 0 for n in lengths}, {n: 0.0 for n in lengths}, {}, {})
+    with torch.no_grad(), meter.hooked():
+        for n, x, y in pieces:
+            scores.tokens[n] += n
+            scores.dense[n] += sequence_nll(model, x, y)
+            bar.update(1)
+    del model, attentions
+    for t in args.cutoffs:
+        model = load_model(args.checkpoint, task, t, device)
+        reaches = [decoding_reach(m.alibi) for m in alibi_attentions(model, args.checkpoint)]
+        scores.cache[t] = None if None in reaches else max(reaches)
+        scores.windowed[t] = {n: 0.0 for n in lengths}
+        with torch.no_grad():
+            for n, x, y in pieces:
+                scores.windowed[t][n] += sequence_nll(model, x, y)
+                bar.update(1)
+        del model
+    return meter, scores
+
+
+# ---------------------------------------------------------------------------------------------
+# what the measurements say
+
+
+@dataclass
+class HeadRow:
+    """One layer, head and ``T``: the window and the mass beyond it."""
+    layer: int
+    head: int
+    slope: float
+    cutoff: float
+    window: Optional[int]
+    queries: int
+    mean: float
+    p99: float
+    max: float
+    share: Dict[int, float]  # S -> share of the mass beyond on the first S positions
+    on_sinks: Dict[int, float]  # S -> mean mass beyond on the first S positions
+    sink: bool
+
+    @property
+    def name(self) -> str:
+        return f"layer {self.layer} head {self.head}"
+
+
+@dataclass
+class CutoffRow:
+    """One ``T``: perplexity change per length, the attention kept, the sink heads."""
+    cutoff: float
+    windows: List[Optional[int]]
+    ppl: Dict[int, float]
+    change: Dict[int, float]  # length -> percent of dense
+    kept: Dict[int, float]  # length -> share of the score entries kept (computed)
+    cache: Optional[int]
+    heads: List[HeadRow]
+
+    @property
+    def worst(self) -> float:
+        return max(self.change.values(), key=abs)
+
+    @property
+    def sink_heads(self) -> List[HeadRow]:
+        return [row for row in self.heads if row.sink]
+
+
+def head_rows(meter: MassMeter, sink_mass: float) -> List[HeadRow]:
+    """A :class:`HeadRow` per layer, head and ``T`` of what ``meter`` counted; a sink head has
+    a mean mass beyond its window on the first ``max(sinks)`` positions of ``sink_mass`` or
+    more."""
+    import numpy as np
+
+    rows, judged = [], max(meter.sinks)
+    for layer, slopes in enumerate(meter.slopes):
+        for head, slope in enumerate(slopes):
+            for t in meter.cutoffs:
+                found = meter.beyond.get((layer, head, t))
+                masses = np.concatenate([x.numpy() for x in found]) if found else np.zeros(0)
+                total, count = float(masses.sum()), masses.size
+                on = {s: meter.on_sinks.get((layer, head, t, s), 0.0) for s in meter.sinks}
+                stats = (float(masses.mean()), float(np.percentile(masses, 99)),
+                         float(masses.max())) if count else (0.0, 0.0, 0.0)
+                rows.append(HeadRow(
+                    layer, head, slope, t, meter.windows[layer][t][head], count, *stats,
+                    {s: on[s] / total if total > 0 else 0.0 for s in on},
+                    {s: on[s] / count if count else 0.0 for s in on},
+                    judged > 0 and count > 0 and on[judged] / count >= sink_mass))
+    return rows
+
+
+def kept_share(window: Optional[int], length: int) -> float:
+    """The share of a causal sequence's score entries ``(i, j)``, ``j <= i < length``, that a
+    head with window ``window`` keeps (``i - j <= window``)."""
+    if window is None or window >= length - 1:
+        return 1.0
+    kept = (window + 1) * (window + 2) / 2 + (length - 1 - window) * (window + 1)
+    return kept / (length * (length + 1) / 2)
+
+
+def cutoff_rows(meter: MassMeter, scores: Scores, heads: List[HeadRow]) -> List[CutoffRow]:
+    rows = []
+    for t in meter.cutoffs:
+        windows = [w for layer in meter.windows for w in layer[t]]
+        ppl = {n: math.exp(nll / scores.tokens[n]) for n, nll in scores.windowed[t].items()}
+        change = {n: 100 * math.expm1((nll - scores.dense[n]) / scores.tokens[n])
+                  for n, nll in scores.windowed[t].items()}
+        kept = {n: sum(kept_share(w, n) for w in windows) / len(windows) for n in scores.tokens}
+        rows.append(CutoffRow(t, windows, ppl, change, kept, scores.cache[t],
+                              [h for h in heads if h.cutoff == t]))
+    return rows
+
+
+def verdict(rows: List[CutoffRow], tolerance: float, sinks: Sequence[int]) -> str:
+    """The last line: the smallest ``T`` within ``tolerance`` at every length with no sink
+    head, or why none is."""
+    within = [row for row in rows if abs(row.worst) <= tolerance]
+    for row in within:
+        if not row.sink_heads:
+            return f"recommended: --alibi-window-cutoff {row.cutoff:g}"
+    if within:
+        row = within[0]
+        return (f"not recommended: at T={row.cutoff:g} perplexity changes {row.worst:+.3f} % "
+                f"(within {tolerance:g} %), but {sink_reason(row, max(sinks))}")
+    best = min(rows, key=lambda r: abs(r.worst))
+    reason = (f"not recommended: no cutoff of {', '.join(f'{r.cutoff:g}' for r in rows)} keeps "
+              f"perplexity within {tolerance:g} % of dense at every length (closest: "
+              f"T={best.cutoff:g}, {best.worst:+.3f} %)")
+    if best.sink_heads:
+        return f"{reason}; {sink_reason(best, max(sinks))}"
+    return f"{reason}; try larger --cutoffs"
+
+
+def sink_reason(row: CutoffRow, sinks: int) -> str:
+    """Which heads are sinks at ``row``'s ``T``, and what windows would need."""
+    worst = max(row.sink_heads, key=lambda h: h.on_sinks[sinks])
+    mass = f"{worst.on_sinks[sinks]:.2f}"
+    who = (f"{worst.name} puts {mass} of its attention (mean) beyond its window on the first "
+           f"{sinks} positions (an attention sink)" if len(row.sink_heads) == 1 else
+           f"{len(row.sink_heads)} heads put their attention beyond their windows on the first "
+           f"{sinks} positions (attention sinks; most: {worst.name}, {mass} mean)")
+    return (f"{who}: windows would need the first {sinks} positions kept, which "
+            "--alibi-window-cutoff does not do")
+
+
+# ---------------------------------------------------------------------------------------------
+# the report
+
+
+def _mass(x: float) -> str:
+    return "0" if x == 0 else f"{x:.2g}"
+
+
+def _window(w: Optional[int]) -> str:
+    return "all" if w is None else str(w)
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence]) -> List[str]:
+    """A Markdown table, its columns padded to line up in a terminal."""
+    cells = [[str(c) for c in headers]] + [[str(c) for c in row] for row in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
+    padded = ["| " + " | ".join(c.ljust(w) for c, w in zip(row, widths)) + " |" for row in cells]
+    return [padded[0], "|" + "|".join("-" * (w + 2) for w in widths) + "|", *padded[1:]]
+
+
+def cutoff_table(rows: List[CutoffRow], lengths: List[int]) -> List[str]:
+    longest = max(lengths)
+    headers = (["T", "W_h"] + [f"ppl change % L={n}" for n in lengths]
+               + ["worst %", f"attention kept L={longest}", "decoding cache keys",
+                  "most mass beyond (mean)", "sink heads"])
+    body = []
+    for row in rows:
+        known = [w for w in row.windows if w is not None]
+        span = (f"{min(known)}–{max(known)}" if known else "all") + (
+            " (some all)" if known and len(known) < len(row.windows) else "")
+        top = max(row.heads, key=lambda h: h.mean)
+        body.append([f"{row.cutoff:g}", span, *(f"{row.change[n]:+.3f}" for n in lengths),
+                     f"{row.worst:+.3f}", f"{row.kept[longest]:.0%}", _window(row.cache),
+                     f"{_mass(top.mean)} ({top.name})",
+                     ", ".join(h.name for h in row.sink_heads) or "none"])
+    return table(headers, body)
+
+
+def heads_table(heads: List[HeadRow], cutoffs: Sequence[float], sinks: Sequence[int],
+                most: Optional[int] = None) -> List[str]:
+    """A row per head: its slope and, per ``T``, ``W_h · mean · p99 · max`` of the mass beyond,
+    and the share on the first ``S`` positions at the smallest ``T``; the ``most`` heads with
+    the most mass beyond (all if ``None``)."""
+    by_head: Dict[tuple, Dict[float, HeadRow]] = {}
+    for row in heads:
+        by_head.setdefault((row.layer, row.head), {})[row.cutoff] = row
+    order = sorted(by_head, key=lambda k: -max(r.mean for r in by_head[k].values()))
+    shown = sorted(order[:most] if most else order)
+    first = min(cutoffs)
+    headers = (["layer", "head", "slope"] + [f"T={t:g}: W · mean · p99 · max" for t in cutoffs]
+               + [f"on first {s} at T={first:g}" for s in sinks if s])
+    body = [[layer, head, f"{by_head[(layer, head)][first].slope:.4g}"]
+            + [f"{_window(r.window)} · " + (" · ".join(_mass(x) for x in (r.mean, r.p99, r.max))
+                                            if r.queries else "no key beyond")
+               for r in (by_head[(layer, head)][t] for t in cutoffs)]
+            + [f"{by_head[(layer, head)][first].share[s]:.0%}" for s in sinks if s]
+            for layer, head in shown]
+    return table(headers, body)
+
+
+def sink_lines(rows: List[CutoffRow], sinks: Sequence[int]) -> List[str]:
+    judged = max(sinks)
+    return [f"sink head: {h.name} at T={h.cutoff:g} (W={h.window}): {h.on_sinks[judged]:.2f} of "
+            f"its attention (mean) beyond the window on the first {judged} positions, "
+            f"{h.share[judged]:.0%} of what it puts beyond" for row in rows for h in row.sink_heads]
+
+
+def summary_lines(args, lengths, scores: Scores, rows, heads, most=None) -> List[str]:
+    sequences = {n: scores.tokens[n] // n for n in lengths}
+    dense = ", ".join(f"L={n} {math.exp(scores.dense[n] / scores.tokens[n]):.3f}"
+                      for n in lengths)
+    return [f"{args.checkpoint} on {args.data} ({args.gen_subset}): "
+            + ", ".join(f"{sequences[n]} × {n} tokens" for n in lengths)
+            + f" (start offsets seed {args.seed}); layers and heads count from 0", "",
+            f"dense perplexity: {dense}", "",
+            "per cutoff T: perplexity change against dense at each length; attention kept: the "
+            "share of score entries within the windows (computed from W_h, not timed)", "",
+            *cutoff_table(rows, lengths), "",
+            "mass beyond the window per head (dense attention, queries with keys beyond it)"
+            + ("" if most is None else f", the {most} heads with the most"), "",
+            *heads_table(heads, args.cutoffs, args.sinks, most), "",
+            *sink_lines(rows, args.sinks)]
+
+
+def _write(path: Path, write) -> None:
+    """``write(partial)`` writes the file, then it becomes ``path`` (never half-written)."""
+    partial = path.with_name(f".{path.name}.partial")
+    try:
+        write(partial)
+        os.replace(partial, path)
+    finally:
+        if partial.exists():
+            partial.unlink()
+
+
+def _csv(path: Path, header: list, rows) -> None:
+    def write(partial):
+        with open(partial, "w", newline="") as f:
+            csv.writer(f).writerows([header, *rows])
+    _write(path, write)
+
+
+def write_csvs(out: Path, rows: List[CutoffRow], heads: List[HeadRow], lengths, sinks):
+    """``windows_heads.csv`` (a row per layer, head and ``T``), ``windows_cutoffs.csv`` (per
+    ``T``)."""
+    _csv(out / "windows_heads.csv",
+         ["layer", "head", "slope", "cutoff", "window", "queries", "mass_beyond_mean",
+          "mass_beyond_p99", "mass_beyond_max",
+          *(f"{k}_first_{s}" for s in sinks for k in ("share_on", "mean_on")), "sink_head"],
+         ([h.layer, h.head, h.slope, h.cutoff, _window(h.window), h.queries, h.mean, h.p99,
+           h.max, *(v for s in sinks for v in (h.share[s], h.on_sinks[s])), h.sink]
+          for h in heads))
+    _csv(out / "windows_cutoffs.csv",
+         ["cutoff", *(f"{k}_L{n}" for n in lengths for k in ("ppl", "change_pct",
+                                                            "attention_kept")),
+          "worst_change_pct", "decoding_cache_keys", "sink_heads"],
+         ([r.cutoff, *(v for n in lengths for v in (r.ppl[n], r.change[n], r.kept[n])),
+           r.worst, _window(r.cache), ";".join(h.name for h in r.sink_heads)] for r in rows))
+
+
+def plot(out: Path, heads: List[HeadRow], cutoffs: Sequence[float]) -> Optional[str]:
+    """``windows.png``: the mean (line) and max (crosses) mass beyond the window, by head and
+    ``T``, log scale; or why it was not drawn."""
+    import logging
+
+    logging.getLogger("matplotlib").setLevel(logging.WARNING)  # the root logger may be DEBUG
+    try:
+        import matplotlib
+    except ImportError:
+        return "no windows.png: matplotlib is not installed (pip install matplotlib)"
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = sorted({(h.layer, h.head) for h in heads})
+    floor = 1e-12  # a mass of 0 on the log scale; a head with no key beyond: no point
+
+    def points(at, value):
+        return [max(value(at[k]), floor) if at[k].queries else math.nan for k in names]
+
+    fig, ax = plt.subplots(figsize=(max(6.0, 0.3 * len(names) + 2), 4.5))
+    for t in cutoffs:
+        at = {(h.layer, h.head): h for h in heads if h.cutoff == t}
+        line, = ax.plot(range(len(names)), points(at, lambda h: h.mean), marker="o",
+                        label=f"T={t:g}")
+        ax.plot(range(len(names)), points(at, lambda h: h.max), "x", color=line.get_color())
+    ax.set_yscale("log")
+    ax.set_xticks(range(len(names)), [f"L{layer}H{head}" for layer, head in names],
+                  rotation=90, fontsize=7)
+    ax.set_xlabel("layer, head")
+    ax.set_ylabel("attention mass beyond the window")
+    ax.set_title("dense attention beyond each head's window: mean (o), max (x)", fontsize=10)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    _write(out / "windows.png", lambda partial: fig.savefig(partial, format="png"))
+    plt.close(fig)
+    return None
+
+
+def write_report(out: Path, command: str, lines: List[str], line: str,
+                 png_note: Optional[str]):
+    text = ["# Slope windows: the check before turning them on", "", f"Command: `{command}`", "",
+            f"**{line}**", "", *lines, "",
+            (f"_{png_note}_" if png_note else "![mass beyond the window](windows.png)"), "",
+            "Mass beyond the window of head h at query i: the dense model's attention "
+            "probabilities summed over the keys j < i - W_h, W_h = ceil(T / m_h); a sink head "
+            "puts a mean of at least --sink-mass of its attention beyond the window on the "
+            "first max(--sinks) positions. `windows_heads.csv` and `windows_cutoffs.csv` hold "
+            "every figure.", ""]
+    _write(out / "windows.md", lambda partial: partial.write_text("\n".join(text)))
+
+
+# ---------------------------------------------------------------------------------------------
+# command line
+
+#: a run of more forward passes than this shows a progress bar (on stderr)
+LONG_RUN = 50
+
+
+def run(args, command: str) -> str:
+    """Measure, report (``command``: the command line, for the report), return the verdict."""
+    from fairseq_alibi.preprocess.pipeline_io import progress_bar
+
+    cfg = checkpoint_config(args.checkpoint)
+    lengths = resolve_lengths(args, cfg)
+    passes = (1 + len(args.cutoffs)) * sum(math.ceil(args.tokens / n) for n in lengths)
+    bar = progress_bar(total=passes, desc="windows", unit="pass", enabled=passes > LONG_RUN)
+    try:
+        meter, scores = measure(args, cfg, lengths, bar)
+    finally:
+        bar.close()
+    heads = head_rows(meter, args.sink_mass)
+    rows = cutoff_rows(meter, scores, heads)
+    line = verdict(rows, args.tolerance, args.sinks)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    write_csvs(out, rows, heads, lengths, args.sinks)
+    png_note = plot(out, heads, args.cutoffs)
+    write_report(out, command, summary_lines(args, lengths, scores, rows, heads), line,
+                 png_note)
+    print("\n".join(summary_lines(args, lengths, scores, rows, heads, SHOWN_HEADS)))
+    files = ["windows_heads.csv", "windows_cutoffs.csv"] + ([] if png_note else ["windows.png"])
+    print(*([png_note] if png_note else []), f"report: {out / 'windows.md'} (and "
+          f"{', '.join(files)})", sep="\n")
+    return line
+
+
+def main(argv=None) -> int:
+    try:
+        argv = sys.argv[1:] if argv is None else list(argv)
+        line = run(build_parser().parse_args(argv), " ".join([PROG, *argv]))
+    except WindowsInputError as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return 2
+    print(line)  # the last line of stdout: the verdict
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

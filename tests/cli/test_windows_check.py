@@ -1,0 +1,242 @@
+"""``fairseq-alibi windows``: a head built to be an attention sink is named and the cutoff refused
+(the same model without it is not), a tiny LM's verdict follows the perplexity change it
+printed, the verdict's rule, and bad input as one line naming the argument."""
+
+import csv
+import hashlib
+import math
+import random
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from fairseq_alibi.cli.windows_check import (CutoffRow, HeadRow, kept_share, main,
+                                             sample_starts, verdict)
+from tests.helpers.checkpoints import load, saved_in_process
+from tests.helpers.cli import REPO, child_env, preprocess
+from tests.helpers.training import STOCK
+
+EOS = 2  # fairseq's </s>: the first input token of a split's stream
+WORDS = 120
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """One thread, as the subprocess tests run: a tiny model's ops are too small to share, and
+    on a busy machine two threads wait on each other at every op."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def windows(capsys, *args):
+    """``(exit status, stdout, stderr)`` of the tool run in this process."""
+    code = main([str(a) for a in args])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def rows_of(path):
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def digest(path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@pytest.fixture(scope="module")
+def one_line_data(tmp_path_factory, tiny_lm_data):
+    """A ``valid`` split of one line of words (the tiny corpus's dictionary): its stream starts
+    with </s> and holds no other, so a sequence starting at offset 0 has </s> first, only."""
+    root = tmp_path_factory.mktemp("one_line")
+    rng = random.Random(3)
+    (root / "valid.txt").write_text(" ".join(f"w{rng.randrange(60)}" for _ in range(WORDS)) + "\n")
+    preprocess("--only-source", "--srcdict", tiny_lm_data / "dict.txt", "--validpref",
+               root / "valid.txt", "--destdir", root / "bin", "--workers", "1")
+    return root / "bin"
+
+
+def with_sink_head(checkpoint, path):
+    """``checkpoint`` with layer 0's head 0 (slope 1/4) rebuilt as an attention sink: its query
+    is a constant and its key the layer input's component along </s>'s (scaled) embedding, so
+    every query gives </s> a logit 60 nats above any other token's, beyond any ALiBi distance
+    penalty of a short sequence (1/4 per token). Saved at ``path``."""
+    state = load(checkpoint)
+    weights = state["model"]
+    inputs = weights["decoder.embed_tokens.weight"] * math.sqrt(32)  # the layer's input per token
+    direction = inputs[EOS] / inputs[EOS].norm()
+    along = inputs @ direction
+    margin = float(along[EOS] - torch.cat([along[:EOS], along[EOS + 1:]]).max())
+    assert margin > 0.5, margin
+    head = slice(0, 8)  # head 0 of 4 heads of 32 dimensions
+    attention = "decoder.layers.0.self_attn."
+    for name in ("q_proj.weight", "q_proj.bias", "k_proj.weight", "k_proj.bias"):
+        weights[attention + name][head] = 0
+    weights[attention + "q_proj.bias"][0] = 60 * math.sqrt(8) / margin  # q·k is scaled by 8^-1/2
+    weights[attention + "k_proj.weight"][0] = direction
+    torch.save(state, path)
+    return path
+
+
+def test_a_sink_head_is_named_and_the_cutoff_refused(trained_lm_checkpoint, one_line_data,
+                                                     tmp_path, capsys):
+    sink = with_sink_head(trained_lm_checkpoint, tmp_path / "sink.pt")
+    before = digest(sink)
+    length = WORDS + 1  # the whole stream: the one sequence starts at offset 0, with </s>
+    found = {}
+    for name, checkpoint in (("sink", sink), ("plain", trained_lm_checkpoint)):
+        code, out, err = windows(capsys, checkpoint, one_line_data, "--lengths", length,
+                                 "--tokens", length, "--cutoffs", 8, "--out", tmp_path / name)
+        assert code == 0, err[-3000:]
+        heads = {(r["layer"], r["head"]): r for r in rows_of(tmp_path / name /
+                                                             "windows_heads.csv")}
+        found[name] = (out, out.splitlines()[-1], heads[("0", "0")], heads)
+    out, last, head, heads = found["sink"]
+    assert f"1 × {length} tokens" in out
+    assert last.startswith("not recommended: "), last
+    assert "layer 0 head 0" in last and "first 4 positions kept" in last, last
+    assert "sink head: layer 0 head 0 at T=8 (W=32)" in out
+    assert head["window"] == "32" and head["sink_head"] == "True"
+    assert float(head["mass_beyond_mean"]) > 0.9 and float(head["share_on_first_4"]) > 0.99
+    assert [k for k, r in heads.items() if r["sink_head"] == "True"] == [("0", "0")]
+    assert digest(sink) == before  # the checkpoint is only read
+    out, last, head, _ = found["plain"]  # the same model without the sink: nothing of it
+    assert "sink" not in last and "sink head:" not in out, out
+    assert head["sink_head"] == "False" and float(head["mass_beyond_mean"]) < 0.01
+
+
+def test_the_verdict_follows_the_printed_perplexity_change(trained_lm_checkpoint, tiny_lm_data,
+                                                           tmp_path, capsys):
+    out_dir = tmp_path / "report"
+    code, out, err = windows(capsys, trained_lm_checkpoint, tiny_lm_data, "--tokens", 256,
+                             "--cutoffs", "16,2,4", "--out", out_dir)
+    assert code == 0, err[-3000:]
+    lines = out.splitlines()
+    # the training length 16 times 1, 4, 16; ceil(256 / L) sequences each
+    assert "16 × 16 tokens, 4 × 64 tokens, 1 × 256 tokens" in lines[0]
+    cutoffs = rows_of(out_dir / "windows_cutoffs.csv")
+    assert [float(r["cutoff"]) for r in cutoffs] == [2.0, 4.0, 16.0]
+    printed = {cells[0]: cells for cells in
+               ([c.strip() for c in line.strip("|").split("|")] for line in lines)
+               if cells[0] in ("2", "4", "16") and len(cells) > 6}
+    expected = "not recommended: "
+    for row in cutoffs:
+        worst, t = float(row["worst_change_pct"]), f"{float(row['cutoff']):g}"
+        assert printed[t][5] == f"{worst:+.3f}", printed[t]  # the table's "worst %" column
+        assert worst == max((float(row[f"change_pct_L{n}"]) for n in (16, 64, 256)), key=abs)
+        if abs(worst) <= 0.1 and not row["sink_heads"] and expected.startswith("not"):
+            expected = f"recommended: --alibi-window-cutoff {t}"
+    assert lines[-1].startswith(expected), (lines[-1], cutoffs)
+    assert lines[-1] in (out_dir / "windows.md").read_text()
+    assert (out_dir / "windows.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    heads = rows_of(out_dir / "windows_heads.csv")
+    assert len(heads) == 2 * 4 * 3  # layers x heads x cutoffs
+    # head 0's slope 1/4: W = ceil(T / m) = 4 T, the mass beyond it about e^-T
+    steep = {r["cutoff"]: r for r in heads if r["layer"] == "0" and r["head"] == "0"}
+    assert [steep[t]["window"] for t in ("2.0", "4.0", "16.0")] == ["8", "16", "64"]
+    assert 0 < float(steep["16.0"]["mass_beyond_max"]) < float(steep["2.0"]["mass_beyond_mean"])
+
+
+def cutoff_row(t, change, sink_heads=()):
+    heads = [HeadRow(layer, head, 0.25, t, 8, 10, 0.5, 0.9, 1.0, {0: 0.0, 4: 0.99},
+                     {0: 0.0, 4: 0.5}, True) for layer, head in sink_heads]
+    return CutoffRow(t, [8], {64: 10.0}, {64: change, 256: change / 2}, {64: 0.5}, 8, heads)
+
+
+def test_the_verdict_is_the_smallest_cutoff_within_tolerance_without_sinks():
+    rows = [cutoff_row(4.0, 0.5), cutoff_row(8.0, -0.05, [(1, 2)]), cutoff_row(12.0, 0.02)]
+    assert verdict(rows, 0.1, [0, 4]) == "recommended: --alibi-window-cutoff 12"
+    assert verdict(rows, 1.0, [0, 4]) == "recommended: --alibi-window-cutoff 4"
+    line = verdict(rows[:2], 0.1, [0, 4])
+    assert line.startswith("not recommended: at T=8 perplexity changes -0.050 % (within 0.1 %)")
+    assert "layer 1 head 2 puts 0.50 of its attention" in line
+    assert "first 4 positions kept" in line
+    line = verdict(rows[:1], 0.1, [0, 4])
+    assert line == ("not recommended: no cutoff of 4 keeps perplexity within 0.1 % of dense at "
+                    "every length (closest: T=4, +0.500 %); try larger --cutoffs")
+    two = [cutoff_row(8.0, 0.3, [(0, 0), (1, 2)])]
+    assert "2 heads put their attention beyond their windows" in verdict(two, 0.1, [0, 4])
+
+
+def test_kept_keys_and_start_offsets():
+    for window, length in ((0, 5), (3, 10), (9, 10), (20, 10), (None, 7)):
+        kept = sum(1 for i in range(length) for j in range(i + 1)
+                   if window is None or i - j <= window)
+        assert kept_share(window, length) == pytest.approx(kept / (length * (length + 1) / 2))
+    starts = sample_starts(1000, 64, 4096, seed=1)
+    assert starts == sample_starts(1000, 64, 4096, seed=1) != sample_starts(1000, 64, 4096, 2)
+    assert len(starts) == 64 == len(set(starts)) and 0 <= min(starts) <= max(starts) <= 936
+    assert sample_starts(121, 121, 4096, seed=1) == [0]  # as many as there are
+
+
+def bad_inputs(ckpt, data, tmp_path):
+    """``(arguments, what the one line names, part of it)`` for each kind of bad input."""
+    stock = saved_in_process(tmp_path / "stock" / "checkpoint.pt", data, *STOCK["lm"])
+    corrupt = tmp_path / "corrupt.pt"
+    corrupt.write_bytes(b"PK\x03\x04 not a checkpoint")
+    (tmp_path / "empty.txt").write_text("")
+    preprocess("--only-source", "--srcdict", data / "dict.txt", "--testpref",
+               tmp_path / "empty.txt", "--destdir", tmp_path / "empty", "--workers", "1")
+    (tmp_path / "other.txt").write_text("x y z\n" * 20)  # another, smaller vocabulary
+    preprocess("--only-source", "--trainpref", tmp_path / "other.txt", "--validpref",
+               tmp_path / "other.txt", "--destdir", tmp_path / "other", "--workers", "1")
+    encoder = REPO / "tests/fixtures/saved_models/roberta_one_sided_head/checkpoint.pt"
+    return [
+        ([tmp_path / "missing.pt", data], "CKPT", "no checkpoint at"),
+        ([corrupt, data], "CKPT", "cannot read"),
+        ([stock, data], "CKPT", "TransformerLanguageModel has no ALiBi self-attention"),
+        ([encoder, data], "CKPT", "not a language model: the windows check reads causal ALiBi"),
+        ([ckpt, tmp_path / "nowhere"], "DATA", "no dict.txt"),
+        ([ckpt, tmp_path / "other", "--lengths", "8"], "CKPT",
+         "trained with a dictionary of 64 symbols, but the data directory"),
+        ([ckpt, tmp_path / "empty", "--gen-subset", "test"], "--gen-subset", "holds no tokens"),
+        ([ckpt, data, "--gen-subset", "valid7"], "--gen-subset", "no split 'valid7'"),
+        ([ckpt, data, "--lengths", "16,5000"], "--lengths", "holds 1,085 tokens"),
+        ([ckpt, data, "--lengths", "64,1"], "--lengths", "'1' is not a sequence length >= 2"),
+        ([ckpt, data, "--sinks", "0,-1"], "--sinks", "'-1' is not a number of first positions"),
+        ([ckpt, data, "--sinks", "17"], "--sinks", "more than the shortest of the lengths (16)"),
+        ([ckpt, data, "--cutoffs", "0"], "--cutoffs", "'0' is not a positive finite number"),
+        ([ckpt, data, "--cutoffs", "4,nan"], "--cutoffs", "'nan' is not a positive finite"),
+        ([ckpt, data, "--cutoffs", "inf"], "--cutoffs", "'inf' is not a positive finite"),
+        ([ckpt, data, "--cutoffs=-2"], "--cutoffs", "'-2' is not a positive finite"),
+        ([ckpt, data, "--cutoffs", "8,x"], "--cutoffs", "'x' is not a positive finite"),
+        ([ckpt, data, "--tokens", "0"], "--tokens", "'0' is not a number of tokens >= 1"),
+        ([ckpt, data, "--tolerance", "nan"], "--tolerance", "is not a finite percentage"),
+        ([ckpt], "DATA", "the following arguments are required: DATA"),
+    ]
+
+
+def test_bad_input_is_one_line_naming_the_argument(trained_lm_checkpoint, tiny_lm_data,
+                                                   tmp_path, capsys):
+    for args, names, message in bad_inputs(trained_lm_checkpoint, tiny_lm_data, tmp_path):
+        code, out, err = windows(capsys, *args, "--out", tmp_path / "out")
+        last = err.strip().splitlines()[-1]
+        assert code == 2 and out == "", (args, out, err[-2000:])
+        assert last.startswith("fairseq-alibi windows: error: "), (args, err[-2000:])
+        assert names in last and message in last and "Traceback" not in err, (args, last)
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.slow
+def test_the_command_line(trained_lm_checkpoint, tiny_lm_data, tmp_path):
+    """``python -m fairseq_alibi windows``: the verdict is the last line of stdout, and a bad
+    input exits with status 2 and its one line, no traceback."""
+    def run(*args):
+        return subprocess.run([sys.executable, "-m", "fairseq_alibi", "windows",
+                               *map(str, args)], cwd=REPO, env=child_env(), text=True,
+                              capture_output=True, timeout=300)
+
+    done = run(trained_lm_checkpoint, tiny_lm_data, "--tokens", 64, "--cutoffs", 8,
+               "--out", tmp_path / "out")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.splitlines()[-1].startswith(("recommended: --alibi-window-cutoff 8",
+                                                    "not recommended: ")), done.stdout
+    bad = run(trained_lm_checkpoint, tiny_lm_data, "--cutoffs", "nan")
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr, bad.stderr[-3000:]
+    assert bad.stderr.strip().splitlines()[-1] == (
+        "fairseq-alibi windows: error: argument --cutoffs: 'nan' is not a positive finite "
+        "number of nats (e.g. --cutoffs 4,8)")
