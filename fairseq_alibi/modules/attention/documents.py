@@ -74,24 +74,43 @@ def attention(run: Callable, q: Tensor, k: Tensor, v: Tensor, alibi, ids: Tensor
     """``(B, H, L, D)``: the attention of whole sequences ``q, k, v`` ``(B, H, L, D)`` whose
     positions lie in the documents ``ids`` ``(B, L)``, each document as its own sequence:
     ``run(q, k, v, alibi, key_padding_mask)`` per bucket of :func:`plan` (``alibi``: the
-    call's bias without documents). The output is laid out as fairseq's ``(L, B, H, D)``."""
+    call's bias without documents). Gathered and scattered as rows ``(position, row)`` of
+    fairseq's ``(L, B, H, D)`` layout (a view of the projections in a model), whole
+    ``H·D`` rows at a time; the output is laid out so too."""
     B, H, L, D = q.shape
     looks_ahead = alibi.variant != "causal"
     pad = None if key_padding_mask is None else key_padding_mask.to(torch.bool)
-    by_position = [x.transpose(1, 2) for x in (q, k, v)]  # (B, L, H, D) views
+    by_row = [_rows(x) for x in (q, k, v)]  # (L·B, H, D)
     outs, targets = [], []
     for bucket in plan(ids.to(q.device)):
-        rows = bucket.rows[:, None]
-        q_b, k_b, v_b = (x[rows, bucket.positions].transpose(1, 2) for x in by_position)
+        n, length = bucket.positions.shape
+        index = (bucket.positions * B + bucket.rows[:, None]).reshape(-1)
+        q_b, k_b, v_b = (x.index_select(0, index).view(n, length, H, D).transpose(1, 2)
+                         for x in by_row)
         hidden = None
         if pad is not None:
-            hidden = pad[rows, bucket.positions] | ~bucket.slots
+            hidden = pad[bucket.rows[:, None], bucket.positions] | ~bucket.slots
         elif looks_ahead and not bool(bucket.slots.all()):
             hidden = ~bucket.slots
-        out = run(q_b, k_b, v_b, alibi, hidden)  # (n, H, length, D)
-        outs.append(out.transpose(1, 2)[bucket.slots])  # (positions, H, D)
-        targets.append((bucket.positions * B + bucket.rows[:, None])[bucket.slots])
+        out = run(q_b, k_b, v_b, alibi, hidden).transpose(1, 2).reshape(n * length, H, D)
+        slots = bucket.slots.reshape(-1)
+        if bool(slots.all()):
+            outs.append(out)
+            targets.append(index)
+        else:
+            outs.append(out[slots])
+            targets.append(index[slots])
     out = torch.cat(outs) if len(outs) > 1 else outs[0]
     target = torch.cat(targets) if len(targets) > 1 else targets[0]
-    whole = out.new_zeros(L * B, H, D).index_copy(0, target, out)
+    whole = out.new_empty(L * B, H, D)
+    whole = whole.index_copy_(0, target, out)  # every position exactly once
     return whole.view(L, B, H, D).permute(1, 2, 0, 3)
+
+
+def _rows(x: Tensor) -> Tensor:
+    """``(B, H, L, D)`` -> ``(L·B, H, D)``: a view where ``x`` is one of fairseq's ``(L, B, H,
+    D)`` layout, else one copy."""
+    by_position = x.permute(2, 0, 1, 3)
+    if not by_position.is_contiguous():
+        by_position = by_position.contiguous()
+    return by_position.view(-1, x.size(1), x.size(3))
