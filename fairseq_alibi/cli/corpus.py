@@ -12,6 +12,10 @@ Its size depends on the interpreter (docs/quickstart.md has the figures measured
 :func:`build_corpus` writes them, with a SHA-256 of the text, to ``corpus.json``.
 
 Each paragraph (lines separated by a blank line) becomes one line of text, whitespace collapsed.
+By default documents follow one another with no separator (the files the quickstart's figures
+were measured on); with ``--document-breaks`` (``build_corpus(document_breaks=True)``) an empty
+line follows every document, so ``--sample-break-mode complete_doc`` and
+``--alibi-document-mask doc`` split at documents. ``corpus.json`` records which.
 The split is by document and deterministic: documents are ordered by the SHA-256 of their name
 (``topic:for``, ``stdlib:json/__init__.py``) and dealt out in that order to test and valid until
 each holds ``test_fraction``/``valid_fraction`` of the words; the rest is train. The same
@@ -159,33 +163,54 @@ def split_documents(
     return splits
 
 
+def split_text(docs: Sequence[Document], document_breaks: bool = False) -> str:
+    """The text of a split: each document's lines, and with ``document_breaks`` an empty line
+    after each document (without, documents follow one another)."""
+    end = "\n\n" if document_breaks else "\n"
+    return "".join(d.text + end for d in docs)
+
+
 def build_corpus(
     out_dir,
     valid_fraction: float = 0.05,
     test_fraction: float = 0.05,
     stdlib_dir: Optional[str] = None,
     topics_module: str = "pydoc_data.topics",
+    document_breaks: bool = False,
 ) -> dict:
     """Write ``train.txt``, ``valid.txt``, ``test.txt`` and ``corpus.json`` to ``out_dir``.
 
-    Returns the manifest (also in ``corpus.json``): per split the documents, lines, words and
-    bytes, and ``sha256``, a hash of the three files' contents (equal on every run with the
-    same interpreter). Files are written under temporary names and renamed when complete.
+    ``document_breaks``: an empty line after every document (:func:`split_text`). Returns the
+    manifest (also in ``corpus.json``), :func:`write_corpus`'s.
     """
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     splits = split_documents(
         collect_documents(stdlib_dir, topics_module), valid_fraction, test_fraction
     )
+    return write_corpus(out_dir, splits, document_breaks)
+
+
+def write_corpus(out_dir, splits: Dict[str, List[Document]],
+                 document_breaks: bool = False) -> dict:
+    """Write the splits of :func:`split_documents` as ``{train,valid,test}.txt`` and
+    ``corpus.json`` to ``out_dir``; returns the manifest.
+
+    The manifest holds per split the documents, lines (empty ones included), words and bytes,
+    ``document_breaks``, and ``sha256``, a hash of the three files' contents (equal on every run
+    with the same interpreter and options). Files are written under temporary names and renamed
+    when complete.
+    """
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
     digest = hashlib.sha256()
     manifest = {
         "source": "pydoc_data.topics and standard-library docstrings",
         "python": platform.python_version(),
         "implementation": platform.python_implementation(),
+        "document_breaks": bool(document_breaks),
         "splits": {},
     }
     for split in SPLITS:
-        data = "".join(d.text + "\n" for d in splits[split]).encode("utf-8")
+        data = split_text(splits[split], document_breaks).encode("utf-8")
         digest.update(split.encode() + b"\0" + data + b"\0")
         tmp = out / f".{split}.txt.tmp"
         tmp.write_bytes(data)
@@ -212,8 +237,14 @@ def main(argv=None):
     parser.add_argument("out_dir")
     parser.add_argument("--valid-fraction", type=float, default=0.05)
     parser.add_argument("--test-fraction", type=float, default=0.05)
+    parser.add_argument(
+        "--document-breaks", action="store_true",
+        help="an empty line after every document (help topic, standard-library file), so "
+        "--sample-break-mode complete_doc and --alibi-document-mask doc split at documents "
+        "(default: documents follow one another, the files the quickstart was measured on)")
     args = parser.parse_args(argv)
-    manifest = build_corpus(args.out_dir, args.valid_fraction, args.test_fraction)
+    manifest = build_corpus(args.out_dir, args.valid_fraction, args.test_fraction,
+                            document_breaks=args.document_breaks)
     print(json.dumps(manifest, indent=2))
 
 

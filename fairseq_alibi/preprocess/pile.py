@@ -11,8 +11,16 @@ processes. Output, in ``--destdir``:
 * ``stats.json``: documents kept, filtered, empty, dropped or truncated, per split, with the
   length histogram that is also printed.
 
-Each document is one line of the binarized text: its BPE tokens (newlines included) and
-``</s>``. ``--subsets`` keeps only documents whose ``meta.pile_set_name`` is listed.
+Each document is one line of the binarized text: its BPE tokens (newlines included, so its blank
+lines too: never an empty line inside it) and ``</s>``. ``--subsets`` keeps only documents whose
+``meta.pile_set_name`` is listed.
+
+Documents. By default documents follow one another (one ``</s>`` each, so
+``--alibi-document-mask eos`` already splits at documents). With ``--document-breaks`` an empty
+line (a lone ``</s>``) follows every document, in every shard, so
+``--sample-break-mode complete_doc`` and ``--alibi-document-mask doc`` split at documents. It is
+opt-in: it adds a token per document to the stream the configs were written for, and the
+masked-LM configs' ``--sample-break-mode complete`` would pack the empty lines into its samples.
 
 Long documents. masked_lm with ``sample_break_mode complete`` makes a sample of ``<s>`` plus
 whole documents, so a document fits in ``--tokens-per-sample L`` when its tokens and ``</s>``
@@ -173,9 +181,12 @@ def _encode_documents(batch):
     return documents, np.array(lengths, dtype=np.int64), counts
 
 
-def binarize_documents(paths, encoder, prefix, stats, workers=1, subsets=None, policy="drop"):
-    """Encode the documents of ``paths`` into ``<prefix>.{bin,idx}``, counting into ``stats``."""
+def binarize_documents(paths, encoder, prefix, stats, workers=1, subsets=None, policy="drop",
+                       document_breaks=False):
+    """Encode the documents of ``paths`` into ``<prefix>.{bin,idx}``, counting into ``stats``;
+    with ``document_breaks`` an empty line (a lone ``</s>``) after each."""
     writer = IndexedWriter(prefix, len(encoder.dictionary))
+    empty_line = np.array([encoder.dictionary.eos()], dtype=np.int64)
     state = {"encoder": encoder, "limit": stats.limit, "policy": policy, "subsets": subsets}
 
     def batches():
@@ -186,6 +197,8 @@ def binarize_documents(paths, encoder, prefix, stats, workers=1, subsets=None, p
     for documents, lengths, counts in ordered_map(_encode_documents, batches(), workers, state):
         for ids in documents:
             writer.add(ids)
+            if document_breaks:
+                writer.add(empty_line)
         stats.add(lengths, counts)
         seen.update(counts)
     writer.finalize(
@@ -212,8 +225,10 @@ def sample_lines(paths, documents, subsets=None):
 
 def prepare(destdir, train, valid=(), test=(), encoder=None, train_sentencepiece_vocab=None,
             sentencepiece_sample=100_000, subsets=None, tokens_per_sample=None,
-            long_docs="drop", workers=1, overwrite=False):
-    """Binarize Pile-format shards into ``destdir``; returns ``{split: SplitStats}``."""
+            long_docs="drop", workers=1, overwrite=False, document_breaks=False):
+    """Binarize Pile-format shards into ``destdir``; returns ``{split: SplitStats}``.
+
+    ``document_breaks``: an empty line after every document (module docstring)."""
     for path in [*train, *valid, *test]:
         if not Path(path).exists() or Path(path).is_dir():  # a pipe is fine: it is streamed
             raise DataError(f"input shard not found: {path}")
@@ -249,11 +264,12 @@ def prepare(destdir, train, valid=(), test=(), encoder=None, train_sentencepiece
             split = "train" if name.startswith("train") else name
             stats.setdefault(split, SplitStats(limit))
             binarize_documents(paths, encoder, out / name, stats[split], workers, subsets,
-                               long_docs)
+                               long_docs, document_breaks)
         save_json(out / "stats.json", {
             "inputs": {name: [str(p) for p in paths] for name, paths in outputs},
             "subsets": sorted(subsets) if subsets else None,
             "tokens_per_sample": tokens_per_sample, "long_docs": long_docs,
+            "document_breaks": bool(document_breaks),
             "splits": {split: s.to_json() for split, s in stats.items()},
         })
     return stats
@@ -278,6 +294,12 @@ def main(argv=None):
     parser.add_argument("--long-docs", choices=LONG_DOC_POLICIES, default="drop",
                         help="what to do with documents that do not fit L (default: drop, "
                         "as the ALiBi/CLAP RoBERTa study)")
+    parser.add_argument(
+        "--document-breaks", action="store_true",
+        help="an empty line (a lone </s>) after every document, so --sample-break-mode "
+        "complete_doc and --alibi-document-mask doc split at documents (default: documents "
+        "follow one another, the stream the configs were written for; --alibi-document-mask "
+        "eos splits that at documents)")
     parser.add_argument("--sentencepiece-sample", type=int, default=100_000, metavar="DOCS",
                         help="train sentencepiece on the first DOCS documents of --train")
     parser.add_argument("--workers", type=int, default=1)
@@ -288,7 +310,7 @@ def main(argv=None):
     stats = prepare(
         args.destdir, args.train, args.valid, args.test, encoder, args.train_sentencepiece,
         args.sentencepiece_sample, args.subsets, args.tokens_per_sample, args.long_docs,
-        args.workers, args.overwrite,
+        args.workers, args.overwrite, args.document_breaks,
     )
     for split, s in stats.items():
         print(s.report(split, args.long_docs))

@@ -11,17 +11,31 @@ of 8), every line is a sample ending in ``</s>``. With ``--gpt2-bpe DIR`` (and `
 ``wiki.*.raw`` files) the text is GPT-2 BPE encoded and binarized with fairseq's GPT-2
 ``dict.txt``, as fairseq's RoBERTa pretraining tutorial does; that feeds the masked-LM configs.
 
+Documents. By default the files are binarized as they are, so the output stays byte-identical
+to the command above (and to the token stream every published WikiText-103 result counts):
+WikiText's own blank lines, before and after every heading (an article's and a section's), are
+empty lines, so ``--sample-break-mode complete_doc`` and ``--alibi-document-mask doc`` split at
+every heading (each heading line, and each section's paragraphs, is a document of its own).
+With ``--document-breaks`` one empty line separates two articles (an article opens at its
+`` = Title = `` heading, one ``=`` a side, with a blank line before and after it;
+`` = = Section = = `` lines are inside it) and there is none inside one (every blank line of
+the files is dropped), so ``complete_doc`` and ``doc`` split at articles. The dictionary is the
+same either way; the token stream is not (fewer ``</s>``), so perplexities of the two are not
+comparable.
+
 ``--download`` fetches WikiText-103 when the files are not in ``--text-dir`` yet.
 """
 
 import argparse
 import logging
+import re
 import shutil
 import tempfile
 import urllib.request
 import zipfile
 from collections import Counter
 from pathlib import Path
+from typing import Iterable, Iterator, Optional
 
 from fairseq_alibi.preprocess.encoders import (
     EOS_WORD,
@@ -109,6 +123,53 @@ def download(text_dir, raw=False, urls=None):
     logger.info(f"extracted {', '.join(sorted(wanted))} into {text_dir}")
 
 
+#: an article's heading line: `` = Title = `` (one ``=`` a side; `` = = Section = = `` is not)
+_ARTICLE_HEADING = re.compile(r"= (?!=).*(?<!=) =")
+
+
+def _blank(line: Optional[str]) -> bool:
+    """Whether ``line`` is blank; the start and the end of a file (None) count as blank."""
+    return line is None or not line.strip()
+
+
+def article_lines(lines: Iterable[str]) -> Iterator[str]:
+    """WikiText's lines with one empty line between two articles and none inside one.
+
+    Blank lines are dropped; an empty line (``"\\n"``) is written before every article heading
+    but the first: a line `` = Title = `` (one ``=`` a side) with a blank line (or the start of
+    the file) before it and one (or the end) after it. The surrounding blank lines tell a
+    heading from a paragraph line that happens to look like one (WikiText-2's test split has
+    two formulas `` = 1 <unk> and <unk> C = ``). Every other line is written as it is.
+    """
+    it = iter(lines)
+    previous, current, started = None, next(it, None), False
+    while current is not None:
+        following = next(it, None)
+        if not _blank(current):
+            if (started and _blank(previous) and _blank(following)
+                    and _ARTICLE_HEADING.fullmatch(current.strip())):
+                yield "\n"
+            started = True
+            yield current
+        previous, current = current, following
+
+
+def _line_batches(path, document_breaks=False, batch_lines=1000):
+    """:func:`read_batches` of ``path``, as :func:`article_lines` with ``document_breaks``."""
+    batches = read_batches(path, batch_lines, desc=f"binarize {Path(path).name}")
+    if not document_breaks:
+        yield from batches
+        return
+    batch, first = [], 1
+    for line in article_lines(line for _, _, lines in batches for line in lines):
+        batch.append(line)
+        if len(batch) == batch_lines:
+            yield str(path), first, batch
+            batch, first = [], first + batch_lines
+    if batch:
+        yield str(path), first, batch
+
+
 def _count_words(batch):
     from fairseq.tokenizer import tokenize_line
 
@@ -137,33 +198,38 @@ def _encode_lines(batch):
     return [encoder.encode(line) for line in lines]
 
 
-def binarize_lines(path, encoder, prefix, workers=1):
-    """One sample per line of ``path`` into ``<prefix>.{bin,idx}``; returns counts."""
+def binarize_lines(path, encoder, prefix, workers=1, document_breaks=False):
+    """One sample per line of ``path`` into ``<prefix>.{bin,idx}``; returns counts.
+
+    With ``document_breaks`` the lines are :func:`article_lines` of the file. ``empty_lines``
+    counts the samples that are a lone ``</s>`` (where ``complete_doc`` splits).
+    """
     dictionary = encoder.dictionary
     writer = IndexedWriter(prefix, len(dictionary))
-    unk = 0
+    unk = empty = 0
     for encoded in ordered_map(
-        _encode_lines, read_batches(path, desc=f"binarize {Path(path).name}"),
-        workers, {"encoder": encoder},
+        _encode_lines, _line_batches(path, document_breaks), workers, {"encoder": encoder},
     ):
         for ids in encoded:
             writer.add(ids)
             unk += int((ids == dictionary.unk()).sum())
+            empty += len(ids) == 1
     writer.finalize(f"{path} is empty")
     logger.info(
-        f"{Path(path).name}: {writer.items} lines, {writer.tokens} tokens, "
+        f"{Path(path).name}: {writer.items} lines ({empty} empty), {writer.tokens} tokens, "
         f"{100 * unk / max(writer.tokens, 1):.2f}% {dictionary.unk_word} (WikiText's own, "
         "and words the dictionary lacks)"
     )
-    return {"lines": writer.items, "tokens": writer.tokens, "unk": unk}
+    return {"lines": writer.items, "tokens": writer.tokens, "unk": unk, "empty_lines": empty}
 
 
 def prepare(text_dir, destdir, encoder=None, raw=False, fetch=False, urls=None, workers=1,
-            overwrite=False):
+            overwrite=False, document_breaks=False):
     """Binarize WikiText's three splits into ``destdir``; returns per-split counts.
 
     ``encoder`` None is word level with a dictionary built from the training split; otherwise
     a :mod:`fairseq_alibi.preprocess.encoders` encoder with its own dictionary.
+    ``document_breaks``: one empty line between articles and none inside (module docstring).
     """
     files = text_files(text_dir, raw)
     missing = [p.name for p in files.values() if not p.is_file()]
@@ -178,9 +244,10 @@ def prepare(text_dir, destdir, encoder=None, raw=False, fetch=False, urls=None, 
         if encoder is None:
             encoder = WordEncoder(build_word_dictionary(files["train"], workers))
         encoder.dictionary.save(str(out / "dict.txt"))
-        stats = {split: binarize_lines(path, encoder, out / split, workers)
+        stats = {split: binarize_lines(path, encoder, out / split, workers, document_breaks)
                  for split, path in files.items()}
         save_json(out / "stats.json", {"source": {s: str(p) for s, p in files.items()},
+                                        "document_breaks": bool(document_breaks),
                                         "splits": stats})
     return stats
 
@@ -199,15 +266,22 @@ def main(argv=None):
                         help="download WikiText-103 into --text-dir when its files are missing")
     parser.add_argument("--url", action="append",
                         help="download from this URL (a mirror, or file://) instead; repeatable")
+    parser.add_argument(
+        "--document-breaks", action="store_true",
+        help="one empty line between articles and none inside (the files' blank lines, around "
+        "every heading, dropped), so --sample-break-mode complete_doc and --alibi-document-mask "
+        "doc split at articles; without it the files are binarized as they are (byte-identical "
+        "to fairseq-preprocess, the published token stream) and those split at every heading")
     parser.add_argument("--workers", type=int, default=1)
     parser.add_argument("--overwrite", action="store_true", help="replace a non-empty --destdir")
     add_encoder_arguments(parser)
     args = parser.parse_args(argv)
     encoder = encoder_from_args(args, required=False)
     stats = prepare(args.text_dir, args.destdir, encoder, args.raw, args.download, args.url,
-                    args.workers, args.overwrite)
+                    args.workers, args.overwrite, args.document_breaks)
     for split, s in stats.items():
-        print(f"{split}: {s['lines']} lines, {s['tokens']} tokens, {s['unk']} <unk>")
+        print(f"{split}: {s['lines']} lines ({s['empty_lines']} empty), {s['tokens']} tokens, "
+              f"{s['unk']} <unk>")
     print(f"wrote {args.destdir}")
 
 
