@@ -5,7 +5,7 @@ the issue; projections would add the same time to every row):
 
 * ``no bias``: ``scaled_dot_product_attention(is_causal=True)`` — the limit;
 * ``fold``: the bias folded into the fused kernel, no bias tensor — what ``auto`` runs on the
-  CPU from ``dispatch.FOLD_MIN_LENGTH`` keys on (below, ``sdpa``);
+  CPU from ``tuning.FOLD_MIN_LENGTH`` keys on (below, ``sdpa``);
 * ``sdpa``: the same kernel reading the ``(H, L, L)`` float mask that a model builds once per
   batch and shares between its layers;
 * ``original (B·H,L,L) mask``: Press et al.'s code, whose decoder keeps a materialised

@@ -29,7 +29,7 @@ generated tokens are the greedy choices of one full forward with the same cutoff
 tokens up to ``p``: the repeated full forwards of greedy decoding, at once).
 
 ``--attention-steps``: what ``auto``'s choice for a decoding step with slope windows rests on
-(``dispatch.WINDOWED_STEP_MIN_KEYS``): one query against ``S`` cached keys, 8 heads, float32,
+(``tuning.WINDOWED_STEP_MIN_KEYS``): one query against ``S`` cached keys, 8 heads, float32,
 the windows of ``--cutoff``, ``windowed`` (each head group reads only its window:
 ``windowed.few_queries``) ÷ ``sdpa`` (the dense windowed row, every key), per batch, head size
 and ``S``, in interleaved rounds (:class:`benchmarks.timing.Rounds`, median of paired ratios).

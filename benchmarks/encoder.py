@@ -6,8 +6,8 @@ Attention level (``B=4, H=8, D=64``, float32): every encoder variant with the ``
 forward+backward, against the stock encoder's unbiased bidirectional attention (the limit) and
 the unbiased causal one (half the work); forward only, ``flex (compiled)`` too. Rows are named
 ``variant, backend``. ``auto`` picks ``fold`` for ``one_sided`` from
-``dispatch.FOLD_MIN_LENGTH`` keys on, ``sdpa`` for the others while the mask fits
-``dispatch.DENSE_MASK_BUDGET``.
+``tuning.FOLD_MIN_LENGTH`` keys on, ``sdpa`` for the others while the mask fits
+``tuning.DENSE_MASK_BUDGET``.
 
 Model level: ``alibi_roberta`` training steps (``masked_lm`` criterion, Adam, fairseq's
 Trainer) per ``--alibi-variant``, against ``--alibi-variant none`` — stock RoBERTa attention

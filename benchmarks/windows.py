@@ -13,7 +13,7 @@ cutoff ``T`` (``W_h = ceil(T / m_h)``; 8 heads, ``T = 8``: 16, 32, …, 2048 key
 
 * ``targets`` (causal, ``--cutoff``): ``no bias`` (``scaled_dot_product_attention(is_causal=
   True)``, the dense limit), ``dense auto`` (today's ALiBi without a cutoff,
-  ``dispatch.attend("auto", ...)``: on the CPU from ``dispatch.FOLD_MIN_LENGTH`` keys on the
+  ``dispatch.attend("auto", ...)``: on the CPU from ``tuning.FOLD_MIN_LENGTH`` keys on the
   fold) and ``windowed``, forward and forward+backward; the speed-ups ``dense auto ÷ windowed``
   and ``no bias ÷ windowed``.
 * ``cutoffs`` (attention time and memory per T; ``--variants``, ``--cutoffs``): per variant and
@@ -50,7 +50,7 @@ import torch.nn.functional as F
 from benchmarks.tables import comma_choices, machine, table
 from benchmarks.timing import Rounds, backward_call, forward_call, mib, peak_bytes
 from fairseq_alibi.alibi import VARIANTS, get_slopes, variant_windows
-from fairseq_alibi.modules.attention import dispatch
+from fairseq_alibi.modules.attention import dispatch, tuning
 from fairseq_alibi.modules.bias import AlibiBias
 
 CASES = ("no bias", "dense auto", "windowed")
@@ -205,10 +205,10 @@ def thresholds(lengths, variants, cutoffs, passes=PASSES, rounds=3, batch=1, hea
                         for c in cutoffs))
     shape = (f"B={batch}, H={heads}, D={head_dim}, float32, {rounds} interleaved round(s), "
              f"median; auto: causal and one_sided from FOLD_MIN_LENGTH="
-             f"{dispatch.FOLD_MIN_LENGTH}, the others from WINDOWED_MIN_LENGTH="
-             f"{dispatch.WINDOWED_MIN_LENGTH}, "
-             f"WINDOWED_COST={dispatch.WINDOWED_COST}, "
-             f"WINDOWED_MAX_COST={dispatch.WINDOWED_MAX_COST:g}")
+             f"{tuning.FOLD_MIN_LENGTH}, the others from WINDOWED_MIN_LENGTH="
+             f"{tuning.WINDOWED_MIN_LENGTH}, "
+             f"WINDOWED_COST={tuning.WINDOWED_COST}, "
+             f"WINDOWED_MAX_COST={tuning.WINDOWED_MAX_COST:g}")
     body = table(["variant", "L", "pass", "T", "predicted", "windowed ÷ sdpa", "auto",
                   "auto ÷ sdpa", "auto ÷ dense auto"], rows)
     check = ("Check: auto with a cutoff was never slower than the dense choice (sdpa, windowed "

@@ -29,7 +29,7 @@ sequence of ``--speed-length`` tokens per update, on the CPU in float32: one ``t
 (forward, backward, Adam update) dense and with ``--alibi-window-cutoff T`` in interleaved
 rounds (:class:`benchmarks.timing.Rounds`: the speed-up is the median of the same round's
 ratios). ``auto`` picks the fold for the dense model and the ``windowed`` backend for the
-cutoff from ``dispatch.WINDOWED_MIN_LENGTH`` keys on. Where the step goes, by Amdahl: the same
+cutoff from ``tuning.WINDOWED_MIN_LENGTH`` keys on. Where the step goes, by Amdahl: the same
 rounds time the attention alone (``dispatch.attend("auto", ...)`` of a layer's bias, dense and
 with the cutoff, forward and backward of ``(1, 8, L, 64)`` queries, keys and values) times the
 number of layers: its share of the step, and the step's speed-up if the attention cost
@@ -234,7 +234,8 @@ def speed_trainers(length: int, cutoff: float, dims: dict, work: Path):
 
 def attention_call(heads: int, head_dim: int, cutoff: float):
     """``f(q, k, v)``: a causal ALiBi layer's attention as the model's ``auto`` runs it (the
-    fold dense, the ``windowed`` backend with a cutoff from ``WINDOWED_MIN_LENGTH`` keys)."""
+    fold dense, the ``windowed`` backend with a cutoff from ``tuning.WINDOWED_MIN_LENGTH``
+    keys)."""
     from fairseq_alibi.modules.attention import dispatch
     from fairseq_alibi.modules.bias import AlibiBias
 

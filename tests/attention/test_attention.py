@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from fairseq_alibi.alibi import alibi_bias, get_slopes, variant_slopes
 from fairseq_alibi.modules.bias import AlibiBias
 from fairseq_alibi.modules.alibi_multihead_attention import AlibiMultiheadAttention, set_attention_backend
-from fairseq_alibi.modules.attention import flex, fold
+from fairseq_alibi.modules.attention import flex, fold, tuning
 from fairseq_alibi.modules.attention.fold import alibi_fold, folded_attention, split_slopes
 
 VARIANTS = ["causal", "symmetric", "one_sided", "offset", "asymmetric"]
@@ -244,7 +244,7 @@ def trainable_backend(request, monkeypatch):
 
     monkeypatch.setattr(fold, "folded_attention", spy)
     if request.param == "fold chunked":
-        monkeypatch.setattr(fold, "CHUNK_BYTES", 1)  # a kernel call per head
+        monkeypatch.setattr(tuning, "CHUNK_BYTES", 1)  # a kernel call per head
     return request.param.split()[0], calls
 
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from fairseq_alibi.alibi import variant_slopes, variant_windows
-from fairseq_alibi.modules.attention import band_fold, windowed
+from fairseq_alibi.modules.attention import band_fold, tuning, windowed
 from tests.helpers.references import MASKED, reference_windowed_bias
 
 #: windows whose plans differ (MIN_BLOCK = 4 below): smaller than a block (one edge pass), a
@@ -40,8 +40,8 @@ def reference(q, k, v, slopes, window, key_padding_mask=None, ahead=False, scale
 def small_blocks(monkeypatch):
     """Blocks of 4 positions and up, and ``windowed`` sending every one-way window here: the
     plans of long sequences at test sizes."""
-    monkeypatch.setattr(band_fold, "MIN_BLOCK", 4)
-    monkeypatch.setattr(windowed, "BANDED_MIN_WINDOW", 1)
+    monkeypatch.setattr(tuning, "MIN_BLOCK", 4)
+    monkeypatch.setattr(tuning, "BANDED_MIN_WINDOW", 1)
 
 
 def leaves(B, H, T, D=8, dtype=torch.float64, seed=0):
@@ -115,7 +115,7 @@ def test_a_window_over_the_whole_sequence_looking_back_is_the_fold():
 def test_the_passes_keep_exactly_the_window(monkeypatch, window, length, ahead):
     """Every distance of the window is kept by exactly one pass, and no other: the passes
     partition the window (no key read twice, none missed)."""
-    monkeypatch.setattr(band_fold, "MIN_BLOCK", 4)
+    monkeypatch.setattr(tuning, "MIN_BLOCK", 4)
     size, passes = band_fold.plan(window, length, ahead)
     n = -(-length // size)
     count = torch.zeros(n * size, n * size, dtype=torch.long)

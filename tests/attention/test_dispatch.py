@@ -20,6 +20,7 @@ from fairseq_alibi.modules.attention import (
     dispatch,
     flash,
     flex,
+    tuning,
 )
 from tests.helpers.checkpoints import load
 from tests.helpers.cli import run_cli
@@ -129,8 +130,8 @@ def test_auto_takes_compiled_flex_for_long_causal_sequences_on_cuda(call, flash_
 
 
 def test_policy_thresholds_are_the_documented_ones():
-    assert dispatch.FOLD_MIN_LENGTH == 640 and dispatch.DENSE_MASK_BUDGET == 64 * MIB
-    assert dispatch.FLEX_MIN_LENGTH == 4096
+    assert tuning.FOLD_MIN_LENGTH == 640 and tuning.DENSE_MASK_BUDGET == 64 * MIB
+    assert tuning.FLEX_MIN_LENGTH == 4096
 
 
 #: the grid of calls of the tests before the dispatch was one table (need_weights is the
@@ -153,7 +154,7 @@ def test_auto_never_picks_a_backend_that_cannot_serve(flash_installed):
         assert chosen != "naive"
         if chosen == "flex":  # only where it was measured faster
             assert call.device == "cuda" and call.variant == "causal" and not call.padded
-            assert call.query_len == call.key_len >= dispatch.FLEX_MIN_LENGTH
+            assert call.query_len == call.key_len >= tuning.FLEX_MIN_LENGTH
         if call.device == "cpu":
             assert chosen in ("fold", "sdpa")  # measured fastest on the CPU, train and inference
         if chosen == "flash":
@@ -343,17 +344,17 @@ def test_auto_picks_windowed_exactly_where_the_cost_model_says(variant):
                                             (2.0, 4.0, 6.0, 8.0, 12.0, 16.0)):
         call = windowed_call(variant, length, cutoff)
         if variant in ONE_WAY:
-            assert (auto_backend(call) == "windowed") == (length >= dispatch.FOLD_MIN_LENGTH)
+            assert (auto_backend(call) == "windowed") == (length >= tuning.FOLD_MIN_LENGTH)
             call = call._replace(global_tokens=2)
         cost = dispatch.windowed_cost(call.windows, variant, length)
-        over_budget = 8 * length * length * 4 > dispatch.DENSE_MASK_BUDGET
-        wanted = over_budget or (length >= dispatch.WINDOWED_MIN_LENGTH
-                                 and cost <= dispatch.WINDOWED_MAX_COST)
+        over_budget = 8 * length * length * 4 > tuning.DENSE_MASK_BUDGET
+        wanted = over_budget or (length >= tuning.WINDOWED_MIN_LENGTH
+                                 and cost <= tuning.WINDOWED_MAX_COST)
         assert (auto_backend(call) == "windowed") == wanted, (length, cutoff, cost)
 
 
 def test_the_cost_model_counts_the_keys_each_head_reads():
-    one_way, two_way, dense_way, fixed = dispatch.WINDOWED_COST
+    one_way, two_way, dense_way, fixed = tuning.WINDOWED_COST
     S = 4096
     overhead = fixed * 1000 / S
     # windows that drop no key: every head folded, causal reads half the keys on average
@@ -368,7 +369,7 @@ def test_the_cost_model_counts_the_keys_each_head_reads():
     assert dispatch.windowed_cost(([16] * 8, [16] * 8), "symmetric", S) == pytest.approx(
         two_way * 96 / S + overhead)
     # a head that covers the sequence but drops keys reads every key through a (T, S) bias,
-    # while that is at most windowed.ONE_CHUNK_BYTES (1024² float32: 4 MiB) ...
+    # while that is at most tuning.ONE_CHUNK_BYTES (1024² float32: 4 MiB) ...
     S = 1024
     covering = ([16] * 7 + [1000], [16] * 7 + [1000])
     assert dispatch.windowed_cost(covering, "symmetric", S) == pytest.approx(

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from fairseq_alibi.alibi import document_ids, document_starts
-from fairseq_alibi.modules.attention import attend, dispatch, documents
+from fairseq_alibi.modules.attention import attend, dispatch, documents, tuning
 from fairseq_alibi.modules.bias import AlibiBias
 from tests.helpers.references import reference_document_attention
 
@@ -143,7 +143,7 @@ def test_the_plan_covers_every_position_once_in_few_buckets():
             seen[row, positions[slots]] += 1
             # a bucket is at most 1/8 longer than its document (or the granule)
             real = int(slots.sum())
-            assert 0 <= bucket.length - real < max(real // 8 + 1, documents.MIN_GRANULE)
+            assert 0 <= bucket.length - real < max(real // 8 + 1, tuning.MIN_GRANULE)
     assert bool((seen == 1).all())
     assert len(buckets) < sum(len(row) for row in lengths)  # fewer calls than documents
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from fairseq_alibi.modules.alibi_multihead_attention import AlibiMultiheadAttention
-from fairseq_alibi.modules.attention import Call, dispatch, windowed
+from fairseq_alibi.modules.attention import Call, dispatch, tuning, windowed
 from fairseq_alibi.modules.attention.windowed import decoding_reach
 from fairseq_alibi.modules.bias import AlibiBias
 from tests.helpers.references import reference_module_attention, reference_windowed_bias
@@ -267,18 +267,18 @@ def test_few_queries_against_a_cache_read_only_each_groups_window(monkeypatch, p
 
 
 def test_auto_sends_decoding_steps_of_a_long_cache_to_windowed(monkeypatch):
-    step = Call("cpu", torch.float32, "causal", 1, dispatch.WINDOWED_STEP_MIN_KEYS, 1, HEADS,
+    step = Call("cpu", torch.float32, "causal", 1, tuning.WINDOWED_STEP_MIN_KEYS, 1, HEADS,
                 windowed=True)
     assert dispatch.auto_backend(step) == "windowed"
     assert dispatch.auto_backend(step._replace(batch=4, key_len=step.key_len // 4)) == "windowed"
     for call in (step._replace(key_len=step.key_len - 1),  # sdpa's row was faster
-                 step._replace(query_len=windowed.FEW_QUERIES + 1),
+                 step._replace(query_len=tuning.FEW_QUERIES + 1),
                  step._replace(global_tokens=1), step._replace(dtype=torch.bfloat16),
                  step._replace(dropout_p=0.1), step._replace(windowed=False)):
         assert dispatch.auto_backend(call) != "windowed", call
 
     # through the module: auto's decoding steps run few_queries and equal the full forward
-    monkeypatch.setattr(dispatch, "WINDOWED_STEP_MIN_KEYS", 1)
+    monkeypatch.setattr(tuning, "WINDOWED_STEP_MIN_KEYS", 1)
     ran = []
     original = windowed.few_queries
     monkeypatch.setattr(windowed, "few_queries", lambda *a: ran.append(1) or original(*a))

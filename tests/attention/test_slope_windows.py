@@ -18,7 +18,7 @@ from fairseq_alibi.alibi import (
     window_lengths,
     windowed_alibi_bias,
 )
-from fairseq_alibi.modules.attention import windowed
+from fairseq_alibi.modules.attention import tuning, windowed
 from tests.helpers.references import MASKED, reference_windowed_bias
 
 # ------------------------------------------------------------------ the window math
@@ -339,7 +339,7 @@ def test_chunk_biases_are_kept_for_the_next_call_within_their_budget(monkeypatch
     assert len(made) > count and len(windowed._CHUNK_BIASES) == count
     # the budget: the least recently used go first, one bias over it is never kept
     sizes = [b.numel() * b.element_size() for b in windowed._CHUNK_BIASES.values()]
-    monkeypatch.setattr(windowed, "CHUNK_BIAS_BYTES", max(sizes))
+    monkeypatch.setattr(tuning, "CHUNK_BIAS_BYTES", max(sizes))
     run_windowed(q, k, v, slopes, None, "symmetric", 1.0, chunk=8)
     kept = sum(b.numel() * b.element_size() for b in windowed._CHUNK_BIASES.values())
     assert 0 < kept <= max(sizes)
@@ -351,7 +351,7 @@ def test_chunk_biases_are_kept_for_the_next_call_within_their_budget(monkeypatch
 def test_groups_whose_one_chunk_bias_would_be_large_run_as_chunks(monkeypatch, variant, case):
     """A window that covers most of the sequence runs as one chunk of every query only while
     that chunk's bias is small; else as chunks reading keys past the ends."""
-    monkeypatch.setattr(windowed, "ONE_CHUNK_BYTES", 0)
+    monkeypatch.setattr(tuning, "ONE_CHUNK_BYTES", 0)
     T, S, cutoff, padded, G, partial, chunk = case
     slopes, future = head_slopes(variant, partial)
     q, k, v = inputs(2, 4, T, S)

@@ -10,7 +10,7 @@ import torch
 
 from fairseq_alibi.alibi import VARIANTS
 from fairseq_alibi.modules.alibi_multihead_attention import AlibiMultiheadAttention
-from fairseq_alibi.modules.attention import REGISTRY, Call, dispatch
+from fairseq_alibi.modules.attention import REGISTRY, Call, dispatch, tuning
 from fairseq_alibi.modules.bias import AlibiBias
 from tests.helpers.references import MASKED, reference_module_attention, reference_windowed_bias
 
@@ -138,8 +138,8 @@ def test_a_cutoff_that_drops_no_key_is_the_dense_bias(variant, backend):
 
 def test_auto_picks_windowed_where_it_was_measured_faster():
     # (which windows at which lengths: tests/attention/test_dispatch.py, windowed_cost)
-    long = Call("cpu", torch.float32, "causal", dispatch.FOLD_MIN_LENGTH,
-                dispatch.FOLD_MIN_LENGTH, heads=8, windowed=True,
+    long = Call("cpu", torch.float32, "causal", tuning.FOLD_MIN_LENGTH,
+                tuning.FOLD_MIN_LENGTH, heads=8, windowed=True,
                 windows=AlibiBias(8, window_cutoff=CUTOFF).layer(0).windows())
     assert dispatch.auto_backend(long) == "windowed"
     for call in (long._replace(query_len=long.key_len - 1, key_len=long.key_len - 1),
@@ -157,7 +157,7 @@ def test_auto_runs_windowed_on_a_long_sequence(monkeypatch):
     monkeypatch.setitem(REGISTRY, "windowed", original.__class__(
         original.name, lambda *a: ran.append(1) or original.run(*a), original.capabilities))
     attn, alibi = attention("causal", "auto")
-    T = dispatch.WINDOWED_MIN_LENGTH
+    T = tuning.WINDOWED_MIN_LENGTH
     torch.manual_seed(2)
     x = torch.randn(T, 1, DIM)
     with torch.no_grad():

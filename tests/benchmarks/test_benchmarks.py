@@ -109,7 +109,7 @@ def test_quick_run_of_the_slope_window_tables(tmp_path, capsys):
     assert {(r["variant"], r["pass_name"], r["cutoff"]) for r in found} == {
         (v, p, c) for v in ("causal", "symmetric") for p in ("forward", "fwd+bwd")
         for c in (2.0, 8.0)}
-    assert {r["chosen"] for r in found} == {"sdpa"}  # 64 keys: below WINDOWED_MIN_LENGTH
+    assert {r["chosen"] for r in found} == {"sdpa"}  # 64 keys: below tuning.WINDOWED_MIN_LENGTH
     assert "Check: auto with a cutoff was never slower than the dense choice" in text
 
 

@@ -34,15 +34,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from fairseq_alibi.alibi import mask_value
-from fairseq_alibi.modules.attention import fold
-
-#: the smallest block: smaller ones make each kernel call too small to pay for itself
-MIN_BLOCK = 128
-
-#: blocks of about the window's ``1 / BLOCK_FRACTION``: each pass is one more kernel call over
-#: the blocks, while each query reads up to ``c`` keys beyond its window (timed:
-#: docs/benchmarks.md, "Slope windows")
-BLOCK_FRACTION = 4
+from fairseq_alibi.modules.attention import fold, tuning
 
 
 @dataclass(frozen=True)
@@ -56,10 +48,10 @@ class _Pass:
 
 
 def block_size(window: int, length: int) -> int:
-    """About the window's ``1 / BLOCK_FRACTION`` (at least :data:`MIN_BLOCK`, at most the
-    sequence): of the sizes from half that up, the one that pads the sequence least (the
-    largest on a tie)."""
-    most = min(length, max(MIN_BLOCK, window // BLOCK_FRACTION))
+    """About the window's ``1 / BLOCK_FRACTION`` (at least ``MIN_BLOCK``, at most the sequence;
+    both in :mod:`.tuning`): of the sizes from half that up, the one that pads the sequence least
+    (the largest on a tie)."""
+    most = min(length, max(tuning.MIN_BLOCK, window // tuning.BLOCK_FRACTION))
     return min(range(max(1, most // 2), most + 1), key=lambda c: (-(-length // c) * c, -c))
 
 
@@ -109,7 +101,7 @@ class _Blocks:
         # looking ahead, a pass can read the padding past the last block
         hide = key_padding_mask is not None or (ahead and n * c != T)
         self.columns = fold.FOLD_COLUMNS + hide
-        self.dim = fold._padded_head_dim(D, self.columns)
+        self.dim = fold.padded_head_dim(D, self.columns)
         q_cols, k_cols = fold.alibi_fold(self.fold_slopes(slopes), self.positions,
                                          self.positions)
         q_front = [q_cols.view(H, n, c, -1).transpose(0, 1)]  # (n, H, c, 4)
@@ -174,9 +166,10 @@ def _forward(blocks: _Blocks, dtype):
     lse_dtype = torch.promote_types(dtype, torch.float32)
     found = []
     for p in blocks.passes:
-        o, l = fold._FORWARD(blocks.pair(blocks.q, p, True), blocks.pair(blocks.k, p, False),
-                             blocks.pair(blocks.v, p, False), 0.0, p.causal,
-                             attn_mask=blocks.mask(p, dtype), scale=blocks.scale)
+        o, l = fold.kernel_forward(blocks.pair(blocks.q, p, True),
+                                   blocks.pair(blocks.k, p, False),
+                                   blocks.pair(blocks.v, p, False), p.causal,
+                                   attn_mask=blocks.mask(p, dtype), scale=blocks.scale)
         rows = blocks.rows(p)
         count = rows.stop - rows.start
         found.append((rows, o.reshape(B, count, H, c, Dp),
@@ -209,11 +202,11 @@ class BandedFold(torch.autograd.Function):
         grads = [torch.zeros(B, n, H, c, D, dtype=q.dtype, device=q.device) for _ in range(3)]
         grad_cols = torch.zeros(n, H, c, fold.FOLD_COLUMNS, device=q.device)
         for p in blocks.passes:
-            gq, gk, gv = fold._BACKWARD(
+            gq, gk, gv = fold.kernel_backward(
                 blocks.pair(go, p, True), blocks.pair(blocks.q, p, True),
                 blocks.pair(blocks.k, p, False), blocks.pair(blocks.v, p, False),
                 blocks.pair(out, p, True), blocks.pair(lse, p, True).contiguous(),
-                0.0, p.causal, attn_mask=blocks.mask(p, q.dtype), scale=scale)
+                p.causal, attn_mask=blocks.mask(p, q.dtype), scale=scale)
             rows, keys = blocks.rows(p), blocks.keys_of(p)
             shape = (B, rows.stop - rows.start, H, c, Dp)
             gq, gk, gv = gq.reshape(shape), gk.reshape(shape), gv.reshape(shape)

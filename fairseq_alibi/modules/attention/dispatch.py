@@ -34,7 +34,8 @@ from typing import Callable, NamedTuple, Optional, Protocol, Tuple
 import torch
 from torch import Tensor
 
-from fairseq_alibi.modules.attention import dense, documents, flash, flex, fold, windowed
+from fairseq_alibi.modules.attention import (dense, documents, flash, flex, fold, tuning,
+                                             windowed)
 from fairseq_alibi.modules.attention.capabilities import Capabilities
 
 
@@ -179,59 +180,13 @@ class Call(NamedTuple):
     documents: bool = False  # CallBias.documents cross: keys of other documents are masked
 
 
-#: from this many keys on, causal and one_sided attention is faster folded than with the dense
-#: mask on the CPU (the fused kernel only skips masked blocks of long sequences); the
-#: bidirectional variants, folded as two merged passes, were slower than the mask at every
-#: length measured (docs/benchmarks.md, "Attention forward")
-FOLD_MIN_LENGTH = 640
-
-#: on CUDA, from this many keys on, causal attention over whole sequences in fp16/bf16 is faster
-#: with compiled ``flex`` than with ``sdpa``'s dense float bias (H100, bf16, forward+backward:
-#: flex ÷ sdpa 1.19-1.31 at D=64 and 1.24-1.38 at D=128 for 4096-8192 keys, 1.01-1.08 / 0.70 at
-#: 1024-2048; fairseq training of a 6-layer LM at 8192 tokens: 1.17× stock vs sdpa's 0.99×):
-#: docs/benchmarks.md, "GPU (H100)". Bidirectional variants were measured at 1024 keys only
-#: (flex slower there): they stay on sdpa
-FLEX_MIN_LENGTH = 4096
-
-#: the most memory ``sdpa``'s dense float bias may take (one per batch, shared by the layers,
-#: key padding or not): beyond it ``auto`` folds every variant
-DENSE_MASK_BUDGET = 64 * 2**20
-
-
-#: on the CPU, below this many keys a whole sequence with slope windows runs ``sdpa``'s dense
-#: windowed bias whatever its windows: the chunks' fixed costs dominate (``windowed`` was
-#: slower at 256 and 512 keys for every variant and T = 2…16, and at 768 for the
-#: bidirectional ones; the cost model below is fitted from 512 on: docs/benchmarks.md, "Slope
-#: windows")
-WINDOWED_MIN_LENGTH = 1024
-
 #: the variants whose windows look one way: ``windowed`` runs each of their head groups as the
 #: fold's kernel (over blocks where the window drops keys: :mod:`.band_fold`) or over chunks of
 #: narrow windows, never slower than the fold over every key, so ``auto`` takes it from
-#: :data:`FOLD_MIN_LENGTH` keys on, where it would fold without a cutoff (below, ``sdpa``'s
-#: memoised windowed bias costs what its dense one does): docs/benchmarks.md, "auto's choice
-#: with windows"
+#: :data:`.tuning.FOLD_MIN_LENGTH` keys on, where it would fold without a cutoff (below,
+#: ``sdpa``'s memoised windowed bias costs what its dense one does): docs/benchmarks.md, "auto's
+#: choice with windows"
 ONE_WAY_VARIANTS = ("causal", "one_sided")
-
-#: on the CPU, a decoding step with slope windows (a few queries against a KV cache:
-#: :func:`.windowed.few_queries`) is faster with ``windowed``, each head group reading only its
-#: window, than with ``sdpa``'s dense windowed row from this many cached keys summed over the
-#: batch on (causal, 8 heads, T = 8, float32, head sizes 16 and 64: docs/decoding.md,
-#: "Decoding step")
-WINDOWED_STEP_MIN_KEYS = 4096
-
-#: :func:`windowed_cost`'s constants ``(α₁, α₂, α₃, β)``: ``α₂, α₃, β`` least absolute
-#: deviations over the bidirectional variants (symmetric, offset, asymmetric), T = 2, 4, 8, 16
-#: at 768…2048 keys, T = 2, 8, 16 at 4096 and T = 8, 12, 16 at 8192 (symmetric, offset), of the
-#: slower of forward and forward+backward; ``α₁`` from the earlier fit over every variant
-#: (8 heads, D = 64, float32, 1 thread: ``python -m benchmarks.windows --tables thresholds``,
-#: docs/benchmarks.md, "auto's choice with windows")
-WINDOWED_COST = (1.09, 1.34, 1.88, 0.22)
-
-#: ``auto`` picks ``windowed`` for a whole sequence where :func:`windowed_cost` predicts at
-#: most this fraction of ``sdpa``'s time (below 1 by the model's scatter: no call it picks
-#: was measured slower than ``sdpa``)
-WINDOWED_MAX_COST = 0.75
 
 
 def windowed_cost(windows, variant: str, length: int, itemsize: int = 4) -> float:
@@ -250,11 +205,11 @@ def windowed_cost(windows, variant: str, length: int, itemsize: int = 4) -> floa
     one-way (``keys_h = S``, ``S / 2`` causal: the kernel skips the blocks above the diagonal;
     ``one_sided`` is not folded here). A *dense* head covers the sequence but drops keys: it
     runs as one chunk of every query with a ``(T, S)`` bias (``keys_h = S``), kept between
-    calls as ``sdpa``'s memoised one, if it is at most :data:`.windowed.ONE_CHUNK_BYTES` (in
+    calls as ``sdpa``'s memoised one, if it is at most :data:`.tuning.ONE_CHUNK_BYTES` (in
     ``itemsize`` bytes an element); else as chunks that read ``back_h + c_h + ahead_h`` keys,
     two-way (some past the sequence's ends). ``β/S``: the chunks' fixed costs. Constants
-    :data:`WINDOWED_COST`."""
-    one_way, two_way, dense_way, fixed = WINDOWED_COST
+    :data:`.tuning.WINDOWED_COST`."""
+    one_way, two_way, dense_way, fixed = tuning.WINDOWED_COST
     S = length
     heads = len(windows[0])
     one = two = dense = 0.0
@@ -271,7 +226,7 @@ def windowed_cost(windows, variant: str, length: int, itemsize: int = 4) -> floa
                 one += back + chunk + ahead
         elif drops_none and variant != "one_sided":
             one += S / 2 if variant == "causal" else S
-        elif S * S * itemsize <= windowed.ONE_CHUNK_BYTES:
+        elif S * S * itemsize <= tuning.ONE_CHUNK_BYTES:
             dense += S
         else:  # chunks after all, reading keys past the sequence's ends (hidden)
             two += back + chunk + ahead
@@ -290,21 +245,21 @@ def _windowed_choice(call: Call) -> str:
         if call.windows is None:  # a call that does not say its windows
             return "sdpa"
         if (call.variant in ONE_WAY_VARIANTS and not call.global_tokens
-                and call.key_len >= FOLD_MIN_LENGTH and serves("windowed", call)):
+                and call.key_len >= tuning.FOLD_MIN_LENGTH and serves("windowed", call)):
             return "windowed"
         # beyond the dense mask's budget, as without windows: no (H, T, S) bias
-        if _dense_mask_bytes(call) > DENSE_MASK_BUDGET and serves("windowed", call):
+        if _dense_mask_bytes(call) > tuning.DENSE_MASK_BUDGET and serves("windowed", call):
             return "windowed"
-        if (call.key_len >= WINDOWED_MIN_LENGTH
+        if (call.key_len >= tuning.WINDOWED_MIN_LENGTH
                 and windowed_cost(call.windows, call.variant, call.key_len,
-                                   call.dtype.itemsize) <= WINDOWED_MAX_COST
+                                   call.dtype.itemsize) <= tuning.WINDOWED_MAX_COST
                 and serves("windowed", call)):
             return "windowed"
         return "sdpa"
     # a decoding step (fewer queries than keys, a KV cache): each head group reads only its
     # window (.windowed.few_queries) once the cached keys over the batch are many enough
-    if (call.query_len <= windowed.FEW_QUERIES
-            and call.batch * call.key_len >= WINDOWED_STEP_MIN_KEYS
+    if (call.query_len <= tuning.FEW_QUERIES
+            and call.batch * call.key_len >= tuning.WINDOWED_STEP_MIN_KEYS
             and not call.global_tokens and serves("windowed", call)):
         return "windowed"
     return "sdpa"
@@ -316,26 +271,27 @@ def auto_backend(call: Call) -> str:
     1. CUDA: ``flash`` where flash_attn is installed and serves the call (not measured: no
        flash_attn wheel for torch 2.11 + CUDA 13; it is the fused kernel that needs no bias
        tensor); compiled ``flex`` for ``causal`` training and scoring of whole sequences in
-       fp16/bf16 from :data:`FLEX_MIN_LENGTH` keys on (no padding, dropout, extra mask or
-       learned-scale gradient: what was measured) where triton can compile it.
+       fp16/bf16 from :data:`.tuning.FLEX_MIN_LENGTH` keys on (no padding, dropout, extra mask
+       or learned-scale gradient: what was measured) where triton can compile it.
     2. ``fold`` where it serves (CPU, float32/64, no KV cache, no dropout, no extra attn_mask)
-       and either the variant is ``causal``/``one_sided`` with :data:`FOLD_MIN_LENGTH` keys or
-       more, or the dense mask would exceed :data:`DENSE_MASK_BUDGET`, or learned slope scales
-       need their gradient (a dense mask that needs a gradient makes ``sdpa`` keep a
-       ``(B, H, T, S)`` tensor per layer: docs/learned_scales.md).
+       and either the variant is ``causal``/``one_sided`` with :data:`.tuning.FOLD_MIN_LENGTH`
+       keys or more, or the dense mask would exceed :data:`.tuning.DENSE_MASK_BUDGET`, or
+       learned slope scales need their gradient (a dense mask that needs a gradient makes
+       ``sdpa`` keep a ``(B, H, T, S)`` tensor per layer: docs/learned_scales.md).
     3. ``sdpa`` otherwise (it serves every call: decoding steps, dropout, half precision, ...).
 
     With slope windows (``call.windowed``): ``windowed`` for a whole sequence of a one-way
-    variant (:data:`ONE_WAY_VARIANTS`, no global tokens) from :data:`FOLD_MIN_LENGTH` keys on,
-    and of the others from :data:`WINDOWED_MIN_LENGTH` keys on where :func:`windowed_cost` (the
-    call's windows, ``call.windows``) is at most :data:`WINDOWED_MAX_COST` or the dense mask
-    would exceed :data:`DENSE_MASK_BUDGET`, where it serves
+    variant (:data:`ONE_WAY_VARIANTS`, no global tokens) from :data:`.tuning.FOLD_MIN_LENGTH`
+    keys on, and of the others from :data:`.tuning.WINDOWED_MIN_LENGTH` keys on where
+    :func:`windowed_cost` (the call's windows, ``call.windows``) is at most
+    :data:`.tuning.WINDOWED_MAX_COST` or the dense mask would exceed
+    :data:`.tuning.DENSE_MASK_BUDGET`, where it serves
     (CPU, float32/64, no dropout, no extra mask), else ``sdpa`` with the dense windowed bias
     (``fold`` and ``flash``
     refuse windows; ``flex`` serves them with a per-head block mask but was not measured: never
-    chosen for a windowed call). Decoding steps (at most ``windowed.FEW_QUERIES`` queries
-    against a KV cache, no global tokens): ``windowed`` from :data:`WINDOWED_STEP_MIN_KEYS`
-    cached keys over the batch, else ``sdpa``.
+    chosen for a windowed call). Decoding steps (at most :data:`.tuning.FEW_QUERIES` queries
+    against a KV cache, no global tokens): ``windowed`` from
+    :data:`.tuning.WINDOWED_STEP_MIN_KEYS` cached keys over the batch, else ``sdpa``.
 
     On the CPU ``flex`` is never chosen: it was slower than these in every case measured but
     one_sided inference (up to 10 %), has no CPU backward and compiles per shape.
@@ -345,15 +301,17 @@ def auto_backend(call: Call) -> str:
     if call.device == "cuda":
         if serves("flash", call):
             return "flash"
-        if (call.variant == "causal" and call.query_len == call.key_len >= FLEX_MIN_LENGTH
+        if (call.variant == "causal"
+                and call.query_len == call.key_len >= tuning.FLEX_MIN_LENGTH
                 and call.dtype in (torch.float16, torch.bfloat16) and not call.padded
                 and not call.attn_mask and not call.scale_grad
                 and serves("flex", call) and flex.compilable()):
             return "flex"
     if serves("fold", call):
-        if _dense_mask_bytes(call) > DENSE_MASK_BUDGET or call.scale_grad:
+        if _dense_mask_bytes(call) > tuning.DENSE_MASK_BUDGET or call.scale_grad:
             return "fold"
-        if call.variant not in fold.MERGED_VARIANTS and call.key_len >= FOLD_MIN_LENGTH:
+        if (call.variant not in fold.MERGED_VARIANTS
+                and call.key_len >= tuning.FOLD_MIN_LENGTH):
             return "fold"
     return "sdpa"
 

@@ -20,11 +20,7 @@ from typing import Callable, List, NamedTuple, Optional
 import torch
 from torch import Tensor
 
-#: a bucket's length is a document's ``l`` rounded up to a multiple of
-#: ``2^(floor(log2 l) - GRANULE_BITS)`` (at most 1/8 more) or of :data:`MIN_GRANULE`: few
-#: distinct shapes (few backend calls) for little padding
-GRANULE_BITS = 3
-MIN_GRANULE = 16
+from fairseq_alibi.modules.attention import tuning
 
 
 class Bucket(NamedTuple):
@@ -39,9 +35,11 @@ class Bucket(NamedTuple):
 
 
 def bucket_length(length: Tensor, most: int) -> Tensor:
-    """Each document's bucket length: ``length`` rounded up to its granule, at most ``most``."""
+    """Each document's bucket length: ``length`` rounded up to its granule, at most ``most``:
+    a multiple of ``2^(floor(log2 l) - GRANULE_BITS)`` (at most 1/8 more) or of ``MIN_GRANULE``
+    (:mod:`.tuning`)."""
     top = torch.floor(torch.log2(length.float())).long()  # 2^top <= length
-    granule = torch.clamp(2 ** (top - GRANULE_BITS), min=MIN_GRANULE)
+    granule = torch.clamp(2 ** (top - tuning.GRANULE_BITS), min=tuning.MIN_GRANULE)
     return torch.clamp(-(-length // granule) * granule, max=most)
 
 

@@ -25,8 +25,8 @@ output is ``e^(l₁-l)·o₁ + e^(l₂-l)·o₂``. The backward pass calls the k
 each pass with the *merged* output and log-sum-exp, which gives exactly that pass's share of
 the full softmax gradient. Only ``q``, ``k``, ``v``, the output and the log-sum-exp are saved
 (the augmented copies are rebuilt), so training holds no more than the unbiased attention, and
-long sequences are processed a few heads at a time (:data:`CHUNK_BYTES`) so that the copies
-stay near the size of ``q``. Where ``auto`` takes it: :func:`~.dispatch.auto_backend`.
+long sequences are processed a few heads at a time (:data:`.tuning.CHUNK_BYTES`) so that the
+copies stay near the size of ``q``. Where ``auto`` takes it: :func:`~.dispatch.auto_backend`.
 
 The kernel is ``aten::_scaled_dot_product_flash_attention_for_cpu`` (what
 ``scaled_dot_product_attention`` runs on the CPU); :data:`CAPABILITIES` says which calls it
@@ -41,6 +41,7 @@ import torch
 from torch import Tensor
 
 from fairseq_alibi.alibi import mask_value
+from fairseq_alibi.modules.attention import tuning
 from fairseq_alibi.modules.attention.capabilities import Capabilities
 
 _FORWARD = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
@@ -117,6 +118,23 @@ def available() -> bool:
     return _FORWARD is not None and _BACKWARD is not None
 
 
+def kernel_forward(q: Tensor, k: Tensor, v: Tensor, causal: bool,
+                   attn_mask: Optional[Tensor] = None, scale: Optional[float] = None):
+    """``(out, lse)`` of the fused CPU kernel (no dropout): ``q`` ``(B, H, T, D)`` against
+    ``k``/``v`` ``(B, H, S, D)``, with its own causal mask if ``causal`` and an additive
+    ``attn_mask``; ``lse`` ``(B, H, T)`` the rows' log-sum-exps. Only where :func:`available`."""
+    return _FORWARD(q, k, v, 0.0, causal, attn_mask=attn_mask, scale=scale)
+
+
+def kernel_backward(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor,
+                    lse: Tensor, causal: bool, attn_mask: Optional[Tensor] = None,
+                    scale: Optional[float] = None):
+    """``(grad_q, grad_k, grad_v)`` of :func:`kernel_forward`'s call, from its ``out`` and
+    ``lse`` (or, for one pass of several, the merged output and log-sum-exp: that pass's share
+    of the whole softmax's gradient)."""
+    return _BACKWARD(grad_out, q, k, v, out, lse, 0.0, causal, attn_mask=attn_mask, scale=scale)
+
+
 def _missing() -> Optional[str]:
     if available():
         return None
@@ -161,22 +179,19 @@ def _groups(variant: str, num_heads: int, chunk: int) -> List[List[_Pass]]:
     ]
 
 
-#: a kernel call's augmented tensors stay under max(this, an eighth of q): calls over fewer
-#: heads at long lengths keep the copies (4 in forward, 8 in backward) near the size of q
-CHUNK_BYTES = 4 * 2**20
-
-
 def _heads_per_chunk(q: Tensor, dim: int) -> int:
+    """Heads per kernel call: the augmented copies under ``max(tuning.CHUNK_BYTES, q / 8)``."""
     B, H, L, D = q.shape
-    budget = max(CHUNK_BYTES, q.numel() * q.element_size() // 8)
+    budget = max(tuning.CHUNK_BYTES, q.numel() * q.element_size() // 8)
     most = max(1, min(H, budget // max(1, B * L * dim * q.element_size())))
     calls = -(-H // most)
     return -(-H // calls)  # as even as possible
 
 
-def _padded_head_dim(head_dim: int, columns: int) -> int:
-    # the kernel's time for D = 64 grows to 1.10x at 65-68, 1.13x at 72, 1.21x at 80 (CPU,
-    # float32, L = 2048): the smallest multiple of 4 that fits
+def padded_head_dim(head_dim: int, columns: int) -> int:
+    """The head size of ``head_dim`` plus ``columns`` extra columns as the kernel is given it:
+    the smallest multiple of 4 that fits (the kernel's time for D = 64 grows to 1.10x at
+    65-68, 1.13x at 72, 1.21x at 80: CPU, float32, L = 2048)."""
     return -(-(head_dim + columns) // 4) * 4
 
 
@@ -205,7 +220,7 @@ class _Layout:
             self.pad_col = torch.zeros(pad.shape, dtype=torch.float32, device=pad.device)
             self.pad_col.masked_fill_(pad, mask_value(torch.float32))
         self.columns = FOLD_COLUMNS + (self.pad_col is not None)
-        self.dim = _padded_head_dim(head_dim, self.columns)
+        self.dim = padded_head_dim(head_dim, self.columns)
 
     @property
     def empty(self):
@@ -266,7 +281,7 @@ def _forward(q, k, v, slopes, future, key_padding_mask, variant, scale):
     # float32, float64 for float64 inputs: the kernel's backward reads it in q's precision
     lse_dtype = torch.promote_types(q.dtype, torch.float32)
     lse = q.new_empty(B, H, L, dtype=lse_dtype)
-    chunk = _heads_per_chunk(q, _padded_head_dim(D, FOLD_COLUMNS + 1))
+    chunk = _heads_per_chunk(q, padded_head_dim(D, FOLD_COLUMNS + 1))
     for group in _groups(variant, H, chunk):
         halves = []
         for p in group:
@@ -277,9 +292,9 @@ def _forward(q, k, v, slopes, future, key_padding_mask, variant, scale):
                 o = q.new_zeros(B, hs.stop - hs.start, 0, D)
                 l = q.new_zeros(B, hs.stop - hs.start, 0, dtype=lse_dtype)
             else:
-                o, l = _FORWARD(
+                o, l = kernel_forward(
                     lay.queries(q[:, hs]), lay.keys(k[:, hs]),
-                    lay.values(lay.key_rows(v[:, hs])), 0.0, True, scale=scale,
+                    lay.values(lay.key_rows(v[:, hs])), True, scale=scale,
                 )
                 o = o[..., :D]
             o = lay.back(o, lay.q_rows)
@@ -337,7 +352,7 @@ class FoldedAlibiAttention(torch.autograd.Function):
     def backward(ctx, grad_out):
         q, k, v, slopes, future, key_padding_mask, out, lse = ctx.saved_tensors
         B, H, L, D = q.shape
-        groups = _groups(ctx.variant, H, _heads_per_chunk(q, _padded_head_dim(D, FOLD_COLUMNS + 1)))
+        groups = _groups(ctx.variant, H, _heads_per_chunk(q, padded_head_dim(D, FOLD_COLUMNS + 1)))
         whole = len(groups) == 1 and len(groups[0]) == 1  # one call: its gradients as they are
         grads = [None] * 3 if whole else [torch.empty_like(x) for x in (q, k, v)]
         # the slopes' gradients (learned slope scales, a learnable future ratio)
@@ -354,14 +369,14 @@ class FoldedAlibiAttention(torch.autograd.Function):
                 continue
             shift = _lse_shift(p, m)
             pass_lse = lse[:, hs] if shift is None else lse[:, hs] - shift
-            gq, gk, gv = _BACKWARD(
+            gq, gk, gv = kernel_backward(
                 lay.values(lay.query_rows(grad_out[:, hs])),
                 lay.queries(q[:, hs]),
                 lay.keys(k[:, hs]),
                 lay.values(lay.key_rows(v[:, hs])),
                 lay.values(lay.query_rows(out[:, hs])),
                 lay.query_rows(pass_lse[..., None])[..., 0].contiguous(),
-                0.0, True, scale=ctx.scale,
+                True, scale=ctx.scale,
             )
             c = lay.columns
             found = (

@@ -9,7 +9,7 @@ With a cutoff ``T`` head ``h`` keeps the keys at ``i - j <= back_h`` and ``j - i
 * heads with the same windows form a group (windows that reach past every key count as
   unbounded: such heads share one); a group that looks one way (``causal``, ``one_sided``)
   over a whole sequence with no global tokens, with a window of half the sequence or more (or
-  of :data:`BANDED_MIN_WINDOW` keys or more), runs as the fold's kernel over blocks
+  of :data:`.tuning.BANDED_MIN_WINDOW` keys or more), runs as the fold's kernel over blocks
   (:mod:`.band_fold`: no bias tensor; a window over the whole sequence is the fold itself);
 * any other group whose window (plus a chunk) covers the keys anyway runs as one chunk of
   ``T`` queries over the keys from the first query's reach on (every key of a whole
@@ -45,7 +45,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from fairseq_alibi.alibi import alibi_bias_between, mask_value, variant_windows
-from fairseq_alibi.modules.attention import band_fold, dense, fold
+from fairseq_alibi.modules.attention import band_fold, dense, fold, tuning
 from fairseq_alibi.modules.attention.capabilities import Capabilities
 
 #: what :func:`run` serves: the slopes' bias (with windows or without: every window unbounded)
@@ -55,24 +55,12 @@ CAPABILITIES = Capabilities(
     kinds=("distance",), devices=("cpu",), dtypes=fold.FOLD_DTYPES, dropout=False,
     attn_mask=False, windows=True)
 
-#: the fewest queries a chunk holds: smaller chunks make each kernel batch entry too small to
-#: pay for itself (the keys read per query grow to ``back + c + ahead``, but stay few)
-MIN_CHUNK = 64
-
-#: the most queries a chunk holds
-MAX_CHUNK = 512
-
-#: a chunk holds about this fraction of its window: each query reads ``back + c + ahead`` keys,
-#: ``1 + 1/4`` times its window, while the keys copied per chunk (``R`` rows of every chunk:
-#: ``T·R/c`` in all) stay ``5×`` the keys: the balance found by timing single heads (CPU, float32)
-CHUNK_FRACTION = 4
-
-
 def chunk_size(back: int, ahead: int) -> int:
     """Queries per chunk for a window ``back + ahead``: a quarter of it (rounded up to a power
-    of two), within :data:`MIN_CHUNK` … :data:`MAX_CHUNK`."""
+    of two), within :data:`.tuning.MIN_CHUNK` … :data:`.tuning.MAX_CHUNK`."""
     span = max(1, back + ahead)
-    return max(MIN_CHUNK, min(MAX_CHUNK, (1 << (span - 1).bit_length()) // CHUNK_FRACTION))
+    part = (1 << (span - 1).bit_length()) // tuning.CHUNK_FRACTION
+    return max(tuning.MIN_CHUNK, min(tuning.MAX_CHUNK, part))
 
 
 def decoding_reach(bias) -> Optional[int]:
@@ -125,7 +113,7 @@ def _band(q, k, v, visible, slopes, future_slopes, variant, heads, window, back,
     R = back + chunk + ahead
     G = global_tokens
     # the hiding column, the head size rounded up as the fold's (the kernel is slower at odd sizes)
-    Dp = fold._padded_head_dim(D, 1) if hide else D
+    Dp = fold.padded_head_dim(D, 1) if hide else D
     idx = _heads_index(heads, q.device)
     Hg = len(heads)
     fill = mask_value(q.dtype) / max(scale, 1.0)  # times scale: a huge, finite negative logit
@@ -187,7 +175,8 @@ def _chunk_bias(slopes, future_slopes, variant, heads, window, back, chunk, R, G
     """The ``(H_g, c, G + R)`` bias of every chunk of a group: queries at ``back … back+c-1``
     of keys ``0 … R-1`` (only ``i - j`` counts), after ``G`` global keys of bias 0 (queries past
     them); kept for the next call of the same group and shape while the slopes need no gradient
-    (the layers of a model, the batches of a run), within :data:`CHUNK_BIAS_BYTES` in all."""
+    (the layers of a model, the batches of a run), within :data:`.tuning.CHUNK_BIAS_BYTES` in
+    all."""
     if slopes.requires_grad or (future_slopes is not None and future_slopes.requires_grad):
         return _chunk_bias_of(slopes, future_slopes, variant, tuple(heads), window, back,
                               chunk, R, G, dtype)
@@ -199,24 +188,16 @@ def _chunk_bias(slopes, future_slopes, variant, heads, window, back, chunk, R, G
         found = _chunk_bias_of(slopes, future_slopes, variant, tuple(heads), window, back,
                                chunk, R, G, dtype)
     size = found.numel() * found.element_size()
-    if size <= CHUNK_BIAS_BYTES:  # the most recent last; the oldest go first
+    if size <= tuning.CHUNK_BIAS_BYTES:  # the most recent last; the oldest go first
         while sum(b.numel() * b.element_size() for b in _CHUNK_BIASES.values()) + size > \
-                CHUNK_BIAS_BYTES:
+                tuning.CHUNK_BIAS_BYTES:
             _CHUNK_BIASES.pop(next(iter(_CHUNK_BIASES)))
         _CHUNK_BIASES[key] = found
     return found
 
 
-#: the largest bias of one chunk of every query (a group whose window covers most of the
-#: sequence); beyond it the group runs as chunks, which read keys past the sequence's ends
-ONE_CHUNK_BYTES = 4 * 2**20
-
 #: the chunk biases kept (:func:`_chunk_bias`), least recently used first
 _CHUNK_BIASES = {}
-
-#: the most memory the kept chunk biases take together (as ``dispatch.DENSE_MASK_BUDGET`` for
-#: ``sdpa``'s one dense bias)
-CHUNK_BIAS_BYTES = 64 * 2**20
 
 
 def _chunk_bias_of(slopes, future_slopes, variant, heads, window, back, chunk, R, G, dtype):
@@ -254,19 +235,11 @@ def _folded(q, k, v, slopes, future_slopes, variant, heads, scale, key_padding_m
                                  scale, key_padding_mask)
 
 
-#: a one-way window of this many keys or more, or of half the sequence or more, runs as
-#: :func:`.band_fold.banded_attention` (the fold's kernel over blocks of about ``W / 4``);
-#: narrower ones as :func:`_band`'s chunks, which were faster for them (the kernel's causal
-#: block and the merges cost more than a chunk with a small shared bias): docs/benchmarks.md,
-#: "Slope windows"
-BANDED_MIN_WINDOW = 1024
-
-
 def _one_way(window, variant, T, S, global_tokens, q, chunk) -> Optional[Tuple[int, bool]]:
     """``(W, ahead)`` if a group with ``window`` runs as :func:`_banded`: its keys on one side
     (``causal``, ``one_sided``), a whole sequence with no global tokens on what the fold
-    serves, no chunk size asked for, and a window of :data:`BANDED_MIN_WINDOW` or more or of
-    half the sequence or more (one over the whole sequence: the fold itself)."""
+    serves, no chunk size asked for, and a window of :data:`.tuning.BANDED_MIN_WINDOW` or more
+    or of half the sequence or more (one over the whole sequence: the fold itself)."""
     back, ahead = window
     if (chunk is not None or T != S or global_tokens or variant not in ("causal", "one_sided")
             or not fold.available() or q.device.type != "cpu" or q.dtype not in fold.FOLD_DTYPES):
@@ -274,7 +247,7 @@ def _one_way(window, variant, T, S, global_tokens, q, chunk) -> Optional[Tuple[i
     looks_ahead = variant == "one_sided" and back == 0 and ahead != 0
     reach = ahead if looks_ahead else back
     reach = S - 1 if reach is None else min(reach, S - 1)
-    if reach < BANDED_MIN_WINDOW and 2 * reach < S:
+    if reach < tuning.BANDED_MIN_WINDOW and 2 * reach < S:
         return None
     return reach, looks_ahead
 
@@ -345,7 +318,8 @@ def attention(q: Tensor, k: Tensor, v: Tensor, slopes: Tensor, future_slopes: Op
         # (a large one held several times the memory of dense attention, and, built again
         # whenever it could not be kept, more time than the chunks' small biases)
         whole = len(heads) * T * (min(back, first) + T + global_tokens) * q.element_size()
-        if size >= T or (back + size + ahead >= S and (drops_none or whole <= ONE_CHUNK_BYTES)):
+        if size >= T or (back + size + ahead >= S
+                         and (drops_none or whole <= tuning.ONE_CHUNK_BYTES)):
             # it reads the keys from the first query's reach on (every key of a whole
             # sequence; of a KV cache, e.g. a decoding step, only the group's window)
             size, back, ahead = T, min(back, first), 0
@@ -410,11 +384,6 @@ def few_queries(q, k, v, alibi, windows, key_padding_mask, scale) -> Tensor:
     return out
 
 
-#: the most queries a call against a KV cache may hold to run as :func:`few_queries` (one
-#: chunk of :func:`attention` would hold them all anyway: at most :data:`MIN_CHUNK`)
-FEW_QUERIES = MIN_CHUNK
-
-
 def run(q, k, v, alibi, key_padding_mask, attn_mask, dropout_p, scale):
     """The ``windowed`` backend (the calls of :data:`CAPABILITIES`): :func:`attention` with the
     call's windows (``alibi.windows()``), or, for a call without a cutoff, the variant's
@@ -425,7 +394,7 @@ def run(q, k, v, alibi, key_padding_mask, attn_mask, dropout_p, scale):
     if windows is None:
         windows = variant_windows(slopes, 0.0, alibi.variant, future_slopes)
     T, S = q.size(2), k.size(2)
-    if T < S and T <= FEW_QUERIES and not alibi.global_tokens:
+    if T < S and T <= tuning.FEW_QUERIES and not alibi.global_tokens:
         return few_queries(q, k, v, alibi, windows, key_padding_mask, scale)
     return attention(q, k, v, slopes, future_slopes, alibi.variant, windows, key_padding_mask,
                      scale, alibi.global_tokens)

@@ -1,0 +1,153 @@
+"""The attention backends' tuned numbers: every threshold and size fitted by timing, in one place.
+
+These numbers were measured together: the thresholds of ``auto`` were timed with the chunk and
+block sizes below, and a cost model was fitted to those timings. Change one and re-run the
+benchmark its comment names, then re-fit what depends on it:
+
+* :data:`WINDOWED_COST` was fitted with the chunk sizes :data:`MIN_CHUNK`, :data:`MAX_CHUNK`,
+  :data:`CHUNK_FRACTION` and the one-chunk limit :data:`ONE_CHUNK_BYTES` (a head that runs as
+  one chunk counts as "dense" in the model); :data:`WINDOWED_MAX_COST` is set from its scatter,
+  and :data:`WINDOWED_MIN_LENGTH` is where it was fitted from. Re-fit all three after changing
+  any of those four (``python -m benchmarks.windows --tables thresholds``, docs/benchmarks.md,
+  "auto's choice with windows").
+* ``auto`` sends one-way windows to ``windowed`` from :data:`FOLD_MIN_LENGTH` keys on because
+  the fold's blocks (:data:`BANDED_MIN_WINDOW`, :data:`MIN_BLOCK`, :data:`BLOCK_FRACTION`) and
+  the chunks were never slower than the fold over every key there: re-run the same thresholds
+  tables for causal and one_sided after changing any of them, or :data:`FOLD_MIN_LENGTH`.
+* :data:`FEW_QUERIES` is :data:`MIN_CHUNK` (a chunk of ``windowed.attention`` would hold them
+  all anyway), and :data:`WINDOWED_STEP_MIN_KEYS` was timed on the calls it admits
+  (``python -m benchmarks.decoding_windows --attention-steps``, docs/decoding.md, "Decoding
+  step").
+* :data:`CHUNK_BIAS_BYTES` is as large as :data:`DENSE_MASK_BUDGET` (the memory the kept chunk
+  biases may take, as ``sdpa``'s one dense bias may).
+
+The backends read them as ``tuning.NAME`` when called, so a test may patch one here. This
+module imports nothing of the package: it is data.
+"""
+
+# --- auto's policy (dispatch.auto_backend) -----------------------------------------------------
+
+#: from this many keys on, causal and one_sided attention is faster folded than with the dense
+#: mask on the CPU (the fused kernel only skips masked blocks of long sequences); the
+#: bidirectional variants, folded as two merged passes, were slower than the mask at every
+#: length measured. Read by ``dispatch.auto_backend`` (without windows: ``fold``; with windows,
+#: one-way variants: ``windowed``). docs/benchmarks.md, "Attention forward" (and "auto's choice
+#: with windows")
+FOLD_MIN_LENGTH = 640
+
+#: on CUDA, from this many keys on, causal attention over whole sequences in fp16/bf16 is faster
+#: with compiled ``flex`` than with ``sdpa``'s dense float bias (H100, bf16, forward+backward:
+#: flex ÷ sdpa 1.19-1.31 at D=64 and 1.24-1.38 at D=128 for 4096-8192 keys, 1.01-1.08 / 0.70 at
+#: 1024-2048; fairseq training of a 6-layer LM at 8192 tokens: 1.17× stock vs sdpa's 0.99×).
+#: Bidirectional variants were measured at 1024 keys only (flex slower there): they stay on
+#: sdpa. Read by ``dispatch.auto_backend``. docs/benchmarks.md, "GPU (H100)"
+FLEX_MIN_LENGTH = 4096
+
+#: the most memory ``sdpa``'s dense float bias may take (one per batch, shared by the layers,
+#: key padding or not): beyond it ``auto`` folds every variant (with windows: ``windowed``), a
+#: limit on memory, at the time the bidirectional variants' two passes cost. Read by
+#: ``dispatch.auto_backend``. docs/benchmarks.md, "Encoder variants, attention"
+DENSE_MASK_BUDGET = 64 * 2**20
+
+#: on the CPU, below this many keys a whole sequence with slope windows runs ``sdpa``'s dense
+#: windowed bias whatever its windows: the chunks' fixed costs dominate (``windowed`` was
+#: slower at 256 and 512 keys for every variant and T = 2…16, and at 768 for the bidirectional
+#: ones; :data:`WINDOWED_COST` is fitted from 512 on). Read by ``dispatch.auto_backend`` for the
+#: bidirectional variants. docs/benchmarks.md, "Slope windows" and "auto's choice with windows"
+WINDOWED_MIN_LENGTH = 1024
+
+#: on the CPU, a decoding step with slope windows (a few queries against a KV cache:
+#: ``windowed.few_queries``) is faster with ``windowed``, each head group reading only its
+#: window, than with ``sdpa``'s dense windowed row from this many cached keys summed over the
+#: batch on (causal, 8 heads, T = 8, float32, head sizes 16 and 64). Read by
+#: ``dispatch.auto_backend``. docs/decoding.md, "Decoding step"
+WINDOWED_STEP_MIN_KEYS = 4096
+
+#: ``dispatch.windowed_cost``'s constants ``(α₁, α₂, α₃, β)``: ``α₂, α₃, β`` least absolute
+#: deviations over the bidirectional variants (symmetric, offset, asymmetric), T = 2, 4, 8, 16
+#: at 768…2048 keys, T = 2, 8, 16 at 4096 and T = 8, 12, 16 at 8192 (symmetric, offset), of the
+#: slower of forward and forward+backward; ``α₁`` from the earlier fit over every variant
+#: (8 heads, D = 64, float32, 1 thread). Fitted with :data:`MIN_CHUNK`, :data:`MAX_CHUNK`,
+#: :data:`CHUNK_FRACTION` and :data:`ONE_CHUNK_BYTES` as they are. Read by
+#: ``dispatch.windowed_cost``. ``python -m benchmarks.windows --tables thresholds``,
+#: docs/benchmarks.md, "auto's choice with windows"
+WINDOWED_COST = (1.09, 1.34, 1.88, 0.22)
+
+#: ``auto`` picks ``windowed`` for a whole sequence where ``dispatch.windowed_cost`` predicts at
+#: most this fraction of ``sdpa``'s time (below 1 by the model's scatter: no call it picks
+#: was measured slower than ``sdpa``). Read by ``dispatch.auto_backend``. docs/benchmarks.md,
+#: "auto's choice with windows"
+WINDOWED_MAX_COST = 0.75
+
+# --- windowed: query chunks (windowed.py) ------------------------------------------------------
+
+#: the fewest queries a chunk holds: smaller chunks make each kernel batch entry too small to
+#: pay for itself (the keys read per query grow to ``back + c + ahead``, but stay few). Read by
+#: ``windowed.chunk_size`` (timed on single heads, CPU, float32; the chunk sizes are those
+#: :data:`WINDOWED_COST` was fitted with: docs/benchmarks.md, "auto's choice with windows")
+MIN_CHUNK = 64
+
+#: the most queries a chunk holds. Read by ``windowed.chunk_size`` (as :data:`MIN_CHUNK`)
+MAX_CHUNK = 512
+
+#: a chunk holds about ``1 / CHUNK_FRACTION`` of its window: each query reads
+#: ``back + c + ahead`` keys, ``1 + 1/4`` times its window, while the keys copied per chunk
+#: (``R`` rows of every chunk: ``T·R/c`` in all) stay ``5×`` the keys: the balance found by
+#: timing single heads (CPU, float32). Read by ``windowed.chunk_size`` (as :data:`MIN_CHUNK`)
+CHUNK_FRACTION = 4
+
+#: the largest bias of one chunk of every query (a group whose window covers most of the
+#: sequence); beyond it the group runs as chunks, which read keys past the sequence's ends (a
+#: two-way window at 8,192 keys: one chunk with a 256 MiB bias was 1.03-1.10× dense ``auto``,
+#: chunks 4.6× faster for that head). Read by ``windowed.attention`` and
+#: ``dispatch.windowed_cost``. docs/benchmarks.md, "auto's choice with windows"
+ONE_CHUNK_BYTES = 4 * 2**20
+
+#: the most memory the kept chunk biases take together (``windowed._chunk_bias``), as
+#: :data:`DENSE_MASK_BUDGET` for ``sdpa``'s one dense bias. Read by ``windowed._chunk_bias``.
+#: docs/benchmarks.md, "auto's choice with windows"
+CHUNK_BIAS_BYTES = 64 * 2**20
+
+#: a one-way window of this many keys or more, or of half the sequence or more, runs as
+#: ``band_fold.banded_attention`` (the fold's kernel over blocks of about ``W / 4``); narrower
+#: ones as ``windowed``'s chunks, which were faster for them (the kernel's causal block and the
+#: merges cost more than a chunk with a small shared bias). Read by ``windowed._one_way``.
+#: docs/benchmarks.md, "The blocks' parameters" (under "Slope windows")
+BANDED_MIN_WINDOW = 1024
+
+#: the most queries a call against a KV cache may hold to run as ``windowed.few_queries`` (one
+#: chunk of ``windowed.attention`` would hold them all anyway: at most :data:`MIN_CHUNK`). Read
+#: by ``windowed.run`` and ``dispatch.auto_backend``
+FEW_QUERIES = MIN_CHUNK
+
+# --- band_fold: the fold's kernel over blocks (band_fold.py) -----------------------------------
+
+#: the smallest block: smaller ones make each kernel call too small to pay for itself (blocks
+#: of 64 ran at 1.43× the chunks for W = 1024 at 4,096 keys). Read by ``band_fold.block_size``.
+#: docs/benchmarks.md, "The blocks' parameters"
+MIN_BLOCK = 128
+
+#: blocks of about the window's ``1 / BLOCK_FRACTION``: each pass is one more kernel call over
+#: the blocks, while each query reads up to ``c`` keys beyond its window. Read by
+#: ``band_fold.block_size``. docs/benchmarks.md, "The blocks' parameters"
+BLOCK_FRACTION = 4
+
+# --- fold (fold.py) ----------------------------------------------------------------------------
+
+#: a fold kernel call's augmented tensors stay under max(this, an eighth of q): calls over fewer
+#: heads at long lengths keep the copies (4 in forward, 8 in backward) near the size of q (the
+#: fold's peak within 10 % of the unbiased attention's). Read by ``fold._heads_per_chunk``.
+#: docs/benchmarks.md, "Attention forward+backward and memory"
+CHUNK_BYTES = 4 * 2**20
+
+# --- document masks (documents.py) -------------------------------------------------------------
+
+#: a bucket's length is a document's ``l`` rounded up to a multiple of
+#: ``2^(floor(log2 l) - GRANULE_BITS)`` (at most 1/8 more) or of :data:`MIN_GRANULE`: few
+#: distinct shapes (few backend calls) for little padding. Read by ``documents.bucket_length``
+#: (no docs/benchmarks.md section records a measurement of it)
+GRANULE_BITS = 3
+
+#: the smallest granule of a bucket's length (see :data:`GRANULE_BITS`). Read by
+#: ``documents.bucket_length``
+MIN_GRANULE = 16
