@@ -9,11 +9,12 @@ import sys
 import json
 import os
 import re
+import statistics
 import subprocess
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Dict, Optional, Sequence
+from typing import Dict, List, Optional, Sequence
 
 from fairseq_alibi.cli.fairseq_runs import thread_env
 from fairseq_alibi.cli.quickstart import SIZES, SMOKE, prepare_embedded_data, train_command
@@ -133,6 +134,47 @@ def prepare_model(args, out: Path, env: dict, log, make_data=None) -> dict:
                             f"{run['seconds']:.0f} s"}
 
 
+def train_settings(settings: Dict[str, Sequence[str]], seeds, data: Path, out: Path,
+                   size: dict, L: int, max_update: int, env: dict, jobs: int,
+                   log) -> Dict[tuple, dict]:
+    """``{(setting, seed): fairseq-train run}`` of the quickstart LM once per seed and setting
+    (``settings``: name -> its extra fairseq-train flags), ``jobs`` at once: the same seed gives
+    the same initialisation and batch order, so two settings of a seed differ by their flags."""
+    def job(name, seed, extra):
+        def run():
+            tag = name.replace("=", "").replace(" + ", "_").replace(" ", "_")
+            found = train(f"{tag}_seed{seed}", "alibi_transformer_lm", data, out, size, L,
+                          max_update, seed, env, extra)
+            log(f"trained {name}, seed {seed} in {found['seconds']:.0f} s")
+            return found
+        return run
+
+    log(f"training {len(seeds) * len(settings)} models, {max_update} updates each at L={L}, "
+        f"{jobs} at once ...")
+    return run_all({(name, seed): job(name, seed, extra) for seed in seeds
+                    for name, extra in settings.items()}, jobs)
+
+
+def score_runs(runs: Dict[tuple, dict], data: Path, L: int, out_dir: Path, split: str,
+               title: str, threads: int, jobs: int, overrides=None) -> List[dict]:
+    """fairseq-eval-lm of every run of :func:`train_settings` on ``split`` in non-overlapping
+    blocks of ``L`` (``overrides``: a load-time ``--model-overrides`` dict for every run), each
+    checked to score every token of the split: ``{"setting", "seed", "perplexity", "tokens"}``
+    per run."""
+    from fairseq_alibi.cli.sweep import SweepModel, run_sweep
+
+    models = {f"{name} seed {seed}": SweepModel(
+        str(run["checkpoint"]), overrides=None if overrides is None else lambda n: overrides)
+        for (name, seed), run in runs.items()}
+    keys = dict(zip(models, runs))
+    result = run_sweep(models, str(data), [L], out_dir, modes=["nonoverlapping"],
+                       extra_eval_args=["--cpu"], gen_subset=split, jobs=jobs, threads=threads,
+                       progress=False, title=title)
+    result.check()
+    return [{"setting": keys[p.model][0], "seed": keys[p.model][1], "perplexity": p.perplexity,
+             "tokens": p.tokens} for p in result.points]
+
+
 def run_all(jobs: Dict[str, callable], parallel: int) -> Dict[str, object]:
     """Run named zero-argument callables, ``parallel`` at a time; their results by name."""
     with ThreadPoolExecutor(max_workers=max(1, parallel)) as pool:
@@ -150,6 +192,21 @@ def wall_at_updates(log: Path) -> Dict[int, float]:
     cannot be summed; ``wall`` is cumulative.)
     """
     return {int(u): float(w) for u, w in _TRAIN_INNER.findall(Path(log).read_text())}
+
+
+def seed_summary(mine: Dict[int, float], base: Dict[int, float]) -> dict:
+    """A setting's perplexities by seed ``mine`` against a baseline's ``base``: the median and
+    spread (max - min) over seeds, the difference of the medians (and relative), the paired
+    per-seed differences, and whether the difference is within the seed noise, ``|median -
+    base median| <= max(spread, base spread)`` (the seeds' own spread bounds what a change of
+    seed alone moves the median by)."""
+    median, spread = statistics.median(mine.values()), max(mine.values()) - min(mine.values())
+    base_median = statistics.median(base.values())
+    noise = max(spread, max(base.values()) - min(base.values()))
+    return {"median": median, "spread": spread, "seeds": mine,
+            "difference": median - base_median, "relative": median / base_median - 1.0,
+            "paired": {s: mine[s] - base[s] for s in sorted(mine) if s in base},
+            "noise": noise, "within_noise": abs(median - base_median) <= noise}
 
 
 def write_json(path: Path, payload: dict):

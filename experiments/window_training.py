@@ -44,17 +44,15 @@ at a short length with a small model (every step in seconds; used by the tests).
 
 import argparse
 import math
-import statistics
 import sys
 import time
 from pathlib import Path
 from typing import Dict, List, Optional
 
 from benchmarks.tables import machine, table, today
-from experiments.lm_runs import (comma_list, command_line, data_folder, publish, run_all,
-                                 start_run, train)
+from experiments.lm_runs import (comma_list, command_line, data_folder, publish, score_runs,
+                                 seed_summary, start_run, train_settings)
 from fairseq_alibi.cli.quickstart import SIZES, SMOKE, SMOKE_L
-from fairseq_alibi.cli.sweep import SweepModel, run_sweep
 
 #: the recommended cutoff (docs/benchmarks.md "Choosing T")
 CUTOFFS = (8,)
@@ -132,40 +130,17 @@ def settings(cutoffs) -> Dict[str, list]:
 def train_all(args, data, out: Path, env: dict, log) -> Dict[tuple, dict]:
     """``{(setting, seed): fairseq-train run}``, ``args.jobs`` at once (one thread each)."""
     size = dict(SMOKE if args.smoke else SIZES["tiny"])
-
-    def job(name, seed, extra):
-        def run():
-            found = train(f"{name.replace('=', '')}_seed{seed}", "alibi_transformer_lm", data,
-                          out, size, args.L, args.max_update, seed, env, extra)
-            log(f"trained {name}, seed {seed} in {found['seconds']:.0f} s")
-            return found
-        return run
-
-    log(f"training {len(args.seeds) * (1 + len(args.cutoffs))} models, {args.max_update} "
-        f"updates each at L={args.L}, {args.jobs} at once ...")
-    return run_all({(name, seed): job(name, seed, extra) for seed in args.seeds
-                    for name, extra in settings(args.cutoffs).items()}, args.jobs)
+    return train_settings(settings(args.cutoffs), args.seeds, data, out, size, args.L,
+                          args.max_update, env, args.jobs, log)
 
 
 def evaluate_all(runs: Dict[tuple, dict], data, L: int, out: Path, threads: int,
                  splits=SPLITS, jobs: int = 1) -> List[dict]:
     """One row per ``(setting, seed, split)``: fairseq-eval-lm's perplexity and token count in
     non-overlapping blocks of ``L``."""
-    models = {f"{name} seed {seed}": SweepModel(str(run["checkpoint"]))
-              for (name, seed), run in runs.items()}
-    keys = dict(zip(models, runs))
-    rows = []
-    for split in splits:
-        result = run_sweep(models, str(data), [L], out / "eval" / split,
-                           modes=["nonoverlapping"], extra_eval_args=["--cpu"],
-                           gen_subset=split, jobs=jobs, threads=threads, progress=False,
-                           title=f"Window training, {split} split")
-        result.check()
-        for point in result.points:
-            name, seed = keys[point.model]
-            rows.append({"setting": name, "seed": seed, "split": split,
-                         "perplexity": point.perplexity, "tokens": point.tokens})
-    return rows
+    return [dict(row, split=split) for split in splits
+            for row in score_runs(runs, data, L, out / "eval" / split, split,
+                                  f"Window training, {split} split", threads, jobs)]
 
 
 def summarise(rows: List[dict], split: str, setting: str, dense: str) -> dict:
@@ -176,15 +151,8 @@ def summarise(rows: List[dict], split: str, setting: str, dense: str) -> dict:
         return {r["seed"]: r["perplexity"] for r in rows
                 if r["split"] == split and r["setting"] == name}
 
-    mine, base = by_seed(setting), by_seed(dense)
-    median, spread = statistics.median(mine.values()), max(mine.values()) - min(mine.values())
-    base_median = statistics.median(base.values())
-    noise = max(spread, max(base.values()) - min(base.values()))
-    return {"setting": setting, "split": split, "median": median, "spread": spread,
-            "seeds": mine, "difference": median - base_median,
-            "relative": median / base_median - 1.0,
-            "paired": {s: mine[s] - base[s] for s in sorted(mine) if s in base},
-            "noise": noise, "within_noise": abs(median - base_median) <= noise}
+    return {"setting": setting, "split": split,
+            **seed_summary(by_seed(setting), by_seed(dense))}
 
 
 def quality_report(rows: List[dict], cutoffs) -> (str, List[dict]):

@@ -118,3 +118,23 @@ def test_the_slope_window_benchmark_names_a_bad_table():
 
     with pytest.raises(SystemExit):
         windows.main(["--tables", "speed"])
+
+
+def test_quick_run_of_the_document_mask_tables(tmp_path, capsys):
+    """benchmarks/documents.py: the attention table (no mask and documents, with and without
+    windows) and the training table (none, documents, complete_doc's useful tokens/s)."""
+    import json
+
+    from benchmarks import documents
+
+    records = tmp_path / "documents.json"
+    assert documents.main(["--quick", "--work", str(tmp_path), "--json", str(records)]) == 0
+    text = capsys.readouterr().out
+    assert "| 512 |" in text and "| fwd+bwd |" in text and "| 128 |" in text
+    found = json.loads(records.read_text())
+    assert {r["pass"] for r in found["attention"]} == {"forward", "fwd+bwd"}
+    assert sum(found["attention"][0]["documents"]) == 512  # the row's pieces fill it
+    training = found["training"][0]
+    assert set(training["useful_tokens_per_second"]) == {"none", "documents", "complete_doc"}
+    with pytest.raises(SystemExit):
+        documents.main(["--doc-lengths", "9,3"])

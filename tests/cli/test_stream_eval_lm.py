@@ -1,6 +1,6 @@
 """``fairseq-alibi eval-lm-stream`` end to end on a trained tiny LM: the token count of
 fairseq-eval-lm, the perplexity of fairseq-eval-lm with the whole split as one block (both give
-every token all earlier ones as context), the load-time cutoff, the output read by the sweep's
+every token all earlier ones as context), the load-time cutoff and document mask, the output read by the sweep's
 parser, and its one-line errors."""
 
 import pytest
@@ -27,7 +27,8 @@ def eval_lm(data, checkpoint, user_dir, *extra):
                    "--cpu", "--num-workers", "0", *extra)
 
 
-@pytest.mark.parametrize("overrides", [None, "{'alibi_window_cutoff': 2}"])
+@pytest.mark.parametrize("overrides", [None, "{'alibi_window_cutoff': 2}",
+                                       "{'alibi_document_mask': 'eos', 'alibi_window_cutoff': 2}"])
 def test_stream_scores_every_token_with_every_earlier_one(trained_lm_checkpoint, tiny_lm_data,
                                                           alibi_user_dir, overrides):
     extra = [] if overrides is None else ["--model-overrides", overrides]
@@ -38,6 +39,12 @@ def test_stream_scores_every_token_with_every_earlier_one(trained_lm_checkpoint,
         tiny_lm_data, trained_lm_checkpoint, alibi_user_dir, "--tokens-per-sample", str(whole),
         "--max-tokens", str(whole), *extra))
     assert blocks == one_block[0] == whole
+    if overrides and "document" in overrides:  # honoured: every line its own document
+        plain = parse_eval_output(eval_lm(
+            tiny_lm_data, trained_lm_checkpoint, alibi_user_dir, "--tokens-per-sample",
+            str(whole), "--max-tokens", str(whole), "--model-overrides",
+            "{'alibi_window_cutoff': 2}"))
+        assert plain[1] != one_block[1]
     for chunk in ("1", "16", "10000"):
         out = stream(tiny_lm_data, trained_lm_checkpoint, "--stream-chunk", chunk, *extra)
         assert f"{whole:,} tokens as one stream, {chunk} per forward call" in out

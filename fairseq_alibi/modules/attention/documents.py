@@ -80,7 +80,9 @@ def attention(run: Callable, q: Tensor, k: Tensor, v: Tensor, alibi, ids: Tensor
     pad = None if key_padding_mask is None else key_padding_mask.to(torch.bool)
     by_row = [_rows(x) for x in (q, k, v)]  # (L·B, H, D)
     outs, targets = [], []
-    for bucket in plan(ids.to(q.device)):
+    buckets = plan(ids.to(q.device))
+    alibi = SharedDense(alibi, max(b.length for b in buckets), q.element_size())
+    for bucket in buckets:
         n, length = bucket.positions.shape
         index = (bucket.positions * B + bucket.rows[:, None]).reshape(-1)
         q_b, k_b, v_b = (x.index_select(0, index).view(n, length, H, D).transpose(1, 2)
@@ -112,3 +114,25 @@ def _rows(x: Tensor) -> Tensor:
     if not by_position.is_contiguous():
         by_position = by_position.contiguous()
     return by_position.view(-1, x.size(1), x.size(3))
+
+
+class SharedDense:
+    """The bias of a call's buckets: ``base`` (read through), whose dense ``(H, t, t)`` bias of
+    every bucket is a corner of one ``(H, M, M)`` tensor of the longest bucket ``M``, memoised
+    by the stack for every layer of the pass (the bias depends on ``i - j`` only: no global
+    tokens with documents), instead of one built per bucket and layer; a corner only while that
+    tensor fits ``tuning.DENSE_MASK_BUDGET`` (``itemsize`` bytes an element), else the bucket's
+    own. Built only if a bucket's backend reads a dense bias (``sdpa``: short documents)."""
+
+    def __init__(self, base, longest: int, itemsize: int):
+        self.base, self.longest = base, longest
+        self.shared = base.num_heads * longest * longest * itemsize <= tuning.DENSE_MASK_BUDGET
+
+    def __getattr__(self, name):
+        return getattr(self.base, name)
+
+    def dense(self, query_len: int, key_len: int, dtype=torch.float32) -> Tensor:
+        if not self.shared or query_len != key_len:
+            return self.base.dense(query_len, key_len, dtype)
+        M = self.longest
+        return self.base.dense(M, M, dtype)[:, M - query_len:, M - key_len:]

@@ -1,0 +1,280 @@
+"""Document masks: what attending each document as its own sequence costs or saves, side by side.
+
+    python -m benchmarks.documents [--quick] [--tables attention,training]
+        [--lengths 4096,8192] [--doc-lengths 256,2048] [--cutoff 8]
+        [--train-lengths 512,4096] [--corpus uniform|wikitext2] [--rounds 3] [--threads 1]
+        [--json FILE]
+
+Packed rows of documents: the tokens of a row are random words, an ``</s>`` opens each document
+(as in a language model's shifted source). Document lengths are drawn (seeded) uniformly from
+``--doc-lengths`` (``uniform``) or from the articles of WikiText-2's test split (``wikitext2``:
+the lengths in words plus one ``</s>`` a line, read from ``../shared/data/wikitext-2``), and a
+row is filled with them, the last one cut at the row's end (so a row starts and ends inside a
+document, as packing makes it). Every table times its cases in interleaved paired rounds
+(:class:`benchmarks.timing.Rounds`: a ratio is the median of the same round's ratios).
+
+* ``attention`` (causal, ``B = 1``, 8 heads, ``D = 64``, float32): ``dispatch.attend("auto",
+  ...)`` of the row without a document mask (every key of the row, today's cost), with one
+  (``--alibi-document-mask eos``: the dispatch splits the row into its documents, each its own
+  sequence), and the same two with slope windows (``--cutoff``); forward and forward+backward;
+  the speed-ups ``no mask ÷ documents``.
+* ``training`` (fairseq's own ``Trainer.train_step`` of an ``alibi_transformer_lm``: 2 layers,
+  embed 512, 8 heads, FFN 2048, a 2,000-word vocabulary, dropout 0.1): the same batch of
+  ``4096 / L`` packed rows of ``L`` tokens with and without the document mask (the tokens/s
+  ratio), and ``complete_doc``'s batch of the same documents, each its own row padded to ``L``
+  (a document longer than ``L`` cut into rows of ``L``; fairseq cuts at line ends, so real
+  ``complete_doc`` pads more: an upper bound of its useful share), timed in the same rounds:
+  useful (non-padding) tokens per second of each, and ``documents ÷ complete_doc``.
+"""
+
+import argparse
+import json
+import random
+import re
+import sys
+from pathlib import Path
+
+import torch
+
+from benchmarks.tables import comma_choices, machine, table
+from benchmarks.timing import Rounds, backward_call, forward_call
+from fairseq_alibi.modules.attention import dispatch
+from fairseq_alibi.modules.bias import AlibiBias
+
+TABLES = ("attention", "training")
+CORPORA = ("uniform", "wikitext2")
+EOS = 2  # fairseq's </s>
+WIKITEXT = Path(__file__).resolve().parents[2] / "shared" / "data" / "wikitext-2"
+HEADING = re.compile(r"^ = [^=].* = $")  # an article's title line (sections have "= =")
+TRAIN_DIMS = ["--decoder-layers", "2", "--decoder-embed-dim", "512",
+              "--decoder-ffn-embed-dim", "2048", "--decoder-attention-heads", "8",
+              "--share-decoder-input-output-embed"]
+TRAIN_TOKENS = 4096  # tokens per training batch, whatever L
+QUICK_DIMS = ["--decoder-layers", "1", "--decoder-embed-dim", "64",
+              "--decoder-ffn-embed-dim", "128", "--decoder-attention-heads", "4"]
+
+
+def wikitext_lengths(folder: Path = WIKITEXT) -> list:
+    """The articles' lengths in fairseq tokens (words, and one ``</s>`` per line) of
+    WikiText-2's test split."""
+    lengths, current = [], 0
+    with open(folder / "wiki.test.tokens", encoding="utf-8") as f:
+        for line in f:
+            if HEADING.match(line.rstrip("\n")) and current:
+                lengths.append(current)
+                current = 0
+            current += len(line.split()) + 1
+    return lengths + [current]
+
+
+def document_lengths(corpus: str, low: int, high: int, seed: int):
+    """An endless, seeded stream of document lengths."""
+    rng = random.Random(seed)
+    pool = wikitext_lengths() if corpus == "wikitext2" else None
+    while True:
+        yield rng.choice(pool) if pool else rng.randint(low, high)
+
+
+def packed_rows(rows: int, length: int, lengths, vocab: int = 2000, seed: int = 0):
+    """``(tokens (rows, length), documents)``: random words, an ``</s>`` opening each document
+    after the first of a row; ``documents``: the lengths of the pieces of every row."""
+    generator = torch.Generator().manual_seed(seed)
+    tokens = torch.randint(4, vocab, (rows, length), generator=generator)
+    pieces = []
+    for r in range(rows):
+        at = -rng_offset(lengths)  # the row starts inside a document
+        while at < length:
+            n = next(lengths)
+            if at > 0:
+                tokens[r, at] = EOS
+            pieces.append(min(at + n, length) - max(at, 0))
+            at += n
+    return tokens, [p for p in pieces if p > 0]
+
+
+def rng_offset(lengths) -> int:
+    """How far into its first document a row starts: half of one drawn length."""
+    return next(lengths) // 2
+
+
+def attention_cases(tokens, cutoff: float, heads=8, head_dim=64):
+    """``{case: f(q, k, v)}``: ``auto`` with and without the document mask and windows."""
+    B, L = tokens.shape
+    scale = head_dim ** -0.5
+    found = {}
+    for label, t in (("", 0.0), (f", T={cutoff:g}", cutoff)):
+        for name, mode in (("no mask", "none"), ("documents", "eos")):
+            bias = AlibiBias(heads, variant="causal", window_cutoff=t, document_mask=mode)
+            bias.read_tokens(tokens, EOS)
+            call = bias.layer(0).for_call(None, B, L, L, False)
+            found[name + label] = (lambda q, k, v, call=call:
+                                   dispatch.attend("auto", q, k, v, call, scale=scale))
+    return found
+
+
+def attention_table(lengths, doc_lengths, cutoff, corpus, rounds, log=print):
+    """``(shape line, Markdown table, rows as dicts)``."""
+    rows, records = [], []
+    for L in lengths:
+        tokens, pieces = packed_rows(1, L, document_lengths(corpus, *doc_lengths, seed=L))
+        found = attention_cases(tokens, cutoff)
+        q, k, v = (torch.randn(1, 8, L, 64) for _ in range(3))
+        grad = torch.randn(1, 8, L, 64)
+        leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+        for passes, make in (("forward", lambda f: forward_call(f, q, k, v)),
+                             ("fwd+bwd", lambda f: backward_call(f, leaves, grad))):
+            timed = Rounds({n: make(f) for n, f in found.items()}, rounds)
+            speedups = [timed.ratio("no mask", "documents"),
+                        timed.ratio(f"no mask, T={cutoff:g}", f"documents, T={cutoff:g}")]
+            rows.append([L, len(pieces), passes] + [f"{timed.median(n):.3f}" for n in found]
+                        + [f"{s:.2f}" for s in speedups])
+            records.append({"L": L, "documents": pieces, "pass": passes,
+                            "seconds": {n: timed.median(n) for n in found},
+                            "speedup": speedups[0], "speedup_windowed": speedups[1]})
+            log(f"[documents] attention L={L} {passes}: × {speedups[0]:.2f} "
+                f"(T={cutoff:g}: × {speedups[1]:.2f})")
+    shape = (f"B=1, H=8, D=64, float32, causal, documents: {describe(corpus, doc_lengths)}; "
+             f"{rounds} interleaved round(s), median")
+    headers = (["L", "documents in the row", "pass"] + [f"{n} s" for n in found]
+               + ["no mask ÷ documents", f"the same, T={cutoff:g}"])
+    return shape, table(headers, rows), records
+
+
+def describe(corpus, doc_lengths) -> str:
+    return ("WikiText-2 test articles' lengths" if corpus == "wikitext2"
+            else f"uniform {doc_lengths[0]}–{doc_lengths[1]} tokens")
+
+
+def padded_documents(pieces, length: int, vocab: int = 2000, seed: int = 1):
+    """``complete_doc``'s rows for the same documents: each piece its own row (one longer than
+    ``length`` cut into rows of ``length``), right-padded with fairseq's pad (1)."""
+    rows = []
+    for n in pieces:
+        rows += [length] * (n // length) + ([n % length] if n % length else [])
+    generator = torch.Generator().manual_seed(seed)
+    tokens = torch.randint(4, vocab, (len(rows), length + 1), generator=generator)
+    for r, n in enumerate(rows):
+        tokens[r, n:] = 1
+    return tokens, rows
+
+
+def training_sample(tokens, real=None):
+    """A language-modelling sample of the rows ``tokens`` ``(B, L + 1)`` (``real``: each row's
+    real length, the rest padding)."""
+    B, L = tokens.shape[0], tokens.shape[1] - 1
+    real = real or [L] * B
+    target = tokens[:, 1:].clone()
+    for r, n in enumerate(real):
+        target[r, n:] = 1
+    return {"id": torch.arange(B), "nsentences": B, "ntokens": sum(real),
+            "net_input": {"src_tokens": tokens[:, :-1].contiguous(),
+                          "src_lengths": torch.tensor(real)},
+            "target": target}
+
+
+def training_table(lengths, doc_lengths, corpus, rounds, work: Path, log=print,
+                   dims=TRAIN_DIMS, tokens=TRAIN_TOKENS):
+    """``(shape line, Markdown table, rows as dicts)`` of the training step (``dims``: the
+    model's fairseq-train flags; ``tokens``: per batch)."""
+    from benchmarks.trainer import build_trainer, write_dictionary
+
+    data = write_dictionary(str(work / "documents-dict"), 2000 - 4)
+    rows, records = [], []
+    for L in lengths:
+        batch = max(1, tokens // L)
+        tokens, pieces = packed_rows(batch, L + 1, document_lengths(corpus, *doc_lengths,
+                                                                     seed=L))
+        padded, real = padded_documents(pieces, L)
+        samples = {"none": training_sample(tokens), "documents": training_sample(tokens),
+                   "complete_doc": training_sample(padded, real)}
+        trainers = {name: build_trainer(data, "alibi_transformer_lm", L, dims, extra=extra)
+                    for name, extra in (("none", []),
+                                        ("documents", ["--alibi-document-mask", "eos"]),
+                                        ("complete_doc", []))}
+        timed = Rounds({name: (lambda name=name: trainers[name][0].train_step([samples[name]]))
+                        for name in trainers}, rounds)
+        useful = {name: samples[name]["ntokens"] / timed.median(name) for name in trainers}
+        ratio = timed.ratio("none", "documents")
+        # useful tokens per second: the documents' batch is all real tokens
+        versus = statistics_ratio(timed, samples)
+        rows.append([L, batch, len(padded)] + [f"{useful[n]:.0f}" for n in trainers]
+                    + [f"{ratio:.2f}", f"{versus:.2f}"])
+        records.append({"L": L, "rows": batch, "complete_doc_rows": len(padded),
+                        "useful_tokens_per_second": useful, "speedup": ratio,
+                        "versus_complete_doc": versus})
+        log(f"[documents] training L={L}: × {ratio:.2f} the unmasked step, "
+            f"× {versus:.2f} complete_doc's useful tokens/s")
+    shape = (f"fairseq Trainer.train_step, alibi_transformer_lm {' '.join(dims)}, "
+             f"vocabulary 2,000, {tokens} tokens a batch, float32, documents: "
+             f"{describe(corpus, doc_lengths)}; {rounds} interleaved round(s), median")
+    headers = ["L", "rows", "complete_doc rows", "none tokens/s", "documents tokens/s",
+               "complete_doc useful tokens/s", "documents ÷ none (speed)",
+               "documents ÷ complete_doc (useful tokens/s)"]
+    return shape, table(headers, rows), records
+
+
+def statistics_ratio(timed, samples) -> float:
+    """Median over rounds of (documents' useful tokens/s) ÷ (complete_doc's)."""
+    import statistics
+
+    docs, full = samples["documents"]["ntokens"], samples["complete_doc"]["ntokens"]
+    return statistics.median((docs / a) / (full / b) for a, b in
+                             zip(timed.times["documents"], timed.times["complete_doc"]))
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.documents",
+                                     description=__doc__.split("\n\n")[0])
+    parser.add_argument("--tables", default=",".join(TABLES))
+    parser.add_argument("--lengths", default="4096,8192")
+    parser.add_argument("--doc-lengths", default="256,2048")
+    parser.add_argument("--train-lengths", default="512,4096")
+    parser.add_argument("--corpus", choices=CORPORA, default="uniform")
+    parser.add_argument("--cutoff", type=float, default=8.0)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--work", default="outputs/benchmarks/documents")
+    parser.add_argument("--json", default=None)
+    parser.add_argument("--quick", action="store_true",
+                        help="small lengths, one round (a smoke run)")
+    args = parser.parse_args(argv)
+    args.tables = comma_choices(parser, args.tables, TABLES, "--tables")
+    try:
+        args.lengths = [int(x) for x in args.lengths.split(",")]
+        args.train_lengths = [int(x) for x in args.train_lengths.split(",")]
+        args.doc_lengths = tuple(int(x) for x in args.doc_lengths.split(","))
+        if len(args.doc_lengths) != 2 or not 0 < args.doc_lengths[0] <= args.doc_lengths[1]:
+            raise ValueError
+    except ValueError:
+        parser.error("--lengths, --train-lengths: comma-separated whole numbers; "
+                     "--doc-lengths: LOW,HIGH with 0 < LOW <= HIGH")
+    if args.corpus == "wikitext2" and not (WIKITEXT / "wiki.test.tokens").exists():
+        parser.error(f"--corpus wikitext2 needs {WIKITEXT / 'wiki.test.tokens'}")
+    if args.quick:
+        args.lengths, args.train_lengths, args.rounds = [512], [128], 1  # a small model
+        args.doc_lengths = (32, 128)
+    return args
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    torch.set_num_threads(args.threads)
+    report, record = [f"Machine: {machine()}", ""], {"args": vars(args)}
+    if "attention" in args.tables:
+        shape, body, record["attention"] = attention_table(
+            args.lengths, args.doc_lengths, args.cutoff, args.corpus, args.rounds)
+        report += ["## Attention with document masks", "", shape, "", body, ""]
+    if "training" in args.tables:
+        small = dict(dims=QUICK_DIMS, tokens=512) if args.quick else {}
+        shape, body, record["training"] = training_table(
+            args.train_lengths, args.doc_lengths, args.corpus, args.rounds, Path(args.work),
+            **small)
+        report += ["## Training with document masks", "", shape, "", body, ""]
+    print("\n".join(report))
+    if args.json:
+        Path(args.json).write_text(json.dumps(record, indent=2, default=str) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
