@@ -21,6 +21,7 @@ from fairseq_alibi.modules.attention import (
     flash,
     flex,
     tuning,
+    windowed,
 )
 from tests.helpers.checkpoints import load
 from tests.helpers.cli import run_cli
@@ -346,11 +347,26 @@ def test_auto_picks_windowed_exactly_where_the_cost_model_says(variant):
         if variant in ONE_WAY:
             assert (auto_backend(call) == "windowed") == (length >= tuning.FOLD_MIN_LENGTH)
             call = call._replace(global_tokens=2)
-        cost = dispatch.windowed_cost(call.windows, variant, length)
+        cost = dispatch.windowed_cost(call.windows, variant, length,
+                                      global_tokens=call.global_tokens)
         over_budget = 8 * length * length * 4 > tuning.DENSE_MASK_BUDGET
         wanted = over_budget or (length >= tuning.WINDOWED_MIN_LENGTH
                                  and cost <= tuning.WINDOWED_MAX_COST)
         assert (auto_backend(call) == "windowed") == wanted, (length, cutoff, cost)
+
+
+def test_the_cost_model_prices_the_plan_windowed_computes():
+    """A group of several heads whose windows cover the sequence runs as chunks once their one
+    chunk's bias together exceeds tuning.ONE_CHUNK_BYTES: the price follows the group, as the
+    backend does (the plan is the one both read)."""
+    one_way, two_way, whole_way, fixed = tuning.WINDOWED_COST
+    S = 1024
+    covering = ([16] * 6 + [1000] * 2, [16] * 6 + [1000] * 2)
+    groups = windowed.plan(covering, "symmetric", S, S)
+    assert [(g.heads, g.kind) for g in groups] == [((0, 1, 2, 3, 4, 5), "chunks"),
+                                                   ((6, 7), "chunks")]
+    assert dispatch.windowed_cost(covering, "symmetric", S) == pytest.approx(
+        two_way * (6 * 96 + 2 * 2512) / (8 * S) + fixed * 1000 / S)
 
 
 def test_the_cost_model_counts_the_keys_each_head_reads():

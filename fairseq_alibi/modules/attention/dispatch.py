@@ -189,48 +189,34 @@ class Call(NamedTuple):
 ONE_WAY_VARIANTS = ("causal", "one_sided")
 
 
-def windowed_cost(windows, variant: str, length: int, itemsize: int = 4) -> float:
+def windowed_cost(windows, variant: str, length: int, itemsize: int = 4,
+                  global_tokens: int = 0) -> float:
     """The predicted time of :func:`.windowed.attention` ÷ ``sdpa``'s dense windowed bias for a
     whole sequence of ``S = length`` keys, ``H`` heads with ``windows`` ``(back, ahead)``
-    (``None`` = unbounded), as ``.windowed`` computes it over chunks. ``auto`` consults it for
-    the calls it does not send to ``windowed`` by length (:data:`ONE_WAY_VARIANTS`): the
-    bidirectional variants, and global tokens:
+    (``None`` = unbounded): the price of the call's own plan (:func:`.windowed.plan`, what
+    ``windowed`` will compute, on the CPU in ``itemsize`` bytes an element), from the keys
+    each group's queries read (:meth:`.windowed.Group.keys`, ``keys_g``, times its heads):
 
-        (α₁ · Σ_one-way keys_h + α₂ · Σ_two-way keys_h + α₃ · Σ_dense keys_h) / (H·S)
+        (α₁ · Σ_one-way keys_g + α₂ · Σ_two-way keys_g + α₃ · Σ_whole keys_g) / (H·S)
             + β · 1000 / S
 
-    A head whose window and chunk (:func:`.windowed.chunk_size` ``c_h``) leave keys out reads
-    ``keys_h = back_h + c_h + ahead_h`` keys per query, one-way (``back_h`` or ``ahead_h`` 0)
-    or two-way (its chunks hide keys at both ends); one that drops no key runs as the fold,
-    one-way (``keys_h = S``, ``S / 2`` causal: the kernel skips the blocks above the diagonal;
-    ``one_sided`` is not folded here). A *dense* head covers the sequence but drops keys: it
-    runs as one chunk of every query with a ``(T, S)`` bias (``keys_h = S``), kept between
-    calls as ``sdpa``'s memoised one, if it is at most :data:`.tuning.ONE_CHUNK_BYTES` (in
-    ``itemsize`` bytes an element); else as chunks that read ``back_h + c_h + ahead_h`` keys,
-    two-way (some past the sequence's ends). ``β/S``: the chunks' fixed costs. Constants
-    :data:`.tuning.WINDOWED_COST`."""
-    one_way, two_way, dense_way, fixed = tuning.WINDOWED_COST
+    One-way: ``blocks``, ``fold`` and the ``chunks`` of a window on one side; two-way: chunks
+    that hide keys at both ends; whole: one chunk of every query with its ``(T, S)`` bias.
+    ``β/S``: the chunks' fixed costs. ``auto`` consults it for the calls it does not send to
+    ``windowed`` by length (:data:`ONE_WAY_VARIANTS`): the bidirectional variants, and global
+    tokens. Constants :data:`.tuning.WINDOWED_COST`."""
+    one_way, two_way, whole_way, fixed = tuning.WINDOWED_COST
     S = length
-    heads = len(windows[0])
-    one = two = dense = 0.0
-    for back, ahead in zip(*windows):
-        drops_none = ((back is None or back >= S - 1)
-                      and (ahead is None or ahead >= S - 1 or variant == "causal"))
-        back = S - 1 if back is None else min(back, S - 1)
-        ahead = S - 1 if ahead is None else min(ahead, S - 1)
-        chunk = windowed.chunk_size(back, ahead)
-        if chunk < S and back + chunk + ahead < S:
-            if back and ahead:
-                two += back + chunk + ahead
-            else:
-                one += back + chunk + ahead
-        elif drops_none and variant != "one_sided":
-            one += S / 2 if variant == "causal" else S
-        elif S * S * itemsize <= tuning.ONE_CHUNK_BYTES:
-            dense += S
-        else:  # chunks after all, reading keys past the sequence's ends (hidden)
-            two += back + chunk + ahead
-    return (one_way * one + two_way * two + dense_way * dense) / (heads * S) + fixed * 1000 / S
+    weighted = 0.0
+    for group in windowed.plan(windows, variant, S, S, global_tokens, itemsize):
+        keys = group.keys(variant, S) * len(group.heads)
+        if group.kind == "whole":
+            weighted += whole_way * keys
+        elif group.kind == "chunks" and group.back and group.ahead:
+            weighted += two_way * keys
+        else:
+            weighted += one_way * keys
+    return weighted / (len(windows[0]) * S) + fixed * 1000 / S
 
 
 def _dense_mask_bytes(call: Call) -> int:
@@ -252,7 +238,8 @@ def _windowed_choice(call: Call) -> str:
             return "windowed"
         if (call.key_len >= tuning.WINDOWED_MIN_LENGTH
                 and windowed_cost(call.windows, call.variant, call.key_len,
-                                   call.dtype.itemsize) <= tuning.WINDOWED_MAX_COST
+                                  call.dtype.itemsize, call.global_tokens)
+                <= tuning.WINDOWED_MAX_COST
                 and serves("windowed", call)):
             return "windowed"
         return "sdpa"

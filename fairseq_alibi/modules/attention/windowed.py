@@ -15,7 +15,7 @@ With a cutoff ``T`` head ``h`` keeps the keys at ``i - j <= back_h`` and ``j - i
   ``T`` queries over the keys from the first query's reach on (every key of a whole
   sequence; with a KV cache, e.g. a decoding step of ``T = 1``, only the ``back + T`` keys
   ``S - T - back … S - 1``), or, if its window drops no key at all, as the ``fold`` backend
-  where that serves the call (:func:`_folds`);
+  where that serves the call;
 * the others split their ``T`` queries into ``n`` chunks of ``c`` (:func:`chunk_size`); chunk
   ``k``, queries ``s … s+c-1``, reads only the ``R = back + c + ahead`` keys
   ``s-back … s+c-1+ahead``. The chunks are the batch of one fused ``scaled_dot_product_attention``
@@ -33,11 +33,15 @@ With a cutoff ``T`` head ``h`` keeps the keys at ``i - j <= back_h`` and ``j - i
   with bias 0 (every query sees them); the queries among the first ``N`` positions see every
   key (they are exempt from the bias) and are computed as one dense call of their own.
 
+Which group runs how is one function's answer, :func:`plan` (a list of :class:`Group`), which
+``dispatch.windowed_cost`` prices for ``auto``: the executor and the policy read the same plan.
+
 Queries are aligned to the end of the keys (a KV cache), as everywhere. An all-padding row
 stays finite (an output nothing reads), as with the other backends. Autograd runs through the
 fused kernel (float32, float64).
 """
 
+from dataclasses import dataclass
 from typing import List, Optional, Sequence, Tuple
 
 import torch
@@ -218,15 +222,6 @@ def _interior(T, S, back, ahead, chunk) -> Tuple[int, int]:
     return k0 * chunk, min(T, k1 * chunk)
 
 
-def _folds(q, T, S, variant, global_tokens) -> bool:
-    """Whether a group whose window covers every key runs as the ``fold`` backend (no bias
-    tensor, and the causal kernel skips the blocks above the diagonal): what ``fold`` serves
-    (CPU, float32/64, no KV cache, no global tokens), and not ``one_sided``, whose fold splits
-    the heads it is given by direction (a group is any subset of them)."""
-    return (fold.available() and q.device.type == "cpu" and q.dtype in fold.FOLD_DTYPES
-            and T == S and not global_tokens and variant != "one_sided")
-
-
 def _folded(q, k, v, slopes, future_slopes, variant, heads, scale, key_padding_mask):
     """A covering group's output ``(B, len(heads), T, D)`` by :func:`.fold.folded_attention`."""
     idx = torch.as_tensor(heads, device=q.device)
@@ -235,30 +230,102 @@ def _folded(q, k, v, slopes, future_slopes, variant, heads, scale, key_padding_m
                                  scale, key_padding_mask)
 
 
-def _one_way(window, variant, T, S, global_tokens, q, chunk) -> Optional[Tuple[int, bool]]:
-    """``(W, ahead)`` if a group with ``window`` runs as :func:`_banded`: its keys on one side
-    (``causal``, ``one_sided``), a whole sequence with no global tokens on what the fold
-    serves, no chunk size asked for, and a window of :data:`.tuning.BANDED_MIN_WINDOW` or more
-    or of half the sequence or more (one over the whole sequence: the fold itself)."""
-    back, ahead = window
-    if (chunk is not None or T != S or global_tokens or variant not in ("causal", "one_sided")
-            or not fold.available() or q.device.type != "cpu" or q.dtype not in fold.FOLD_DTYPES):
-        return None
-    looks_ahead = variant == "one_sided" and back == 0 and ahead != 0
-    reach = ahead if looks_ahead else back
-    reach = S - 1 if reach is None else min(reach, S - 1)
-    if reach < tuning.BANDED_MIN_WINDOW and 2 * reach < S:
-        return None
-    return reach, looks_ahead
+@dataclass(frozen=True)
+class Group:
+    """How one head group of a call is computed (:func:`plan`): ``kind``
+
+    * ``blocks``: the fold's kernel over blocks (:mod:`.band_fold`), a one-way window of
+      ``reach`` keys (``looks_ahead``: forward);
+    * ``fold``: the ``fold`` backend, the window drops no key;
+    * ``whole``: one chunk of every query, reading the ``back`` keys before the first and
+      every later one (a ``(T, back + T)`` bias);
+    * ``chunks``: chunks of ``size`` queries, each reading ``back`` keys before its first
+      query and ``ahead`` after its last.
+    """
+
+    heads: Tuple[int, ...]
+    window: Tuple[Optional[int], Optional[int]]
+    kind: str
+    back: int = 0
+    ahead: int = 0
+    size: int = 0
+    reach: int = 0
+    looks_ahead: bool = False
+
+    def keys(self, variant: str, length: int) -> float:
+        """About how many keys each query reads, on average over a sequence of ``length``."""
+        if self.kind == "blocks":
+            if self.reach >= length - 1:  # the fold itself: half of them
+                return length / 2
+            return self.reach + band_fold.block_size(self.reach, length)
+        if self.kind == "fold":
+            return length / 2 if variant == "causal" else length
+        return self.back + self.size + self.ahead
 
 
-def _banded(q, k, v, slopes, heads, one_way, scale, key_padding_mask):
-    """A one-way group's output ``(B, len(heads), T, D)`` by
+def plan(windows, variant: str, query_len: int, key_len: int, global_tokens: int = 0,
+         itemsize: int = 4, folds: bool = True, chunk: Optional[int] = None) -> List[Group]:
+    """The head groups of a call with ``windows`` ``(back, ahead)`` per head and how each is
+    computed (a :class:`Group`): heads with the same windows (those that reach past every key:
+    unbounded) form a group;
+
+    * a group that looks one way (``causal``, ``one_sided``) over a whole sequence with no
+      global tokens, where the fold serves the call (``folds``: CPU, float32/64), with a window
+      of half the sequence or more or of :data:`.tuning.BANDED_MIN_WINDOW` keys or more, runs
+      as ``blocks``;
+    * one whose chunk would hold every query, or whose chunks would read about every key anyway
+      while its one-chunk bias stays within :data:`.tuning.ONE_CHUNK_BYTES` (``itemsize``
+      bytes an element) or its window drops no key, runs ``whole``, or as the ``fold`` if its
+      window drops no key of a whole sequence with no global tokens where the fold serves the
+      call (not ``one_sided``, whose fold splits the heads it is given by direction);
+    * the others run as ``chunks`` of :func:`chunk_size` queries (``chunk``: a size asked
+      for, which also keeps groups off the blocks).
+
+    :func:`attention` computes this plan and ``dispatch.windowed_cost`` prices it.
+    """
+    T, S = query_len, key_len
+    first = S - T
+    found = []
+    for window, heads in _groups(_within(windows, T, S)).items():
+        heads = tuple(heads)
+        back, ahead = window
+        looks_ahead = variant == "one_sided" and back == 0 and ahead != 0
+        reach = ahead if looks_ahead else back
+        reach = S - 1 if reach is None else min(reach, S - 1)
+        if (chunk is None and T == S and not global_tokens and folds
+                and variant in ("causal", "one_sided")
+                and (reach >= tuning.BANDED_MIN_WINDOW or 2 * reach >= S)):
+            found.append(Group(heads, window, "blocks", reach=reach, looks_ahead=looks_ahead))
+            continue
+        # the reach the sequence allows: past keys down to 0, future ones up to S - 1
+        back = first + T - 1 if window[0] is None else min(window[0], first + T - 1)
+        ahead = T - 1 if window[1] is None else min(window[1], T - 1)
+        size = chunk or chunk_size(back, ahead)
+        drops_none = ((window[0] is None or window[0] >= S - 1) and
+                      (window[1] is None or window[1] >= T - 1 or variant == "causal"))
+        # one chunk of every query where a chunk would hold them all, or where the chunks
+        # would read about every key anyway and the one chunk's (H_g, T, reach) bias is small
+        # (a large one held several times the memory of dense attention, and, built again
+        # whenever it could not be kept, more time than the chunks' small biases)
+        whole = len(heads) * T * (min(back, first) + T + global_tokens) * itemsize
+        if size >= T or (back + size + ahead >= S
+                         and (drops_none or whole <= tuning.ONE_CHUNK_BYTES)):
+            if (drops_none and folds and T == S and not global_tokens
+                    and variant != "one_sided"):
+                found.append(Group(heads, window, "fold"))
+            else:  # the keys from the first query's reach on
+                found.append(Group(heads, window, "whole", back=min(back, first), size=T))
+            continue
+        found.append(Group(heads, window, "chunks", back=back, ahead=ahead, size=size))
+    return found
+
+
+def _banded(q, k, v, slopes, group: Group, scale, key_padding_mask):
+    """A ``blocks`` group's output ``(B, len(heads), T, D)`` by
     :func:`.band_fold.banded_attention`."""
-    idx = _heads_index(heads, q.device)
-    window, ahead = one_way
-    return band_fold.banded_attention(q[:, idx], k[:, idx], v[:, idx], slopes[idx], window,
-                                      scale, key_padding_mask, ahead)
+    idx = _heads_index(list(group.heads), q.device)
+    return band_fold.banded_attention(q[:, idx], k[:, idx], v[:, idx], slopes[idx],
+                                      group.reach, scale, key_padding_mask, group.looks_ahead)
 
 
 def _global_queries(q, k, v, visible, slopes, future_slopes, variant, global_tokens, scale):
@@ -299,38 +366,22 @@ def attention(q: Tensor, k: Tensor, v: Tensor, slopes: Tensor, future_slopes: Op
     visible = (torch.ones(B, S, dtype=torch.bool, device=q.device) if key_padding_mask is None
                else ~key_padding_mask.to(q.device, torch.bool))
     first = S - T
+    folds = fold.available() and q.device.type == "cpu" and q.dtype in fold.FOLD_DTYPES
     outs: List[Tensor] = []
     order: List[int] = []
-    for window, heads in _groups(_within(windows, T, S)).items():
-        one_way = _one_way(window, variant, T, S, global_tokens, q, chunk)
-        if one_way is not None:  # no bias tensor: the fold's kernel over blocks
-            outs.append(_banded(q, k, v, slopes, heads, one_way, scale, key_padding_mask))
-            order += heads
+    for group in plan(windows, variant, T, S, global_tokens, q.element_size(), folds, chunk):
+        heads = list(group.heads)
+        order += heads
+        if group.kind == "blocks":  # no bias tensor: the fold's kernel over blocks
+            outs.append(_banded(q, k, v, slopes, group, scale, key_padding_mask))
             continue
-        # the reach the sequence allows: past keys down to 0, future ones up to S - 1
-        back = first + T - 1 if window[0] is None else min(window[0], first + T - 1)
-        ahead = T - 1 if window[1] is None else min(window[1], T - 1)
-        size = chunk or chunk_size(back, ahead)
-        drops_none = ((window[0] is None or window[0] >= S - 1) and
-                      (window[1] is None or window[1] >= T - 1 or variant == "causal"))
-        # one chunk of every query where a chunk would hold them all, or where the chunks
-        # would read about every key anyway and the one chunk's (H_g, T, reach) bias is small
-        # (a large one held several times the memory of dense attention, and, built again
-        # whenever it could not be kept, more time than the chunks' small biases)
-        whole = len(heads) * T * (min(back, first) + T + global_tokens) * q.element_size()
-        if size >= T or (back + size + ahead >= S
-                         and (drops_none or whole <= tuning.ONE_CHUNK_BYTES)):
-            # it reads the keys from the first query's reach on (every key of a whole
-            # sequence; of a KV cache, e.g. a decoding step, only the group's window)
-            size, back, ahead = T, min(back, first), 0
-            if drops_none and _folds(q, T, S, variant, global_tokens):
-                outs.append(_folded(q, k, v, slopes, future_slopes, variant, heads, scale,
-                                    key_padding_mask))
-                order += heads
-                continue
-        args = (q, k, v, visible, slopes, future_slopes, variant, heads, window, back,
-                ahead, size, global_tokens, scale)
-        t0, t1 = _interior(T, S, back, ahead, size)
+        if group.kind == "fold":
+            outs.append(_folded(q, k, v, slopes, future_slopes, variant, heads, scale,
+                                key_padding_mask))
+            continue
+        args = (q, k, v, visible, slopes, future_slopes, variant, heads, group.window,
+                group.back, group.ahead, group.size, global_tokens, scale)
+        t0, t1 = _interior(T, S, group.back, group.ahead, group.size)
         if key_padding_mask is None and not global_tokens and t0 < t1:
             # the chunks that read only real keys need no hiding column (a smaller head size)
             parts = [_band(*args, rows=(t0, t1), hide=False)]
@@ -341,7 +392,6 @@ def attention(q: Tensor, k: Tensor, v: Tensor, slopes: Tensor, future_slopes: Op
             outs.append(torch.cat(parts, dim=2) if len(parts) > 1 else parts[0])
         else:
             outs.append(_band(*args, rows=(0, T)))
-        order += heads
     out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)
     if order != list(range(H)):
         out = out[:, torch.as_tensor(order).argsort()]
