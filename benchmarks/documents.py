@@ -173,15 +173,15 @@ def training_sample(tokens, real=None):
 
 
 def training_table(lengths, doc_lengths, corpus, rounds, work: Path, log=print,
-                   dims=TRAIN_DIMS, tokens=TRAIN_TOKENS):
+                   dims=TRAIN_DIMS, batch_tokens=TRAIN_TOKENS):
     """``(shape line, Markdown table, rows as dicts)`` of the training step (``dims``: the
-    model's fairseq-train flags; ``tokens``: per batch)."""
+    model's fairseq-train flags; ``batch_tokens``: per batch)."""
     from benchmarks.trainer import build_trainer, write_dictionary
 
     data = write_dictionary(str(work / "documents-dict"), 2000 - 4)
     rows, records = [], []
     for L in lengths:
-        batch = max(1, tokens // L)
+        batch = max(1, batch_tokens // L)
         tokens, pieces = packed_rows(batch, L + 1, document_lengths(corpus, *doc_lengths,
                                                                      seed=L))
         padded, real = padded_documents(pieces, L)
@@ -205,7 +205,7 @@ def training_table(lengths, doc_lengths, corpus, rounds, work: Path, log=print,
         log(f"[documents] training L={L}: × {ratio:.2f} the unmasked step, "
             f"× {versus:.2f} complete_doc's useful tokens/s")
     shape = (f"fairseq Trainer.train_step, alibi_transformer_lm {' '.join(dims)}, "
-             f"vocabulary 2,000, {tokens} tokens a batch, float32, documents: "
+             f"vocabulary 2,000, {batch_tokens} tokens a batch, float32, documents: "
              f"{describe(corpus, doc_lengths)}; {rounds} interleaved round(s), median")
     headers = ["L", "rows", "complete_doc rows", "none tokens/s", "documents tokens/s",
                "complete_doc useful tokens/s", "documents ÷ none (speed)",
@@ -265,7 +265,7 @@ def main(argv=None):
             args.lengths, args.doc_lengths, args.cutoff, args.corpus, args.rounds)
         report += ["## Attention with document masks", "", shape, "", body, ""]
     if "training" in args.tables:
-        small = dict(dims=QUICK_DIMS, tokens=512) if args.quick else {}
+        small = dict(dims=QUICK_DIMS, batch_tokens=512) if args.quick else {}
         shape, body, record["training"] = training_table(
             args.train_lengths, args.doc_lengths, args.corpus, args.rounds, Path(args.work),
             **small)
