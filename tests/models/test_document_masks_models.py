@@ -84,6 +84,16 @@ def test_an_encoder_document_in_a_packed_row_computes_what_it_computes_alone(dat
     torch.testing.assert_close(together, by_itself, rtol=1e-5, atol=1e-5)
 
 
+def test_a_model_saved_with_a_document_mask_loads_with_it(data, tmp_path):
+    from tests.helpers.checkpoints import saved_in_process
+    from tests.helpers.training import MODELS
+
+    path = saved_in_process(tmp_path / "checkpoint.pt", data, *MODELS["lm"],
+                            "--alibi-document-mask", "doc")
+    loaded = checkpoint_utils.load_model_ensemble([str(path)], arg_overrides={"data": str(data)})
+    assert loaded[0][0].decoder.alibi.document_mask == "doc"
+
+
 def test_checkpoints_saved_before_the_option_load_without_it_and_take_the_override():
     path = str(FIXTURES / "lm_fixed_slopes" / "checkpoint.pt")
     old = checkpoint_utils.load_model_ensemble([path], arg_overrides={"data": str(FIXTURES)})
