@@ -50,6 +50,19 @@ def build_from_command_line(data, *args):
     return task.build_model(cfg.model), task
 
 
+def build_tiny_translation(folder, *flags):
+    """An untrained 1-layer ``alibi_transformer`` (dimension 16, 4 heads) built in this process
+    from fairseq-train ``flags``, on ``folder``'s ``dict.txt`` as both sides' dictionary."""
+    for side in ("src", "tgt"):
+        (Path(folder) / f"dict.{side}.txt").write_text((Path(folder) / "dict.txt").read_text())
+    cfg, task = setup_from_command_line(
+        folder, "--task", "translation", "-s", "src", "-t", "tgt", "--arch", "alibi_transformer",
+        "--encoder-layers", 1, "--decoder-layers", 1, "--encoder-embed-dim", 16,
+        "--decoder-embed-dim", 16, "--encoder-attention-heads", 4,
+        "--decoder-attention-heads", 4, *flags)
+    return task.build_model(cfg.model)
+
+
 def build_model(model, data, *extra):
     """``(model, task)`` of ``model`` ("lm" or "encoder") built in this process, as fairseq-train
     would from the same flags (``extra`` overrides them, e.g. ``--alibi-variant symmetric``)."""

@@ -116,18 +116,11 @@ def test_a_misspelt_or_unknown_document_mask_is_a_one_line_error(data):
 
 
 def test_a_side_without_alibi_self_attention_refuses_a_document_mask(data):
-    from tests.helpers.building import setup_from_command_line
+    from tests.helpers.building import build_tiny_translation
 
-    for side in ("src", "tgt"):
-        (data / f"dict.{side}.txt").write_text((data / "dict.txt").read_text())
-    cfg, task = setup_from_command_line(
-        data, "--task", "translation", "-s", "src", "-t", "tgt", "--arch", "alibi_transformer",
-        "--encoder-layers", 1, "--decoder-layers", 1, "--encoder-embed-dim", 16,
-        "--decoder-embed-dim", 16, "--encoder-attention-heads", 4,
-        "--decoder-attention-heads", 4, "--decoder-alibi-variant", "none",
-        "--decoder-alibi-document-mask", "eos")
     with pytest.raises(ValueError) as raised:
-        task.build_model(cfg.model)
+        build_tiny_translation(data, "--decoder-alibi-variant", "none",
+                               "--decoder-alibi-document-mask", "eos")
     assert str(raised.value) == (
         "--decoder-alibi-document-mask needs --decoder-alibi-variant causal, not none: it masks "
         "this side's ALiBi self-attention")

@@ -11,7 +11,7 @@ from fairseq import checkpoint_utils
 from fairseq_alibi import options
 from fairseq_alibi.config_access import cfg_get
 from tests.helpers.building import (build_model, compose, decode_token_by_token,
-                                    setup_from_command_line, write_dictionary)
+                                    build_tiny_translation, write_dictionary)
 from tests.helpers.checkpoints import saved_by_trainer as save
 from tests.helpers.cli import REPO
 from tests.helpers.training import COMMON, MODELS
@@ -43,16 +43,9 @@ def test_every_family_and_side_with_a_distance_bias_has_the_flag(data, tmp_path)
     assert lm.decoder.alibi.window_cutoff == 8.0
     encoder, _ = build_model("encoder", data, "--alibi-window-cutoff", 4.5)
     assert encoder.encoder.sentence_encoder.alibi.window_cutoff == 4.5
-    pair = write_dictionary(tmp_path / "pair", 20)
-    for side in ("src", "tgt"):
-        (pair / f"dict.{side}.txt").write_text((pair / "dict.txt").read_text())
-    cfg, task = setup_from_command_line(
-        pair, "--task", "translation", "-s", "src", "-t", "tgt", "--arch", "alibi_transformer",
-        "--encoder-layers", 1, "--decoder-layers", 1, "--encoder-embed-dim", 16,
-        "--decoder-embed-dim", 16, "--encoder-attention-heads", 4,
-        "--decoder-attention-heads", 4, "--encoder-alibi-window-cutoff", 6,
-        "--decoder-alibi-window-cutoff", 2)
-    mt = task.build_model(cfg.model)
+    mt = build_tiny_translation(write_dictionary(tmp_path / "pair", 20),
+                                "--encoder-alibi-window-cutoff", 6,
+                                "--decoder-alibi-window-cutoff", 2)
     assert (mt.encoder.alibi.window_cutoff, mt.decoder.alibi.window_cutoff) == (6.0, 2.0)
     assert options.default_of("window_cutoff") == 0.0
     assert lm.decoder.alibi.layer(0).windowed and not build_model(

@@ -8,7 +8,7 @@ import pytest
 from fairseq import checkpoint_utils
 
 from fairseq_alibi import options
-from tests.helpers.building import setup_from_command_line, write_dictionary
+from tests.helpers.building import build_tiny_translation, write_dictionary
 from tests.helpers.cli import REPO
 
 FIXTURES = REPO / "tests" / "fixtures" / "saved_models"
@@ -26,12 +26,7 @@ def pair(tmp_path_factory):
 
 
 def build_translation(pair, *flags):
-    cfg, task = setup_from_command_line(
-        pair, "--task", "translation", "-s", "src", "-t", "tgt", "--arch", "alibi_transformer",
-        "--encoder-layers", 1, "--decoder-layers", 1, "--encoder-embed-dim", 16,
-        "--decoder-embed-dim", 16, "--encoder-attention-heads", 4,
-        "--decoder-attention-heads", 4, *flags)
-    return task.build_model(cfg.model)
+    return build_tiny_translation(pair, *flags)
 
 
 def one_line(raised) -> str:
