@@ -31,7 +31,7 @@ setup(
         # a working fairseq for Python 3.11; skip this extra if you already have fairseq
         "fairseq": ["fairseq-fixed==0.12.3.1"],
         "examples": ["sentencepiece", "matplotlib", "tqdm", "zstandard"],
-        "test": ["pytest", "sentencepiece", "matplotlib", "tqdm", "zstandard"],
+        "test": ["pytest", "pytest-xdist", "sentencepiece", "matplotlib", "tqdm", "zstandard"],
         # export-hf / import-hf (docs/huggingface.md); the package imports them only there
         "hf": ["transformers==5.24.0", "tokenizers==0.23.3", "safetensors==0.8.0",
                "protobuf==7.36.2"],  # protobuf: reading a sentencepiece model (--bpe sentencepiece)

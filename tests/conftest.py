@@ -1,7 +1,18 @@
 """Session-wide fixtures: tiny corpora written by the tests, and a tiny LM trained on one (helpers
 are in ``tests/helpers/``)."""
 
+import os
+
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # tests/run.sh runs one worker per core: each worker, and each tool a test starts, gets one
+    # thread, so that two workers do not fight over the same cores
+    os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = "1"
+
 import pytest
+import torch
+
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    torch.set_num_threads(1)
 
 from tests.helpers.cli import preprocess, user_dir
 from tests.helpers.corpora import write_tiny_corpus

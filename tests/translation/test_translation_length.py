@@ -322,26 +322,37 @@ def ts_label(name="STEP4_LABEL"):
     return getattr(ts, name)
 
 
+GETTEXT = bool(list(Path("/usr/share/locale/fr/LC_MESSAGES").glob("*.mo")))
+
+
 @pytest.mark.slow
-def test_select_smoke_chooses_on_validation_and_reads_the_test_once(tmp_path):
+def test_select_smoke_chooses_on_validation_reads_the_test_once_and_confirms(tmp_path):
+    """The whole selection in one run: every candidate decoded on validation, the test read
+    only for the choices and the baselines, restoration's own decode-time scale, everything
+    reused by --from-logs; with gettext catalogs installed (the recipe's corpus), step 7 too: the
+    final setting and alibi trained again without a second test split, disjoint from
+    everything the selection read, decoded on it once."""
+    corpus = "gettext" if GETTEXT else "restoration"
     out, docs = tmp_path / "select", tmp_path / "docs"
     docs.mkdir()
     proc = subprocess.run([sys.executable, "-m", "experiments.translation_length", "--select",
-                           "--smoke", "--out", str(out), "--jobs", "2", "--docs", str(docs)],
-                          capture_output=True, text=True, timeout=900, cwd=str(REPO),
+                           "--smoke", "--corpus", corpus, "--out", str(out), "--jobs", "2",
+                           "--docs", str(docs)],
+                          capture_output=True, text=True, timeout=1200, cwd=str(REPO),
                           env=dict(os.environ, OMP_NUM_THREADS="1"))
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
     saved = json.loads((out / "selection.json").read_text())
     assert saved["complete"] and saved["choice"]["flags"].startswith("--cross-alibi pointer")
     assert saved["ranked_scales"] and saved["large_scales"] == saved["ranked_scales"][:1]
-    runs = out / "runs" / "restoration"
+    runs = out / "runs" / corpus
     # every candidate decoded on validation, and step 4's choice at the decode-time scale;
     # the test read only for the choices and the baselines
     valid_logs = sorted(runs.glob("*/*/seed1/valid/*.log"))
     # (pointers x decodings + baselines) x 2 sizes, + 1 decode-time scale x 2 sizes
     assert len(valid_logs) == 2 * 2 + 2 + 2 * 2 + 2 + 2
-    # (smoke: N = 8, the gate at 9 tokens)
+    # every decode-time scale of step 5 was gated at the training length (smoke: N = 8)
     assert len([p for p in valid_logs if p.stem.endswith("_decode_x32_over9")]) == 2
+    assert all(p.stem.endswith("_over9") for p in valid_logs if "_decode_x" in p.stem)
     step4 = {size: tuple(at) for size, at in saved["step4_choice"]["runs"].items()}
     chosen = {size: tuple(at) for size, at in saved["choice"]["runs"].items()}
     assert all(chosen[s][0] == step4[s][0] for s in chosen)  # the same checkpoints
@@ -364,57 +375,39 @@ def test_select_smoke_chooses_on_validation_and_reads_the_test_once(tmp_path):
     assert "## The rule" in report and "Chosen: **slope scale" in report
     assert "## The goals, per size and seed" in report
     assert "## The decode-time slope scale (step 5)" in report
+    if GETTEXT:
+        confirmed = out / "runs" / "gettext_confirmation"
+        for size in ("small", "large"):
+            assert set(saved["confirmation"][size]) == {"chosen", "alibi"}
+            logs = {(p.parts[-4], p.stem) for p in (confirmed / size).glob("*/seed1/test/*.log")}
+            assert logs == {chosen[size], ("alibi", "plain")}
+            assert not list((confirmed / size).glob("*/seed1/valid"))
+
+        def pairs(name, *splits):
+            text = out / "data" / name / "plain" / "bin"
+            return {pair for split in splits for pair in zip(
+                (text / f"{split}.fr").read_text().splitlines(),
+                (text / f"{split}.en").read_text().splitlines())}
+
+        fresh = pairs("gettext_confirmation", "test")
+        assert fresh and not fresh & pairs("gettext", "test", "valid")
+        assert not fresh & pairs("gettext_confirmation", "train")
+        report = (out / "selection.md").read_text()
+        assert "## Confirmation, small size: a fresh test split, read once (step 7)" in report
+        assert "## The goals on the confirmation split" in report
+        assert (out / "test_gettext_confirmation_large.csv").is_file()
+        differences = saved["in_range_differences"]
+        assert set(differences) == {f"{split} {size}" for split in ("test", "confirmation")
+                                    for size in ("small", "large")}
+        assert all(low <= high for _, low, high, _ in differences.values())
+        assert "95 % paired bootstrap interval" in report
     # everything is reused: scoring again trains and decodes nothing
     again = subprocess.run([sys.executable, "-m", "experiments.translation_length", "--select",
-                            "--smoke", "--out", str(out), "--from-logs"],
+                            "--smoke", "--corpus", corpus, "--out", str(out), "--from-logs"],
                            capture_output=True, text=True, timeout=300, cwd=str(REPO))
     assert again.returncode == 0, again.stderr[-3000:]
     assert "trained in" not in again.stdout and "translated all" not in again.stdout
     assert json.loads((out / "selection.json").read_text())["choice"] == saved["choice"]
-
-
-@pytest.mark.slow
-@pytest.mark.skipif(not list(Path("/usr/share/locale/fr/LC_MESSAGES").glob("*.mo")),
-                    reason="no French gettext catalogs installed")
-def test_select_smoke_on_gettext_confirms_on_a_fresh_test_split(tmp_path):
-    """Step 7 (gettext only): the final setting and alibi trained again without a second test
-    split, disjoint from everything the selection read, decoded on it once."""
-    out = tmp_path / "select"
-    proc = subprocess.run([sys.executable, "-m", "experiments.translation_length", "--select",
-                           "--smoke", "--corpus", "gettext", "--out", str(out), "--jobs", "2"],
-                          capture_output=True, text=True, timeout=900, cwd=str(REPO),
-                          env=dict(os.environ, OMP_NUM_THREADS="1"))
-    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
-    saved = json.loads((out / "selection.json").read_text())
-    chosen = {size: tuple(at) for size, at in saved["choice"]["runs"].items()}
-    confirmed = out / "runs" / "gettext_confirmation"
-    for size in ("small", "large"):
-        assert set(saved["confirmation"][size]) == {"chosen", "alibi"}
-        logs = {(p.parts[-4], p.stem) for p in (confirmed / size).glob("*/seed1/test/*.log")}
-        assert logs == {chosen[size], ("alibi", "plain")}
-        assert not list((confirmed / size).glob("*/seed1/valid"))
-    # every decode-time scale of step 5 was gated at the training length (smoke: N = 8)
-    assert all(p.stem.endswith("_over9")
-               for p in (out / "runs" / "gettext").glob("*/*/seed1/valid/*_decode_x*.log"))
-
-    def pairs(name, *splits):
-        text = out / "data" / name / "plain" / "bin"
-        return {pair for split in splits for pair in zip(
-            (text / f"{split}.fr").read_text().splitlines(),
-            (text / f"{split}.en").read_text().splitlines())}
-
-    fresh = pairs("gettext_confirmation", "test")
-    assert fresh and not fresh & pairs("gettext", "test", "valid")
-    assert not fresh & pairs("gettext_confirmation", "train")
-    report = (out / "selection.md").read_text()
-    assert "## Confirmation, small size: a fresh test split, read once (step 7)" in report
-    assert "## The goals on the confirmation split" in report
-    assert (out / "test_gettext_confirmation_large.csv").is_file()
-    differences = saved["in_range_differences"]
-    assert set(differences) == {f"{split} {size}" for split in ("test", "confirmation")
-                                for size in ("small", "large")}
-    assert all(low <= high for _, low, high, _ in differences.values())
-    assert "95 % paired bootstrap interval" in report
 
 
 def test_the_in_range_difference_and_its_paired_bootstrap(tmp_path):
