@@ -138,3 +138,24 @@ def test_quick_run_of_the_document_mask_tables(tmp_path, capsys):
     assert set(training["useful_tokens_per_second"]) == {"none", "documents", "complete_doc"}
     with pytest.raises(SystemExit):
         documents.main(["--doc-lengths", "9,3"])
+
+
+def test_quick_run_of_the_end_to_end_table(tmp_path, capsys):
+    """benchmarks/end_to_end.py: training and scoring in the four settings and with the attention
+    stubbed out (its share), every figure a measured positive number."""
+    import json
+
+    from benchmarks import end_to_end
+
+    records = tmp_path / "end_to_end.json"
+    assert end_to_end.main(["--quick", "--work", str(tmp_path), "--json", str(records)]) == 0
+    text = capsys.readouterr().out
+    assert "| documents + windows |" in text and "the attention is" in text
+    found = json.loads(records.read_text())
+    for part in ("training", "scoring"):
+        assert set(found[part]["tokens_per_second"]) == {
+            "dense", "windows", "documents", "documents + windows", "attention stubbed"}
+        assert all(v > 0 for v in found[part]["tokens_per_second"].values())
+    assert found["training"]["tokens"] == 128 and found["scoring"]["tokens"] == 256
+    with pytest.raises(SystemExit):
+        end_to_end.main(["--cutoff", "0"])
