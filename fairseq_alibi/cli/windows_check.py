@@ -1,6 +1,6 @@
 """``fairseq-alibi windows``: the check before turning slope windows on, on your own model.
 
-    fairseq-alibi windows CKPT DATA [--gen-subset valid] [--tokens N] [--lengths L1,L2,...]
+    fairseq-alibi windows CKPT DATA [--gen-subset valid] [--lengths L1,L2,...] [--tokens N]
         [--cutoffs 4,6,8,12,16] [--sinks 0,4] [--tolerance 0.1] [--sink-mass 0.05]
         [--seed 1] [--out DIR] [--cpu]
 
@@ -10,34 +10,49 @@ holds against a key at distance 0 *with the same logit*, not against the keys a 
 head that learned an attention sink (most of its weight on the first tokens, whatever the
 distance) loses that weight under windows. This tool measures, on a causal ALiBi language
 model (``alibi_transformer_lm`` and the ``alibi_<arch>`` mirrors) and a binarized
-``language_modeling`` folder, what each cutoff would change:
+``language_modeling`` folder, what the cutoffs would change, at the cost of the few sequences
+its verdict needs:
 
-* ``--tokens N`` tokens of split ``--gen-subset`` (read as one stream, as ``fairseq-alibi
-  eval-lm-stream`` reads it) at each length of ``--lengths`` (default: the checkpoint's
-  training ``tokens_per_sample`` times 1, 4, 16), as ``ceil(N / L)`` sequences of ``L``
-  tokens whose start offsets are drawn uniformly (``--seed``; the same every run);
-* per layer and head (both counted from 0) and per ``T``: the slope, ``W_h``, and the dense
-  model's attention probabilities ``p[i, j]`` (its own, asked with ``need_head_weights``
-  through forward hooks, one sequence at a time) summed over the keys beyond the window,
-  ``beyond_i = sum_{j < i - W_h} p[i, j]``: mean, 99th percentile and max over the queries
-  that have such keys (``i > W_h``), and, for each ``S`` of ``--sinks``, the share of that
-  mass on the first ``S`` positions of the sequence. A head whose mean mass beyond its window
-  on the first ``max(--sinks)`` positions is at least ``--sink-mass`` is a *sink head*
-  (``layer L head h``; ``--sinks 0`` alone turns this off);
-* per ``T``: the perplexity of the sampled tokens with the cutoff (the checkpoint loaded with
-  the load-time override ``{'alibi_window_cutoff': T}``, as ``--model-overrides`` gives it)
-  against dense (loaded with the cutoff off), at each length; the attention saved, *computed*
-  from the windows (the share of the score entries ``(i, j)``, ``j <= i``, beyond them: what a
-  windowed backend does not compute or hold; not timed, the backends' timings are in
-  docs/benchmarks.md), and the keys a decoding cache keeps (``max_h W_h``).
+* **perplexity, per cutoff, as few tokens as the verdict needs.** The cutoffs of ``--cutoffs``
+  are tried in increasing order, and the first that passes is the verdict: the later ones are
+  not evaluated. A cutoff is scored with the checkpoint loaded with the load-time override
+  ``{'alibi_window_cutoff': T}`` (what ``--model-overrides`` gives), against the checkpoint
+  with the cutoff off, on the same sequences of split ``--gen-subset`` (read as one stream, as
+  ``fairseq-alibi eval-lm-stream`` reads it) at each length of ``--lengths`` (default: the
+  checkpoint's training ``tokens_per_sample`` times :data:`DEFAULT_MULTIPLE`, at most the
+  split), longest first. The sequences start at offsets drawn uniformly without repeats
+  (``--seed``; the same every run) and are scored one at a time, each adding its per-token
+  changes of the negative log-likelihood, until the **stopping rule** decides: with ``Δ`` the
+  perplexity change (percent of dense, on the tokens scored so far) and ``σ`` its standard
+  error (the per-token changes' means over blocks of :data:`BLOCK` tokens, at least
+  :data:`MIN_BLOCKS` blocks), the cutoff is *within* at that length when
+  ``|Δ| + Z·σ <= --tolerance`` (``Z`` = :data:`Z`), *beyond* when ``|Δ| - Z·σ > --tolerance``,
+  and otherwise one more sequence is scored, up to ``--tokens`` tokens (default:
+  :data:`DEFAULT_TOKENS`, at most the split's, in whole sequences); still undecided there, it is not within (*undecided*: more
+  ``--tokens`` may decide it). A cutoff passes when it is within at every length.
+* **the attention mass beyond each window**, per layer and head (both counted from 0) and per
+  ``T``: the dense model's attention probabilities ``p[i, j]`` (its own, asked with
+  ``need_head_weights`` through forward hooks, one sequence at a time) summed over the keys
+  beyond the window, ``beyond_i = sum_{j < i - W_h} p[i, j]``: mean, 99th percentile and max
+  over the queries that have such keys (``i > W_h``), and, for each ``S`` of ``--sinks``, the
+  share of that mass on the first ``S`` positions of the sequence. Explicit weights cost
+  ``L²`` per head, so they are asked on their own sample, :data:`MASS_TOKENS` tokens in
+  sequences of ``min(shortest length, MASS_LENGTH)`` (:data:`MASS_LENGTH`): a head whose
+  window is that long or longer has no key beyond it there (the perplexity, at every length,
+  still counts it). A head whose mean mass beyond its window on the first ``max(--sinks)``
+  positions is at least ``--sink-mass`` is a *sink head* (``layer L head h``; ``--sinks 0``
+  alone turns this off);
+* per ``T``, computed from the windows: the attention saved (the share of the score entries
+  ``(i, j)``, ``j <= i``, beyond them: what a windowed backend does not compute or hold; not
+  timed, the backends' timings are in docs/benchmarks.md) and the keys a decoding cache keeps
+  (``max_h W_h``).
 
 Outputs: a table on stdout, ``windows.md``, ``windows_heads.csv`` (a row per layer, head and
-``T``), ``windows_cutoffs.csv`` (a row per ``T``) and ``windows.png`` (mass beyond the window by
-head and ``T``; needs matplotlib) in ``--out``. The last line of stdout is the verdict:
-``recommended: --alibi-window-cutoff T`` (the smallest ``T`` of ``--cutoffs`` whose perplexity
-changes by at most ``--tolerance`` percent at every length and that leaves no sink head) or
-``not recommended: <reason>``. Bad input is one line naming the argument, exit status 2. The
-checkpoint is only read.
+``T``), ``windows_cutoffs.csv`` (a row per cutoff evaluated, and one per ``T`` not evaluated) and
+``windows.png`` (mass beyond the window by head and ``T``; needs matplotlib) in ``--out``. The
+last line of stdout is the verdict: ``recommended: --alibi-window-cutoff T`` (the smallest ``T``
+of ``--cutoffs`` that passes and leaves no sink head) or ``not recommended: <reason>``. Bad
+input is one line naming the argument, exit status 2. The checkpoint is only read.
 """
 
 import argparse
@@ -47,21 +62,31 @@ import csv
 import math
 import os
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
 from fairseq_alibi.error_hints import OneLineError
 
 PROG = "fairseq-alibi windows"
-DEFAULT_TOKENS = 4096
 DEFAULT_CUTOFFS = (4.0, 6.0, 8.0, 12.0, 16.0)
 DEFAULT_SINKS = (0, 4)
 #: percent of dense perplexity (docs/benchmarks.md's goal for T)
 DEFAULT_TOLERANCE = 0.1
 DEFAULT_SINK_MASS = 0.05
-#: --lengths by default: the training length times these
-DEFAULT_MULTIPLES = (1, 4, 16)
+#: --lengths by default: the training length times this (at most the split's tokens)
+DEFAULT_MULTIPLE = 16
+#: --tokens by default (at most the split's tokens): the count at which the verdict was the same
+#: as with twice as many for every seed tried (docs/benchmarks.md, "Before you turn windows on")
+DEFAULT_TOKENS = 16384
+#: the stopping rule: |Δ| ± Z σ against the tolerance; σ from blocks of BLOCK tokens (or fewer
+#: tokens, so that there are at least MIN_BLOCKS blocks)
+Z = 2.0
+BLOCK = 256
+MIN_BLOCKS = 16
+#: the attention mass's own sample: this many tokens, in sequences of at most MASS_LENGTH
+MASS_TOKENS = 1024
+MASS_LENGTH = 1024
 DEFAULT_OUT = os.path.join("outputs", "windows")
 #: queries whose running sums over the keys are held at once (memory: this times L doubles)
 QUERY_CHUNK = 512
@@ -104,25 +129,29 @@ def _list_of(kind, rule: str, ok):
 def build_parser() -> argparse.ArgumentParser:
     finite = math.isfinite
     parser = _Parser(prog=PROG, description=(
-        "The check before --alibi-window-cutoff T: per layer and head, the dense attention "
-        "mass beyond each window (and on the first --sinks positions: attention sinks), the "
-        "perplexity change per T on sampled sequences, the attention saved; the last line "
+        "The check before --alibi-window-cutoff T: the perplexity change of each T against "
+        "dense, in increasing T until one passes, each on as many sampled sequences as its "
+        "verdict needs; per layer and head, the dense attention mass beyond each window (and "
+        "on the first --sinks positions: attention sinks); the attention saved. The last line "
         "of stdout is the verdict, 'recommended: --alibi-window-cutoff T' or 'not "
         "recommended: <reason>'."))
     parser.add_argument("checkpoint", metavar="CKPT", help="a causal ALiBi LM checkpoint")
     parser.add_argument("data", metavar="DATA", help="a folder written by fairseq-preprocess "
                         "(the language_modeling task's data)")
     parser.add_argument("--gen-subset", default="valid", help="the split sampled (default: valid)")
-    parser.add_argument("--tokens", type=_value(int, "a number of tokens >= 1", lambda v: v >= 1),
-                        default=DEFAULT_TOKENS, metavar="N",
-                        help=f"tokens sampled at each length (default: {DEFAULT_TOKENS})")
     parser.add_argument("--lengths", metavar="L1,L2,...", type=_list_of(
         int, "a sequence length >= 2 (e.g. --lengths 512,2048)", lambda v: v >= 2),
-        help="sequence lengths (default: the checkpoint's tokens_per_sample times 1,4,16)")
+        help=f"sequence lengths, each checked (default: the checkpoint's tokens_per_sample "
+        f"times {DEFAULT_MULTIPLE}, at most the split)")
+    parser.add_argument("--tokens", type=_value(int, "a number of tokens >= 1", lambda v: v >= 1),
+                        metavar="N", help=f"the most tokens scored per cutoff and length, in "
+                        f"whole sequences, at least one (default: {DEFAULT_TOKENS:,}, at most "
+                        "the split's); a cutoff's verdict often needs fewer")
     parser.add_argument("--cutoffs", metavar="T1,T2,...", default=list(DEFAULT_CUTOFFS),
                         type=_list_of(float, "a positive finite number of nats (e.g. --cutoffs "
                                       "4,8)", lambda v: finite(v) and v > 0),
-                        help="the cutoffs T checked (default: 4,6,8,12,16)")
+                        help="the cutoffs T checked, in increasing order until one passes "
+                        "(default: 4,6,8,12,16)")
     parser.add_argument("--sinks", metavar="S1,S2,...", default=list(DEFAULT_SINKS),
                         type=_list_of(int, "a number of first positions >= 0 (e.g. --sinks 0,4)",
                                       lambda v: v >= 0),
@@ -132,8 +161,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--tolerance", default=DEFAULT_TOLERANCE, metavar="PERCENT",
                         type=_value(float, "a finite percentage >= 0 (e.g. --tolerance 0.1)",
                                   lambda v: finite(v) and v >= 0),
-                        help="largest perplexity change recommended, in percent of dense at "
-                        "every length (default: 0.1)")
+                        help=f"largest perplexity change recommended, in percent of dense at "
+                        f"every length, its {Z:g}-sigma margin included (default: 0.1)")
     parser.add_argument("--sink-mass", default=DEFAULT_SINK_MASS, metavar="P",
                         type=_value(float, "a share of attention in (0, 1] (e.g. --sink-mass "
                                   "0.05)", lambda v: finite(v) and 0 < v <= 1),
@@ -166,26 +195,43 @@ def checkpoint_config(path):
     return state["cfg"]
 
 
-def resolve_lengths(args, cfg) -> List[int]:
-    """``--lengths``, or the training length times :data:`DEFAULT_MULTIPLES`; checks
-    ``--sinks`` against the shortest."""
+def resolve_lengths(args, cfg, total: int) -> List[int]:
+    """``--lengths`` (each at most ``total``, the split's tokens), or the training length times
+    :data:`DEFAULT_MULTIPLE` (at most ``total``); checks ``--sinks`` against the sequences the
+    attention mass is measured on."""
     from fairseq_alibi.config_access import cfg_get
 
     lengths = args.lengths
+    if lengths and max(lengths) > total:
+        raise WindowsInputError(
+            f"--lengths {max(lengths)}: the split {args.gen_subset!r} of {args.data} holds "
+            f"{total:,} tokens; give --lengths of at most {total} (or a longer --gen-subset)")
     if not lengths:
         trained = cfg_get(cfg_get(cfg, "task"), "tokens_per_sample")
         if not isinstance(trained, int) or trained < 2:
             raise WindowsInputError(f"--lengths: CKPT records no training length "
                                     f"(tokens_per_sample {trained!r}); give --lengths")
-        lengths = [trained * k for k in DEFAULT_MULTIPLES]
-    if max(args.sinks) > min(lengths):
-        raise WindowsInputError(f"--sinks {max(args.sinks)} is more than the shortest of the "
-                                f"lengths ({min(lengths)}): give --sinks of at most "
-                                f"{min(lengths)} first positions")
+        lengths = [min(trained * DEFAULT_MULTIPLE, total)]
+    if max(args.sinks) > mass_length(lengths):
+        raise WindowsInputError(f"--sinks {max(args.sinks)} is more than the sequences the "
+                                f"attention is measured on ({mass_length(lengths)} tokens: the "
+                                f"shortest of the lengths, at most {MASS_LENGTH}): give --sinks "
+                                f"of at most {mass_length(lengths)} first positions")
     return lengths
 
 
-def read_stream(cfg, data, subset: str, longest: int):
+def mass_length(lengths: Sequence[int]) -> int:
+    """The length of the sequences whose attention mass is measured."""
+    return min(min(lengths), MASS_LENGTH)
+
+
+def default_tokens(total: int) -> int:
+    """``--tokens`` by default, for a split of ``total`` tokens: :data:`DEFAULT_TOKENS`, at most
+    the split's."""
+    return min(DEFAULT_TOKENS, total)
+
+
+def read_stream(cfg, data, subset: str):
     """``(task, source, target)``: split ``subset`` of ``data`` as one stream
     (:func:`~fairseq_alibi.cli.stream_eval_lm.split_as_one_block`, the checkpoint's task)."""
     from fairseq_alibi.cli.stream_eval_lm import split_as_one_block
@@ -198,23 +244,17 @@ def read_stream(cfg, data, subset: str, longest: int):
     for key, value in (("data", str(data)), ("sample_break_mode", "none"),
                        ("add_bos_token", False)):
         cfg_set(cfg.task, key, value)
-    task, source, target = split_as_one_block(cfg, subset, error=WindowsInputError)
-    if source.numel() < longest:
-        raise WindowsInputError(
-            f"--lengths {longest}: the split {subset!r} of {data} holds {source.numel():,} "
-            f"tokens; give --lengths of at most {source.numel()} (or a longer --gen-subset)")
-    return task, source, target
+    return split_as_one_block(cfg, subset, error=WindowsInputError)
 
 
-def load_model(path, task, cutoff: Optional[float], device):
-    """The checkpoint's model in eval mode on ``device``: as saved (``cutoff`` ``None``) or with
-    the load-time override ``{'alibi_window_cutoff': cutoff}`` (what ``--model-overrides``
-    gives), for ``task``'s dictionary."""
+def load_model(path, task, overrides: Dict[str, float], device):
+    """The checkpoint's model in eval mode on ``device``, loaded with the load-time
+    ``overrides`` (what ``--model-overrides`` gives: ``{}`` as saved, ``{'alibi_window_cutoff':
+    T}``), for ``task``'s dictionary."""
     from fairseq import checkpoint_utils
 
     from fairseq_alibi.error_hints import raised_by_plugin
 
-    overrides = {} if cutoff is None else {"alibi_window_cutoff": cutoff}
     try:
         models, _, _ = checkpoint_utils.load_model_ensemble_and_task(
             [str(path)], arg_overrides=overrides, task=task)
@@ -254,13 +294,13 @@ def saved_cutoff(model) -> float:
 
 def sample_starts(total: int, length: int, tokens: int, seed: int) -> List[int]:
     """``ceil(tokens / length)`` different start offsets (all there are, if fewer) of sequences
-    of ``length`` in a stream of ``total`` tokens, drawn uniformly, sorted; the same for the
-    same arguments."""
+    of ``length`` in a stream of ``total`` tokens, drawn uniformly, in the order drawn (a
+    cutoff reads a prefix of them); the same for the same arguments."""
     import torch
 
     generator = torch.Generator().manual_seed(seed * 1_000_003 + length)
     count = min(math.ceil(tokens / length), total - length + 1)
-    return sorted(torch.randperm(total - length + 1, generator=generator)[:count].tolist())
+    return torch.randperm(total - length + 1, generator=generator)[:count].tolist()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -345,58 +385,151 @@ class MassMeter:
             self.on_sinks[key] = self.on_sinks.get(key, 0.0) + mass
 
 
-def sequence_nll(model, source, target) -> float:
-    """Summed negative log-likelihood (nats) of ``target`` given ``source`` (one sequence)."""
+def token_nll(model, source, target):
+    """Per-token negative log-likelihood (nats, float64, on the CPU) of ``target`` given
+    ``source`` (one sequence)."""
     out = model(source[None])
     log_probs = model.get_normalized_probs(out, log_probs=True)[0]
-    return -float(log_probs.double().gather(-1, target[:, None]).sum())
+    return -log_probs.gather(-1, target[:, None])[:, 0].double().cpu()
 
 
 @dataclass
-class Scores:
-    """What the passes gave: summed NLL per length, dense and per ``T``; decoding cache keys."""
-    tokens: Dict[int, int]
-    dense: Dict[int, float]
-    windowed: Dict[float, Dict[int, float]]
-    cache: Dict[float, Optional[int]]
+class Judged:
+    """A cutoff at one length: its perplexity change on the tokens scored and the stopping
+    rule's decision (``within``, ``beyond`` or ``undecided``)."""
+    tokens: int
+    ppl: float
+    dense_ppl: float
+    change: float  # percent of dense
+    margin: float  # Z σ, percent
+    status: str
 
 
-def measure(args, cfg, lengths: List[int], bar) -> tuple:
-    """Every forward pass: the dense model's (hooked, :class:`MassMeter`), then each ``T``'s;
-    returns ``(meter, scores)``."""
+def judge(diffs, dense_nll: float, tolerance: float) -> Judged:
+    """The stopping rule on ``diffs``, the per-token changes of the negative log-likelihood
+    (nats) so far (``dense_nll``: dense's sum over the same tokens)."""
+    import torch
+
+    count = diffs.numel()
+    mean = float(diffs.mean())
+    block = max(1, min(BLOCK, count // MIN_BLOCKS))
+    means = diffs[:count // block * block].view(-1, block).mean(1)
+    sigma = float(means.std() / math.sqrt(means.numel())) if means.numel() > 1 else math.inf
+    change = 100 * math.expm1(mean)
+    margin = Z * 100 * math.exp(mean) * sigma
+    status = ("within" if abs(change) + margin <= tolerance else
+              "beyond" if abs(change) - margin > tolerance else "undecided")
+    dense = dense_nll / count
+    return Judged(count, math.exp(dense + float(torch.sum(diffs)) / count), math.exp(dense),
+                  change, margin, status)
+
+
+@dataclass
+class Candidate:
+    """A cutoff evaluated: each length's :class:`Judged`, longest first, up to the first that is
+    not within (the others are not scored); the keys a decoding cache keeps."""
+    cutoff: float
+    sinks: int
+    judged: Dict[int, Judged]
+    cache: Optional[int]
+
+    @property
+    def status(self) -> str:
+        return next((j.status for j in self.judged.values() if j.status != "within"), "within")
+
+    @property
+    def worst(self) -> Judged:
+        return max(self.judged.values(), key=lambda j: abs(j.change))
+
+    @property
+    def name(self) -> str:
+        return f"T={self.cutoff:g}" + (f" with {self.sinks} sinks" if self.sinks else "")
+
+
+class Sample:
+    """The sequences cutoffs are scored on: per length, start offsets in the order drawn, and
+    the dense model's per-token negative log-likelihood of each, computed when a cutoff first
+    reads it."""
+
+    def __init__(self, dense, source, target, lengths, tokens: int, seed: int, device, bar):
+        self.dense, self.source, self.target = dense, source, target
+        self.device, self.bar = device, bar
+        self.starts = {n: sample_starts(source.numel(), n, tokens, seed) for n in lengths}
+        self.dense_nll: Dict[int, list] = {n: [] for n in lengths}
+
+    def sequence(self, length: int, index: int):
+        start = self.starts[length][index]
+        return (self.source[start:start + length].to(self.device),
+                self.target[start:start + length].to(self.device))
+
+    def dense_of(self, length: int, index: int):
+        found = self.dense_nll[length]
+        while len(found) <= index:
+            found.append(token_nll(self.dense, *self.sequence(length, len(found))))
+            self.bar.update(1)
+        return found[index]
+
+    @property
+    def scored(self) -> Dict[int, int]:
+        """Tokens the dense model scored, per length."""
+        return {n: sum(x.numel() for x in found) for n, found in self.dense_nll.items()}
+
+    def evaluate(self, model, tolerance: float) -> Dict[int, Judged]:
+        """``model`` (a cutoff) judged at each length, longest first, until one is not within;
+        at each, one sequence at a time until the stopping rule decides or the sample ends."""
+        import torch
+
+        judged = {}
+        for length in sorted(self.starts, reverse=True):
+            diffs, dense = [], 0.0
+            for index in range(len(self.starts[length])):
+                reference = self.dense_of(length, index)
+                diffs.append(token_nll(model, *self.sequence(length, index)) - reference)
+                dense += float(reference.sum())
+                self.bar.update(1)
+                judged[length] = judge(torch.cat(diffs), dense, tolerance)
+                if judged[length].status != "undecided":
+                    break
+            if judged[length].status != "within":
+                break
+        return judged
+
+
+def measure(args, cfg, source, target, task, lengths: List[int], tokens: int, bar) -> tuple:
+    """The attention mass (the dense model hooked, :class:`MassMeter`, on its own sample), then
+    the cutoffs in increasing order until one passes (within at every length, no sink head at its
+    ``T``); returns ``(meter, heads, sample, candidates)``."""
     import torch
 
     from fairseq_alibi.modules.attention.windowed import decoding_reach
 
-    task, source, target = read_stream(cfg, args.data, args.gen_subset, max(lengths))
     device = torch.device("cuda" if torch.cuda.is_available() and not args.cpu else "cpu")
-    model = load_model(args.checkpoint, task, None, device)
-    attentions = alibi_attentions(model, args.checkpoint)
-    if saved_cutoff(model):  # saved with windows: dense is the cutoff off
-        model = load_model(args.checkpoint, task, 0.0, device)
-        attentions = alibi_attentions(model, args.checkpoint)
+    dense = load_model(args.checkpoint, task, {}, device)
+    attentions = alibi_attentions(dense, args.checkpoint)
+    if saved_cutoff(dense):  # saved with windows: dense is the cutoff off
+        dense = load_model(args.checkpoint, task, {"alibi_window_cutoff": 0.0}, device)
+        attentions = alibi_attentions(dense, args.checkpoint)
     meter = MassMeter(attentions, args.cutoffs, args.sinks)
-    pieces = [(n, s) for n in lengths
-              for s in sample_starts(source.numel(), n, args.tokens, args.seed)]
-    pieces = [(n, source[s:s + n].to(device), target[s:s + n].to(device)) for n, s in pieces]
-    scores = Scores({n: 0 for n in lengths}, {n: 0.0 for n in lengths}, {}, {})
+    length = mass_length(lengths)
     with torch.no_grad(), meter.hooked():
-        for n, x, y in pieces:
-            scores.tokens[n] += n
-            scores.dense[n] += sequence_nll(model, x, y)
+        for start in sample_starts(source.numel(), length, MASS_TOKENS, args.seed):
+            dense(source[None, start:start + length].to(device))
             bar.update(1)
-    del model, attentions
+    del attentions
+    heads = head_rows(meter, args.sink_mass)
+    sunk = {row.cutoff for row in heads if row.sink}
+    sample = Sample(dense, source, target, lengths, tokens, args.seed, device, bar)
+    candidates = []
     for t in args.cutoffs:
-        model = load_model(args.checkpoint, task, t, device)
+        model = load_model(args.checkpoint, task, {"alibi_window_cutoff": t}, device)
         reaches = [decoding_reach(m.alibi) for m in alibi_attentions(model, args.checkpoint)]
-        scores.cache[t] = None if None in reaches else max(reaches)
-        scores.windowed[t] = {n: 0.0 for n in lengths}
         with torch.no_grad():
-            for n, x, y in pieces:
-                scores.windowed[t][n] += sequence_nll(model, x, y)
-                bar.update(1)
+            judged = sample.evaluate(model, args.tolerance)
         del model
-    return meter, scores
+        candidates.append(Candidate(t, 0, judged, None if None in reaches else max(reaches)))
+        if candidates[-1].status == "within" and t not in sunk:
+            break  # it passes: the verdict
+    return meter, heads, sample, candidates
 
 
 # ---------------------------------------------------------------------------------------------
@@ -426,25 +559,20 @@ class HeadRow:
 
 @dataclass
 class CutoffRow:
-    """One ``T``: perplexity change per length, the attention kept, the sink heads."""
+    """One ``T``: its windows, the attention kept per length, the heads' mass beyond, and the
+    cutoffs evaluated at it (none: a smaller ``T`` passed)."""
     cutoff: float
     windows: List[Optional[int]]
-    ppl: Dict[int, float]
-    change: Dict[int, float]  # length -> percent of dense
     kept: Dict[int, float]  # length -> share of the score entries kept (computed)
-    cache: Optional[int]
     heads: List[HeadRow]
-
-    @property
-    def worst(self) -> float:
-        return max(self.change.values(), key=abs)
+    evaluated: List[Candidate] = field(default_factory=list)
 
     @property
     def sink_heads(self) -> List[HeadRow]:
         return [row for row in self.heads if row.sink]
 
 
-def head_rows(meter: MassMeter, sink_mass: float) -> List[HeadRow]:
+def head_rows(meter: "MassMeter", sink_mass: float) -> List[HeadRow]:
     """A :class:`HeadRow` per layer, head and ``T`` of what ``meter`` counted; a sink head has
     a mean mass beyond its window on the first ``max(sinks)`` positions of ``sink_mass`` or
     more."""
@@ -477,37 +605,47 @@ def kept_share(window: Optional[int], length: int) -> float:
     return kept / (length * (length + 1) / 2)
 
 
-def cutoff_rows(meter: MassMeter, scores: Scores, heads: List[HeadRow]) -> List[CutoffRow]:
+def cutoff_rows(meter: "MassMeter", heads: List[HeadRow], candidates: List[Candidate],
+                lengths: List[int]) -> List[CutoffRow]:
     rows = []
     for t in meter.cutoffs:
         windows = [w for layer in meter.windows for w in layer[t]]
-        ppl = {n: math.exp(nll / scores.tokens[n]) for n, nll in scores.windowed[t].items()}
-        change = {n: 100 * math.expm1((nll - scores.dense[n]) / scores.tokens[n])
-                  for n, nll in scores.windowed[t].items()}
-        kept = {n: sum(kept_share(w, n) for w in windows) / len(windows) for n in scores.tokens}
-        rows.append(CutoffRow(t, windows, ppl, change, kept, scores.cache[t],
-                              [h for h in heads if h.cutoff == t]))
+        kept = {n: sum(kept_share(w, n) for w in windows) / len(windows) for n in lengths}
+        rows.append(CutoffRow(t, windows, kept, [h for h in heads if h.cutoff == t],
+                              [c for c in candidates if c.cutoff == t]))
     return rows
 
 
 def verdict(rows: List[CutoffRow], tolerance: float, sinks: Sequence[int]) -> str:
     """The last line: the smallest ``T`` within ``tolerance`` at every length with no sink
     head, or why none is."""
-    within = [row for row in rows if abs(row.worst) <= tolerance]
-    for row in within:
-        if not row.sink_heads:
+    evaluated = [c for row in rows for c in row.evaluated]
+    for row in rows:
+        if any(c.status == "within" for c in row.evaluated) and not row.sink_heads:
             return f"recommended: --alibi-window-cutoff {row.cutoff:g}"
+    within = [row for row in rows if any(c.status == "within" for c in row.evaluated)]
     if within:
         row = within[0]
-        return (f"not recommended: at T={row.cutoff:g} perplexity changes {row.worst:+.3f} % "
-                f"(within {tolerance:g} %), but {sink_reason(row, max(sinks))}")
-    best = min(rows, key=lambda r: abs(r.worst))
-    reason = (f"not recommended: no cutoff of {', '.join(f'{r.cutoff:g}' for r in rows)} keeps "
-              f"perplexity within {tolerance:g} % of dense at every length (closest: "
-              f"T={best.cutoff:g}, {best.worst:+.3f} %)")
-    if best.sink_heads:
-        return f"{reason}; {sink_reason(best, max(sinks))}"
+        return (f"not recommended: at T={row.cutoff:g} perplexity changes "
+                f"{_change(row.evaluated[0].worst)} (within {tolerance:g} %), but "
+                f"{sink_reason(row, max(sinks))}")
+    best = min(evaluated, key=lambda c: abs(c.worst.change))
+    reason = (f"not recommended: no cutoff of {', '.join(f'{c.cutoff:g}' for c in evaluated)} "
+              f"keeps perplexity within {tolerance:g} % of dense at every length (closest: "
+              f"{best.name}, {_change(best.worst)})")
+    undecided = [c.name for c in evaluated if c.status == "undecided"]
+    sunk = [row for row in rows if row.sink_heads and row.evaluated]
+    if sunk:
+        return f"{reason}; {sink_reason(sunk[0], max(sinks))}"
+    if undecided:
+        return (f"{reason}; {', '.join(undecided)} undecided on the tokens scored: give more "
+                "--tokens, or try larger --cutoffs")
     return f"{reason}; try larger --cutoffs"
+
+
+def _change(judged: Judged) -> str:
+    """``+0.123 ± 0.045 % on 4,096 tokens``."""
+    return f"{judged.change:+.3f} ± {judged.margin:.3f} % on {judged.tokens:,} tokens"
 
 
 def sink_reason(row: CutoffRow, sinks: int) -> str:
@@ -544,8 +682,8 @@ def table(headers: Sequence[str], rows: Sequence[Sequence]) -> List[str]:
 
 def cutoff_table(rows: List[CutoffRow], lengths: List[int]) -> List[str]:
     longest = max(lengths)
-    headers = (["T", "W_h"] + [f"ppl change % L={n}" for n in lengths]
-               + ["worst %", f"attention kept L={longest}", "decoding cache keys",
+    headers = (["T", "W_h"] + [f"ppl change % L={n} (± {Z:g}σ, tokens)" for n in lengths]
+               + ["verdict", f"attention kept L={longest}", "decoding cache keys",
                   "most mass beyond (mean)", "sink heads"])
     body = []
     for row in rows:
@@ -553,10 +691,15 @@ def cutoff_table(rows: List[CutoffRow], lengths: List[int]) -> List[str]:
         span = (f"{min(known)}–{max(known)}" if known else "all") + (
             " (some all)" if known and len(known) < len(row.windows) else "")
         top = max(row.heads, key=lambda h: h.mean)
-        body.append([f"{row.cutoff:g}", span, *(f"{row.change[n]:+.3f}" for n in lengths),
-                     f"{row.worst:+.3f}", f"{row.kept[longest]:.0%}", _window(row.cache),
-                     f"{_mass(top.mean)} ({top.name})",
-                     ", ".join(h.name for h in row.sink_heads) or "none"])
+        shared = [f"{row.kept[longest]:.0%}", f"{_mass(top.mean)} ({top.name})",
+                  ", ".join(h.name for h in row.sink_heads) or "none"]
+        for c in row.evaluated or [None]:
+            changes = ["not scored" if c is None or n not in c.judged else
+                       f"{c.judged[n].change:+.3f} ± {c.judged[n].margin:.3f} "
+                       f"({c.judged[n].tokens:,})" for n in lengths]
+            body.append([f"{row.cutoff:g}", span, *changes,
+                         "not evaluated" if c is None else c.status, shared[0],
+                         "" if c is None else _window(c.cache), *shared[1:]])
     return table(headers, body)
 
 
@@ -589,16 +732,26 @@ def sink_lines(rows: List[CutoffRow], sinks: Sequence[int]) -> List[str]:
             f"{h.share[judged]:.0%} of what it puts beyond" for row in rows for h in row.sink_heads]
 
 
-def summary_lines(args, lengths, scores: Scores, rows, heads, most=None) -> List[str]:
-    sequences = {n: scores.tokens[n] // n for n in lengths}
-    dense = ", ".join(f"L={n} {math.exp(scores.dense[n] / scores.tokens[n]):.3f}"
-                      for n in lengths)
-    return [f"{args.checkpoint} on {args.data} ({args.gen_subset}): "
-            + ", ".join(f"{sequences[n]} × {n} tokens" for n in lengths)
-            + f" (start offsets seed {args.seed}); layers and heads count from 0", "",
-            f"dense perplexity: {dense}", "",
-            "per cutoff T: perplexity change against dense at each length; attention kept: the "
-            "share of score entries within the windows (computed from W_h, not timed)", "",
+def summary_lines(args, lengths, tokens: int, sample: "Sample", rows, heads,
+                  most=None) -> List[str]:
+    scored = sample.scored
+    masses = len(sample_starts(sample.source.numel(), mass_length(lengths), MASS_TOKENS,
+                               args.seed))
+    nll = {n: sum(float(x.sum()) for x in sample.dense_nll[n]) for n in lengths}
+    dense = ", ".join(f"L={n} {math.exp(nll[n] / scored[n]):.3f} ({scored[n]:,} tokens)"
+                      for n in lengths if scored[n])
+    return [f"{args.checkpoint} on {args.data} ({args.gen_subset}, {sample.source.numel():,} "
+            f"tokens): at most {tokens:,} tokens per cutoff at "
+            + ", ".join(f"L={n} ({len(sample.starts[n])} × {n})" for n in lengths)
+            + f", start offsets seed {args.seed}; attention mass on {masses} × "
+            f"{mass_length(lengths)} tokens; layers and heads count from 0", "",
+            f"dense perplexity on the tokens scored: {dense or 'none scored'}", "",
+            f"per cutoff T, in increasing order until one passes: the perplexity change against "
+            f"dense at each length, ± {Z:g}σ, on the tokens scored until the rule decided "
+            f"(within: |change| + {Z:g}σ <= {args.tolerance:g} %; beyond: |change| - {Z:g}σ > "
+            f"{args.tolerance:g} %; undecided: neither, on all the tokens allowed); attention "
+            "kept: the share of score entries within the windows (computed from W_h, not "
+            "timed)", "",
             *cutoff_table(rows, lengths), "",
             "mass beyond the window per head (dense attention, queries with keys beyond it)"
             + ("" if most is None else f", the {most} heads with the most"), "",
@@ -625,8 +778,8 @@ def _csv(path: Path, header: list, rows) -> None:
 
 
 def write_csvs(out: Path, rows: List[CutoffRow], heads: List[HeadRow], lengths, sinks):
-    """``windows_heads.csv`` (a row per layer, head and ``T``), ``windows_cutoffs.csv`` (per
-    ``T``)."""
+    """``windows_heads.csv`` (a row per layer, head and ``T``), ``windows_cutoffs.csv`` (a row
+    per cutoff evaluated, and per ``T`` not evaluated)."""
     _csv(out / "windows_heads.csv",
          ["layer", "head", "slope", "cutoff", "window", "queries", "mass_beyond_mean",
           "mass_beyond_p99", "mass_beyond_max",
@@ -634,12 +787,24 @@ def write_csvs(out: Path, rows: List[CutoffRow], heads: List[HeadRow], lengths, 
          ([h.layer, h.head, h.slope, h.cutoff, _window(h.window), h.queries, h.mean, h.p99,
            h.max, *(v for s in sinks for v in (h.share[s], h.on_sinks[s])), h.sink]
           for h in heads))
+
+    def cells(row: CutoffRow, c: Optional[Candidate]):
+        per_length = []
+        for n in lengths:
+            j = None if c is None else c.judged.get(n)
+            per_length += ([""] * 6 if j is None else
+                           [j.tokens, j.ppl, j.dense_ppl, j.change, j.margin, j.status])
+            per_length.append(row.kept[n])
+        return [row.cutoff, "" if c is None else c.sinks,
+                "not evaluated" if c is None else c.status, *per_length,
+                "" if c is None else c.worst.change, "" if c is None else _window(c.cache),
+                ";".join(h.name for h in row.sink_heads)]
     _csv(out / "windows_cutoffs.csv",
-         ["cutoff", *(f"{k}_L{n}" for n in lengths for k in ("ppl", "change_pct",
-                                                            "attention_kept")),
+         ["cutoff", "sinks", "status",
+          *(f"{k}_L{n}" for n in lengths for k in ("tokens", "ppl", "dense_ppl", "change_pct",
+                                                   "margin_pct", "status", "attention_kept")),
           "worst_change_pct", "decoding_cache_keys", "sink_heads"],
-         ([r.cutoff, *(v for n in lengths for v in (r.ppl[n], r.change[n], r.kept[n])),
-           r.worst, _window(r.cache), ";".join(h.name for h in r.sink_heads)] for r in rows))
+         (cells(row, c) for row in rows for c in row.evaluated or [None]))
 
 
 def plot(out: Path, heads: List[HeadRow], cutoffs: Sequence[float]) -> Optional[str]:
@@ -648,12 +813,10 @@ def plot(out: Path, heads: List[HeadRow], cutoffs: Sequence[float]) -> Optional[
     import logging
 
     logging.getLogger("matplotlib").setLevel(logging.WARNING)  # the root logger may be DEBUG
-    try:
-        import matplotlib
+    try:  # a Figure of its own, not pyplot's: no GUI backend, no global state
+        from matplotlib.figure import Figure
     except ImportError:
         return "no windows.png: matplotlib is not installed (pip install matplotlib)"
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
     names = sorted({(h.layer, h.head) for h in heads})
     floor = 1e-12  # a mass of 0 on the log scale; a head with no key beyond: no point
@@ -661,7 +824,8 @@ def plot(out: Path, heads: List[HeadRow], cutoffs: Sequence[float]) -> Optional[
     def points(at, value):
         return [max(value(at[k]), floor) if at[k].queries else math.nan for k in names]
 
-    fig, ax = plt.subplots(figsize=(max(6.0, 0.3 * len(names) + 2), 4.5))
+    fig = Figure(figsize=(max(6.0, 0.3 * len(names) + 2), 4.5))
+    ax = fig.subplots()
     for t in cutoffs:
         at = {(h.layer, h.head): h for h in heads if h.cutoff == t}
         line, = ax.plot(range(len(names)), points(at, lambda h: h.mean), marker="o",
@@ -674,9 +838,8 @@ def plot(out: Path, heads: List[HeadRow], cutoffs: Sequence[float]) -> Optional[
     ax.set_ylabel("attention mass beyond the window")
     ax.set_title("dense attention beyond each head's window: mean (o), max (x)", fontsize=10)
     ax.legend(fontsize=8)
-    fig.tight_layout()
+    fig.subplots_adjust(left=0.12, right=0.97, top=0.92, bottom=0.2)  # not tight_layout: slow
     _write(out / "windows.png", lambda partial: fig.savefig(partial, format="png"))
-    plt.close(fig)
     return None
 
 
@@ -705,23 +868,27 @@ def run(args, command: str) -> str:
     from fairseq_alibi.preprocess.pipeline_io import progress_bar
 
     cfg = checkpoint_config(args.checkpoint)
-    lengths = resolve_lengths(args, cfg)
-    passes = (1 + len(args.cutoffs)) * sum(math.ceil(args.tokens / n) for n in lengths)
+    task, source, target = read_stream(cfg, args.data, args.gen_subset)
+    lengths = resolve_lengths(args, cfg, source.numel())
+    tokens = args.tokens or default_tokens(source.numel())
+    # at most: the mass's passes, dense's and every cutoff's at every length
+    passes = (math.ceil(MASS_TOKENS / mass_length(lengths)) + (1 + len(args.cutoffs))
+              * sum(math.ceil(tokens / n) for n in lengths))
     bar = progress_bar(total=passes, desc="windows", unit="pass", enabled=passes > LONG_RUN)
     try:
-        meter, scores = measure(args, cfg, lengths, bar)
+        meter, heads, sample, candidates = measure(args, cfg, source, target, task, lengths,
+                                                   tokens, bar)
     finally:
         bar.close()
-    heads = head_rows(meter, args.sink_mass)
-    rows = cutoff_rows(meter, scores, heads)
+    rows = cutoff_rows(meter, heads, candidates, lengths)
     line = verdict(rows, args.tolerance, args.sinks)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     write_csvs(out, rows, heads, lengths, args.sinks)
     png_note = plot(out, heads, args.cutoffs)
-    write_report(out, command, summary_lines(args, lengths, scores, rows, heads), line,
-                 png_note)
-    print("\n".join(summary_lines(args, lengths, scores, rows, heads, SHOWN_HEADS)))
+    summary = (args, lengths, tokens, sample, rows, heads)
+    write_report(out, command, summary_lines(*summary), line, png_note)
+    print("\n".join(summary_lines(*summary, SHOWN_HEADS)))
     files = ["windows_heads.csv", "windows_cutoffs.csv"] + ([] if png_note else ["windows.png"])
     print(*([png_note] if png_note else []), f"report: {out / 'windows.md'} (and "
           f"{', '.join(files)})", sep="\n")

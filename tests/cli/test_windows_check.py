@@ -12,8 +12,8 @@ import sys
 import pytest
 import torch
 
-from fairseq_alibi.cli.windows_check import (CutoffRow, HeadRow, kept_share, main,
-                                             sample_starts, verdict)
+from fairseq_alibi.cli.windows_check import (Candidate, CutoffRow, HeadRow, Judged, judge,
+                                             kept_share, main, sample_starts, verdict)
 from tests.helpers.checkpoints import load, saved_in_process
 from tests.helpers.cli import REPO, child_env, preprocess
 from tests.helpers.training import STOCK
@@ -96,8 +96,8 @@ def test_a_sink_head_is_named_and_the_cutoff_refused(trained_lm_checkpoint, one_
                                                              "windows_heads.csv")}
         found[name] = (out, out.splitlines()[-1], heads[("0", "0")], heads)
     out, last, head, heads = found["sink"]
-    assert f"1 × {length} tokens" in out
-    assert last.startswith("not recommended: "), last
+    assert f"L={length} (1 × {length})" in out and f"attention mass on 1 × {length}" in out
+    assert last.startswith("not recommended: no cutoff of 8 keeps perplexity"), last
     assert "layer 0 head 0" in last and "first 4 positions kept" in last, last
     assert "sink head: layer 0 head 0 at T=8 (W=32)" in out
     assert head["window"] == "32" and head["sink_head"] == "True"
@@ -113,53 +113,95 @@ def test_the_verdict_follows_the_printed_perplexity_change(trained_lm_checkpoint
                                                            tmp_path, capsys):
     out_dir = tmp_path / "report"
     code, out, err = windows(capsys, trained_lm_checkpoint, tiny_lm_data, "--tokens", 256,
-                             "--cutoffs", "16,2,4", "--out", out_dir)
+                             "--cutoffs", "16,1,4", "--out", out_dir)
     assert code == 0, err[-3000:]
     lines = out.splitlines()
-    # the training length 16 times 1, 4, 16; ceil(256 / L) sequences each
-    assert "16 × 16 tokens, 4 × 64 tokens, 1 × 256 tokens" in lines[0]
+    # the training length 16 times 16: one sequence of 256 tokens (--tokens 256); the
+    # attention mass on the sequences of the shortest length, 1,024 tokens of them
+    assert "at most 256 tokens per cutoff at L=256 (1 × 256)" in lines[0], lines[0]
+    assert "attention mass on 4 × 256 tokens" in lines[0], lines[0]
     cutoffs = rows_of(out_dir / "windows_cutoffs.csv")
-    assert [float(r["cutoff"]) for r in cutoffs] == [2.0, 4.0, 16.0]
+    assert [float(r["cutoff"]) for r in cutoffs] == [1.0, 4.0, 16.0]
+    start = next(i for i, line in enumerate(lines) if line.startswith("| T "))
     printed = {cells[0]: cells for cells in
-               ([c.strip() for c in line.strip("|").split("|")] for line in lines)
-               if cells[0] in ("2", "4", "16") and len(cells) > 6}
-    expected = "not recommended: "
+               ([c.strip() for c in line.strip("|").split("|")] for line in
+                lines[start + 2:lines.index("", start)])}
+    expected, evaluated = "not recommended: ", True
     for row in cutoffs:
-        worst, t = float(row["worst_change_pct"]), f"{float(row['cutoff']):g}"
-        assert printed[t][5] == f"{worst:+.3f}", printed[t]  # the table's "worst %" column
-        assert worst == max((float(row[f"change_pct_L{n}"]) for n in (16, 64, 256)), key=abs)
-        if abs(worst) <= 0.1 and not row["sink_heads"] and expected.startswith("not"):
-            expected = f"recommended: --alibi-window-cutoff {t}"
+        t = f"{float(row['cutoff']):g}"
+        assert printed[t][3] == row["status"], (printed[t], row)  # the table's verdict column
+        if not evaluated:  # a smaller T passed: the later ones are not scored
+            assert row["status"] == "not evaluated" and printed[t][2] == "not scored", row
+            continue
+        change, margin = float(row["change_pct_L256"]), float(row["margin_pct_L256"])
+        assert printed[t][2] == f"{change:+.3f} ± {margin:.3f} ({int(row['tokens_L256'])})"
+        assert float(row["worst_change_pct"]) == change
+        rule = ("within" if abs(change) + margin <= 0.1 else
+                "beyond" if abs(change) - margin > 0.1 else "undecided")
+        assert row["status"] == rule, row
+        assert int(row["tokens_L256"]) == 256  # one sequence: all there is to score
+        if rule == "within" and not row["sink_heads"]:
+            expected, evaluated = f"recommended: --alibi-window-cutoff {t}", False
     assert lines[-1].startswith(expected), (lines[-1], cutoffs)
     assert lines[-1] in (out_dir / "windows.md").read_text()
     assert (out_dir / "windows.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     heads = rows_of(out_dir / "windows_heads.csv")
-    assert len(heads) == 2 * 4 * 3  # layers x heads x cutoffs
+    assert len(heads) == 2 * 4 * 3  # layers x heads x cutoffs: measured for every T
     # head 0's slope 1/4: W = ceil(T / m) = 4 T, the mass beyond it about e^-T
     steep = {r["cutoff"]: r for r in heads if r["layer"] == "0" and r["head"] == "0"}
-    assert [steep[t]["window"] for t in ("2.0", "4.0", "16.0")] == ["8", "16", "64"]
-    assert 0 < float(steep["16.0"]["mass_beyond_max"]) < float(steep["2.0"]["mass_beyond_mean"])
+    assert [steep[t]["window"] for t in ("1.0", "4.0", "16.0")] == ["4", "16", "64"]
+    assert 0 < float(steep["16.0"]["mass_beyond_max"]) < float(steep["1.0"]["mass_beyond_mean"])
 
 
-def cutoff_row(t, change, sink_heads=()):
+def judged(change, margin=0.01, tokens=4096, status=None):
+    status = status or ("within" if abs(change) + margin <= 0.1 else
+                        "beyond" if abs(change) - margin > 0.1 else "undecided")
+    return Judged(tokens, 10.0, 10.0, change, margin, status)
+
+
+def cutoff_row(t, change, sink_heads=(), margin=0.01, evaluated=True):
     heads = [HeadRow(layer, head, 0.25, t, 8, 10, 0.5, 0.9, 1.0, {0: 0.0, 4: 0.99},
                      {0: 0.0, 4: 0.5}, True) for layer, head in sink_heads]
-    return CutoffRow(t, [8], {64: 10.0}, {64: change, 256: change / 2}, {64: 0.5}, 8, heads)
+    tried = [Candidate(t, 0, {256: judged(change / 2), 64: judged(change, margin)}, 8)]
+    return CutoffRow(t, [8], {64: 0.5, 256: 0.3}, heads, tried if evaluated else [])
 
 
 def test_the_verdict_is_the_smallest_cutoff_within_tolerance_without_sinks():
-    rows = [cutoff_row(4.0, 0.5), cutoff_row(8.0, -0.05, [(1, 2)]), cutoff_row(12.0, 0.02)]
+    rows = [cutoff_row(4.0, 0.5), cutoff_row(8.0, -0.05, [(1, 2)]), cutoff_row(12.0, 0.02),
+            cutoff_row(16.0, 0.0, evaluated=False)]
     assert verdict(rows, 0.1, [0, 4]) == "recommended: --alibi-window-cutoff 12"
-    assert verdict(rows, 1.0, [0, 4]) == "recommended: --alibi-window-cutoff 4"
     line = verdict(rows[:2], 0.1, [0, 4])
-    assert line.startswith("not recommended: at T=8 perplexity changes -0.050 % (within 0.1 %)")
+    assert line.startswith("not recommended: at T=8 perplexity changes -0.050 ± 0.010 % on "
+                           "4,096 tokens (within 0.1 %)"), line
     assert "layer 1 head 2 puts 0.50 of its attention" in line
     assert "first 4 positions kept" in line
     line = verdict(rows[:1], 0.1, [0, 4])
     assert line == ("not recommended: no cutoff of 4 keeps perplexity within 0.1 % of dense at "
-                    "every length (closest: T=4, +0.500 %); try larger --cutoffs")
+                    "every length (closest: T=4, +0.500 ± 0.010 % on 4,096 tokens); try larger "
+                    "--cutoffs")
+    line = verdict([cutoff_row(4.0, 0.5), cutoff_row(6.0, 0.08, margin=0.05)], 0.1, [0, 4])
+    assert line.endswith("(closest: T=6, +0.080 ± 0.050 % on 4,096 tokens); T=6 undecided on "
+                         "the tokens scored: give more --tokens, or try larger --cutoffs"), line
     two = [cutoff_row(8.0, 0.3, [(0, 0), (1, 2)])]
     assert "2 heads put their attention beyond their windows" in verdict(two, 0.1, [0, 4])
+
+
+def test_the_stopping_rule():
+    """Within when |Δ| + 2σ is within the tolerance, beyond when |Δ| - 2σ is not, σ the
+    standard error of the mean per-token change over blocks of 256 tokens."""
+    noise = torch.randn(4096, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    for shift, scale, status in ((0.0, 0.0, "within"), (0.0005, 0.001, "within"),
+                                 (0.01, 0.001, "beyond"), (0.0009, 0.02, "undecided")):
+        found = judge(shift + scale * noise, 4096 * 2.0, 0.1)
+        means = (shift + scale * noise).view(16, 256).mean(1)
+        assert found.margin == pytest.approx(
+            2 * 100 * math.exp(shift + scale * float(noise.mean())) * float(means.std()) / 4)
+        assert found.change == pytest.approx(100 * math.expm1(shift + scale * noise.mean()))
+        assert found.status == status and found.tokens == 4096, (shift, scale, found)
+        assert found.dense_ppl == pytest.approx(math.exp(2.0))
+        assert found.ppl == pytest.approx(math.exp(2.0 + shift + scale * float(noise.mean())))
+    short = judge(torch.full((40,), 0.02, dtype=torch.float64), 40.0, 0.1)  # 20 blocks of 2
+    assert short.margin == 0 and short.status == "beyond"
 
 
 def test_kept_keys_and_start_offsets():
@@ -198,7 +240,8 @@ def bad_inputs(ckpt, data, tmp_path):
         ([ckpt, data, "--lengths", "16,5000"], "--lengths", "holds 1,085 tokens"),
         ([ckpt, data, "--lengths", "64,1"], "--lengths", "'1' is not a sequence length >= 2"),
         ([ckpt, data, "--sinks", "0,-1"], "--sinks", "'-1' is not a number of first positions"),
-        ([ckpt, data, "--sinks", "17"], "--sinks", "more than the shortest of the lengths (16)"),
+        ([ckpt, data, "--sinks", "257"], "--sinks", "more than the sequences the attention is "
+         "measured on (256 tokens"),
         ([ckpt, data, "--cutoffs", "0"], "--cutoffs", "'0' is not a positive finite number"),
         ([ckpt, data, "--cutoffs", "4,nan"], "--cutoffs", "'nan' is not a positive finite"),
         ([ckpt, data, "--cutoffs", "inf"], "--cutoffs", "'inf' is not a positive finite"),
