@@ -174,6 +174,18 @@ def alibi_bias(slopes, query_len, key_len, variant="causal", future_slopes=None,
 # would get at distance 0 with the same logit. With a cutoff ``T`` (``--alibi-window-cutoff``,
 # nats, ``0`` = off) such keys are dropped, per head and per direction.
 
+#
+# Attention sinks (``--alibi-window-sinks S``; StreamingLLM, Xiao et al. 2023): the first ``S``
+# positions of a sequence stay visible to every query of every windowed head, with their true
+# bias, besides the keys of the window. Head ``h`` keeps key ``j`` of query ``i`` iff
+#
+#     (i - j <= back_h  and  j - i <= ahead_h)  or  j < S        (the variant's masks apply)
+#
+# and gives it ``bias_h(i, j)``, the dense model's value; a sink inside the window is one key.
+# A windowed model with sinks is the dense model restricted to (window ∪ first S keys). A KV
+# cache keeps the ``S`` sinks and the last ``max_h back_h`` keys: the keys between are dropped,
+# the positions kept (:func:`kept_positions`).
+
 #: the flag that sets the cutoff ``T`` of :func:`window_lengths` (named in its errors)
 WINDOW_CUTOFF_FLAG = "--alibi-window-cutoff"
 
@@ -234,9 +246,19 @@ def variant_windows(slopes, cutoff, variant="causal", future_slopes=None):
     return back[:half] + [0] * (num_heads - half), [0] * half + back[half:]
 
 
+def kept_positions(key_len: int, sinks: int = 0, dropped: int = 0) -> torch.Tensor:
+    """The positions of the ``key_len`` keys a KV cache holds: the first ``sinks`` positions,
+    then, after ``dropped`` positions no later query reads (between the sinks and the window),
+    the rest in order; ``0 … key_len - 1`` when nothing was dropped."""
+    positions = torch.arange(key_len)
+    if dropped:
+        positions[sinks:] += dropped
+    return positions
+
+
 def alibi_bias_between(slopes, query_positions, key_positions, variant="causal",
                        future_slopes=None, dtype=torch.float32, global_tokens: int = 0,
-                       heads=None, windows=None) -> torch.Tensor:
+                       heads=None, windows=None, sinks: int = 0) -> torch.Tensor:
     """The bias of :func:`alibi_bias` between any positions, for some heads, with windows.
 
     Shape ``(len(heads), len(query_positions), len(key_positions))``: ``bias[h, a, b]`` is the
@@ -244,7 +266,8 @@ def alibi_bias_between(slopes, query_positions, key_positions, variant="causal",
     direction is that index's) for query position ``i = query_positions[a]`` and key
     ``j = key_positions[b]``. ``windows`` ``(back, ahead)`` (:func:`variant_windows`, per head
     of the ``H``, ``None`` = unbounded) masks the keys with ``i - j > back_h`` or
-    ``j - i > ahead_h`` unless ``i`` or ``j`` is a global token (``< global_tokens``).
+    ``j - i > ahead_h`` unless ``i`` or ``j`` is a global token (``< global_tokens``) or ``j``
+    is a sink (``< sinks``: kept with its bias, the variant's masks still apply).
     ``alibi_bias(slopes, T, S, ...)`` is this with queries ``S-T … S-1`` and keys ``0 … S-1``;
     the bias depends on ``i - j`` only (but for global tokens), so shifted positions give the
     same block. Masked keys hold :func:`mask_value` of ``dtype``.
@@ -283,22 +306,29 @@ def alibi_bias_between(slopes, query_positions, key_positions, variant="causal",
         back, ahead = (torch.tensor([math.inf if w is None else w for w in side],
                                     dtype=torch.float32, device=device)[heads][:, None, None]
                        for side in windows)
-        masked = masked | (((rel > back) | (-rel > ahead)) & ~exempt)
+        beyond = ((rel > back) | (-rel > ahead)) & ~exempt
+        if sinks > 0:
+            beyond = beyond & (pos_k >= sinks)[None, :]
+        masked = masked | beyond
     bias = bias.expand(len(heads), -1, -1).to(dtype)
     return bias.masked_fill(masked, mask_value(dtype))  # the target dtype's mask value
 
 
 def windowed_alibi_bias(slopes, query_len, key_len, variant="causal", future_slopes=None,
-                        dtype=torch.float32, global_tokens: int = 0, cutoff=0.0) -> torch.Tensor:
+                        dtype=torch.float32, global_tokens: int = 0, cutoff=0.0,
+                        sinks: int = 0, dropped: int = 0) -> torch.Tensor:
     """The dense definition of slope windows: :func:`alibi_bias` with every key beyond its
-    head's window (:func:`variant_windows` of ``cutoff``) masked, global tokens exempt;
-    ``(H, query_len, key_len)``, queries aligned to the end of the keys."""
+    head's window (:func:`variant_windows` of ``cutoff``) masked, global tokens exempt, the
+    first ``sinks`` keys kept (attention sinks); ``(H, query_len, key_len)``, queries aligned
+    to the end of the keys, whose positions are :func:`kept_positions` (``dropped``: the
+    positions a KV cache dropped after its sinks)."""
     if query_len > key_len:
         raise ValueError(f"query_len ({query_len}) cannot exceed key_len ({key_len})")
     windows = variant_windows(slopes, cutoff, variant, future_slopes)
+    positions = kept_positions(key_len, sinks, dropped)
     return alibi_bias_between(
-        slopes, torch.arange(key_len - query_len, key_len), torch.arange(key_len), variant,
-        future_slopes, dtype, global_tokens, windows=windows,
+        slopes, positions[key_len - query_len:], positions, variant, future_slopes, dtype,
+        global_tokens, windows=windows, sinks=sinks,
     )
 
 

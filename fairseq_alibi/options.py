@@ -229,6 +229,13 @@ class StackOptions(FairseqDataclass):
                 "global tokens stay visible; the windowed backend skips those keys on the CPU; "
                 "a load-time override, e.g. --model-overrides \"{'alibi_window_cutoff': 8}\"; "
                 "0 = off", "check": _window_cutoff, "needs": _WINDOWS_THE_BIAS})
+    window_sinks: int = field(default=0, metadata={
+        "help": "attention sinks under slope windows: the first S positions stay visible to "
+                "every query of every windowed head, with their true ALiBi bias (the dense "
+                "model restricted to the window and the first S keys); a KV cache keeps them "
+                "and the last max W_h keys; a load-time override, e.g. --model-overrides "
+                "\"{'alibi_window_sinks': 4}\"; 0 = none", "check": at_least(0),
+        "needs": Needs("window_cutoff", "sinks are the keys kept beyond the slope windows")})
     document_mask: ChoiceEnum(DOCUMENT_MASKS) = field(default="none", metadata={
         "help": "packed batches: no attention crosses a document boundary, each document is "
                 "attended as its own sequence; eos: every </s> opens a document, doc: an </s> "
@@ -277,7 +284,8 @@ class StackOptions(FairseqDataclass):
             return
         for name, value, why in (
                 ("global-tokens", self.global_tokens, "they are the first positions of a row"),
-                ("length-scale", self.length_scale, "it reads the real length of a row")):
+                ("length-scale", self.length_scale, "it reads the real length of a row"),
+                ("window-sinks", self.window_sinks, "they are the first positions of a row")):
             if value:
                 raise ValueError(f"{flag}-document-mask {self.document_mask} cannot be combined "
                                  f"with {flag}-{name} {value}: {why}, not of each document; "

@@ -54,6 +54,7 @@ def _applies_to(f) -> str:
                          if side.has("variant")) + " (the LM is causal)"
     needs = f.metadata.get("needs")
     where = "every variant" if needs is None else \
+        f"where `{needs.other}` is on" if needs.other != "variant" else \
         "every variant but none" if needs.values == BIASED else f"variant {either(needs.values)}"
     if f.metadata.get("side"):
         where += f"; sides with {f.metadata['side'].replace('_', ' ')}"

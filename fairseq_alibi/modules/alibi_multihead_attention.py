@@ -73,10 +73,15 @@ class AlibiMultiheadAttention(MultiheadAttention):
 
         q, k, v = heads(self.q_proj(query)), heads(self.k_proj(query)), heads(self.v_proj(query))
 
-        reach = None
+        reach, keys, values = None, k, v
         if incremental_state is not None:
             saved = self._get_input_buffer(incremental_state)
+            # attention sinks kept apart from the rolling window once keys between were dropped
+            sink_keys, dropped = saved.get("sink_key"), 0
             cached = 0 if saved.get("prev_key") is None else saved["prev_key"].size(2)
+            if sink_keys is not None:
+                dropped = int(saved["sink_dropped"])
+                cached += sink_keys.size(2)
             key_padding_mask = MultiheadAttention._append_prev_key_padding_mask(
                 key_padding_mask=key_padding_mask,
                 prev_key_padding_mask=saved.get("prev_key_padding_mask"),
@@ -90,12 +95,16 @@ class AlibiMultiheadAttention(MultiheadAttention):
             call_bias = self.alibi.for_call(
                 key_padding_mask, bsz, tgt_len, cached + tgt_len, True,
                 **({} if documents is None else
-                   {"cached_documents": (documents, saved["prev_document_eos"])}))
+                   {"cached_documents": (documents, saved["prev_document_eos"])}),
+                **({"dropped": dropped} if dropped else {}))
             reach = decoding_reach(call_bias)
-            if cached:
+            if saved.get("prev_key") is not None:
                 k = append_to_cache(saved, "key", k, reach)
                 v = append_to_cache(saved, "value", v, reach)
-            saved["prev_key"], saved["prev_value"] = k, v
+            saved["prev_key"], saved["prev_value"] = keys, values = k, v
+            if sink_keys is not None:
+                keys = torch.cat([sink_keys, k], dim=2)
+                values = torch.cat([saved["sink_value"], v], dim=2)
             saved["prev_key_padding_mask"] = key_padding_mask
             documents = getattr(call_bias, "documents", None)
             if documents is not None:  # trimmed with the keys below
@@ -105,17 +114,12 @@ class AlibiMultiheadAttention(MultiheadAttention):
             if key_padding_mask is not None and key_padding_mask.dim() == 0:
                 key_padding_mask = None
             call_bias = self.alibi.for_call(key_padding_mask, bsz, tgt_len, tgt_len, False)
-        out = attend_call_and_project(self, self.attention_backend, q, k, v, call_bias,
+        out = attend_call_and_project(self, self.attention_backend, q, keys, values, call_bias,
                                       key_padding_mask, attn_mask, need_weights,
                                       need_head_weights, before_softmax)
         if incremental_state is not None:
             if reach is not None:  # keep only the keys a later query can reach
-                for name in ("key", "value"):
-                    trim_cache(saved, name, reach)
-                if key_padding_mask is not None:
-                    saved["prev_key_padding_mask"] = key_padding_mask[:, -reach:]
-                if saved.get("prev_document_ids") is not None:
-                    saved["prev_document_ids"] = saved["prev_document_ids"][:, -reach:]
+                keep_reachable(saved, reach, getattr(call_bias, "sinks", 0), key_padding_mask)
             self._set_input_buffer(incremental_state, saved)
         return out
 
@@ -127,7 +131,7 @@ class AlibiMultiheadAttention(MultiheadAttention):
         saved = self._get_input_buffer(incremental_state)
         if not saved:
             return incremental_state
-        batch = next((t.size(0) for t in saved.values() if t is not None), None)
+        batch = next((t.size(0) for t in saved.values() if t is not None and t.dim()), None)
         if batch == new_order.numel() and torch.equal(
                 new_order, torch.arange(batch, device=new_order.device)):
             return incremental_state
@@ -139,7 +143,7 @@ class AlibiMultiheadAttention(MultiheadAttention):
             elif view is not None:
                 saved[f"prev_{name}"] = view.index_select(0, new_order)
         for entry, tensor in saved.items():
-            if tensor is not None and entry not in _CACHE_ENTRIES:
+            if tensor is not None and entry not in _CACHE_ENTRIES + _SHARED_ENTRIES:
                 saved[entry] = tensor.index_select(0, new_order)
         return self._set_input_buffer(incremental_state, saved)
 
@@ -188,6 +192,38 @@ def attend_call_and_project(module: MultiheadAttention, backend: str, q, k, v,
 
 #: the entries of the cache that reorder_incremental_state handles itself
 _CACHE_ENTRIES = ("prev_key", "prev_value", "key_room", "value_room")
+#: the entries of the cache that are the same for every row (never reordered)
+_SHARED_ENTRIES = ("sink_dropped",)
+
+
+def keep_reachable(saved: Dict[str, Optional[Tensor]], reach: int, sinks: int,
+                   key_padding_mask: Optional[Tensor]) -> None:
+    """After a call whose slope windows let no later query read further back than ``reach``
+    keys (:func:`.windowed.decoding_reach`), keep the last ``reach`` keys of the cache
+    (:func:`trim_cache`) and its first ``sinks`` (attention sinks, ``--alibi-window-sinks``):
+    once keys between them are dropped, the sinks are kept apart (``sink_key``/``sink_value``)
+    and ``sink_dropped`` counts the positions dropped after them (what the next call's bias
+    reads: :func:`~fairseq_alibi.alibi.kept_positions`). At most ``sinks + reach`` keys."""
+    window = saved["prev_key"].size(2)  # the keys after the sinks once they are apart
+    if saved.get("sink_key") is not None:
+        excess = window - reach
+        if excess > 0:
+            saved["sink_dropped"] = saved["sink_dropped"] + excess
+    else:
+        excess = window - sinks - reach
+        if excess > 0 and sinks:
+            for name in ("key", "value"):
+                saved[f"sink_{name}"] = saved[f"prev_{name}"][:, :, :sinks].clone()
+            saved["sink_dropped"] = torch.tensor(excess)
+    if excess <= 0:
+        return
+    for name in ("key", "value"):
+        trim_cache(saved, name, reach)
+    if key_padding_mask is not None:
+        saved["prev_key_padding_mask"] = torch.cat(
+            [key_padding_mask[:, :sinks], key_padding_mask[:, -reach:]], dim=1)
+    if saved.get("prev_document_ids") is not None:  # (never with sinks: options check)
+        saved["prev_document_ids"] = saved["prev_document_ids"][:, -reach:]
 
 
 def _own_room(saved: Dict[str, Optional[Tensor]], name: str) -> Optional[Tensor]:

@@ -122,6 +122,8 @@ class AlibiBias(torch.nn.Module):
         self.length_scale = int(options.length_scale)
         self.global_tokens = int(options.global_tokens)
         self.window_cutoff = float(options.window_cutoff)
+        # attention sinks: the first keys kept beyond the windows (nothing without windows)
+        self.window_sinks = int(options.window_sinks)
         options.check_documents()
         self.document_mask = str(options.document_mask)
         self.register_buffer("slopes", variant_slopes(num_heads, self.variant, options.heads))
@@ -141,14 +143,23 @@ class AlibiBias(torch.nn.Module):
         self._views: Dict[int, "LayerBias"] = {}
         # a decoding step's row is a view of one table unless the scales are learned (per
         # layer, with a gradient), one_sided's heads look ahead or the first keys are global
+        # (nor with attention sinks, :attr:`sinks`: the first keys are no function of the
+        # distance)
         self._steps_from_rows = (self.scales is None and self.variant != "one_sided"
                                  and not self.global_tokens)
+
+    @property
+    def sinks(self) -> int:
+        """The attention sinks kept beyond the slope windows: ``window_sinks``, 0 without a
+        cutoff (nothing to keep them beyond)."""
+        return self.window_sinks if self.window_cutoff else 0
 
     def extra_repr(self):
         return (f"variant={self.variant}, num_heads={self.num_heads}, "
                 f"learned_scales={self.learned_scales}, slope_scale={self.slope_scale}, "
                 f"length_scale={self.length_scale}, global_tokens={self.global_tokens}, "
-                f"window_cutoff={self.window_cutoff}, document_mask={self.document_mask}")
+                f"window_cutoff={self.window_cutoff}, window_sinks={self.window_sinks}, "
+                f"document_mask={self.document_mask}")
 
     def read_tokens(self, tokens: Tensor, eos: int):
         """Before a forward pass of the stack: where its ``tokens`` ``(B, N)`` hold ``</s>``
@@ -225,7 +236,7 @@ class AlibiBias(torch.nn.Module):
         the keys), memoised: the layers that share a scale row share one tensor. A bias that
         carries a gradient is built per call and never kept (a kept one would hold a graph that
         a backward frees)."""
-        if query_len == 1 and self._steps_from_rows:  # hot path
+        if query_len == 1 and self._steps_from_rows and not self.sinks:  # hot path
             back = tuple(self.windows_of()[0]) if self.window_cutoff else None
             return self.cache.last_query_row(key_len, dtype, self.slope_scale,
                                              lambda: self.slopes_of()[0], back)
@@ -242,7 +253,7 @@ class AlibiBias(torch.nn.Module):
             return build()
         row = None if self.scales is None else scale_row(self.scales, layer)
         key = (tag, row, query_len, key_len, dtype, self.slopes.device, self.slope_scale,
-               self.window_cutoff, tuple(p._version for p in learned))
+               self.window_cutoff, self.window_sinks, tuple(p._version for p in learned))
         return self.cache.get(key, build)
 
     def windows_of(self, layer: Optional[int] = None):
@@ -263,17 +274,19 @@ class AlibiBias(torch.nn.Module):
 
         return self.cache.windows_of(key, row, compute)
 
-    def _build(self, query_len, key_len, dtype, layer):
-        return self.bias_of(self.slopes_of(layer), query_len, key_len, dtype)
+    def _build(self, query_len, key_len, dtype, layer, dropped=0):
+        return self.bias_of(self.slopes_of(layer), query_len, key_len, dtype, dropped)
 
-    def bias_of(self, slopes, query_len, key_len, dtype):
+    def bias_of(self, slopes, query_len, key_len, dtype, dropped=0):
         """The dense ``(H, query_len, key_len)`` bias of ``slopes`` ``(slopes, future_slopes)``:
         :func:`~fairseq_alibi.alibi.alibi_bias`, or with a cutoff
-        :func:`~fairseq_alibi.alibi.windowed_alibi_bias` (windows of these slopes)."""
+        :func:`~fairseq_alibi.alibi.windowed_alibi_bias` (windows of these slopes, the sinks;
+        ``dropped``: the positions a KV cache dropped after its sinks)."""
         slopes, future = slopes
         if self.window_cutoff:
             return windowed_alibi_bias(slopes, query_len, key_len, self.variant, future, dtype,
-                                       self.global_tokens, self.window_cutoff)
+                                       self.global_tokens, self.window_cutoff, self.sinks,
+                                       dropped)
         return alibi_bias(slopes, query_len, key_len, self.variant, future, dtype,
                           self.global_tokens)
 
@@ -301,6 +314,7 @@ class LayerBias:
 
     kind = "distance"
     documents = None  # a call with a document mask is a DocumentBias
+    dropped = 0  # a KV cache's call after it dropped keys is a SinkCacheBias
 
     def __init__(self, stack: AlibiBias, index: int):
         self.stack, self.index = stack, index
@@ -311,6 +325,10 @@ class LayerBias:
     @property
     def windowed(self) -> bool:
         return bool(self.stack.window_cutoff)
+
+    @property
+    def sinks(self) -> int:
+        return self.stack.sinks
 
     def windows(self):
         return self.stack.windows_of(self.index)
@@ -327,13 +345,16 @@ class LayerBias:
 
     def for_call(self, key_padding_mask: Optional[Tensor], batch: int, query_len: int,
                  key_len: int, incremental: bool,
-                 cached_documents: Optional[Tuple[Tensor, Tensor]] = None):
+                 cached_documents: Optional[Tuple[Tensor, Tensor]] = None, dropped: int = 0):
         """This call's bias: this view, or, with the stack's ``length_scale`` N and a whole
         sequence (not ``incremental``) of more than N real tokens, a :class:`LengthScaledBias`
         (each sequence's slopes times :func:`~fairseq_alibi.alibi.length_factors` of its real
         length, which ``key_padding_mask`` gives); with a document mask, that bias and the
         call's documents (a :class:`DocumentBias`; ``cached_documents``: a KV cache's,
-        ``(ids, last_eos)``)."""
+        ``(ids, last_eos)``); a KV cache that kept its attention sinks and dropped ``dropped``
+        positions after them, a :class:`SinkCacheBias`."""
+        if dropped:  # (never with documents or a length scale: options check)
+            return SinkCacheBias(self, dropped)
         if self.stack.document_mask != "none":  # (never with a length scale: options check)
             return DocumentBias(self, self.stack.documents_of(batch, query_len, key_len,
                                                               cached_documents))
@@ -365,11 +386,13 @@ class LengthScaledBias:
 
     kind = "rows"
     documents = None
+    dropped = 0
 
     def __init__(self, layer: LayerBias, factors: Tensor, serial: int):
         self.stack, self.index = layer.stack, layer.index
         self.variant, self.num_heads = layer.variant, layer.num_heads
         self.global_tokens = layer.global_tokens
+        self.sinks = layer.sinks
         self.factors, self.serial = factors, serial
 
     @property
@@ -417,3 +440,23 @@ class DocumentBias:
 
     def __getattr__(self, name):
         return getattr(self.base, name)
+
+
+class SinkCacheBias:
+    """A layer's bias for a call against a KV cache that kept its attention sinks
+    (``--alibi-window-sinks``) and dropped ``dropped`` positions after them: the keys are at
+    :func:`~fairseq_alibi.alibi.kept_positions`, not ``0 … S-1``. The ``DistanceBias``
+    ``base`` (every attribute read through) with that bias as its dense tensor, which
+    ``sdpa``, ``naive`` and ``windowed`` read (``Capabilities.sink_cache``)."""
+
+    def __init__(self, base: LayerBias, dropped: int):
+        self.base, self.dropped = base, dropped
+
+    def __getattr__(self, name):
+        return getattr(self.base, name)
+
+    def dense(self, query_len: int, key_len: int, dtype=torch.float32) -> Tensor:
+        stack, index = self.base.stack, self.base.index
+        return stack.memoised(("dropped", self.dropped), query_len, key_len, dtype, index,
+                              lambda: stack._build(query_len, key_len, dtype, index,
+                                                   self.dropped))

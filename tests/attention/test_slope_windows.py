@@ -2,8 +2,6 @@
 (fairseq_alibi/modules/attention/windowed.py) against a float64 reference written from the
 definition, and the smoke run of benchmarks/windows.py."""
 
-import math
-
 import pytest
 import torch
 
@@ -20,6 +18,8 @@ from fairseq_alibi.alibi import (
 )
 from fairseq_alibi.modules.attention import tuning, windowed
 from tests.helpers.references import MASKED, reference_windowed_bias
+from tests.helpers.slope_windows import (CASES, TOL64, check_close, head_slopes, inputs, padding,
+                                         reference, run_case, run_windowed)
 
 # ------------------------------------------------------------------ the window math
 
@@ -118,87 +118,12 @@ def test_global_tokens_are_exempt_from_the_windows():
 
 # ------------------------------------------------------------------ the windowed backend
 
-def reference(q, k, v, slopes, future, variant, cutoff, key_padding_mask=None,
-              global_tokens=0):
-    """float64 ``softmax(q·kᵀ/√d + bias) v`` with the windowed bias of the definition
-    (:func:`tests.helpers.references.reference_windowed_bias`: keys beyond ``ceil(T/m)`` dropped
-    unless a global token) of ``S`` positions, the last ``T`` of them queries; padding dropped.
-    Returns ``(out, rows)``: ``rows`` ``(B, H, T, 1)`` the queries with a visible key (the
-    others have no reference value; their outputs here are finite, for autograd)."""
-    B, H, T, D = q.shape
-    S = k.size(2)
-    bias = reference_windowed_bias(variant, slopes, future, S, cutoff, global_tokens)[:, S - T:]
-    bias = bias[None].expand(B, -1, -1, -1)
-    if key_padding_mask is not None:
-        bias = bias.masked_fill(key_padding_mask[:, None, None, :], MASKED)
-    rows = (bias > MASKED).any(-1, keepdim=True)
-    logits = q.double() @ k.double().transpose(-1, -2) / math.sqrt(D) + bias
-    return torch.softmax(logits, -1) @ v.double(), rows
-
-
-def inputs(B, H, T, S, D=8, dtype=torch.float64, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    return [torch.randn(B, H, n, D, generator=g, dtype=dtype) for n in (T, S, S)]
-
-
-def run_windowed(q, k, v, slopes, future, variant, cutoff, **kwargs):
-    windows = variant_windows(slopes, cutoff, variant, future)
-    return windowed.attention(q, k, v, slopes, future, variant, windows, **kwargs)
-
-
-def head_slopes(variant, partial=False, H=4):
-    slopes = variant_slopes(H, variant, biased_heads=H // 2 if partial else None)
-    return slopes, (slopes * 0.6 if variant == "asymmetric" else None)
-
-
-def padding(B, S, global_tokens=0):
-    mask = torch.zeros(B, S, dtype=torch.bool)
-    mask[0, global_tokens:global_tokens + 3] = True  # inside the sequence (and the windows)
-    mask[-1, -4:] = True  # right padding
-    return mask
-
-
-#: (query_len, key_len, cutoff, key padding, global tokens, partial heads, chunk)
-CASES = [
-    (48, 48, 2.0, False, 0, False, None),
-    (48, 48, 1.0, True, 0, False, 8),
-    (48, 48, 2.0, True, 2, False, 4),
-    (40, 40, 0.7, False, 0, True, 8),
-    (17, 60, 1.5, True, 0, False, 4),  # a KV cache: queries at the end of the keys
-    (1, 30, 1.0, False, 0, False, None),  # one decoding step
-    (9, 40, 2.0, True, 3, True, 4),
-    (5, 8, 2.0, False, 6, False, 2),  # queries among the global tokens
-    (33, 33, 8.0, False, 0, False, None),  # windows larger than the sequence
-    (36, 36, 1.0, True, 0, True, 8),  # slope-0 heads (no window) with padding: folded
-]
-
-
-#: the bias is computed in float32 (fairseq_alibi/alibi.py), exact for power-of-two slopes
-#: only: a float64 attention with it agrees with the float64 reference to about float32's
-#: relative precision of the bias
-TOL64 = dict(atol=1e-6, rtol=1e-6)
-
-
-def check_close(out, reference_out, **tol):
-    want, rows = reference_out
-    rows = rows[..., 0]  # an all-padding row has no reference value
-    assert torch.isfinite(out).all()
-    torch.testing.assert_close(out[rows], want[rows].to(out.dtype), **tol)
-
-
 @pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(map(str, c)))
 def test_windowed_attention_matches_the_float64_definition(variant, case):
-    T, S, cutoff, padded, G, partial, chunk = case
-    if partial and variant == "one_sided":
+    if case[5] and variant == "one_sided":
         pytest.skip("one_sided takes no partial heads")
-    slopes, future = head_slopes(variant, partial)
-    q, k, v = inputs(2, 4, T, S)
-    kpm = padding(2, S, G) if padded else None
-    out = run_windowed(q, k, v, slopes, future, variant, cutoff, key_padding_mask=kpm,
-                       global_tokens=G, chunk=chunk)
-    want = reference(q, k, v, slopes, future, variant, cutoff, kpm, G)
-    check_close(out, want, **TOL64)
+    check_close(*run_case(variant, case), **TOL64)
 
 
 @pytest.mark.parametrize("variant", VARIANTS)

@@ -19,8 +19,9 @@ CASES = {
 }
 
 
-def windowed_layer(variant, heads_with_bias=None, cutoff=CUTOFF, device="cpu"):
-    options = {} if heads_with_bias is None else {"heads": heads_with_bias}
+def windowed_layer(variant, heads_with_bias=None, cutoff=CUTOFF, device="cpu", **options):
+    if heads_with_bias is not None:
+        options["heads"] = heads_with_bias
     return AlibiBias(HEADS, variant=variant, window_cutoff=cutoff, **options).to(device).layer(0)
 
 
@@ -38,13 +39,15 @@ def make_inputs(batch, query_len, key_len, padded, device="cpu", dtype=torch.flo
 
 def windowed_reference(q, k, v, layer, kpm, cutoff=CUTOFF):
     """``(out, rows)``: float64 ``softmax(q·kᵀ/√D + windowed bias + padding) v`` from the
-    definition (:func:`reference_windowed_bias`, queries aligned to the end of the keys), on the
+    definition (:func:`reference_windowed_bias`, the layer's attention sinks kept; queries aligned
+    to the end of the keys), on the
     CPU (differentiable in ``q``, ``k``, ``v``); ``rows`` ``(B, H, T)``: the queries with a visible key (the others have no reference
     value: every backend returns something finite there, not the same thing)."""
     T, S = q.size(2), k.size(2)
     slopes, future = (None if s is None else s.detach().double().cpu()
                       for s in layer.head_slopes())
-    bias = reference_windowed_bias(layer.variant, slopes, future, S, cutoff)[:, S - T:]
+    bias = reference_windowed_bias(layer.variant, slopes, future, S, cutoff,
+                                   sinks=layer.sinks)[:, S - T:]
     bias = bias[None].expand(q.size(0), -1, -1, -1)
     if kpm is not None:
         bias = bias.masked_fill(kpm.cpu()[:, None, None, :], MASKED)

@@ -103,12 +103,12 @@ def reference_scaled_attention(attn, x, scales, layer, variant, ratio, key_paddi
     return reference_module_attention(attn, x, bias, key_padding_mask)
 
 
-def reference_windowed_bias(variant, slopes, future, T, cutoff, global_tokens=0):
+def reference_windowed_bias(variant, slopes, future, T, cutoff, global_tokens=0, sinks=0):
     """:func:`reference_bias` with slope windows ``T`` (nats) from the definition: head ``h``
     hides the key ``j`` of query ``i`` when ``i - j > ceil(T / m_h)`` or ``j - i`` exceeds its
     look-ahead window (``ceil(T / m_h)``; ``offset`` ``ceil(T / m_h + 0.5)``; ``asymmetric``
-    ``ceil(T / m_f,h)``), unless ``i`` or ``j`` is a global token; a head with slope 0 hides
-    nothing; ``T = 0`` is off. Written with Python's ``math`` per head, not the package's
+    ``ceil(T / m_f,h)``), unless ``i`` or ``j`` is a global token or ``j < sinks`` (attention
+    sinks: the variant's own masks stay); a head with slope 0 hides nothing; ``T = 0`` is off. Written with Python's ``math`` per head, not the package's
     functions."""
     import math
 
@@ -119,7 +119,7 @@ def reference_windowed_bias(variant, slopes, future, T, cutoff, global_tokens=0)
     future = None if future is None else torch.as_tensor(future, dtype=torch.float64).tolist()
     i = torch.arange(T)[:, None]
     j = torch.arange(T)[None, :]
-    exempt = (i < global_tokens) | (j < global_tokens)
+    exempt = (i < global_tokens) | (j < global_tokens) | (j < sinks)
     for h, m in enumerate(slopes):
         if m <= 0:
             continue

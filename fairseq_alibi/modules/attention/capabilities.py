@@ -46,7 +46,10 @@ class Capabilities:
     beyond each head's window dropped). ``windows`` alone defaults to *not* served: a backend
     that computes the plain bias from the slopes would silently ignore the windows, so only one
     that drops those keys declares it (``sdpa``/``naive``'s dense bias, ``windowed``, ``flex``'s
-    per-head block mask). ``documents``, likewise not served by default: the backend masks the
+    per-head block mask). ``sinks``, likewise: attention sinks under the windows
+    (``--alibi-window-sinks``: the first keys kept beyond them), which a backend that knows
+    only the windows would drop; ``sink_cache``: a KV cache that kept its sinks and dropped
+    the keys after them (the keys' positions are not ``0 … S-1``). ``documents``, likewise not served by default: the backend masks the
     keys of other documents itself (``--alibi-document-mask``); for the others the dispatch
     splits a whole sequence into its documents, so only calls against a KV cache reach it.
     """
@@ -63,6 +66,8 @@ class Capabilities:
     scale_grad: bool = True
     no_backward_on: Tuple[str, ...] = ()
     windows: bool = False
+    sinks: bool = False
+    sink_cache: bool = False
     documents: bool = False
     missing: Callable[[], Optional[str]] = _nothing_missing
 
@@ -73,6 +78,10 @@ class Capabilities:
             return "kinds"
         if call.windowed and not self.windows:
             return "windows"
+        if call.sinks and not self.sinks:
+            return "sinks"
+        if call.sink_cache and not self.sink_cache:
+            return "sink_cache"
         if call.documents and not self.documents:
             return "documents"
         if call.global_tokens and not self.global_tokens:
@@ -112,6 +121,12 @@ _REFUSALS = {
     "windows": lambda name, call, caps: (
         f"{name} computes the whole ALiBi bias: it cannot drop the keys beyond the slope "
         "windows (--alibi-window-cutoff)"),
+    "sinks": lambda name, call, caps: (
+        f"{name} cannot keep the attention sinks (--alibi-window-sinks) beyond the slope "
+        "windows"),
+    "sink_cache": lambda name, call, caps: (
+        f"{name} cannot read a KV cache that kept its attention sinks (--alibi-window-sinks) "
+        "and dropped the keys after them"),
     "documents": lambda name, call, caps: (
         f"{name} cannot mask the keys of other documents (--alibi-document-mask) in this call "
         "(a KV cache or an extra attn_mask: only whole sequences are split into documents)"),

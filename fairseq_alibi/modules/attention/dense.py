@@ -16,9 +16,11 @@ from fairseq_alibi.modules.attention.capabilities import Capabilities
 
 
 #: both serve every call: either kind of bias, any device, dtype, variant, mask, cache or dropout,
-#: with slope windows too (the bias's dense tensor holds them: ``alibi.windowed_alibi_bias``)
-#: and document masks (masked in the dense mask: ``alibi.document_mask``)
-CAPABILITIES = Capabilities(kinds=("distance", "rows"), windows=True, documents=True)
+#: with slope windows and their attention sinks too (the bias's dense tensor holds them:
+#: ``alibi.windowed_alibi_bias``, a KV cache's kept positions included) and document masks
+#: (masked in the dense mask: ``alibi.document_mask``)
+CAPABILITIES = Capabilities(kinds=("distance", "rows"), windows=True, sinks=True,
+                            sink_cache=True, documents=True)
 
 
 def dense_mask(alibi, bsz, tgt_len, src_len, dtype, key_padding_mask, attn_mask) -> Tensor:

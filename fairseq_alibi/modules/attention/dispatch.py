@@ -56,6 +56,10 @@ class CallBias(Protocol):
     num_heads: int
     global_tokens: int  # the first positions exempt from the bias (0: none)
     windowed: bool  # slope windows (--alibi-window-cutoff): keys beyond them are dropped
+    # optional (absent: 0): attention sinks (--alibi-window-sinks), the first keys kept beyond
+    # the windows; a KV cache's positions dropped after its sinks (0: keys at 0 … S-1)
+    sinks: int
+    dropped: int
     # --alibi-document-mask: ``ids`` (B, S) per key, ``crossing``; None without
     # (modules/bias.py's Documents)
     documents: Optional[object]
@@ -177,6 +181,8 @@ class Call(NamedTuple):
     global_tokens: int = 0  # CallBias.global_tokens
     windowed: bool = False  # CallBias.windowed: slope windows
     windows: Optional[tuple] = None  # DistanceBias.windows(): (back, ahead) per head, or None
+    sinks: int = 0  # CallBias.sinks, with windows
+    sink_cache: bool = False  # CallBias.dropped: a KV cache that dropped keys after its sinks
     documents: bool = False  # CallBias.documents cross: keys of other documents are masked
 
 
@@ -190,12 +196,13 @@ ONE_WAY_VARIANTS = ("causal", "one_sided")
 
 
 def windowed_cost(windows, variant: str, length: int, itemsize: int = 4,
-                  global_tokens: int = 0) -> float:
+                  global_tokens: int = 0, sinks: int = 0) -> float:
     """The predicted time of :func:`.windowed.attention` ÷ ``sdpa``'s dense windowed bias for a
     whole sequence of ``S = length`` keys, ``H`` heads with ``windows`` ``(back, ahead)``
     (``None`` = unbounded): the price of the call's own plan (:func:`.windowed.plan`, what
     ``windowed`` will compute, on the CPU in ``itemsize`` bytes an element), from the keys
-    each group's queries read (:meth:`.windowed.Group.keys`, ``keys_g``, times its heads):
+    each group's queries read (:meth:`.windowed.Group.keys`, ``keys_g``, times its heads;
+    attention sinks ``sinks`` count as keys every query reads):
 
         (α₁ · Σ_one-way keys_g + α₂ · Σ_two-way keys_g + α₃ · Σ_whole keys_g) / (H·S)
             + β · 1000 / S
@@ -208,7 +215,7 @@ def windowed_cost(windows, variant: str, length: int, itemsize: int = 4,
     one_way, two_way, whole_way, fixed = tuning.WINDOWED_COST
     S = length
     weighted = 0.0
-    for group in windowed.plan(windows, variant, S, S, global_tokens, itemsize):
+    for group in windowed.plan(windows, variant, S, S, global_tokens, itemsize, sinks=sinks):
         keys = group.keys(variant, S) * len(group.heads)
         if group.kind == "whole":
             weighted += whole_way * keys
@@ -238,7 +245,7 @@ def _windowed_choice(call: Call) -> str:
             return "windowed"
         if (call.key_len >= tuning.WINDOWED_MIN_LENGTH
                 and windowed_cost(call.windows, call.variant, call.key_len,
-                                  call.dtype.itemsize, call.global_tokens)
+                                  call.dtype.itemsize, call.global_tokens, call.sinks)
                 <= tuning.WINDOWED_MAX_COST
                 and serves("windowed", call)):
             return "windowed"
@@ -360,5 +367,7 @@ def call_of(q, k, v, alibi, key_padding_mask=None, attn_mask=None, dropout_p=0.0
         scale_grad=alibi.scales_need_grad, kind=alibi.kind, global_tokens=alibi.global_tokens,
         windowed=windowed,
         windows=alibi.windows() if windowed and alibi.kind == "distance" else None,
+        sinks=getattr(alibi, "sinks", 0) if windowed else 0,
+        sink_cache=bool(getattr(alibi, "dropped", 0)),
         documents=getattr(alibi, "documents", None) is not None,
     )

@@ -8,7 +8,10 @@ for it: inference only on the CPU.
 Slope windows (``--alibi-window-cutoff``): the block mask is per head
 (:func:`window_mask_mod`: head ``h`` keeps the keys with ``i - j <= back_h`` and
 ``j - i <= ahead_h``, the call's ``windows()``), so the compiled kernel skips every block
-beyond a head's window; the ``score_mod`` keeps the bias of the keys inside. ``auto`` never
+beyond a head's window; the ``score_mod`` keeps the bias of the keys inside. Attention sinks
+(``--alibi-window-sinks S``): the mask keeps the keys ``j < S`` too, where the variant's own
+mask does (:func:`window_mask_mod`); not against a KV cache that dropped the keys after its
+sinks (``Capabilities.sink_cache``). ``auto`` never
 picks ``flex`` for a windowed call (not measured: ``dispatch.auto_backend``); named, it serves
 one (the eager CPU path computes the same function, every score, for inference).
 
@@ -46,7 +49,7 @@ def _missing() -> Optional[str]:
 #: tokens, and (PyTorch has none) no backward on the CPU
 CAPABILITIES = Capabilities(
     kinds=("distance",), dropout=False, global_tokens=False, no_backward_on=("cpu",),
-    windows=True, documents=True, missing=_missing)
+    windows=True, sinks=True, documents=True, missing=_missing)
 
 
 def alibi_score_mod(variant, slopes, future_slopes=None, query_offset=0, key_padding_mask=None):
@@ -107,10 +110,11 @@ def alibi_mask_mod(variant, num_heads, query_offset=0):
 UNBOUNDED = 2**62
 
 
-def window_mask_mod(windows, query_offset=0, device=None):
+def window_mask_mod(windows, query_offset=0, device=None, sinks=0, variant=None):
     """A ``flex_attention`` ``mask_mod`` (True = visible) for slope windows: head ``h`` keeps
     key ``j`` of query ``i = query_offset + q_idx`` iff ``i - j <= back_h`` and
-    ``j - i <= ahead_h``.
+    ``j - i <= ahead_h``, or ``j`` is one of the ``sinks`` first keys that ``variant``'s own
+    mask (:func:`alibi_mask_mod`) keeps.
 
     ``windows`` ``(back, ahead)`` per head (:func:`~fairseq_alibi.alibi.variant_windows`,
     ``None`` = unbounded), held as two ``(H,)`` int64 tensors indexed by ``h``. They carry the
@@ -124,7 +128,17 @@ def window_mask_mod(windows, query_offset=0, device=None):
         rel = q_idx + query_offset - kv_idx  # i - j
         return (rel <= back[h]) & (-rel <= ahead[h])
 
-    return mask_mod
+    if not sinks:
+        return mask_mod
+    direction = alibi_mask_mod(variant, len(windows[0]), query_offset)
+
+    def with_sinks(b, h, q_idx, kv_idx):
+        sink = kv_idx < sinks
+        if direction is not None:
+            sink = sink & direction(b, h, q_idx, kv_idx)
+        return mask_mod(b, h, q_idx, kv_idx) | sink
+
+    return with_sinks
 
 
 def document_mask_mod(documents, inner=None, query_offset=0):
@@ -159,12 +173,12 @@ def _block_mask(variant, num_heads, query_len, key_len, device):
 
 
 @functools.lru_cache(maxsize=64)
-def _window_block_mask(windows, query_len, key_len, device):
+def _window_block_mask(windows, query_len, key_len, device, sinks=0, variant=None):
     """The per-head block mask of ``windows`` (a tuple of two tuples, hashable: cached per
-    windows and lengths, as :func:`_block_mask` per variant and lengths)."""
+    windows, sinks and lengths, as :func:`_block_mask` per variant and lengths)."""
     from torch.nn.attention.flex_attention import create_block_mask
 
-    mask_mod = window_mask_mod(windows, key_len - query_len, device)
+    mask_mod = window_mask_mod(windows, key_len - query_len, device, sinks, variant)
     return create_block_mask(mask_mod, None, len(windows[0]), query_len, key_len,
                              device=device)
 
@@ -192,17 +206,19 @@ def attention(q, k, v, alibi, key_padding_mask, attn_mask, dropout_p, scale):
             return s + extra[q_idx, kv_idx].float().clamp(min=mask_value(torch.float32))
 
     windows = alibi.windows() if alibi.windowed else None
+    sinks = getattr(alibi, "sinks", 0) if windows is not None else 0
     documents = getattr(alibi, "documents", None)
     if documents is not None and documents.crossing:  # per row: built per call
         from torch.nn.attention.flex_attention import create_block_mask
 
         inner = (alibi_mask_mod(alibi.variant, H, S - T) if windows is None
-                 else window_mask_mod(windows, S - T, q.device))
+                 else window_mask_mod(windows, S - T, q.device, sinks, alibi.variant))
         block_mask = create_block_mask(
             document_mask_mod(documents.ids.to(q.device), inner, S - T), B, H, T, S,
             device=q.device)
     elif windows is not None:
-        block_mask = _window_block_mask(tuple(tuple(side) for side in windows), T, S, q.device)
+        block_mask = _window_block_mask(tuple(tuple(side) for side in windows), T, S, q.device,
+                                        sinks, alibi.variant)
     else:
         block_mask = _block_mask(alibi.variant, H, T, S, q.device)
     # compiled for whole sequences (a few shapes); a decoding step grows the keys every call,

@@ -29,9 +29,16 @@ With a cutoff ``T`` head ``h`` keeps the keys at ``i - j <= back_h`` and ``j - i
   :func:`.dense.padding_column` does for padding: the bias stays one tensor for the batch
   (the chunks that read only real keys of a batch with no padding and no global tokens need
   no column: :func:`_interior`);
-* global tokens (``global_tokens`` ``N``): the first ``N`` keys are prepended to every chunk
-  with bias 0 (every query sees them); the queries among the first ``N`` positions see every
-  key (they are exempt from the bias) and are computed as one dense call of their own.
+* global tokens (``global_tokens`` ``N``) and attention sinks (``sinks`` ``S``,
+  ``--alibi-window-sinks``): the first ``max(N, S)`` keys, the *prefix*, are prepended to every
+  chunk (the window's copies of them hidden by the column): a global key with bias 0, a sink
+  with its true bias ``-m·(i - j)``, as the chunk's shared bias ``-m·r`` (``r``: the query's
+  row in its chunk) plus ``-m·(s - j)`` in the hiding column of chunk ``s … s+c-1`` (a sink is
+  behind every query past the prefix, whatever the variant). The queries among the first
+  ``max(N, S)`` positions (exempt from the bias, or in front of some sink) are computed as one
+  dense call of their own. A group whose window drops no key, or that looks ahead only
+  (``one_sided``'s second half: no sink is ahead of a query past the prefix), has no sinks of
+  its own; a group with sinks runs as ``chunks`` or ``whole`` (never ``blocks``).
 
 Which group runs how is one function's answer, :func:`plan` (a list of :class:`Group`), which
 ``dispatch.windowed_cost`` prices for ``auto``: the executor and the policy read the same plan.
@@ -53,11 +60,12 @@ from fairseq_alibi.modules.attention import band_fold, dense, fold, tuning
 from fairseq_alibi.modules.attention.capabilities import Capabilities
 
 #: what :func:`run` serves: the slopes' bias (with windows or without: every window unbounded)
-#: on the CPU in float32/64, whole sequences or a KV cache, key padding, global tokens, the
-#: learned scales' gradient; no attention dropout, no extra attn_mask
+#: on the CPU in float32/64, whole sequences or a KV cache (one that kept its attention sinks
+#: too), key padding, global tokens, attention sinks, the learned scales' gradient; no
+#: attention dropout, no extra attn_mask
 CAPABILITIES = Capabilities(
     kinds=("distance",), devices=("cpu",), dtypes=fold.FOLD_DTYPES, dropout=False,
-    attn_mask=False, windows=True)
+    attn_mask=False, windows=True, sinks=True, sink_cache=True)
 
 def chunk_size(back: int, ahead: int) -> int:
     """Queries per chunk for a window ``back + ahead``: a quarter of it (rounded up to a power
@@ -78,7 +86,8 @@ def decoding_reach(bias) -> Optional[int]:
     that starts later, since queries are aligned to the end of the keys) with slope windows, of
     the ``causal`` variant (looks back only), with every head windowed (``--alibi-heads``'
     unbiased heads have ``None``: unbounded) and no global tokens (the first keys stay visible
-    to every query). A ``"rows"`` bias (``--alibi-length-scale``'s per-sequence slopes, which
+    to every query). Attention sinks (``bias.sinks``) are kept besides: the cache keeps its
+    first ``sinks`` keys and these (``AlibiMultiheadAttention``). A ``"rows"`` bias (``--alibi-length-scale``'s per-sequence slopes, which
     depend on the sequence's real length) gets no bound.
     """
     if (bias.kind != "distance" or not bias.windowed or bias.variant != "causal"
@@ -99,15 +108,16 @@ def _groups(windows: Tuple[Sequence[Optional[int]], Sequence[Optional[int]]]):
 
 
 def _band(q, k, v, visible, slopes, future_slopes, variant, heads, window, back, ahead,
-          chunk, global_tokens, scale, rows, hide=True):
+          chunk, global_tokens, sinks, scale, rows, hide=True):
     """The output ``(B, len(heads), t1 - t0, D)`` of one head group's queries ``rows``
     ``(t0, t1)``, chunk by chunk.
 
     ``visible`` ``(B, S)``: keys that are real (not padding); ``window`` the group's
     ``(back, ahead)`` windows (``None`` = unbounded). Each chunk reads the keys ``s - back …
-    s + c - 1 + ahead`` (``back``/``ahead``: at least the window's reach), plus the first
-    ``global_tokens`` keys (bias 0). ``hide=False``: every chunk's keys are real keys of the
-    sequence (no padding, no global tokens, none out of range), so no hiding column is needed.
+    s + c - 1 + ahead`` (``back``/``ahead``: at least the window's reach), plus the prefix,
+    the first ``max(global_tokens, sinks)`` keys (a global one with bias 0, a sink with its
+    bias: the module's docstring). ``hide=False``: every chunk's keys are real keys of the
+    sequence (no padding, no prefix, none out of range), so no hiding column is needed.
     """
     B, _, T, D = q.shape
     S = k.size(2)
@@ -116,6 +126,7 @@ def _band(q, k, v, visible, slopes, future_slopes, variant, heads, window, back,
     n = -(-(t1 - t0) // chunk)
     R = back + chunk + ahead
     G = global_tokens
+    P = max(G, sinks)  # the prefix: global keys, then sinks
     # the hiding column, the head size rounded up as the fold's (the kernel is slower at odd sizes)
     Dp = fold.padded_head_dim(D, 1) if hide else D
     idx = _heads_index(heads, q.device)
@@ -145,23 +156,32 @@ def _band(q, k, v, visible, slopes, future_slopes, variant, heads, window, back,
     column = None
     if hide:
         positions = torch.arange(lo, hi, device=q.device)
-        inside = (positions >= max(0, G)) & (positions < S)
+        inside = (positions >= P) & (positions < S)
         keep = inside[None, :] & F.pad(visible[:, clamp[0]:clamp[1]], pad, value=False)
         column = q.new_zeros(keep.shape).masked_fill(~keep, fill)  # (B, L)
         column = column.unfold(1, R, chunk)[:, :, None, :, None]
     ka = widened(windows_of(k), column)
     va = widened(windows_of(v), q.new_zeros(()))
-    if G:  # the global keys before every chunk's window
-        shape = (B, n, Hg, G, D)
-        hidden = q.new_zeros(B, G).masked_fill(~visible[:, :G], fill)[:, None, None, :, None]
-        ka = torch.cat([widened(k[:, idx, None, :G].transpose(1, 2).expand(shape), hidden), ka], 3)
-        va = torch.cat([widened(v[:, idx, None, :G].transpose(1, 2).expand(shape),
+    if P:  # the prefix's keys before every chunk's window
+        shape = (B, n, Hg, P, D)
+        hidden = q.new_zeros(B, 1, 1, P).masked_fill(~visible[:, None, None, :P], fill)
+        if P > G:  # a sink's -m·(s - j) for chunk s … s+c-1 (-m·r is in the shared bias)
+            starts = first + torch.arange(n, device=q.device, dtype=q.dtype) * chunk
+            m = slopes[idx].to(q.dtype)
+            distance = starts[:, None] - torch.arange(G, P, device=q.device, dtype=q.dtype)
+            own = (-m[None, :, None] * distance[:, None, :] / scale)[None]  # (1, n, Hg, P-G)
+            hidden = torch.cat([hidden[..., :G].expand(B, n, Hg, G),
+                                own.masked_fill(~visible[:, None, None, G:P], fill)], dim=-1)
+        ka = torch.cat([widened(k[:, idx, None, :P].transpose(1, 2).expand(shape),
+                                hidden[..., None]), ka], 3)
+        va = torch.cat([widened(v[:, idx, None, :P].transpose(1, 2).expand(shape),
                                 q.new_zeros(())), va], 3)
 
-    bias = _chunk_bias(slopes, future_slopes, variant, heads, window, back, chunk, R, G, q.dtype)
+    bias = _chunk_bias(slopes, future_slopes, variant, heads, window, back, chunk, R, G, P,
+                       q.dtype)
     out = F.scaled_dot_product_attention(
-        qa.reshape(B * n, Hg, chunk, Dp), ka.reshape(B * n, Hg, G + R, Dp),
-        va.reshape(B * n, Hg, G + R, Dp), attn_mask=bias[None], scale=scale,
+        qa.reshape(B * n, Hg, chunk, Dp), ka.reshape(B * n, Hg, P + R, Dp),
+        va.reshape(B * n, Hg, P + R, Dp), attn_mask=bias[None], scale=scale,
     )
     out = out.reshape(B, n, Hg, chunk, Dp).transpose(1, 2).reshape(B, Hg, n * chunk, Dp)
     return out[:, :, :t1 - t0, :D]
@@ -175,22 +195,23 @@ def _within(windows, T, S):
     return ([capped(b, S - 1) for b in windows[0]], [capped(a, T - 1) for a in windows[1]])
 
 
-def _chunk_bias(slopes, future_slopes, variant, heads, window, back, chunk, R, G, dtype):
-    """The ``(H_g, c, G + R)`` bias of every chunk of a group: queries at ``back … back+c-1``
-    of keys ``0 … R-1`` (only ``i - j`` counts), after ``G`` global keys of bias 0 (queries past
-    them); kept for the next call of the same group and shape while the slopes need no gradient
+def _chunk_bias(slopes, future_slopes, variant, heads, window, back, chunk, R, G, P, dtype):
+    """The ``(H_g, c, P + R)`` bias of every chunk of a group: queries at ``back … back+c-1``
+    of keys ``0 … R-1`` (only ``i - j`` counts), after ``G`` global keys of bias 0 and
+    ``P - G`` sinks of bias ``-m·r`` (row ``r``; queries past them, the rest of a sink's bias
+    is its chunk's: :func:`_band`); kept for the next call of the same group and shape while the slopes need no gradient
     (the layers of a model, the batches of a run), within :data:`.tuning.CHUNK_BIAS_BYTES` in
     all."""
     if slopes.requires_grad or (future_slopes is not None and future_slopes.requires_grad):
         return _chunk_bias_of(slopes, future_slopes, variant, tuple(heads), window, back,
-                              chunk, R, G, dtype)
+                              chunk, R, G, P, dtype)
     key = (tuple(slopes.tolist()), None if future_slopes is None else
-           tuple(future_slopes.tolist()), variant, tuple(heads), window, back, chunk, R, G,
+           tuple(future_slopes.tolist()), variant, tuple(heads), window, back, chunk, R, G, P,
            dtype, slopes.device)
     found = _CHUNK_BIASES.pop(key, None)
     if found is None:
         found = _chunk_bias_of(slopes, future_slopes, variant, tuple(heads), window, back,
-                               chunk, R, G, dtype)
+                               chunk, R, G, P, dtype)
     size = found.numel() * found.element_size()
     if size <= tuning.CHUNK_BIAS_BYTES:  # the most recent last; the oldest go first
         while sum(b.numel() * b.element_size() for b in _CHUNK_BIASES.values()) + size > \
@@ -204,13 +225,17 @@ def _chunk_bias(slopes, future_slopes, variant, heads, window, back, chunk, R, G
 _CHUNK_BIASES = {}
 
 
-def _chunk_bias_of(slopes, future_slopes, variant, heads, window, back, chunk, R, G, dtype):
+def _chunk_bias_of(slopes, future_slopes, variant, heads, window, back, chunk, R, G, P, dtype):
     windows = tuple([w] * len(slopes) for w in window)
     bias = alibi_bias_between(slopes, torch.arange(back, back + chunk), torch.arange(R), variant,
                               future_slopes, dtype, heads=list(heads), windows=windows)
+    parts = []
     if G:  # the global keys: bias 0 for every query (queries >= G, all of them past)
-        bias = torch.cat([bias.new_zeros(len(heads), chunk, G), bias], dim=-1)
-    return bias
+        parts.append(bias.new_zeros(len(heads), chunk, G))
+    if P > G:  # the sinks: -m·r of row r, as keys r behind it (every query is past them)
+        parts.append(alibi_bias_between(slopes, torch.arange(chunk), torch.zeros(P - G),
+                                        variant, future_slopes, dtype, heads=list(heads)))
+    return torch.cat(parts + [bias], dim=-1) if parts else bias
 
 
 def _interior(T, S, back, ahead, chunk) -> Tuple[int, int]:
@@ -241,6 +266,9 @@ class Group:
       every later one (a ``(T, back + T)`` bias);
     * ``chunks``: chunks of ``size`` queries, each reading ``back`` keys before its first
       query and ``ahead`` after its last.
+
+    ``sinks``: the attention sinks every chunk of the group reads besides (0 where the window
+    drops no key or looks ahead only).
     """
 
     heads: Tuple[int, ...]
@@ -251,6 +279,7 @@ class Group:
     size: int = 0
     reach: int = 0
     looks_ahead: bool = False
+    sinks: int = 0
 
     def keys(self, variant: str, length: int) -> float:
         """About how many keys each query reads, on average over a sequence of ``length``."""
@@ -260,17 +289,19 @@ class Group:
             return self.reach + band_fold.block_size(self.reach, length)
         if self.kind == "fold":
             return length / 2 if variant == "causal" else length
-        return self.back + self.size + self.ahead
+        return self.back + self.size + self.ahead + self.sinks
 
 
 def plan(windows, variant: str, query_len: int, key_len: int, global_tokens: int = 0,
-         itemsize: int = 4, folds: bool = True, chunk: Optional[int] = None) -> List[Group]:
+         itemsize: int = 4, folds: bool = True, chunk: Optional[int] = None,
+         sinks: int = 0) -> List[Group]:
     """The head groups of a call with ``windows`` ``(back, ahead)`` per head and how each is
     computed (a :class:`Group`): heads with the same windows (those that reach past every key:
     unbounded) form a group;
 
     * a group that looks one way (``causal``, ``one_sided``) over a whole sequence with no
-      global tokens, where the fold serves the call (``folds``: CPU, float32/64), with a window
+      global tokens and no sinks of its own (``sinks``: the attention sinks of the call; a
+      group has them if its window looks back and drops keys), where the fold serves the call (``folds``: CPU, float32/64), with a window
       of half the sequence or more or of :data:`.tuning.BANDED_MIN_WINDOW` keys or more, runs
       as ``blocks``;
     * one whose chunk would hold every query, or whose chunks would read about every key anyway
@@ -292,7 +323,9 @@ def plan(windows, variant: str, query_len: int, key_len: int, global_tokens: int
         looks_ahead = variant == "one_sided" and back == 0 and ahead != 0
         reach = ahead if looks_ahead else back
         reach = S - 1 if reach is None else min(reach, S - 1)
-        if (chunk is None and T == S and not global_tokens and folds
+        # sinks are keys beyond a window that looks back: the fold's kernels have no room
+        own = min(sinks, S) if window[0] not in (None, 0) else 0
+        if (chunk is None and T == S and not global_tokens and not own and folds
                 and variant in ("causal", "one_sided")
                 and (reach >= tuning.BANDED_MIN_WINDOW or 2 * reach >= S)):
             found.append(Group(heads, window, "blocks", reach=reach, looks_ahead=looks_ahead))
@@ -307,16 +340,18 @@ def plan(windows, variant: str, query_len: int, key_len: int, global_tokens: int
         # would read about every key anyway and the one chunk's (H_g, T, reach) bias is small
         # (a large one held several times the memory of dense attention, and, built again
         # whenever it could not be kept, more time than the chunks' small biases)
-        whole = len(heads) * T * (min(back, first) + T + global_tokens) * itemsize
+        whole = len(heads) * T * (min(back, first) + T + max(global_tokens, own)) * itemsize
         if size >= T or (back + size + ahead >= S
                          and (drops_none or whole <= tuning.ONE_CHUNK_BYTES)):
             if (drops_none and folds and T == S and not global_tokens
                     and variant != "one_sided"):
                 found.append(Group(heads, window, "fold"))
             else:  # the keys from the first query's reach on
-                found.append(Group(heads, window, "whole", back=min(back, first), size=T))
+                found.append(Group(heads, window, "whole", back=min(back, first), size=T,
+                                   sinks=own))
             continue
-        found.append(Group(heads, window, "chunks", back=back, ahead=ahead, size=size))
+        found.append(Group(heads, window, "chunks", back=back, ahead=ahead, size=size,
+                           sinks=own))
     return found
 
 
@@ -328,15 +363,19 @@ def _banded(q, k, v, slopes, group: Group, scale, key_padding_mask):
                                       group.reach, scale, key_padding_mask, group.looks_ahead)
 
 
-def _global_queries(q, k, v, visible, slopes, future_slopes, variant, global_tokens, scale):
-    """The output ``(B, H, g, D)`` of the queries among the first ``global_tokens`` positions:
-    exempt from the bias and the windows, they read every key (one dense call, ``g <= N``)."""
+def _prefix_queries(q, k, v, visible, slopes, future_slopes, variant, windows, global_tokens,
+                    sinks, scale):
+    """The output ``(B, H, g, D)`` of the queries among the first ``max(global_tokens, sinks)``
+    positions: global tokens, exempt from the bias and the windows, read every key; the others
+    their windows and the sinks (some of them ahead), by the dense definition (one dense call,
+    ``g <= max(N, S)``)."""
     B, H, T, D = q.shape
     S = k.size(2)
     first = S - T
-    g = global_tokens - first
+    g = min(max(global_tokens, sinks), S) - first
     bias = alibi_bias_between(slopes, torch.arange(first, first + g), torch.arange(S), variant,
-                              future_slopes, q.dtype, global_tokens)
+                              future_slopes, q.dtype, global_tokens, windows=windows,
+                              sinks=sinks)
     bias = bias[None].masked_fill(~visible[:, None, None, :], mask_value(q.dtype))
     return F.scaled_dot_product_attention(q[:, :, :g], k, v, attn_mask=bias, scale=scale)
 
@@ -344,7 +383,7 @@ def _global_queries(q, k, v, visible, slopes, future_slopes, variant, global_tok
 def attention(q: Tensor, k: Tensor, v: Tensor, slopes: Tensor, future_slopes: Optional[Tensor],
               variant: str, windows, key_padding_mask: Optional[Tensor] = None,
               scale: Optional[float] = None, global_tokens: int = 0,
-              chunk: Optional[int] = None) -> Tensor:
+              chunk: Optional[int] = None, sinks: int = 0) -> Tensor:
     """Windowed ALiBi attention, ``(B, H, T, D)``, skipping the keys beyond the windows.
 
     ``q`` ``(B, H, T, D)``, ``k``/``v`` ``(B, H, S, D)`` with ``T <= S`` (queries aligned to the
@@ -352,7 +391,8 @@ def attention(q: Tensor, k: Tensor, v: Tensor, slopes: Tensor, future_slopes: Op
     ``AttentionBias.head_slopes()``); ``windows`` ``(back, ahead)`` per head
     (:func:`~fairseq_alibi.alibi.variant_windows` of those slopes, ``None`` = unbounded);
     ``key_padding_mask`` ``(B, S)``, True = padding; ``scale`` default ``D^-1/2``;
-    ``chunk`` queries per chunk (default :func:`chunk_size` of each group's window). Equals
+    ``chunk`` queries per chunk (default :func:`chunk_size` of each group's window); ``sinks``
+    the attention sinks kept beyond the windows. Equals
     ``softmax(q·kᵀ·scale + windowed_alibi_bias + padding) v``; float32 or float64.
     """
     B, H, T, D = q.shape
@@ -369,7 +409,8 @@ def attention(q: Tensor, k: Tensor, v: Tensor, slopes: Tensor, future_slopes: Op
     folds = fold.available() and q.device.type == "cpu" and q.dtype in fold.FOLD_DTYPES
     outs: List[Tensor] = []
     order: List[int] = []
-    for group in plan(windows, variant, T, S, global_tokens, q.element_size(), folds, chunk):
+    for group in plan(windows, variant, T, S, global_tokens, q.element_size(), folds, chunk,
+                      sinks):
         heads = list(group.heads)
         order += heads
         if group.kind == "blocks":  # no bias tensor: the fold's kernel over blocks
@@ -380,9 +421,9 @@ def attention(q: Tensor, k: Tensor, v: Tensor, slopes: Tensor, future_slopes: Op
                                 key_padding_mask))
             continue
         args = (q, k, v, visible, slopes, future_slopes, variant, heads, group.window,
-                group.back, group.ahead, group.size, global_tokens, scale)
+                group.back, group.ahead, group.size, global_tokens, group.sinks, scale)
         t0, t1 = _interior(T, S, group.back, group.ahead, group.size)
-        if key_padding_mask is None and not global_tokens and t0 < t1:
+        if key_padding_mask is None and not global_tokens and not group.sinks and t0 < t1:
             # the chunks that read only real keys need no hiding column (a smaller head size)
             parts = [_band(*args, rows=(t0, t1), hide=False)]
             if t0 > 0:
@@ -395,10 +436,11 @@ def attention(q: Tensor, k: Tensor, v: Tensor, slopes: Tensor, future_slopes: Op
     out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)
     if order != list(range(H)):
         out = out[:, torch.as_tensor(order).argsort()]
-    if global_tokens > first:  # queries that are global tokens read every key
-        exempt = _global_queries(q, k, v, visible, slopes, future_slopes, variant,
-                                 global_tokens, scale)
-        out = torch.cat([exempt, out[:, :, global_tokens - first:]], dim=2)
+    prefix = max(global_tokens, sinks)
+    if prefix > first:  # queries that are global tokens or in front of a sink: dense
+        exempt = _prefix_queries(q, k, v, visible, slopes, future_slopes, variant, windows,
+                                 global_tokens, sinks, scale)
+        out = torch.cat([exempt, out[:, :, exempt.size(2):]], dim=2)
     return out
 
 
@@ -414,19 +456,27 @@ def few_queries(q, k, v, alibi, windows, key_padding_mask, scale) -> Tensor:
     ``(B, H, T, D)``: each head group reads only the keys from its first query's reach on,
     ``S - T - back … S - 1``, with its rows of the call's dense bias (``alibi.dense``: memoised
     by the stack, the same tensor for every step of a cache trimmed to its bound), one fused
-    kernel call per group. Not with global tokens (the first keys are in every window)."""
+    kernel call per group, and the cache's attention sinks (``alibi.sinks``, its first keys:
+    the dense bias holds their positions). Not with global tokens (the first keys are in every
+    window)."""
     B, H, T, D = q.shape
     S = k.size(2)
     first = S - T
     mask = dense.dense_mask(alibi, B, T, S, q.dtype, key_padding_mask, None)
+    sinks = min(getattr(alibi, "sinks", 0), S)
     outs: List[Tensor] = []
     order: List[int] = []
     for (back, _), heads in _groups(windows).items():
         lo = 0 if back is None else first - min(back, first)
         idx = _heads_index(heads, q.device)
-        outs.append(F.scaled_dot_product_attention(
-            q[:, idx], k[:, idx, lo:], v[:, idx, lo:], attn_mask=mask[:, idx, :, lo:],
-            scale=scale))
+        if sinks and lo > 0:  # the sinks before the window, then the window
+            kept = torch.cat([torch.arange(min(sinks, lo)), torch.arange(lo, S)]).to(q.device)
+            parts = (k[:, idx].index_select(2, kept), v[:, idx].index_select(2, kept),
+                     mask[:, idx].index_select(3, kept))
+        else:
+            parts = (k[:, idx, lo:], v[:, idx, lo:], mask[:, idx, :, lo:])
+        outs.append(F.scaled_dot_product_attention(q[:, idx], parts[0], parts[1],
+                                                   attn_mask=parts[2], scale=scale))
         order += heads
     out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)
     if order != list(range(H)):
@@ -438,13 +488,16 @@ def run(q, k, v, alibi, key_padding_mask, attn_mask, dropout_p, scale):
     """The ``windowed`` backend (the calls of :data:`CAPABILITIES`): :func:`attention` with the
     call's windows (``alibi.windows()``), or, for a call without a cutoff, the variant's
     unbounded ones (every key its bias reaches); a few queries against a KV cache (a decoding
-    step) as :func:`few_queries`."""
+    step) as :func:`few_queries`, as is any call against a cache that kept its attention sinks
+    and dropped the keys after them (its keys are not at ``0 … S-1``)."""
     slopes, future_slopes = alibi.head_slopes()
     windows = alibi.windows() if alibi.windowed else None
     if windows is None:
         windows = variant_windows(slopes, 0.0, alibi.variant, future_slopes)
     T, S = q.size(2), k.size(2)
-    if T < S and T <= tuning.FEW_QUERIES and not alibi.global_tokens:
+    if getattr(alibi, "dropped", 0) or (T < S and T <= tuning.FEW_QUERIES
+                                        and not alibi.global_tokens):
         return few_queries(q, k, v, alibi, windows, key_padding_mask, scale)
     return attention(q, k, v, slopes, future_slopes, alibi.variant, windows, key_padding_mask,
-                     scale, alibi.global_tokens)
+                     scale, alibi.global_tokens,
+                     sinks=getattr(alibi, "sinks", 0) if alibi.windowed else 0)

@@ -1,0 +1,238 @@
+"""Attention sinks under slope windows (``--alibi-window-sinks S``): the first ``S`` keys stay
+visible to every query of every windowed head with their true bias, besides the window
+(fairseq_alibi/alibi.py). Every backend that declares sinks computes the float64 definition
+(:func:`tests.helpers.references.reference_windowed_bias` with ``sinks``), forward and
+backward (the learned slopes' gradient too), for every variant, with padding, global tokens,
+KV caches; ``S = 0`` is the windowed model as before; cached decoding keeps the sinks and the
+last ``max_h W_h`` keys (bounded) and equals the full forward; backends that cannot keep sinks
+refuse."""
+
+import dataclasses
+
+import pytest
+import torch
+
+from fairseq_alibi.alibi import VARIANTS, alibi_bias_between, variant_slopes, variant_windows
+from fairseq_alibi.modules.attention import REGISTRY, dispatch, windowed
+from fairseq_alibi.modules.bias import AlibiBias
+from tests.helpers.flex_windows import make_inputs, windowed_layer, windowed_reference
+from tests.helpers.references import (MASKED, reference_module_attention,
+                                      reference_windowed_bias)
+from tests.helpers.rolling_cache import DIM, NAIVE_TOL, TOL, Decoder, attention, bound
+from tests.helpers.slope_windows import (CASES, TOL64, check_close, head_slopes, inputs, padding,
+                                         reference, run_case, run_windowed)
+
+SINKS = [0, 1, 4]
+#: the backends that keep sinks (flex: forward only on the CPU, eager and slow: fewer cases)
+KEEPING = [name for name, backend in REGISTRY.items() if backend.capabilities.sinks]
+BACKEND_CASES = [(backend, variant, sinks, case) for backend in KEEPING + ["auto"]
+                 for variant in VARIANTS for sinks in (1, 4) for case in ("padded", "kv cache")
+                 if backend != "flex" or (case == "padded" and (sinks == 4 or
+                                                               variant == "causal"))]
+#: a stream of 160 positions rolls a cache of reach 64 (tests/attention/test_rolling_cache.py)
+STREAM = 160
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("global_tokens", [0, 2, 5])
+def test_the_definition_keeps_the_first_keys_with_their_bias(variant, global_tokens):
+    slopes, future = head_slopes(variant)
+    windows = variant_windows(slopes, 1.0, variant, future)
+    got = alibi_bias_between(slopes, torch.arange(30), torch.arange(30), variant, future,
+                             torch.float64, global_tokens, windows=windows, sinks=3)
+    want = reference_windowed_bias(variant, slopes.double(), None if future is None else
+                                   future.double(), 30, 1.0, global_tokens, sinks=3)
+    assert torch.equal(got > MASKED, want > MASKED)
+    torch.testing.assert_close(got[got > MASKED], want[want > MASKED], **TOL64)
+    if variant == "causal":  # sinks are past keys: a query before a sink does not see it
+        assert (got[:, 1, 2:] < MASKED).all() and (got[:, 29, :3] > MASKED).all()
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("sinks", SINKS)
+@pytest.mark.parametrize("case", [CASES[i] for i in (0, 1, 2, 4, 6, 7)],
+                         ids=lambda c: "-".join(map(str, c)))
+def test_windowed_attention_keeps_the_sinks(variant, sinks, case):
+    if case[5] and variant == "one_sided":
+        pytest.skip("one_sided takes no partial heads")
+    out, want = run_case(variant, case, sinks)
+    check_close(out, want, **TOL64)
+    if sinks == 0:  # today's call (no sinks argument), bit for bit
+        T, S, cutoff, padded, G, partial, chunk = case
+        slopes, future = head_slopes(variant, partial)
+        q, k, v = inputs(2, 4, T, S)
+        assert torch.equal(out, windowed.attention(
+            q, k, v, slopes, future, variant, variant_windows(slopes, cutoff, variant, future),
+            padding(2, S, G) if padded else None, None, G, chunk, sinks=0))
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("case", [CASES[1], CASES[2], CASES[4]],
+                         ids=lambda c: "-".join(map(str, c)))
+def test_windowed_gradients_with_sinks_match_the_reference(variant, case):
+    T, S, cutoff, padded, G, partial, chunk = case
+    slopes, future = head_slopes(variant)
+    kpm = padding(2, S, G) if padded else None
+    leaves = [x.requires_grad_() for x in inputs(2, 4, T, S, seed=1)]
+    grad = torch.randn(2, 4, T, 8, dtype=torch.float64)
+    want, rows = reference(*leaves, slopes, future, variant, cutoff, kpm, G, 4)
+    expected = torch.autograd.grad(want, leaves, grad * rows)
+    out = run_windowed(*leaves, slopes, future, variant, cutoff, key_padding_mask=kpm,
+                       global_tokens=G, chunk=chunk, sinks=4)
+    for name, g, e in zip("qkv", torch.autograd.grad(out, leaves, grad * rows), expected):
+        torch.testing.assert_close(g, e, **TOL64, msg=lambda text, name=name: f"d{name}: {text}")
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_the_slopes_gradient_flows_through_the_sinks_bias(variant):
+    """Learned slope scales: the sinks' bias ``-m·(i - j)`` (the chunks' shared part and the
+    column of each chunk) carries the slopes' gradient as the dense definition does."""
+    base = variant_slopes(4, variant)
+    scales = torch.tensor([1.3, 0.7, 1.1, 0.9], dtype=torch.float64, requires_grad=True)
+    q, k, v = inputs(1, 4, 40, 40, seed=2)
+
+    def slopes():
+        found = base * scales
+        return found, (found * 0.6 if variant == "asymmetric" else None)
+
+    found = []
+    for run in ("windowed", "dense"):
+        m, mf = slopes()
+        windows = variant_windows(m.detach(), 1.0, variant, None if mf is None else mf.detach())
+        if run == "windowed":
+            out = windowed.attention(q, k, v, m, mf, variant, windows, chunk=8, sinks=4)
+        else:
+            bias = alibi_bias_between(m, torch.arange(40), torch.arange(40), variant, mf,
+                                      torch.float64, windows=windows, sinks=4)
+            out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=bias)
+        found.append(torch.autograd.grad(out.sum(), scales)[0])
+    torch.testing.assert_close(*found, **TOL64)
+
+
+@pytest.mark.parametrize("backend,variant,sinks,case", BACKEND_CASES)
+def test_every_backend_that_declares_sinks_computes_them(backend, variant, sinks, case):
+    batch, query_len, key_len, padded = {"padded": (2, 60, 60, True),
+                                         "kv cache": (2, 3, 60, True)}[case]
+    layer = windowed_layer(variant, window_sinks=sinks)
+    q, k, v, kpm = make_inputs(batch, query_len, key_len, padded)
+    with torch.no_grad():
+        got = dispatch.attend(backend, q, k, v, layer, key_padding_mask=kpm)
+    want, rows = windowed_reference(q, k, v, layer, kpm)
+    torch.testing.assert_close(got.double()[rows], want[rows], atol=2e-5, rtol=1e-4)
+
+
+def test_sinks_need_a_backend_that_declares_them():
+    """A backend that drops the keys beyond the windows but does not know the sinks would
+    silently drop those too: the capability is its own, refused by name."""
+    layer = windowed_layer("causal", window_sinks=2)
+    q, k, v, _ = make_inputs(1, 8, 8, False)
+    call = dispatch.call_of(q, k, v, layer)
+    assert call.sinks == 2
+    blind = dataclasses.replace(REGISTRY["sdpa"].capabilities, sinks=False)
+    assert "cannot keep the attention sinks (--alibi-window-sinks)" in blind.refusal("x", call)
+    assert call._replace(sinks=0) == dispatch.call_of(q, k, v, windowed_layer("causal"))
+
+
+def test_the_plan_prices_the_sinks_and_keeps_them_off_the_blocks():
+    slopes = variant_slopes(8, "causal")
+    windows = variant_windows(slopes, 8.0, "causal")
+    plain = windowed.plan(windows, "causal", 4096, 4096)
+    sunk = windowed.plan(windows, "causal", 4096, 4096, sinks=4)
+    assert any(group.kind == "blocks" for group in plain)
+    assert all(group.kind != "blocks" for group in sunk if group.sinks)
+    assert all(group.sinks == 4 for group in sunk if group.kind in ("chunks", "whole"))
+    assert dispatch.windowed_cost(windows, "symmetric", 4096, sinks=4) > \
+        dispatch.windowed_cost(windows, "symmetric", 4096)
+
+
+# ------------------------------------------------------------------ the KV cache
+
+
+def full_with_sinks(attn, alibi, x, sinks, kpm=None):
+    """The float64 reference of the whole sequence with the layer's cutoff and ``sinks``."""
+    slopes, _ = alibi.slopes_of(1)
+    bias = reference_windowed_bias("causal", slopes.detach().tolist(), None, x.size(0),
+                                   alibi.window_cutoff, sinks=sinks)
+    return reference_module_attention(attn, x, bias, kpm)
+
+
+def held(attn, state):
+    """``(window keys, sink keys)`` the cache holds."""
+    saved = attn._get_input_buffer(state)
+    sunk = saved.get("sink_key")
+    return saved["prev_key"].size(2), 0 if sunk is None else sunk.size(2)
+
+
+@pytest.mark.parametrize("backend,sinks", [("auto", 4), ("sdpa", 4), ("naive", 4),
+                                           ("windowed", 4), ("windowed", 1)])
+def test_step_by_step_decoding_keeps_the_sinks_and_stays_bounded(backend, sinks):
+    attn, alibi = attention(backend, window_sinks=sinks)
+    torch.manual_seed(1)
+    x = torch.randn(STREAM, 2, DIM, dtype=torch.float64)
+    decoder = Decoder(attn)
+    most = 0
+    with torch.no_grad():
+        steps = []
+        for t in range(STREAM):
+            steps.append(decoder.run(x, t, t + 1))
+            most = max(most, sum(held(attn, decoder.state)))
+    torch.testing.assert_close(torch.cat(steps), full_with_sinks(attn, alibi, x, sinks),
+                               **(NAIVE_TOL if backend == "naive" else TOL))
+    assert most == bound(alibi) + sinks
+    assert held(attn, decoder.state) == (bound(alibi), sinks)
+    # the sinks count: the windowed model without them differs
+    plain, _ = attention(backend)
+    with torch.no_grad():
+        assert not torch.allclose(Decoder(plain).run(x, 0, STREAM, step=STREAM)[-1],
+                                  torch.cat(steps)[-1], atol=1e-4)
+
+
+@pytest.mark.parametrize("backend", ["auto", "windowed"])
+@pytest.mark.parametrize("step", [5, 17])
+def test_a_prompt_then_chunks_keep_the_sinks(backend, step):
+    attn, alibi = attention(backend, window_sinks=4)
+    torch.manual_seed(2)
+    x = torch.randn(STREAM, 2, DIM, dtype=torch.float64)
+    decoder = Decoder(attn)
+    with torch.no_grad():
+        out = torch.cat([decoder.run(x, 0, 100, step=100), decoder.run(x, 100, STREAM, step=step)])
+    torch.testing.assert_close(out, full_with_sinks(attn, alibi, x, 4), **TOL)
+    assert held(attn, decoder.state) == (bound(alibi), 4)
+
+
+def test_a_beam_reorder_and_left_padding_keep_each_rows_sinks():
+    attn, alibi = attention("auto", window_sinks=4)
+    torch.manual_seed(3)
+    x = torch.randn(STREAM, 3, DIM, dtype=torch.float64)
+    kpm = torch.arange(STREAM)[None, :] < torch.tensor([0, 2, 30])[:, None]
+    order = torch.tensor([2, 2, 0])
+    decoder = Decoder(attn)
+    with torch.no_grad():
+        decoder.run(x, 0, 40, kpm, step=40)
+        decoder.run(x, 40, 110, kpm)
+        decoder.reorder(order)
+        after = decoder.run(x[:, order], 110, STREAM, kpm[order])
+    real = ~kpm[order].t()[110:, :, None]
+    want = full_with_sinks(attn, alibi, x[:, order], 4, kpm[order])[110:]
+    torch.testing.assert_close(after * real, want * real, **TOL)
+    saved = attn._get_input_buffer(decoder.state)
+    assert saved["prev_key_padding_mask"].shape == (3, bound(alibi) + 4)
+    assert torch.equal(saved["prev_key_padding_mask"][:, :4], kpm[order][:, :4])
+
+
+def test_flex_refuses_a_cache_that_dropped_the_keys_after_its_sinks():
+    attn, _ = attention("flex", window_sinks=2)
+    x = torch.randn(80, 1, DIM, dtype=torch.float64)
+    decoder = Decoder(attn)
+    with torch.no_grad():
+        decoder.run(x, 0, 79, step=79)  # a prompt: the cache keeps the sinks and the window
+        with pytest.raises(ValueError, match="flex cannot read a KV cache that kept its "
+                                             "attention sinks"):
+            decoder.run(x, 79, 80)
+
+
+def test_without_a_cutoff_sinks_change_nothing():
+    layer = AlibiBias(4, window_sinks=4).layer(0)
+    assert layer.sinks == 0 and not layer.windowed
+    plain = AlibiBias(4).layer(0)
+    assert torch.equal(layer.dense(5, 20), plain.dense(5, 20))
