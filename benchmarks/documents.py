@@ -29,72 +29,25 @@ document, as packing makes it). Every table times its cases in interleaved paire
 
 import argparse
 import json
-import random
-import re
 import sys
 from pathlib import Path
 
 import torch
 
+from benchmarks.packing import (CORPORA, EOS, WIKITEXT, describe, document_lengths,
+                                padded_documents, packed_rows, training_sample)
 from benchmarks.tables import comma_choices, machine, table
 from benchmarks.timing import Rounds, backward_call, forward_call
 from fairseq_alibi.modules.attention import dispatch
 from fairseq_alibi.modules.bias import AlibiBias
 
 TABLES = ("attention", "training")
-CORPORA = ("uniform", "wikitext2")
-EOS = 2  # fairseq's </s>
-WIKITEXT = Path(__file__).resolve().parents[2] / "shared" / "data" / "wikitext-2"
-HEADING = re.compile(r"^ = [^=].* = $")  # an article's title line (sections have "= =")
 TRAIN_DIMS = ["--decoder-layers", "2", "--decoder-embed-dim", "512",
               "--decoder-ffn-embed-dim", "2048", "--decoder-attention-heads", "8",
               "--share-decoder-input-output-embed"]
 TRAIN_TOKENS = 4096  # tokens per training batch, whatever L
 QUICK_DIMS = ["--decoder-layers", "1", "--decoder-embed-dim", "64",
               "--decoder-ffn-embed-dim", "128", "--decoder-attention-heads", "4"]
-
-
-def wikitext_lengths(folder: Path = WIKITEXT) -> list:
-    """The articles' lengths in fairseq tokens (words, and one ``</s>`` per line) of
-    WikiText-2's test split."""
-    lengths, current = [], 0
-    with open(folder / "wiki.test.tokens", encoding="utf-8") as f:
-        for line in f:
-            if HEADING.match(line.rstrip("\n")) and current:
-                lengths.append(current)
-                current = 0
-            current += len(line.split()) + 1
-    return lengths + [current]
-
-
-def document_lengths(corpus: str, low: int, high: int, seed: int):
-    """An endless, seeded stream of document lengths."""
-    rng = random.Random(seed)
-    pool = wikitext_lengths() if corpus == "wikitext2" else None
-    while True:
-        yield rng.choice(pool) if pool else rng.randint(low, high)
-
-
-def packed_rows(rows: int, length: int, lengths, vocab: int = 2000, seed: int = 0):
-    """``(tokens (rows, length), documents)``: random words, an ``</s>`` opening each document
-    after the first of a row; ``documents``: the lengths of the pieces of every row."""
-    generator = torch.Generator().manual_seed(seed)
-    tokens = torch.randint(4, vocab, (rows, length), generator=generator)
-    pieces = []
-    for r in range(rows):
-        at = -rng_offset(lengths)  # the row starts inside a document
-        while at < length:
-            n = next(lengths)
-            if at > 0:
-                tokens[r, at] = EOS
-            pieces.append(min(at + n, length) - max(at, 0))
-            at += n
-    return tokens, [p for p in pieces if p > 0]
-
-
-def rng_offset(lengths) -> int:
-    """How far into its first document a row starts: half of one drawn length."""
-    return next(lengths) // 2
 
 
 def attention_cases(tokens, cutoff: float, heads=8, head_dim=64):
@@ -138,38 +91,6 @@ def attention_table(lengths, doc_lengths, cutoff, corpus, rounds, log=print):
     headers = (["L", "documents in the row", "pass"] + [f"{n} s" for n in found]
                + ["no mask ÷ documents", f"the same, T={cutoff:g}"])
     return shape, table(headers, rows), records
-
-
-def describe(corpus, doc_lengths) -> str:
-    return ("WikiText-2 test articles' lengths" if corpus == "wikitext2"
-            else f"uniform {doc_lengths[0]}–{doc_lengths[1]} tokens")
-
-
-def padded_documents(pieces, length: int, vocab: int = 2000, seed: int = 1):
-    """``complete_doc``'s rows for the same documents: each piece its own row (one longer than
-    ``length`` cut into rows of ``length``), right-padded with fairseq's pad (1)."""
-    rows = []
-    for n in pieces:
-        rows += [length] * (n // length) + ([n % length] if n % length else [])
-    generator = torch.Generator().manual_seed(seed)
-    tokens = torch.randint(4, vocab, (len(rows), length + 1), generator=generator)
-    for r, n in enumerate(rows):
-        tokens[r, n:] = 1
-    return tokens, rows
-
-
-def training_sample(tokens, real=None):
-    """A language-modelling sample of the rows ``tokens`` ``(B, L + 1)`` (``real``: each row's
-    real length, the rest padding)."""
-    B, L = tokens.shape[0], tokens.shape[1] - 1
-    real = real or [L] * B
-    target = tokens[:, 1:].clone()
-    for r, n in enumerate(real):
-        target[r, n:] = 1
-    return {"id": torch.arange(B), "nsentences": B, "ntokens": sum(real),
-            "net_input": {"src_tokens": tokens[:, :-1].contiguous(),
-                          "src_lengths": torch.tensor(real)},
-            "target": target}
 
 
 def training_table(lengths, doc_lengths, corpus, rounds, work: Path, log=print,

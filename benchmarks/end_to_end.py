@@ -9,7 +9,7 @@ One ``alibi_transformer_lm`` (2 layers, embed 512, 8 heads, FFN 2048, tied embed
 dropout 0.1, ``--vocab`` words: the output layer and its softmax cost what a real vocabulary
 costs) in four settings, built from the same seed: ``dense``; ``windows``
 (``--alibi-window-cutoff T``); ``documents`` (``--alibi-document-mask eos``); ``documents +
-windows``. Rows are packed documents (:func:`benchmarks.documents.packed_rows`: WikiText-2's
+windows``. Rows are packed documents (:func:`benchmarks.packing.packed_rows`: WikiText-2's
 article lengths by default, an ``</s>`` opening each document), one row a batch.
 
 * ``training``: fairseq's own ``Trainer.train_step`` (forward, backward, Adam) on one row of
@@ -34,8 +34,8 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.documents import (CORPORA, WIKITEXT, describe, document_lengths,
-                                  packed_rows, training_sample)
+from benchmarks.packing import (CORPORA, WIKITEXT, describe, document_lengths, packed_rows,
+                                training_sample)
 from benchmarks.tables import machine, table
 from benchmarks.timing import Rounds
 from benchmarks.trainer import build_trainer, write_dictionary

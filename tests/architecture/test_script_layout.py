@@ -23,15 +23,19 @@ MAX_FUNCTION_LINES = 80
 #: experiments, the translation-length grid's configurations and corpora, the flags check
 SHARED_EXPERIMENT_MODULES = {"lm_runs", "seq2seq_runs", "translation_runs", "model_flags"}
 #: what the benchmarks share: timing and peak memory, Markdown tables and the machine line,
-#: fairseq subprocesses, building a fairseq Trainer, the cases more than one benchmark times
-SHARED_BENCHMARK_MODULES = {"timing", "tables", "subprocesses", "trainer", "cases"}
+#: fairseq subprocesses, building a fairseq Trainer, the cases more than one benchmark times,
+#: packed rows of documents
+SHARED_BENCHMARK_MODULES = {"timing", "tables", "subprocesses", "trainer", "cases", "packing"}
 #: (command, command it hands its run to): ``translation_length --select`` runs the selection
-#: of ``translation_selection``; ``slope_windows --family encoder`` pretrains and scores with the
-#: encoder study's own steps; ``benchmarks.run`` runs every benchmark
+#: of ``translation_selection``; ``slope_windows --family encoder`` and ``document_masks --family
+#: mlm`` pretrain and score with the encoder study's own steps; ``benchmarks.run`` runs every
+#: benchmark
 DISPATCHES = {
     ("experiments.translation_length", "experiments.translation_selection"),
     ("experiments.slope_windows_encoder", "experiments.encoder_study"),
     ("experiments.slope_windows_encoder", "experiments.encoder_study_configs"),
+    ("experiments.document_masks", "experiments.encoder_study"),
+    ("experiments.document_masks", "experiments.encoder_study_configs"),
     *{("benchmarks.run", f"benchmarks.{name}")
       for name in ("attention", "decoding", "encoder", "eval_lm", "train", "translation")},
 }
