@@ -1,7 +1,7 @@
 """Slope windows: windowed ALiBi attention against dense ALiBi and the dense limit.
 
-    python -m benchmarks.windows [--quick] [--tables targets,cutoffs,thresholds]
-        [--lengths 1024,2048,4096,8192] [--cutoff 8] [--cutoffs 2,4,6,8,12,16]
+    python -m benchmarks.windows [--quick] [--tables targets,cutoffs,thresholds,sinks]
+        [--lengths 1024,2048,4096,8192] [--cutoff 8] [--cutoffs 2,4,6,8,12,16] [--sinks 4]
         [--variants causal,symmetric] [--passes forward,fwd+bwd] [--rounds 3] [--threads 1]
         [--batch 1] [--json FILE]
 
@@ -36,6 +36,9 @@ cutoff ``T`` (``W_h = ceil(T / m_h)``; 8 heads, ``T = 8``: 16, 32, …, 2048 key
   (time ratios: below 1 is faster); two check lines say whether ``auto`` with a cutoff was
   ever slower than the dense choice, or than ``dense auto`` without a cutoff, by more than
   :data:`NOISE`.
+* ``sinks`` (causal, ``--cutoff``, ``--sinks S``): attention sinks' cost, ``windowed`` with
+  ``S`` sinks (``--alibi-window-sinks``) ÷ ``windowed`` without, forward and
+  forward+backward, in the same rounds.
 """
 
 import argparse
@@ -54,7 +57,7 @@ from fairseq_alibi.modules.attention import dispatch, tuning
 from fairseq_alibi.modules.bias import AlibiBias
 
 CASES = ("no bias", "dense auto", "windowed")
-TABLES = ("targets", "cutoffs", "thresholds")
+TABLES = ("targets", "cutoffs", "thresholds", "sinks")
 PASSES = ("forward", "fwd+bwd")
 CUTOFFS = (2.0, 4.0, 6.0, 8.0, 12.0, 16.0)
 
@@ -63,9 +66,10 @@ CUTOFFS = (2.0, 4.0, 6.0, 8.0, 12.0, 16.0)
 NOISE = 0.05
 
 
-def layer_of(heads: int, variant: str, cutoff: float = 0.0):
-    """A layer's view of a fresh :class:`AlibiBias` (its own bias cache) with ``cutoff``."""
-    return AlibiBias(heads, variant=variant, window_cutoff=cutoff).layer(0)
+def layer_of(heads: int, variant: str, cutoff: float = 0.0, sinks: int = 0):
+    """A layer's view of a fresh :class:`AlibiBias` (its own bias cache) with ``cutoff`` and
+    ``sinks`` attention sinks."""
+    return AlibiBias(heads, variant=variant, window_cutoff=cutoff, window_sinks=sinks).layer(0)
 
 
 def attending(name: str, layer, scale: float):
@@ -113,6 +117,28 @@ def targets(lengths, cutoff=8.0, rounds=3, batch=1, heads=8, head_dim=64, log=pr
              "median")
     body = table(["L", "pass", "no bias s", "dense auto s", "windowed s",
                   "× faster than dense auto", "× faster than no bias"], rows)
+    return shape, body
+
+
+def sinks_table(lengths, cutoff=8.0, sinks=4, rounds=3, batch=1, heads=8, head_dim=64,
+                log=print):
+    """``(shape line, Markdown table)``: causal ``windowed`` with ``sinks`` attention sinks and
+    without, per length and pass, and the ratio (time with ÷ time without)."""
+    scale = 1 / math.sqrt(head_dim)
+    with_sinks = f"S={sinks}"
+    found = {"S=0": attending("windowed", layer_of(heads, "causal", cutoff), scale),
+             with_sinks: attending("windowed", layer_of(heads, "causal", cutoff, sinks), scale)}
+    rows = []
+    for L in lengths:
+        for name, rounds_of in timed(found, L, rounds, batch, heads, head_dim).items():
+            ratio = rounds_of.ratio(with_sinks, "S=0")
+            rows.append([L, name, f"{rounds_of.median('S=0'):.3f}",
+                         f"{rounds_of.median(with_sinks):.3f}", f"{ratio:.3f}"])
+            log(f"[windows] L={L} {name}: {with_sinks} ÷ S=0 {ratio:.3f}")
+    shape = (f"B={batch}, H={heads}, D={head_dim}, float32, causal, cutoff T={cutoff:g}, "
+             f"{rounds} interleaved round(s), median")
+    body = table(["L", "pass", "windowed S=0 s", f"windowed {with_sinks} s",
+                  f"{with_sinks} ÷ S=0"], rows)
     return shape, body
 
 
@@ -239,6 +265,8 @@ def main(argv=None):
     parser.add_argument("--variants", default=None,
                         help="comma-separated variants of the other tables (default: cutoffs "
                              "causal,symmetric; thresholds every variant)")
+    parser.add_argument("--sinks", type=int, default=4,
+                        help="the attention sinks S of the sinks table")
     parser.add_argument("--passes", default="forward,fwd+bwd",
                         help="comma-separated passes of the thresholds table")
     parser.add_argument("--rounds", type=int, default=3, help="interleaved timing rounds")
@@ -290,6 +318,10 @@ def main(argv=None):
         if args.json:
             with open(args.json, "w") as out:
                 json.dump(records, out, indent=1)
+    if "sinks" in tables:
+        shape, body = sinks_table(lengths_or([4096, 8192]), args.cutoff, args.sinks, rounds,
+                                  args.batch, head_dim=head_dim, log=log)
+        parts.append(f"Attention sinks: {shape}\n\n{body}")
     text = "\n\n".join(parts)
     print(text)
     return text

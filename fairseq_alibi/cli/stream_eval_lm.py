@@ -9,7 +9,7 @@ target of input ``t`` is token ``t + 1``, every token of the split is a target o
 through the model ``--stream-chunk`` tokens per forward call under
 :func:`fairseq_alibi.modules.streaming.stream_states`: every ALiBi self-attention keeps the
 keys of the tokens before (all of them, or with ``--alibi-window-cutoff T`` the last
-``max_h W_h``, those its windows reach), so each token is scored once with every earlier token
+``max_h W_h``, those its windows reach, and with ``--alibi-window-sinks S`` the first ``S``), so each token is scored once with every earlier token
 the model can see as its context, at the cost of cached decoding. The stride-1 sliding window
 (``fairseq-eval-lm --tokens-per-sample 1 --context-window L-1``) scores the same tokens with
 ``L - 1`` earlier ones at one forward pass of ``L`` tokens per scored token.

@@ -9,7 +9,8 @@ the cache holds. For a causal stack this is the model's own definition: the ALiB
 on ``i - j`` only and is aligned to the end of the keys, so query ``i`` of the chunk attends
 with ``-m_h·(i - j)`` to each cached key ``j``, exactly as in one forward pass over the whole
 text (with ``--alibi-window-cutoff``, the keys beyond each head's window are dropped either way,
-so a cache that keeps only the last ``max_h W_h`` keys gives the same result).
+so a cache that keeps only the last ``max_h W_h`` keys gives the same result; with attention
+sinks, ``--alibi-window-sinks S``, it keeps the first ``S`` keys too, at their positions).
 
 :func:`stream_states` does it for any model holding
 :class:`~fairseq_alibi.modules.alibi_multihead_attention.AlibiMultiheadAttention` layers,

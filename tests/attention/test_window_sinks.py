@@ -236,3 +236,10 @@ def test_without_a_cutoff_sinks_change_nothing():
     assert layer.sinks == 0 and not layer.windowed
     plain = AlibiBias(4).layer(0)
     assert torch.equal(layer.dense(5, 20), plain.dense(5, 20))
+
+
+def test_the_benchmarks_sinks_table_smoke_run():
+    from benchmarks import windows as bench
+
+    body = bench.main(["--quick", "--lengths", "64", "--tables", "sinks"])
+    assert "| S=4 ÷ S=0 |" in body and "| 64 | fwd+bwd |" in body
