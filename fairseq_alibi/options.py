@@ -659,9 +659,15 @@ def check_override_keys(keys: Iterable[str], model_name: str, where: str = "--mo
     (:func:`is_our_key`) but no option of the model ``model_name``: misspelt (with the closest
     name, by :mod:`difflib`) or another family's. fairseq drops such a key of a load-time
     override (or sets it where nothing reads it), and the run would report figures as if the
-    option were on. Other keys are not looked at; a model that declared no family (a stock one)
+    option were on. Other keys are not looked at; a stock model (one that declared no family)
+    refuses any key of the package's, which it would ignore; a checkpoint that names no model
     is not checked."""
     if model_name not in _FAMILY_DECLARATIONS:
+        ours = [key for key in keys if isinstance(key, str) and is_our_key(key)]
+        if ours and model_name is not None:
+            raise ValueError(f"ALiBi option {ours[0]!r} in {where} does nothing to {model_name}, "
+                             "a model without ALiBi (fairseq would ignore it): drop it, or load "
+                             "a model of the alibi_* architectures")
         return
     valid = family_option_names(model_name)
     for key in keys:

@@ -27,6 +27,7 @@ LM = FIXTURES / "lm_fixed_slopes" / "checkpoint.pt"  # a hydra-era checkpoint (s
 ROBERTA = FIXTURES / "roberta_one_sided_head" / "checkpoint.pt"  # its model: a Namespace
 TRANSLATION = FIXTURES / "translation_pointer" / "checkpoint.pt"
 LM_OPTIONS = ("alibi_learned_scales, alibi_scale_init, alibi_heads, alibi_window_cutoff, "
+              "alibi_window_sinks, "
               "alibi_document_mask, alibi_attention, alibi_slope_scale")
 
 
@@ -143,9 +144,26 @@ def test_the_hubs_keyword_arguments_are_checked():
     assert str(refused.value).startswith("unknown ALiBi option 'alibi_slope_scal'")
 
 
-def test_a_stock_model_is_not_checked():
-    options.check_override_keys(["alibi_slope_scal"], "transformer_lm")
-    options.check_override_keys(["alibi_slope_scal"], None)
+def test_a_stock_model_refuses_the_packages_keys_it_would_ignore():
+    with pytest.raises(ValueError) as refused:
+        options.check_override_keys(["max_target_positions", "alibi_document_mask"],
+                                    "transformer_lm")
+    assert str(refused.value).startswith("ALiBi option 'alibi_document_mask' in "
+                                         "--model-overrides does nothing to transformer_lm")
+    options.check_override_keys(["max_target_positions"], "transformer_lm")  # stock: untouched
+    options.check_override_keys(["alibi_slope_scal"], None)  # names no model: not checked
+
+
+def test_a_stock_checkpoint_refuses_a_document_mask_override(tmp_path):
+    """What fairseq-eval-lm and the hub load: a stock transformer_lm given
+    {'alibi_document_mask': 'eos'} would run without it, as if masked."""
+    from tests.helpers.checkpoints import saved_in_process
+    from tests.helpers.training import STOCK
+
+    stock = saved_in_process(tmp_path / "stock.pt", FIXTURES, *STOCK["lm"])
+    assert "'alibi_document_mask' in --model-overrides does nothing to transformer_lm" in \
+        refusal(stock, alibi_document_mask="eos")
+    assert load(stock, max_target_positions=64) is not None
 
 
 def start_job(family, name, *overrides):
