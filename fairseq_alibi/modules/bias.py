@@ -184,16 +184,19 @@ class AlibiBias(torch.nn.Module):
         if cached_len != key_len - query_len:
             raise ValueError(f"the KV cache holds {key_len - query_len} keys but the documents "
                              f"of {cached_len}: a cache must be trimmed with its documents")
-        if cached is None:  # once per forward pass, not per layer: kept with its tokens
-            key = self.cache.documents_key
-            if key is None or key[0] is not self.cache.eos or key[1] != query_len:
-                self.cache.documents = Documents(document_ids(eos, self.document_mask),
-                                                 eos[:, -1:])
-                self.cache.documents_key = (self.cache.eos, query_len)
-            return self.cache.documents
-        ids, last_eos = cached
-        found = document_ids(eos, self.document_mask, last_eos, ids[:, -1:])
-        return Documents(torch.cat([ids, found], dim=1), eos[:, -1:])
+        # once per forward pass, not per layer: kept with its tokens (every layer's KV cache
+        # holds the same keys' documents: the same tokens, trimmed and reordered alike)
+        key = (self.cache.eos, query_len, cached_len)
+        memo = self.cache.documents_key
+        if memo is None or memo[0] is not key[0] or memo[1:] != key[1:]:
+            if cached is None:
+                found = Documents(document_ids(eos, self.document_mask), eos[:, -1:])
+            else:
+                ids, last_eos = cached
+                more = document_ids(eos, self.document_mask, last_eos, ids[:, -1:])
+                found = Documents(torch.cat([ids, more], dim=1), eos[:, -1:])
+            self.cache.documents, self.cache.documents_key = found, key
+        return self.cache.documents
 
     def _apply(self, fn, *args, **kwargs):
         # model.half() / .bfloat16() must not round the slopes: the bias is built in float32
