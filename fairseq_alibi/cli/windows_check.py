@@ -8,15 +8,19 @@
 (:func:`fairseq_alibi.alibi.window_lengths` of its effective slope ``m_h``). The bound ``e^-T``
 holds against a key at distance 0 *with the same logit*, not against the keys a head prefers: a
 head that learned an attention sink (most of its weight on the first tokens, whatever the
-distance) loses that weight under windows. This tool measures, on a causal ALiBi language
+distance) loses that weight under windows, unless its first positions are kept beside them
+(``--alibi-window-sinks S``, attention sinks). This tool measures, on a causal ALiBi language
 model (``alibi_transformer_lm`` and the ``alibi_<arch>`` mirrors) and a binarized
 ``language_modeling`` folder, what the cutoffs would change, at the cost of the few sequences
 its verdict needs:
 
 * **perplexity, per cutoff, as few tokens as the verdict needs.** The cutoffs of ``--cutoffs``
-  are tried in increasing order, and the first that passes is the verdict: the later ones are
-  not evaluated. A cutoff is scored with the checkpoint loaded with the load-time override
-  ``{'alibi_window_cutoff': T}`` (what ``--model-overrides`` gives), against the checkpoint
+  are tried in increasing order, each first without sinks (``S = 0``) and, where that fails
+  (not within, or a sink head that needs its first positions kept), with each ``S > 0`` of
+  ``--sinks`` in increasing order; the first ``(T, S)`` that passes is the verdict: the later
+  ones are not evaluated. A candidate is scored with the checkpoint loaded with the load-time
+  overrides ``{'alibi_window_cutoff': T, 'alibi_window_sinks': S}`` (what
+  ``--model-overrides`` gives), against the checkpoint
   with the cutoff off, on the same sequences of split ``--gen-subset`` (read as one stream, as
   ``fairseq-alibi eval-lm-stream`` reads it) at each length of ``--lengths`` (default: the
   checkpoint's training ``tokens_per_sample`` times :data:`DEFAULT_MULTIPLE`, at most the
@@ -28,8 +32,10 @@ its verdict needs:
   :data:`MIN_BLOCKS` blocks), the cutoff is *within* at that length when
   ``|Δ| + Z·σ <= --tolerance`` (``Z`` = :data:`Z`), *beyond* when ``|Δ| - Z·σ > --tolerance``,
   and otherwise one more sequence is scored, up to ``--tokens`` tokens (default:
-  :data:`DEFAULT_TOKENS`, at most the split's, in whole sequences); still undecided there, it is not within (*undecided*: more
-  ``--tokens`` may decide it). A cutoff passes when it is within at every length.
+  :data:`DEFAULT_TOKENS`, at most the split's, in whole sequences); still undecided there, it
+  is not within (*undecided*: more ``--tokens`` may decide it). Every ``S`` of a cutoff is
+  scored on the same sequences (dense's are computed once). ``(T, S)`` passes when it is
+  within at every length and keeps the first positions its sink heads need (below).
 * **the attention mass beyond each window**, per layer and head (both counted from 0) and per
   ``T``: the dense model's attention probabilities ``p[i, j]`` (its own, asked with
   ``need_head_weights`` through forward hooks, one sequence at a time) summed over the keys
@@ -41,18 +47,24 @@ its verdict needs:
   window is that long or longer has no key beyond it there (the perplexity, at every length,
   still counts it). A head whose mean mass beyond its window on the first ``max(--sinks)``
   positions is at least ``--sink-mass`` is a *sink head* (``layer L head h``; ``--sinks 0``
-  alone turns this off);
-* per ``T``, computed from the windows: the attention saved (the share of the score entries
-  ``(i, j)``, ``j <= i``, beyond them: what a windowed backend does not compute or hold; not
-  timed, the backends' timings are in docs/benchmarks.md) and the keys a decoding cache keeps
-  (``max_h W_h``).
+  alone turns this off). A sink head *needs* the smallest ``S`` of ``--sinks`` whose first
+  positions leave less than ``--sink-mass`` of that mass beyond them (``max(--sinks)`` at
+  most): ``(T, S)`` passes only with ``S`` at least what every sink head at ``T`` needs;
+* per ``(T, S)``, computed from the windows: the attention kept (the share of the score entries
+  ``(i, j)``, ``j <= i``, within them or on the first ``S`` positions: what a windowed backend
+  computes and holds; not timed, the backends' timings are in docs/benchmarks.md) and the keys
+  a decoding cache keeps (``max_h W_h + S``).
 
 Outputs: a table on stdout, ``windows.md``, ``windows_heads.csv`` (a row per layer, head and
-``T``), ``windows_cutoffs.csv`` (a row per cutoff evaluated, and one per ``T`` not evaluated) and
-``windows.png`` (mass beyond the window by head and ``T``; needs matplotlib) in ``--out``. The
-last line of stdout is the verdict: ``recommended: --alibi-window-cutoff T`` (the smallest ``T``
-of ``--cutoffs`` that passes and leaves no sink head) or ``not recommended: <reason>``. Bad
-input is one line naming the argument, exit status 2. The checkpoint is only read.
+``T``), ``windows_cutoffs.csv`` (a row per ``(T, S)`` evaluated, and one per ``T`` not
+evaluated) and ``windows.png`` (mass beyond the window by head and ``T``; needs matplotlib) in
+``--out``. The last line of stdout is the verdict: ``recommended: --alibi-window-cutoff T``
+(the smallest ``T`` of ``--cutoffs`` that passes without sinks), ``recommended:
+--alibi-window-cutoff T --alibi-window-sinks S`` (it passes only with its first ``S`` positions
+kept) or ``not recommended: <reason>`` (what failed: the closest change, with the largest ``S``
+tried, and the sink heads). A model with a document mask cannot keep sinks (its rows hold
+several documents): ``--sinks`` defaults to ``0`` for it, and an ``S > 0`` given is refused.
+Bad input is one line naming the argument, exit status 2. The checkpoint is only read.
 """
 
 import argparse
@@ -130,11 +142,12 @@ def build_parser() -> argparse.ArgumentParser:
     finite = math.isfinite
     parser = _Parser(prog=PROG, description=(
         "The check before --alibi-window-cutoff T: the perplexity change of each T against "
-        "dense, in increasing T until one passes, each on as many sampled sequences as its "
+        "dense, in increasing T until one passes (without sinks, then with each S > 0 of "
+        "--sinks kept: --alibi-window-sinks S), each on as many sampled sequences as its "
         "verdict needs; per layer and head, the dense attention mass beyond each window (and "
-        "on the first --sinks positions: attention sinks); the attention saved. The last line "
-        "of stdout is the verdict, 'recommended: --alibi-window-cutoff T' or 'not "
-        "recommended: <reason>'."))
+        "on the first --sinks positions: attention sinks); the attention kept. The last line "
+        "of stdout is the verdict, 'recommended: --alibi-window-cutoff T [--alibi-window-sinks "
+        "S]' or 'not recommended: <reason>'."))
     parser.add_argument("checkpoint", metavar="CKPT", help="a causal ALiBi LM checkpoint")
     parser.add_argument("data", metavar="DATA", help="a folder written by fairseq-preprocess "
                         "(the language_modeling task's data)")
@@ -152,12 +165,14 @@ def build_parser() -> argparse.ArgumentParser:
                                       "4,8)", lambda v: finite(v) and v > 0),
                         help="the cutoffs T checked, in increasing order until one passes "
                         "(default: 4,6,8,12,16)")
-    parser.add_argument("--sinks", metavar="S1,S2,...", default=list(DEFAULT_SINKS),
+    parser.add_argument("--sinks", metavar="S1,S2,...",
                         type=_list_of(int, "a number of first positions >= 0 (e.g. --sinks 0,4)",
                                       lambda v: v >= 0),
-                        help="report the share of the mass beyond each window on the first S "
-                        "positions, for each S (default: 0,4); sink heads are judged on the "
-                        "largest S")
+                        help="the attention sinks tried (--alibi-window-sinks S), each S > 0 in "
+                        "increasing order where a cutoff fails without, and the share of the "
+                        "mass beyond each window on the first S positions (default: 0,4; 0 for "
+                        "a model with a document mask, which cannot keep sinks); sink heads are "
+                        "judged on the largest S")
     parser.add_argument("--tolerance", default=DEFAULT_TOLERANCE, metavar="PERCENT",
                         type=_value(float, "a finite percentage >= 0 (e.g. --tolerance 0.1)",
                                   lambda v: finite(v) and v >= 0),
@@ -193,6 +208,28 @@ def checkpoint_config(path):
     if refusal:
         raise WindowsInputError(f"CKPT {refusal}")
     return state["cfg"]
+
+
+def resolve_sinks(args, cfg) -> Optional[str]:
+    """``args.sinks``: as given, or :data:`DEFAULT_SINKS`; ``0`` alone for a model with a
+    document mask (``--alibi-window-sinks`` cannot be combined with it: its rows hold several
+    documents, whose first positions are not the row's), where an ``S > 0`` given is refused.
+    Returns the note that says why no sinks are tried, or ``None``."""
+    from fairseq_alibi.config_access import cfg_get
+
+    mask = str(cfg_get(cfg_get(cfg, "model"), "alibi_document_mask", "none") or "none")
+    given = args.sinks
+    if mask == "none":
+        args.sinks = given or list(DEFAULT_SINKS)
+        return None
+    if given and max(given) > 0:
+        raise WindowsInputError(
+            f"--sinks {max(given)}: CKPT was trained with --alibi-document-mask {mask}, which "
+            f"cannot be combined with --alibi-window-sinks (sinks are the first positions of a "
+            f"row, not of each document); give --sinks 0, or leave it out")
+    args.sinks = [0]
+    return (f"sinks: none tried, no sink heads judged: CKPT has --alibi-document-mask {mask}, "
+            "which cannot be combined with --alibi-window-sinks")
 
 
 def resolve_lengths(args, cfg, total: int) -> List[int]:
@@ -250,7 +287,7 @@ def read_stream(cfg, data, subset: str):
 def load_model(path, task, overrides: Dict[str, float], device):
     """The checkpoint's model in eval mode on ``device``, loaded with the load-time
     ``overrides`` (what ``--model-overrides`` gives: ``{}`` as saved, ``{'alibi_window_cutoff':
-    T}``), for ``task``'s dictionary."""
+    T, 'alibi_window_sinks': S}``), for ``task``'s dictionary."""
     from fairseq import checkpoint_utils
 
     from fairseq_alibi.error_hints import raised_by_plugin
@@ -426,8 +463,9 @@ def judge(diffs, dense_nll: float, tolerance: float) -> Judged:
 
 @dataclass
 class Candidate:
-    """A cutoff evaluated: each length's :class:`Judged`, longest first, up to the first that is
-    not within (the others are not scored); the keys a decoding cache keeps."""
+    """A cutoff evaluated with ``sinks`` first positions kept (0: none): each length's
+    :class:`Judged`, longest first, up to the first that is not within (the others are not
+    scored); the keys a decoding cache keeps (its sinks included)."""
     cutoff: float
     sinks: int
     judged: Dict[int, Judged]
@@ -443,7 +481,14 @@ class Candidate:
 
     @property
     def name(self) -> str:
-        return f"T={self.cutoff:g}" + (f" with {self.sinks} sinks" if self.sinks else "")
+        return f"T={self.cutoff:g}" + (f" with {self.sinks} sink{'s' * (self.sinks > 1)}"
+                                       if self.sinks else "")
+
+    @property
+    def flags(self) -> str:
+        """The options that run it: ``--alibi-window-cutoff T [--alibi-window-sinks S]``."""
+        return f"--alibi-window-cutoff {self.cutoff:g}" + (
+            f" --alibi-window-sinks {self.sinks}" if self.sinks else "")
 
 
 class Sample:
@@ -497,8 +542,10 @@ class Sample:
 
 def measure(args, cfg, source, target, task, lengths: List[int], tokens: int, bar) -> tuple:
     """The attention mass (the dense model hooked, :class:`MassMeter`, on its own sample), then
-    the cutoffs in increasing order until one passes (within at every length, no sink head at its
-    ``T``); returns ``(meter, heads, sample, candidates)``."""
+    the cutoffs in increasing order until one passes (within at every length, keeping what the
+    sink heads at its ``T`` need): each without sinks, and where that fails with each ``S > 0``
+    of ``--sinks`` in increasing order, on the same sequences; returns ``(meter, heads, sample,
+    candidates)``."""
     import torch
 
     from fairseq_alibi.modules.attention.windowed import decoding_reach
@@ -517,18 +564,21 @@ def measure(args, cfg, source, target, task, lengths: List[int], tokens: int, ba
             bar.update(1)
     del attentions
     heads = head_rows(meter, args.sink_mass)
-    sunk = {row.cutoff for row in heads if row.sink}
     sample = Sample(dense, source, target, lengths, tokens, args.seed, device, bar)
     candidates = []
     for t in args.cutoffs:
-        model = load_model(args.checkpoint, task, {"alibi_window_cutoff": t}, device)
-        reaches = [decoding_reach(m.alibi) for m in alibi_attentions(model, args.checkpoint)]
-        with torch.no_grad():
-            judged = sample.evaluate(model, args.tolerance)
-        del model
-        candidates.append(Candidate(t, 0, judged, None if None in reaches else max(reaches)))
-        if candidates[-1].status == "within" and t not in sunk:
-            break  # it passes: the verdict
+        needed = sinks_needed(h for h in heads if h.cutoff == t)
+        for s in [0] + [s for s in args.sinks if s]:
+            model = load_model(args.checkpoint, task, {"alibi_window_cutoff": t,
+                                                       "alibi_window_sinks": s}, device)
+            reaches = [decoding_reach(m.alibi) for m in alibi_attentions(model, args.checkpoint)]
+            with torch.no_grad():
+                judged = sample.evaluate(model, args.tolerance)
+            del model
+            candidates.append(Candidate(t, s, judged,
+                                        None if None in reaches else max(reaches) + s))
+            if candidates[-1].status == "within" and s >= needed:
+                return meter, heads, sample, candidates  # it passes: the verdict
     return meter, heads, sample, candidates
 
 
@@ -551,6 +601,9 @@ class HeadRow:
     share: Dict[int, float]  # S -> share of the mass beyond on the first S positions
     on_sinks: Dict[int, float]  # S -> mean mass beyond on the first S positions
     sink: bool
+    #: a sink head's: the fewest first positions of --sinks that leave less than --sink-mass of
+    #: its mean mass beyond the window on the first max(--sinks) (0: not a sink head)
+    needs: int = 0
 
     @property
     def name(self) -> str:
@@ -559,11 +612,10 @@ class HeadRow:
 
 @dataclass
 class CutoffRow:
-    """One ``T``: its windows, the attention kept per length, the heads' mass beyond, and the
-    cutoffs evaluated at it (none: a smaller ``T`` passed)."""
+    """One ``T``: its windows, the heads' mass beyond, and the candidates ``(T, S)`` evaluated at
+    it, in the order scored (none: a smaller ``T`` passed)."""
     cutoff: float
     windows: List[Optional[int]]
-    kept: Dict[int, float]  # length -> share of the score entries kept (computed)
     heads: List[HeadRow]
     evaluated: List[Candidate] = field(default_factory=list)
 
@@ -571,14 +623,36 @@ class CutoffRow:
     def sink_heads(self) -> List[HeadRow]:
         return [row for row in self.heads if row.sink]
 
+    @property
+    def needs(self) -> int:
+        """The first positions its sink heads need kept (0: none)."""
+        return sinks_needed(self.heads)
+
+    def passes(self, c: Candidate) -> bool:
+        """``c`` (one of :attr:`evaluated`) is within at every length and keeps the first
+        positions the sink heads need."""
+        return c.status == "within" and c.sinks >= self.needs
+
+    def kept_with(self, length: int, sinks: int) -> float:
+        """The share of the score entries kept at ``length`` with ``sinks`` first positions
+        kept, over the heads."""
+        return sum(kept_share(w, length, sinks) for w in self.windows) / len(self.windows)
+
+
+def sinks_needed(heads) -> int:
+    """The most first positions any sink head of ``heads`` (:class:`HeadRow` s) needs kept."""
+    return max((h.needs for h in heads if h.sink), default=0)
+
 
 def head_rows(meter: "MassMeter", sink_mass: float) -> List[HeadRow]:
     """A :class:`HeadRow` per layer, head and ``T`` of what ``meter`` counted; a sink head has
     a mean mass beyond its window on the first ``max(sinks)`` positions of ``sink_mass`` or
-    more."""
+    more, and needs the fewest first positions ``S`` of ``sinks`` that leave less than
+    ``sink_mass`` of it on the others."""
     import numpy as np
 
     rows, judged = [], max(meter.sinks)
+    positive = [s for s in meter.sinks if s]
     for layer, slopes in enumerate(meter.slopes):
         for head, slope in enumerate(slopes):
             for t in meter.cutoffs:
@@ -588,55 +662,60 @@ def head_rows(meter: "MassMeter", sink_mass: float) -> List[HeadRow]:
                 on = {s: meter.on_sinks.get((layer, head, t, s), 0.0) for s in meter.sinks}
                 stats = (float(masses.mean()), float(np.percentile(masses, 99)),
                          float(masses.max())) if count else (0.0, 0.0, 0.0)
+                mean_on = {s: on[s] / count if count else 0.0 for s in on}
+                sink = judged > 0 and count > 0 and mean_on[judged] >= sink_mass
+                needs = next(s for s in positive if mean_on[judged] - mean_on[s] < sink_mass
+                             ) if sink else 0  # judged itself at most
                 rows.append(HeadRow(
                     layer, head, slope, t, meter.windows[layer][t][head], count, *stats,
-                    {s: on[s] / total if total > 0 else 0.0 for s in on},
-                    {s: on[s] / count if count else 0.0 for s in on},
-                    judged > 0 and count > 0 and on[judged] / count >= sink_mass))
+                    {s: on[s] / total if total > 0 else 0.0 for s in on}, mean_on, sink,
+                    needs))
     return rows
 
 
-def kept_share(window: Optional[int], length: int) -> float:
+def kept_share(window: Optional[int], length: int, sinks: int = 0) -> float:
     """The share of a causal sequence's score entries ``(i, j)``, ``j <= i < length``, that a
-    head with window ``window`` keeps (``i - j <= window``)."""
+    head with window ``window`` keeps (``i - j <= window``, or ``j < sinks``)."""
     if window is None or window >= length - 1:
         return 1.0
     kept = (window + 1) * (window + 2) / 2 + (length - 1 - window) * (window + 1)
+    beyond = length - 1 - window  # queries with keys beyond: k = 1 … beyond of them there
+    s = min(sinks, beyond)
+    kept += s * (s + 1) / 2 + (beyond - s) * s  # sum over k of min(sinks, k)
     return kept / (length * (length + 1) / 2)
 
 
-def cutoff_rows(meter: "MassMeter", heads: List[HeadRow], candidates: List[Candidate],
-                lengths: List[int]) -> List[CutoffRow]:
-    rows = []
-    for t in meter.cutoffs:
-        windows = [w for layer in meter.windows for w in layer[t]]
-        kept = {n: sum(kept_share(w, n) for w in windows) / len(windows) for n in lengths}
-        rows.append(CutoffRow(t, windows, kept, [h for h in heads if h.cutoff == t],
-                              [c for c in candidates if c.cutoff == t]))
-    return rows
+def cutoff_rows(meter: "MassMeter", heads: List[HeadRow],
+                candidates: List[Candidate]) -> List[CutoffRow]:
+    return [CutoffRow(t, [w for layer in meter.windows for w in layer[t]],
+                      [h for h in heads if h.cutoff == t],
+                      [c for c in candidates if c.cutoff == t]) for t in meter.cutoffs]
 
 
 def verdict(rows: List[CutoffRow], tolerance: float, sinks: Sequence[int]) -> str:
-    """The last line: the smallest ``T`` within ``tolerance`` at every length with no sink
-    head, or why none is."""
-    evaluated = [c for row in rows for c in row.evaluated]
+    """The last line: the first ``(T, S)`` evaluated that passes (within ``tolerance`` at every
+    length, keeping what its sink heads need), or what failed."""
     for row in rows:
-        if any(c.status == "within" for c in row.evaluated) and not row.sink_heads:
-            return f"recommended: --alibi-window-cutoff {row.cutoff:g}"
-    within = [row for row in rows if any(c.status == "within" for c in row.evaluated)]
-    if within:
-        row = within[0]
-        return (f"not recommended: at T={row.cutoff:g} perplexity changes "
-                f"{_change(row.evaluated[0].worst)} (within {tolerance:g} %), but "
-                f"{sink_reason(row, max(sinks))}")
+        for c in row.evaluated:
+            if row.passes(c):
+                return f"recommended: {c.flags}"
+    evaluated = [c for row in rows for c in row.evaluated]
+    within = [(row, c) for row in rows for c in row.evaluated if c.status == "within"]
+    if within:  # within, but short of the sinks its sink heads need
+        row, c = within[0]
+        return (f"not recommended: at {c.name} perplexity changes {_change(c.worst)} (within "
+                f"{tolerance:g} %), but {sink_reason(row, max(sinks))}")
     best = min(evaluated, key=lambda c: abs(c.worst.change))
-    reason = (f"not recommended: no cutoff of {', '.join(f'{c.cutoff:g}' for c in evaluated)} "
-              f"keeps perplexity within {tolerance:g} % of dense at every length (closest: "
-              f"{best.name}, {_change(best.worst)})")
+    kept = sorted({c.sinks for c in evaluated} - {0})
+    reason = (f"not recommended: no cutoff of "
+              f"{', '.join(f'{t:g}' for t in sorted({c.cutoff for c in evaluated}))} keeps "
+              f"perplexity within {tolerance:g} % of dense at every length"
+              + (f", without sinks or with --alibi-window-sinks {' or '.join(map(str, kept))}"
+                 if kept else "") + f" (closest: {best.name}, {_change(best.worst)})")
     undecided = [c.name for c in evaluated if c.status == "undecided"]
     sunk = [row for row in rows if row.sink_heads and row.evaluated]
     if sunk:
-        return f"{reason}; {sink_reason(sunk[0], max(sinks))}"
+        return f"{reason}; at T={sunk[0].cutoff:g} {sink_reason(sunk[0], max(sinks))}"
     if undecided:
         return (f"{reason}; {', '.join(undecided)} undecided on the tokens scored: give more "
                 "--tokens, or try larger --cutoffs")
@@ -648,16 +727,26 @@ def _change(judged: Judged) -> str:
     return f"{judged.change:+.3f} ± {judged.margin:.3f} % on {judged.tokens:,} tokens"
 
 
+def _first(positions: int) -> str:
+    """``the first position``, ``the first 4 positions``."""
+    return "the first position" if positions == 1 else f"the first {positions} positions"
+
+
 def sink_reason(row: CutoffRow, sinks: int) -> str:
-    """Which heads are sinks at ``row``'s ``T``, and what windows would need."""
+    """Which heads are sinks at ``row``'s ``T``, the first positions they need kept, and what
+    perplexity did with them kept (the most first positions evaluated at ``T``)."""
     worst = max(row.sink_heads, key=lambda h: h.on_sinks[sinks])
     mass = f"{worst.on_sinks[sinks]:.2f}"
-    who = (f"{worst.name} puts {mass} of its attention (mean) beyond its window on the first "
-           f"{sinks} positions (an attention sink)" if len(row.sink_heads) == 1 else
-           f"{len(row.sink_heads)} heads put their attention beyond their windows on the first "
-           f"{sinks} positions (attention sinks; most: {worst.name}, {mass} mean)")
-    return (f"{who}: windows would need the first {sinks} positions kept, which "
-            "--alibi-window-cutoff does not do")
+    who = (f"{worst.name} puts {mass} of its attention (mean) beyond its window on "
+           f"{_first(sinks)} (an attention sink)" if len(row.sink_heads) == 1 else
+           f"{len(row.sink_heads)} heads put their attention beyond their windows on "
+           f"{_first(sinks)} (attention sinks; most: {worst.name}, {mass} mean)")
+    reason = f"{who}: windows need {_first(row.needs)} kept (--alibi-window-sinks {row.needs})"
+    kept = [c for c in row.evaluated if c.sinks >= row.needs]
+    if not kept:
+        return f"{reason}, not scored with them"
+    return (f"{reason}, and with --alibi-window-sinks {kept[-1].sinks} perplexity changes "
+            f"{_change(kept[-1].worst)} ({kept[-1].status})")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -682,25 +771,39 @@ def table(headers: Sequence[str], rows: Sequence[Sequence]) -> List[str]:
 
 def cutoff_table(rows: List[CutoffRow], lengths: List[int]) -> List[str]:
     longest = max(lengths)
-    headers = (["T", "W_h"] + [f"ppl change % L={n} (± {Z:g}σ, tokens)" for n in lengths]
+    headers = (["T", "S", "W_h"] + [f"ppl change % L={n} (± {Z:g}σ, tokens)" for n in lengths]
                + ["verdict", f"attention kept L={longest}", "decoding cache keys",
-                  "most mass beyond (mean)", "sink heads"])
+                  "most mass beyond (mean)", "sink heads (S needed)"])
     body = []
     for row in rows:
         known = [w for w in row.windows if w is not None]
         span = (f"{min(known)}–{max(known)}" if known else "all") + (
             " (some all)" if known and len(known) < len(row.windows) else "")
         top = max(row.heads, key=lambda h: h.mean)
-        shared = [f"{row.kept[longest]:.0%}", f"{_mass(top.mean)} ({top.name})",
-                  ", ".join(h.name for h in row.sink_heads) or "none"]
+        shared = [f"{_mass(top.mean)} ({top.name})",
+                  ", ".join(f"{h.name} ({h.needs})" for h in row.sink_heads) or "none"]
         for c in row.evaluated or [None]:
             changes = ["not scored" if c is None or n not in c.judged else
                        f"{c.judged[n].change:+.3f} ± {c.judged[n].margin:.3f} "
                        f"({c.judged[n].tokens:,})" for n in lengths]
-            body.append([f"{row.cutoff:g}", span, *changes,
-                         "not evaluated" if c is None else c.status, shared[0],
-                         "" if c is None else _window(c.cache), *shared[1:]])
+            status = "not evaluated" if c is None else _status(row, c)
+            body.append([f"{row.cutoff:g}", "" if c is None else c.sinks, span, *changes,
+                         status, f"{row.kept_with(longest, 0 if c is None else c.sinks):.0%}",
+                         "" if c is None else _window(c.cache), *shared])
     return table(headers, body)
+
+
+def _status(row: CutoffRow, c: Candidate) -> str:
+    """The rule's decision on ``c``; ``within, sinks short`` where its sink heads need more."""
+    return "within, sinks short" if c.status == "within" and not row.passes(c) else c.status
+
+
+def sinks_lines(rows: List[CutoffRow]) -> List[str]:
+    """Per ``T`` scored with sinks: each ``S`` next to none."""
+    return [f"T={row.cutoff:g}: " + "; ".join(
+        f"{f'with --alibi-window-sinks {c.sinks}' if c.sinks else 'without sinks'} "
+        f"{_status(row, c)} ({_change(c.worst)})" for c in row.evaluated)
+        for row in rows if any(c.sinks for c in row.evaluated)]
 
 
 def heads_table(heads: List[HeadRow], cutoffs: Sequence[float], sinks: Sequence[int],
@@ -728,8 +831,9 @@ def heads_table(heads: List[HeadRow], cutoffs: Sequence[float], sinks: Sequence[
 def sink_lines(rows: List[CutoffRow], sinks: Sequence[int]) -> List[str]:
     judged = max(sinks)
     return [f"sink head: {h.name} at T={h.cutoff:g} (W={h.window}): {h.on_sinks[judged]:.2f} of "
-            f"its attention (mean) beyond the window on the first {judged} positions, "
-            f"{h.share[judged]:.0%} of what it puts beyond" for row in rows for h in row.sink_heads]
+            f"its attention (mean) beyond the window on {_first(judged)}, "
+            f"{h.share[judged]:.0%} of what it puts beyond; it needs --alibi-window-sinks "
+            f"{h.needs}" for row in rows for h in row.sink_heads]
 
 
 def summary_lines(args, lengths, tokens: int, sample: "Sample", rows, heads,
@@ -740,23 +844,28 @@ def summary_lines(args, lengths, tokens: int, sample: "Sample", rows, heads,
     nll = {n: sum(float(x.sum()) for x in sample.dense_nll[n]) for n in lengths}
     dense = ", ".join(f"L={n} {math.exp(nll[n] / scored[n]):.3f} ({scored[n]:,} tokens)"
                       for n in lengths if scored[n])
+    with_sinks = sinks_lines(rows)
     return [f"{args.checkpoint} on {args.data} ({args.gen_subset}, {sample.source.numel():,} "
             f"tokens): at most {tokens:,} tokens per cutoff at "
             + ", ".join(f"L={n} ({len(sample.starts[n])} × {n})" for n in lengths)
             + f", start offsets seed {args.seed}; attention mass on {masses} × "
             f"{mass_length(lengths)} tokens; layers and heads count from 0", "",
             f"dense perplexity on the tokens scored: {dense or 'none scored'}", "",
-            f"per cutoff T, in increasing order until one passes: the perplexity change against "
+            f"per cutoff T, in increasing order until one passes, without sinks (S = 0) and, "
+            f"where that fails, with each S > 0 of --sinks kept: the perplexity change against "
             f"dense at each length, ± {Z:g}σ, on the tokens scored until the rule decided "
             f"(within: |change| + {Z:g}σ <= {args.tolerance:g} %; beyond: |change| - {Z:g}σ > "
-            f"{args.tolerance:g} %; undecided: neither, on all the tokens allowed); attention "
-            "kept: the share of score entries within the windows (computed from W_h, not "
-            "timed)", "",
+            f"{args.tolerance:g} %; undecided: neither, on all the tokens allowed; within, sinks "
+            "short: fewer sinks than its sink heads need); attention kept: the share of score "
+            "entries within the windows or on the first S positions (computed from W_h, not "
+            "timed); decoding cache keys: max W_h + S", "",
             *cutoff_table(rows, lengths), "",
+            *(with_sinks + [""] if with_sinks else []),
             "mass beyond the window per head (dense attention, queries with keys beyond it)"
             + ("" if most is None else f", the {most} heads with the most"), "",
             *heads_table(heads, args.cutoffs, args.sinks, most), "",
-            *sink_lines(rows, args.sinks)]
+            *sink_lines(rows, args.sinks),
+            *([args.sinks_note] if getattr(args, "sinks_note", None) else [])]
 
 
 def _write(path: Path, write) -> None:
@@ -779,13 +888,14 @@ def _csv(path: Path, header: list, rows) -> None:
 
 def write_csvs(out: Path, rows: List[CutoffRow], heads: List[HeadRow], lengths, sinks):
     """``windows_heads.csv`` (a row per layer, head and ``T``), ``windows_cutoffs.csv`` (a row
-    per cutoff evaluated, and per ``T`` not evaluated)."""
+    per ``(T, S)`` evaluated, and per ``T`` not evaluated)."""
     _csv(out / "windows_heads.csv",
          ["layer", "head", "slope", "cutoff", "window", "queries", "mass_beyond_mean",
           "mass_beyond_p99", "mass_beyond_max",
-          *(f"{k}_first_{s}" for s in sinks for k in ("share_on", "mean_on")), "sink_head"],
+          *(f"{k}_first_{s}" for s in sinks for k in ("share_on", "mean_on")), "sink_head",
+          "sinks_needed"],
          ([h.layer, h.head, h.slope, h.cutoff, _window(h.window), h.queries, h.mean, h.p99,
-           h.max, *(v for s in sinks for v in (h.share[s], h.on_sinks[s])), h.sink]
+           h.max, *(v for s in sinks for v in (h.share[s], h.on_sinks[s])), h.sink, h.needs]
           for h in heads))
 
     def cells(row: CutoffRow, c: Optional[Candidate]):
@@ -794,16 +904,16 @@ def write_csvs(out: Path, rows: List[CutoffRow], heads: List[HeadRow], lengths, 
             j = None if c is None else c.judged.get(n)
             per_length += ([""] * 6 if j is None else
                            [j.tokens, j.ppl, j.dense_ppl, j.change, j.margin, j.status])
-            per_length.append(row.kept[n])
+            per_length.append(row.kept_with(n, 0 if c is None else c.sinks))
         return [row.cutoff, "" if c is None else c.sinks,
-                "not evaluated" if c is None else c.status, *per_length,
+                "not evaluated" if c is None else _status(row, c), *per_length,
                 "" if c is None else c.worst.change, "" if c is None else _window(c.cache),
-                ";".join(h.name for h in row.sink_heads)]
+                ";".join(h.name for h in row.sink_heads), row.needs]
     _csv(out / "windows_cutoffs.csv",
          ["cutoff", "sinks", "status",
           *(f"{k}_L{n}" for n in lengths for k in ("tokens", "ppl", "dense_ppl", "change_pct",
                                                    "margin_pct", "status", "attention_kept")),
-          "worst_change_pct", "decoding_cache_keys", "sink_heads"],
+          "worst_change_pct", "decoding_cache_keys", "sink_heads", "sinks_needed"],
          (cells(row, c) for row in rows for c in row.evaluated or [None]))
 
 
@@ -851,8 +961,9 @@ def write_report(out: Path, command: str, lines: List[str], line: str,
             "Mass beyond the window of head h at query i: the dense model's attention "
             "probabilities summed over the keys j < i - W_h, W_h = ceil(T / m_h); a sink head "
             "puts a mean of at least --sink-mass of its attention beyond the window on the "
-            "first max(--sinks) positions. `windows_heads.csv` and `windows_cutoffs.csv` hold "
-            "every figure.", ""]
+            "first max(--sinks) positions, and needs the fewest first positions S of --sinks "
+            "that leave less than that on the others kept (--alibi-window-sinks S). "
+            "`windows_heads.csv` and `windows_cutoffs.csv` hold every figure.", ""]
     _write(out / "windows.md", lambda partial: partial.write_text("\n".join(text)))
 
 
@@ -868,19 +979,21 @@ def run(args, command: str) -> str:
     from fairseq_alibi.preprocess.pipeline_io import progress_bar
 
     cfg = checkpoint_config(args.checkpoint)
+    args.sinks_note = resolve_sinks(args, cfg)
     task, source, target = read_stream(cfg, args.data, args.gen_subset)
     lengths = resolve_lengths(args, cfg, source.numel())
     tokens = args.tokens or default_tokens(source.numel())
-    # at most: the mass's passes, dense's and every cutoff's at every length
-    passes = (math.ceil(MASS_TOKENS / mass_length(lengths)) + (1 + len(args.cutoffs))
-              * sum(math.ceil(tokens / n) for n in lengths))
+    # at most: the mass's passes, dense's and every (T, S)'s at every length
+    tried = len(args.cutoffs) * len({0, *args.sinks})
+    passes = (math.ceil(MASS_TOKENS / mass_length(lengths))
+              + (1 + tried) * sum(math.ceil(tokens / n) for n in lengths))
     bar = progress_bar(total=passes, desc="windows", unit="pass", enabled=passes > LONG_RUN)
     try:
         meter, heads, sample, candidates = measure(args, cfg, source, target, task, lengths,
                                                    tokens, bar)
     finally:
         bar.close()
-    rows = cutoff_rows(meter, heads, candidates, lengths)
+    rows = cutoff_rows(meter, heads, candidates)
     line = verdict(rows, args.tolerance, args.sinks)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

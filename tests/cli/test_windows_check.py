@@ -1,6 +1,8 @@
-"""``fairseq-alibi windows``: a head built to be an attention sink is named and the cutoff refused
-(the same model without it is not), a tiny LM's verdict follows the perplexity change it
-printed, the verdict's rule, and bad input as one line naming the argument."""
+"""``fairseq-alibi windows``: a head built to be an attention sink is named, its cutoff refused
+without sinks and recommended with the first position kept (the same model without it needs
+none; with the sinks loaded it is the dense model), a tiny LM's verdict follows the perplexity
+change it printed, the verdict's rule, a model with a document mask tries no sinks, and bad input
+as one line naming the argument."""
 
 import csv
 import hashlib
@@ -13,7 +15,8 @@ import pytest
 import torch
 
 from fairseq_alibi.cli.windows_check import (Candidate, CutoffRow, HeadRow, Judged, judge,
-                                             kept_share, main, sample_starts, verdict)
+                                             kept_share, load_model, main, read_stream,
+                                             sample_starts, token_nll, verdict)
 from tests.helpers.checkpoints import load, saved_in_process
 from tests.helpers.cli import REPO, child_env, preprocess
 from tests.helpers.training import STOCK
@@ -64,7 +67,10 @@ def with_sink_head(checkpoint, path):
     """``checkpoint`` with layer 0's head 0 (slope 1/4) rebuilt as an attention sink: its query
     is a constant and its key the layer input's component along </s>'s (scaled) embedding, so
     every query gives </s> a logit 60 nats above any other token's, beyond any ALiBi distance
-    penalty of a short sequence (1/4 per token). Saved at ``path``."""
+    penalty of a short sequence (1/4 per token). Layer 1's head 0 (slope 1/4 too: the other
+    head whose window at T = 8, 32 keys, is shorter than the 121-token stream) gets zero values:
+    what it attends to no longer changes the output, so windows change only what the sink head
+    loses. Saved at ``path``."""
     state = load(checkpoint)
     weights = state["model"]
     inputs = weights["decoder.embed_tokens.weight"] * math.sqrt(32)  # the layer's input per token
@@ -78,34 +84,50 @@ def with_sink_head(checkpoint, path):
         weights[attention + name][head] = 0
     weights[attention + "q_proj.bias"][0] = 60 * math.sqrt(8) / margin  # q·k is scaled by 8^-1/2
     weights[attention + "k_proj.weight"][0] = direction
+    for name in ("v_proj.weight", "v_proj.bias"):
+        weights["decoder.layers.1.self_attn." + name][head] = 0
     torch.save(state, path)
     return path
 
 
-def test_a_sink_head_is_named_and_the_cutoff_refused(trained_lm_checkpoint, one_line_data,
-                                                     tmp_path, capsys):
+def test_a_sink_head_is_named_refused_without_sinks_and_kept_with_them(
+        trained_lm_checkpoint, one_line_data, tmp_path, capsys):
     sink = with_sink_head(trained_lm_checkpoint, tmp_path / "sink.pt")
     before = digest(sink)
     length = WORDS + 1  # the whole stream: the one sequence starts at offset 0, with </s>
     found = {}
-    for name, checkpoint in (("sink", sink), ("plain", trained_lm_checkpoint)):
+    for name, checkpoint, sinks in (("sink", sink, "0,1,4"), ("plain", trained_lm_checkpoint,
+                                                              "0,4")):
         code, out, err = windows(capsys, checkpoint, one_line_data, "--lengths", length,
-                                 "--tokens", length, "--cutoffs", 8, "--out", tmp_path / name)
+                                 "--tokens", length, "--cutoffs", 8, "--sinks", sinks,
+                                 "--out", tmp_path / name)
         assert code == 0, err[-3000:]
         heads = {(r["layer"], r["head"]): r for r in rows_of(tmp_path / name /
                                                              "windows_heads.csv")}
-        found[name] = (out, out.splitlines()[-1], heads[("0", "0")], heads)
-    out, last, head, heads = found["sink"]
+        found[name] = (out, out.splitlines()[-1], heads[("0", "0")], heads,
+                       rows_of(tmp_path / name / "windows_cutoffs.csv"))
+    out, last, head, heads, cutoffs = found["sink"]
     assert f"L={length} (1 × {length})" in out and f"attention mass on 1 × {length}" in out
-    assert last.startswith("not recommended: no cutoff of 8 keeps perplexity"), last
-    assert "layer 0 head 0" in last and "first 4 positions kept" in last, last
-    assert "sink head: layer 0 head 0 at T=8 (W=32)" in out
-    assert head["window"] == "32" and head["sink_head"] == "True"
-    assert float(head["mass_beyond_mean"]) > 0.9 and float(head["share_on_first_4"]) > 0.99
+    # T = 8 without sinks is refused: a change of tens of times the tolerance (on one sequence
+    # of 121 tokens its 2σ is larger still: not within, undecided), the sink head named; its
+    # mass sits on position 0 (</s>), so one sink is what it needs, and with it T = 8 passes
+    assert last == "recommended: --alibi-window-cutoff 8 --alibi-window-sinks 1", out
+    assert [r["sinks"] for r in cutoffs] == ["0", "1"], cutoffs
+    assert cutoffs[0]["status"] in ("beyond", "undecided") and cutoffs[1]["status"] == "within"
+    assert float(cutoffs[0]["change_pct_L121"]) > 1  # ten times the tolerance, 0.1 %
+    assert float(cutoffs[1]["change_pct_L121"]) == 0 == float(cutoffs[1]["margin_pct_L121"])
+    assert [r["decoding_cache_keys"] for r in cutoffs] == ["2048", "2049"]  # max W_h + S
+    assert cutoffs[0]["sink_heads"] == "layer 0 head 0" and cutoffs[0]["sinks_needed"] == "1"
+    assert ("sink head: layer 0 head 0 at T=8 (W=32)" in out
+            and "it needs --alibi-window-sinks 1" in out), out
+    assert "T=8: without sinks " in out and "; with --alibi-window-sinks 1 within (+0.000" in out
+    assert head["window"] == "32" and head["sink_head"] == "True" and head["sinks_needed"] == "1"
+    assert float(head["mass_beyond_mean"]) > 0.9 and float(head["share_on_first_1"]) > 0.99
     assert [k for k, r in heads.items() if r["sink_head"] == "True"] == [("0", "0")]
     assert digest(sink) == before  # the checkpoint is only read
-    out, last, head, _ = found["plain"]  # the same model without the sink: nothing of it
-    assert "sink" not in last and "sink head:" not in out, out
+    out, last, head, _, cutoffs = found["plain"]  # the same model without the sink: no sinks
+    assert last == "recommended: --alibi-window-cutoff 8", out
+    assert [r["sinks"] for r in cutoffs] == ["0"] and "sink head:" not in out, out
     assert head["sink_head"] == "False" and float(head["mass_beyond_mean"]) < 0.01
 
 
@@ -121,27 +143,35 @@ def test_the_verdict_follows_the_printed_perplexity_change(trained_lm_checkpoint
     assert "at most 256 tokens per cutoff at L=256 (1 × 256)" in lines[0], lines[0]
     assert "attention mass on 4 × 256 tokens" in lines[0], lines[0]
     cutoffs = rows_of(out_dir / "windows_cutoffs.csv")
-    assert [float(r["cutoff"]) for r in cutoffs] == [1.0, 4.0, 16.0]
+    assert sorted({float(r["cutoff"]) for r in cutoffs}) == [1.0, 4.0, 16.0]
     start = next(i for i, line in enumerate(lines) if line.startswith("| T "))
-    printed = {cells[0]: cells for cells in
+    printed = {(cells[0], cells[1]): cells for cells in
                ([c.strip() for c in line.strip("|").split("|")] for line in
                 lines[start + 2:lines.index("", start)])}
-    expected, evaluated = "not recommended: ", True
+    expected, evaluated, tried = "not recommended: ", True, []
     for row in cutoffs:
-        t = f"{float(row['cutoff']):g}"
-        assert printed[t][3] == row["status"], (printed[t], row)  # the table's verdict column
+        t, sinks = f"{float(row['cutoff']):g}", row["sinks"]
+        assert printed[(t, sinks)][4] == row["status"], (printed, row)  # the verdict column
         if not evaluated:  # a smaller T passed: the later ones are not scored
-            assert row["status"] == "not evaluated" and printed[t][2] == "not scored", row
+            assert row["status"] == "not evaluated" and printed[(t, "")][3] == "not scored", row
             continue
+        # S = 0 first, then each S > 0 of --sinks (default 0,4) where it did not pass
+        assert (float(t), int(sinks)) == (
+            (tried[-1][0], 4) if tried and tried[-1] == (float(t), 0) else (float(t), 0)), row
+        tried.append((float(t), int(sinks)))
         change, margin = float(row["change_pct_L256"]), float(row["margin_pct_L256"])
-        assert printed[t][2] == f"{change:+.3f} ± {margin:.3f} ({int(row['tokens_L256'])})"
+        assert printed[(t, sinks)][3] == (f"{change:+.3f} ± {margin:.3f} "
+                                          f"({int(row['tokens_L256'])})")
         assert float(row["worst_change_pct"]) == change
         rule = ("within" if abs(change) + margin <= 0.1 else
                 "beyond" if abs(change) - margin > 0.1 else "undecided")
-        assert row["status"] == rule, row
+        short = rule == "within" and int(sinks) < int(row["sinks_needed"])
+        assert row["status"] == ("within, sinks short" if short else rule), row
         assert int(row["tokens_L256"]) == 256  # one sequence: all there is to score
-        if rule == "within" and not row["sink_heads"]:
-            expected, evaluated = f"recommended: --alibi-window-cutoff {t}", False
+        if row["status"] == "within":
+            expected, evaluated = (f"recommended: --alibi-window-cutoff {t}"
+                                   + (f" --alibi-window-sinks {sinks}" if sinks != "0" else "")
+                                   ), False
     assert lines[-1].startswith(expected), (lines[-1], cutoffs)
     assert lines[-1] in (out_dir / "windows.md").read_text()
     assert (out_dir / "windows.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -159,27 +189,57 @@ def judged(change, margin=0.01, tokens=4096, status=None):
     return Judged(tokens, 10.0, 10.0, change, margin, status)
 
 
-def cutoff_row(t, change, sink_heads=(), margin=0.01, evaluated=True):
+def cutoff_row(t, change, sink_heads=(), margin=0.01, evaluated=True, sinks=(), needs=4):
+    """A row at ``T = t``: without sinks ``change`` (percent) at the longest length, then each
+    ``(S, change)`` of ``sinks``; ``sink_heads`` ``(layer, head)`` need ``needs`` sinks."""
     heads = [HeadRow(layer, head, 0.25, t, 8, 10, 0.5, 0.9, 1.0, {0: 0.0, 4: 0.99},
-                     {0: 0.0, 4: 0.5}, True) for layer, head in sink_heads]
-    tried = [Candidate(t, 0, {256: judged(change / 2), 64: judged(change, margin)}, 8)]
-    return CutoffRow(t, [8], {64: 0.5, 256: 0.3}, heads, tried if evaluated else [])
+                     {0: 0.0, 4: 0.5}, True, needs) for layer, head in sink_heads]
+    tried = [Candidate(t, s, {256: judged(c / 2), 64: judged(c, margin)}, 8 + s)
+             for s, c in [(0, change), *sinks]]
+    return CutoffRow(t, [8], heads, tried if evaluated else [])
 
 
-def test_the_verdict_is_the_smallest_cutoff_within_tolerance_without_sinks():
-    rows = [cutoff_row(4.0, 0.5), cutoff_row(8.0, -0.05, [(1, 2)]), cutoff_row(12.0, 0.02),
-            cutoff_row(16.0, 0.0, evaluated=False)]
+def test_the_verdict_is_the_first_cutoff_within_tolerance_that_keeps_its_sinks():
+    rows = [cutoff_row(4.0, 0.5, sinks=[(4, 0.4)]), cutoff_row(8.0, -0.05, [(1, 2)]),
+            cutoff_row(12.0, 0.02), cutoff_row(16.0, 0.0, evaluated=False)]
     assert verdict(rows, 0.1, [0, 4]) == "recommended: --alibi-window-cutoff 12"
-    line = verdict(rows[:2], 0.1, [0, 4])
+    line = verdict(rows[:2], 0.1, [0, 4])  # T = 8 within without sinks, which it needs
     assert line.startswith("not recommended: at T=8 perplexity changes -0.050 ± 0.010 % on "
                            "4,096 tokens (within 0.1 %)"), line
     assert "layer 1 head 2 puts 0.50 of its attention" in line
-    assert "first 4 positions kept" in line
-    line = verdict(rows[:1], 0.1, [0, 4])
+    assert line.endswith("windows need the first 4 positions kept (--alibi-window-sinks 4), "
+                         "not scored with them"), line
+    # with them scored: the first (T, S) that passes is the verdict, sinks named
+    rows[1] = cutoff_row(8.0, -0.05, [(1, 2)], sinks=[(4, 0.03)])
+    assert verdict(rows, 0.1, [0, 4]) == ("recommended: --alibi-window-cutoff 8 "
+                                          "--alibi-window-sinks 4")
+    rows[1] = cutoff_row(8.0, -0.05, [(1, 2)], sinks=[(4, 0.3)])
+    line = verdict(rows[:2], 0.1, [0, 4])  # with them: beyond
+    assert line.endswith("windows need the first 4 positions kept (--alibi-window-sinks 4), and "
+                         "with --alibi-window-sinks 4 perplexity changes +0.300 ± 0.010 % on "
+                         "4,096 tokens (beyond)"), line
+    # a head whose mass sits on fewer positions passes with those; one that needs 4 does not
+    # pass with 1 (within, sinks short)
+    for needs, passing in ((1, 1), (4, 4)):
+        row = cutoff_row(8.0, 0.5, [(0, 0)], sinks=[(1, 0.02), (4, 0.03)], needs=needs)
+        assert verdict([row], 0.1, [0, 1, 4]).endswith(f"--alibi-window-sinks {passing}")
+    line = verdict(rows[:1], 0.1, [0, 4])  # neither with nor without sinks: the closest
+    assert line == ("not recommended: no cutoff of 4 keeps perplexity within 0.1 % of dense at "
+                    "every length, without sinks or with --alibi-window-sinks 4 (closest: T=4 "
+                    "with 4 sinks, +0.400 ± 0.010 % on 4,096 tokens); try larger --cutoffs")
+    line = verdict([cutoff_row(4.0, 0.5, [(0, 0)], sinks=[(4, 0.3)])], 0.1, [0, 4])
+    assert line == ("not recommended: no cutoff of 4 keeps perplexity within 0.1 % of dense at "
+                    "every length, without sinks or with --alibi-window-sinks 4 (closest: T=4 "
+                    "with 4 sinks, +0.300 ± 0.010 % on 4,096 tokens); at T=4 layer 0 head 0 puts "
+                    "0.50 of its attention (mean) beyond its window on the first 4 positions (an "
+                    "attention sink): windows need the first 4 positions kept "
+                    "(--alibi-window-sinks 4), and with --alibi-window-sinks 4 perplexity changes "
+                    "+0.300 ± 0.010 % on 4,096 tokens (beyond)"), line
+    line = verdict([cutoff_row(4.0, 0.5)], 0.1, [0])  # --sinks 0: none tried
     assert line == ("not recommended: no cutoff of 4 keeps perplexity within 0.1 % of dense at "
                     "every length (closest: T=4, +0.500 ± 0.010 % on 4,096 tokens); try larger "
                     "--cutoffs")
-    line = verdict([cutoff_row(4.0, 0.5), cutoff_row(6.0, 0.08, margin=0.05)], 0.1, [0, 4])
+    line = verdict([cutoff_row(4.0, 0.5), cutoff_row(6.0, 0.08, margin=0.05)], 0.1, [0])
     assert line.endswith("(closest: T=6, +0.080 ± 0.050 % on 4,096 tokens); T=6 undecided on "
                          "the tokens scored: give more --tokens, or try larger --cutoffs"), line
     two = [cutoff_row(8.0, 0.3, [(0, 0), (1, 2)])]
@@ -206,18 +266,45 @@ def test_the_stopping_rule():
 
 def test_kept_keys_and_start_offsets():
     for window, length in ((0, 5), (3, 10), (9, 10), (20, 10), (None, 7)):
-        kept = sum(1 for i in range(length) for j in range(i + 1)
-                   if window is None or i - j <= window)
-        assert kept_share(window, length) == pytest.approx(kept / (length * (length + 1) / 2))
+        for sinks in (0, 1, 4, 12):
+            kept = sum(1 for i in range(length) for j in range(i + 1)
+                       if window is None or i - j <= window or j < sinks)
+            assert kept_share(window, length, sinks) == pytest.approx(
+                kept / (length * (length + 1) / 2)), (window, length, sinks)
     starts = sample_starts(1000, 64, 4096, seed=1)
     assert starts == sample_starts(1000, 64, 4096, seed=1) != sample_starts(1000, 64, 4096, 2)
     assert len(starts) == 64 == len(set(starts)) and 0 <= min(starts) <= max(starts) <= 936
     assert sample_starts(121, 121, 4096, seed=1) == [0]  # as many as there are
 
 
+def with_document_mask(checkpoint, path):
+    """``checkpoint`` as if trained with ``--alibi-document-mask eos``, saved at ``path``."""
+    state = load(checkpoint)
+    state["cfg"]["model"]["alibi_document_mask"] = "eos"
+    torch.save(state, path)
+    return path
+
+
+def test_a_model_with_a_document_mask_tries_no_sinks(trained_lm_checkpoint, tiny_lm_data,
+                                                     tmp_path, capsys):
+    """--alibi-window-sinks cannot be combined with a document mask: by default no sinks are
+    tried and none judged, and why is said (an S > 0 given is refused: bad_inputs)."""
+    masked = with_document_mask(trained_lm_checkpoint, tmp_path / "masked.pt")
+    code, out, err = windows(capsys, masked, tiny_lm_data, "--tokens", 64, "--cutoffs", 8,
+                             "--out", tmp_path / "out")
+    assert code == 0, err[-3000:]
+    assert ("sinks: none tried, no sink heads judged: CKPT has --alibi-document-mask eos, which "
+            "cannot be combined with --alibi-window-sinks") in out.splitlines(), out
+    assert [r["sinks"] for r in rows_of(tmp_path / "out" / "windows_cutoffs.csv")] == ["0"]
+    heads = rows_of(tmp_path / "out" / "windows_heads.csv")
+    assert {r["sink_head"] for r in heads} == {"False"} and "share_on_first_4" not in heads[0]
+    assert "--alibi-window-sinks" not in out.splitlines()[-1]
+
+
 def bad_inputs(ckpt, data, tmp_path):
     """``(arguments, what the one line names, part of it)`` for each kind of bad input."""
     stock = saved_in_process(tmp_path / "stock" / "checkpoint.pt", data, *STOCK["lm"])
+    masked = with_document_mask(ckpt, tmp_path / "masked.pt")
     corrupt = tmp_path / "corrupt.pt"
     corrupt.write_bytes(b"PK\x03\x04 not a checkpoint")
     (tmp_path / "empty.txt").write_text("")
@@ -242,6 +329,9 @@ def bad_inputs(ckpt, data, tmp_path):
         ([ckpt, data, "--sinks", "0,-1"], "--sinks", "'-1' is not a number of first positions"),
         ([ckpt, data, "--sinks", "257"], "--sinks", "more than the sequences the attention is "
          "measured on (256 tokens"),
+        ([masked, data, "--sinks", "0,4"], "--sinks 4: CKPT was trained with "
+         "--alibi-document-mask eos, which cannot be combined with --alibi-window-sinks",
+         "give --sinks 0, or leave it out"),
         ([ckpt, data, "--cutoffs", "0"], "--cutoffs", "'0' is not a positive finite number"),
         ([ckpt, data, "--cutoffs", "4,nan"], "--cutoffs", "'nan' is not a positive finite"),
         ([ckpt, data, "--cutoffs", "inf"], "--cutoffs", "'inf' is not a positive finite"),
@@ -283,3 +373,36 @@ def test_the_command_line(trained_lm_checkpoint, tiny_lm_data, tmp_path):
     assert bad.stderr.strip().splitlines()[-1] == (
         "fairseq-alibi windows: error: argument --cutoffs: 'nan' is not a positive finite "
         "number of nats (e.g. --cutoffs 4,8)")
+
+
+def perplexities(checkpoint, data, *overrides):
+    """The perplexity of ``data``'s whole ``valid`` stream (one sequence, </s> first) under
+    ``checkpoint`` loaded with each of ``overrides`` (load-time overrides), as the tool loads
+    and scores it."""
+    from fairseq_alibi.cli.windows_check import checkpoint_config
+
+    task, source, target = read_stream(checkpoint_config(checkpoint), data, "valid")
+    found = []
+    with torch.no_grad():
+        for override in overrides:
+            model = load_model(checkpoint, task, override, torch.device("cpu"))
+            found.append(token_nll(model, source, target))
+    return found
+
+
+def test_the_sink_model_with_its_sinks_loaded_is_the_dense_model(trained_lm_checkpoint,
+                                                                one_line_data, tmp_path):
+    """What the tool recommends for the sink model, run as a user runs it (the load-time
+    overrides T = 8, S = 4): every token's log-probability within 1e-5 of the dense model's, so
+    its perplexity too; without the sinks, 1 % or more off. Only the sink head's window can
+    matter: at T = 8 the windows shorter than the 121 tokens are head 0's of each layer (slope
+    1/4: 32 keys), and layer 1's has no output (:func:`with_sink_head`); as trained, its window
+    alone moves a token's log-probability by up to 2e-4."""
+    sink = with_sink_head(trained_lm_checkpoint, tmp_path / "sink.pt")
+    cut = {"alibi_window_cutoff": 8.0}
+    dense, windowed, kept = perplexities(sink, one_line_data, {}, dict(cut, alibi_window_sinks=0),
+                                         dict(cut, alibi_window_sinks=4))
+    assert dense.numel() == WORDS + 1
+    torch.testing.assert_close(kept, dense, atol=1e-5, rtol=0)
+    assert math.exp(float(kept.mean())) == pytest.approx(math.exp(float(dense.mean())), rel=1e-5)
+    assert math.exp(float(windowed.mean() - dense.mean())) > 1.01
