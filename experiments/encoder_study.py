@@ -45,7 +45,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import List, Optional
+from typing import List, Optional, Sequence
 
 from experiments.encoder_study_configs import (
     BASELINE,
@@ -196,6 +196,30 @@ def run_streamed(cmd: List[str], log_file: Path, env: dict, what: str) -> str:
     return output
 
 
+def masked_lm_command(data: str, save_dir, s: Settings, seed: int, flags: Sequence[str] = (),
+                      break_mode: str = "none", program: Optional[List[str]] = None) -> List[str]:
+    """The study's ``fairseq-train --task masked_lm`` command line: the size and budget of ``s``
+    (``s.max_tokens`` tokens an update where set, else ``s.batch`` blocks), ``flags`` after
+    the sizes, blocks of ``s.L`` tokens cut by ``--sample-break-mode break_mode``
+    (``program``: what runs it, default ``fairseq-train``)."""
+    batch = (["--max-tokens", str(s.max_tokens)] if s.max_tokens
+             else ["--batch-size", str(s.batch)])
+    return [*(program or [console_script("fairseq-train")]), str(data), "--user-dir", user_dir(),
+            "--task", "masked_lm", "--criterion", "masked_lm", *model_flags(s), *flags,
+            "--tokens-per-sample", str(s.L), "--sample-break-mode", break_mode,
+            *batch, "--required-batch-size-multiple", "1",
+            "--max-update", str(s.updates), "--total-num-update", str(s.updates),
+            "--optimizer", "adam", "--adam-betas", "(0.9, 0.98)", "--adam-eps", "1e-06",
+            "--weight-decay", "0.01", "--clip-norm", "1.0", "--lr", str(s.lr),
+            "--lr-scheduler", "polynomial_decay", "--warmup-updates", str(s.warmup),
+            "--dropout", "0.1", "--attention-dropout", "0.1", "--seed", str(seed),
+            "--save-dir", str(save_dir), "--no-epoch-checkpoints",
+            "--save-interval-updates", str(max(1, s.updates // 8)),
+            "--keep-interval-updates", "1", "--disable-validation", "--num-workers", "0",
+            "--log-format", "simple", "--log-interval", str(max(1, s.updates // 20)),
+            "--no-progress-bar", "--cpu"]
+
+
 def pretrain(name: str, data: dict, out: Path, s: Settings, args, env, log) -> dict:
     """``fairseq-train --task masked_lm`` of one configuration (resumed if cut short)."""
     folder = out / "pretrain" / name
@@ -203,24 +227,12 @@ def pretrain(name: str, data: dict, out: Path, s: Settings, args, env, log) -> d
     if done.is_file():
         return json.loads(done.read_text())
     folder.mkdir(parents=True, exist_ok=True)
-    train = [console_script("fairseq-train")]
+    train = None
     if CONFIGS[name].sinusoidal:
         train = [sys.executable, "-c", "from experiments.encoder_study import "
                  "fairseq_train_sinusoidal as f; f()"]
-    cmd = [*train, data["text"], "--user-dir", user_dir(),
-           "--task", "masked_lm", "--criterion", "masked_lm", *model_flags(s),
-           *CONFIGS[name].pretrain,
-           "--tokens-per-sample", str(s.L), "--sample-break-mode", "none",
-           "--batch-size", str(s.batch), "--required-batch-size-multiple", "1",
-           "--max-update", str(s.updates), "--total-num-update", str(s.updates),
-           "--optimizer", "adam", "--adam-betas", "(0.9, 0.98)", "--adam-eps", "1e-06",
-           "--weight-decay", "0.01", "--clip-norm", "1.0", "--lr", str(s.lr),
-           "--lr-scheduler", "polynomial_decay", "--warmup-updates", str(s.warmup),
-           "--dropout", "0.1", "--attention-dropout", "0.1", "--seed", str(args.seed),
-           "--save-dir", str(folder / "checkpoints"), "--no-epoch-checkpoints",
-           "--save-interval-updates", str(max(1, s.updates // 8)), "--keep-interval-updates", "1",
-           "--disable-validation", "--num-workers", "0", "--log-format", "simple",
-           "--log-interval", str(max(1, s.updates // 20)), "--no-progress-bar", "--cpu"]
+    cmd = masked_lm_command(data["text"], folder / "checkpoints", s, args.seed,
+                            CONFIGS[name].pretrain, program=train)
     log(f"pretraining {name} ({s.updates} updates of {s.batch} × {s.L} tokens) ...")
     started, cpu = time.time(), cpu_seconds()
     output = run_streamed(cmd, folder / f"train-{int(started)}.log", env, f"pretraining {name}")
@@ -241,7 +253,9 @@ def held_out_blocks(checkpoint: str, data: str, length: int, seed: int,
                     sinusoidal: bool = False, model_overrides: Optional[dict] = None):
     """``(model, cfg, task, batches)``: the pretrained model in eval mode and the held-out split
     (``test``) in blocks of ``length`` tokens, masked with ``seed``, every block in order — what
-    ``fairseq-validate --valid-subset test --tokens-per-sample length --seed seed`` iterates."""
+    ``fairseq-validate --valid-subset test --tokens-per-sample length --seed seed`` iterates.
+    ``model_overrides``: load-time overrides of the model's or the task's options
+    (``sample_break_mode`` included)."""
     from fairseq import checkpoint_utils, utils
 
     import fairseq_alibi  # noqa: F401

@@ -113,6 +113,7 @@ class Settings:
     vocab: int = 8000
     L: int = 32
     batch: int = 32  # sequences per pretraining update
+    max_tokens: Optional[int] = None  # tokens per update instead of `batch` blocks, if set
     updates: int = 3000
     lr: float = 1e-3
     warmup: int = 300

@@ -81,8 +81,10 @@ def data_folder(out: Path, data: Optional[str], vocab: int, env: dict, seed: int
 
 
 def train(name: str, arch: str, data: Path, out: Path, size: dict, L: int, max_update: int,
-          seed: int, env: dict, extra: Sequence[str] = ()) -> dict:
-    """One ``fairseq-train`` run (the quickstart's command plus ``extra``), from scratch.
+          seed: int, env: dict, extra: Sequence[str] = (), command=None) -> dict:
+    """One ``fairseq-train`` run (the quickstart's command plus ``extra``), from scratch
+    (``command(save_dir, seed)``: another command line instead of the quickstart's, e.g. a
+    masked LM's; ``arch``, ``size``, ``L`` and ``max_update`` are then its own).
 
     Returns ``{"checkpoint", "log", "seconds", "command"}``; raises with the log's tail if
     fairseq-train fails. The log is ``out/logs/train_<name>.log``.
@@ -91,7 +93,8 @@ def train(name: str, arch: str, data: Path, out: Path, size: dict, L: int, max_u
     if save_dir.exists():  # fairseq-train would resume a previous run
         for f in save_dir.iterdir():
             f.unlink()
-    cmd = train_command(arch, data, save_dir, size, L, max_update, seed, cpu=True)
+    cmd = (command(save_dir, seed) if command is not None
+           else train_command(arch, data, save_dir, size, L, max_update, seed, cpu=True))
     cmd += [str(a) for a in extra]
     (out / "logs").mkdir(parents=True, exist_ok=True)
     log = out / "logs" / f"train_{name}.log"
@@ -136,15 +139,16 @@ def prepare_model(args, out: Path, env: dict, log, make_data=None) -> dict:
 
 def train_settings(settings: Dict[str, Sequence[str]], seeds, data: Path, out: Path,
                    size: dict, L: int, max_update: int, env: dict, jobs: int,
-                   log) -> Dict[tuple, dict]:
-    """``{(setting, seed): fairseq-train run}`` of the quickstart LM once per seed and setting
-    (``settings``: name -> its extra fairseq-train flags), ``jobs`` at once: the same seed gives
-    the same initialisation and batch order, so two settings of a seed differ by their flags."""
+                   log, command=None) -> Dict[tuple, dict]:
+    """``{(setting, seed): fairseq-train run}`` of the quickstart LM (``command``: another
+    model's command line, as :func:`train` takes it) once per seed and setting (``settings``:
+    name -> its extra fairseq-train flags), ``jobs`` at once: the same seed gives the same
+    initialisation and batch order, so two settings of a seed differ by their flags."""
     def job(name, seed, extra):
         def run():
             tag = name.replace("=", "").replace(" + ", "_").replace(" ", "_")
             found = train(f"{tag}_seed{seed}", "alibi_transformer_lm", data, out, size, L,
-                          max_update, seed, env, extra)
+                          max_update, seed, env, extra, command)
             log(f"trained {name}, seed {seed} in {found['seconds']:.0f} s")
             return found
         return run
