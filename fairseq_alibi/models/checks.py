@@ -224,13 +224,19 @@ def refuse_position_embedding_options(model_cfg):
 def note_document_mask(stack, task, flag="--alibi-document-mask"):
     """A log line where a document mask (``stack``: the side's ``StackOptions``) changes
     nothing: with ``--sample-break-mode eos`` each sample is one line, so ``eos`` finds one
-    document a sample (a note, not an error: the samples are already documents)."""
+    document a sample (a note, not an error: the samples are already documents). And on
+    ``masked_lm``: the boundaries are read from the masked input, so a ``</s>`` that the
+    masking replaced hides its boundary (measured in docs/documents.md)."""
     mode = str(getattr(stack, "document_mask", "none"))
     task_cfg = getattr(task, "cfg", None) or getattr(task, "args", None)
     if mode == "eos" and str(cfg_get(task_cfg, "sample_break_mode", "")) == "eos":
         logger.warning(f"{flag} eos with --sample-break-mode eos: every sample is one line, so "
                        "one document; the mask changes nothing (packed batches: "
                        "--sample-break-mode none or complete)")
+    if mode != "none" and cfg_get(task_cfg, "mask_prob", None):
+        logger.warning(f"{flag} {mode} on a masked LM: the documents are found in the masked "
+                       "tokens, so a </s> replaced by the masking (--mask-prob) hides its "
+                       "boundary and attention crosses it there")
 
 
 def check_tokens_per_sample(args):

@@ -124,3 +124,15 @@ def test_a_side_without_alibi_self_attention_refuses_a_document_mask(data):
     assert str(raised.value) == (
         "--decoder-alibi-document-mask needs --decoder-alibi-variant causal, not none: it masks "
         "this side's ALiBi self-attention")
+
+
+def test_a_document_mask_that_cannot_do_its_work_is_a_logged_note(data, caplog):
+    """eos with --sample-break-mode eos (every sample one line: nothing to mask), and a masked
+    LM (a masked </s> hides its boundary): built, each with a note naming the flag."""
+    with caplog.at_level("WARNING"):
+        build_model("lm", data, "--alibi-document-mask", "eos", "--sample-break-mode", "eos")
+    assert "--alibi-document-mask eos with --sample-break-mode eos" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING"):
+        build_model("encoder", data, "--alibi-document-mask", "doc")
+    assert "--alibi-document-mask doc on a masked LM" in caplog.text
