@@ -27,6 +27,21 @@ def pytest_configure(config):
     )
 
 
+#: files whose end-to-end runs take the longest (experiment and benchmark smoke runs): run first,
+#: so that the workers do not wait on one of them at the end (pytest-xdist hands out files in
+#: collection order)
+LONGEST_FIRST = ("tests/translation/test_translation_length.py", "tests/experiments/",
+                 "tests/benchmarks/")
+
+
+def pytest_collection_modifyitems(session, config, items):
+    def rank(item):
+        path = item.nodeid.split("::")[0]
+        return next((i for i, start in enumerate(LONGEST_FIRST) if path.startswith(start)),
+                    len(LONGEST_FIRST))
+    items.sort(key=rank)  # stable: the order within each group is pytest's
+
+
 @pytest.fixture(scope="session")
 def alibi_user_dir():
     return user_dir()
