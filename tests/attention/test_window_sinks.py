@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from fairseq_alibi.alibi import VARIANTS, alibi_bias_between, variant_slopes, variant_windows
-from fairseq_alibi.modules.attention import REGISTRY, dispatch, windowed
+from fairseq_alibi.modules.attention import REGISTRY, dispatch, tuning, windowed
 from fairseq_alibi.modules.bias import AlibiBias
 from tests.helpers.flex_windows import make_inputs, windowed_layer, windowed_reference
 from tests.helpers.references import (MASKED, reference_module_attention,
@@ -84,6 +84,20 @@ def test_windowed_gradients_with_sinks_match_the_reference(variant, case):
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
+def test_chunks_with_sinks_and_no_hiding_column_have_the_reference_gradients(variant):
+    """Chunks of real keys only (no padding: no hiding column) and the sinks merged into them."""
+    slopes, future = head_slopes(variant)
+    leaves = [x.requires_grad_() for x in inputs(2, 4, 48, 48, seed=3)]
+    grad = torch.randn(2, 4, 48, 8, dtype=torch.float64)
+    want, rows = reference(*leaves, slopes, future, variant, 1.0, None, 0, 4)
+    out = run_windowed(*leaves, slopes, future, variant, 1.0, chunk=8, sinks=4)
+    check_close(out, (want, rows), **TOL64)
+    got = torch.autograd.grad(out, leaves, grad * rows)
+    for name, g, e in zip("qkv", got, torch.autograd.grad(want, leaves, grad * rows)):
+        torch.testing.assert_close(g, e, **TOL64, msg=lambda text, name=name: f"d{name}: {text}")
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
 def test_the_slopes_gradient_flows_through_the_sinks_bias(variant):
     """Learned slope scales: the sinks' bias ``-m·(i - j)`` (the chunks' shared part and the
     column of each chunk) carries the slopes' gradient as the dense definition does."""
@@ -107,6 +121,44 @@ def test_the_slopes_gradient_flows_through_the_sinks_bias(variant):
             out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=bias)
         found.append(torch.autograd.grad(out.sum(), scales)[0])
     torch.testing.assert_close(*found, **TOL64)
+
+
+@pytest.mark.parametrize("variant", ["causal", "one_sided"])
+@pytest.mark.parametrize("padded", [False, True])
+@pytest.mark.parametrize("small", [False, True], ids=["one-block", "small-blocks"])
+def test_blocks_with_sinks_match_the_definition_with_every_gradient(monkeypatch, variant,
+                                                                    padded, small):
+    """A one-way window of the fold's blocks (:mod:`.band_fold`) with its sinks merged into its
+    softmax: the output, ``q``/``k``/``v``'s and the learned slope scales' gradients (``small``:
+    blocks of 4 positions, every window as blocks, several passes)."""
+    if small:
+        monkeypatch.setattr(tuning, "MIN_BLOCK", 4)
+        monkeypatch.setattr(tuning, "BANDED_MIN_WINDOW", 1)
+    T, cutoff = 48, {"causal": 4.0, "one_sided": 2.0}[variant]
+    base = variant_slopes(4, variant)
+    scales = torch.tensor([1.0, 2.0, 0.5, 1.0], dtype=torch.float64, requires_grad=True)
+    kpm = padding(2, T) if padded else None
+    leaves = [x.requires_grad_() for x in inputs(2, 4, T, T, seed=4)]
+    grad = torch.randn(2, 4, T, 8, dtype=torch.float64)
+    found = []
+    for run in ("dense", "windowed"):
+        m = base * scales
+        windows = variant_windows(m.detach(), cutoff, variant)
+        if run == "windowed":
+            assert any(g.kind == "blocks" and g.sinks
+                       for g in windowed.plan(windows, variant, T, T, sinks=4))
+            out = windowed.attention(*leaves, m, None, variant, windows, kpm, sinks=4)
+        else:
+            bias = alibi_bias_between(m, torch.arange(T), torch.arange(T), variant, None,
+                                      torch.float64, windows=windows, sinks=4)[None]
+            if kpm is not None:
+                bias = bias.masked_fill(kpm[:, None, None, :], MASKED)
+            out = torch.nn.functional.scaled_dot_product_attention(*leaves, attn_mask=bias)
+            # an all-padding row has no reference value
+            grad = grad * (bias > MASKED).any(-1, keepdim=True)
+        found.append([out * (grad != 0), *torch.autograd.grad(out, leaves + [scales], grad)])
+    for name, g, e in zip(["out", "q", "k", "v", "slopes"], *found):
+        torch.testing.assert_close(g, e, **TOL64, msg=lambda text, name=name: f"{name}: {text}")
 
 
 @pytest.mark.parametrize("backend,variant,sinks,case", BACKEND_CASES)
@@ -133,14 +185,15 @@ def test_sinks_need_a_backend_that_declares_them():
     assert call._replace(sinks=0) == dispatch.call_of(q, k, v, windowed_layer("causal"))
 
 
-def test_the_plan_prices_the_sinks_and_keeps_them_off_the_blocks():
+def test_the_plan_prices_the_sinks_and_keeps_the_blocks():
+    """Sinks are a small pass merged into the window's softmax: the groups run as without them."""
     slopes = variant_slopes(8, "causal")
     windows = variant_windows(slopes, 8.0, "causal")
     plain = windowed.plan(windows, "causal", 4096, 4096)
     sunk = windowed.plan(windows, "causal", 4096, 4096, sinks=4)
     assert any(group.kind == "blocks" for group in plain)
-    assert all(group.kind != "blocks" for group in sunk if group.sinks)
-    assert all(group.sinks == 4 for group in sunk if group.kind in ("chunks", "whole"))
+    assert [g.kind for g in sunk] == [g.kind for g in plain]
+    assert all(group.sinks == 4 for group in sunk)
     assert dispatch.windowed_cost(windows, "symmetric", 4096, sinks=4) > \
         dispatch.windowed_cost(windows, "symmetric", 4096)
 

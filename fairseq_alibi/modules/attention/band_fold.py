@@ -19,7 +19,8 @@ merged by their log-sum-exps, as :mod:`.fold` merges its two halves: each query 
 exists. A window over the whole sequence is one block looking back, the fold itself (looking
 ahead: the same on the reversed sequence). Padding past the last block is hidden by a key
 column where a look-ahead pass could read it. Backward as the fold's: the kernel's own backward
-per pass with the merged output and log-sum-exp.
+per pass with the merged output and log-sum-exp. :func:`banded_forward` and
+:func:`banded_backward` expose it, to merge more keys (attention sinks) into that softmax.
 
 Two-way windows (the bidirectional variants) stay on :mod:`.windowed`'s chunks: as passes here
 they were slower (every pass is a merge, and both directions' own block is masked).
@@ -97,6 +98,7 @@ class _Blocks:
         self.blocks = -(-T // self.size)
         n, c = self.blocks, self.size
         self.length, self.scale, self.ahead = T, scale, ahead
+        self.source, self.slopes = q, slopes.detach()
         self.positions = torch.arange(n * c, device=q.device)
         # looking ahead, a pass can read the padding past the last block
         hide = key_padding_mask is not None or (ahead and n * c != T)
@@ -196,35 +198,61 @@ class BandedFold(torch.autograd.Function):
         q, k, v, slopes, key_padding_mask, out, lse = ctx.saved_tensors
         window, ahead, scale = ctx.args
         blocks = _Blocks(q, k, v, slopes.detach(), window, ahead, scale, key_padding_mask)
-        B, n, H, c, Dp = blocks.k.shape
-        D, cols = q.size(-1), blocks.columns
-        go = blocks.cat(grad_out.to(q.dtype), [])
-        grads = [torch.zeros(B, n, H, c, D, dtype=q.dtype, device=q.device) for _ in range(3)]
-        grad_cols = torch.zeros(n, H, c, fold.FOLD_COLUMNS, device=q.device)
-        for p in blocks.passes:
-            gq, gk, gv = fold.kernel_backward(
-                blocks.pair(go, p, True), blocks.pair(blocks.q, p, True),
-                blocks.pair(blocks.k, p, False), blocks.pair(blocks.v, p, False),
-                blocks.pair(out, p, True), blocks.pair(lse, p, True).contiguous(),
-                p.causal, attn_mask=blocks.mask(p, q.dtype), scale=scale)
-            rows, keys = blocks.rows(p), blocks.keys_of(p)
-            shape = (B, rows.stop - rows.start, H, c, Dp)
-            gq, gk, gv = gq.reshape(shape), gk.reshape(shape), gv.reshape(shape)
-            grads[0][:, rows] += gq[..., cols:cols + D]
-            grads[1][:, keys] += gk[..., cols:cols + D]
-            grads[2][:, keys] += gv[..., :D]
-            if ctx.needs_input_grad[3]:
-                grad_cols[rows] += gq[..., :fold.FOLD_COLUMNS].float().sum(0)
-        grad_m = None
-        if ctx.needs_input_grad[3]:  # through the fold columns
-            with torch.enable_grad():
-                m = slopes.detach().float().requires_grad_()
-                q_cols, _ = fold.alibi_fold(blocks.fold_slopes(m), blocks.positions,
-                                            blocks.positions)
-                (grad_m,) = torch.autograd.grad(
-                    q_cols, m, grad_cols.transpose(0, 1).reshape(q_cols.shape))
-        gq, gk, gv = (blocks.unblocked(g) for g in grads)
-        return gq, gk, gv, grad_m, None, None, None, None
+        return _backward(blocks, blocks.cat(grad_out.to(q.dtype), []), out, lse,
+                         ctx.needs_input_grad[3]) + (None,) * 4
+
+
+def _backward(blocks: _Blocks, go, out, lse, slopes_grad: bool):
+    """``(grad_q, grad_k, grad_v, grad_slopes)`` from the output's gradient ``go``, the output
+    and the log-sum-exp in block layout (those of every key the queries read: with more keys
+    than the window's, its share of their softmax's gradient)."""
+    q = blocks.source
+    B, n, H, c, Dp = blocks.k.shape
+    D, cols, scale = q.size(-1), blocks.columns, blocks.scale
+    grads = [torch.zeros(B, n, H, c, D, dtype=q.dtype, device=q.device) for _ in range(3)]
+    grad_cols = torch.zeros(n, H, c, fold.FOLD_COLUMNS, device=q.device)
+    for p in blocks.passes:
+        gq, gk, gv = fold.kernel_backward(
+            blocks.pair(go, p, True), blocks.pair(blocks.q, p, True),
+            blocks.pair(blocks.k, p, False), blocks.pair(blocks.v, p, False),
+            blocks.pair(out, p, True), blocks.pair(lse, p, True).contiguous(),
+            p.causal, attn_mask=blocks.mask(p, q.dtype), scale=scale)
+        rows, keys = blocks.rows(p), blocks.keys_of(p)
+        shape = (B, rows.stop - rows.start, H, c, Dp)
+        gq, gk, gv = gq.reshape(shape), gk.reshape(shape), gv.reshape(shape)
+        grads[0][:, rows] += gq[..., cols:cols + D]
+        grads[1][:, keys] += gk[..., cols:cols + D]
+        grads[2][:, keys] += gv[..., :D]
+        if slopes_grad:
+            grad_cols[rows] += gq[..., :fold.FOLD_COLUMNS].float().sum(0)
+    grad_m = None
+    if slopes_grad:  # through the fold columns
+        with torch.enable_grad():
+            m = blocks.slopes.float().requires_grad_()
+            q_cols, _ = fold.alibi_fold(blocks.fold_slopes(m), blocks.positions,
+                                        blocks.positions)
+            (grad_m,) = torch.autograd.grad(
+                q_cols, m, grad_cols.transpose(0, 1).reshape(q_cols.shape))
+    return tuple(blocks.unblocked(g) for g in grads) + (grad_m,)
+
+
+def banded_forward(q, k, v, slopes, window, scale, key_padding_mask=None):
+    """``(out, lse)`` ``(B, H_g, T, D)``, ``(B, H_g, T)``: :func:`banded_attention` looking back,
+    with its rows' log-sum-exps (to merge more keys into its softmax: :func:`banded_backward`)."""
+    blocks = _Blocks(q, k, v, slopes, window, False, scale, key_padding_mask)
+    out, lse = _forward(blocks, q.dtype)
+    return blocks.unblocked(out, q.size(-1)), blocks.unblocked(lse[..., None])[..., 0]
+
+
+def banded_backward(grad_out, q, k, v, slopes, out, lse, slopes_grad, window, scale,
+                    key_padding_mask=None):
+    """The window's share ``(grad_q, grad_k, grad_v, grad_slopes)`` of the gradient of a softmax
+    over its keys and more, from that softmax's ``out`` and ``lse`` (:func:`banded_forward`)."""
+    blocks = _Blocks(q, k, v, slopes, window, False, scale, key_padding_mask)
+    B, n, H, c, _ = blocks.k.shape
+    lse = F.pad(lse, (0, n * c - q.size(2))).view(B, H, n, c).transpose(1, 2)
+    return _backward(blocks, blocks.cat(grad_out.to(q.dtype), []), blocks.cat(out, []), lse,
+                     slopes_grad)
 
 
 def banded_attention(q: Tensor, k: Tensor, v: Tensor, slopes: Tensor, window: int,

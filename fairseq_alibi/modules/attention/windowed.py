@@ -29,16 +29,23 @@ With a cutoff ``T`` head ``h`` keeps the keys at ``i - j <= back_h`` and ``j - i
   :func:`.dense.padding_column` does for padding: the bias stays one tensor for the batch
   (the chunks that read only real keys of a batch with no padding and no global tokens need
   no column: :func:`_interior`);
-* global tokens (``global_tokens`` ``N``) and attention sinks (``sinks`` ``S``,
-  ``--alibi-window-sinks``): the first ``max(N, S)`` keys, the *prefix*, are prepended to every
-  chunk (the window's copies of them hidden by the column): a global key with bias 0, a sink
-  with its true bias ``-m·(i - j)``, as the chunk's shared bias ``-m·r`` (``r``: the query's
-  row in its chunk) plus ``-m·(s - j)`` in the hiding column of chunk ``s … s+c-1`` (a sink is
-  behind every query past the prefix, whatever the variant). The queries among the first
-  ``max(N, S)`` positions (exempt from the bias, or in front of some sink) are computed as one
-  dense call of their own. A group whose window drops no key, or that looks ahead only
-  (``one_sided``'s second half: no sink is ahead of a query past the prefix), has no sinks of
-  its own; a group with sinks runs as ``chunks`` or ``whole`` (never ``blocks``).
+* attention sinks (``sinks`` ``S``, ``--alibi-window-sinks``): each group's window runs as
+  without them (``blocks``, ``chunks``, ``whole``; by the fused kernel, which gives its rows'
+  log-sum-exps), the sinks beyond each query's window (``i - j > back``: those inside it are the
+  window's) as one small pass of ``S`` keys for every head with sinks, their true bias
+  ``-m·(i - j)``, and the two softmaxes are merged by their log-sum-exps
+  (:class:`_Merged`: backward, each part's share from the merged output and log-sum-exp, the
+  window's by the kernel's own backward). A group whose window drops no key, or that looks
+  ahead only (``one_sided``'s second half: no sink is ahead of a query past the prefix), has no
+  sinks of its own. With learned slopes (their gradient) ``chunks`` and ``whole`` groups, and
+  with global tokens every group, prepend the sinks to every chunk instead, as global tokens;
+* global tokens (``global_tokens`` ``N``), and sinks as above: the first ``max(N, S)`` keys, the
+  *prefix*, are prepended to every chunk (the window's copies of them hidden by the column): a
+  global key with bias 0, a sink with its true bias, as the chunk's shared bias ``-m·r``
+  (``r``: the query's row in its chunk) plus ``-m·(s - j)`` in the hiding column of chunk
+  ``s … s+c-1`` (a sink is behind every query past the prefix, whatever the variant). The
+  queries among the first ``max(N, S)`` positions (exempt from the bias, or in front of some
+  sink) are computed as one dense call of their own.
 
 Which group runs how is one function's answer, :func:`plan` (a list of :class:`Group`), which
 ``dispatch.windowed_cost`` prices for ``auto``: the executor and the policy read the same plan.
@@ -48,6 +55,7 @@ stays finite (an output nothing reads), as with the other backends. Autograd run
 fused kernel (float32, float64).
 """
 
+import functools
 from dataclasses import dataclass
 from typing import List, Optional, Sequence, Tuple
 
@@ -107,10 +115,34 @@ def _groups(windows: Tuple[Sequence[Optional[int]], Sequence[Optional[int]]]):
     return found
 
 
-def _band(q, k, v, visible, slopes, future_slopes, variant, heads, window, back, ahead,
-          chunk, global_tokens, sinks, scale, rows, hide=True):
+def _band(*args, rows, hide=True):
     """The output ``(B, len(heads), t1 - t0, D)`` of one head group's queries ``rows``
-    ``(t0, t1)``, chunk by chunk.
+    ``(t0, t1)``, chunk by chunk (:func:`_band_inputs`)."""
+    qa, ka, va, bias = _band_inputs(*args, rows=rows, hide=hide)
+    out = F.scaled_dot_product_attention(qa, ka, va, attn_mask=bias, scale=args[-1])
+    return _unchunked(out, args[0].size(0), rows[1] - rows[0], args[0].size(-1))
+
+
+def _chunked(x: Tensor, chunk: int, dim: int) -> Tensor:
+    """``(B, H, t, D)`` -> ``(B·n, H, c, dim)``, zeros past the rows and the features."""
+    B, H, t, D = x.shape
+    n = -(-t // chunk)
+    x = F.pad(x, (0, dim - D, 0, n * chunk - t))
+    return x.view(B, H, n, chunk, dim).transpose(1, 2).reshape(B * n, H, chunk, dim)
+
+
+def _unchunked(x: Tensor, B: int, t: int, D: int) -> Tensor:
+    """``(B·n, H, c, ·)`` -> ``(B, H, t, D)``: the first ``t`` rows and ``D`` features."""
+    n, H, c = x.shape[0] // B, x.shape[1], x.shape[2]
+    x = x.reshape(B, n, H, c, -1).transpose(1, 2).reshape(B, H, n * c, -1)
+    return x[:, :, :t, :D]
+
+
+def _band_inputs(q, k, v, visible, slopes, future_slopes, variant, heads, window, back, ahead,
+                 chunk, global_tokens, sinks, scale, rows, hide=True, picked=False):
+    """The fused call of one head group's queries ``rows`` ``(t0, t1)``, chunk by chunk:
+    queries ``(B·n, H_g, c, Dp)``, keys and values ``(B·n, H_g, P + R, Dp)``, the bias
+    ``(1, H_g, c, P + R)`` (``picked``: ``q``, ``k``, ``v`` hold the group's heads only).
 
     ``visible`` ``(B, S)``: keys that are real (not padding); ``window`` the group's
     ``(back, ahead)`` windows (``None`` = unbounded). Each chunk reads the keys ``s - back …
@@ -130,6 +162,7 @@ def _band(q, k, v, visible, slopes, future_slopes, variant, heads, window, back,
     # the hiding column, the head size rounded up as the fold's (the kernel is slower at odd sizes)
     Dp = fold.padded_head_dim(D, 1) if hide else D
     idx = _heads_index(heads, q.device)
+    sel = slice(None) if picked else idx
     Hg = len(heads)
     fill = mask_value(q.dtype) / max(scale, 1.0)  # times scale: a huge, finite negative logit
 
@@ -141,7 +174,7 @@ def _band(q, k, v, visible, slopes, future_slopes, variant, heads, window, back,
         return torch.cat([x, column.expand(*shape, 1), spare], dim=-1)
 
     # queries: (B, Hg, n·c, D) -> (B, n, Hg, c, Dp), the hiding column's 1 at D
-    qg = F.pad(q[:, idx, t0:t1], (0, 0, 0, n * chunk - (t1 - t0)))
+    qg = F.pad(q[:, sel, t0:t1], (0, 0, 0, n * chunk - (t1 - t0)))
     qa = widened(qg.view(B, Hg, n, chunk, D).transpose(1, 2), q.new_ones(()))
 
     # the key positions first - back … first + n·c + ahead - 1, out-of-range ones zero
@@ -150,7 +183,7 @@ def _band(q, k, v, visible, slopes, future_slopes, variant, heads, window, back,
     pad = (clamp[0] - lo, hi - clamp[1])
 
     def windows_of(x):  # (B, H, S, D) -> (B, n, Hg, R, D): chunk k's keys s-back … s+c-1+ahead
-        ranged = F.pad(x[:, idx, clamp[0]:clamp[1]], (0, 0) + pad)
+        ranged = F.pad(x[:, sel, clamp[0]:clamp[1]], (0, 0) + pad)
         return ranged.unfold(2, R, chunk).permute(0, 2, 1, 4, 3)
 
     column = None
@@ -172,19 +205,15 @@ def _band(q, k, v, visible, slopes, future_slopes, variant, heads, window, back,
             own = (-m[None, :, None] * distance[:, None, :] / scale)[None]  # (1, n, Hg, P-G)
             hidden = torch.cat([hidden[..., :G].expand(B, n, Hg, G),
                                 own.masked_fill(~visible[:, None, None, G:P], fill)], dim=-1)
-        ka = torch.cat([widened(k[:, idx, None, :P].transpose(1, 2).expand(shape),
+        ka = torch.cat([widened(k[:, sel, None, :P].transpose(1, 2).expand(shape),
                                 hidden[..., None]), ka], 3)
-        va = torch.cat([widened(v[:, idx, None, :P].transpose(1, 2).expand(shape),
+        va = torch.cat([widened(v[:, sel, None, :P].transpose(1, 2).expand(shape),
                                 q.new_zeros(())), va], 3)
 
     bias = _chunk_bias(slopes, future_slopes, variant, heads, window, back, chunk, R, G, P,
                        q.dtype)
-    out = F.scaled_dot_product_attention(
-        qa.reshape(B * n, Hg, chunk, Dp), ka.reshape(B * n, Hg, P + R, Dp),
-        va.reshape(B * n, Hg, P + R, Dp), attn_mask=bias[None], scale=scale,
-    )
-    out = out.reshape(B, n, Hg, chunk, Dp).transpose(1, 2).reshape(B, Hg, n * chunk, Dp)
-    return out[:, :, :t1 - t0, :D]
+    return (qa.reshape(B * n, Hg, chunk, Dp), ka.reshape(B * n, Hg, P + R, Dp),
+            va.reshape(B * n, Hg, P + R, Dp), bias[None])
 
 
 def _within(windows, T, S):
@@ -267,8 +296,8 @@ class Group:
     * ``chunks``: chunks of ``size`` queries, each reading ``back`` keys before its first
       query and ``ahead`` after its last.
 
-    ``sinks``: the attention sinks every chunk of the group reads besides (0 where the window
-    drops no key or looks ahead only).
+    ``sinks``: the attention sinks the group's queries read besides (0 where the window drops
+    no key or looks ahead only).
     """
 
     heads: Tuple[int, ...]
@@ -286,7 +315,7 @@ class Group:
         if self.kind == "blocks":
             if self.reach >= length - 1:  # the fold itself: half of them
                 return length / 2
-            return self.reach + band_fold.block_size(self.reach, length)
+            return self.reach + band_fold.block_size(self.reach, length) + self.sinks
         if self.kind == "fold":
             return length / 2 if variant == "causal" else length
         return self.back + self.size + self.ahead + self.sinks
@@ -300,10 +329,10 @@ def plan(windows, variant: str, query_len: int, key_len: int, global_tokens: int
     unbounded) form a group;
 
     * a group that looks one way (``causal``, ``one_sided``) over a whole sequence with no
-      global tokens and no sinks of its own (``sinks``: the attention sinks of the call; a
-      group has them if its window looks back and drops keys), where the fold serves the call (``folds``: CPU, float32/64), with a window
-      of half the sequence or more or of :data:`.tuning.BANDED_MIN_WINDOW` keys or more, runs
-      as ``blocks``;
+      global tokens (``sinks``, the attention sinks of the call, are a group's if its window
+      looks back and drops keys), where the fold serves the call (``folds``: CPU,
+      float32/64), with a window of half the sequence or more or of
+      :data:`.tuning.BANDED_MIN_WINDOW` keys or more, runs as ``blocks``;
     * one whose chunk would hold every query, or whose chunks would read about every key anyway
       while its one-chunk bias stays within :data:`.tuning.ONE_CHUNK_BYTES` (``itemsize``
       bytes an element) or its window drops no key, runs ``whole``, or as the ``fold`` if its
@@ -323,12 +352,13 @@ def plan(windows, variant: str, query_len: int, key_len: int, global_tokens: int
         looks_ahead = variant == "one_sided" and back == 0 and ahead != 0
         reach = ahead if looks_ahead else back
         reach = S - 1 if reach is None else min(reach, S - 1)
-        # sinks are keys beyond a window that looks back: the fold's kernels have no room
+        # sinks are keys beyond a window that looks back
         own = min(sinks, S) if window[0] not in (None, 0) else 0
-        if (chunk is None and T == S and not global_tokens and not own and folds
+        if (chunk is None and T == S and not global_tokens and folds
                 and variant in ("causal", "one_sided")
                 and (reach >= tuning.BANDED_MIN_WINDOW or 2 * reach >= S)):
-            found.append(Group(heads, window, "blocks", reach=reach, looks_ahead=looks_ahead))
+            found.append(Group(heads, window, "blocks", reach=reach, looks_ahead=looks_ahead,
+                               sinks=own))
             continue
         # the reach the sequence allows: past keys down to 0, future ones up to S - 1
         back = first + T - 1 if window[0] is None else min(window[0], first + T - 1)
@@ -363,21 +393,167 @@ def _banded(q, k, v, slopes, group: Group, scale, key_padding_mask):
                                       group.reach, scale, key_padding_mask, group.looks_ahead)
 
 
+def _parts(T, S, group: Group, key_padding_mask, global_tokens=0, sinks=None):
+    """``[((t0, t1), hide)]``: the rows of a chunk group's :func:`_band` calls: the chunks that
+    read only real keys need no hiding column (a smaller head size)."""
+    t0, t1 = _interior(T, S, group.back, group.ahead, group.size)
+    sinks = group.sinks if sinks is None else sinks
+    if key_padding_mask is not None or global_tokens or sinks or t0 >= t1:
+        return [((0, T), True)]
+    return [(r, h) for r, h in (((0, t0), True), ((t0, t1), False), ((t1, T), True))
+            if r[0] < r[1]]
+
+
+def _sink_logits(q, k, m, sinks, back, visible, scale):
+    """``(logits, i - j)``: the logits ``(B, H_g, P, T)`` of the sinks ``j < P`` for a group's
+    queries (at the end of the keys) beyond their window (``i - j > back``), with their bias
+    ``-m·(i - j)``; the others (the window's, padding, ahead) hidden. Keys first: the
+    reductions over ``P`` run along ``T``."""
+    T, S = q.size(2), k.size(2)
+    rel = (torch.arange(S - T, S, device=q.device)
+           - torch.arange(sinks, device=q.device)[:, None]).to(q.dtype)
+    logits = torch.matmul(k[:, :, :sinks], q.transpose(-1, -2)).mul_(scale)
+    logits -= m.to(q.dtype)[:, None, None] * rel
+    hidden = (rel <= back) | ~visible[:, None, :sinks, None]  # back: (H_g, 1, 1)
+    return logits.masked_fill_(hidden, mask_value(q.dtype)), rel
+
+
+def _exp(x: Tensor) -> Tensor:
+    """``exp`` of ``x <= 0`` with the values that vanish anyway (``< e^-80``: padding, hidden
+    keys) raised to that: the CPU's exp of large negative numbers is ~20× slower."""
+    return x.clamp_(min=-80.0).exp_()
+
+
+def _plus(x: Tensor, weights: Tensor, y: Tensor, alpha: float = 1.0) -> Tensor:
+    """``x += alpha·weightsᵀ·y[:, :, :P]`` in place (one pass over ``x``): ``x``
+    ``(B, H, T, D)`` contiguous, ``weights`` ``(B, H, P, T)``."""
+    B, H, P, T = weights.shape
+    x.view(B * H, T, -1).baddbmm_(weights.reshape(B * H, P, T).transpose(1, 2),
+                                  y[:, :, :P].reshape(B * H, P, -1), alpha=alpha)
+    return x
+
+
+class _Merged(torch.autograd.Function):
+    """A head group's window (``window``: its ``(out, lse)``, and the backward of its share of a
+    larger softmax) and its sinks beyond it (:func:`_sink_logits`): one softmax, merged by
+    log-sum-exp. Backward: each part's share from the merged output and log-sum-exp."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, m, windows, sinks, scale):
+        found = [forward(q[:, r], k[:, r], v[:, r], m[r]) for r, forward, _ in windows]
+        lse = torch.cat([lse for _, lse in found], 1)
+        logits, _ = sinks(q, k, m)
+        top = torch.maximum(lse, logits.amax(-2))
+        probs, share = _exp(logits - top[..., None, :]), _exp(lse - top)
+        total = probs.sum(-2) + share
+        probs /= total[..., None, :]  # of the merged softmax, as the window's share
+        share = (share / total)[..., None]
+        out = q.new_empty(q.shape[:3] + (v.size(-1),))
+        for (r, _, _), (window_out, _) in zip(windows, found):  # one pass: no cat
+            torch.mul(window_out, share[:, r], out=out[:, r])
+        out = _plus(out, probs, v)
+        ctx.save_for_backward(q, k, v, m, out, top + torch.log(total))
+        ctx.windows, ctx.sinks, ctx.scale = windows, sinks, scale
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        q, k, v, m, out, lse = ctx.saved_tensors
+        grad = grad.to(q.dtype)
+        need = ctx.needs_input_grad[3]
+        found = [backward(grad[:, r], q[:, r], k[:, r], v[:, r], m[r], out[:, r], lse[:, r],
+                          need) for r, _, backward in ctx.windows]
+        gq, gk, gv = (torch.cat(x, 1) if len(x) > 1 else x[0] for x in list(zip(*found))[:3])
+        logits, rel = ctx.sinks(q, k, m)
+        P = logits.size(2)
+        probs = _exp(logits - lse[..., None, :])
+        d = probs * (torch.matmul(v[:, :, :P], grad.transpose(-1, -2))
+                     - (grad * out).sum(-1)[..., None, :])  # (B, H_g, P, T)
+        gq = _plus(gq.contiguous(), d, k, ctx.scale)
+        gk[:, :, :P] += torch.matmul(d, q) * ctx.scale
+        gv[:, :, :P] += torch.matmul(probs, grad)
+        gm = None
+        if need:  # (windows that carry the slopes' gradient: blocks)
+            gm = torch.cat([g[3] for g in found]) - (d * rel).sum((0, 2, 3)).to(m.dtype)
+        return gq, gk, gv, gm, None, None, None
+
+
+def _with_sinks(q, k, v, visible, slopes, future_slopes, variant, groups: List[Group], scale,
+                key_padding_mask):
+    """The groups with sinks ``(B, H_s, T, D)``, their heads in order: each window as without
+    sinks (``blocks`` by :mod:`.band_fold`, else by the fused kernel), the sinks beyond them as
+    one small pass of every head (``S × T`` logits), merged (:class:`_Merged`)."""
+    T, S = q.size(2), k.size(2)
+    kpm = None if key_padding_mask is None else key_padding_mask.to(torch.bool)
+    windows, start = [], 0
+    for g in groups:  # (rows, forward, backward) of each group's window, its heads only
+        rows, start = slice(start, start + len(g.heads)), start + len(g.heads)
+        if g.kind == "blocks":
+            windows.append((rows, functools.partial(
+                band_fold.banded_forward, window=g.reach, scale=scale, key_padding_mask=kpm),
+                functools.partial(band_fold.banded_backward, window=g.reach, scale=scale,
+                                  key_padding_mask=kpm)))
+            continue
+        args = (visible, slopes, future_slopes, variant, list(g.heads), g.window, g.back,
+                g.ahead, g.size, 0, 0, scale)
+        parts = _parts(T, S, g, key_padding_mask, sinks=0)
+        windows.append((rows, functools.partial(_chunks_forward, args=args, parts=parts),
+                        functools.partial(_chunks_backward, args=args, parts=parts)))
+    back = torch.tensor([g.window[0] for g in groups for _ in g.heads], device=q.device)
+    sinks = functools.partial(_sink_logits, sinks=groups[0].sinks, back=back[:, None, None],
+                              visible=visible, scale=scale)
+    idx = _heads_index([h for g in groups for h in g.heads], q.device)
+    return _Merged.apply(q[:, idx], k[:, idx], v[:, idx], slopes[idx], windows, sinks, scale)
+
+
+def _chunks_forward(q, k, v, m, args, parts):
+    """``(out, lse)`` of a chunk group's window (``q``, ``k``, ``v``: its heads) by the kernel."""
+    B, _, _, D = q.shape
+    found = []
+    for (t0, t1), hide in parts:
+        qa, ka, va, bias = _band_inputs(q, k, v, *args, rows=(t0, t1), hide=hide, picked=True)
+        o, lse = fold.kernel_forward(qa, ka, va, False, attn_mask=bias, scale=args[-1])
+        found.append((_unchunked(o, B, t1 - t0, D), _unchunked(lse[..., None], B, t1 - t0, 1)))
+    return torch.cat([o for o, _ in found], 2), torch.cat([l for _, l in found], 2)[..., 0]
+
+
+def _chunks_backward(grad, q, k, v, m, out, lse, slopes_grad, args, parts):
+    """The window's share ``(grad_q, grad_k, grad_v)`` of a larger softmax's gradient, from
+    that softmax's ``out`` and ``lse``: the kernel's backward per call, then the chunks'
+    layout's by autograd (the windows' overlaps summed)."""
+    with torch.enable_grad():
+        leaves = [x.detach().requires_grad_() for x in (q, k, v)]
+        built, grads = [], []
+        for (t0, t1), hide in parts:
+            inputs = _band_inputs(*leaves, *args, rows=(t0, t1), hide=hide, picked=True)
+            c, Dp = inputs[0].shape[2:]
+            rows = [_chunked(x[:, :, t0:t1], c, Dp) for x in (grad, out)]
+            grads += fold.kernel_backward(
+                rows[0], *inputs[:3], rows[1],
+                _chunked(lse[:, :, t0:t1, None], c, 1)[..., 0].contiguous(), False,
+                attn_mask=inputs[3], scale=args[-1])
+            built += inputs[:3]
+        return torch.autograd.grad(built, leaves, grads) + (None,)  # (slopes: not learned)
+
+
 def _prefix_queries(q, k, v, visible, slopes, future_slopes, variant, windows, global_tokens,
                     sinks, scale):
     """The output ``(B, H, g, D)`` of the queries among the first ``max(global_tokens, sinks)``
     positions: global tokens, exempt from the bias and the windows, read every key; the others
     their windows and the sinks (some of them ahead), by the dense definition (one dense call,
-    ``g <= max(N, S)``)."""
+    ``g <= max(N, S)``) over the keys they reach."""
     B, H, T, D = q.shape
     S = k.size(2)
     first = S - T
     g = min(max(global_tokens, sinks), S) - first
+    ahead = None if global_tokens or None in windows[1] else max(windows[1])
+    S = S if ahead is None else min(S, first + g + ahead)
     bias = alibi_bias_between(slopes, torch.arange(first, first + g), torch.arange(S), variant,
                               future_slopes, q.dtype, global_tokens, windows=windows,
                               sinks=sinks)
-    bias = bias[None].masked_fill(~visible[:, None, None, :], mask_value(q.dtype))
-    return F.scaled_dot_product_attention(q[:, :, :g], k, v, attn_mask=bias, scale=scale)
+    bias = bias[None].masked_fill(~visible[:, None, None, :S], mask_value(q.dtype))
+    return F.scaled_dot_product_attention(q[:, :, :g], k[:, :, :S], v[:, :, :S], attn_mask=bias,
+                                          scale=scale)
 
 
 def attention(q: Tensor, k: Tensor, v: Tensor, slopes: Tensor, future_slopes: Optional[Tensor],
@@ -407,32 +583,36 @@ def attention(q: Tensor, k: Tensor, v: Tensor, slopes: Tensor, future_slopes: Op
                else ~key_padding_mask.to(q.device, torch.bool))
     first = S - T
     folds = fold.available() and q.device.type == "cpu" and q.dtype in fold.FOLD_DTYPES
+    # learned slopes: the chunks' bias carries their gradient, which the kernel does not return
+    learned = torch.is_grad_enabled() and any(
+        m is not None and m.requires_grad for m in (slopes, future_slopes))
     outs: List[Tensor] = []
     order: List[int] = []
+    sunk: List[Group] = []
     for group in plan(windows, variant, T, S, global_tokens, q.element_size(), folds, chunk,
                       sinks):
         heads = list(group.heads)
-        order += heads
-        if group.kind == "blocks":  # no bias tensor: the fold's kernel over blocks
-            outs.append(_banded(q, k, v, slopes, group, scale, key_padding_mask))
+        if group.sinks and folds and not global_tokens and (group.kind == "blocks"
+                                                             or not learned):
+            sunk.append(group)  # the windows, then the sinks: one pass of these heads
             continue
+        order += heads
         if group.kind == "fold":
             outs.append(_folded(q, k, v, slopes, future_slopes, variant, heads, scale,
                                 key_padding_mask))
             continue
+        if group.kind == "blocks":  # no bias tensor: the fold's kernel over blocks
+            outs.append(_banded(q, k, v, slopes, group, scale, key_padding_mask))
+            continue
         args = (q, k, v, visible, slopes, future_slopes, variant, heads, group.window,
                 group.back, group.ahead, group.size, global_tokens, group.sinks, scale)
-        t0, t1 = _interior(T, S, group.back, group.ahead, group.size)
-        if key_padding_mask is None and not global_tokens and not group.sinks and t0 < t1:
-            # the chunks that read only real keys need no hiding column (a smaller head size)
-            parts = [_band(*args, rows=(t0, t1), hide=False)]
-            if t0 > 0:
-                parts.insert(0, _band(*args, rows=(0, t0)))
-            if t1 < T:
-                parts.append(_band(*args, rows=(t1, T)))
-            outs.append(torch.cat(parts, dim=2) if len(parts) > 1 else parts[0])
-        else:
-            outs.append(_band(*args, rows=(0, T)))
+        parts = [_band(*args, rows=rows, hide=hide)
+                 for rows, hide in _parts(T, S, group, key_padding_mask, global_tokens)]
+        outs.append(torch.cat(parts, dim=2) if len(parts) > 1 else parts[0])
+    if sunk:
+        outs.append(_with_sinks(q, k, v, visible, slopes, future_slopes, variant, sunk, scale,
+                                key_padding_mask))
+        order += [h for group in sunk for h in group.heads]
     out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)
     if order != list(range(H)):
         out = out[:, torch.as_tensor(order).argsort()]
