@@ -176,6 +176,8 @@ def run_tests(part, out, quick, workers):
     env = dict(os.environ, PYTEST_RECORD=record,
                PYTHONPATH=os.pathsep.join(filter(None, [subprocesses.REPO,
                                                         os.environ.get("PYTHONPATH")])))
+    for name in [n for n in env if n.startswith("PYTEST_XDIST_")]:
+        del env[name]  # its own pytest run, not a worker of one this process may belong to
     if workers > 1:  # the workers compile flex side by side: a share of the cores each
         env.setdefault("TORCHINDUCTOR_COMPILE_THREADS", str(max(1, os.cpu_count() // workers)))
     with open(path, "w") as f:  # written as pytest goes: a run cut short still leaves its log

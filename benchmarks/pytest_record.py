@@ -20,9 +20,19 @@ def _message(report):
     return str(report.longrepr).strip().splitlines()[-1] if report.longrepr else None
 
 
+#: whether this process is a pytest-xdist worker of its run (set when pytest configures it; the
+#: environment cannot tell: a pytest started by a test inherits its worker's variables)
+_WORKER = False
+
+
+def pytest_configure(config):
+    global _WORKER
+    _WORKER = hasattr(config, "workerinput")
+
+
 def _write(test, when, outcome, seconds, message):
     path = os.environ.get("PYTEST_RECORD")
-    if not path or os.environ.get("PYTEST_XDIST_WORKER"):
+    if not path or _WORKER:
         return
     line = {"test": test, "when": when, "outcome": outcome, "seconds": round(seconds, 3),
             "message": message and message[:1000]}
