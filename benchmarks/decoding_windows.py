@@ -2,7 +2,7 @@
 length with slope windows, side by side with the same model without them.
 
     python -m benchmarks.decoding_windows [--smoke] [--tokens 32768] [--segment 2048]
-                                          [--cutoff 8] [--check 4096] [--threads 1]
+                                          [--cutoff 8] [--sinks 0] [--check 4096] [--threads 1]
     python -m benchmarks.decoding_windows --attention-steps [--smoke] [--cutoff 8]
 
 Two decoders of the quickstart's tiny size (``alibi_transformer_lm``: 2 layers, 128 dims,
@@ -10,7 +10,8 @@ Two decoders of the quickstart's tiny size (``alibi_transformer_lm``: 2 layers, 
 not depend on training, and the windows depend only on the slopes and ``T``), the same
 weights, one built with ``--alibi-window-cutoff T`` (``bounded``: windows
 ``ceil(T / m_h)``, with 8 heads and ``T = 8`` 16, 32, …, 2048 keys; its KV cache keeps the
-last ``max_h W_h`` keys) and one without (``dense``). From a prompt of 64 random tokens each
+last ``max_h W_h`` keys; with ``--sinks S`` also ``--alibi-window-sinks S``: its cache keeps
+the first ``S`` keys too, ``S + max_h W_h`` in all) and one without (``dense``). From a prompt of 64 random tokens each
 generates ``--tokens`` tokens greedily with cached decoding (one token per step, as
 ``fairseq-generate``'s steps with beam 1); their steps alternate, so load from other processes
 hits both alike.
@@ -56,9 +57,11 @@ VOCAB, PROMPT = 1000, 64
 MODELS = ("bounded", "dense")
 
 
-def models(cutoff: float, dims=DIMS):
+def models(cutoff: float, dims=DIMS, sinks: int = 0):
     """``{name: (decoder, step)}``: the two decoders, sharing their weights."""
-    bounded = build("alibi_transformer_lm", dims, VOCAB, ["--alibi-window-cutoff", str(cutoff)])
+    flags = ["--alibi-window-cutoff", str(cutoff)]
+    flags += ["--alibi-window-sinks", str(sinks)] if sinks else []
+    bounded = build("alibi_transformer_lm", dims, VOCAB, flags)
     dense = build("alibi_transformer_lm", dims, VOCAB)
     dense[0].load_state_dict(bounded[0].state_dict())
     return {"bounded": bounded, "dense": dense}
@@ -129,11 +132,11 @@ def checkpoints(tokens: int, segment: int) -> List[int]:
     return found
 
 
-def generate_side_by_side(cutoff, tokens, segment, dims=DIMS, log=print):
+def generate_side_by_side(cutoff, tokens, segment, dims=DIMS, log=print, sinks=0):
     """``(runs, cache)``: each model's :class:`Generation` (steps alternating) and its cache
     bytes at each checkpoint."""
     torch.manual_seed(0)
-    built = models(cutoff, dims)
+    built = models(cutoff, dims, sinks)
     prompt = torch.randint(4, VOCAB, (PROMPT,))
     runs = {name: Generation(built[name], prompt, tokens) for name in MODELS}
     marks = set(checkpoints(tokens, segment))
@@ -166,13 +169,13 @@ def _status_kib(field: str) -> int:
     return int(line.split()[1])
 
 
-def peak_rss_growth(name: str, cutoff: float, tokens: int, dims) -> int:
+def peak_rss_growth(name: str, cutoff: float, tokens: int, dims, sinks: int = 0) -> int:
     """Bytes the peak resident set grew by while model ``name`` alone generated ``tokens``
     tokens after its prompt (this process: run through :func:`rss_in_own_process`). The peak
     is reset after the prompt (``/proc/self/clear_refs``), so the imports' and the build's
     earlier peak does not hide the generation's."""
     torch.manual_seed(0)
-    model = models(cutoff, dims)[name]
+    model = models(cutoff, dims, sinks)[name]
     run = Generation(model, torch.randint(4, VOCAB, (PROMPT,)), tokens)
     with open("/proc/self/clear_refs", "w") as clear:
         clear.write("5")  # resets VmHWM to the current VmRSS
@@ -180,17 +183,18 @@ def peak_rss_growth(name: str, cutoff: float, tokens: int, dims) -> int:
     for _ in range(tokens):
         run.step()
     return (_status_kib("VmHWM") - before) * 1024
-def rss_in_own_process(name, cutoff, tokens, smoke) -> int:
+def rss_in_own_process(name, cutoff, tokens, smoke, sinks=0) -> int:
     """:func:`peak_rss_growth` in a process of its own."""
     args = [sys.executable, "-m", "benchmarks.decoding_windows", "--rss-of", name,
-            "--cutoff", str(cutoff), "--tokens", str(tokens)] + (["--smoke"] if smoke else [])
+            "--cutoff", str(cutoff), "--tokens", str(tokens), "--sinks", str(sinks)] + (
+                ["--smoke"] if smoke else [])
     proc = subprocess.run(args, capture_output=True, text=True, timeout=3600)
     if proc.returncode != 0:
         raise RuntimeError(proc.stderr[-3000:])
     return int(proc.stdout.split()[-1])
 
 
-def report(runs, cache, segment, reach, rss, agreement, aged) -> str:
+def report(runs, cache, segment, reach, rss, agreement, aged, sinks=0) -> str:
     """The Markdown table and the lines under it."""
     marks = sorted(cache["bounded"])
     medians = {name: [statistics.median(runs[name].times[t - segment:t]) for t in marks]
@@ -215,7 +219,9 @@ def report(runs, cache, segment, reach, rss, agreement, aged) -> str:
     agree, checked = agreement
     lines = [
         "",
-        f"Bounded model: max_h W_h = {reach:,} keys. From {base:,} tokens on its step time "
+        f"Bounded model: max_h W_h = {reach:,} keys"
+        + (f", plus {sinks} attention sinks (its cache's bound: {reach + sinks:,} keys)"
+           if sinks else "") + f". From {base:,} tokens on its step time "
         f"spreads by {100 * spread:.1f} % (max ÷ min − 1 of the segment medians) and its KV "
         f"cache is {'constant' if len(cache_after) == 1 else 'not constant'}.",
         f"Side by side (the same minutes): its step after {marks[-1]:,} tokens ÷ its step just "
@@ -223,7 +229,7 @@ def report(runs, cache, segment, reach, rss, agreement, aged) -> str:
         f"Peak RSS growth over the generation, each model alone in its own process: bounded "
         f"{rss['bounded'] / 2**20:.1f} MiB, dense {rss['dense'] / 2**20:.1f} MiB.",
         f"Equality: {agree:,} of the first {checked:,} generated tokens are the greedy choices "
-        f"of the full forward with the same cutoff ({'all' if agree == checked else 'NOT all'}).",
+        f"of the full forward with the same cutoff{' and sinks' if sinks else ''} ({'all' if agree == checked else 'NOT all'}).",
     ]
     return body + "\n".join(lines)
 
@@ -261,6 +267,9 @@ def main(argv=None):
     parser.add_argument("--segment", type=int, default=None,
                         help="steps per timed segment, the first checkpoint (default 2048)")
     parser.add_argument("--cutoff", type=float, default=None, help="window cutoff T (nats)")
+    parser.add_argument("--sinks", type=int, default=0,
+                        help="the bounded model's attention sinks, --alibi-window-sinks S "
+                             "(default 0)")
     parser.add_argument("--check", type=int, default=None,
                         help="generated tokens checked against the full forward (default 4096)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
@@ -284,18 +293,21 @@ def main(argv=None):
     cutoff = args.cutoff or (0.5 if args.smoke else 8.0)
     check = min(tokens, args.check or (512 if args.smoke else 4096))
     if args.rss_of:
-        print(peak_rss_growth(args.rss_of, cutoff, tokens, dims))
+        print(peak_rss_growth(args.rss_of, cutoff, tokens, dims, args.sinks))
         return None
-    runs, cache = generate_side_by_side(cutoff, tokens, segment, dims, log)
+    if args.sinks < 0:
+        parser.error("--sinks must be 0 or more")
+    runs, cache = generate_side_by_side(cutoff, tokens, segment, dims, log, args.sinks)
     bounded = runs["bounded"]
     reach = max(max(bounded.decoder.alibi.windows_of(layer)[0]) for layer in range(dims[0]))
     agreement = greedy_agreement((bounded.decoder, None), cutoff, bounded.tokens, check)
     aged = aged_vs_young((bounded.decoder, bounded.step_fn), bounded.tokens[0, :PROMPT],
                          tokens, reach, segment)
-    rss = {name: rss_in_own_process(name, cutoff, tokens, args.smoke) for name in MODELS}
-    body = report(runs, cache, segment, reach, rss, agreement, aged)
+    rss = {name: rss_in_own_process(name, cutoff, tokens, args.smoke, args.sinks)
+           for name in MODELS}
+    body = report(runs, cache, segment, reach, rss, agreement, aged, args.sinks)
     shape = (f"{dims[0]} layers, {dims[1]} dims, {dims[2]} heads, vocabulary {VOCAB}, "
-             f"T = {cutoff:g}, prompt {PROMPT}, {tokens:,} tokens, greedy, batch 1, "
+             f"T = {cutoff:g}, sinks {args.sinks}, prompt {PROMPT}, {tokens:,} tokens, greedy, batch 1, "
              f"{args.threads} thread(s)")
     print(f"Command: `{command.strip()}`  \nMachine: {machine()}  \n{shape}\n\n{body}")
     return body

@@ -2,7 +2,8 @@
 
     python -m experiments.slope_windows [--family lm|wikitext2|encoder|translation]
                                         [--out DIR] [--cutoffs 2,4,6,8,12,16]
-                                        [--multiples 1,2,4,8,16,64] [--L 64] [--max-update N]
+                                        [--sinks 0] [--multiples 1,2,4,8,16,64] [--L 64]
+                                        [--max-update N]
                                         [--checkpoint PATH --data DIR] [--sample-tokens N]
                                         [--rounds R] [--threads 1] [--smoke]
 
@@ -20,7 +21,10 @@ causal ALiBi model (``--checkpoint PATH --data DIR``, a folder written by
 ``fairseq-eval-lm`` in non-overlapping blocks of ``N = L, 2L, 4L, 8L, 16L, 64L`` tokens
 (``--tokens-per-sample N --max-tokens N``, through :func:`fairseq_alibi.cli.sweep.run_sweep`,
 which checks that every run scores every token), dense (``T`` off) and with the load-time
-override ``--model-overrides "{'alibi_window_cutoff': T}"`` for each ``T``. The runs of one
+override ``--model-overrides "{'alibi_window_cutoff': T}"`` for each ``T`` (with ``--sinks
+0,1,4``, language models: each ``T`` with each number of attention sinks ``S``, the override
+``{'alibi_window_cutoff': T, 'alibi_window_sinks': S}``, and the mass beyond the windows
+counts no sink). The runs of one
 length follow each other (dense first and again last), so their tokens/s are taken side by
 side; ``--rounds R`` repeats them and reports the median.
 
@@ -51,7 +55,7 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import List, Optional, Sequence
+from typing import List, Optional, Sequence, Tuple
 
 from benchmarks.tables import machine, table, today
 from experiments.lm_runs import (DEFAULT_WIKITEXT, comma_list, command_line, prepare_model,
@@ -99,6 +103,9 @@ def parse_args(argv=None):
     parser.add_argument("--out", default=None, help="default outputs/slope_windows[_FAMILY]")
     parser.add_argument("--cutoffs", default=None,
                         help="cutoffs T in nats, comma-separated (default 2,4,6,8,12,16)")
+    parser.add_argument("--sinks", default="0",
+                        help="lm, wikitext2: attention sinks S tried with every cutoff "
+                             "(--alibi-window-sinks S), comma-separated (default 0: none)")
     parser.add_argument("--multiples", default=None,
                         help="evaluation lengths as multiples of L (default: lm 1,2,4,8,16,64; "
                         "wikitext2, encoder 1,4,16; translation: its source-length buckets)")
@@ -149,6 +156,11 @@ def parse_args(argv=None):
     args.variants = [v for v in args.variants.split(",") if v]
     if any(t <= 0 or not math.isfinite(t) for t in args.cutoffs):
         parser.error("--cutoffs must be finite numbers of nats > 0 (dense is always measured)")
+    args.sinks = number_list(parser, args.sinks, (0,), int)
+    if any(s < 0 for s in args.sinks):
+        parser.error("--sinks must be 0 or more")
+    if args.sinks != [0] and args.family not in ("lm", "wikitext2"):
+        parser.error(f"--sinks: the {args.family} family is measured without sinks; drop it")
     return args
 
 
@@ -162,27 +174,35 @@ def number_list(parser, text: Optional[str], default: Sequence, kind) -> list:
         parser.error(str(error))
 
 
-def label(cutoff: Optional[float]) -> str:
-    """A run's name: ``off`` (dense) or ``T=8``."""
-    return DENSE if not cutoff else f"T={cutoff:g}"
+def label(cutoff: Optional[float], sinks: int = 0) -> str:
+    """A run's name: ``off`` (dense), ``T=8``, or ``T=8 S=4`` (with 4 attention sinks)."""
+    return DENSE if not cutoff else f"T={cutoff:g}" + (f" S={sinks}" if sinks else "")
 
 
-def cutoff_overrides(cutoff: float):
-    """``SweepModel.overrides``: the load-time window cutoff, at every length."""
-    return lambda length: {"alibi_window_cutoff": cutoff}
+def setting(key) -> Tuple[float, int]:
+    """``(T, S)`` of a windowed run's key: a cutoff ``T`` (no sinks) or a pair ``(T, S)``."""
+    return tuple(key) if isinstance(key, tuple) else (key, 0)
+
+
+def cutoff_overrides(cutoff: float, sinks: int = 0):
+    """``SweepModel.overrides``: the load-time window cutoff (and sinks), at every length."""
+    extra = {"alibi_window_sinks": sinks} if sinks else {}
+    return lambda length: {"alibi_window_cutoff": cutoff, **extra}
 
 
 def evaluate(checkpoint, data, cutoffs, lengths, out: Path, threads: int, log,
              rounds: int = 1) -> List[dict]:
-    """One row per ``(T, N)``: perplexity, tokens and eval-lm tokens/s of ``fairseq-eval-lm``
-    in non-overlapping blocks of ``N`` (one block a batch): dense, each ``T`` in turn, dense
-    again, ``rounds`` times (tokens/s: the median of the rounds); ``speed_vs_dense`` against
-    the mean of the two dense runs."""
+    """One row per ``(T, N)`` (``cutoffs``: cutoffs ``T`` or pairs ``(T, S)``, :func:`setting`):
+    perplexity, tokens and eval-lm tokens/s of ``fairseq-eval-lm`` in non-overlapping blocks of
+    ``N`` (one block a batch): dense, each ``T`` in turn, dense again, ``rounds`` times
+    (tokens/s: the median of the rounds); ``speed_vs_dense`` against the mean of the two dense
+    runs."""
     models = {DENSE: SweepModel(str(checkpoint))}
-    models.update({label(t): SweepModel(str(checkpoint), overrides=cutoff_overrides(t))
-                   for t in cutoffs})
+    models.update({label(*setting(c)): SweepModel(str(checkpoint),
+                                                  overrides=cutoff_overrides(*setting(c)))
+                   for c in cutoffs})
     models[DENSE_AGAIN] = models[DENSE]
-    values = {label(t): t for t in cutoffs}
+    values = {label(*setting(c)): setting(c) for c in cutoffs}
     rows = []
     for n in lengths:
         speeds = {name: [] for name in models}
@@ -198,7 +218,8 @@ def evaluate(checkpoint, data, cutoffs, lengths, out: Path, threads: int, log,
                 speeds[point.model].append(eval_tokens_per_second(point.log))
         for point in result.points:  # perplexities: the same every round
             measured = sorted(v for v in speeds[point.model] if v is not None)
-            rows.append({"cutoff": point.model, "T": values.get(point.model), "length": n,
+            t, sinks = values.get(point.model, (None, None))
+            rows.append({"cutoff": point.model, "T": t, "S": sinks, "length": n,
                          "tokens": point.tokens, "perplexity": point.perplexity,
                          "tokens_per_s": measured[len(measured) // 2] if measured else None,
                          "tokens_per_s_rounds": speeds[point.model],
@@ -234,10 +255,12 @@ def lost_mass(probs, windows) -> float:
     return lost_masses(probs, {None: windows})[None]
 
 
-def lost_masses(probs, windows_by_cutoff: dict, padding=None) -> dict:
+def lost_masses(probs, windows_by_cutoff: dict, padding=None, sinks=None) -> dict:
     """:func:`lost_mass` of each ``{cutoff: windows}``, the running sums computed once;
     ``padding`` ``(B, S)`` (a key padding mask): padded queries are not counted (a padded
-    encoder position's query may see no key at all, and spreads its weight evenly)."""
+    encoder position's query may see no key at all, and spreads its weight evenly); ``sinks``
+    ``{cutoff: number}``: the first keys kept beyond the windows (attention sinks) are not
+    lost."""
     import torch
 
     H, _, T, S = probs.shape
@@ -248,17 +271,24 @@ def lost_masses(probs, windows_by_cutoff: dict, padding=None) -> dict:
         p = probs[h].double()
         sums = {}  # running sums over the keys: back (False), ahead (True: flipped keys)
         for cutoff, windows in windows_by_cutoff.items():
+            kept = (sinks or {}).get(cutoff, 0)
             lost = p.new_zeros(p.shape[:2])  # (B, T): both directions of a query add up
             for limit, flipped in ((windows[0][h], False), (windows[1][h], True)):
                 if limit is None:
                     continue
                 if flipped not in sums:
                     sums[flipped] = (p.flip(-1) if flipped else p).cumsum(-1)
-                # the keys j <= i' - limit - 1 (back), or j >= i' + limit + 1 (ahead)
+                # the keys j <= i' - limit - 1 (back), or j >= i' + limit + 1 (ahead), but for
+                # the sinks j < kept: back, the sum up to kept - 1 taken off; ahead, j >= kept
                 last = (S - 2 - positions - limit) if flipped else positions - limit - 1
+                if flipped:
+                    last = last.clamp(max=S - 1 - kept)
                 picked = sums[flipped].gather(
                     -1, last.clamp(min=0).view(1, -1, 1).expand(p.size(0), -1, 1))
                 lost += picked.squeeze(-1) * (last >= 0)
+                if kept and not flipped:
+                    lost -= sums[flipped][:, :, min(kept, S) - 1] * (last >= kept - 1)
+                    lost -= picked.squeeze(-1) * ((last >= 0) & (last < kept - 1))
             if real is not None:
                 lost = lost * real
             worst[cutoff] = max(worst[cutoff], float(lost.max()))
@@ -282,7 +312,8 @@ class LostMassMeter:
     a translation model): while ``with meter.at(key):`` runs forward passes, ``found[(T, key)]``
     is the largest :func:`lost_mass` of any layer's attention probabilities for each cutoff
     ``T``, each layer with the windows of its own effective slopes
-    (:func:`~fairseq_alibi.alibi.variant_windows`)."""
+    (:func:`~fairseq_alibi.alibi.variant_windows`); a pair ``(T, S)`` of ``cutoffs``: the same
+    with ``S`` attention sinks (:func:`setting`)."""
 
     def __init__(self, model, cutoffs):
         import torch
@@ -298,8 +329,10 @@ class LostMassMeter:
         with torch.no_grad():
             for m in self.attentions:  # each layer's effective slopes (scales included)
                 slopes, future = m.alibi.head_slopes()
-                self.windows.append({t: variant_windows(slopes, t, m.alibi.variant, future)
-                                     for t in cutoffs})
+                self.windows.append({c: variant_windows(slopes, setting(c)[0],
+                                                        m.alibi.variant, future)
+                                     for c in cutoffs})
+        self.sinks = {c: setting(c)[1] for c in cutoffs}
         self.found, self.key = {}, None
 
     def at(self, key):
@@ -313,7 +346,8 @@ class LostMassMeter:
                 self.found.setdefault((t, key), 0.0)
 
             def receive(index, weights, kwargs):
-                masses = lost_masses(weights, self.windows[index], kwargs.get("key_padding_mask"))
+                masses = lost_masses(weights, self.windows[index], kwargs.get("key_padding_mask"),
+                                     self.sinks)
                 for t, mass in masses.items():
                     self.found[(t, self.key)] = max(self.found[(t, self.key)], mass)
 
@@ -342,10 +376,11 @@ def attention_losses(checkpoint, data, cutoffs, lengths, sample_tokens: int, log
     return meter.found
 
 
-def smallest_within_goal(rows, cutoffs) -> Optional[float]:
-    """The smallest ``T`` whose perplexity is within :data:`GOAL` of dense at every length."""
-    for t in sorted(cutoffs):
-        if all(abs(r["change"]) <= GOAL for r in rows if r["cutoff"] == label(t)):
+def smallest_within_goal(rows, cutoffs, sinks: int = 0) -> Optional[float]:
+    """The smallest ``T`` whose perplexity (with ``sinks`` attention sinks) is within
+    :data:`GOAL` of dense at every length."""
+    for t in sorted(setting(c)[0] for c in cutoffs if setting(c)[1] == sinks):
+        if all(abs(r["change"]) <= GOAL for r in rows if r["cutoff"] == label(t, sinks)):
             return t
     return None
 
@@ -370,7 +405,7 @@ def grid(rows, names, keys, show) -> List[list]:
 
 def report_tables(rows, cutoffs, lengths, L: int) -> str:
     """The three tables of the report: perplexity change, largest lost mass, tokens/s."""
-    names = [DENSE] + [label(t) for t in cutoffs]
+    names = [DENSE] + [label(*setting(c)) for c in cutoffs]
     heads = ["T"] + [f"{n // L}L = {n}" for n in lengths]
     change = grid(rows, names[:1], lengths, lambda r, _: f"{r['perplexity']:.3f}")
     change += grid(rows, names[1:], lengths, lambda r, _: f"{r['change']:+.3%}")
@@ -439,18 +474,22 @@ def main(argv=None):
             return wikitext_data(args, out, vocab, env, log)
     model = prepare_model(args, out, env, log, make_data)
     lengths = [m * args.L for m in args.multiples]
-    rows = evaluate(model["checkpoint"], model["data"], args.cutoffs, lengths, out,
+    settings = [(t, sinks) for sinks in args.sinks for t in args.cutoffs]
+    rows = evaluate(model["checkpoint"], model["data"], settings, lengths, out,
                     args.threads, log, max(1, args.rounds))
-    losses = attention_losses(model["checkpoint"], model["data"], args.cutoffs, lengths,
+    losses = attention_losses(model["checkpoint"], model["data"], settings, lengths,
                               args.sample_tokens, log)
     for row in rows:
-        row["lost_mass"] = None if row["T"] is None else losses[(row["T"], row["length"])]
-    write_csv(out / "slope_windows.csv", rows)
-    chosen = smallest_within_goal(rows, args.cutoffs)
-    verdict = (f"Smallest T within {GOAL:.1%} of dense at every length measured: T = "
-               f"{chosen:g} (the goal's bound: a larger T keeps a margin; read the lost mass "
-               "too)." if chosen is not None else
-               f"No cutoff measured is within {GOAL:.1%} of dense at every length.")
+        row["lost_mass"] = (None if row["T"] is None
+                            else losses[((row["T"], row["S"]), row["length"])])
+    write_csv(out / "slope_windows.csv", rows, extra=["S"])
+    chosen = {sinks: smallest_within_goal(rows, settings, sinks) for sinks in args.sinks}
+    verdict = " ".join(
+        (f"Smallest T within {GOAL:.1%} of dense at every length measured"
+         + (f" with S = {sinks} sinks" if sinks else "") + ": " +
+         (f"T = {t:g}." if t is not None else "none of the cutoffs measured."))
+        for sinks, t in chosen.items()) + (
+        " (The goal's bound: a larger T keeps a margin; read the lost mass too.)")
     total = time.time() - started
     report = "\n".join([
         *report_head("" if args.family == "lm" else f"the {args.family} LM", command,
@@ -458,10 +497,12 @@ def main(argv=None):
         f"Model: {model['checkpoint']} (trained at L = {args.L}"
         + (f": {model['trained_line']}" if model.get("trained_line") else "")
         + f"); data {model['data']}", "",
-        report_tables(rows, args.cutoffs, lengths, args.L), "", verdict, ""])
+        report_tables(rows, settings, lengths, args.L), "", verdict, ""])
     return publish(out, "slope_windows.md", report, {
         "command": command, "machine": machine_line, "L": args.L, "lengths": lengths,
-        "cutoffs": args.cutoffs, "rows": rows, "smallest_within_goal": chosen,
+        "cutoffs": args.cutoffs, "sinks": args.sinks, "rows": rows,
+        "smallest_within_goal": chosen[args.sinks[0]],
+        "smallest_within_goal_by_sinks": {str(k): v for k, v in chosen.items()},
         "checkpoint": str(model["checkpoint"]), "data": str(model["data"]),
         "training": model["trained"], "total_s": round(total, 1)}, log, total)
 

@@ -1,6 +1,7 @@
 """``python -m benchmarks.decoding_windows --smoke`` runs end to end (toy sizes), so it cannot
-rot: its table has a row per checkpoint, the bounded model's KV cache stops growing at its
-bound while the dense one's grows, and its generated tokens pass the equality check. No timing
+rot: its table has a row per checkpoint, the bounded model's KV cache (attention sinks kept
+too) stops growing at its bound while the dense one's grows, and its generated tokens pass the
+equality check. No timing
 is asserted (the figures of a smoke run mean nothing)."""
 
 import os
@@ -17,18 +18,20 @@ pytestmark = pytest.mark.slow
 
 def test_the_smoke_run_writes_its_table_and_the_bounded_cache_stays_flat():
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
-    proc = subprocess.run([sys.executable, "-m", "benchmarks.decoding_windows", "--smoke"],
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.decoding_windows", "--smoke",
+                           "--sinks", "2"],
                           capture_output=True, text=True, env=env, timeout=900, cwd=REPO)
     assert proc.returncode == 0, proc.stderr[-6000:]
     out = proc.stdout
-    assert "Command: `python -m benchmarks.decoding_windows --smoke`" in out
+    assert "Command: `python -m benchmarks.decoding_windows --smoke --sinks 2`" in out
     rows = [[c.strip() for c in line.split("|")[1:-1]] for line in out.splitlines()
             if line.startswith("| ")][1:]
     assert [r[0] for r in rows] == ["64", "128", "256", "512"]
     assert all(float(x) > 0 for r in rows for x in r[1:4]), rows
     bounded, dense = [float(r[4]) for r in rows], [float(r[5]) for r in rows]
     assert bounded[2] == bounded[3] and dense[3] > dense[2] > bounded[3], rows
-    assert "max_h W_h = 128 keys" in out and "its KV cache is constant" in out
+    assert "max_h W_h = 128 keys, plus 2 attention sinks (its cache's bound: 130 keys)" in out
+    assert "its KV cache is constant" in out
     aged = float(out.split("median of 64 pairs: ")[1].split(".\n")[0])
     assert aged > 0, out
     assert "Equality: 512 of the first 512 generated tokens" in out and "(all)" in out

@@ -15,8 +15,9 @@ from fairseq_alibi.alibi import variant_windows
 from tests.helpers.cli import REPO, python_module
 
 
-def reference_lost_mass(probs, windows):
-    """The definition, one query at a time: the mass on keys beyond the window."""
+def reference_lost_mass(probs, windows, sinks=0):
+    """The definition, one query at a time: the mass on keys beyond the window, but for the
+    first ``sinks`` keys (attention sinks: kept)."""
     H, B, T, S = probs.shape
     worst = 0.0
     for h in range(H):
@@ -24,7 +25,7 @@ def reference_lost_mass(probs, windows):
         for b in range(B):
             for i in range(T):
                 position = i + S - T
-                lost = sum(float(probs[h, b, i, j]) for j in range(S)
+                lost = sum(float(probs[h, b, i, j]) for j in range(sinks, S)
                            if (back is not None and position - j > back)
                            or (ahead is not None and j - position > ahead))
                 worst = max(worst, lost)
@@ -42,6 +43,10 @@ def test_lost_mass_is_the_largest_mass_beyond_a_window(variant, queries):
         windows = variant_windows(slopes, cutoff, variant)
         assert experiment.lost_mass(probs, windows) == pytest.approx(
             reference_lost_mass(probs, windows), abs=1e-7)
+        for sinks in (1, 3, keys):  # the sinks' mass is not lost
+            found = experiment.lost_masses(probs, {(cutoff, sinks): windows},
+                                           sinks={(cutoff, sinks): sinks})[(cutoff, sinks)]
+            assert found == pytest.approx(reference_lost_mass(probs, windows, sinks), abs=1e-7)
     unbounded = ([None] * heads, [None] * heads)
     assert experiment.lost_mass(probs, unbounded) == 0.0
 
@@ -76,6 +81,8 @@ def test_flags():
     args = experiment.parse_args(["--cutoffs", "8,4,8", "--multiples", "1,16", "--L", "32"])
     assert args.cutoffs == [4.0, 8.0] and args.multiples == [1, 16]
     assert experiment.label(None) == "off" and experiment.label(8.0) == "T=8"
+    assert experiment.label(8.0, 4) == "T=8 S=4" and args.sinks == [0]
+    assert experiment.parse_args(["--sinks", "4,0,1"]).sinks == [0, 1, 4]
     args = experiment.parse_args(["--family", "encoder"])
     assert (args.L, args.multiples, args.heldout_lines) == (32, [1, 4, 16], 400)
     assert args.out == "outputs/slope_windows_encoder" and args.variants == ["offset", "one_sided"]
@@ -84,7 +91,8 @@ def test_flags():
     assert experiment.parse_args(["--family", "wikitext2"]).multiples == [1, 4, 16]
     for bad in (["--cutoffs", "0"], ["--cutoffs", "x"], ["--checkpoint", "model.pt"],
                 ["--family", "encoder", "--checkpoint", "m.pt", "--data", "d"],
-                ["--family", "decoder"]):
+                ["--family", "decoder"], ["--sinks", "-1"],
+                ["--family", "encoder", "--sinks", "4"]):
         with pytest.raises(SystemExit):
             experiment.parse_args(bad)
 
