@@ -270,7 +270,9 @@ def alibi_bias_between(slopes, query_positions, key_positions, variant="causal",
     is a sink (``< sinks``: kept with its bias, the variant's masks still apply).
     ``alibi_bias(slopes, T, S, ...)`` is this with queries ``S-T … S-1`` and keys ``0 … S-1``;
     the bias depends on ``i - j`` only (but for global tokens), so shifted positions give the
-    same block. Masked keys hold :func:`mask_value` of ``dtype``.
+    same block. Positions of a row each, ``(B, T)`` and ``(B, S)`` (no global tokens), give
+    ``(B, len(heads), T, S)`` (:func:`document_alibi_bias`). Masked keys hold
+    :func:`mask_value` of ``dtype``.
     """
     num_heads, device = slopes.shape[0], slopes.device
     check_variant(variant, num_heads)
@@ -281,7 +283,11 @@ def alibi_bias_between(slopes, query_positions, key_positions, variant="causal",
     m = slopes.float()[heads][:, None, None]
     pos_q = torch.as_tensor(query_positions, device=device).float()
     pos_k = torch.as_tensor(key_positions, device=device).float()
-    rel = pos_q[:, None] - pos_k[None, :]  # i - j, exact in float32 up to 2^24 positions
+    rows = pos_q.dim() == 2  # positions of a row each: (B, 1, T, S), the heads broadcast
+    assert not (rows and global_tokens), "global tokens are the first positions of a sequence"
+    rel = pos_q[..., :, None] - pos_k[..., None, :]  # i - j, exact in float32 up to 2^24
+    if rows:
+        rel = rel[:, None]
     past, future = rel.clamp(min=0), (-rel).clamp(min=0)
     masked = torch.zeros((), dtype=torch.bool, device=device)
     if variant == "causal":
@@ -308,9 +314,9 @@ def alibi_bias_between(slopes, query_positions, key_positions, variant="causal",
                        for side in windows)
         beyond = ((rel > back) | (-rel > ahead)) & ~exempt
         if sinks > 0:
-            beyond = beyond & (pos_k >= sinks)[None, :]
+            beyond = beyond & (pos_k >= sinks)[..., None, :].view(rel.shape[:-2] + (1, -1))
         masked = masked | beyond
-    bias = bias.expand(len(heads), -1, -1).to(dtype)
+    bias = bias.expand(rel.shape[:-3] + (len(heads),) + rel.shape[-2:]).to(dtype)
     return bias.masked_fill(masked, mask_value(dtype))  # the target dtype's mask value
 
 
@@ -344,6 +350,18 @@ def windowed_alibi_bias(slopes, query_len, key_len, variant="causal", future_slo
 #
 # The token that marks a boundary opens the next document: it is what predicts that document's
 # first token.
+#
+# Attention sinks with documents (``--alibi-window-sinks S``): the sinks are the first ``S``
+# positions of each document. With ``o(j)`` the place of key ``j`` in its document
+# (:func:`document_offsets`, 0 at the document's first position), head ``h`` keeps key ``j`` of
+# query ``i`` iff
+#
+#     doc(i) = doc(j)  and  ((i - j <= back_h  and  j - i <= ahead_h)  or  o(j) < S)
+#
+# with ``bias_h(i, j)``, the variant's masks applying: each document is the windowed model with
+# sinks of its own sequence. Within a document ``i - j = o(i) - o(j)``, so the bias is
+# :func:`alibi_bias_between` of the offsets (:func:`document_alibi_bias`): a KV cache needs no
+# positions, only each key's document and offset.
 
 #: ``--alibi-document-mask``: where documents begin. ``eos``: at every ``</s>``; ``doc``: at an
 #: ``</s>`` right after an ``</s>`` (the empty line ``--sample-break-mode complete_doc`` splits
@@ -386,3 +404,33 @@ def document_mask(documents: torch.Tensor, query_len: int) -> torch.Tensor:
     of them (aligned to the end of the keys, as everywhere)."""
     queries = documents[:, documents.size(1) - query_len:]
     return (queries[:, None, :, None] != documents[:, None, None, :])
+
+
+def document_offsets(starts: torch.Tensor, previous: Optional[torch.Tensor] = None
+                     ) -> torch.Tensor:
+    """``(B, N)`` int64: each position's place in its document, 0 where one opens
+    (``starts``, :func:`document_starts`), one more than the position before otherwise
+    (``previous`` ``(B, 1)``: the offset of the position before the first, e.g. a KV cache's
+    last key; default: the first position is a document's first)."""
+    steps = torch.arange(starts.size(1), device=starts.device).expand_as(starts)
+    before = (torch.zeros_like(steps[:, :1]) if previous is None
+              else -1 - previous.to(starts.device).view(-1, 1))
+    opened = torch.where(starts, steps, before.expand_as(steps)).cummax(dim=1).values
+    return steps - opened
+
+
+def document_alibi_bias(slopes, documents: torch.Tensor, offsets: torch.Tensor, query_len: int,
+                        variant="causal", future_slopes=None, dtype=torch.float32, windows=None,
+                        sinks: int = 0) -> torch.Tensor:
+    """The definition of a document mask, ``(B, H, T, S)``: the bias of each document as its
+    own sequence, with slope windows ``windows`` (:func:`variant_windows`, ``None``: none) and
+    its first ``sinks`` positions kept (the comment above), keys of other documents masked.
+
+    ``documents`` ``(B, S)`` the keys' ids (:func:`document_ids`), ``offsets`` ``(B, S)`` their
+    places in their documents (:func:`document_offsets`); the queries are the last ``T``
+    keys. A key of another document holds :func:`mask_value` of ``dtype`` (an id no query
+    has, e.g. ``-1``, hides a key)."""
+    queries = offsets[:, offsets.size(1) - query_len:]
+    bias = alibi_bias_between(slopes, queries, offsets, variant, future_slopes, dtype,
+                              windows=windows, sinks=sinks)
+    return bias.masked_fill(document_mask(documents, query_len), mask_value(dtype))

@@ -279,13 +279,13 @@ class StackOptions(FairseqDataclass):
 
     def check_documents(self, flag: str = "--alibi"):
         """A document mask attends each document as its own sequence: the options that read
-        the row as one sequence (its first positions, its real length) refuse it."""
+        the row as one sequence (its first positions as global tokens, its real length) refuse
+        it (attention sinks are each document's first positions: fairseq_alibi/alibi.py)."""
         if str(self.document_mask) == "none":
             return
         for name, value, why in (
                 ("global-tokens", self.global_tokens, "they are the first positions of a row"),
-                ("length-scale", self.length_scale, "it reads the real length of a row"),
-                ("window-sinks", self.window_sinks, "they are the first positions of a row")):
+                ("length-scale", self.length_scale, "it reads the real length of a row")):
             if value:
                 raise ValueError(f"{flag}-document-mask {self.document_mask} cannot be combined "
                                  f"with {flag}-{name} {value}: {why}, not of each document; "

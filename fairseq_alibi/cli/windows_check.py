@@ -41,7 +41,8 @@ its verdict needs:
   ``need_head_weights`` through forward hooks, one sequence at a time) summed over the keys
   beyond the window, ``beyond_i = sum_{j < i - W_h} p[i, j]``: mean, 99th percentile and max
   over the queries that have such keys (``i > W_h``), and, for each ``S`` of ``--sinks``, the
-  share of that mass on the first ``S`` positions of the sequence. Explicit weights cost
+  share of that mass on the first ``S`` positions of the sequence (with a document mask, of
+  the query's document: the sinks of ``--alibi-window-sinks`` then). Explicit weights cost
   ``L²`` per head, so they are asked on their own sample, :data:`MASS_TOKENS` tokens in
   sequences of ``min(shortest length, MASS_LENGTH)`` (:data:`MASS_LENGTH`): a head whose
   window is that long or longer has no key beyond it there (the perplexity, at every length,
@@ -62,9 +63,8 @@ evaluated) and ``windows.png`` (mass beyond the window by head and ``T``; needs 
 (the smallest ``T`` of ``--cutoffs`` that passes without sinks), ``recommended:
 --alibi-window-cutoff T --alibi-window-sinks S`` (it passes only with its first ``S`` positions
 kept) or ``not recommended: <reason>`` (what failed: the closest change, with the largest ``S``
-tried, and the sink heads). A model with a document mask cannot keep sinks (its rows hold
-several documents): ``--sinks`` defaults to ``0`` for it, and an ``S > 0`` given is refused.
-Bad input is one line naming the argument, exit status 2. The checkpoint is only read.
+tried, and the sink heads). A model with a document mask is checked alike, its sinks being the
+first positions of each document. Bad input is one line naming the argument, exit status 2. The checkpoint is only read.
 """
 
 import argparse
@@ -170,9 +170,9 @@ def build_parser() -> argparse.ArgumentParser:
                                       lambda v: v >= 0),
                         help="the attention sinks tried (--alibi-window-sinks S), each S > 0 in "
                         "increasing order where a cutoff fails without, and the share of the "
-                        "mass beyond each window on the first S positions (default: 0,4; 0 for "
-                        "a model with a document mask, which cannot keep sinks); sink heads are "
-                        "judged on the largest S")
+                        "mass beyond each window on the first S positions (of each document, "
+                        "with a document mask; default: 0,4); sink heads are judged on the "
+                        "largest S")
     parser.add_argument("--tolerance", default=DEFAULT_TOLERANCE, metavar="PERCENT",
                         type=_value(float, "a finite percentage >= 0 (e.g. --tolerance 0.1)",
                                   lambda v: finite(v) and v >= 0),
@@ -208,28 +208,6 @@ def checkpoint_config(path):
     if refusal:
         raise WindowsInputError(f"CKPT {refusal}")
     return state["cfg"]
-
-
-def resolve_sinks(args, cfg) -> Optional[str]:
-    """``args.sinks``: as given, or :data:`DEFAULT_SINKS`; ``0`` alone for a model with a
-    document mask (``--alibi-window-sinks`` cannot be combined with it: its rows hold several
-    documents, whose first positions are not the row's), where an ``S > 0`` given is refused.
-    Returns the note that says why no sinks are tried, or ``None``."""
-    from fairseq_alibi.config_access import cfg_get
-
-    mask = str(cfg_get(cfg_get(cfg, "model"), "alibi_document_mask", "none") or "none")
-    given = args.sinks
-    if mask == "none":
-        args.sinks = given or list(DEFAULT_SINKS)
-        return None
-    if given and max(given) > 0:
-        raise WindowsInputError(
-            f"--sinks {max(given)}: CKPT was trained with --alibi-document-mask {mask}, which "
-            f"cannot be combined with --alibi-window-sinks (sinks are the first positions of a "
-            f"row, not of each document); give --sinks 0, or leave it out")
-    args.sinks = [0]
-    return (f"sinks: none tried, no sink heads judged: CKPT has --alibi-document-mask {mask}, "
-            "which cannot be combined with --alibi-window-sinks")
 
 
 def resolve_lengths(args, cfg, total: int) -> List[int]:
@@ -375,8 +353,10 @@ class MassMeter:
     """Forward hooks on the dense model's ALiBi self-attentions: within :meth:`hooked`, every
     forward pass asks each for its head weights (``need_head_weights``) and reduces them, per
     head and cutoff, to the mass beyond the window of each query that has keys beyond it, and
-    the part of it on the first ``S`` positions for each ``S`` of ``sinks``; the weights are not
-    passed on (the layers never read a self-attention's weights)."""
+    the part of it on the first ``S`` positions for each ``S`` of ``sinks`` (of the query's
+    document, :attr:`firsts`: where each query's document begins, set per sequence; ``None``:
+    the sequence's); the weights are not passed on (the layers never read a self-attention's
+    weights)."""
 
     def __init__(self, attentions, cutoffs: Sequence[float], sinks: Sequence[int]):
         import torch
@@ -389,6 +369,7 @@ class MassMeter:
         self.windows = [{t: window_lengths(slopes, t) for t in cutoffs} for slopes in self.slopes]
         self.beyond: Dict[tuple, list] = {}  # (layer, head, T) -> [per-query masses]
         self.on_sinks: Dict[tuple, float] = {}  # (layer, head, T, S) -> summed over queries
+        self.firsts = None  # (L,): each position's document's first (a document mask)
 
     def hooked(self):
         """A context in which the forward passes are counted."""
@@ -407,19 +388,38 @@ class MassMeter:
             for start in range(min(windows.values()) + 1, length, QUERY_CHUNK):
                 rows = torch.arange(start, min(length, start + QUERY_CHUNK), device=probs.device)
                 sums = probs[head, rows].double().cumsum(-1)  # from the farthest key: exact
+                first = 0 if self.firsts is None else self.firsts.to(rows.device)[rows]
                 for t, window in windows.items():
-                    self._count(layer, head, t, rows - window - 1, sums)
+                    self._count(layer, head, t, rows - window - 1, first, sums)
 
-    def _count(self, layer, head, t, last, sums):
+    def _count(self, layer, head, t, last, first, sums):
+        """``first``: each query's document's first key (the keys before it weigh 0)."""
         kept = last >= 0  # the queries with keys beyond the window: 0 … i - W - 1
         if not bool(kept.any()):
             return
+        if not isinstance(first, int):
+            first = first[kept][:, None]
         last, sums = last[kept][:, None], sums[kept]
         self.beyond.setdefault((layer, head, t), []).append(sums.gather(1, last)[:, 0].cpu())
         for s in self.sinks:
             key = (layer, head, t, s)
-            mass = sums.gather(1, last.clamp(max=s - 1)).sum().item() if s else 0.0
+            mass = sums.gather(1, last.clamp(max=first + s - 1)).sum().item() if s else 0.0
             self.on_sinks[key] = self.on_sinks.get(key, 0.0) + mass
+
+
+def document_firsts(cfg, tokens, eos: int):
+    """``(L,)``: where the document of each position of ``tokens`` ``(1, L)`` begins, for a
+    model saved with a document mask (its ``alibi_document_mask``); ``None`` without one."""
+    import torch
+
+    from fairseq_alibi.alibi import document_offsets, document_starts
+    from fairseq_alibi.config_access import cfg_get
+
+    mode = str(cfg_get(cfg_get(cfg, "model"), "alibi_document_mask", "none") or "none")
+    if mode == "none":
+        return None
+    offsets = document_offsets(document_starts(tokens.eq(eos), mode))[0]
+    return torch.arange(tokens.size(1)) - offsets
 
 
 def token_nll(model, source, target):
@@ -560,7 +560,9 @@ def measure(args, cfg, source, target, task, lengths: List[int], tokens: int, ba
     length = mass_length(lengths)
     with torch.no_grad(), meter.hooked():
         for start in sample_starts(source.numel(), length, MASS_TOKENS, args.seed):
-            dense(source[None, start:start + length].to(device))
+            sequence = source[None, start:start + length]
+            meter.firsts = document_firsts(cfg, sequence, task.source_dictionary.eos())
+            dense(sequence.to(device))
             bar.update(1)
     del attentions
     heads = head_rows(meter, args.sink_mass)
@@ -864,8 +866,7 @@ def summary_lines(args, lengths, tokens: int, sample: "Sample", rows, heads,
             "mass beyond the window per head (dense attention, queries with keys beyond it)"
             + ("" if most is None else f", the {most} heads with the most"), "",
             *heads_table(heads, args.cutoffs, args.sinks, most), "",
-            *sink_lines(rows, args.sinks),
-            *([args.sinks_note] if getattr(args, "sinks_note", None) else [])]
+            *sink_lines(rows, args.sinks)]
 
 
 def _write(path: Path, write) -> None:
@@ -979,7 +980,7 @@ def run(args, command: str) -> str:
     from fairseq_alibi.preprocess.pipeline_io import progress_bar
 
     cfg = checkpoint_config(args.checkpoint)
-    args.sinks_note = resolve_sinks(args, cfg)
+    args.sinks = args.sinks or list(DEFAULT_SINKS)
     task, source, target = read_stream(cfg, args.data, args.gen_subset)
     lengths = resolve_lengths(args, cfg, source.numel())
     tokens = args.tokens or default_tokens(source.numel())

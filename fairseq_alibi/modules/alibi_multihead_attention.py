@@ -80,8 +80,10 @@ class AlibiMultiheadAttention(MultiheadAttention):
             sink_keys, dropped = saved.get("sink_key"), 0
             cached = 0 if saved.get("prev_key") is None else saved["prev_key"].size(2)
             if sink_keys is not None:
-                dropped = int(saved["sink_dropped"])
                 cached += sink_keys.size(2)
+                # a document's sinks apart (keep_document_sinks) have no dropped positions
+                dropped = (sink_keys.size(2) if saved.get("sink_dropped") is None
+                           else int(saved["sink_dropped"]))
             key_padding_mask = MultiheadAttention._append_prev_key_padding_mask(
                 key_padding_mask=key_padding_mask,
                 prev_key_padding_mask=saved.get("prev_key_padding_mask"),
@@ -92,10 +94,12 @@ class AlibiMultiheadAttention(MultiheadAttention):
             if key_padding_mask is not None and key_padding_mask.dim() == 0:
                 key_padding_mask = None
             documents = saved.get("prev_document_ids")  # the cached keys' documents, if any
+            if documents is not None:
+                documents = (documents, saved["prev_document_eos"]) + tuple(
+                    saved[name] for name in ("prev_document_offsets",) if name in saved)
             call_bias = self.alibi.for_call(
                 key_padding_mask, bsz, tgt_len, cached + tgt_len, True,
-                **({} if documents is None else
-                   {"cached_documents": (documents, saved["prev_document_eos"])}),
+                **({} if documents is None else {"cached_documents": documents}),
                 **({"dropped": dropped} if dropped else {}))
             reach = decoding_reach(call_bias)
             if saved.get("prev_key") is not None:
@@ -110,6 +114,8 @@ class AlibiMultiheadAttention(MultiheadAttention):
             if documents is not None:  # trimmed with the keys below
                 saved["prev_document_ids"] = documents.ids
                 saved["prev_document_eos"] = documents.last_eos
+                if documents.offsets is not None:  # attention sinks: each document's first
+                    saved["prev_document_offsets"] = documents.offsets
         else:
             if key_padding_mask is not None and key_padding_mask.dim() == 0:
                 key_padding_mask = None
@@ -203,7 +209,10 @@ def keep_reachable(saved: Dict[str, Optional[Tensor]], reach: int, sinks: int,
     (:func:`trim_cache`) and its first ``sinks`` (attention sinks, ``--alibi-window-sinks``):
     once keys between them are dropped, the sinks are kept apart (``sink_key``/``sink_value``)
     and ``sink_dropped`` counts the positions dropped after them (what the next call's bias
-    reads: :func:`~fairseq_alibi.alibi.kept_positions`). At most ``sinks + reach`` keys."""
+    reads: :func:`~fairseq_alibi.alibi.kept_positions`). At most ``sinks + reach`` keys.
+    With documents, the sinks of the current document (:func:`keep_document_sinks`)."""
+    if sinks and saved.get("prev_document_offsets") is not None:
+        return keep_document_sinks(saved, reach, sinks, key_padding_mask)
     window = saved["prev_key"].size(2)  # the keys after the sinks once they are apart
     if saved.get("sink_key") is not None:
         excess = window - reach
@@ -222,8 +231,58 @@ def keep_reachable(saved: Dict[str, Optional[Tensor]], reach: int, sinks: int,
     if key_padding_mask is not None:
         saved["prev_key_padding_mask"] = torch.cat(
             [key_padding_mask[:, :sinks], key_padding_mask[:, -reach:]], dim=1)
-    if saved.get("prev_document_ids") is not None:  # (never with sinks: options check)
+    if saved.get("prev_document_ids") is not None:  # (sinks with documents: apart)
         saved["prev_document_ids"] = saved["prev_document_ids"][:, -reach:]
+
+
+def keep_document_sinks(saved: Dict[str, Optional[Tensor]], reach: int, sinks: int,
+                        key_padding_mask: Optional[Tensor]) -> None:
+    """:func:`keep_reachable` with documents (``--alibi-document-mask``): the sinks are the
+    first ``sinks`` positions of each row's current document (its last key's: every later
+    query's, or a later one's), which may lie anywhere in the row. From the first call that
+    drops keys, the cache holds ``sinks`` slots apart (``sink_key``/``sink_value``, before the
+    window): a key dropped from the window that is its current document's sink at offset
+    ``o < sinks`` goes to slot ``o``. Each key keeps its document and offset
+    (``prev_document_ids``/``_offsets``: the bias is that of the offsets,
+    :func:`~fairseq_alibi.alibi.document_alibi_bias`); a slot not (yet) filled, or of an
+    earlier document, is hidden by its document (``-1``: none; an earlier one: not the
+    query's). At most ``sinks + reach`` keys."""
+    apart = saved.get("sink_key")
+    held = 0 if apart is None else apart.size(2)
+    window = saved["prev_key"].size(2)
+    excess = window - reach
+    if excess <= 0:
+        return
+    ids, offsets = saved["prev_document_ids"], saved["prev_document_offsets"]
+    B = ids.size(0)
+    if apart is None:  # empty slots: of no document, at the offsets they will hold
+        for name in ("key", "value"):
+            prev = saved[f"prev_{name}"]
+            saved[f"sink_{name}"] = prev.new_zeros(prev.shape[:2] + (sinks, prev.size(3)))
+        slot_ids = ids.new_full((B, sinks), -1)
+        slot_offsets = torch.arange(sinks, device=ids.device).expand(B, -1)
+        slot_padding = None
+    else:
+        slot_ids, slot_offsets = ids[:, :held].clone(), offsets[:, :held]
+        slot_padding = None if key_padding_mask is None else key_padding_mask[:, :held].clone()
+    gone = slice(held, held + excess)
+    rows, keys = ((ids[:, gone] == ids[:, -1:]) & (offsets[:, gone] < sinks)).nonzero(
+        as_tuple=True)
+    slots = offsets[:, gone][rows, keys]
+    for name in ("key", "value"):
+        if len(rows):  # a copy: another continuation of the cache may hold these slots
+            saved[f"sink_{name}"] = saved[f"sink_{name}"].clone()
+            saved[f"sink_{name}"][rows, :, slots] = saved[f"prev_{name}"][rows, :, keys]
+        trim_cache(saved, name, reach)
+    slot_ids[rows, slots] = ids[:, gone][rows, keys]
+    saved["prev_document_ids"] = torch.cat([slot_ids, ids[:, -reach:]], dim=1)
+    saved["prev_document_offsets"] = torch.cat([slot_offsets, offsets[:, -reach:]], dim=1)
+    if key_padding_mask is not None:  # (fairseq's may be float: its dtype kept)
+        if slot_padding is None:
+            slot_padding = key_padding_mask.new_zeros(B, sinks)
+        slot_padding[rows, slots] = key_padding_mask[:, gone][rows, keys]
+        saved["prev_key_padding_mask"] = torch.cat([slot_padding, key_padding_mask[:, -reach:]],
+                                                   dim=1)
 
 
 def _own_room(saved: Dict[str, Optional[Tensor]], name: str) -> Optional[Tensor]:

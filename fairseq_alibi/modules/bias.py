@@ -14,7 +14,8 @@ from typing import Dict, Optional, Tuple
 import torch
 from torch import Tensor
 
-from fairseq_alibi.alibi import (VARIANTS, alibi_bias, document_ids, length_factors, mask_value,
+from fairseq_alibi.alibi import (VARIANTS, alibi_bias, document_alibi_bias, document_ids,
+                                 document_offsets, document_starts, length_factors, mask_value,
                                  variant_slopes, variant_windows, windowed_alibi_bias)
 from fairseq_alibi.modules.checkpoint_match import check_stack
 from fairseq_alibi.modules.learned_scales import fixed_scale, load_scales, make_scales, scale_row
@@ -169,11 +170,13 @@ class AlibiBias(torch.nn.Module):
             self.cache.eos = tokens.eq(eos)
 
     def documents_of(self, batch: int, query_len: int, key_len: int,
-                     cached: Optional[Tuple[Tensor, Tensor]] = None) -> "Documents":
+                     cached: Optional[Tuple[Tensor, ...]] = None) -> "Documents":
         """The :class:`Documents` of a call whose queries are the last ``query_len`` tokens
         the stack read (:meth:`read_tokens`), after ``key_len - query_len`` cached keys whose
-        ``(ids, last_eos)`` are ``cached`` (a KV cache's, :class:`Documents`), numbered on from
-        the cache's last document (:func:`~fairseq_alibi.alibi.document_ids`)."""
+        ``(ids, last_eos)`` are ``cached`` (a KV cache's, :class:`Documents`; ``(ids, last_eos,
+        offsets)`` with attention sinks), numbered on from the cache's last document
+        (:func:`~fairseq_alibi.alibi.document_ids`); with attention sinks (:attr:`sinks`) each
+        key's place in its document too (:func:`~fairseq_alibi.alibi.document_offsets`)."""
         eos = self.cache.eos
         if eos is None or eos.size(0) != batch or eos.size(1) < query_len:
             raise ValueError(
@@ -190,11 +193,20 @@ class AlibiBias(torch.nn.Module):
         memo = self.cache.documents_key
         if memo is None or memo[0] is not key[0] or memo[1:] != key[1:]:
             if cached is None:
-                found = Documents(document_ids(eos, self.document_mask), eos[:, -1:])
+                ids = document_ids(eos, self.document_mask)
+                offsets = None
+                if self.sinks:
+                    offsets = document_offsets(document_starts(eos, self.document_mask))
             else:
-                ids, last_eos = cached
-                more = document_ids(eos, self.document_mask, last_eos, ids[:, -1:])
-                found = Documents(torch.cat([ids, more], dim=1), eos[:, -1:])
+                ids, last_eos = cached[:2]
+                ids = torch.cat([ids, document_ids(eos, self.document_mask, last_eos,
+                                                   ids[:, -1:])], dim=1)
+                offsets = None
+                if self.sinks:
+                    starts = document_starts(eos, self.document_mask, last_eos)
+                    offsets = torch.cat([cached[2], document_offsets(
+                        starts, cached[2][:, -1:])], dim=1)
+            found = Documents(ids, eos[:, -1:], offsets)
             self.cache.documents, self.cache.documents_key = found, key
         return self.cache.documents
 
@@ -354,13 +366,14 @@ class LayerBias:
         (each sequence's slopes times :func:`~fairseq_alibi.alibi.length_factors` of its real
         length, which ``key_padding_mask`` gives); with a document mask, that bias and the
         call's documents (a :class:`DocumentBias`; ``cached_documents``: a KV cache's,
-        ``(ids, last_eos)``); a KV cache that kept its attention sinks and dropped ``dropped``
-        positions after them, a :class:`SinkCacheBias`."""
-        if dropped:  # (never with documents or a length scale: options check)
-            return SinkCacheBias(self, dropped)
+        ``(ids, last_eos)``, with attention sinks ``(ids, last_eos, offsets)``; ``dropped``:
+        the cache holds its document's sinks apart); a KV cache that kept its attention sinks
+        and dropped ``dropped`` positions after them, a :class:`SinkCacheBias`."""
         if self.stack.document_mask != "none":  # (never with a length scale: options check)
             return DocumentBias(self, self.stack.documents_of(batch, query_len, key_len,
-                                                              cached_documents))
+                                                              cached_documents), dropped)
+        if dropped:  # (never with a length scale: options check)
+            return SinkCacheBias(self, dropped)
         reference = self.length_scale
         if incremental or not reference or key_len <= reference:  # the hot path: no work
             return self
@@ -422,27 +435,58 @@ class LengthScaledBias:
 
 class Documents:
     """One call's documents (``--alibi-document-mask``): ``ids`` ``(B, S)``, the document of
-    each key (the queries are the last ``T`` keys), and ``last_eos`` ``(B, 1)``, whether the
-    last position holds ``</s>`` (what a KV cache's next call continues from). ``crossing``:
-    whether some row holds more than one document (else the call is the plain one)."""
+    each key (the queries are the last ``T`` keys), ``last_eos`` ``(B, 1)``, whether the
+    last position holds ``</s>`` (what a KV cache's next call continues from), and, with
+    attention sinks, ``offsets`` ``(B, S)``, each key's place in its document
+    (:func:`~fairseq_alibi.alibi.document_offsets`; else ``None``). ``crossing``: whether the
+    call is not the plain one: some row holds more than one document, or (with offsets) a
+    row's keys are not its document's positions ``0 … S-1`` (the plain sinks are a row's
+    first keys)."""
 
-    __slots__ = ("ids", "last_eos", "crossing")
+    __slots__ = ("ids", "last_eos", "offsets", "crossing", "serial")
 
-    def __init__(self, ids: Tensor, last_eos: Tensor):
-        self.ids, self.last_eos = ids, last_eos
+    #: numbers the calls' documents (a memoised bias's key: never an earlier call's)
+    made = 0
+
+    def __init__(self, ids: Tensor, last_eos: Tensor, offsets: Optional[Tensor] = None):
+        self.ids, self.last_eos, self.offsets = ids, last_eos, offsets
         self.crossing = bool((ids[:, 0] != ids[:, -1]).any()) if ids.numel() else False
+        if offsets is not None and not self.crossing and ids.numel():
+            in_order = torch.arange(ids.size(1), device=offsets.device)
+            self.crossing = bool((offsets != in_order).any())
+        Documents.made += 1
+        self.serial = Documents.made
 
 
 class DocumentBias:
     """A call's bias with its :class:`Documents`: the ``DistanceBias`` ``base`` (every
     attribute read through) and ``documents``, which the backends that read documents mask
-    (``Capabilities.documents``) and the dispatch otherwise splits into sequences."""
+    (``Capabilities.documents``) and the dispatch otherwise splits into sequences. With
+    attention sinks its dense tensor is :func:`~fairseq_alibi.alibi.document_alibi_bias`
+    (each document's first positions kept), ``(B, H, T, S)`` with the documents masked;
+    ``dropped``: a KV cache that holds its document's sinks apart from its window (their
+    keys are not in order: ``Capabilities.sink_cache``)."""
 
-    def __init__(self, base, documents: Documents):
-        self.base, self.documents = base, documents
+    def __init__(self, base, documents: Documents, dropped: int = 0):
+        self.base, self.documents, self.dropped = base, documents, dropped
 
     def __getattr__(self, name):
         return getattr(self.base, name)
+
+    def dense(self, query_len: int, key_len: int, dtype=torch.float32) -> Tensor:
+        documents = self.documents
+        if documents.offsets is None or not documents.crossing:
+            return self.base.dense(query_len, key_len, dtype)
+        stack, index = self.base.stack, self.base.index
+
+        def build():
+            slopes, future = stack.slopes_of(index)
+            return document_alibi_bias(slopes, documents.ids, documents.offsets, query_len,
+                                       stack.variant, future, dtype, stack.windows_of(index),
+                                       stack.sinks)
+
+        return stack.memoised(("documents", documents.serial), query_len, key_len, dtype,
+                              index, build)
 
 
 class SinkCacheBias:

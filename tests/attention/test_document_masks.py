@@ -1,7 +1,8 @@
 """Document masks (``--alibi-document-mask``) against the float64 definition: every document of a
 packed row attended as its own sequence. Every backend that serves the call (split into
 documents by the dispatch, or masked in the call: ``sdpa``, ``naive``, ``flex``), every variant,
-with and without slope windows and key padding, forward and backward (the slopes' gradient
+with and without slope windows (and their attention sinks: each document's first positions)
+and key padding, forward and backward (the slopes' gradient
 through learned scales); the plan of the split; a batch with no boundary runs the plain call."""
 
 import pytest
@@ -10,27 +11,10 @@ import torch
 from fairseq_alibi.alibi import document_ids, document_starts
 from fairseq_alibi.modules.attention import attend, dispatch, documents, tuning
 from fairseq_alibi.modules.bias import AlibiBias
+from tests.helpers.documents import CUTOFF, EOS, LENGTHS, packed_tokens
 from tests.helpers.references import reference_document_attention
 
-EOS = 2
 H, D = 4, 8
-CUTOFF = 1.0  # slopes 1/4 … 1/256 of 4 heads: windows of 4, 16, 64, 256 keys a side
-
-
-def packed_tokens(lengths_per_row, seed=0):
-    """Rows of documents of the given lengths, each document opened by ``</s>`` (as a shifted
-    LM source is), the first document of a row without one (the tail of an earlier one)."""
-    generator = torch.Generator().manual_seed(seed)
-    rows = []
-    for lengths in lengths_per_row:
-        row = []
-        for n, length in enumerate(lengths):
-            words = torch.randint(4, 30, (length,), generator=generator)
-            if n:
-                words[0] = EOS
-            row.append(words)
-        rows.append(torch.cat(row))
-    return torch.stack(rows)
 
 
 def inputs(B, L, seed=0, grad=False):
@@ -47,29 +31,32 @@ def call_bias(variant, tokens, cutoff=0.0, key_padding_mask=None, mode="eos", **
     return bias, bias.layer(0).for_call(key_padding_mask, B, L, L, False)
 
 
-LENGTHS = [[5, 17, 2, 24], [48]]  # a row of four documents, a row of one
 VARIANTS = ["causal", "symmetric", "one_sided", "offset", "asymmetric"]
 BACKENDS = ["auto", "fold", "windowed", "sdpa", "naive"]
+#: (cutoff, attention sinks: each document's first positions, test_document_sinks.py)
+WINDOWS = [(0.0, 0), (CUTOFF, 0), (CUTOFF, 2)]
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
-@pytest.mark.parametrize("cutoff", [0.0, CUTOFF])
+@pytest.mark.parametrize("cutoff,sinks", WINDOWS)
 @pytest.mark.parametrize("padded", [False, True])
 @pytest.mark.parametrize("name", BACKENDS)
-def test_every_backend_attends_each_document_as_its_own_sequence(variant, cutoff, padded, name):
+def test_every_backend_attends_each_document_as_its_own_sequence(variant, cutoff, sinks, padded,
+                                                                 name):
     tokens = packed_tokens(LENGTHS)
     B, L = tokens.shape
     pad = None
     if padded:  # the second row ends in padding (part of its last document)
         pad = torch.zeros(B, L, dtype=torch.bool)
         pad[1, -7:] = True
-    bias, call = call_bias(variant, tokens, cutoff, pad, learned_scales="per_head")
+    bias, call = call_bias(variant, tokens, cutoff, pad, learned_scales="per_head",
+                           window_sinks=sinks)
     q, k, v = inputs(B, L, grad=True)
     slopes, future = call.head_slopes()
     ids = call.documents.ids
     expected = reference_document_attention(q, k, v, ids, variant, slopes.double(),
                                             None if future is None else future.double(),
-                                            cutoff, pad)
+                                            cutoff, pad, sinks)
     if name != "auto" and not dispatch.serves(name, dispatch.call_of(q, k, v, call.base, pad)):
         with pytest.raises(ValueError, match=f"--alibi-attention {name} cannot serve"):
             attend(name, q, k, v, call, pad)  # each document is a call it refuses (windows)
@@ -89,27 +76,28 @@ def test_every_backend_attends_each_document_as_its_own_sequence(variant, cutoff
 
 
 @pytest.mark.parametrize("variant", ["causal", "symmetric", "one_sided"])
-@pytest.mark.parametrize("cutoff", [0.0, CUTOFF])
-def test_flex_masks_the_documents_itself_on_the_cpu(variant, cutoff):
+@pytest.mark.parametrize("cutoff,sinks", WINDOWS)
+def test_flex_masks_the_documents_itself_on_the_cpu(variant, cutoff, sinks):
     pytest.importorskip("torch.nn.attention.flex_attention")
     tokens = packed_tokens(LENGTHS)
     B, L = tokens.shape
-    _, call = call_bias(variant, tokens, cutoff)
+    _, call = call_bias(variant, tokens, cutoff, window_sinks=sinks)
     q, k, v = inputs(B, L)
     slopes, future = call.head_slopes()
     expected = reference_document_attention(q, k, v, call.documents.ids, variant,
-                                            slopes.double(), future, cutoff)
+                                            slopes.double(), future, cutoff, sinks=sinks)
     with torch.no_grad():
         out = attend("flex", q, k, v, call)
     torch.testing.assert_close(out.double(), expected, rtol=1e-4, atol=1e-5)
 
 
-def test_a_batch_without_a_boundary_is_the_plain_call_bit_for_bit():
+@pytest.mark.parametrize("sinks", [0, 2])
+def test_a_batch_without_a_boundary_is_the_plain_call_bit_for_bit(sinks):
     tokens = packed_tokens([[40], [40]])
     B, L = tokens.shape
-    _, with_mask = call_bias("causal", tokens, CUTOFF)
-    plain = AlibiBias(H, variant="causal", window_cutoff=CUTOFF).layer(0).for_call(
-        None, B, L, L, False)
+    _, with_mask = call_bias("causal", tokens, CUTOFF, window_sinks=sinks)
+    plain = AlibiBias(H, variant="causal", window_cutoff=CUTOFF, window_sinks=sinks).layer(
+        0).for_call(None, B, L, L, False)
     assert not with_mask.documents.crossing
     q, k, v = inputs(B, L)
     for name in ("auto", "windowed", "sdpa", "naive"):

@@ -1,8 +1,8 @@
 """``fairseq-alibi windows``: a head built to be an attention sink is named, its cutoff refused
 without sinks and recommended with the first position kept (the same model without it needs
 none; with the sinks loaded it is the dense model), a tiny LM's verdict follows the perplexity
-change it printed, the verdict's rule, a model with a document mask tries no sinks, and bad input
-as one line naming the argument."""
+change it printed, the verdict's rule, a model with a document mask tries the sinks of each
+document, and bad input as one line naming the argument."""
 
 import csv
 import hashlib
@@ -285,26 +285,48 @@ def with_document_mask(checkpoint, path):
     return path
 
 
-def test_a_model_with_a_document_mask_tries_no_sinks(trained_lm_checkpoint, tiny_lm_data,
-                                                     tmp_path, capsys):
-    """--alibi-window-sinks cannot be combined with a document mask: by default no sinks are
-    tried and none judged, and why is said (an S > 0 given is refused: bad_inputs)."""
+def test_a_model_with_a_document_mask_tries_sinks_like_any_other(trained_lm_checkpoint,
+                                                                  tiny_lm_data, tmp_path,
+                                                                  capsys):
+    """Its sinks are each document's first positions: the default --sinks are tried and the
+    share of the mass beyond the windows on them judged, as for any model."""
     masked = with_document_mask(trained_lm_checkpoint, tmp_path / "masked.pt")
     code, out, err = windows(capsys, masked, tiny_lm_data, "--tokens", 64, "--cutoffs", 8,
                              "--out", tmp_path / "out")
     assert code == 0, err[-3000:]
-    assert ("sinks: none tried, no sink heads judged: CKPT has --alibi-document-mask eos, which "
-            "cannot be combined with --alibi-window-sinks") in out.splitlines(), out
-    assert [r["sinks"] for r in rows_of(tmp_path / "out" / "windows_cutoffs.csv")] == ["0"]
     heads = rows_of(tmp_path / "out" / "windows_heads.csv")
-    assert {r["sink_head"] for r in heads} == {"False"} and "share_on_first_4" not in heads[0]
-    assert "--alibi-window-sinks" not in out.splitlines()[-1]
+    assert "share_on_first_4" in heads[0]
+    assert "document-mask" not in out
+
+
+def test_the_sink_share_is_on_the_first_positions_of_the_querys_document():
+    """Each query puts its weight on its document's first key (documents at 0 and 6 of 12
+    positions): with the documents known, all the mass beyond the window is on the first
+    position; read as one sequence, only the first document's is."""
+    from fairseq_alibi.cli.windows_check import MassMeter
+    from fairseq_alibi.modules.bias import AlibiBias
+
+    CUTOFF = 2 / 256  # a window of 2 keys
+
+    class Attention:  # what the meter reads of an attention: its layer's slopes
+        alibi = AlibiBias(1, variant="causal").layer(0)  # slope 1/256
+
+    probs = torch.zeros(1, 12, 12)
+    firsts = torch.tensor([0] * 6 + [6] * 6)
+    probs[0, torch.arange(12), firsts] = 1.0
+    shares = []
+    for known in (True, False):
+        meter = MassMeter([Attention()], [CUTOFF], [1])
+        meter.firsts = firsts if known else None
+        meter.add(0, probs)
+        shares.append(meter.on_sinks[(0, 0, CUTOFF, 1)])
+    beyond = float(torch.cat(meter.beyond[(0, 0, CUTOFF)]).sum())
+    assert shares[0] == beyond == 6.0 and shares[1] == 3.0
 
 
 def bad_inputs(ckpt, data, tmp_path):
     """``(arguments, what the one line names, part of it)`` for each kind of bad input."""
     stock = saved_in_process(tmp_path / "stock" / "checkpoint.pt", data, *STOCK["lm"])
-    masked = with_document_mask(ckpt, tmp_path / "masked.pt")
     corrupt = tmp_path / "corrupt.pt"
     corrupt.write_bytes(b"PK\x03\x04 not a checkpoint")
     (tmp_path / "empty.txt").write_text("")
@@ -329,9 +351,6 @@ def bad_inputs(ckpt, data, tmp_path):
         ([ckpt, data, "--sinks", "0,-1"], "--sinks", "'-1' is not a number of first positions"),
         ([ckpt, data, "--sinks", "257"], "--sinks", "more than the sequences the attention is "
          "measured on (256 tokens"),
-        ([masked, data, "--sinks", "0,4"], "--sinks 4: CKPT was trained with "
-         "--alibi-document-mask eos, which cannot be combined with --alibi-window-sinks",
-         "give --sinks 0, or leave it out"),
         ([ckpt, data, "--cutoffs", "0"], "--cutoffs", "'0' is not a positive finite number"),
         ([ckpt, data, "--cutoffs", "4,nan"], "--cutoffs", "'nan' is not a positive finite"),
         ([ckpt, data, "--cutoffs", "inf"], "--cutoffs", "'inf' is not a positive finite"),

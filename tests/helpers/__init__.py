@@ -6,6 +6,7 @@ what it needs, e.g. ``from tests.helpers.references import reference_bias``):
 * :mod:`tests.helpers.building`: models built in process from fairseq-train flags, hydra configs;
 * :mod:`tests.helpers.checkpoints`: checkpoints written in process, loaded, compared;
 * :mod:`tests.helpers.corpora`: tiny inputs in the real formats of the public corpora;
+* :mod:`tests.helpers.documents`: packed rows of documents (document masks);
 * :mod:`tests.helpers.references`: float64 references of the bias and of one attention layer;
 * :mod:`tests.helpers.translation`: alibi_transformer at test dimensions and its reference.
 

@@ -132,22 +132,28 @@ def reference_windowed_bias(variant, slopes, future, T, cutoff, global_tokens=0,
     return bias
 
 
+def reference_document_bias(variant, slopes, future, ids, cutoff=0.0, sinks=0):
+    """``(B, H, L, L)`` float64: each run of equal ``ids`` ``(B, L)`` of a row its own sequence
+    with :func:`reference_windowed_bias` of its length (``sinks``: its first positions),
+    MASKED across documents; differentiable in the slopes."""
+    B, L = ids.shape
+    bias = torch.full((B, len(slopes), L, L), MASKED, dtype=torch.float64)
+    for b in range(B):
+        starts = [0] + [t for t in range(1, L) if ids[b, t] != ids[b, t - 1]]
+        for s, e in zip(starts, starts[1:] + [L]):
+            bias[b, :, s:e, s:e] = reference_windowed_bias(variant, slopes, future, e - s,
+                                                           cutoff, sinks=sinks)
+    return bias
+
+
 def reference_document_attention(q, k, v, ids, variant, slopes, future, cutoff=0.0,
-                                 key_padding_mask=None):
+                                 key_padding_mask=None, sinks=0):
     """The definition of a document mask, float64 ``(B, H, L, D)``: each run of equal ``ids``
-    ``(B, L)`` of a row attended as its own sequence with :func:`reference_windowed_bias` of its
-    length (``key_padding_mask`` ``(B, L)`` True = padding); differentiable in every input."""
-    scale = q.size(-1) ** -0.5
-    rows = []
-    for b in range(q.size(0)):
-        starts = [0] + [t for t in range(1, q.size(2)) if ids[b, t] != ids[b, t - 1]]
-        parts = []
-        for s, e in zip(starts, starts[1:] + [q.size(2)]):
-            bias = reference_windowed_bias(variant, slopes, future, e - s, cutoff)
-            scores = q[b, :, s:e].double() @ k[b, :, s:e].double().transpose(-1, -2) * scale
-            scores = scores + bias
-            if key_padding_mask is not None:
-                scores = scores.masked_fill(key_padding_mask[b, None, None, s:e], MASKED)
-            parts.append(torch.softmax(scores, -1) @ v[b, :, s:e].double())
-        rows.append(torch.cat(parts, dim=1))
-    return torch.stack(rows)
+    ``(B, L)`` of a row attended as its own sequence (:func:`reference_document_bias`, its
+    first ``sinks`` positions kept beyond the windows; ``key_padding_mask`` ``(B, L)`` True =
+    padding); differentiable in every input."""
+    bias = reference_document_bias(variant, slopes, future, ids, cutoff, sinks)
+    if key_padding_mask is not None:
+        bias = bias.masked_fill(key_padding_mask[:, None, None, :], MASKED)
+    scores = q.double() @ k.double().transpose(-1, -2) * q.size(-1) ** -0.5 + bias
+    return torch.softmax(scores, -1) @ v.double()

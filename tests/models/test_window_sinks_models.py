@@ -61,8 +61,8 @@ def test_every_family_and_side_with_windows_has_the_flag(data, tmp_path):
      "^--alibi-window-sinks needs --alibi-window-cutoff: "),
     (["--alibi-window-cutoff", 8, "--alibi-window-sinks", -1],
      "^--alibi-window-sinks must be >= 0, got -1$"),
-    (["--alibi-window-cutoff", 8, "--alibi-window-sinks", 4, "--alibi-document-mask", "eos"],
-     "^--alibi-document-mask eos cannot be combined with --alibi-window-sinks 4: "),
+    (["--alibi-window-sinks", 4, "--alibi-document-mask", "eos"],
+     "^--alibi-window-sinks needs --alibi-window-cutoff: "),
 ])
 def test_nonsense_is_a_one_line_error(data, flags, error):
     with pytest.raises(ValueError, match=error) as raised:
@@ -101,6 +101,26 @@ def test_decoding_and_streaming_keep_the_sinks_in_a_bounded_cache(data):
         assert not torch.allclose(plain.eval()(x)[0], full, atol=1e-4)  # the sinks count
     assert most == REACH + 4
     torch.testing.assert_close(torch.stack(steps, 1), full, atol=1e-5, rtol=0)
+    torch.testing.assert_close(streamed, model.get_normalized_probs((full,), log_probs=True),
+                               atol=1e-5, rtol=0)
+
+
+def test_with_a_document_mask_each_document_keeps_its_own_sinks(data):
+    """A document packed after another computes what it computes alone (its sinks are its own
+    first positions), and decoding token by token and streaming, whose caches keep the
+    current document's sinks, equal the full forward."""
+    model, _ = lm(data, "--alibi-window-cutoff", CUTOFF, "--alibi-window-sinks", 4,
+                  "--alibi-document-mask", "eos")
+    model.eval()
+    x = tokens(LENGTH)
+    x[0, 20] = x[1, 7] = 2  # documents of 80 and 93 tokens after one of 20 and 7
+    with torch.no_grad():
+        full = model(x)[0]
+        alone = model(x[:1, 20:])[0]
+        steps = decode_token_by_token(model, x)
+        streamed = stream_log_probs(model, x, 24)
+    torch.testing.assert_close(full[:1, 20:], alone, atol=1e-5, rtol=0)
+    torch.testing.assert_close(steps, full, atol=1e-5, rtol=0)
     torch.testing.assert_close(streamed, model.get_normalized_probs((full,), log_probs=True),
                                atol=1e-5, rtol=0)
 

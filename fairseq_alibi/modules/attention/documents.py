@@ -9,6 +9,10 @@ one batch, padded at the end to a length of the batch (a *bucket*); each bucket 
 the backend, with no document mask; the outputs are scattered back. Keys of other documents
 are never read: a row of documents of lengths ``l_d`` costs ``Σ l_d²`` instead of ``L²``.
 
+Attention sinks (``--alibi-window-sinks``) are each document's first positions
+(:func:`~fairseq_alibi.alibi.document_alibi_bias`): a bucket's document starts at its position
+0, so the backend's sinks, a sequence's first keys, are the document's.
+
 Padding: a bucket's slots past a document's end are key padding for the variants that look
 ahead (causal ones never read them: they lie after every real query), and the row's own key
 padding comes along with its positions. Autograd runs through the gathers and the backend's
@@ -118,9 +122,11 @@ def _rows(x: Tensor) -> Tensor:
 
 class SharedDense:
     """The bias of a call's buckets: ``base`` (read through), whose dense ``(H, t, t)`` bias of
-    every bucket is a corner of one ``(H, M, M)`` tensor of the longest bucket ``M``, memoised
-    by the stack for every layer of the pass (the bias depends on ``i - j`` only: no global
-    tokens with documents), instead of one built per bucket and layer; a corner only while that
+    every bucket is the top-left corner of one ``(H, M, M)`` tensor of the longest bucket
+    ``M``, memoised by the stack for every layer of the pass (positions ``0 … t-1``: the
+    window's bias depends on ``i - j`` only, no global tokens with documents, and attention
+    sinks are the first positions of each), instead of one built per bucket and layer; a
+    corner only while that
     tensor fits ``tuning.DENSE_MASK_BUDGET`` (``itemsize`` bytes an element), else the bucket's
     own. Built only if a bucket's backend reads a dense bias (``sdpa``: short documents)."""
 
@@ -135,4 +141,4 @@ class SharedDense:
         if not self.shared or query_len != key_len:
             return self.base.dense(query_len, key_len, dtype)
         M = self.longest
-        return self.base.dense(M, M, dtype)[:, M - query_len:, M - key_len:]
+        return self.base.dense(M, M, dtype)[:, :query_len, :key_len]

@@ -17,7 +17,8 @@ one (the eager CPU path computes the same function, every score, for inference).
 
 Document masks (``--alibi-document-mask``): one more ``mask_mod`` term, the keys of the
 query's own document (:func:`document_mask_mod`), so whole blocks of other documents are
-skipped too; the block mask is then per row and built per call.
+skipped too; the block mask is then per row and built per call. With attention sinks, those of
+each document: its first positions (the documents' offsets, :func:`window_mask_mod`).
 """
 
 import functools
@@ -110,11 +111,14 @@ def alibi_mask_mod(variant, num_heads, query_offset=0):
 UNBOUNDED = 2**62
 
 
-def window_mask_mod(windows, query_offset=0, device=None, sinks=0, variant=None):
+def window_mask_mod(windows, query_offset=0, device=None, sinks=0, variant=None,
+                    offsets=None):
     """A ``flex_attention`` ``mask_mod`` (True = visible) for slope windows: head ``h`` keeps
     key ``j`` of query ``i = query_offset + q_idx`` iff ``i - j <= back_h`` and
     ``j - i <= ahead_h``, or ``j`` is one of the ``sinks`` first keys that ``variant``'s own
-    mask (:func:`alibi_mask_mod`) keeps.
+    mask (:func:`alibi_mask_mod`) keeps: of the sequence, or with ``offsets`` ``(B, S)``
+    (each key's place in its document, :func:`~fairseq_alibi.alibi.document_offsets`) of the
+    key's document (``offsets[b, j] < sinks``).
 
     ``windows`` ``(back, ahead)`` per head (:func:`~fairseq_alibi.alibi.variant_windows`,
     ``None`` = unbounded), held as two ``(H,)`` int64 tensors indexed by ``h``. They carry the
@@ -133,7 +137,7 @@ def window_mask_mod(windows, query_offset=0, device=None, sinks=0, variant=None)
     direction = alibi_mask_mod(variant, len(windows[0]), query_offset)
 
     def with_sinks(b, h, q_idx, kv_idx):
-        sink = kv_idx < sinks
+        sink = (kv_idx if offsets is None else offsets[b, kv_idx]) < sinks
         if direction is not None:
             sink = sink & direction(b, h, q_idx, kv_idx)
         return mask_mod(b, h, q_idx, kv_idx) | sink
@@ -211,8 +215,9 @@ def attention(q, k, v, alibi, key_padding_mask, attn_mask, dropout_p, scale):
     if documents is not None and documents.crossing:  # per row: built per call
         from torch.nn.attention.flex_attention import create_block_mask
 
+        offsets = None if documents.offsets is None else documents.offsets.to(q.device)
         inner = (alibi_mask_mod(alibi.variant, H, S - T) if windows is None
-                 else window_mask_mod(windows, S - T, q.device, sinks, alibi.variant))
+                 else window_mask_mod(windows, S - T, q.device, sinks, alibi.variant, offsets))
         block_mask = create_block_mask(
             document_mask_mod(documents.ids.to(q.device), inner, S - T), B, H, T, S,
             device=q.device)
