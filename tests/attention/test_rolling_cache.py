@@ -154,18 +154,21 @@ def test_the_windowed_decoding_step_reads_only_each_groups_window(monkeypatch):
     """T = 1 against S cached keys: head group ``h`` reads ``back_h + 1`` keys, not S."""
     attn, alibi = attention("windowed", cutoff=0.0)  # no trimming: the cache holds S keys
     read = []
-    sdpa = windowed.F.scaled_dot_product_attention
 
-    def recording(q, k, v, **kwargs):
-        read.append(k.size(-2))
-        return sdpa(q, k, v, **kwargs)
+    def recording(call):  # scaled_dot_product_attention, or the fold's kernel (the chunks')
+        def record(q, k, v, *args, **kwargs):
+            read.append(k.size(-2))
+            return call(q, k, v, *args, **kwargs)
+        return record
 
     S, D = 200, DIM // HEADS
     q = torch.randn(2, HEADS, 1, D)
     k, v = torch.randn(2, HEADS, S, D), torch.randn(2, HEADS, S, D)
     slopes = alibi.slopes_of(1)[0]
     windows = ([1, 4, 16, 64], [0] * HEADS)
-    monkeypatch.setattr(windowed.F, "scaled_dot_product_attention", recording)
+    monkeypatch.setattr(windowed.F, "scaled_dot_product_attention",
+                        recording(windowed.F.scaled_dot_product_attention))
+    monkeypatch.setattr(windowed.fold, "kernel_forward", recording(windowed.fold.kernel_forward))
     out = windowed.attention(q, k, v, slopes, None, "causal", windows)
     assert read == [2, 5, 17, 65]
     monkeypatch.undo()

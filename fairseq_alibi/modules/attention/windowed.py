@@ -18,11 +18,14 @@ With a cutoff ``T`` head ``h`` keeps the keys at ``i - j <= back_h`` and ``j - i
   where that serves the call;
 * the others split their ``T`` queries into ``n`` chunks of ``c`` (:func:`chunk_size`); chunk
   ``k``, queries ``s … s+c-1``, reads only the ``R = back + c + ahead`` keys
-  ``s-back … s+c-1+ahead``. The chunks are the batch of one fused ``scaled_dot_product_attention``
-  call, ``(B·n, H_g, c, D)`` against ``(B·n, H_g, R, D)`` keys, with one ``(H_g, c, R)`` bias
-  shared by every chunk (the bias depends on ``i - j`` only; made once per group and shape
-  while the slopes need no gradient: :func:`_chunk_bias`): the work is ``T·R`` per head
-  instead of ``T·S``, and no ``(H, T, S)`` bias exists;
+  ``s-back … s+c-1+ahead``. The chunks are the batch of one fused kernel call (the fold's,
+  :func:`.fold.kernel_forward`), ``(B·n, H_g, c, D)`` against ``(B·n, H_g, R, D)`` keys, with
+  one ``(H_g, c, R)`` bias shared by every chunk (the bias depends on ``i - j`` only; made once
+  per group and shape while the slopes need no gradient: :func:`_chunk_bias`): the work is
+  ``T·R`` per head instead of ``T·S``, and no ``(H, T, S)`` bias exists. Backward, the
+  kernel's own (:class:`_Merged`, :func:`_chunks_backward`: only ``q``, ``k``, ``v``, the
+  output and the log-sum-exp are kept); with learned slopes (the chunk bias carries their
+  gradient, which the kernel does not return) ``scaled_dot_product_attention`` and autograd;
 * keys outside the sequence (before position 0, past the end), padding keys and, with global
   tokens, window keys that are global tokens are hidden by one more query/key column
   (``1`` on every query, :func:`~fairseq_alibi.alibi.mask_value` on such a key), as
@@ -434,25 +437,31 @@ def _plus(x: Tensor, weights: Tensor, y: Tensor, alpha: float = 1.0) -> Tensor:
 
 
 class _Merged(torch.autograd.Function):
-    """A head group's window (``window``: its ``(out, lse)``, and the backward of its share of a
-    larger softmax) and its sinks beyond it (:func:`_sink_logits`): one softmax, merged by
-    log-sum-exp. Backward: each part's share from the merged output and log-sum-exp."""
+    """Head groups' windows (``windows``: each its heads' rows, its ``(out, lse)``, and the
+    backward of its share of a larger softmax) and, unless ``sinks`` is ``None``, their sinks
+    beyond them (:func:`_sink_logits`): one softmax, merged by log-sum-exp. Backward: each
+    part's share from the merged output and log-sum-exp (without sinks, each window's own
+    gradient by its own backward)."""
 
     @staticmethod
     def forward(ctx, q, k, v, m, windows, sinks, scale):
         found = [forward(q[:, r], k[:, r], v[:, r], m[r]) for r, forward, _ in windows]
         lse = torch.cat([lse for _, lse in found], 1)
-        logits, _ = sinks(q, k, m)
-        top = torch.maximum(lse, logits.amax(-2))
-        probs, share = _exp(logits - top[..., None, :]), _exp(lse - top)
-        total = probs.sum(-2) + share
-        probs /= total[..., None, :]  # of the merged softmax, as the window's share
-        share = (share / total)[..., None]
-        out = q.new_empty(q.shape[:3] + (v.size(-1),))
-        for (r, _, _), (window_out, _) in zip(windows, found):  # one pass: no cat
-            torch.mul(window_out, share[:, r], out=out[:, r])
-        out = _plus(out, probs, v)
-        ctx.save_for_backward(q, k, v, m, out, top + torch.log(total))
+        if sinks is None:  # the windows alone
+            out = torch.cat([o for o, _ in found], 1) if len(found) > 1 else found[0][0]
+        else:
+            out = q.new_empty(q.shape[:3] + (v.size(-1),))
+            logits, _ = sinks(q, k, m)
+            top = torch.maximum(lse, logits.amax(-2))
+            probs, share = _exp(logits - top[..., None, :]), _exp(lse - top)
+            total = probs.sum(-2) + share
+            probs /= total[..., None, :]  # of the merged softmax, as the window's share
+            share = (share / total)[..., None]
+            for (r, _, _), (window_out, _) in zip(windows, found):  # one pass: no cat
+                torch.mul(window_out, share[:, r], out=out[:, r])
+            out = _plus(out, probs, v)
+            lse = top + torch.log(total)
+        ctx.save_for_backward(q, k, v, m, out, lse)
         ctx.windows, ctx.sinks, ctx.scale = windows, sinks, scale
         return out
 
@@ -464,6 +473,10 @@ class _Merged(torch.autograd.Function):
         found = [backward(grad[:, r], q[:, r], k[:, r], v[:, r], m[r], out[:, r], lse[:, r],
                           need) for r, _, backward in ctx.windows]
         gq, gk, gv = (torch.cat(x, 1) if len(x) > 1 else x[0] for x in list(zip(*found))[:3])
+        # (windows that carry the slopes' gradient: blocks)
+        gm = torch.cat([g[3] for g in found]) if need else None
+        if ctx.sinks is None:
+            return gq, gk, gv, gm, None, None, None
         logits, rel = ctx.sinks(q, k, m)
         P = logits.size(2)
         probs = _exp(logits - lse[..., None, :])
@@ -472,18 +485,20 @@ class _Merged(torch.autograd.Function):
         gq = _plus(gq.contiguous(), d, k, ctx.scale)
         gk[:, :, :P] += torch.matmul(d, q) * ctx.scale
         gv[:, :, :P] += torch.matmul(probs, grad)
-        gm = None
-        if need:  # (windows that carry the slopes' gradient: blocks)
-            gm = torch.cat([g[3] for g in found]) - (d * rel).sum((0, 2, 3)).to(m.dtype)
+        if need:
+            gm = gm - (d * rel).sum((0, 2, 3)).to(m.dtype)
         return gq, gk, gv, gm, None, None, None
 
 
-def _with_sinks(q, k, v, visible, slopes, future_slopes, variant, groups: List[Group], scale,
-                key_padding_mask):
-    """The groups with sinks ``(B, H_s, T, D)``, their heads in order: each window as without
-    sinks (``blocks`` by :mod:`.band_fold`, else by the fused kernel), the sinks beyond them as
-    one small pass of every head (``S × T`` logits), merged (:class:`_Merged`)."""
+def _by_kernel(q, k, v, visible, slopes, future_slopes, variant, groups: List[Group], scale,
+               key_padding_mask, global_tokens=0):
+    """The output ``(B, H_g, T, D)`` of ``groups``, their heads in order, by the fused kernel's
+    own forward and backward (:class:`_Merged`): each window (``blocks`` by :mod:`.band_fold`,
+    else its chunks, the prefix of ``global_tokens`` and their sinks in every chunk); without
+    global tokens, groups with sinks (all of them, or none) have them beyond their windows as
+    one small pass of every head (``S × T`` logits), merged with the windows."""
     T, S = q.size(2), k.size(2)
+    apart = 0 if global_tokens else groups[0].sinks  # the sinks of their own pass
     kpm = None if key_padding_mask is None else key_padding_mask.to(torch.bool)
     windows, start = [], 0
     for g in groups:  # (rows, forward, backward) of each group's window, its heads only
@@ -494,14 +509,17 @@ def _with_sinks(q, k, v, visible, slopes, future_slopes, variant, groups: List[G
                 functools.partial(band_fold.banded_backward, window=g.reach, scale=scale,
                                   key_padding_mask=kpm)))
             continue
+        own = 0 if apart else g.sinks  # the sinks inside the chunks, with global tokens
         args = (visible, slopes, future_slopes, variant, list(g.heads), g.window, g.back,
-                g.ahead, g.size, 0, 0, scale)
-        parts = _parts(T, S, g, key_padding_mask, sinks=0)
+                g.ahead, g.size, global_tokens, own, scale)
+        parts = _parts(T, S, g, key_padding_mask, global_tokens, sinks=own)
         windows.append((rows, functools.partial(_chunks_forward, args=args, parts=parts),
                         functools.partial(_chunks_backward, args=args, parts=parts)))
-    back = torch.tensor([g.window[0] for g in groups for _ in g.heads], device=q.device)
-    sinks = functools.partial(_sink_logits, sinks=groups[0].sinks, back=back[:, None, None],
-                              visible=visible, scale=scale)
+    sinks = None
+    if apart:
+        back = torch.tensor([g.window[0] for g in groups for _ in g.heads], device=q.device)
+        sinks = functools.partial(_sink_logits, sinks=apart, back=back[:, None, None],
+                                  visible=visible, scale=scale)
     idx = _heads_index([h for g in groups for h in g.heads], q.device)
     return _Merged.apply(q[:, idx], k[:, idx], v[:, idx], slopes[idx], windows, sinks, scale)
 
@@ -518,9 +536,9 @@ def _chunks_forward(q, k, v, m, args, parts):
 
 
 def _chunks_backward(grad, q, k, v, m, out, lse, slopes_grad, args, parts):
-    """The window's share ``(grad_q, grad_k, grad_v)`` of a larger softmax's gradient, from
-    that softmax's ``out`` and ``lse``: the kernel's backward per call, then the chunks'
-    layout's by autograd (the windows' overlaps summed)."""
+    """The window's share ``(grad_q, grad_k, grad_v)`` of a softmax's gradient (its own, or a
+    larger one's with sinks), from that softmax's ``out`` and ``lse``: the kernel's backward
+    per call, then the chunks' layout's by autograd (the windows' overlaps summed)."""
     with torch.enable_grad():
         leaves = [x.detach().requires_grad_() for x in (q, k, v)]
         built, grads = [], []
@@ -604,14 +622,18 @@ def attention(q: Tensor, k: Tensor, v: Tensor, slopes: Tensor, future_slopes: Op
         if group.kind == "blocks":  # no bias tensor: the fold's kernel over blocks
             outs.append(_banded(q, k, v, slopes, group, scale, key_padding_mask))
             continue
+        if folds and not learned:  # the chunks by the kernel's own forward and backward
+            outs.append(_by_kernel(q, k, v, visible, slopes, future_slopes, variant, [group],
+                                   scale, key_padding_mask, global_tokens))
+            continue
         args = (q, k, v, visible, slopes, future_slopes, variant, heads, group.window,
                 group.back, group.ahead, group.size, global_tokens, group.sinks, scale)
         parts = [_band(*args, rows=rows, hide=hide)
                  for rows, hide in _parts(T, S, group, key_padding_mask, global_tokens)]
         outs.append(torch.cat(parts, dim=2) if len(parts) > 1 else parts[0])
     if sunk:
-        outs.append(_with_sinks(q, k, v, visible, slopes, future_slopes, variant, sunk, scale,
-                                key_padding_mask))
+        outs.append(_by_kernel(q, k, v, visible, slopes, future_slopes, variant, sunk, scale,
+                               key_padding_mask))
         order += [h for group in sunk for h in group.heads]
     out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)
     if order != list(range(H)):
