@@ -1,6 +1,7 @@
 """Running fairseq's real command lines (its console scripts, ``python -m``, the in-process
 fairseq-preprocess) in this environment, and reading what they printed and wrote."""
 
+import functools
 import os
 import subprocess
 import sys
@@ -16,8 +17,10 @@ SHARED_DATA = REPO.parent / "shared" / "data"
 BIN = Path(sys.executable).parent  # fairseq-* console scripts of this environment
 
 
+@functools.cache
 def user_dir() -> str:
-    """What users pass to --user-dir (``python -m fairseq_alibi --user-dir``)."""
+    """What users pass to --user-dir (``python -m fairseq_alibi --user-dir``), asked once per
+    test process (each ask starts an interpreter that imports fairseq)."""
     out = subprocess.run(
         [sys.executable, "-m", "fairseq_alibi", "--user-dir"],
         check=True, capture_output=True, text=True,
