@@ -113,8 +113,9 @@ def test_from_logs_refuses_a_log_with_a_hypothesis_missing(tmp_path):
 @pytest.mark.slow
 def test_smoke_runs_end_to_end_and_checks_the_hypotheses(tmp_path):
     out = tmp_path / "grid"
+    # one run at a time, one thread each: under xdist the other core runs another test file
     proc = subprocess.run([sys.executable, "-m", "experiments.translation_length", "--smoke",
-                           "--out", str(out), "--jobs", "2"],
+                           "--out", str(out), "--jobs", "1", "--threads", "1"],
                           capture_output=True, text=True, timeout=600, cwd=str(REPO),
                           env=dict(os.environ, OMP_NUM_THREADS="1"))
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
@@ -135,15 +136,14 @@ def test_smoke_runs_end_to_end_and_checks_the_hypotheses(tmp_path):
     assert [r["sentences"] for r in rows] == [3, 3, 3, 3]
     assert all(r["step"] > 0 and 0 < r["end"] < 100 and 0 <= r["on_pointer"] <= 1 for r in rows)
     assert (out / "pointer_trace.png").is_file()
-    # a fairseq-generate that translated fewer inputs than there are is caught
+    # a fairseq-generate that translated fewer inputs than there are is caught (the command's
+    # main in this process: `python -m` exits with its message, status 1)
     log = out / "runs" / "alibi" / "seed1" / "generate.log"
     log.write_text("".join(line + "\n" for line in log.read_text().splitlines()
                            if not line.startswith("H-0\t")))
-    proc = subprocess.run([sys.executable, "-m", "experiments.translation_length", "--from-logs",
-                           "--out", str(out)], capture_output=True, text=True, timeout=300,
-                          cwd=str(REPO))
-    assert proc.returncode == 1
-    assert proc.stderr.strip().splitlines()[-1].startswith(
+    with pytest.raises(SystemExit) as stopped:
+        tl.main(["--from-logs", "--out", str(out)])
+    assert str(stopped.value.code).strip().splitlines()[-1].startswith(
         "alibi seed 1: 11 hypotheses for 12 test inputs")
 
 
@@ -326,7 +326,7 @@ GETTEXT = bool(list(Path("/usr/share/locale/fr/LC_MESSAGES").glob("*.mo")))
 
 
 @pytest.mark.slow
-def test_select_smoke_chooses_on_validation_reads_the_test_once_and_confirms(tmp_path):
+def test_select_smoke_chooses_on_validation_reads_the_test_once_and_confirms(tmp_path, capsys):
     """The whole selection in one run: every candidate decoded on validation, the test read
     only for the choices and the baselines, restoration's own decode-time scale, everything
     reused by --from-logs; with gettext catalogs installed (the recipe's corpus), step 7 too: the
@@ -336,7 +336,7 @@ def test_select_smoke_chooses_on_validation_reads_the_test_once_and_confirms(tmp
     out, docs = tmp_path / "select", tmp_path / "docs"
     docs.mkdir()
     proc = subprocess.run([sys.executable, "-m", "experiments.translation_length", "--select",
-                           "--smoke", "--corpus", corpus, "--out", str(out), "--jobs", "2",
+                           "--smoke", "--corpus", corpus, "--out", str(out), "--jobs", "1",
                            "--docs", str(docs)],
                           capture_output=True, text=True, timeout=1200, cwd=str(REPO),
                           env=dict(os.environ, OMP_NUM_THREADS="1"))
@@ -401,12 +401,14 @@ def test_select_smoke_chooses_on_validation_reads_the_test_once_and_confirms(tmp
                                     for size in ("small", "large")}
         assert all(low <= high for _, low, high, _ in differences.values())
         assert "95 % paired bootstrap interval" in report
-    # everything is reused: scoring again trains and decodes nothing
-    again = subprocess.run([sys.executable, "-m", "experiments.translation_length", "--select",
-                            "--smoke", "--corpus", corpus, "--out", str(out), "--from-logs"],
-                           capture_output=True, text=True, timeout=300, cwd=str(REPO))
-    assert again.returncode == 0, again.stderr[-3000:]
-    assert "trained in" not in again.stdout and "translated all" not in again.stdout
+    # everything is reused: scoring again (the command's main, in this process) trains and
+    # decodes nothing
+    capsys.readouterr()
+    assert tl.main(["--select", "--smoke", "--corpus", corpus, "--out", str(out),
+                    "--from-logs"]) == 0
+    printed = capsys.readouterr().out
+    assert "Chosen: **" in printed  # the report, written again from the logs
+    assert "trained in" not in printed and "translated all" not in printed
     assert json.loads((out / "selection.json").read_text())["choice"] == saved["choice"]
 
 
