@@ -21,7 +21,7 @@ has no ``valid`` (WikiText-2 here).
 Then the learned scales' final values, per layer and head, are read from the checkpoints and
 plotted. Outputs in ``--out``: ``learned_scales.md`` (tables), ``learned_scales.png``,
 ``scales.json``, ``extrapolation/``, ``logs/``. ``--smoke`` runs every step at toy size, with
-fewer evaluations (``L`` and ``2L``, non-overlapping blocks; the encoders at ``L``).
+fewer evaluations (the LMs and the encoders at ``L`` only, non-overlapping blocks).
 """
 
 import argparse
@@ -238,7 +238,7 @@ def main(argv=None):
     runs = run_all(jobs, args.jobs)
 
     log("evaluating the LMs at L..8L (fairseq-eval-lm, both modes) ...")
-    lengths = [L, 2 * L] if args.smoke else [L, 2 * L, 4 * L, 8 * L]
+    lengths = [L] if args.smoke else [L, 2 * L, 4 * L, 8 * L]
     modes = ["nonoverlapping"] if args.smoke else ["nonoverlapping", "sliding"]
     sweep = run_sweep({label: SweepModel(str(runs[f"lm_{label}"]["checkpoint"]))
                        for label in SCALE_RUNS}, str(data), lengths, out / "extrapolation",

@@ -431,9 +431,11 @@ def test_per_layer_scales_train_in_the_memory_of_fixed_slopes():
 @pytest.mark.slow
 def test_experiment_smoke_run_writes_its_tables_and_figure(tmp_path):
     out = tmp_path / "exp"
+    # one run at a time: under xdist the other core runs another test file
     proc = subprocess.run([sys.executable, "-m", "experiments.learned_scales", "--smoke",
-                           "--out", str(out)], capture_output=True, text=True, timeout=1200,
-                          cwd=REPO, env=dict(__import__("os").environ, OMP_NUM_THREADS="1"))
+                           "--out", str(out), "--jobs", "1"], capture_output=True, text=True,
+                          timeout=1200, cwd=REPO,
+                          env=dict(__import__("os").environ, OMP_NUM_THREADS="1"))
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
     report = (out / "learned_scales.md").read_text()
     for row in ("| fixed | nonoverlapping |", "| per_layer_head | nonoverlapping |",
