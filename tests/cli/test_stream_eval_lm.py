@@ -3,6 +3,8 @@ fairseq-eval-lm, the perplexity of fairseq-eval-lm with the whole split as one b
 every token all earlier ones as context), the load-time cutoff and document mask, the output read by the sweep's
 parser, and its one-line errors."""
 
+import functools
+
 import pytest
 
 from fairseq_alibi.cli.sweep import parse_eval_output, split_token_count
@@ -27,21 +29,28 @@ def eval_lm(data, checkpoint, user_dir, *extra):
                    "--cpu", "--num-workers", "0", *extra)
 
 
+@pytest.fixture(scope="module")
+def eval_lm_once():
+    """:func:`eval_lm`, each command line run once in this module (its output kept)."""
+    return functools.cache(eval_lm)
+
+
 @pytest.mark.parametrize("overrides", [None, "{'alibi_window_cutoff': 2}",
                                        "{'alibi_document_mask': 'eos', 'alibi_window_cutoff': 2}"])
 def test_stream_scores_every_token_with_every_earlier_one(trained_lm_checkpoint, tiny_lm_data,
-                                                          alibi_user_dir, overrides):
+                                                          alibi_user_dir, eval_lm_once, overrides):
     extra = [] if overrides is None else ["--model-overrides", overrides]
     whole = split_token_count(tiny_lm_data, "test")
-    blocks, _ = parse_eval_output(eval_lm(tiny_lm_data, trained_lm_checkpoint, alibi_user_dir,
-                                          "--tokens-per-sample", "16", *extra))
-    one_block = parse_eval_output(eval_lm(
+    blocks, _ = parse_eval_output(eval_lm_once(tiny_lm_data, trained_lm_checkpoint,
+                                               alibi_user_dir, "--tokens-per-sample", "16",
+                                               *extra))
+    one_block = parse_eval_output(eval_lm_once(
         tiny_lm_data, trained_lm_checkpoint, alibi_user_dir, "--tokens-per-sample", str(whole),
         "--max-tokens", str(whole), *extra))
     documents = bool(overrides and "document" in overrides)
     assert blocks == one_block[0] == whole
-    if documents:  # honoured: every line its own document
-        plain = parse_eval_output(eval_lm(
+    if documents:  # honoured: every line its own document (the cutoff alone: scored above)
+        plain = parse_eval_output(eval_lm_once(
             tiny_lm_data, trained_lm_checkpoint, alibi_user_dir, "--tokens-per-sample",
             str(whole), "--max-tokens", str(whole), "--model-overrides",
             "{'alibi_window_cutoff': 2}"))
