@@ -158,7 +158,10 @@ def test_blocks_with_sinks_match_the_definition_with_every_gradient(monkeypatch,
             grad = grad * (bias > MASKED).any(-1, keepdim=True)
         found.append([out * (grad != 0), *torch.autograd.grad(out, leaves + [scales], grad)])
     for name, g, e in zip(["out", "q", "k", "v", "slopes"], *found):
-        torch.testing.assert_close(g, e, **TOL64, msg=lambda text, name=name: f"{name}: {text}")
+        # the fold's columns carry the slopes in float32 (windowed takes float32 slopes), so
+        # their gradient is a float32 sum over every query and key
+        tol = dict(atol=1e-5, rtol=1e-5) if name == "slopes" else TOL64
+        torch.testing.assert_close(g, e, **tol, msg=lambda text, name=name: f"{name}: {text}")
 
 
 @pytest.mark.parametrize("backend,variant,sinks,case", BACKEND_CASES)
