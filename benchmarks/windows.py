@@ -1,6 +1,6 @@
 """Slope windows: windowed ALiBi attention against dense ALiBi and the dense limit.
 
-    python -m benchmarks.windows [--quick] [--tables targets,cutoffs,thresholds,sinks]
+    python -m benchmarks.windows [--quick] [--tables targets,cutoffs,thresholds,sinks,chunks]
         [--lengths 1024,2048,4096,8192] [--cutoff 8] [--cutoffs 2,4,6,8,12,16] [--sinks 4]
         [--variants causal,symmetric] [--passes forward,fwd+bwd] [--rounds 3] [--threads 1]
         [--batch 1] [--json FILE]
@@ -31,7 +31,8 @@ cutoff ``T`` (``W_h = ceil(T / m_h)``; 8 heads, ``T = 8``: 16, 32, …, 2048 key
   without a cutoff, and ``windowed`` at each cutoff. Each row gives the cost model's
   prediction of ``windowed ÷ sdpa`` (:func:`~fairseq_alibi.modules.attention.dispatch.
   windowed_cost`, what ``auto`` decides on for the bidirectional variants; ``by length`` for
-  causal and one_sided, which it sends to ``windowed`` from ``FOLD_MIN_LENGTH`` keys on), the
+  causal and one_sided, which it sends to ``windowed`` from ``ONE_WAY_WINDOWED_MIN_LENGTH`` keys
+  on), the
   measured ``windowed ÷ sdpa``, ``auto``'s choice and ``auto ÷ sdpa``, ``auto ÷ dense auto``
   (time ratios: below 1 is faster); two check lines say whether ``auto`` with a cutoff was
   ever slower than the dense choice, or than ``dense auto`` without a cutoff, by more than
@@ -39,9 +40,14 @@ cutoff ``T`` (``W_h = ceil(T / m_h)``; 8 heads, ``T = 8``: 16, 32, …, 2048 key
 * ``sinks`` (causal, ``--cutoff``, ``--sinks S``): attention sinks' cost, ``windowed`` with
   ``S`` sinks (``--alibi-window-sinks``) ÷ ``windowed`` without, forward and
   forward+backward, in the same rounds.
+* ``chunks`` (the chunk sizes of ``tuning``; ``--variants``, ``--windows``, ``--chunks``): one
+  head, a window of ``W`` keys back (and ahead, for a bidirectional variant), at each length,
+  ``windowed.attention`` with each chunk size in the same rounds, forward and
+  forward+backward, and the size ``windowed.chunk_size`` picks.
 """
 
 import argparse
+import functools
 import gc
 import json
 import math
@@ -53,11 +59,11 @@ import torch.nn.functional as F
 from benchmarks.tables import comma_choices, machine, table
 from benchmarks.timing import Rounds, backward_call, forward_call, mib, peak_bytes
 from fairseq_alibi.alibi import VARIANTS, get_slopes, variant_windows
-from fairseq_alibi.modules.attention import dispatch, tuning
+from fairseq_alibi.modules.attention import dispatch, tuning, windowed
 from fairseq_alibi.modules.bias import AlibiBias
 
 CASES = ("no bias", "dense auto", "windowed")
-TABLES = ("targets", "cutoffs", "thresholds", "sinks")
+TABLES = ("targets", "cutoffs", "thresholds", "sinks", "chunks")
 PASSES = ("forward", "fwd+bwd")
 CUTOFFS = (2.0, 4.0, 6.0, 8.0, 12.0, 16.0)
 
@@ -139,6 +145,33 @@ def sinks_table(lengths, cutoff=8.0, sinks=4, rounds=3, batch=1, heads=8, head_d
              f"{rounds} interleaved round(s), median")
     body = table(["L", "pass", "windowed S=0 s", f"windowed {with_sinks} s",
                   f"{with_sinks} ÷ S=0"], rows)
+    return shape, body
+
+
+def chunks_table(lengths, variants, widths, sizes, rounds=3, batch=1, head_dim=64, log=print):
+    """``(shape line, Markdown table)``: per variant, length, window and pass, the seconds of one
+    head's windowed attention with each chunk size, and the size :func:`.windowed.chunk_size`
+    picks (``*``)."""
+    slope = torch.tensor([0.01])  # the windows are given: the slope only sets the bias
+    rows = []
+    for variant in variants:
+        for L in lengths:
+            for W in widths:
+                windows = ([W], [0 if variant in ("causal", "one_sided") else W])
+                found = {c: functools.partial(windowed.attention, slopes=slope,
+                                              future_slopes=slope if variant == "asymmetric"
+                                              else None, variant=variant, windows=windows,
+                                              chunk=c) for c in sizes}
+                picked = windowed.chunk_size(W, windows[1][0])
+                for name, rounds_of in timed(found, L, rounds, batch, 1, head_dim).items():
+                    rows.append([variant, L, W, name] + [
+                        f"{rounds_of.median(c) * 1000:.1f}{'*' if c == picked else ''}"
+                        for c in sizes])
+                    log(f"[windows] chunks {variant} L={L} W={W} {name}: " + ", ".join(
+                        f"c={c} {rounds_of.median(c) * 1000:.1f}ms" for c in sizes))
+    shape = (f"B={batch}, one head, D={head_dim}, float32, milliseconds per call by chunk size "
+             f"(* the size chunk_size picks), {rounds} interleaved round(s), median")
+    body = table(["variant", "L", "W", "pass"] + [f"c = {c}" for c in sizes], rows)
     return shape, body
 
 
@@ -230,8 +263,8 @@ def thresholds(lengths, variants, cutoffs, passes=PASSES, rounds=3, batch=1, hea
                         f"{_label(c)} {rounds_of.ratio(_label(c), 'sdpa'):.2f}"
                         for c in cutoffs))
     shape = (f"B={batch}, H={heads}, D={head_dim}, float32, {rounds} interleaved round(s), "
-             f"median; auto: causal and one_sided from FOLD_MIN_LENGTH="
-             f"{tuning.FOLD_MIN_LENGTH}, the others from WINDOWED_MIN_LENGTH="
+             f"median; auto: causal and one_sided from ONE_WAY_WINDOWED_MIN_LENGTH="
+             f"{tuning.ONE_WAY_WINDOWED_MIN_LENGTH}, the others from WINDOWED_MIN_LENGTH="
              f"{tuning.WINDOWED_MIN_LENGTH}, "
              f"WINDOWED_COST={tuning.WINDOWED_COST}, "
              f"WINDOWED_MAX_COST={tuning.WINDOWED_MAX_COST:g}")
@@ -249,7 +282,15 @@ def thresholds(lengths, variants, cutoffs, passes=PASSES, rounds=3, batch=1, hea
     return shape, body, check, records
 
 
-def main(argv=None):
+def _keys(parser, text: str, flag: str):
+    """``text``'s comma-separated positive numbers of keys, or ``flag``'s one-line error."""
+    found = [int(x) for x in text.split(",") if x.strip()]
+    if not found or any(n < 1 for n in found):
+        parser.error(f"{flag}: each must be a positive number of keys, got {text!r}")
+    return found
+
+
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true",
                         help="a smoke run: short lengths, small heads, one round, two cutoffs")
@@ -274,7 +315,16 @@ def main(argv=None):
     parser.add_argument("--batch", type=int, default=1, help="sequences per call")
     parser.add_argument("--head-dim", type=int, default=None,
                         help="head size D (default 64; --quick: 16)")
+    parser.add_argument("--windows", default="16,64,256,1024,2048",
+                        help="comma-separated windows W of the chunks table")
+    parser.add_argument("--chunks", default="32,64,128,256,512",
+                        help="comma-separated chunk sizes of the chunks table")
     parser.add_argument("--json", default=None, help="write the thresholds' records to this file")
+    return parser
+
+
+def main(argv=None):
+    parser = _parser()
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     tables = comma_choices(parser, args.tables, TABLES, "table")
@@ -322,6 +372,13 @@ def main(argv=None):
         shape, body = sinks_table(lengths_or([4096, 8192]), args.cutoff, args.sinks, rounds,
                                   args.batch, head_dim=head_dim, log=log)
         parts.append(f"Attention sinks: {shape}\n\n{body}")
+    if "chunks" in tables:
+        shape, body = chunks_table(
+            lengths_or([8192]), variants_or(["causal", "symmetric"]),
+            [16, 64] if args.quick else _keys(parser, args.windows, "--windows"),
+            [32, 64] if args.quick else _keys(parser, args.chunks, "--chunks"), rounds,
+            args.batch, head_dim=head_dim, log=log)
+        parts.append(f"Chunk sizes: {shape}\n\n{body}")
     text = "\n\n".join(parts)
     print(text)
     return text

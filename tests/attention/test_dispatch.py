@@ -299,9 +299,9 @@ def windowed_call(variant, length, cutoff, heads=8, **fields):
 
 
 #: (variant, length, cutoff, auto's choice): what was measured (docs/benchmarks.md, "auto's
-#: choice with windows"): the one-way variants (causal, one_sided) run windowed from the fold's
-#: length on (their head groups are fold calls, over blocks where a window drops keys: never
-#: slower than the fold of every key), sdpa's memoised windowed bias below; the bidirectional
+#: choice with windows"): the one-way variants (causal, one_sided) run windowed from 768 keys
+#: on (one_sided at 640 was slower than sdpa with today's chunks), sdpa's memoised windowed
+#: bias below; the bidirectional
 #: variants run windowed where the cost model predicts it faster (slower than sdpa's dense
 #: windowed bias below 1024 keys, and at 1024 keys from T = 4: their windows then cover much
 #: of the sequence; faster for small windows of long sequences) and wherever sdpa's bias would
@@ -309,9 +309,9 @@ def windowed_call(variant, length, cutoff, heads=8, **fields):
 ONE_WAY = ("causal", "one_sided")
 WINDOWED_POLICY = [
     (variant, length, cutoff, "sdpa") for variant in VARIANTS
-    for length, cutoff in ((256, 2.0), (512, 2.0), (639, 16.0))] + [
+    for length, cutoff in ((256, 2.0), (512, 2.0), (640, 16.0), (767, 16.0))] + [
     (variant, length, cutoff, "windowed" if variant in ONE_WAY else "sdpa")
-    for variant in VARIANTS for length, cutoff in ((640, 16.0), (768, 2.0), (1023, 2.0))] + [
+    for variant in VARIANTS for length, cutoff in ((768, 2.0), (1023, 2.0))] + [
     ("causal", 2048, 2.0, "windowed"),
     ("causal", 2048, 8.0, "windowed"),
     ("causal", 4096, 16.0, "windowed"),
@@ -339,13 +339,14 @@ def test_auto_with_slope_windows_follows_the_measurements(variant, length, cutof
 
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_auto_picks_windowed_exactly_where_the_cost_model_says(variant):
-    """The bidirectional variants, and the one-way ones with global tokens (which the blocks
-    do not take), within the dense mask's budget; beyond it windowed."""
+    """The bidirectional variants, and the one-way ones with global tokens (which go by the
+    cost model too), within the dense mask's budget; beyond it windowed."""
     for length, cutoff in itertools.product((512, 1024, 1536, 2048, 4096, 8192),
                                             (2.0, 4.0, 6.0, 8.0, 12.0, 16.0)):
         call = windowed_call(variant, length, cutoff)
         if variant in ONE_WAY:
-            assert (auto_backend(call) == "windowed") == (length >= tuning.FOLD_MIN_LENGTH)
+            assert (auto_backend(call) == "windowed") == (
+                length >= tuning.ONE_WAY_WINDOWED_MIN_LENGTH)
             call = call._replace(global_tokens=2)
         cost = dispatch.windowed_cost(call.windows, variant, length,
                                       global_tokens=call.global_tokens)
@@ -365,8 +366,9 @@ def test_the_cost_model_prices_the_plan_windowed_computes():
     groups = windowed.plan(covering, "symmetric", S, S)
     assert [(g.heads, g.kind) for g in groups] == [((0, 1, 2, 3, 4, 5), "chunks"),
                                                    ((6, 7), "chunks")]
+    narrow, wide = (32 + windowed.chunk_size(16, 16), 2000 + windowed.chunk_size(1000, 1000))
     assert dispatch.windowed_cost(covering, "symmetric", S) == pytest.approx(
-        two_way * (6 * 96 + 2 * 2512) / (8 * S) + fixed * 1000 / S)
+        two_way * (6 * narrow + 2 * wide) / (8 * S) + fixed * 1000 / S)
 
 
 def test_the_cost_model_counts_the_keys_each_head_reads():
@@ -390,9 +392,9 @@ def test_the_cost_model_counts_the_keys_each_head_reads():
     covering = ([16] * 7 + [1000], [16] * 7 + [1000])
     assert dispatch.windowed_cost(covering, "symmetric", S) == pytest.approx(
         (two_way * 7 * 96 + dense_way * S) / (8 * S) + fixed * 1000 / S)
-    # ... else as chunks of 512 reading 1000 + 512 + 1000 keys, two ways (float64: 8 MiB)
+    # ... else as chunks of 256 reading 1000 + 256 + 1000 keys, two ways (float64: 8 MiB)
     assert dispatch.windowed_cost(covering, "symmetric", S, itemsize=8) == pytest.approx(
-        two_way * (7 * 96 + 2512) / (8 * S) + fixed * 1000 / S)
+        two_way * (7 * 96 + 2256) / (8 * S) + fixed * 1000 / S)
 
 
 def test_auto_with_slope_windows_keeps_sdpa_where_windowed_cannot_serve_or_has_no_windows():

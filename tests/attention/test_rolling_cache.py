@@ -151,7 +151,8 @@ def test_without_a_cutoff_the_cache_keeps_every_key_from_the_front_of_its_buffer
 
 
 def test_the_windowed_decoding_step_reads_only_each_groups_window(monkeypatch):
-    """T = 1 against S cached keys: head group ``h`` reads ``back_h + 1`` keys, not S."""
+    """T = 1 against S cached keys: head group ``h`` reads ``back_h + 1`` keys, not S (one
+    kernel call per group and sequence)."""
     attn, alibi = attention("windowed", cutoff=0.0)  # no trimming: the cache holds S keys
     read = []
 
@@ -170,7 +171,7 @@ def test_the_windowed_decoding_step_reads_only_each_groups_window(monkeypatch):
                         recording(windowed.F.scaled_dot_product_attention))
     monkeypatch.setattr(windowed.fold, "kernel_forward", recording(windowed.fold.kernel_forward))
     out = windowed.attention(q, k, v, slopes, None, "causal", windows)
-    assert read == [2, 5, 17, 65]
+    assert read == [2, 2, 5, 5, 17, 17, 65, 65]  # each group, each of the 2 sequences
     monkeypatch.undo()
     bias = reference_windowed_bias("causal", slopes.tolist(), None, S, CUTOFF)[:, -1:]
     scores = (q.double() @ k.double().transpose(-1, -2)) * D**-0.5 + bias

@@ -241,10 +241,28 @@ def test_longer_queries_than_keys_are_refused():
 def test_the_benchmark_smoke_run(capsys):
     from benchmarks import windows as bench
 
-    body = bench.main(["--quick", "--lengths", "64"])
+    body = bench.main(["--quick", "--lengths", "64", "--tables", "targets,cutoffs,chunks"])
     printed = capsys.readouterr().out
     assert "| 64 | forward |" in body and "| 64 | fwd+bwd |" in body
     assert "× faster than dense auto" in printed and "windows 16, 32" in printed
+    assert "| causal | 64 | 16 | fwd+bwd |" in body and "Chunk sizes" in body
+
+
+def test_the_revision_benchmark_smoke_run():
+    """``benchmarks.windowed_revision`` reads a revision's package from git and times its
+    windowed attention beside today's (here against HEAD: the same function, equal outputs)."""
+    import subprocess
+    from pathlib import Path
+
+    from benchmarks import windowed_revision as bench
+
+    root = Path(__file__).resolve().parents[2]
+    if subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True).returncode:
+        pytest.skip("not a git checkout")
+    body = bench.main(["--against", "HEAD", "--quick", "--variants", "causal"])
+    assert "| causal | 256 | fwd+bwd |" in body and "HEAD ÷ now" in body
+    with pytest.raises(SystemExit, match="git cannot read that revision"):
+        bench.main(["--against", "no-such-revision", "--quick"])
 
 
 def test_chunk_biases_are_kept_for_the_next_call_within_their_budget(monkeypatch):

@@ -138,8 +138,8 @@ def test_a_cutoff_that_drops_no_key_is_the_dense_bias(variant, backend):
 
 def test_auto_picks_windowed_where_it_was_measured_faster():
     # (which windows at which lengths: tests/attention/test_dispatch.py, windowed_cost)
-    long = Call("cpu", torch.float32, "causal", tuning.FOLD_MIN_LENGTH,
-                tuning.FOLD_MIN_LENGTH, heads=8, windowed=True,
+    long = Call("cpu", torch.float32, "causal", tuning.ONE_WAY_WINDOWED_MIN_LENGTH,
+                tuning.ONE_WAY_WINDOWED_MIN_LENGTH, heads=8, windowed=True,
                 windows=AlibiBias(8, window_cutoff=CUTOFF).layer(0).windows())
     assert dispatch.auto_backend(long) == "windowed"
     for call in (long._replace(query_len=long.key_len - 1, key_len=long.key_len - 1),

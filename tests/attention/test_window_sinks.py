@@ -123,18 +123,15 @@ def test_the_slopes_gradient_flows_through_the_sinks_bias(variant):
     torch.testing.assert_close(*found, **TOL64)
 
 
-@pytest.mark.parametrize("variant", ["causal", "one_sided"])
+@pytest.mark.parametrize("variant", ["causal", "one_sided", "symmetric"])
 @pytest.mark.parametrize("padded", [False, True])
-@pytest.mark.parametrize("small", [False, True], ids=["one-block", "small-blocks"])
-def test_blocks_with_sinks_match_the_definition_with_every_gradient(monkeypatch, variant,
-                                                                    padded, small):
-    """A one-way window of the fold's blocks (:mod:`.band_fold`) with its sinks merged into its
-    softmax: the output, ``q``/``k``/``v``'s and the learned slope scales' gradients (``small``:
-    blocks of 4 positions, every window as blocks, several passes)."""
-    if small:
-        monkeypatch.setattr(tuning, "MIN_BLOCK", 4)
-        monkeypatch.setattr(tuning, "BANDED_MIN_WINDOW", 1)
-    T, cutoff = 48, {"causal": 4.0, "one_sided": 2.0}[variant]
+@pytest.mark.parametrize("chunk", [None, 4], ids=["planned", "small-chunks"])
+def test_chunks_with_sinks_match_the_definition_with_every_gradient(variant, padded, chunk):
+    """Chunk groups with their sinks merged into their softmax by the kernel's own forward and
+    backward: the output, ``q``/``k``/``v``'s and the learned slope scales' gradients (the
+    chunks' share through their shared bias's gradient; ``small-chunks``: many overlapping
+    chunks per window)."""
+    T, cutoff = 48, {"causal": 4.0, "one_sided": 2.0, "symmetric": 2.0}[variant]
     base = variant_slopes(4, variant)
     scales = torch.tensor([1.0, 2.0, 0.5, 1.0], dtype=torch.float64, requires_grad=True)
     kpm = padding(2, T) if padded else None
@@ -145,9 +142,10 @@ def test_blocks_with_sinks_match_the_definition_with_every_gradient(monkeypatch,
         m = base * scales
         windows = variant_windows(m.detach(), cutoff, variant)
         if run == "windowed":
-            assert any(g.kind == "blocks" and g.sinks
-                       for g in windowed.plan(windows, variant, T, T, sinks=4))
-            out = windowed.attention(*leaves, m, None, variant, windows, kpm, sinks=4)
+            assert any(g.kind in ("chunks", "whole") and g.sinks
+                       for g in windowed.plan(windows, variant, T, T, chunk=chunk, sinks=4))
+            out = windowed.attention(*leaves, m, None, variant, windows, kpm, chunk=chunk,
+                                     sinks=4)
         else:
             bias = alibi_bias_between(m, torch.arange(T), torch.arange(T), variant, None,
                                       torch.float64, windows=windows, sinks=4)[None]
@@ -158,8 +156,8 @@ def test_blocks_with_sinks_match_the_definition_with_every_gradient(monkeypatch,
             grad = grad * (bias > MASKED).any(-1, keepdim=True)
         found.append([out * (grad != 0), *torch.autograd.grad(out, leaves + [scales], grad)])
     for name, g, e in zip(["out", "q", "k", "v", "slopes"], *found):
-        # the fold's columns carry the slopes in float32 (windowed takes float32 slopes), so
-        # their gradient is a float32 sum over every query and key
+        # windowed takes float32 slopes, so their gradient is a float32 sum over every query
+        # and key
         tol = dict(atol=1e-5, rtol=1e-5) if name == "slopes" else TOL64
         torch.testing.assert_close(g, e, **tol, msg=lambda text, name=name: f"{name}: {text}")
 
@@ -188,13 +186,13 @@ def test_sinks_need_a_backend_that_declares_them():
     assert call._replace(sinks=0) == dispatch.call_of(q, k, v, windowed_layer("causal"))
 
 
-def test_the_plan_prices_the_sinks_and_keeps_the_blocks():
+def test_the_plan_prices_the_sinks_and_keeps_the_groups():
     """Sinks are a small pass merged into the window's softmax: the groups run as without them."""
     slopes = variant_slopes(8, "causal")
     windows = variant_windows(slopes, 8.0, "causal")
     plain = windowed.plan(windows, "causal", 4096, 4096)
     sunk = windowed.plan(windows, "causal", 4096, 4096, sinks=4)
-    assert any(group.kind == "blocks" for group in plain)
+    assert {group.kind for group in plain} == {"chunks"}
     assert [g.kind for g in sunk] == [g.kind for g in plain]
     assert all(group.sinks == 4 for group in sunk)
     assert dispatch.windowed_cost(windows, "symmetric", 4096, sinks=4) > \

@@ -187,11 +187,10 @@ class Call(NamedTuple):
 
 
 #: the variants whose windows look one way: ``windowed`` runs each of their head groups as the
-#: fold's kernel (over blocks where the window drops keys: :mod:`.band_fold`) or over chunks of
-#: narrow windows, never slower than the fold over every key, so ``auto`` takes it from
-#: :data:`.tuning.FOLD_MIN_LENGTH` keys on, where it would fold without a cutoff (below,
-#: ``sdpa``'s memoised windowed bias costs what its dense one does): docs/benchmarks.md, "auto's
-#: choice with windows"
+#: fold (a window that drops no key) or as chunks, never slower than ``sdpa`` or the fold over
+#: every key from :data:`.tuning.ONE_WAY_WINDOWED_MIN_LENGTH` keys on, so ``auto`` takes it
+#: there (below, ``sdpa``'s memoised windowed bias, which costs what its dense one does):
+#: docs/benchmarks.md, "auto's choice with windows"
 ONE_WAY_VARIANTS = ("causal", "one_sided")
 
 
@@ -207,7 +206,7 @@ def windowed_cost(windows, variant: str, length: int, itemsize: int = 4,
         (α₁ · Σ_one-way keys_g + α₂ · Σ_two-way keys_g + α₃ · Σ_whole keys_g) / (H·S)
             + β · 1000 / S
 
-    One-way: ``blocks``, ``fold`` and the ``chunks`` of a window on one side; two-way: chunks
+    One-way: ``fold`` and the ``chunks`` of a window on one side; two-way: chunks
     that hide keys at both ends; whole: one chunk of every query with its ``(T, S)`` bias.
     ``β/S``: the chunks' fixed costs. ``auto`` consults it for the calls it does not send to
     ``windowed`` by length (:data:`ONE_WAY_VARIANTS`): the bidirectional variants, and global
@@ -238,7 +237,8 @@ def _windowed_choice(call: Call) -> str:
         if call.windows is None:  # a call that does not say its windows
             return "sdpa"
         if (call.variant in ONE_WAY_VARIANTS and not call.global_tokens
-                and call.key_len >= tuning.FOLD_MIN_LENGTH and serves("windowed", call)):
+                and call.key_len >= tuning.ONE_WAY_WINDOWED_MIN_LENGTH
+                and serves("windowed", call)):
             return "windowed"
         # beyond the dense mask's budget, as without windows: no (H, T, S) bias
         if _dense_mask_bytes(call) > tuning.DENSE_MASK_BUDGET and serves("windowed", call):
@@ -275,8 +275,8 @@ def auto_backend(call: Call) -> str:
     3. ``sdpa`` otherwise (it serves every call: decoding steps, dropout, half precision, ...).
 
     With slope windows (``call.windowed``): ``windowed`` for a whole sequence of a one-way
-    variant (:data:`ONE_WAY_VARIANTS`, no global tokens) from :data:`.tuning.FOLD_MIN_LENGTH`
-    keys on, and of the others from :data:`.tuning.WINDOWED_MIN_LENGTH` keys on where
+    variant (:data:`ONE_WAY_VARIANTS`, no global tokens) from
+    :data:`.tuning.ONE_WAY_WINDOWED_MIN_LENGTH` keys on, and of the others from :data:`.tuning.WINDOWED_MIN_LENGTH` keys on where
     :func:`windowed_cost` (the call's windows, ``call.windows``) is at most
     :data:`.tuning.WINDOWED_MAX_COST` or the dense mask would exceed
     :data:`.tuning.DENSE_MASK_BUDGET`, where it serves

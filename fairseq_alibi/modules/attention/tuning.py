@@ -1,19 +1,23 @@
 """The attention backends' tuned numbers: every threshold and size fitted by timing, in one place.
 
-These numbers were measured together: the thresholds of ``auto`` were timed with the chunk and
-block sizes below, and a cost model was fitted to those timings. Change one and re-run the
+These numbers were measured together: the thresholds of ``auto`` were timed with the chunk
+sizes below, and a cost model was fitted to those timings. Change one and re-run the
 benchmark its comment names, then re-fit what depends on it:
 
-* :data:`WINDOWED_COST` was fitted with the chunk sizes :data:`MIN_CHUNK`, :data:`MAX_CHUNK`,
-  :data:`CHUNK_FRACTION` and the one-chunk limit :data:`ONE_CHUNK_BYTES` (a head that runs as
-  one chunk counts as "dense" in the model); :data:`WINDOWED_MAX_COST` is set from its scatter,
-  and :data:`WINDOWED_MIN_LENGTH` is where it was fitted from. Re-fit all three after changing
-  any of those four (``python -m benchmarks.windows --tables thresholds``, docs/benchmarks.md,
-  "auto's choice with windows").
-* ``auto`` sends one-way windows to ``windowed`` from :data:`FOLD_MIN_LENGTH` keys on because
-  the fold's blocks (:data:`BANDED_MIN_WINDOW`, :data:`MIN_BLOCK`, :data:`BLOCK_FRACTION`) and
-  the chunks were never slower than the fold over every key there: re-run the same thresholds
-  tables for causal and one_sided after changing any of them, or :data:`FOLD_MIN_LENGTH`.
+* :data:`WINDOWED_COST` was fitted with the one-chunk limit :data:`ONE_CHUNK_BYTES` (a head
+  that runs as one chunk counts as "dense" in the model); :data:`WINDOWED_MAX_COST` is set from
+  its scatter, and :data:`WINDOWED_MIN_LENGTH` is where it was fitted from. Re-fit all three
+  after changing the chunk sizes or the limit (``python -m benchmarks.windows --tables
+  thresholds``, docs/benchmarks.md, "auto's choice with windows").
+* ``auto`` sends one-way windows to ``windowed`` from :data:`ONE_WAY_WINDOWED_MIN_LENGTH` keys
+  on because the chunks were never slower than ``sdpa`` or the fold over every key there:
+  re-run the same thresholds tables for causal and one_sided after changing the chunk sizes.
+* The chunk sizes (:data:`MIN_CHUNK`, :data:`MAX_CHUNK`, :data:`CHUNK_FRACTION`) were re-timed
+  when the chunks became views of one copy of the keys (``python -m benchmarks.windows
+  --tables chunks``); :data:`WINDOWED_COST` was fitted with the earlier, larger chunks, which
+  read more keys and were slower: its predictions are above today's times (the thresholds
+  tables, docs/benchmarks.md, "auto's choice with windows", check that no call it sends to
+  ``windowed`` is slower than ``sdpa``).
 * :data:`FEW_QUERIES` is :data:`MIN_CHUNK` (a chunk of ``windowed.attention`` would hold them
   all anyway), and :data:`WINDOWED_STEP_MIN_KEYS` was timed on the calls it admits
   (``python -m benchmarks.decoding_windows --attention-steps``, docs/decoding.md, "Decoding
@@ -56,6 +60,14 @@ DENSE_MASK_BUDGET = 64 * 2**20
 #: bidirectional variants. docs/benchmarks.md, "Slope windows" and "auto's choice with windows"
 WINDOWED_MIN_LENGTH = 1024
 
+#: on the CPU, from this many keys on a whole sequence of a one-way variant (causal, one_sided)
+#: with slope windows runs ``windowed`` whatever its windows (never slower than ``sdpa``'s
+#: dense windowed bias or the fold without a cutoff there); below, ``sdpa``: one_sided at 640
+#: keys ran 1.12-1.25x ``sdpa`` at T = 8 (its heads whose window covers most of the sequence
+#: read it all, with a bias), 0.81-0.92x at 768; causal 0.57-0.96x from 640. Read by
+#: ``dispatch.auto_backend``. docs/benchmarks.md, "auto's choice with windows"
+ONE_WAY_WINDOWED_MIN_LENGTH = 768
+
 #: on the CPU, a decoding step with slope windows (a few queries against a KV cache:
 #: ``windowed.few_queries``) is faster with ``windowed``, each head group reading only its
 #: window, than with ``sdpa``'s dense windowed row from this many cached keys summed over the
@@ -81,20 +93,20 @@ WINDOWED_MAX_COST = 0.75
 
 # --- windowed: query chunks (windowed.py) ------------------------------------------------------
 
-#: the fewest queries a chunk holds: smaller chunks make each kernel batch entry too small to
-#: pay for itself (the keys read per query grow to ``back + c + ahead``, but stay few). Read by
-#: ``windowed.chunk_size`` (timed on single heads, CPU, float32; the chunk sizes are those
-#: :data:`WINDOWED_COST` was fitted with: docs/benchmarks.md, "auto's choice with windows")
+#: the fewest queries a chunk holds: smaller chunks make each kernel call's query block too
+#: small to pay for itself. Read by ``windowed.chunk_size`` (single heads at 8,192 keys, CPU,
+#: float32, forward and forward+backward per window and chunk size: docs/benchmarks.md,
+#: "Chunk sizes", ``python -m benchmarks.windows --tables chunks``)
 MIN_CHUNK = 64
 
-#: the most queries a chunk holds. Read by ``windowed.chunk_size`` (as :data:`MIN_CHUNK`)
-MAX_CHUNK = 512
+#: the most queries a chunk holds: the backward runs per key block of a chunk's size, and
+#: larger blocks were slower for every window measured (as :data:`MIN_CHUNK`)
+MAX_CHUNK = 256
 
 #: a chunk holds about ``1 / CHUNK_FRACTION`` of its window: each query reads
-#: ``back + c + ahead`` keys, ``1 + 1/4`` times its window, while the keys copied per chunk
-#: (``R`` rows of every chunk: ``T·R/c`` in all) stay ``5×`` the keys: the balance found by
-#: timing single heads (CPU, float32). Read by ``windowed.chunk_size`` (as :data:`MIN_CHUNK`)
-CHUNK_FRACTION = 4
+#: ``back + c + ahead`` keys, ``1 + 1/8`` times its window; smaller chunks made the forward
+#: faster and the backward slower (as :data:`MIN_CHUNK`)
+CHUNK_FRACTION = 8
 
 #: the largest bias of one chunk of every query (a group whose window covers most of the
 #: sequence); beyond it the group runs as chunks, which read keys past the sequence's ends (a
@@ -108,29 +120,10 @@ ONE_CHUNK_BYTES = 4 * 2**20
 #: docs/benchmarks.md, "auto's choice with windows"
 CHUNK_BIAS_BYTES = 64 * 2**20
 
-#: a one-way window of this many keys or more, or of half the sequence or more, runs as
-#: ``band_fold.banded_attention`` (the fold's kernel over blocks of about ``W / 4``); narrower
-#: ones as ``windowed``'s chunks, which were faster for them (the kernel's causal block and the
-#: merges cost more than a chunk with a small shared bias). Read by ``windowed._one_way``.
-#: docs/benchmarks.md, "The blocks' parameters" (under "Slope windows")
-BANDED_MIN_WINDOW = 1024
-
 #: the most queries a call against a KV cache may hold to run as ``windowed.few_queries`` (one
 #: chunk of ``windowed.attention`` would hold them all anyway: at most :data:`MIN_CHUNK`). Read
 #: by ``windowed.run`` and ``dispatch.auto_backend``
 FEW_QUERIES = MIN_CHUNK
-
-# --- band_fold: the fold's kernel over blocks (band_fold.py) -----------------------------------
-
-#: the smallest block: smaller ones make each kernel call too small to pay for itself (blocks
-#: of 64 ran at 1.43× the chunks for W = 1024 at 4,096 keys). Read by ``band_fold.block_size``.
-#: docs/benchmarks.md, "The blocks' parameters"
-MIN_BLOCK = 128
-
-#: blocks of about the window's ``1 / BLOCK_FRACTION``: each pass is one more kernel call over
-#: the blocks, while each query reads up to ``c`` keys beyond its window. Read by
-#: ``band_fold.block_size``. docs/benchmarks.md, "The blocks' parameters"
-BLOCK_FRACTION = 4
 
 # --- fold (fold.py) ----------------------------------------------------------------------------
 

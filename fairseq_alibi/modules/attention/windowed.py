@@ -1,61 +1,38 @@
-"""Slope windows on the CPU: banded ALiBi attention that skips the keys beyond each head's
-window instead of masking them.
+"""Slope windows on the CPU: ALiBi attention that skips the keys beyond each head's window
+instead of masking them.
 
 With a cutoff ``T`` head ``h`` keeps the keys at ``i - j <= back_h`` and ``j - i <= ahead_h``
 (:func:`~fairseq_alibi.alibi.variant_windows`); the result is
 ``softmax(q·kᵀ·scale + windowed_alibi_bias) v``
-(:func:`~fairseq_alibi.alibi.windowed_alibi_bias`, the dense definition). Computed as:
+(:func:`~fairseq_alibi.alibi.windowed_alibi_bias`, the dense definition). :func:`plan` says
+how, per group of heads with the same windows (:class:`Group`; ``dispatch.windowed_cost``
+prices the same plan for ``auto``):
 
-* heads with the same windows form a group (windows that reach past every key count as
-  unbounded: such heads share one); a group that looks one way (``causal``, ``one_sided``)
-  over a whole sequence with no global tokens, with a window of half the sequence or more (or
-  of :data:`.tuning.BANDED_MIN_WINDOW` keys or more), runs as the fold's kernel over blocks
-  (:mod:`.band_fold`: no bias tensor; a window over the whole sequence is the fold itself);
-* any other group whose window (plus a chunk) covers the keys anyway runs as one chunk of
-  ``T`` queries over the keys from the first query's reach on (every key of a whole
-  sequence; with a KV cache, e.g. a decoding step of ``T = 1``, only the ``back + T`` keys
-  ``S - T - back … S - 1``), or, if its window drops no key at all, as the ``fold`` backend
-  where that serves the call;
-* the others split their ``T`` queries into ``n`` chunks of ``c`` (:func:`chunk_size`); chunk
-  ``k``, queries ``s … s+c-1``, reads only the ``R = back + c + ahead`` keys
-  ``s-back … s+c-1+ahead``. The chunks are the batch of one fused kernel call (the fold's,
-  :func:`.fold.kernel_forward`), ``(B·n, H_g, c, D)`` against ``(B·n, H_g, R, D)`` keys, with
-  one ``(H_g, c, R)`` bias shared by every chunk (the bias depends on ``i - j`` only; made once
-  per group and shape while the slopes need no gradient: :func:`_chunk_bias`): the work is
-  ``T·R`` per head instead of ``T·S``, and no ``(H, T, S)`` bias exists. Backward, the
-  kernel's own (:class:`_Merged`, :func:`_chunks_backward`: only ``q``, ``k``, ``v``, the
-  output and the log-sum-exp are kept); with learned slopes (the chunk bias carries their
-  gradient, which the kernel does not return) ``scaled_dot_product_attention`` and autograd;
-* keys outside the sequence (before position 0, past the end), padding keys and, with global
-  tokens, window keys that are global tokens are hidden by one more query/key column
-  (``1`` on every query, :func:`~fairseq_alibi.alibi.mask_value` on such a key), as
-  :func:`.dense.padding_column` does for padding: the bias stays one tensor for the batch
-  (the chunks that read only real keys of a batch with no padding and no global tokens need
-  no column: :func:`_interior`);
-* attention sinks (``sinks`` ``S``, ``--alibi-window-sinks``): each group's window runs as
-  without them (``blocks``, ``chunks``, ``whole``; by the fused kernel, which gives its rows'
-  log-sum-exps), the sinks beyond each query's window (``i - j > back``: those inside it are the
-  window's) as one small pass of ``S`` keys for every head with sinks, their true bias
-  ``-m·(i - j)``, and the two softmaxes are merged by their log-sum-exps
-  (:class:`_Merged`: backward, each part's share from the merged output and log-sum-exp, the
-  window's by the kernel's own backward). A group whose window drops no key, or that looks
-  ahead only (``one_sided``'s second half: no sink is ahead of a query past the prefix), has no
-  sinks of its own. With learned slopes (their gradient) ``chunks`` and ``whole`` groups, and
-  with global tokens every group, prepend the sinks to every chunk instead, as global tokens;
-* global tokens (``global_tokens`` ``N``), and sinks as above: the first ``max(N, S)`` keys, the
-  *prefix*, are prepended to every chunk (the window's copies of them hidden by the column): a
-  global key with bias 0, a sink with its true bias, as the chunk's shared bias ``-m·r``
-  (``r``: the query's row in its chunk) plus ``-m·(s - j)`` in the hiding column of chunk
-  ``s … s+c-1`` (a sink is behind every query past the prefix, whatever the variant). The
-  queries among the first ``max(N, S)`` positions (exempt from the bias, or in front of some
-  sink) are computed as one dense call of their own.
+* ``fold``: a window that drops no key of a whole sequence runs as the fold backend
+  (:func:`.fold.folded_attention`, no bias tensor);
+* ``chunks`` (``whole``: one chunk of every query): chunk ``k`` of ``c`` queries, ``s … s+c-1``,
+  reads the ``R = back + c + ahead`` keys ``s-back … s+c-1+ahead``. The keys and values are
+  laid out once per group and pass, ``(B, back + n·c + ahead, H_g, D')``, with one more column that
+  hides a key (``1`` on every query, :func:`~fairseq_alibi.alibi.mask_value` on a key out of
+  the sequence, padding, or a global token); every chunk's keys are a strided view of that
+  copy, the batch of one fused kernel call (:func:`.fold.kernel_forward`) per sequence with
+  one ``(H_g, c, R)`` bias shared by every chunk (it depends on ``i - j`` only; kept between
+  calls while the slopes need no gradient: :func:`_chunk_bias`). The work is ``T·R`` per head
+  instead of ``T·S`` and no ``(H, T, S)`` tensor exists.
 
-Which group runs how is one function's answer, :func:`plan` (a list of :class:`Group`), which
-``dispatch.windowed_cost`` prices for ``auto``: the executor and the policy read the same plan.
+The *prefix*, the first ``max(N, S)`` keys of ``N`` global tokens (bias 0, for every query)
+and ``S`` attention sinks (``--alibi-window-sinks``: their true bias ``-m·(i - j)``, for the
+queries whose window they are beyond), is one small pass of every head, merged with the
+windows by the log-sum-exps (:class:`_Merged`). The queries among the first ``max(N, S)``
+positions are one dense call of their own (:func:`_prefix_queries`).
+
+Backward, one for every group: the kernel's own from the merged output and log-sum-exp, one
+key block of every chunk at a time (:meth:`_Chunks.backward`: the blocks' rows do not overlap),
+the prefix's by hand; learned slopes get their gradient from the shared bias's (``Σ dS`` over
+the chunks, their logits recomputed a few chunks at a time) and the prefix's.
 
 Queries are aligned to the end of the keys (a KV cache), as everywhere. An all-padding row
-stays finite (an output nothing reads), as with the other backends. Autograd runs through the
-fused kernel (float32, float64).
+stays finite (an output nothing reads), as with the other backends. Float32 and float64.
 """
 
 import functools
@@ -67,7 +44,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from fairseq_alibi.alibi import alibi_bias_between, mask_value, variant_windows
-from fairseq_alibi.modules.attention import band_fold, dense, fold, tuning
+from fairseq_alibi.modules.attention import dense, fold, tuning
 from fairseq_alibi.modules.attention.capabilities import Capabilities
 
 #: what :func:`run` serves: the slopes' bias (with windows or without: every window unbounded)
@@ -76,7 +53,9 @@ from fairseq_alibi.modules.attention.capabilities import Capabilities
 #: attention dropout, no extra attn_mask
 CAPABILITIES = Capabilities(
     kinds=("distance",), devices=("cpu",), dtypes=fold.FOLD_DTYPES, dropout=False,
-    attn_mask=False, windows=True, sinks=True, sink_cache=True)
+    attn_mask=False, windows=True, sinks=True, sink_cache=True,
+    missing=fold.CAPABILITIES.missing)
+
 
 def chunk_size(back: int, ahead: int) -> int:
     """Queries per chunk for a window ``back + ahead``: a quarter of it (rounded up to a power
@@ -98,8 +77,9 @@ def decoding_reach(bias) -> Optional[int]:
     the ``causal`` variant (looks back only), with every head windowed (``--alibi-heads``'
     unbiased heads have ``None``: unbounded) and no global tokens (the first keys stay visible
     to every query). Attention sinks (``bias.sinks``) are kept besides: the cache keeps its
-    first ``sinks`` keys and these (``AlibiMultiheadAttention``). A ``"rows"`` bias (``--alibi-length-scale``'s per-sequence slopes, which
-    depend on the sequence's real length) gets no bound.
+    first ``sinks`` keys and these (``AlibiMultiheadAttention``). A ``"rows"`` bias
+    (``--alibi-length-scale``'s per-sequence slopes, which depend on the sequence's real length)
+    gets no bound.
     """
     if (bias.kind != "distance" or not bias.windowed or bias.variant != "causal"
             or bias.global_tokens):
@@ -118,107 +98,6 @@ def _groups(windows: Tuple[Sequence[Optional[int]], Sequence[Optional[int]]]):
     return found
 
 
-def _band(*args, rows, hide=True):
-    """The output ``(B, len(heads), t1 - t0, D)`` of one head group's queries ``rows``
-    ``(t0, t1)``, chunk by chunk (:func:`_band_inputs`)."""
-    qa, ka, va, bias = _band_inputs(*args, rows=rows, hide=hide)
-    out = F.scaled_dot_product_attention(qa, ka, va, attn_mask=bias, scale=args[-1])
-    return _unchunked(out, args[0].size(0), rows[1] - rows[0], args[0].size(-1))
-
-
-def _chunked(x: Tensor, chunk: int, dim: int) -> Tensor:
-    """``(B, H, t, D)`` -> ``(B·n, H, c, dim)``, zeros past the rows and the features."""
-    B, H, t, D = x.shape
-    n = -(-t // chunk)
-    x = F.pad(x, (0, dim - D, 0, n * chunk - t))
-    return x.view(B, H, n, chunk, dim).transpose(1, 2).reshape(B * n, H, chunk, dim)
-
-
-def _unchunked(x: Tensor, B: int, t: int, D: int) -> Tensor:
-    """``(B·n, H, c, ·)`` -> ``(B, H, t, D)``: the first ``t`` rows and ``D`` features."""
-    n, H, c = x.shape[0] // B, x.shape[1], x.shape[2]
-    x = x.reshape(B, n, H, c, -1).transpose(1, 2).reshape(B, H, n * c, -1)
-    return x[:, :, :t, :D]
-
-
-def _band_inputs(q, k, v, visible, slopes, future_slopes, variant, heads, window, back, ahead,
-                 chunk, global_tokens, sinks, scale, rows, hide=True, picked=False):
-    """The fused call of one head group's queries ``rows`` ``(t0, t1)``, chunk by chunk:
-    queries ``(B·n, H_g, c, Dp)``, keys and values ``(B·n, H_g, P + R, Dp)``, the bias
-    ``(1, H_g, c, P + R)`` (``picked``: ``q``, ``k``, ``v`` hold the group's heads only).
-
-    ``visible`` ``(B, S)``: keys that are real (not padding); ``window`` the group's
-    ``(back, ahead)`` windows (``None`` = unbounded). Each chunk reads the keys ``s - back …
-    s + c - 1 + ahead`` (``back``/``ahead``: at least the window's reach), plus the prefix,
-    the first ``max(global_tokens, sinks)`` keys (a global one with bias 0, a sink with its
-    bias: the module's docstring). ``hide=False``: every chunk's keys are real keys of the
-    sequence (no padding, no prefix, none out of range), so no hiding column is needed.
-    """
-    B, _, T, D = q.shape
-    S = k.size(2)
-    t0, t1 = rows
-    first = S - T + t0  # the position of query t0
-    n = -(-(t1 - t0) // chunk)
-    R = back + chunk + ahead
-    G = global_tokens
-    P = max(G, sinks)  # the prefix: global keys, then sinks
-    # the hiding column, the head size rounded up as the fold's (the kernel is slower at odd sizes)
-    Dp = fold.padded_head_dim(D, 1) if hide else D
-    idx = _heads_index(heads, q.device)
-    sel = slice(None) if picked else idx
-    Hg = len(heads)
-    fill = mask_value(q.dtype) / max(scale, 1.0)  # times scale: a huge, finite negative logit
-
-    def widened(x, column):  # (B, n, Hg, rows, D) -> [x, column, 0…] of head size Dp
-        if not hide:
-            return x
-        shape = x.shape[:-1]
-        spare = x.new_zeros(()).expand(*shape, Dp - D - 1)
-        return torch.cat([x, column.expand(*shape, 1), spare], dim=-1)
-
-    # queries: (B, Hg, n·c, D) -> (B, n, Hg, c, Dp), the hiding column's 1 at D
-    qg = F.pad(q[:, sel, t0:t1], (0, 0, 0, n * chunk - (t1 - t0)))
-    qa = widened(qg.view(B, Hg, n, chunk, D).transpose(1, 2), q.new_ones(()))
-
-    # the key positions first - back … first + n·c + ahead - 1, out-of-range ones zero
-    lo, hi = first - back, first + n * chunk + ahead
-    clamp = (max(0, lo), min(S, hi))
-    pad = (clamp[0] - lo, hi - clamp[1])
-
-    def windows_of(x):  # (B, H, S, D) -> (B, n, Hg, R, D): chunk k's keys s-back … s+c-1+ahead
-        ranged = F.pad(x[:, sel, clamp[0]:clamp[1]], (0, 0) + pad)
-        return ranged.unfold(2, R, chunk).permute(0, 2, 1, 4, 3)
-
-    column = None
-    if hide:
-        positions = torch.arange(lo, hi, device=q.device)
-        inside = (positions >= P) & (positions < S)
-        keep = inside[None, :] & F.pad(visible[:, clamp[0]:clamp[1]], pad, value=False)
-        column = q.new_zeros(keep.shape).masked_fill(~keep, fill)  # (B, L)
-        column = column.unfold(1, R, chunk)[:, :, None, :, None]
-    ka = widened(windows_of(k), column)
-    va = widened(windows_of(v), q.new_zeros(()))
-    if P:  # the prefix's keys before every chunk's window
-        shape = (B, n, Hg, P, D)
-        hidden = q.new_zeros(B, 1, 1, P).masked_fill(~visible[:, None, None, :P], fill)
-        if P > G:  # a sink's -m·(s - j) for chunk s … s+c-1 (-m·r is in the shared bias)
-            starts = first + torch.arange(n, device=q.device, dtype=q.dtype) * chunk
-            m = slopes[idx].to(q.dtype)
-            distance = starts[:, None] - torch.arange(G, P, device=q.device, dtype=q.dtype)
-            own = (-m[None, :, None] * distance[:, None, :] / scale)[None]  # (1, n, Hg, P-G)
-            hidden = torch.cat([hidden[..., :G].expand(B, n, Hg, G),
-                                own.masked_fill(~visible[:, None, None, G:P], fill)], dim=-1)
-        ka = torch.cat([widened(k[:, sel, None, :P].transpose(1, 2).expand(shape),
-                                hidden[..., None]), ka], 3)
-        va = torch.cat([widened(v[:, sel, None, :P].transpose(1, 2).expand(shape),
-                                q.new_zeros(())), va], 3)
-
-    bias = _chunk_bias(slopes, future_slopes, variant, heads, window, back, chunk, R, G, P,
-                       q.dtype)
-    return (qa.reshape(B * n, Hg, chunk, Dp), ka.reshape(B * n, Hg, P + R, Dp),
-            va.reshape(B * n, Hg, P + R, Dp), bias[None])
-
-
 def _within(windows, T, S):
     """``windows`` with every reach that no key of the call exceeds (``back >= S - 1``,
     ``ahead >= T - 1``) unbounded: heads whose windows drop no key share a group."""
@@ -227,23 +106,99 @@ def _within(windows, T, S):
     return ([capped(b, S - 1) for b in windows[0]], [capped(a, T - 1) for a in windows[1]])
 
 
-def _chunk_bias(slopes, future_slopes, variant, heads, window, back, chunk, R, G, P, dtype):
-    """The ``(H_g, c, P + R)`` bias of every chunk of a group: queries at ``back … back+c-1``
-    of keys ``0 … R-1`` (only ``i - j`` counts), after ``G`` global keys of bias 0 and
-    ``P - G`` sinks of bias ``-m·r`` (row ``r``; queries past them, the rest of a sink's bias
-    is its chunk's: :func:`_band`); kept for the next call of the same group and shape while the slopes need no gradient
-    (the layers of a model, the batches of a run), within :data:`.tuning.CHUNK_BIAS_BYTES` in
-    all."""
+@dataclass(frozen=True)
+class Group:
+    """How one head group of a call is computed (:func:`plan`): ``kind``
+
+    * ``fold``: the fold backend, the window drops no key (``looks_ahead``: a ``one_sided``
+      head looking ahead, folded on the reversed sequence);
+    * ``whole``: one chunk of every query, reading the ``back`` keys before the first and every
+      later one (a ``(T, back + T)`` bias);
+    * ``chunks``: chunks of ``size`` queries, each reading ``back`` keys before its first query
+      and ``ahead`` after its last.
+
+    ``sinks``: the attention sinks its queries read besides (0 where the window drops no key
+    or looks ahead only).
+    """
+
+    heads: Tuple[int, ...]
+    window: Tuple[Optional[int], Optional[int]]
+    kind: str
+    back: int = 0
+    ahead: int = 0
+    size: int = 0
+    sinks: int = 0
+    looks_ahead: bool = False
+
+    def keys(self, variant: str, length: int) -> float:
+        """About how many keys each query reads, on average over a sequence of ``length``."""
+        if self.kind == "fold":
+            return length / 2 if variant in ("causal", "one_sided") else length
+        return self.back + self.size + self.ahead + self.sinks
+
+
+def plan(windows, variant: str, query_len: int, key_len: int, global_tokens: int = 0,
+         itemsize: int = 4, folds: bool = True, chunk: Optional[int] = None,
+         sinks: int = 0) -> List[Group]:
+    """The head groups of a call with ``windows`` ``(back, ahead)`` per head and how each is
+    computed (a :class:`Group`): heads with the same windows (those that reach past every key:
+    unbounded) form a group;
+
+    * one whose window drops no key of a whole sequence with no global tokens runs as the
+      ``fold`` where the fold serves the call (``folds``: CPU, float32/64);
+    * one whose chunk would hold every query, or whose chunks would read about every key
+      anyway while its one-chunk bias stays within :data:`.tuning.ONE_CHUNK_BYTES`
+      (``itemsize`` bytes an element) or its window drops no key, runs ``whole``;
+    * the others run as ``chunks`` of :func:`chunk_size` queries (``chunk``: a size asked for).
+
+    ``sinks``, the call's attention sinks, are a group's if its window looks back and drops
+    keys. :func:`attention` computes this plan and ``dispatch.windowed_cost`` prices it.
+    """
+    T, S = query_len, key_len
+    first = S - T
+    found = []
+    for window, heads in _groups(_within(windows, T, S)).items():
+        heads = tuple(heads)
+        # one_sided's halves: the variant hides one side, the window bounds the other
+        looks_ahead = variant == "one_sided" and window[0] == 0 and window[1] != 0
+        hides_ahead = variant == "causal" or (variant == "one_sided" and not looks_ahead)
+        drops_none = ((window[0] is None or looks_ahead)
+                      and (window[1] is None or hides_ahead))
+        own = min(sinks, S) if window[0] not in (None, 0) else 0
+        if drops_none and folds and T == S and not global_tokens and chunk is None:
+            found.append(Group(heads, window, "fold", looks_ahead=looks_ahead))
+            continue
+        # the reach the sequence allows: past keys down to 0, future ones up to S - 1
+        back = first + T - 1 if window[0] is None else min(window[0], first + T - 1)
+        ahead = T - 1 if window[1] is None else min(window[1], T - 1)
+        size = chunk or chunk_size(back, ahead)
+        # one chunk of every query where a chunk would hold them all, or where the chunks
+        # would read about every key anyway and the one chunk's (H_g, T, reach) bias is small
+        # (a large one held several times the memory of dense attention)
+        whole = len(heads) * T * (min(back, first) + T) * itemsize
+        if size >= T or (back + size + ahead >= S
+                         and (drops_none or whole <= tuning.ONE_CHUNK_BYTES)):
+            found.append(Group(heads, window, "whole", back=min(back, first), size=T,
+                               sinks=own))
+        else:
+            found.append(Group(heads, window, "chunks", back=back, ahead=ahead, size=size,
+                               sinks=own))
+    return found
+
+
+def _chunk_bias(slopes, future_slopes, variant, heads, window, back, chunk, R, dtype):
+    """The ``(H_g, c, R)`` bias of every chunk of a group: queries at ``back … back+c-1`` of
+    keys ``0 … R-1`` (only ``i - j`` counts); kept for the next call of the same group and
+    shape while the slopes need no gradient (the layers of a model, the batches of a run),
+    within :data:`.tuning.CHUNK_BIAS_BYTES` in all."""
+    args = (variant, tuple(heads), window, back, chunk, R, dtype)
     if slopes.requires_grad or (future_slopes is not None and future_slopes.requires_grad):
-        return _chunk_bias_of(slopes, future_slopes, variant, tuple(heads), window, back,
-                              chunk, R, G, P, dtype)
+        return _chunk_bias_of(slopes, future_slopes, *args)
     key = (tuple(slopes.tolist()), None if future_slopes is None else
-           tuple(future_slopes.tolist()), variant, tuple(heads), window, back, chunk, R, G, P,
-           dtype, slopes.device)
+           tuple(future_slopes.tolist()), slopes.device) + args
     found = _CHUNK_BIASES.pop(key, None)
     if found is None:
-        found = _chunk_bias_of(slopes, future_slopes, variant, tuple(heads), window, back,
-                               chunk, R, G, P, dtype)
+        found = _chunk_bias_of(slopes, future_slopes, *args)
     size = found.numel() * found.element_size()
     if size <= tuning.CHUNK_BIAS_BYTES:  # the most recent last; the oldest go first
         while sum(b.numel() * b.element_size() for b in _CHUNK_BIASES.values()) + size > \
@@ -257,167 +212,176 @@ def _chunk_bias(slopes, future_slopes, variant, heads, window, back, chunk, R, G
 _CHUNK_BIASES = {}
 
 
-def _chunk_bias_of(slopes, future_slopes, variant, heads, window, back, chunk, R, G, P, dtype):
+def _chunk_bias_of(slopes, future_slopes, variant, heads, window, back, chunk, R, dtype):
     windows = tuple([w] * len(slopes) for w in window)
-    bias = alibi_bias_between(slopes, torch.arange(back, back + chunk), torch.arange(R), variant,
-                              future_slopes, dtype, heads=list(heads), windows=windows)
-    parts = []
-    if G:  # the global keys: bias 0 for every query (queries >= G, all of them past)
-        parts.append(bias.new_zeros(len(heads), chunk, G))
-    if P > G:  # the sinks: -m·r of row r, as keys r behind it (every query is past them)
-        parts.append(alibi_bias_between(slopes, torch.arange(chunk), torch.zeros(P - G),
-                                        variant, future_slopes, dtype, heads=list(heads)))
-    return torch.cat(parts + [bias], dim=-1) if parts else bias
+    return alibi_bias_between(slopes, torch.arange(back, back + chunk), torch.arange(R),
+                              variant, future_slopes, dtype, heads=list(heads), windows=windows)
 
 
-def _interior(T, S, back, ahead, chunk) -> Tuple[int, int]:
-    """``(t0, t1)``: the queries whose chunks (of ``chunk``, from query 0) read only keys inside
-    ``0 … S-1``; empty (``t0 >= t1``) if none."""
-    first = S - T
-    k0 = max(0, -(-(back - first) // chunk))  # chunk k starts at first + k·c >= back
-    k1 = (S - ahead - first) // chunk  # and ends at first + (k+1)·c - 1 + ahead <= S - 1
-    return k0 * chunk, min(T, k1 * chunk)
+def _laid(x: Tensor, start: int, length: int, dim: int, column=None) -> Tensor:
+    """``(B, H, S, D)`` -> ``(B, length, H, dim)``: positions ``start … start+length-1``
+    (zeros outside ``0 … S-1``), the features ``[x, column, 0…]``."""
+    B, H, S, D = x.shape
+    lo, hi = max(0, start), min(S, start + length)
+    out = x.new_empty(B, length, H, dim)  # written once: only what x does not fill is zeroed
+    out[:, :lo - start].zero_()
+    out[:, hi - start:].zero_()
+    out[:, lo - start:hi - start, :, :D] = x[:, :, lo:hi].transpose(1, 2)
+    out[:, lo - start:hi - start, :, D:].zero_()
+    if column is not None:
+        out[..., D] = column
+    return out
 
 
-def _folded(q, k, v, slopes, future_slopes, variant, heads, scale, key_padding_mask):
-    """A covering group's output ``(B, len(heads), T, D)`` by :func:`.fold.folded_attention`."""
-    idx = torch.as_tensor(heads, device=q.device)
-    future = None if future_slopes is None else future_slopes[idx]
-    return fold.folded_attention(q[:, idx], k[:, idx], v[:, idx], slopes[idx], future, variant,
-                                 scale, key_padding_mask)
+def _windows_of(x: Tensor, b: int, n: int, rows: int, step: int) -> Tensor:
+    """Sequence ``b`` of a layout ``(B, L, H, D')`` as ``n`` chunks ``(n, H, rows, D')``, chunk
+    ``k`` its rows ``k·step … k·step+rows-1`` (a strided view: overlapping rows shared)."""
+    L, H, D = x.shape[1:]
+    return x[b].as_strided((n, H, rows, D), (step * H * D, D, H * D, 1))
 
 
-@dataclass(frozen=True)
-class Group:
-    """How one head group of a call is computed (:func:`plan`): ``kind``
+class _Chunks:
+    """A chunk group's call in the kernel's layout: queries ``(B, n·c, H_g, D')`` (``[q, 1,
+    0…]``), keys and values ``(B, L, H_g, D')`` from position ``first - back`` (``[k, hiding
+    column, 0…]``, ``[v, 0…]``), each chunk's a view of them (:func:`_windows_of`)."""
 
-    * ``blocks``: the fold's kernel over blocks (:mod:`.band_fold`), a one-way window of
-      ``reach`` keys (``looks_ahead``: forward);
-    * ``fold``: the ``fold`` backend, the window drops no key;
-    * ``whole``: one chunk of every query, reading the ``back`` keys before the first and
-      every later one (a ``(T, back + T)`` bias);
-    * ``chunks``: chunks of ``size`` queries, each reading ``back`` keys before its first
-      query and ``ahead`` after its last.
+    def __init__(self, q, k, visible, variant, group: Group, global_tokens, scale):
+        B, H, T, D = q.shape
+        S = k.size(2)
+        self.scale = scale
+        self.c, self.back = group.size, group.back
+        self.n = -(-T // self.c)
+        self.R = group.back + self.c + group.ahead
+        self.start = S - T - group.back  # the position of the keys' row 0
+        L = (self.n + 1) * self.c + group.back + group.ahead  # (a chunk of spare rows)
+        self.dim = fold.padded_head_dim(D, 1)
+        # the variant's direction for a group of one_sided heads is its windows'
+        self.bias_variant = "symmetric" if variant == "one_sided" else variant
+        self.window = group.window
+        fill = mask_value(q.dtype) / max(scale, 1.0)  # times scale: a huge, finite negative
+        positions = torch.arange(self.start, self.start + L, device=q.device)
+        keep = (positions >= global_tokens) & (positions < S)
+        keep = keep & visible[:, positions.clamp(0, S - 1)]
+        self.column = q.new_zeros(keep.shape).masked_fill(~keep, fill)[..., None]
+        self.shape, self.key_len, self.length, self.dtype = (B, H, T, D), S, L, q.dtype
+        self.q = self.k = self.v = None
 
-    ``sinks``: the attention sinks the group's queries read besides (0 where the window drops
-    no key or looks ahead only).
-    """
+    def lay(self, q, k, v):
+        """Lay out ``q``, ``k``, ``v`` (the group's heads) for one pass; :meth:`release` after:
+        the copies are made again for the backward rather than kept between the passes."""
+        self.q = _laid(q, 0, self.n * self.c, self.dim, 1.0)
+        self.k = _laid(k, self.start, self.length, self.dim, self.column)
+        self.v = _laid(v, self.start, self.length, self.dim)
 
-    heads: Tuple[int, ...]
-    window: Tuple[Optional[int], Optional[int]]
-    kind: str
-    back: int = 0
-    ahead: int = 0
-    size: int = 0
-    reach: int = 0
-    looks_ahead: bool = False
-    sinks: int = 0
+    def release(self):
+        self.q = self.k = self.v = None
 
-    def keys(self, variant: str, length: int) -> float:
-        """About how many keys each query reads, on average over a sequence of ``length``."""
-        if self.kind == "blocks":
-            if self.reach >= length - 1:  # the fold itself: half of them
-                return length / 2
-            return self.reach + band_fold.block_size(self.reach, length) + self.sinks
-        if self.kind == "fold":
-            return length / 2 if variant == "causal" else length
-        return self.back + self.size + self.ahead + self.sinks
+    def bias(self, m, f) -> Tensor:
+        """The ``(1, H_g, c, R)`` bias of every chunk, from the group's slopes ``m``, ``f``."""
+        return _chunk_bias(m, f, self.bias_variant, range(len(m)), self.window, self.back,
+                           self.c, self.R, self.dtype)[None]
 
+    def views(self, b, *xs):
+        """Sequence ``b``'s chunks of the queries' layout ``xs`` and of the keys and values."""
+        return ([_windows_of(x, b, self.n, self.c, self.c) for x in xs]
+                + [_windows_of(x, b, self.n, self.R, self.c) for x in (self.k, self.v)])
 
-def plan(windows, variant: str, query_len: int, key_len: int, global_tokens: int = 0,
-         itemsize: int = 4, folds: bool = True, chunk: Optional[int] = None,
-         sinks: int = 0) -> List[Group]:
-    """The head groups of a call with ``windows`` ``(back, ahead)`` per head and how each is
-    computed (a :class:`Group`): heads with the same windows (those that reach past every key:
-    unbounded) form a group;
+    def unlaid(self, x: Tensor, width: int) -> Tensor:
+        """``(B, n, H, c, ·)`` (or ``(B, n·c, H, ·)``) -> ``(B, H, T, width)``."""
+        B, H, T, _ = self.shape
+        if x.dim() == 5:
+            x = x.transpose(2, 3).reshape(B, self.n * self.c, H, -1)
+        return x[:, :T, :, :width].transpose(1, 2)
 
-    * a group that looks one way (``causal``, ``one_sided``) over a whole sequence with no
-      global tokens (``sinks``, the attention sinks of the call, are a group's if its window
-      looks back and drops keys), where the fold serves the call (``folds``: CPU,
-      float32/64), with a window of half the sequence or more or of
-      :data:`.tuning.BANDED_MIN_WINDOW` keys or more, runs as ``blocks``;
-    * one whose chunk would hold every query, or whose chunks would read about every key anyway
-      while its one-chunk bias stays within :data:`.tuning.ONE_CHUNK_BYTES` (``itemsize``
-      bytes an element) or its window drops no key, runs ``whole``, or as the ``fold`` if its
-      window drops no key of a whole sequence with no global tokens where the fold serves the
-      call (not ``one_sided``, whose fold splits the heads it is given by direction);
-    * the others run as ``chunks`` of :func:`chunk_size` queries (``chunk``: a size asked
-      for, which also keeps groups off the blocks).
+    def keys_of(self, x: Tensor) -> Tensor:
+        """The keys' layout ``(B, L, H, D')`` -> ``(B, H, S, D)`` (zeros before its start)."""
+        B, H, _, D = self.shape
+        out = x.new_zeros(B, self.key_len, H, D)
+        lo = max(0, self.start)
+        count = min(self.key_len, self.start + x.size(1)) - lo
+        out[:, lo:lo + count] = x[:, lo - self.start:lo - self.start + count, :, :D]
+        return out.transpose(1, 2)
 
-    :func:`attention` computes this plan and ``dispatch.windowed_cost`` prices it.
-    """
-    T, S = query_len, key_len
-    first = S - T
-    found = []
-    for window, heads in _groups(_within(windows, T, S)).items():
-        heads = tuple(heads)
-        back, ahead = window
-        looks_ahead = variant == "one_sided" and back == 0 and ahead != 0
-        reach = ahead if looks_ahead else back
-        reach = S - 1 if reach is None else min(reach, S - 1)
-        # sinks are keys beyond a window that looks back
-        own = min(sinks, S) if window[0] not in (None, 0) else 0
-        if (chunk is None and T == S and not global_tokens and folds
-                and variant in ("causal", "one_sided")
-                and (reach >= tuning.BANDED_MIN_WINDOW or 2 * reach >= S)):
-            found.append(Group(heads, window, "blocks", reach=reach, looks_ahead=looks_ahead,
-                               sinks=own))
-            continue
-        # the reach the sequence allows: past keys down to 0, future ones up to S - 1
-        back = first + T - 1 if window[0] is None else min(window[0], first + T - 1)
-        ahead = T - 1 if window[1] is None else min(window[1], T - 1)
-        size = chunk or chunk_size(back, ahead)
-        drops_none = ((window[0] is None or window[0] >= S - 1) and
-                      (window[1] is None or window[1] >= T - 1 or variant == "causal"))
-        # one chunk of every query where a chunk would hold them all, or where the chunks
-        # would read about every key anyway and the one chunk's (H_g, T, reach) bias is small
-        # (a large one held several times the memory of dense attention, and, built again
-        # whenever it could not be kept, more time than the chunks' small biases)
-        whole = len(heads) * T * (min(back, first) + T + max(global_tokens, own)) * itemsize
-        if size >= T or (back + size + ahead >= S
-                         and (drops_none or whole <= tuning.ONE_CHUNK_BYTES)):
-            if (drops_none and folds and T == S and not global_tokens
-                    and variant != "one_sided"):
-                found.append(Group(heads, window, "fold"))
-            else:  # the keys from the first query's reach on
-                found.append(Group(heads, window, "whole", back=min(back, first), size=T,
-                                   sinks=own))
-            continue
-        found.append(Group(heads, window, "chunks", back=back, ahead=ahead, size=size,
-                           sinks=own))
-    return found
+    def forward(self, q, k, v, m, f):
+        """``(out, lse)`` ``(B, H_g, T, D)``, ``(B, H_g, T)``."""
+        self.lay(q, k, v)
+        bias = self.bias(m, f)
+        found = [fold.kernel_forward(*self.views(b, self.q), False, attn_mask=bias,
+                                     scale=self.scale) for b in range(self.shape[0])]
+        out = torch.stack([o for o, _ in found]) if len(found) > 1 else found[0][0][None]
+        lse = (torch.stack([l for _, l in found]) if len(found) > 1 else found[0][1][None])
+        self.release()
+        lse = lse[..., None]
+        return self.unlaid(out, self.shape[3]), self.unlaid(lse, 1)[..., 0]
 
+    def backward(self, grad, q, k, v, out, lse, m, f, slopes_grad):
+        """This window's share ``(grad_q, grad_k, grad_v, grad_m, grad_f)`` of the gradient of
+        a softmax over its keys (and maybe more) from that softmax's ``out`` and ``lse``."""
+        self.lay(q, k, v)
+        B, H, T, D = self.shape
+        c, n, R = self.c, self.n, self.R
+        go, oo = (_laid(x, 0, n * c, self.dim) for x in (grad, out))
+        ll = _laid(lse[..., None], 0, n * c, 1)
+        bias = self.bias(m, f)
+        gq = torch.empty_like(self.q)
+        gk, gv = torch.zeros_like(self.k), torch.zeros_like(self.v)
+        dbias = torch.zeros(bias.shape[1:], dtype=torch.float32) if slopes_grad else None
+        # by pieces of c keys of every chunk, each a key block per chunk (the kernel's backward
+        # over a chunk's R keys at once was 1.3x slower): the pieces' rows do not overlap
+        pieces = [(j, bias[..., j:j + c].contiguous()) for j in range(0, R, c)]
+        for b in range(B):
+            g_, q_, o_, l_, k_, v_ = self.views(b, go, self.q, oo, ll)
+            l_ = l_[..., 0].contiguous()
+            dq = 0
+            for j, part in pieces:
+                w = part.size(-1)
+                found = fold.kernel_backward(g_, q_, k_[:, :, j:j + w], v_[:, :, j:j + w], o_,
+                                             l_, False, attn_mask=part, scale=self.scale)
+                dq = dq + found[0]
+                for total, d in zip((gk, gv), found[1:]):
+                    total[b, j:j + n * c].view(n, c, H, -1)[:, :w] += d.transpose(1, 2)
+            gq[b] = dq.transpose(1, 2).reshape(n * c, H, self.dim)
+            if slopes_grad:
+                dbias += self._bias_grad(g_, q_, o_, l_, k_, v_, bias)
+        self.release()
+        grads = [self.unlaid(gq, D)] + [self.keys_of(x) for x in (gk, gv)]
+        if not slopes_grad:
+            return grads + [None, None]
+        with torch.enable_grad():
+            leaves = [None if x is None else x.detach().requires_grad_() for x in (m, f)]
+            wanted = [x for x in leaves if x is not None]
+            found = iter(torch.autograd.grad(self.bias(*leaves)[0], wanted, dbias.to(bias.dtype)))
+        return grads + [None if x is None else next(found) for x in leaves]
 
-def _banded(q, k, v, slopes, group: Group, scale, key_padding_mask):
-    """A ``blocks`` group's output ``(B, len(heads), T, D)`` by
-    :func:`.band_fold.banded_attention`."""
-    idx = _heads_index(list(group.heads), q.device)
-    return band_fold.banded_attention(q[:, idx], k[:, idx], v[:, idx], slopes[idx],
-                                      group.reach, scale, key_padding_mask, group.looks_ahead)
-
-
-def _parts(T, S, group: Group, key_padding_mask, global_tokens=0, sinks=None):
-    """``[((t0, t1), hide)]``: the rows of a chunk group's :func:`_band` calls: the chunks that
-    read only real keys need no hiding column (a smaller head size)."""
-    t0, t1 = _interior(T, S, group.back, group.ahead, group.size)
-    sinks = group.sinks if sinks is None else sinks
-    if key_padding_mask is not None or global_tokens or sinks or t0 >= t1:
-        return [((0, T), True)]
-    return [(r, h) for r, h in (((0, t0), True), ((t0, t1), False), ((t1, T), True))
-            if r[0] < r[1]]
+    def _bias_grad(self, g_, q_, o_, l_, k_, v_, bias):
+        """``Σ dS`` ``(H_g, c, R)`` over one sequence's chunks (the shared bias's gradient),
+        a few chunks at a time."""
+        n, H, c, _ = q_.shape
+        step = max(1, tuning.CHUNK_BYTES // max(1, H * c * self.R * q_.element_size()))
+        total = 0
+        for s in range(0, n, step):
+            part = slice(s, s + step)
+            logits = torch.matmul(q_[part], k_[part].transpose(-1, -2)) * self.scale + bias
+            p = torch.exp(logits - l_[part][..., None])
+            dp = torch.matmul(g_[part], v_[part].transpose(-1, -2))
+            delta = (g_[part] * o_[part]).sum(-1, keepdim=True)
+            total = total + (p * (dp - delta)).sum(0)
+        return total.float()
 
 
-def _sink_logits(q, k, m, sinks, back, visible, scale):
-    """``(logits, i - j)``: the logits ``(B, H_g, P, T)`` of the sinks ``j < P`` for a group's
-    queries (at the end of the keys) beyond their window (``i - j > back``), with their bias
-    ``-m·(i - j)``; the others (the window's, padding, ahead) hidden. Keys first: the
-    reductions over ``P`` run along ``T``."""
+def _prefix_logits(q, k, m, prefix, global_tokens, back, visible, scale):
+    """``(logits, rel)``: the logits ``(B, H, P, T)`` of the prefix's keys ``j < P`` for queries
+    at the end of the keys: a global key (``j < global_tokens``) with bias 0, a sink with
+    ``-m·(i - j)`` where it is beyond the query's window (``i - j > back``, ``(H, 1, 1)``);
+    hidden otherwise, or as padding. ``rel``: the bias's factor of ``-m`` (0 for a global key).
+    Keys first: the reductions over ``P`` run along ``T``."""
     T, S = q.size(2), k.size(2)
-    rel = (torch.arange(S - T, S, device=q.device)
-           - torch.arange(sinks, device=q.device)[:, None]).to(q.dtype)
-    logits = torch.matmul(k[:, :, :sinks], q.transpose(-1, -2)).mul_(scale)
+    j = torch.arange(prefix, device=q.device)[:, None]
+    rel = (torch.arange(S - T, S, device=q.device) - j).to(q.dtype)
+    rel = rel.masked_fill(j < global_tokens, 0.0)
+    logits = torch.matmul(k[:, :, :prefix], q.transpose(-1, -2)).mul_(scale)
     logits -= m.to(q.dtype)[:, None, None] * rel
-    hidden = (rel <= back) | ~visible[:, None, :sinks, None]  # back: (H_g, 1, 1)
+    hidden = ((rel <= back) & (j >= global_tokens)) | ~visible[:, None, :prefix, None]
     return logits.masked_fill_(hidden, mask_value(q.dtype)), rel
 
 
@@ -436,122 +400,71 @@ def _plus(x: Tensor, weights: Tensor, y: Tensor, alpha: float = 1.0) -> Tensor:
     return x
 
 
+def _cat(parts: List[Tensor], dim: int = 1) -> Tensor:
+    return torch.cat(parts, dim) if len(parts) > 1 else parts[0]
+
+
 class _Merged(torch.autograd.Function):
-    """Head groups' windows (``windows``: each its heads' rows, its ``(out, lse)``, and the
-    backward of its share of a larger softmax) and, unless ``sinks`` is ``None``, their sinks
-    beyond them (:func:`_sink_logits`): one softmax, merged by log-sum-exp. Backward: each
-    part's share from the merged output and log-sum-exp (without sinks, each window's own
-    gradient by its own backward)."""
+    """Chunk groups (``windows``: each its heads' rows of ``q``, ``k``, ``v``, ``m``, ``f`` and
+    its :class:`_Chunks`) and, unless ``prefix`` is ``None``, the prefix's keys beyond them
+    (:func:`_prefix_logits`): one softmax, merged by log-sum-exp. Backward: each part's share
+    from the merged output and log-sum-exp."""
 
     @staticmethod
-    def forward(ctx, q, k, v, m, windows, sinks, scale):
-        found = [forward(q[:, r], k[:, r], v[:, r], m[r]) for r, forward, _ in windows]
-        lse = torch.cat([lse for _, lse in found], 1)
-        if sinks is None:  # the windows alone
-            out = torch.cat([o for o, _ in found], 1) if len(found) > 1 else found[0][0]
-        else:
-            out = q.new_empty(q.shape[:3] + (v.size(-1),))
-            logits, _ = sinks(q, k, m)
+    def forward(ctx, q, k, v, m, f, windows, prefix, scale):
+        found = [group.forward(q[:, r], k[:, r], v[:, r], m[r], None if f is None else f[r])
+                 for r, group in windows]
+        out, lse = _cat([o for o, _ in found]), _cat([l for _, l in found])
+        if prefix is not None:
+            logits, _ = prefix(q, k, m)
             top = torch.maximum(lse, logits.amax(-2))
             probs, share = _exp(logits - top[..., None, :]), _exp(lse - top)
             total = probs.sum(-2) + share
             probs /= total[..., None, :]  # of the merged softmax, as the window's share
-            share = (share / total)[..., None]
-            for (r, _, _), (window_out, _) in zip(windows, found):  # one pass: no cat
-                torch.mul(window_out, share[:, r], out=out[:, r])
-            out = _plus(out, probs, v)
+            out = _plus((out * (share / total)[..., None]).contiguous(), probs, v)
             lse = top + torch.log(total)
-        ctx.save_for_backward(q, k, v, m, out, lse)
-        ctx.windows, ctx.sinks, ctx.scale = windows, sinks, scale
+        ctx.save_for_backward(q, k, v, m, f, out, lse)
+        ctx.windows, ctx.prefix, ctx.scale = windows, prefix, scale
         return out
 
     @staticmethod
     def backward(ctx, grad):
-        q, k, v, m, out, lse = ctx.saved_tensors
-        grad = grad.to(q.dtype)
-        need = ctx.needs_input_grad[3]
-        found = [backward(grad[:, r], q[:, r], k[:, r], v[:, r], m[r], out[:, r], lse[:, r],
-                          need) for r, _, backward in ctx.windows]
-        gq, gk, gv = (torch.cat(x, 1) if len(x) > 1 else x[0] for x in list(zip(*found))[:3])
-        # (windows that carry the slopes' gradient: blocks)
-        gm = torch.cat([g[3] for g in found]) if need else None
-        if ctx.sinks is None:
-            return gq, gk, gv, gm, None, None, None
-        logits, rel = ctx.sinks(q, k, m)
-        P = logits.size(2)
-        probs = _exp(logits - lse[..., None, :])
-        d = probs * (torch.matmul(v[:, :, :P], grad.transpose(-1, -2))
-                     - (grad * out).sum(-1)[..., None, :])  # (B, H_g, P, T)
-        gq = _plus(gq.contiguous(), d, k, ctx.scale)
-        gk[:, :, :P] += torch.matmul(d, q) * ctx.scale
-        gv[:, :, :P] += torch.matmul(probs, grad)
-        if need:
-            gm = gm - (d * rel).sum((0, 2, 3)).to(m.dtype)
-        return gq, gk, gv, gm, None, None, None
+        q, k, v, m, f, out, lse = ctx.saved_tensors
+        grad = grad.to(q.dtype).contiguous()
+        need = ctx.needs_input_grad[3] or ctx.needs_input_grad[4]
+        found = [group.backward(grad[:, r], q[:, r], k[:, r], v[:, r], out[:, r], lse[:, r],
+                                m[r], None if f is None else f[r], need)
+                 for r, group in ctx.windows]
+        gq, gk, gv = (_cat(list(x)) for x in list(zip(*found))[:3])
+        gm = _cat([g[3] for g in found], 0) if need else None
+        gf = _cat([g[4] for g in found], 0) if need and f is not None else None
+        if ctx.prefix is not None:
+            logits, rel = ctx.prefix(q, k, m)
+            P = logits.size(2)
+            probs = _exp(logits - lse[..., None, :])
+            d = probs * (torch.matmul(v[:, :, :P], grad.transpose(-1, -2))
+                         - (grad * out).sum(-1)[..., None, :])  # (B, H, P, T)
+            gq = _plus(gq.contiguous(), d, k, ctx.scale)
+            gk[:, :, :P] += torch.matmul(d, q) * ctx.scale
+            gv[:, :, :P] += torch.matmul(probs, grad)
+            if need:
+                gm = gm - (d * rel).sum((0, 2, 3)).to(m.dtype)
+        return gq, gk, gv, gm, gf, None, None, None
 
 
-def _by_kernel(q, k, v, visible, slopes, future_slopes, variant, groups: List[Group], scale,
-               key_padding_mask, global_tokens=0):
-    """The output ``(B, H_g, T, D)`` of ``groups``, their heads in order, by the fused kernel's
-    own forward and backward (:class:`_Merged`): each window (``blocks`` by :mod:`.band_fold`,
-    else its chunks, the prefix of ``global_tokens`` and their sinks in every chunk); without
-    global tokens, groups with sinks (all of them, or none) have them beyond their windows as
-    one small pass of every head (``S × T`` logits), merged with the windows."""
-    T, S = q.size(2), k.size(2)
-    apart = 0 if global_tokens else groups[0].sinks  # the sinks of their own pass
-    kpm = None if key_padding_mask is None else key_padding_mask.to(torch.bool)
-    windows, start = [], 0
-    for g in groups:  # (rows, forward, backward) of each group's window, its heads only
-        rows, start = slice(start, start + len(g.heads)), start + len(g.heads)
-        if g.kind == "blocks":
-            windows.append((rows, functools.partial(
-                band_fold.banded_forward, window=g.reach, scale=scale, key_padding_mask=kpm),
-                functools.partial(band_fold.banded_backward, window=g.reach, scale=scale,
-                                  key_padding_mask=kpm)))
-            continue
-        own = 0 if apart else g.sinks  # the sinks inside the chunks, with global tokens
-        args = (visible, slopes, future_slopes, variant, list(g.heads), g.window, g.back,
-                g.ahead, g.size, global_tokens, own, scale)
-        parts = _parts(T, S, g, key_padding_mask, global_tokens, sinks=own)
-        windows.append((rows, functools.partial(_chunks_forward, args=args, parts=parts),
-                        functools.partial(_chunks_backward, args=args, parts=parts)))
-    sinks = None
-    if apart:
-        back = torch.tensor([g.window[0] for g in groups for _ in g.heads], device=q.device)
-        sinks = functools.partial(_sink_logits, sinks=apart, back=back[:, None, None],
-                                  visible=visible, scale=scale)
-    idx = _heads_index([h for g in groups for h in g.heads], q.device)
-    return _Merged.apply(q[:, idx], k[:, idx], v[:, idx], slopes[idx], windows, sinks, scale)
-
-
-def _chunks_forward(q, k, v, m, args, parts):
-    """``(out, lse)`` of a chunk group's window (``q``, ``k``, ``v``: its heads) by the kernel."""
-    B, _, _, D = q.shape
-    found = []
-    for (t0, t1), hide in parts:
-        qa, ka, va, bias = _band_inputs(q, k, v, *args, rows=(t0, t1), hide=hide, picked=True)
-        o, lse = fold.kernel_forward(qa, ka, va, False, attn_mask=bias, scale=args[-1])
-        found.append((_unchunked(o, B, t1 - t0, D), _unchunked(lse[..., None], B, t1 - t0, 1)))
-    return torch.cat([o for o, _ in found], 2), torch.cat([l for _, l in found], 2)[..., 0]
-
-
-def _chunks_backward(grad, q, k, v, m, out, lse, slopes_grad, args, parts):
-    """The window's share ``(grad_q, grad_k, grad_v)`` of a softmax's gradient (its own, or a
-    larger one's with sinks), from that softmax's ``out`` and ``lse``: the kernel's backward
-    per call, then the chunks' layout's by autograd (the windows' overlaps summed)."""
-    with torch.enable_grad():
-        leaves = [x.detach().requires_grad_() for x in (q, k, v)]
-        built, grads = [], []
-        for (t0, t1), hide in parts:
-            inputs = _band_inputs(*leaves, *args, rows=(t0, t1), hide=hide, picked=True)
-            c, Dp = inputs[0].shape[2:]
-            rows = [_chunked(x[:, :, t0:t1], c, Dp) for x in (grad, out)]
-            grads += fold.kernel_backward(
-                rows[0], *inputs[:3], rows[1],
-                _chunked(lse[:, :, t0:t1, None], c, 1)[..., 0].contiguous(), False,
-                attn_mask=inputs[3], scale=args[-1])
-            built += inputs[:3]
-        return torch.autograd.grad(built, leaves, grads) + (None,)  # (slopes: not learned)
+def _folded(q, k, v, slopes, future_slopes, variant, group: Group, scale, key_padding_mask):
+    """A ``fold`` group's output ``(B, len(heads), T, D)`` by :func:`.fold.folded_attention`
+    (a ``one_sided`` half as ``causal``, looking ahead on the reversed sequence)."""
+    idx = _heads_index(list(group.heads), q.device)
+    future = None if future_slopes is None else future_slopes[idx]
+    args = [q[:, idx], k[:, idx], v[:, idx]]
+    if variant == "one_sided":
+        variant = "causal"
+        if group.looks_ahead:
+            args = [x.flip(2) for x in args]
+            key_padding_mask = None if key_padding_mask is None else key_padding_mask.flip(-1)
+    out = fold.folded_attention(*args, slopes[idx], future, variant, scale, key_padding_mask)
+    return out.flip(2) if group.looks_ahead else out
 
 
 def _prefix_queries(q, k, v, visible, slopes, future_slopes, variant, windows, global_tokens,
@@ -599,47 +512,42 @@ def attention(q: Tensor, k: Tensor, v: Tensor, slopes: Tensor, future_slopes: Op
         future_slopes = future_slopes.to(q.device, torch.float32)
     visible = (torch.ones(B, S, dtype=torch.bool, device=q.device) if key_padding_mask is None
                else ~key_padding_mask.to(q.device, torch.bool))
-    first = S - T
-    folds = fold.available() and q.device.type == "cpu" and q.dtype in fold.FOLD_DTYPES
-    # learned slopes: the chunks' bias carries their gradient, which the kernel does not return
-    learned = torch.is_grad_enabled() and any(
-        m is not None and m.requires_grad for m in (slopes, future_slopes))
     outs: List[Tensor] = []
     order: List[int] = []
-    sunk: List[Group] = []
-    for group in plan(windows, variant, T, S, global_tokens, q.element_size(), folds, chunk,
+    chunked: List[Group] = []
+    for group in plan(windows, variant, T, S, global_tokens, q.element_size(), True, chunk,
                       sinks):
-        heads = list(group.heads)
-        if group.sinks and folds and not global_tokens and (group.kind == "blocks"
-                                                             or not learned):
-            sunk.append(group)  # the windows, then the sinks: one pass of these heads
-            continue
-        order += heads
         if group.kind == "fold":
-            outs.append(_folded(q, k, v, slopes, future_slopes, variant, heads, scale,
+            outs.append(_folded(q, k, v, slopes, future_slopes, variant, group, scale,
                                 key_padding_mask))
-            continue
-        if group.kind == "blocks":  # no bias tensor: the fold's kernel over blocks
-            outs.append(_banded(q, k, v, slopes, group, scale, key_padding_mask))
-            continue
-        if folds and not learned:  # the chunks by the kernel's own forward and backward
-            outs.append(_by_kernel(q, k, v, visible, slopes, future_slopes, variant, [group],
-                                   scale, key_padding_mask, global_tokens))
-            continue
-        args = (q, k, v, visible, slopes, future_slopes, variant, heads, group.window,
-                group.back, group.ahead, group.size, global_tokens, group.sinks, scale)
-        parts = [_band(*args, rows=rows, hide=hide)
-                 for rows, hide in _parts(T, S, group, key_padding_mask, global_tokens)]
-        outs.append(torch.cat(parts, dim=2) if len(parts) > 1 else parts[0])
-    if sunk:
-        outs.append(_by_kernel(q, k, v, visible, slopes, future_slopes, variant, sunk, scale,
-                               key_padding_mask))
-        order += [h for group in sunk for h in group.heads]
+            order += group.heads
+        else:
+            chunked.append(group)
+    if chunked:
+        heads = [h for g in chunked for h in g.heads]
+        idx = _heads_index(heads, q.device)
+        qs, ks, vs, ms = q[:, idx], k[:, idx], v[:, idx], slopes[idx]
+        fs = None if future_slopes is None else future_slopes[idx]
+        windows_run, start = [], 0
+        for g in chunked:
+            rows, start = slice(start, start + len(g.heads)), start + len(g.heads)
+            windows_run.append((rows, _Chunks(qs[:, rows], ks[:, rows], visible, variant, g,
+                                              global_tokens, scale)))
+        prefix = None
+        P = max(global_tokens, max(g.sinks for g in chunked))
+        if P:  # heads without sinks (their window drops none, or looks ahead) see none
+            back = torch.tensor([g.window[0] if g.sinks else S for g in chunked
+                                 for _ in g.heads], device=q.device)[:, None, None]
+            prefix = functools.partial(_prefix_logits, prefix=min(P, S),
+                                       global_tokens=global_tokens, back=back,
+                                       visible=visible, scale=scale)
+        outs.append(_Merged.apply(qs, ks, vs, ms, fs, windows_run, prefix, scale))
+        order += heads
     out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)
     if order != list(range(H)):
         out = out[:, torch.as_tensor(order).argsort()]
-    prefix = max(global_tokens, sinks)
-    if prefix > first:  # queries that are global tokens or in front of a sink: dense
+    prefix_len = max(global_tokens, sinks)
+    if prefix_len > S - T:  # queries that are global tokens or in front of a sink: dense
         exempt = _prefix_queries(q, k, v, visible, slopes, future_slopes, variant, windows,
                                  global_tokens, sinks, scale)
         out = torch.cat([exempt, out[:, :, exempt.size(2):]], dim=2)
@@ -648,6 +556,7 @@ def attention(q: Tensor, k: Tensor, v: Tensor, slopes: Tensor, future_slopes: Op
 
 def _heads_index(heads: List[int], device):
     """``heads`` as an index of the head axis: a slice (a view) when they are contiguous."""
+    heads = list(heads)
     if heads == list(range(heads[0], heads[0] + len(heads))):
         return slice(heads[0], heads[0] + len(heads))
     return torch.as_tensor(heads, device=device)

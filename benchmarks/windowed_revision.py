@@ -1,0 +1,125 @@
+"""Windowed attention today against the same function at an earlier git revision, side by side.
+
+    python -m benchmarks.windowed_revision --against REV [--lengths 4096,8192]
+        [--variants causal,symmetric] [--cutoff 8] [--rounds 3] [--threads 1] [--quick]
+
+The revision's ``fairseq_alibi`` is read from git (``git archive REV``) into a temporary folder
+under another package name (its imports renamed; it registers nothing with fairseq), and its
+``windowed.attention`` is timed against today's on the same inputs in interleaved paired rounds
+(:class:`benchmarks.timing.Rounds`): ``(1, H, L, D)`` float32 queries, keys and values, Press's
+slopes of ``H = 8`` heads (``asymmetric``: halved for the future), the windows of ``--cutoff``.
+Each row: the seconds of both, ``then ÷ now`` (above 1: today is faster) and the largest
+difference of their outputs.
+"""
+
+import argparse
+import importlib
+import importlib.util
+import io
+import math
+import re
+import subprocess
+import sys
+import tarfile
+import tempfile
+from pathlib import Path
+
+import torch
+
+from benchmarks.tables import comma_choices, machine, table
+from benchmarks.timing import Rounds, backward_call, forward_call
+from fairseq_alibi.alibi import VARIANTS, variant_slopes, variant_windows
+from fairseq_alibi.modules.attention import windowed
+
+PASSES = ("forward", "fwd+bwd")
+
+
+def load_revision(revision: str, folder: Path):
+    """The ``windowed`` module of ``revision``, imported as ``fairseq_alibi_then``."""
+    root = Path(__file__).resolve().parent.parent
+    try:
+        archive = subprocess.run(["git", "archive", revision, "fairseq_alibi"], cwd=root,
+                                 check=True, capture_output=True).stdout
+    except subprocess.CalledProcessError as error:
+        raise SystemExit(f"--against {revision}: git cannot read that revision "
+                         f"({error.stderr.decode().strip()})")
+    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+        tar.extractall(folder, filter="data")
+    package = folder / "fairseq_alibi_then"
+    (folder / "fairseq_alibi").rename(package)
+    for source in package.rglob("*.py"):
+        text = re.sub(r"\bfairseq_alibi\b", "fairseq_alibi_then", source.read_text())
+        source.write_text(text)
+    (package / "__init__.py").write_text("")  # no registration with fairseq
+    for name in [n for n in sys.modules if n.split(".")[0] == "fairseq_alibi_then"]:
+        del sys.modules[name]  # an earlier call's revision
+    spec = importlib.util.spec_from_file_location(
+        "fairseq_alibi_then", package / "__init__.py", submodule_search_locations=[str(package)])
+    sys.modules["fairseq_alibi_then"] = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sys.modules["fairseq_alibi_then"])
+    return importlib.import_module("fairseq_alibi_then.modules.attention.windowed")
+
+
+def compare(then, lengths, variants, cutoff=8.0, rounds=3, heads=8, head_dim=64, log=print):
+    """Rows ``[variant, L, pass, then s, now s, then ÷ now, max |Δ|]``."""
+    rows = []
+    for variant in variants:
+        slopes = variant_slopes(heads, variant)
+        future = slopes / 2 if variant == "asymmetric" else None
+        windows = variant_windows(slopes, cutoff, variant, future)
+        for L in lengths:
+            q, k, v = (torch.randn(1, heads, L, head_dim) for _ in range(3))
+            grad = torch.randn(1, heads, L, head_dim)
+            leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+            found = {name: (lambda module: lambda *x: module.attention(
+                *x, slopes, future, variant, windows))(module)
+                for name, module in (("then", then), ("now", windowed))}
+            with torch.no_grad():
+                gap = (found["then"](q, k, v) - found["now"](q, k, v)).abs().max().item()
+            makers = {"forward": lambda f: forward_call(f, q, k, v),
+                      "fwd+bwd": lambda f: backward_call(f, leaves, grad)}
+            for name in PASSES:
+                timed = Rounds({n: makers[name](f) for n, f in found.items()}, rounds)
+                rows.append([variant, L, name, f"{timed.median('then'):.3f}",
+                             f"{timed.median('now'):.3f}", f"{timed.ratio('then', 'now'):.2f}",
+                             f"{gap:.1e}"])
+                log(f"[windowed_revision] {variant} L={L} {name}: then ÷ now {rows[-1][5]}")
+    return rows
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--against", required=True, help="the git revision to compare with")
+    parser.add_argument("--lengths", default="4096,8192", help="comma-separated lengths")
+    parser.add_argument("--variants", default="causal,symmetric",
+                        help="comma-separated variants")
+    parser.add_argument("--cutoff", type=float, default=8.0, help="the window cutoff T, nats")
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved timing rounds")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
+    parser.add_argument("--quick", action="store_true", help="a smoke run: short, small")
+    args = parser.parse_args(argv)
+    if not (args.cutoff > 0 and math.isfinite(args.cutoff)):
+        parser.error("--cutoff must be a positive number of nats")
+    torch.set_num_threads(args.threads)
+    lengths = [int(x) for x in args.lengths.split(",") if x.strip()]
+    variants = comma_choices(parser, args.variants, VARIANTS, "variant")
+    heads, head_dim, rounds = 8, 64, args.rounds
+    if args.quick:
+        lengths, head_dim, rounds = [256], 16, 1
+    with tempfile.TemporaryDirectory() as folder:
+        then = load_revision(args.against, Path(folder))
+        rows = compare(then, lengths, variants, args.cutoff, rounds, heads, head_dim,
+                       log=lambda line: print(line, file=sys.stderr))
+    command = "python -m benchmarks.windowed_revision " + " ".join(
+        argv if argv is not None else sys.argv[1:])
+    text = (f"Command: `{command.strip()}`  \nMachine: {machine()}  \n"
+            f"H={heads}, D={head_dim}, float32, cutoff T={args.cutoff:g}, {rounds} interleaved "
+            "round(s), median\n\n"
+            + table(["variant", "L", "pass", f"{args.against} s", "now s",
+                     f"{args.against} ÷ now", "max |Δ|"], rows))
+    print(text)
+    return text
+
+
+if __name__ == "__main__":
+    main()
