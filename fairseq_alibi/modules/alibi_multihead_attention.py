@@ -19,7 +19,7 @@ from fairseq.modules import MultiheadAttention
 from torch import Tensor
 
 from fairseq_alibi.modules.attention import attend, check_attention_backend, dense
-from fairseq_alibi.modules.attention.dispatch import AttentionBias, CallBias
+from fairseq_alibi.modules.attention.dispatch import AttentionBias, CachedDocuments, CallBias
 from fairseq_alibi.modules.attention.windowed import decoding_reach
 
 
@@ -95,8 +95,8 @@ class AlibiMultiheadAttention(MultiheadAttention):
                 key_padding_mask = None
             documents = saved.get("prev_document_ids")  # the cached keys' documents, if any
             if documents is not None:
-                documents = (documents, saved["prev_document_eos"]) + tuple(
-                    saved[name] for name in ("prev_document_offsets",) if name in saved)
+                documents = CachedDocuments(documents, saved["prev_document_eos"],
+                                            saved.get("prev_document_offsets"))
             call_bias = self.alibi.for_call(
                 key_padding_mask, bsz, tgt_len, cached + tgt_len, True,
                 **({} if documents is None else {"cached_documents": documents}),

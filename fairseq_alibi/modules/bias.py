@@ -9,6 +9,7 @@ backends are handed: an :class:`~fairseq_alibi.modules.attention.dispatch.Attent
 """
 
 import dataclasses
+import itertools
 from typing import Dict, Optional, Tuple
 
 import torch
@@ -17,6 +18,7 @@ from torch import Tensor
 from fairseq_alibi.alibi import (VARIANTS, alibi_bias, document_alibi_bias, document_ids,
                                  document_offsets, document_starts, length_factors, mask_value,
                                  variant_slopes, variant_windows, windowed_alibi_bias)
+from fairseq_alibi.modules.attention.dispatch import CachedDocuments
 from fairseq_alibi.modules.checkpoint_match import check_stack
 from fairseq_alibi.modules.learned_scales import fixed_scale, load_scales, make_scales, scale_row
 from fairseq_alibi.options import Side, StackOptions
@@ -170,11 +172,11 @@ class AlibiBias(torch.nn.Module):
             self.cache.eos = tokens.eq(eos)
 
     def documents_of(self, batch: int, query_len: int, key_len: int,
-                     cached: Optional[Tuple[Tensor, ...]] = None) -> "Documents":
+                     cached: Optional["CachedDocuments"] = None) -> "Documents":
         """The :class:`Documents` of a call whose queries are the last ``query_len`` tokens
         the stack read (:meth:`read_tokens`), after ``key_len - query_len`` cached keys whose
-        ``(ids, last_eos)`` are ``cached`` (a KV cache's, :class:`Documents`; ``(ids, last_eos,
-        offsets)`` with attention sinks), numbered on from the cache's last document
+        documents are ``cached`` (a KV cache's :class:`CachedDocuments`), numbered on from the
+        cache's last document
         (:func:`~fairseq_alibi.alibi.document_ids`); with attention sinks (:attr:`sinks`) each
         key's place in its document too (:func:`~fairseq_alibi.alibi.document_offsets`)."""
         eos = self.cache.eos
@@ -183,7 +185,7 @@ class AlibiBias(torch.nn.Module):
                 "--alibi-document-mask finds documents in the tokens of the stack's forward "
                 "pass: run the model's encoder or decoder, not one of its layers on its own")
         eos = eos[:, eos.size(1) - query_len:]
-        cached_len = 0 if cached is None else cached[0].size(1)
+        cached_len = 0 if cached is None else cached.ids.size(1)
         if cached_len != key_len - query_len:
             raise ValueError(f"the KV cache holds {key_len - query_len} keys but the documents "
                              f"of {cached_len}: a cache must be trimmed with its documents")
@@ -198,14 +200,13 @@ class AlibiBias(torch.nn.Module):
                 if self.sinks:
                     offsets = document_offsets(document_starts(eos, self.document_mask))
             else:
-                ids, last_eos = cached[:2]
-                ids = torch.cat([ids, document_ids(eos, self.document_mask, last_eos,
-                                                   ids[:, -1:])], dim=1)
+                ids = torch.cat([cached.ids, document_ids(
+                    eos, self.document_mask, cached.last_eos, cached.ids[:, -1:])], dim=1)
                 offsets = None
                 if self.sinks:
-                    starts = document_starts(eos, self.document_mask, last_eos)
-                    offsets = torch.cat([cached[2], document_offsets(
-                        starts, cached[2][:, -1:])], dim=1)
+                    starts = document_starts(eos, self.document_mask, cached.last_eos)
+                    offsets = torch.cat([cached.offsets, document_offsets(
+                        starts, cached.offsets[:, -1:])], dim=1)
             found = Documents(ids, eos[:, -1:], offsets)
             self.cache.documents, self.cache.documents_key = found, key
         return self.cache.documents
@@ -360,13 +361,13 @@ class LayerBias:
 
     def for_call(self, key_padding_mask: Optional[Tensor], batch: int, query_len: int,
                  key_len: int, incremental: bool,
-                 cached_documents: Optional[Tuple[Tensor, Tensor]] = None, dropped: int = 0):
+                 cached_documents: Optional["CachedDocuments"] = None, dropped: int = 0):
         """This call's bias: this view, or, with the stack's ``length_scale`` N and a whole
         sequence (not ``incremental``) of more than N real tokens, a :class:`LengthScaledBias`
         (each sequence's slopes times :func:`~fairseq_alibi.alibi.length_factors` of its real
         length, which ``key_padding_mask`` gives); with a document mask, that bias and the
         call's documents (a :class:`DocumentBias`; ``cached_documents``: a KV cache's,
-        ``(ids, last_eos)``, with attention sinks ``(ids, last_eos, offsets)``; ``dropped``:
+        :class:`CachedDocuments`; ``dropped``:
         the cache holds its document's sinks apart); a KV cache that kept its attention sinks
         and dropped ``dropped`` positions after them, a :class:`SinkCacheBias`."""
         if self.stack.document_mask != "none":  # (never with a length scale: options check)
@@ -446,7 +447,7 @@ class Documents:
     __slots__ = ("ids", "last_eos", "offsets", "crossing", "serial")
 
     #: numbers the calls' documents (a memoised bias's key: never an earlier call's)
-    made = 0
+    _serials = itertools.count(1)
 
     def __init__(self, ids: Tensor, last_eos: Tensor, offsets: Optional[Tensor] = None):
         self.ids, self.last_eos, self.offsets = ids, last_eos, offsets
@@ -454,8 +455,7 @@ class Documents:
         if offsets is not None and not self.crossing and ids.numel():
             in_order = torch.arange(ids.size(1), device=offsets.device)
             self.crossing = bool((offsets != in_order).any())
-        Documents.made += 1
-        self.serial = Documents.made
+        self.serial = next(Documents._serials)
 
 
 class DocumentBias:

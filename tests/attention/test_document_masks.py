@@ -10,6 +10,7 @@ import torch
 
 from fairseq_alibi.alibi import document_ids, document_starts
 from fairseq_alibi.modules.attention import attend, dispatch, documents, tuning
+from fairseq_alibi.modules.attention.dispatch import CachedDocuments
 from fairseq_alibi.modules.bias import AlibiBias
 from tests.helpers.documents import CUTOFF, EOS, LENGTHS, packed_tokens
 from tests.helpers.references import reference_document_attention
@@ -143,7 +144,7 @@ def test_a_call_against_a_cache_goes_to_a_backend_that_masks_documents():
     first = bias.documents_of(1, 15, 15)
     bias.read_tokens(tokens, EOS)
     step = bias.layer(0).for_call(None, 1, 1, 16, True,
-                                  cached_documents=(first.ids, first.last_eos))
+                                  cached_documents=CachedDocuments(first.ids, first.last_eos))
     q = torch.randn(1, H, 1, D)
     k, v = torch.randn(1, H, 16, D), torch.randn(1, H, 16, D)
     call = dispatch.call_of(q, k, v, step)

@@ -13,6 +13,7 @@ import torch
 from fairseq_alibi.alibi import (VARIANTS, document_alibi_bias, document_ids, document_offsets,
                                  document_starts, variant_windows)
 from fairseq_alibi.modules.attention import dispatch
+from fairseq_alibi.modules.attention.dispatch import CachedDocuments
 from tests.helpers.documents import CUTOFF, EOS, LENGTHS, packed_tokens
 from tests.helpers.references import MASKED, reference_document_bias, reference_module_attention
 from tests.helpers.rolling_cache import DIM, NAIVE_TOL, TOL, attention, bound
@@ -165,11 +166,11 @@ def test_calls_against_a_cache_go_to_a_backend_that_masks_documents():
     attn, alibi, tokens, _, state = prompted("auto", 100)
     alibi.read_tokens(tokens[:, :101], EOS)
     saved = attn._get_input_buffer(state)
-    cached = (saved["prev_document_ids"], saved["prev_document_eos"],
-              saved["prev_document_offsets"])
-    step = alibi.layer(1).for_call(None, 1, 1, cached[0].size(1) + 1, True,
+    cached = CachedDocuments(saved["prev_document_ids"], saved["prev_document_eos"],
+                             saved["prev_document_offsets"])
+    step = alibi.layer(1).for_call(None, 1, 1, cached.ids.size(1) + 1, True,
                                    cached_documents=cached, dropped=SINKS)
     q = torch.randn(1, 4, 1, 8)
-    k = torch.randn(1, 4, cached[0].size(1) + 1, 8)
+    k = torch.randn(1, 4, cached.ids.size(1) + 1, 8)
     call = dispatch.call_of(q, k, k, step)
     assert call.documents and call.sink_cache and dispatch.auto_backend(call) == "sdpa"

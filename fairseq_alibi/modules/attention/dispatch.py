@@ -84,6 +84,17 @@ class DistanceBias(CallBias, Protocol):
         detached slopes, ``None`` = unbounded), or ``None`` when the call has no windows."""
 
 
+class CachedDocuments(NamedTuple):
+    """The documents of a KV cache's keys (``--alibi-document-mask``), as the attention module
+    keeps them beside the keys (trimmed and reordered with them) and hands them to
+    :meth:`AttentionBias.for_call`: ``ids`` ``(B, S)``, ``last_eos`` ``(B, 1)`` (whether the
+    last cached position holds ``</s>``) and, with attention sinks, ``offsets`` ``(B, S)``."""
+
+    ids: Tensor
+    last_eos: Tensor
+    offsets: Optional[Tensor] = None
+
+
 class AttentionBias(Protocol):
     """What an attention module holds: the source of each call's :class:`CallBias`.
 
@@ -99,7 +110,9 @@ class AttentionBias(Protocol):
     def for_call(self, key_padding_mask: Optional[Tensor], batch: int, query_len: int,
                  key_len: int, incremental: bool) -> CallBias:
         """This call's bias: ``key_padding_mask`` ``(B, S)`` or ``None``; ``incremental``: a
-        decoding step with a KV cache (``query_len < key_len`` then)."""
+        decoding step with a KV cache (``query_len < key_len`` then). A bias with a document
+        mask or attention sinks also takes the cache's ``cached_documents``
+        (:class:`CachedDocuments`) and ``dropped`` (positions dropped after its sinks)."""
 
 
 @dataclass(frozen=True)
