@@ -1,15 +1,18 @@
 """Windowed attention today against the same function at an earlier git revision, side by side.
 
     python -m benchmarks.windowed_revision --against REV [--lengths 4096,8192]
-        [--variants causal,symmetric] [--cutoff 8] [--rounds 3] [--threads 1] [--quick]
+        [--variants causal,symmetric] [--documents 3000,2500,2692] [--cutoff 8] [--rounds 3]
+        [--threads 1] [--quick]
 
 The revision's ``fairseq_alibi`` is read from git (``git archive REV``) into a temporary folder
 under another package name (its imports renamed; it registers nothing with fairseq), and its
 ``windowed.attention`` is timed against today's on the same inputs in interleaved paired rounds
 (:class:`benchmarks.timing.Rounds`): ``(1, H, L, D)`` float32 queries, keys and values, Press's
 slopes of ``H = 8`` heads (``asymmetric``: halved for the future), the windows of ``--cutoff``.
-Each row: the seconds of both, ``then ÷ now`` (above 1: today is faster) and the largest
-difference of their outputs.
+``--documents``: also a causal row of documents of those lengths with ``--alibi-document-mask
+eos`` and the windows, through each revision's own ``dispatch.attend("auto", ...)`` (the
+documents split into sequences, then windowed). Each row: the seconds of both, ``then ÷ now``
+(above 1: today is faster) and the largest difference of their outputs.
 """
 
 import argparse
@@ -32,6 +35,7 @@ from fairseq_alibi.alibi import VARIANTS, variant_slopes, variant_windows
 from fairseq_alibi.modules.attention import windowed
 
 PASSES = ("forward", "fwd+bwd")
+EOS = 2  # fairseq's </s>
 
 
 def load_revision(revision: str, folder: Path):
@@ -60,30 +64,58 @@ def load_revision(revision: str, folder: Path):
     return importlib.import_module("fairseq_alibi_then.modules.attention.windowed")
 
 
-def compare(then, lengths, variants, cutoff=8.0, rounds=3, heads=8, head_dim=64, log=print):
-    """Rows ``[variant, L, pass, then s, now s, then ÷ now, max |Δ|]``."""
-    rows = []
+def cases(then, lengths, variants, cutoff, heads, documents=()):
+    """``{(label, L): (f_then, f_now)}``: ``windowed.attention`` of each variant and length;
+    with ``documents`` (lengths), also ``dispatch.attend("auto", ...)`` of a causal row of those
+    documents (``--alibi-document-mask eos``, an ``</s>`` opening each) with the windows."""
+    found = {}
     for variant in variants:
         slopes = variant_slopes(heads, variant)
         future = slopes / 2 if variant == "asymmetric" else None
         windows = variant_windows(slopes, cutoff, variant, future)
         for L in lengths:
-            q, k, v = (torch.randn(1, heads, L, head_dim) for _ in range(3))
-            grad = torch.randn(1, heads, L, head_dim)
-            leaves = [t.clone().requires_grad_() for t in (q, k, v)]
-            found = {name: (lambda module: lambda *x: module.attention(
-                *x, slopes, future, variant, windows))(module)
-                for name, module in (("then", then), ("now", windowed))}
-            with torch.no_grad():
-                gap = (found["then"](q, k, v) - found["now"](q, k, v)).abs().max().item()
-            makers = {"forward": lambda f: forward_call(f, q, k, v),
-                      "fwd+bwd": lambda f: backward_call(f, leaves, grad)}
-            for name in PASSES:
-                timed = Rounds({n: makers[name](f) for n, f in found.items()}, rounds)
-                rows.append([variant, L, name, f"{timed.median('then'):.3f}",
-                             f"{timed.median('now'):.3f}", f"{timed.ratio('then', 'now'):.2f}",
-                             f"{gap:.1e}"])
-                log(f"[windowed_revision] {variant} L={L} {name}: then ÷ now {rows[-1][5]}")
+            found[variant, L] = tuple(
+                (lambda module: lambda *x: module.attention(*x, slopes, future, variant,
+                                                            windows))(module)
+                for module in (then, windowed))
+    if documents:
+        L = sum(documents)
+        tokens = torch.ones(1, L, dtype=torch.long)
+        tokens[0, torch.tensor([0] + list(documents[:-1])).cumsum(0)] = EOS
+
+        def attending(package):
+            bias = importlib.import_module(f"{package}.modules.bias").AlibiBias(
+                heads, variant="causal", window_cutoff=cutoff, document_mask="eos")
+            attend = importlib.import_module(f"{package}.modules.attention.dispatch").attend
+
+            def run(q, k, v):
+                bias.read_tokens(tokens, EOS)
+                return attend("auto", q, k, v, bias.layer(0).for_call(None, 1, L, L, False))
+            return run
+
+        found["causal + documents", L] = (attending(then.__name__.split(".")[0]),
+                                          attending("fairseq_alibi"))
+    return found
+
+
+def compare(found, rounds=3, heads=8, head_dim=64, log=print):
+    """Rows ``[case, L, pass, then s, now s, then ÷ now, max |Δ|]`` of :func:`cases`."""
+    rows = []
+    for (label, L), (then, now) in found.items():
+        q, k, v = (torch.randn(1, heads, L, head_dim) for _ in range(3))
+        grad = torch.randn(1, heads, L, head_dim)
+        leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+        with torch.no_grad():
+            gap = (then(q, k, v) - now(q, k, v)).abs().max().item()
+        makers = {"forward": lambda f: forward_call(f, q, k, v),
+                  "fwd+bwd": lambda f: backward_call(f, leaves, grad)}
+        for name in PASSES:
+            timed = Rounds({n: makers[name](f) for n, f in (("then", then), ("now", now))},
+                           rounds)
+            rows.append([label, L, name, f"{timed.median('then'):.3f}",
+                         f"{timed.median('now'):.3f}", f"{timed.ratio('then', 'now'):.2f}",
+                         f"{gap:.1e}"])
+            log(f"[windowed_revision] {label} L={L} {name}: then ÷ now {rows[-1][5]}")
     return rows
 
 
@@ -96,26 +128,43 @@ def main(argv=None):
     parser.add_argument("--cutoff", type=float, default=8.0, help="the window cutoff T, nats")
     parser.add_argument("--rounds", type=int, default=3, help="interleaved timing rounds")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
+    parser.add_argument("--documents", default="",
+                        help="comma-separated document lengths: also a causal row of them with "
+                             "--alibi-document-mask eos and the windows, through dispatch")
     parser.add_argument("--quick", action="store_true", help="a smoke run: short, small")
     args = parser.parse_args(argv)
     if not (args.cutoff > 0 and math.isfinite(args.cutoff)):
         parser.error("--cutoff must be a positive number of nats")
     torch.set_num_threads(args.threads)
-    lengths = [int(x) for x in args.lengths.split(",") if x.strip()]
+    try:
+        lengths = [int(x) for x in args.lengths.split(",") if x.strip()]
+    except ValueError:
+        lengths = []
+    if not lengths or min(lengths) < 1:
+        parser.error(f"--lengths: comma-separated positive lengths, got {args.lengths!r}")
+    try:
+        documents = [int(x) for x in args.documents.split(",") if x.strip()]
+    except ValueError:
+        documents = [0]
+    if documents and min(documents) < 1:
+        parser.error(f"--documents: comma-separated positive lengths, got {args.documents!r}")
+    if args.rounds < 1 or args.threads < 1:
+        parser.error("--rounds and --threads must be at least 1")
     variants = comma_choices(parser, args.variants, VARIANTS, "variant")
     heads, head_dim, rounds = 8, 64, args.rounds
     if args.quick:
         lengths, head_dim, rounds = [256], 16, 1
+        documents = [100, 156] if documents else []
     with tempfile.TemporaryDirectory() as folder:
         then = load_revision(args.against, Path(folder))
-        rows = compare(then, lengths, variants, args.cutoff, rounds, heads, head_dim,
-                       log=lambda line: print(line, file=sys.stderr))
+        rows = compare(cases(then, lengths, variants, args.cutoff, heads, documents), rounds,
+                       heads, head_dim, log=lambda line: print(line, file=sys.stderr))
     command = "python -m benchmarks.windowed_revision " + " ".join(
         argv if argv is not None else sys.argv[1:])
     text = (f"Command: `{command.strip()}`  \nMachine: {machine()}  \n"
             f"H={heads}, D={head_dim}, float32, cutoff T={args.cutoff:g}, {rounds} interleaved "
             "round(s), median\n\n"
-            + table(["variant", "L", "pass", f"{args.against} s", "now s",
+            + table(["case", "L", "pass", f"{args.against} s", "now s",
                      f"{args.against} ÷ now", "max |Δ|"], rows))
     print(text)
     return text

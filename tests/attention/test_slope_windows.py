@@ -259,8 +259,12 @@ def test_the_revision_benchmark_smoke_run():
     root = Path(__file__).resolve().parents[2]
     if subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True).returncode:
         pytest.skip("not a git checkout")
-    body = bench.main(["--against", "HEAD", "--quick", "--variants", "causal"])
+    body = bench.main(["--against", "HEAD", "--quick", "--variants", "causal",
+                       "--documents", "100,156"])
     assert "| causal | 256 | fwd+bwd |" in body and "HEAD ÷ now" in body
+    assert "| causal + documents | 256 | forward |" in body
+    with pytest.raises(SystemExit):  # one line naming the flag, before any work
+        bench.main(["--against", "HEAD", "--lengths", "a,b"])
     with pytest.raises(SystemExit, match="git cannot read that revision"):
         bench.main(["--against", "no-such-revision", "--quick"])
 

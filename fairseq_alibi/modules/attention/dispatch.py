@@ -289,7 +289,8 @@ def auto_backend(call: Call) -> str:
 
     With slope windows (``call.windowed``): ``windowed`` for a whole sequence of a one-way
     variant (:data:`ONE_WAY_VARIANTS`, no global tokens) from
-    :data:`.tuning.ONE_WAY_WINDOWED_MIN_LENGTH` keys on, and of the others from :data:`.tuning.WINDOWED_MIN_LENGTH` keys on where
+    :data:`.tuning.ONE_WAY_WINDOWED_MIN_LENGTH` keys on, and of the others from
+    :data:`.tuning.WINDOWED_MIN_LENGTH` keys on where
     :func:`windowed_cost` (the call's windows, ``call.windows``) is at most
     :data:`.tuning.WINDOWED_MAX_COST` or the dense mask would exceed
     :data:`.tuning.DENSE_MASK_BUDGET`, where it serves

@@ -138,14 +138,13 @@ class Group:
 
 
 def plan(windows, variant: str, query_len: int, key_len: int, global_tokens: int = 0,
-         itemsize: int = 4, folds: bool = True, chunk: Optional[int] = None,
-         sinks: int = 0) -> List[Group]:
+         itemsize: int = 4, chunk: Optional[int] = None, sinks: int = 0) -> List[Group]:
     """The head groups of a call with ``windows`` ``(back, ahead)`` per head and how each is
     computed (a :class:`Group`): heads with the same windows (those that reach past every key:
     unbounded) form a group;
 
     * one whose window drops no key of a whole sequence with no global tokens runs as the
-      ``fold`` where the fold serves the call (``folds``: CPU, float32/64);
+      ``fold``;
     * one whose chunk would hold every query, or whose chunks would read about every key
       anyway while its one-chunk bias stays within :data:`.tuning.ONE_CHUNK_BYTES`
       (``itemsize`` bytes an element) or its window drops no key, runs ``whole``;
@@ -165,7 +164,7 @@ def plan(windows, variant: str, query_len: int, key_len: int, global_tokens: int
         drops_none = ((window[0] is None or looks_ahead)
                       and (window[1] is None or hides_ahead))
         own = min(sinks, S) if window[0] not in (None, 0) else 0
-        if drops_none and folds and T == S and not global_tokens and chunk is None:
+        if drops_none and T == S and not global_tokens and chunk is None:
             found.append(Group(heads, window, "fold", looks_ahead=looks_ahead))
             continue
         # the reach the sequence allows: past keys down to 0, future ones up to S - 1
@@ -325,7 +324,8 @@ class _Chunks:
         bias = self.bias(m, f)
         gq = torch.empty_like(self.q)
         gk, gv = torch.zeros_like(self.k), torch.zeros_like(self.v)
-        dbias = torch.zeros(bias.shape[1:], dtype=torch.float32) if slopes_grad else None
+        dbias = (torch.zeros(bias.shape[1:], dtype=torch.float32, device=bias.device)
+                 if slopes_grad else None)
         # by pieces of c keys of every chunk, each a key block per chunk (the kernel's backward
         # over a chunk's R keys at once was 1.3x slower): the pieces' rows do not overlap
         pieces = [(j, bias[..., j:j + c].contiguous()) for j in range(0, R, c)]
@@ -515,8 +515,7 @@ def attention(q: Tensor, k: Tensor, v: Tensor, slopes: Tensor, future_slopes: Op
     outs: List[Tensor] = []
     order: List[int] = []
     chunked: List[Group] = []
-    for group in plan(windows, variant, T, S, global_tokens, q.element_size(), True, chunk,
-                      sinks):
+    for group in plan(windows, variant, T, S, global_tokens, q.element_size(), chunk, sinks):
         if group.kind == "fold":
             outs.append(_folded(q, k, v, slopes, future_slopes, variant, group, scale,
                                 key_padding_mask))
