@@ -41,7 +41,6 @@ import json
 import math
 import random
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -65,6 +64,7 @@ from experiments.encoder_study_configs import (
 from experiments.encoder_study_report import load_json, report
 from experiments.lm_runs import DEFAULT_WIKITEXT, start_run, wikitext_files, write_json
 from experiments.model_flags import accepted_flags, lacking_flags
+from fairseq_alibi.cli import fairseq_runs
 from fairseq_alibi.cli.fairseq_runs import console_script, cpu_seconds
 from fairseq_alibi.paths import user_dir
 
@@ -186,9 +186,7 @@ def run_streamed(cmd: List[str], log_file: Path, env: dict, what: str) -> str:
     watched); its output, or an error with the log's tail."""
     with open(log_file, "w") as f:
         f.write("$ " + " ".join(cmd) + "\n")
-        f.flush()
-        code = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, env=env,
-                              cwd=REPO).returncode
+    code = fairseq_runs.start(cmd, env, log_file, cwd=REPO).wait()
     output = log_file.read_text()
     if code != 0:
         raise RuntimeError(f"{what} failed (exit {code}); full output in {log_file}:\n"

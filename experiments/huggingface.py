@@ -21,10 +21,11 @@ Writes ``OUT/huggingface.md`` (the table docs/huggingface.md quotes) and ``OUT/l
 import argparse
 import math
 import re
-import subprocess
 import sys
 import time
 from pathlib import Path
+
+from fairseq_alibi.cli import fairseq_runs
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared" / "data" / "wikitext-2"
@@ -33,7 +34,7 @@ BIN = Path(sys.executable).parent
 
 def run(cmd, log: Path, **kwargs):
     cmd = [str(c) for c in cmd]
-    proc = subprocess.run(cmd, capture_output=True, text=True, **kwargs)
+    proc = fairseq_runs.run(cmd, **kwargs)
     log.parent.mkdir(parents=True, exist_ok=True)
     log.write_text("$ " + " ".join(cmd) + "\n" + proc.stdout + proc.stderr)
     return proc

@@ -27,7 +27,6 @@ fewer evaluations (the LMs and the encoders at ``L`` only, non-overlapping block
 import argparse
 import json
 import re
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -43,6 +42,7 @@ from experiments.lm_runs import (
     wikitext_files,
     write_json,
 )
+from fairseq_alibi.cli import fairseq_runs
 from fairseq_alibi.cli.fairseq_runs import console_script
 from fairseq_alibi.cli.quickstart import SIZES, SMOKE
 from fairseq_alibi.cli.sweep import SweepModel, run_sweep
@@ -133,7 +133,7 @@ def train_encoder(name, data, out, size, L, max_update, seed, env, variant, lear
     (out / "logs").mkdir(parents=True, exist_ok=True)
     log = out / "logs" / f"train_{name}.log"
     started = time.time()
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    proc = fairseq_runs.run(cmd, env)
     log.write_text("$ " + " ".join(cmd) + "\n" + proc.stdout + proc.stderr)
     checkpoint = save_dir / "checkpoint_last.pt"
     if proc.returncode != 0 or not checkpoint.is_file():
@@ -154,7 +154,7 @@ def validate_encoder(name, checkpoint, data, out, length, seed, env, subset="val
            "--tokens-per-sample", str(length), "--sample-break-mode", "none",
            "--max-tokens", str(max(4096, 2 * length)), "--seed", str(seed), "--cpu",
            "--num-workers", "0"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    proc = fairseq_runs.run(cmd, env)
     text = proc.stdout + proc.stderr
     (out / "logs" / f"validate_{name}_{length}.log").write_text("$ " + " ".join(cmd) + "\n" + text)
     found = _VALID.search(text)

@@ -10,12 +10,12 @@ import json
 import os
 import re
 import statistics
-import subprocess
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
+from fairseq_alibi.cli import fairseq_runs
 from fairseq_alibi.cli.fairseq_runs import thread_env
 from fairseq_alibi.cli.quickstart import SIZES, SMOKE, prepare_embedded_data, train_command
 
@@ -99,7 +99,7 @@ def train(name: str, arch: str, data: Path, out: Path, size: dict, L: int, max_u
     (out / "logs").mkdir(parents=True, exist_ok=True)
     log = out / "logs" / f"train_{name}.log"
     started = time.time()
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    proc = fairseq_runs.run(cmd, env)
     seconds = time.time() - started
     log.write_text("$ " + " ".join(cmd) + "\n" + proc.stdout + proc.stderr)
     checkpoint = save_dir / "checkpoint_last.pt"

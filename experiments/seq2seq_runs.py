@@ -11,15 +11,14 @@ Used by :mod:`experiments.punctuation_restoration` (one seed, two models) and
 
 import csv
 import logging
-import os
 import random
 import re
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 
+from fairseq_alibi.cli import fairseq_runs
 from fairseq_alibi.cli.fairseq_runs import console_script
 from fairseq_alibi.paths import user_dir
 from fairseq_alibi.preprocess.parallel import PUNCTUATION, prepare, restoration_pair
@@ -46,16 +45,14 @@ def run_timed(cmd, env, log):
     started = time.time()
     with open(log, "w") as f:
         f.write("$ " + " ".join(cmd) + "\n")
-        f.flush()
-        proc = subprocess.Popen(cmd, env=env, stdout=f, stderr=subprocess.STDOUT, text=True)
-        _, status, usage = os.wait4(proc.pid, 0)
-        proc.returncode = os.waitstatus_to_exitcode(status)
+    started_run = fairseq_runs.start(cmd, env, log)
+    code = started_run.wait()
     wall = time.time() - started
     output = Path(log).read_text()
-    if proc.returncode != 0:
-        raise SystemExit(f"{' '.join(cmd[:3])} ... failed (exit {proc.returncode}), see {log}:\n"
+    if code != 0:
+        raise SystemExit(f"{' '.join(cmd[:3])} ... failed (exit {code}), see {log}:\n"
                          f"{output[-3000:]}")
-    return output, wall, usage.ru_utime + usage.ru_stime
+    return output, wall, started_run.cpu_s
 
 
 def train_command(data_bin, save_dir, model_flags, *, layers, dim, lr, max_tokens, max_update,

@@ -8,6 +8,11 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     # thread, so that two workers do not fight over the same cores
     os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = "1"
 
+# the fairseq commands the tests and the tools they start run are forked from one process that
+# imported fairseq once (fairseq_alibi.cli.fairseq_runs): hundreds of tiny runs, seconds of
+# imports each; tests/cli/test_preloaded_runs.py checks a forked run equals a new interpreter's
+os.environ.setdefault("FAIRSEQ_ALIBI_FORKSERVER", "1")
+
 import pytest
 import torch
 

@@ -6,6 +6,8 @@ table. The other modules are what the tools share:
 
 * :mod:`~fairseq_alibi.cli.fairseq_runs`: running fairseq's console scripts (their environment,
   their logs, CPU time), the machine the timings were measured on, ``--seeds``;
+* :mod:`~fairseq_alibi.cli.preload_server`: the server ``fairseq_runs`` forks the scripts from
+  (``FAIRSEQ_ALIBI_FORKSERVER=1``), run as a file: it imports none of the package;
 * :mod:`~fairseq_alibi.cli.checkpoint_io`: what every converter shares (reading a checkpoint and
   its configuration of any era, ``ConversionError``, a model built without data, atomic writes);
 * :mod:`~fairseq_alibi.cli.forks`: the ALiBi forks' checkpoint formats, for ``convert``.

@@ -1,13 +1,29 @@
 """Running fairseq's console scripts from the tools: which script, its environment and log, the
-CPU time it took, the machine it ran on, the model flags it may be given, ``--seeds``."""
+CPU time it took, the machine it ran on, the model flags it may be given, ``--seeds``.
+
+Every fairseq command a tool starts goes through :func:`start` (or :func:`run`). By default
+that is a new interpreter, as from a shell. With ``FAIRSEQ_ALIBI_FORKSERVER=1`` in the
+environment, a console script of this environment (``fairseq-train``, ``fairseq-generate``,
+``fairseq-alibi`` …) is forked instead from one server process that imported torch and fairseq
+once (``preload_server.py``): the same entry point with the same argv, environment,
+folder and output, without the seconds of imports each interpreter pays (the tests, which start
+hundreds of tiny runs, set it). ``fairseq-hydra-train`` always gets its own interpreter.
+"""
 
 import argparse
+import importlib.metadata
+import json
 import os
 import platform
+import signal
+import socket
 import subprocess
 import sys
+import tempfile
+import threading
+import time
 from pathlib import Path
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 
 def console_script(name: str) -> str:
@@ -23,10 +39,145 @@ def thread_env(threads: int) -> dict:
                 PYTHONUNBUFFERED="1")
 
 
+#: the environment variable that turns the preload server on (``1``)
+FORKSERVER = "FAIRSEQ_ALIBI_FORKSERVER"
+
+#: console scripts that configure the process themselves (hydra's logging and working folder)
+OWN_INTERPRETER = {"fairseq-hydra-train"}
+
+#: CPU seconds of the forked commands this process waited for (they are the server's
+#: children, not this process's: :func:`cpu_seconds` adds them)
+_forked_cpu = [0.0]
+
+
+def _entry_point(cmd: List[str]) -> Optional[str]:
+    """``module:function`` of the console script ``cmd`` starts, if it is one of this
+    environment's fairseq or fairseq-alibi scripts that may be forked."""
+    name = Path(cmd[0]).name
+    if name in OWN_INTERPRETER or not name.startswith("fairseq-"):
+        return None
+    if Path(cmd[0]).is_absolute() and Path(cmd[0]) != Path(console_script(name)):
+        return None  # another environment's script
+    found = [e for e in importlib.metadata.entry_points(group="console_scripts") if e.name == name]
+    return found[0].value if found else None
+
+
+class _Server:
+    """This process's preload server (``preload_server.py``), started on first use."""
+
+    process = address = owner = None
+    lock = threading.Lock()  # the tools start runs from several threads
+
+    @classmethod
+    def address_for(cls, env: dict) -> str:
+        with cls.lock:
+            return cls._started(env)
+
+    @classmethod
+    def _started(cls, env: dict) -> str:
+        if cls.owner != os.getpid() or cls.process.poll() is not None:
+            folder = tempfile.mkdtemp(prefix="fairseq-alibi-server-")
+            cls.address, cls.owner = os.path.join(folder, "socket"), os.getpid()
+            script = Path(__file__).with_name("preload_server.py")
+            cls.process = subprocess.Popen([sys.executable, str(script), cls.address],
+                                           stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                                           env=env)
+            while not os.path.exists(cls.address):  # it listens once it has imported fairseq
+                if cls.process.poll() is not None:
+                    raise RuntimeError(f"{FORKSERVER}=1: the preload server did not start "
+                                       f"(exit {cls.process.returncode}); unset {FORKSERVER} "
+                                       "to run each command in its own interpreter")
+                time.sleep(0.05)
+        return cls.address
+
+
+class Started:
+    """A command started by :func:`start`: :meth:`wait` for its exit code; ``cpu_s``, its user +
+    system CPU seconds, once waited for."""
+
+    def __init__(self, cmd, env, output: Path, cwd=None, stdin: Optional[Path] = None):
+        self.cmd, self.cpu_s, self.returncode = cmd, None, None
+        self._proc = self._conn = None
+        entry = _entry_point(cmd) if env.get(FORKSERVER) == "1" else None
+        if entry is None:
+            with open(output, "a") as f, open(stdin or os.devnull) as given:
+                self._proc = subprocess.Popen(cmd, env=env, cwd=cwd, stdout=f,
+                                              stderr=subprocess.STDOUT, stdin=given)
+            return
+        self._conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._conn.connect(_Server.address_for(env))
+        request = dict(entry=entry, argv=cmd, env=dict(env), cwd=str(cwd or os.getcwd()),
+                       output=str(Path(output).absolute()),
+                       stdin=str(Path(stdin).absolute()) if stdin else None)
+        self._conn.sendall((json.dumps(request) + "\n").encode())
+        self._answers = self._conn.makefile("r")
+        self.pid = int(self._answer())
+
+    def _answer(self) -> str:
+        answer = self._answers.readline()
+        if not answer:
+            raise RuntimeError(f"{FORKSERVER}=1: the preload server ended while running "
+                               f"{' '.join(self.cmd[:2])} ...; unset {FORKSERVER} to run each "
+                               "command in its own interpreter")
+        return answer
+
+    def wait(self, timeout: Optional[float] = None) -> int:
+        """The exit code; ``subprocess.TimeoutExpired`` (the command killed) after ``timeout``."""
+        if self.returncode is not None:
+            return self.returncode
+        if self._proc is not None:
+            if timeout is None:  # its own CPU time, from the kernel
+                _, status, usage = os.wait4(self._proc.pid, 0)
+                self._proc.returncode = os.waitstatus_to_exitcode(status)
+                self.cpu_s = usage.ru_utime + usage.ru_stime
+            else:
+                try:
+                    self._proc.wait(timeout)
+                except subprocess.TimeoutExpired:
+                    self._proc.kill()
+                    self._proc.wait()
+                    raise
+            self.returncode = self._proc.returncode
+            return self.returncode
+        self._conn.settimeout(timeout)
+        try:
+            answer = self._answer()
+        except socket.timeout:
+            os.kill(self.pid, signal.SIGKILL)
+            raise subprocess.TimeoutExpired(self.cmd, timeout)
+        finally:
+            self._conn.settimeout(None)
+        result = json.loads(answer)
+        self._conn.close()
+        self.returncode, self.cpu_s = result["code"], result["cpu"]
+        _forked_cpu[0] += self.cpu_s
+        return self.returncode
+
+
+def start(cmd: List[str], env: dict, output: Path, cwd=None, stdin: Optional[Path] = None):
+    """Start ``cmd`` (its stdout and stderr appended to the file ``output``, its stdin the
+    file ``stdin`` or nothing) in ``env`` and ``cwd``: a :class:`Started`."""
+    return Started([str(c) for c in cmd], env, Path(output), cwd, stdin)
+
+
+def run(cmd: List[str], env: Optional[dict] = None, cwd=None,
+        timeout: Optional[float] = None) -> subprocess.CompletedProcess:
+    """Run ``cmd`` to completion, as ``subprocess.run(..., capture_output=True, text=True)``
+    but with stdout and stderr together in ``stdout`` (in the order written) and ``stderr``
+    empty."""
+    with tempfile.TemporaryDirectory(prefix="fairseq-run-") as scratch:
+        output = Path(scratch, "output")
+        output.touch()
+        started = start(cmd, dict(os.environ) if env is None else env, output, cwd)
+        code = started.wait(timeout)
+        text = output.read_text(errors="replace")
+    return subprocess.CompletedProcess(started.cmd, code, text, "")
+
+
 def run_logged(cmd: List[str], log: Path, env: dict, what: str) -> str:
     """Run a command to completion, its output in ``log``; a clear error if it fails."""
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
-    output = proc.stdout + proc.stderr
+    proc = run(cmd, env)
+    output = proc.stdout
     log.write_text("$ " + " ".join(cmd) + "\n" + output)
     if proc.returncode != 0:
         raise RuntimeError(f"{what} failed (exit {proc.returncode}); full output in {log}:\n"
@@ -35,14 +186,16 @@ def run_logged(cmd: List[str], log: Path, env: dict, what: str) -> str:
 
 
 def cpu_seconds() -> float:
-    """User + system CPU time of this process and every finished subprocess."""
+    """User + system CPU time of this process and every finished subprocess (the forked
+    commands' included)."""
     try:
         import resource
     except ImportError:  # not on Windows
         return float("nan")
     own = resource.getrusage(resource.RUSAGE_SELF)
     children = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+    return (own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+            + _forked_cpu[0])
 
 
 def machine() -> dict:

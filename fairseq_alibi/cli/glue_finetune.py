@@ -40,7 +40,6 @@ import os
 import queue
 import shutil
 import statistics
-import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -50,6 +49,7 @@ from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
+from fairseq_alibi.cli import fairseq_runs
 from fairseq_alibi.cli.fairseq_runs import (
     console_script,
     cpu_seconds,
@@ -537,13 +537,12 @@ def run_one(name: str, seed: int, data: dict, pretrained: Pretrained, restore: s
     started, cpu_before = time.time(), cpu_seconds()
     with open(folder / "train.log", "w") as log_file:  # written as it runs: it can be watched
         log_file.write("$ " + " ".join(cmd) + "\n")
-        log_file.flush()
-        proc = subprocess.run(cmd, stdout=log_file, stderr=subprocess.STDOUT, env=env)
+    code = fairseq_runs.start(cmd, env, folder / "train.log").wait()
     output = (folder / "train.log").read_text()
     best = save_dir / "checkpoint_best.pt"
-    if proc.returncode != 0 or not best.is_file():
+    if code != 0 or not best.is_file():
         hint = [line for line in output.splitlines() if line.startswith("fairseq_alibi: ")]
-        raise RuntimeError(f"fine-tuning {name} seed {seed} failed (exit {proc.returncode}); "
+        raise RuntimeError(f"fine-tuning {name} seed {seed} failed (exit {code}); "
                            f"log: {folder / 'train.log'}\n"
                            + (hint[-1] if hint else output[-2500:]))
     seconds = time.time() - started

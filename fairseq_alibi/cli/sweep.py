@@ -46,7 +46,6 @@ import logging
 import math
 import os
 import re
-import subprocess
 import sys
 import threading
 import time
@@ -55,6 +54,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Dict, List, Mapping, Optional, Sequence, Union
 
+from fairseq_alibi.cli import fairseq_runs
 from fairseq_alibi.cli.fairseq_runs import console_script, thread_env
 from fairseq_alibi.paths import user_dir
 from fairseq_alibi.preprocess.pipeline_io import progress_bar
@@ -252,7 +252,7 @@ def _run_point(name, model, data, length, mode, stride, gen_subset, extra, env, 
     cmd = eval_command(model, data, length, mode, stride, gen_subset, extra)
     log = log_dir / f"{_slug(name)}_{mode}_{length}.log"
     started = time.time()
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    proc = fairseq_runs.run(cmd, env)
     seconds = time.time() - started
     output = proc.stdout + proc.stderr
     tmp = log.with_suffix(".log.tmp")

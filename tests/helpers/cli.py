@@ -34,14 +34,17 @@ def child_env(**extra):
 
 
 def run_cli(tool, *args, cwd=None, expect_ok=True, timeout=600, env=None):
-    """Run a fairseq console script (``fairseq-train`` ...) and return its combined output."""
+    """Run a fairseq console script (``fairseq-train`` ...) and return its combined output
+    (forked from the preload server when the tests set ``FAIRSEQ_ALIBI_FORKSERVER=1``:
+    :mod:`fairseq_alibi.cli.fairseq_runs`)."""
+    # imported here: a test may import these helpers beside an earlier release of the package
+    from fairseq_alibi.cli import fairseq_runs
+
     cmd = [str(BIN / tool)] + [str(a) for a in args]
     full_env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
     full_env.update(env or {})
-    proc = subprocess.run(
-        cmd, cwd=cwd, capture_output=True, text=True, timeout=timeout, env=full_env
-    )
-    out = proc.stdout + proc.stderr
+    proc = fairseq_runs.run(cmd, full_env, cwd=cwd, timeout=timeout)
+    out = proc.stdout
     if expect_ok and proc.returncode != 0:
         raise AssertionError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{out[-6000:]}")
     if not expect_ok and proc.returncode == 0:
