@@ -1,14 +1,15 @@
 """Windowed attention today against the same function at an earlier git revision, side by side.
 
     python -m benchmarks.windowed_revision --against REV [--lengths 4096,8192]
-        [--variants causal,symmetric] [--documents 3000,2500,2692] [--cutoff 8] [--rounds 3]
-        [--threads 1] [--quick]
+        [--variants causal,symmetric] [--documents 3000,2500,2692] [--cutoff 8] [--sinks 0]
+        [--rounds 3] [--threads 1] [--quick]
 
 The revision's ``fairseq_alibi`` is read from git (``git archive REV``) into a temporary folder
 under another package name (its imports renamed; it registers nothing with fairseq), and its
 ``windowed.attention`` is timed against today's on the same inputs in interleaved paired rounds
 (:class:`benchmarks.timing.Rounds`): ``(1, H, L, D)`` float32 queries, keys and values, Press's
-slopes of ``H = 8`` heads (``asymmetric``: halved for the future), the windows of ``--cutoff``.
+slopes of ``H = 8`` heads (``asymmetric``: halved for the future), the windows of ``--cutoff``,
+``--sinks`` attention sinks (given to both revisions only when not 0).
 ``--documents``: also a causal row of documents of those lengths with ``--alibi-document-mask
 eos`` and the windows, through each revision's own ``dispatch.attend("auto", ...)`` (the
 documents split into sequences, then windowed). Each row: the seconds of both, ``then ÷ now``
@@ -64,7 +65,7 @@ def load_revision(revision: str, folder: Path):
     return importlib.import_module("fairseq_alibi_then.modules.attention.windowed")
 
 
-def cases(then, lengths, variants, cutoff, heads, documents=()):
+def cases(then, lengths, variants, cutoff, heads, documents=(), sinks=0):
     """``{(label, L): (f_then, f_now)}``: ``windowed.attention`` of each variant and length;
     with ``documents`` (lengths), also ``dispatch.attend("auto", ...)`` of a causal row of those
     documents (``--alibi-document-mask eos``, an ``</s>`` opening each) with the windows."""
@@ -73,10 +74,11 @@ def cases(then, lengths, variants, cutoff, heads, documents=()):
         slopes = variant_slopes(heads, variant)
         future = slopes / 2 if variant == "asymmetric" else None
         windows = variant_windows(slopes, cutoff, variant, future)
+        given = dict(sinks=sinks) if sinks else {}
         for L in lengths:
             found[variant, L] = tuple(
                 (lambda module: lambda *x: module.attention(*x, slopes, future, variant,
-                                                            windows))(module)
+                                                            windows, **given))(module)
                 for module in (then, windowed))
     if documents:
         L = sum(documents)
@@ -131,6 +133,8 @@ def main(argv=None):
     parser.add_argument("--documents", default="",
                         help="comma-separated document lengths: also a causal row of them with "
                              "--alibi-document-mask eos and the windows, through dispatch")
+    parser.add_argument("--sinks", type=int, default=0,
+                        help="attention sinks of the windowed calls (0: none, and not passed)")
     parser.add_argument("--quick", action="store_true", help="a smoke run: short, small")
     args = parser.parse_args(argv)
     if not (args.cutoff > 0 and math.isfinite(args.cutoff)):
@@ -150,6 +154,8 @@ def main(argv=None):
         parser.error(f"--documents: comma-separated positive lengths, got {args.documents!r}")
     if args.rounds < 1 or args.threads < 1:
         parser.error("--rounds and --threads must be at least 1")
+    if args.sinks < 0:
+        parser.error(f"--sinks must be 0 or more positions, got {args.sinks}")
     variants = comma_choices(parser, args.variants, VARIANTS, "variant")
     heads, head_dim, rounds = 8, 64, args.rounds
     if args.quick:
@@ -157,12 +163,14 @@ def main(argv=None):
         documents = [100, 156] if documents else []
     with tempfile.TemporaryDirectory() as folder:
         then = load_revision(args.against, Path(folder))
-        rows = compare(cases(then, lengths, variants, args.cutoff, heads, documents), rounds,
+        rows = compare(cases(then, lengths, variants, args.cutoff, heads, documents,
+                             args.sinks), rounds,
                        heads, head_dim, log=lambda line: print(line, file=sys.stderr))
     command = "python -m benchmarks.windowed_revision " + " ".join(
         argv if argv is not None else sys.argv[1:])
     text = (f"Command: `{command.strip()}`  \nMachine: {machine()}  \n"
-            f"H={heads}, D={head_dim}, float32, cutoff T={args.cutoff:g}, {rounds} interleaved "
+            f"H={heads}, D={head_dim}, float32, cutoff T={args.cutoff:g}, {args.sinks} sink(s), "
+            f"{rounds} interleaved "
             "round(s), median\n\n"
             + table(["case", "L", "pass", f"{args.against} s", "now s",
                      f"{args.against} ÷ now", "max |Δ|"], rows))

@@ -4,6 +4,7 @@
         [--lengths 1024,2048,4096,8192] [--cutoff 8] [--cutoffs 2,4,6,8,12,16] [--sinks 4]
         [--variants causal,symmetric] [--passes forward,fwd+bwd] [--rounds 3] [--threads 1]
         [--batch 1] [--json FILE]
+    python -m benchmarks.windows --fit FILE[,FILE...]
 
 The attention alone, ``(B, H, L, D)`` float32 queries, keys and values, Press's slopes of ``H``
 heads; every table times its cases in interleaved paired rounds (:class:`benchmarks.timing.Rounds`:
@@ -40,6 +41,9 @@ cutoff ``T`` (``W_h = ceil(T / m_h)``; 8 heads, ``T = 8``: 16, 32, …, 2048 key
 * ``sinks`` (causal, ``--cutoff``, ``--sinks S``): attention sinks' cost, ``windowed`` with
   ``S`` sinks (``--alibi-window-sinks``) ÷ ``windowed`` without, forward and
   forward+backward, in the same rounds.
+* ``--fit FILES`` (no timing): ``tuning.WINDOWED_COST`` re-fitted to ``thresholds`` records
+  written with ``--json`` (:func:`fit_cost`), with the measured and predicted ratio of every
+  cell, before and after, and what ``auto`` would choose with the new constants.
 * ``chunks`` (the chunk sizes of ``tuning``; ``--variants``, ``--windows``, ``--chunks``): one
   head, a window of ``W`` keys back (and ahead, for a bidirectional variant), at each length,
   ``windowed.attention`` with each chunk size in the same rounds, forward and
@@ -247,7 +251,7 @@ def thresholds(lengths, variants, cutoffs, passes=PASSES, rounds=3, batch=1, hea
                         auto_dense = rounds_of.ratio(
                             _label(c) if chosen == "windowed" else "sdpa", "dense auto")
                         records.append(dict(variant=variant, length=L, pass_name=pass_name,
-                                            cutoff=c, predicted=None if by_length else predicted,
+                                            cutoff=c, heads=heads, predicted=None if by_length else predicted,
                                             windowed_over_sdpa=win, chosen=chosen,
                                             auto_over_dense_auto=auto_dense))
                         rows.append([variant, L, pass_name, f"{c:g}",
@@ -280,6 +284,64 @@ def thresholds(lengths, variants, cutoffs, passes=PASSES, rounds=3, batch=1, hea
               f"{NOISE:.0%} in {len(slower_than_dense)} of {len(records)} cases: "
               + "; ".join(slower_than_dense))
     return shape, body, check, records
+
+
+def _least_absolute(columns, target, rounds=100):
+    """Least absolute deviations ``min Σ |X a - y|`` by iteratively reweighted least squares."""
+    X, y = torch.tensor(columns, dtype=torch.float64).T, torch.tensor(target, dtype=torch.float64)
+    weights = torch.ones_like(y)
+    for _ in range(rounds):
+        w = weights.sqrt()[:, None]
+        found = torch.linalg.lstsq(X * w, y * w[:, 0]).solution
+        weights = 1 / (X @ found - y).abs().clamp_min(1e-4)
+    return found.tolist()
+
+
+def fit_cost(records, log=print):
+    """``(constants, Markdown table, check line)``: ``tuning.WINDOWED_COST`` re-fitted to the
+    ``thresholds`` records (``--json`` files) of the variants the cost model decides on (not
+    :data:`dispatch.ONE_WAY_VARIANTS`): per variant, length and cutoff the slower pass's
+    ``windowed ÷ sdpa``, against the keys the plan reads (``dispatch.windowed_keys``; one-way
+    keys are those of the groups whose window drops no key, run as the fold); least absolute
+    deviations for the terms the cells exercise, any term no cell reads kept as it is."""
+    cells = {}
+    for r in records:
+        if r["variant"] not in dispatch.ONE_WAY_VARIANTS:
+            key = (r["variant"], r["length"], r["cutoff"], r.get("heads", 8))
+            cells[key] = max(cells.get(key, 0.0), r["windowed_over_sdpa"])
+    if not cells:
+        raise ValueError("no thresholds record of a bidirectional variant to fit (run "
+                         "--tables thresholds --variants symmetric,... --json FILE first)")
+    rows, terms = [], []
+    for variant, L, c, H in cells:
+        q = torch.empty(1, H, L, 1)
+        call = dispatch.call_of(q, q, q, layer_of(H, variant, c))
+        terms.append((*dispatch.windowed_keys(call.windows, variant, L), 1000 / L))
+    old = list(tuning.WINDOWED_COST)
+    free = [i for i in range(4) if any(t[i] for t in terms)]
+    fixed = [i for i in range(4) if i not in free]
+    target = [m - sum(old[i] * t[i] for i in fixed) for m, t in zip(cells.values(), terms)]
+    new = list(old)
+    for i, value in zip(free, _least_absolute([[t[i] for t in terms] for i in free], target)):
+        new[i] = round(value, 2)
+    limit, picked, missed = tuning.WINDOWED_MAX_COST, [], 0
+    for (variant, L, c, _), measured, t in zip(cells, cells.values(), terms):
+        before, after = (sum(a * x for a, x in zip(k, t)) for k in (old, new))
+        rows.append([variant, L, f"{c:g}", *(f"{x:.2f}" for x in t[:3]), f"{measured:.2f}",
+                     f"{before:.2f}", f"{after:.2f}"])
+        if after <= limit:
+            picked.append(measured)
+        elif measured < limit:
+            missed += 1
+    body = table(["variant", "L", "T", "k₁ one-way", "k₂ two-way", "k₃ whole",
+                  "measured windowed ÷ sdpa", f"predicted {tuple(old)}",
+                  f"predicted {tuple(new)}"], rows)
+    slowest = f", the slowest measured at {max(picked):.2f}x sdpa" if picked else ""
+    check = (f"Check: with {tuple(new)} and WINDOWED_MAX_COST={limit:g}, auto would send "
+             f"{len(picked)} of {len(cells)} cells to windowed{slowest}; {missed} cell(s) "
+             f"measured below {limit:g} would stay on sdpa")
+    log(check)
+    return tuple(new), body, check
 
 
 def _keys(parser, text: str, flag: str):
@@ -320,6 +382,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--chunks", default="32,64,128,256,512",
                         help="comma-separated chunk sizes of the chunks table")
     parser.add_argument("--json", default=None, help="write the thresholds' records to this file")
+    parser.add_argument("--fit", default=None, metavar="FILES",
+                        help="comma-separated --json files of thresholds runs: re-fit "
+                             "tuning.WINDOWED_COST to them and print it (no timing)")
     return parser
 
 
@@ -351,6 +416,22 @@ def main(argv=None):
         return comma_choices(parser, args.variants, VARIANTS, "variant") if args.variants \
             else default
 
+    if args.fit:
+        records = []
+        for name in args.fit.split(","):
+            try:
+                with open(name) as f:
+                    records += json.load(f)
+            except (OSError, ValueError) as error:
+                parser.error(f"--fit: cannot read {name}: {error}")
+        try:
+            constants, body, check = fit_cost(records, log)
+        except ValueError as error:
+            parser.error(f"--fit: {error}")
+        text = "\n\n".join(parts + [f"WINDOWED_COST re-fitted: {constants}",
+                                     f"{body}\n\n{check}"])
+        print(text)
+        return text
     if "targets" in tables:
         shape, body = targets(lengths_or([1024, 2048, 4096, 8192]), args.cutoff, rounds,
                               args.batch, head_dim=head_dim, log=log)

@@ -223,6 +223,7 @@ def test_no_bias_spans_the_keys_of_a_long_sequence(monkeypatch):
         return bias
 
     monkeypatch.setattr(windowed, "alibi_bias_between", recording)
+    monkeypatch.setattr(windowed, "_CHUNK_BIASES", {})  # none kept from an earlier test
     slopes = get_slopes(4)  # cutoff 1: windows 4, 16, 64, 256 keys
     q, k, v = inputs(1, 4, 2048, 2048, dtype=torch.float32)
     run_windowed(q, k, v, slopes, None, "causal", 1.0)
@@ -263,8 +264,14 @@ def test_the_revision_benchmark_smoke_run():
                        "--documents", "100,156"])
     assert "| causal | 256 | fwd+bwd |" in body and "HEAD ÷ now" in body
     assert "| causal + documents | 256 | forward |" in body
+    sinks = bench.main(["--against", "HEAD", "--quick", "--variants", "causal", "--sinks", "4"])
+    assert "4 sink(s)" in sinks and "| causal | 256 | forward |" in sinks
+    assert all(row.split("|")[-2].strip() == "0.0e+00" for row in sinks.splitlines()
+               if row.startswith("| causal"))  # HEAD's code: the same outputs
     with pytest.raises(SystemExit):  # one line naming the flag, before any work
         bench.main(["--against", "HEAD", "--lengths", "a,b"])
+    with pytest.raises(SystemExit):
+        bench.main(["--against", "HEAD", "--sinks", "-1"])
     with pytest.raises(SystemExit, match="git cannot read that revision"):
         bench.main(["--against", "no-such-revision", "--quick"])
 

@@ -6,6 +6,7 @@ and writes its tables with the command, machine and date they come from.
 """
 
 import pytest
+import torch
 import os
 import subprocess
 import sys
@@ -111,6 +112,43 @@ def test_quick_run_of_the_slope_window_tables(tmp_path, capsys):
         for c in (2.0, 8.0)}
     assert {r["chosen"] for r in found} == {"sdpa"}  # 64 keys: below tuning.WINDOWED_MIN_LENGTH
     assert "Check: auto with a cutoff was never slower than the dense choice" in text
+
+
+def test_the_cost_fit_recovers_the_constants_the_timings_follow(tmp_path, capsys):
+    """``--fit``: records whose ``windowed ÷ sdpa`` is exactly a cost model's (the slower pass)
+    give back its constants, and the check says what auto would pick with them; causal records
+    are not the model's to fit, and a file without a bidirectional record is a one-line
+    error."""
+    import ast
+    import json
+
+    from benchmarks import windows
+    from fairseq_alibi.modules.attention import dispatch, tuning
+
+    truth = (0.9, 1.1, 1.6, 0.3)
+    records = []
+    for variant in ("symmetric", "offset", "asymmetric", "causal"):
+        for L in (768, 1024, 2048, 4096):
+            for c in (2.0, 4.0, 8.0, 16.0):
+                q = torch.empty(1, 8, L, 1)
+                call = dispatch.call_of(q, q, q, windows.layer_of(8, variant, c))
+                keys = dispatch.windowed_keys(call.windows, variant, L)
+                cost = sum(a * k for a, k in zip(truth, keys)) + truth[3] * 1000 / L
+                for pass_name, ratio in (("forward", cost / 2), ("fwd+bwd", cost)):
+                    records.append(dict(variant=variant, length=L, cutoff=c, heads=8,
+                                        pass_name=pass_name, windowed_over_sdpa=ratio))
+    path = tmp_path / "records.json"
+    path.write_text(json.dumps(records))
+    text = windows.main(["--fit", str(path)])
+    constants = ast.literal_eval(text.split("WINDOWED_COST re-fitted: ", 1)[1].splitlines()[0])
+    assert constants == pytest.approx(truth, abs=0.011)
+    assert constants != tuning.WINDOWED_COST  # read, not copied
+    assert "| causal |" not in text and "| offset | 4096 | 16 |" in text
+    assert f"and WINDOWED_MAX_COST={tuning.WINDOWED_MAX_COST:g}, auto would send" in text
+    path.write_text(json.dumps([r for r in records if r["variant"] == "causal"]))
+    with pytest.raises(SystemExit):
+        windows.main(["--fit", str(path)])
+    assert "--fit: no thresholds record of a bidirectional variant" in capsys.readouterr().err
 
 
 def test_the_slope_window_benchmark_names_a_bad_table():

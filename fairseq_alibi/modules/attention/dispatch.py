@@ -207,35 +207,40 @@ class Call(NamedTuple):
 ONE_WAY_VARIANTS = ("causal", "one_sided")
 
 
+def windowed_keys(windows, variant: str, length: int, itemsize: int = 4,
+                  global_tokens: int = 0, sinks: int = 0) -> Tuple[float, float, float]:
+    """The keys :func:`.windowed.attention`'s plan for a whole sequence of ``S = length`` keys
+    reads (:func:`.windowed.plan`, on the CPU in ``itemsize`` bytes an element), per query and
+    head (÷ ``H·S``), by kind of group: ``(one-way, two-way, whole)``. One-way: ``fold`` and
+    the ``chunks`` of a window on one side; two-way: chunks that hide keys at both ends; whole:
+    one chunk of every query with its ``(T, S)`` bias. A group's keys are
+    :meth:`.windowed.Group.keys` times its heads; attention sinks ``sinks`` count as keys every
+    query reads."""
+    S, found = length, [0.0, 0.0, 0.0]
+    for group in windowed.plan(windows, variant, S, S, global_tokens, itemsize, sinks=sinks):
+        kind = (2 if group.kind == "whole" else
+                1 if group.kind == "chunks" and group.back and group.ahead else 0)
+        found[kind] += group.keys(variant, S) * len(group.heads)
+    per_query = len(windows[0]) * S
+    return found[0] / per_query, found[1] / per_query, found[2] / per_query
+
+
 def windowed_cost(windows, variant: str, length: int, itemsize: int = 4,
                   global_tokens: int = 0, sinks: int = 0) -> float:
     """The predicted time of :func:`.windowed.attention` ÷ ``sdpa``'s dense windowed bias for a
     whole sequence of ``S = length`` keys, ``H`` heads with ``windows`` ``(back, ahead)``
-    (``None`` = unbounded): the price of the call's own plan (:func:`.windowed.plan`, what
-    ``windowed`` will compute, on the CPU in ``itemsize`` bytes an element), from the keys
-    each group's queries read (:meth:`.windowed.Group.keys`, ``keys_g``, times its heads;
-    attention sinks ``sinks`` count as keys every query reads):
+    (``None`` = unbounded): the price of the call's own plan, from the keys it reads
+    (:func:`windowed_keys`: ``k₁, k₂, k₃`` one-way, two-way, whole, per query and head):
 
-        (α₁ · Σ_one-way keys_g + α₂ · Σ_two-way keys_g + α₃ · Σ_whole keys_g) / (H·S)
-            + β · 1000 / S
+        α₁ · k₁ + α₂ · k₂ + α₃ · k₃ + β · 1000 / S
 
-    One-way: ``fold`` and the ``chunks`` of a window on one side; two-way: chunks
-    that hide keys at both ends; whole: one chunk of every query with its ``(T, S)`` bias.
     ``β/S``: the chunks' fixed costs. ``auto`` consults it for the calls it does not send to
     ``windowed`` by length (:data:`ONE_WAY_VARIANTS`): the bidirectional variants, and global
-    tokens. Constants :data:`.tuning.WINDOWED_COST`."""
-    one_way, two_way, whole_way, fixed = tuning.WINDOWED_COST
-    S = length
-    weighted = 0.0
-    for group in windowed.plan(windows, variant, S, S, global_tokens, itemsize, sinks=sinks):
-        keys = group.keys(variant, S) * len(group.heads)
-        if group.kind == "whole":
-            weighted += whole_way * keys
-        elif group.kind == "chunks" and group.back and group.ahead:
-            weighted += two_way * keys
-        else:
-            weighted += one_way * keys
-    return weighted / (len(windows[0]) * S) + fixed * 1000 / S
+    tokens. Constants :data:`.tuning.WINDOWED_COST` (re-fitted from timings by ``python -m
+    benchmarks.windows --fit``)."""
+    *per_key, fixed = tuning.WINDOWED_COST
+    keys = windowed_keys(windows, variant, length, itemsize, global_tokens, sinks)
+    return sum(a * k for a, k in zip(per_key, keys)) + fixed * 1000 / length
 
 
 def _dense_mask_bytes(call: Call) -> int:

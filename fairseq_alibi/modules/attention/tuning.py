@@ -4,20 +4,18 @@ These numbers were measured together: the thresholds of ``auto`` were timed with
 sizes below, and a cost model was fitted to those timings. Change one and re-run the
 benchmark its comment names, then re-fit what depends on it:
 
-* :data:`WINDOWED_COST` was fitted with the one-chunk limit :data:`ONE_CHUNK_BYTES` (a head
-  that runs as one chunk counts as "dense" in the model); :data:`WINDOWED_MAX_COST` is set from
-  its scatter, and :data:`WINDOWED_MIN_LENGTH` is where it was fitted from. Re-fit all three
-  after changing the chunk sizes or the limit (``python -m benchmarks.windows --tables
-  thresholds``, docs/benchmarks.md, "auto's choice with windows").
+* :data:`WINDOWED_COST` was fitted to the chunks as they are (sizes and
+  :data:`ONE_CHUNK_BYTES`): ``python -m benchmarks.windows --tables thresholds ... --json FILE``
+  then ``python -m benchmarks.windows --fit FILE,...`` prints the constants from the keys each
+  plan reads (docs/benchmarks.md, "auto's choice with windows", has the commands);
+  :data:`WINDOWED_MAX_COST` is set from its scatter, and :data:`WINDOWED_MIN_LENGTH` is where
+  it was fitted from. Re-fit after changing the chunk sizes or the limit.
 * ``auto`` sends one-way windows to ``windowed`` from :data:`ONE_WAY_WINDOWED_MIN_LENGTH` keys
   on because the chunks were never slower than ``sdpa`` or the fold over every key there:
   re-run the same thresholds tables for causal and one_sided after changing the chunk sizes.
-* The chunk sizes (:data:`MIN_CHUNK`, :data:`MAX_CHUNK`, :data:`CHUNK_FRACTION`) were re-timed
-  when the chunks became views of one copy of the keys (``python -m benchmarks.windows
-  --tables chunks``); :data:`WINDOWED_COST` was fitted with the earlier, larger chunks, which
-  read more keys and were slower: its predictions are above today's times (the thresholds
-  tables, docs/benchmarks.md, "auto's choice with windows", check that no call it sends to
-  ``windowed`` is slower than ``sdpa``).
+* The chunk sizes (:data:`MIN_CHUNK`, :data:`MAX_CHUNK`, :data:`CHUNK_FRACTION`) were timed
+  with the chunks as views of one copy of the keys (``python -m benchmarks.windows --tables
+  chunks``).
 * :data:`FEW_QUERIES` is :data:`MIN_CHUNK` (a chunk of ``windowed.attention`` would hold them
   all anyway), and :data:`WINDOWED_STEP_MIN_KEYS` was timed on the calls it admits
   (``python -m benchmarks.decoding_windows --attention-steps``, docs/decoding.md, "Decoding
@@ -75,15 +73,14 @@ ONE_WAY_WINDOWED_MIN_LENGTH = 768
 #: ``dispatch.auto_backend``. docs/decoding.md, "Decoding step"
 WINDOWED_STEP_MIN_KEYS = 4096
 
-#: ``dispatch.windowed_cost``'s constants ``(α₁, α₂, α₃, β)``: ``α₂, α₃, β`` least absolute
-#: deviations over the bidirectional variants (symmetric, offset, asymmetric), T = 2, 4, 8, 16
-#: at 768…2048 keys, T = 2, 8, 16 at 4096 and T = 8, 12, 16 at 8192 (symmetric, offset), of the
-#: slower of forward and forward+backward; ``α₁`` from the earlier fit over every variant
-#: (8 heads, D = 64, float32, 1 thread). Fitted with :data:`MIN_CHUNK`, :data:`MAX_CHUNK`,
-#: :data:`CHUNK_FRACTION` and :data:`ONE_CHUNK_BYTES` as they are. Read by
-#: ``dispatch.windowed_cost``. ``python -m benchmarks.windows --tables thresholds``,
+#: ``dispatch.windowed_cost``'s constants ``(α₁, α₂, α₃, β)``: least absolute deviations over
+#: the bidirectional variants (symmetric, offset, asymmetric), T = 2, 4, 8, 16 at 768…2048
+#: keys, T = 2, 8, 16 at 4096 and T = 8, 12, 16 at 8192 (symmetric, offset), of the slower of
+#: forward and forward+backward (8 heads, D = 64, float32, 1 thread), with the chunk sizes and
+#: :data:`ONE_CHUNK_BYTES` as they are (2026-11-29; ``α₁`` from the groups whose window drops
+#: no key). Read by ``dispatch.windowed_cost``. ``python -m benchmarks.windows --fit``,
 #: docs/benchmarks.md, "auto's choice with windows"
-WINDOWED_COST = (1.09, 1.34, 1.88, 0.22)
+WINDOWED_COST = (1.84, 1.12, 1.11, 0.27)
 
 #: ``auto`` picks ``windowed`` for a whole sequence where ``dispatch.windowed_cost`` predicts at
 #: most this fraction of ``sdpa``'s time (below 1 by the model's scatter: no call it picks

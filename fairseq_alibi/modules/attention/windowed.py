@@ -421,7 +421,8 @@ class _Merged(torch.autograd.Function):
             probs, share = _exp(logits - top[..., None, :]), _exp(lse - top)
             total = probs.sum(-2) + share
             probs /= total[..., None, :]  # of the merged softmax, as the window's share
-            out = _plus((out * (share / total)[..., None]).contiguous(), probs, v)
+            # out is this call's own (the chunks' output): scaled in place, one pass
+            out = _plus(out.contiguous().mul_((share / total)[..., None]), probs, v)
             lse = top + torch.log(total)
         ctx.save_for_backward(q, k, v, m, f, out, lse)
         ctx.windows, ctx.prefix, ctx.scale = windows, prefix, scale
@@ -549,7 +550,10 @@ def attention(q: Tensor, k: Tensor, v: Tensor, slopes: Tensor, future_slopes: Op
     if prefix_len > S - T:  # queries that are global tokens or in front of a sink: dense
         exempt = _prefix_queries(q, k, v, visible, slopes, future_slopes, variant, windows,
                                  global_tokens, sinks, scale)
-        out = torch.cat([exempt, out[:, :, exempt.size(2):]], dim=2)
+        if out.requires_grad:
+            out = torch.cat([exempt, out[:, :, exempt.size(2):]], dim=2)
+        else:  # no graph to keep: over the rows, not a copy of the whole output
+            out[:, :, :exempt.size(2)] = exempt
     return out
 
 
