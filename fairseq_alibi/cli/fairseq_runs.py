@@ -76,7 +76,9 @@ class _Server:
     @classmethod
     def _started(cls, env: dict) -> str:
         if cls.owner != os.getpid() or cls.process.poll() is not None:
-            folder = tempfile.mkdtemp(prefix="fairseq-alibi-server-")
+            # a socket's path has at most ~100 bytes: a long TMPDIR gives way to /tmp
+            short = len(tempfile.gettempdir()) > 60 and os.path.isdir("/tmp")
+            folder = tempfile.mkdtemp(prefix="fairseq-alibi-server-", dir="/tmp" if short else None)
             cls.address, cls.owner = os.path.join(folder, "socket"), os.getpid()
             script = Path(__file__).with_name("preload_server.py")
             cls.process = subprocess.Popen([sys.executable, str(script), cls.address],
