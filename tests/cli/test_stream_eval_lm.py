@@ -9,7 +9,7 @@ import pytest
 
 from fairseq_alibi.cli.sweep import parse_eval_output, split_token_count
 from tests.helpers.checkpoints import saved_in_process
-from tests.helpers.cli import preprocess, python_module, run_cli
+from tests.helpers.cli import preprocess, run_cli
 from tests.helpers.training import STOCK
 
 #: end to end through fairseq's real command lines
@@ -19,9 +19,10 @@ FIXTURES = "tests/fixtures/saved_models"
 
 
 def stream(data, checkpoint, *extra, expect_ok=True):
-    code, out = python_module("fairseq_alibi", "eval-lm-stream", data, "--path", checkpoint,
-                              "--cpu", *extra, expect_ok=expect_ok)
-    return out if expect_ok else (code, out)
+    """``fairseq-alibi eval-lm-stream``'s output (``expect_ok=False``: a failing run's, its exit
+    status checked by :func:`run_cli`)."""
+    return run_cli("fairseq-alibi", "eval-lm-stream", data, "--path", checkpoint, "--cpu",
+                   *extra, expect_ok=expect_ok)
 
 
 def eval_lm(data, checkpoint, user_dir, *extra):
@@ -95,8 +96,8 @@ def test_bad_input_is_one_line_naming_the_fix(trained_lm_checkpoint, tiny_lm_dat
           "{'alibi_window_cutof': 8}"), "did you mean 'alibi_window_cutoff'"),
     ]
     for args, message in cases:
-        code, out = stream(*args, expect_ok=False)
+        out = stream(*args, expect_ok=False)
         last = out.strip().splitlines()[-1]
-        assert code != 0 and last.startswith("fairseq-alibi eval-lm-stream: error: "), out[-2000:]
+        assert last.startswith("fairseq-alibi eval-lm-stream: error: "), out[-2000:]
         assert "Traceback" not in out, out[-2000:]
         assert message in last, last
