@@ -547,7 +547,9 @@ def attention(q: Tensor, k: Tensor, v: Tensor, slopes: Tensor, future_slopes: Op
     if order != list(range(H)):
         out = out[:, torch.as_tensor(order).argsort()]
     prefix_len = max(global_tokens, sinks)
-    if prefix_len > S - T:  # queries that are global tokens or in front of a sink: dense
+    # queries that are global tokens or in front of a sink: dense (causal hides every key
+    # ahead, so its first queries' sinks are the prefix pass's, already merged)
+    if prefix_len > S - T and (global_tokens or variant != "causal"):
         exempt = _prefix_queries(q, k, v, visible, slopes, future_slopes, variant, windows,
                                  global_tokens, sinks, scale)
         if out.requires_grad:
