@@ -184,9 +184,7 @@ def add_sinusoidal_flag(parser):
 def run_streamed(cmd: List[str], log_file: Path, env: dict, what: str) -> str:
     """Run ``cmd`` with its output written to ``log_file`` as it comes (a long run can be
     watched); its output, or an error with the log's tail."""
-    with open(log_file, "w") as f:
-        f.write("$ " + " ".join(cmd) + "\n")
-    code = fairseq_runs.start(cmd, env, log_file, cwd=REPO).wait()
+    code = fairseq_runs.run_to_log(cmd, env, log_file, cwd=REPO).returncode
     output = log_file.read_text()
     if code != 0:
         raise RuntimeError(f"{what} failed (exit {code}); full output in {log_file}:\n"

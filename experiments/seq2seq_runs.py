@@ -43,10 +43,8 @@ def run_timed(cmd, env, log):
     by side are timed apart. Stops with the log's tail if the command fails."""
     cmd = [str(c) for c in cmd]
     started = time.time()
-    with open(log, "w") as f:
-        f.write("$ " + " ".join(cmd) + "\n")
-    started_run = fairseq_runs.start(cmd, env, log)
-    code = started_run.wait()
+    started_run = fairseq_runs.run_to_log(cmd, env, log)
+    code = started_run.returncode
     wall = time.time() - started
     output = Path(log).read_text()
     if code != 0:

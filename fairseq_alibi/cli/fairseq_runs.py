@@ -176,11 +176,21 @@ def run(cmd: List[str], env: Optional[dict] = None, cwd=None,
     return subprocess.CompletedProcess(started.cmd, code, text, "")
 
 
+def run_to_log(cmd: List[str], env: dict, log: Path, cwd=None) -> Started:
+    """Run ``cmd`` to completion with ``log`` holding ``$ cmd`` and then its output as it
+    comes (a long run can be watched); the waited-for :class:`Started` (``returncode``,
+    ``cpu_s``)."""
+    cmd = [str(c) for c in cmd]
+    Path(log).write_text("$ " + " ".join(cmd) + "\n")
+    started = start(cmd, env, log, cwd)
+    started.wait()
+    return started
+
+
 def run_logged(cmd: List[str], log: Path, env: dict, what: str) -> str:
     """Run a command to completion, its output in ``log``; a clear error if it fails."""
-    proc = run(cmd, env)
-    output = proc.stdout
-    log.write_text("$ " + " ".join(cmd) + "\n" + output)
+    proc = run_to_log(cmd, env, log)
+    output = Path(log).read_text().split("\n", 1)[1]
     if proc.returncode != 0:
         raise RuntimeError(f"{what} failed (exit {proc.returncode}); full output in {log}:\n"
                            + output[-3000:])

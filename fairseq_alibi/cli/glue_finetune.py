@@ -535,9 +535,7 @@ def run_one(name: str, seed: int, data: dict, pretrained: Pretrained, restore: s
         env["CUDA_VISIBLE_DEVICES"] = str(gpu)
     log(f"{name} seed {seed}: fine-tuning{'' if gpu is None else f' on GPU {gpu}'} ...")
     started, cpu_before = time.time(), cpu_seconds()
-    with open(folder / "train.log", "w") as log_file:  # written as it runs: it can be watched
-        log_file.write("$ " + " ".join(cmd) + "\n")
-    code = fairseq_runs.start(cmd, env, folder / "train.log").wait()
+    code = fairseq_runs.run_to_log(cmd, env, folder / "train.log").returncode  # can be watched
     output = (folder / "train.log").read_text()
     best = save_dir / "checkpoint_best.pt"
     if code != 0 or not best.is_file():

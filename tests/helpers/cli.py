@@ -41,8 +41,8 @@ def run_cli(tool, *args, cwd=None, expect_ok=True, timeout=600, env=None):
     from fairseq_alibi.cli import fairseq_runs
 
     cmd = [str(BIN / tool)] + [str(a) for a in args]
-    full_env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
-    full_env.update(env or {})
+    full_env = child_env()
+    full_env.update(env or {})  # may override child_env's own variables
     proc = fairseq_runs.run(cmd, full_env, cwd=cwd, timeout=timeout)
     out = proc.stdout
     if expect_ok and proc.returncode != 0:
