@@ -24,7 +24,7 @@ The *prefix*, the first ``max(N, S)`` keys of ``N`` global tokens (bias 0, for e
 and ``S`` attention sinks (``--alibi-window-sinks``: their true bias ``-m·(i - j)``, for the
 queries whose window they are beyond), is one small pass of every head, merged with the
 windows by the log-sum-exps (:class:`_Merged`). The queries among the first ``max(N, S)``
-positions are one dense call of their own (:func:`_prefix_queries`).
+positions are one dense call of their own where they need it (:func:`dense_queries`).
 
 Backward, one for every group: the kernel's own from the merged output and log-sum-exp, one
 key block of every chunk at a time (:meth:`_Chunks.backward`: the blocks' rows do not overlap),
@@ -468,16 +468,28 @@ def _folded(q, k, v, slopes, future_slopes, variant, group: Group, scale, key_pa
     return out.flip(2) if group.looks_ahead else out
 
 
+def dense_queries(variant: str, query_len: int, key_len: int, global_tokens: int = 0,
+                  sinks: int = 0) -> int:
+    """How many of a call's first queries :func:`attention` computes as one dense call
+    (:func:`_prefix_queries`): those among the first ``max(global_tokens, sinks)`` positions
+    (queries aligned to the end of the keys), where a global token reads every key and a sink
+    may lie *ahead* of a query, beyond its look-ahead window, which the prefix pass (sinks
+    behind a query only) does not merge. None for ``causal`` without global tokens: the
+    variant hides every key ahead, so those queries' sinks are the prefix pass's."""
+    if not global_tokens and variant == "causal":
+        return 0
+    return max(0, min(max(global_tokens, sinks), key_len) - (key_len - query_len))
+
+
 def _prefix_queries(q, k, v, visible, slopes, future_slopes, variant, windows, global_tokens,
-                    sinks, scale):
-    """The output ``(B, H, g, D)`` of the queries among the first ``max(global_tokens, sinks)``
-    positions: global tokens, exempt from the bias and the windows, read every key; the others
-    their windows and the sinks (some of them ahead), by the dense definition (one dense call,
-    ``g <= max(N, S)``) over the keys they reach."""
+                    sinks, scale, g):
+    """The output ``(B, H, g, D)`` of the first ``g`` queries (:func:`dense_queries`): global
+    tokens, exempt from the bias and the windows, read every key; the others their windows and
+    the sinks (some of them ahead), by the dense definition (one dense call) over the keys they
+    reach."""
     B, H, T, D = q.shape
     S = k.size(2)
     first = S - T
-    g = min(max(global_tokens, sinks), S) - first
     ahead = None if global_tokens or None in windows[1] else max(windows[1])
     S = S if ahead is None else min(S, first + g + ahead)
     bias = alibi_bias_between(slopes, torch.arange(first, first + g), torch.arange(S), variant,
@@ -546,12 +558,10 @@ def attention(q: Tensor, k: Tensor, v: Tensor, slopes: Tensor, future_slopes: Op
     out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)
     if order != list(range(H)):
         out = out[:, torch.as_tensor(order).argsort()]
-    prefix_len = max(global_tokens, sinks)
-    # queries that are global tokens or in front of a sink: dense (causal hides every key
-    # ahead, so its first queries' sinks are the prefix pass's, already merged)
-    if prefix_len > S - T and (global_tokens or variant != "causal"):
+    g = dense_queries(variant, T, S, global_tokens, sinks)
+    if g:
         exempt = _prefix_queries(q, k, v, visible, slopes, future_slopes, variant, windows,
-                                 global_tokens, sinks, scale)
+                                 global_tokens, sinks, scale, g)
         if out.requires_grad:
             out = torch.cat([exempt, out[:, :, exempt.size(2):]], dim=2)
         else:  # no graph to keep: over the rows, not a copy of the whole output
