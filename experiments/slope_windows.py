@@ -76,6 +76,9 @@ DENSE_AGAIN = "off (again)"
 RESOLUTION = math.log(2) * 5e-5
 LOST_MASS_TITLE = ("Largest attention mass a query of the dense model puts beyond its head's "
                    "window (every layer and head):")
+#: the most bytes of one layer's explicit attention weights (heads × N² float32) the lost mass
+#: is measured with: a longer block is not measured (its forward holds a few such tensors)
+MASS_BYTES = 2 << 30
 
 
 #: the model families measured (``--family``); per family its training length, evaluation
@@ -356,6 +359,11 @@ class LostMassMeter:
         return hooked()
 
 
+def mass_measurable(length: int, heads: int) -> bool:
+    """Whether one layer's explicit weights at ``length`` fit :data:`MASS_BYTES`."""
+    return heads * length * length * 4 <= MASS_BYTES
+
+
 def attention_losses(checkpoint, data, cutoffs, lengths, sample_tokens: int, log) -> dict:
     """``{(T, N): largest lost mass}`` of the dense model (:class:`LostMassMeter`) on the first
     ``sample_tokens`` test tokens, cut into blocks of ``N`` (at least one block)."""
@@ -364,8 +372,13 @@ def attention_losses(checkpoint, data, cutoffs, lengths, sample_tokens: int, log
     model, _ = load_dense(checkpoint, {"data": str(data), "alibi_window_cutoff": 0.0})
     meter = LostMassMeter(model, cutoffs)
     stream = held_out_stream(data)
+    heads = max(m.num_heads for m in meter.attentions)
     with torch.no_grad():
         for n in lengths:
+            if not mass_measurable(n, heads):
+                log(f"attention mass beyond the windows: not measured at {n} tokens ({heads} "
+                    f"heads' weights of {n}² would exceed {MASS_BYTES >> 30} GiB)")
+                continue
             count = max(1, min(sample_tokens, len(stream)) // n)
             blocks = stream[:count * n].view(count, n) if len(stream) >= n else stream[None]
             log(f"attention mass beyond the windows: {blocks.size(0)} block(s) of "
@@ -409,7 +422,8 @@ def report_tables(rows, cutoffs, lengths, L: int) -> str:
     heads = ["T"] + [f"{n // L}L = {n}" for n in lengths]
     change = grid(rows, names[:1], lengths, lambda r, _: f"{r['perplexity']:.3f}")
     change += grid(rows, names[1:], lengths, lambda r, _: f"{r['change']:+.3%}")
-    lost = grid(rows, names[1:], lengths, lambda r, _: f"{r['lost_mass']:.1e}")
+    lost = grid(rows, names[1:], lengths, lambda r, _: "not measured"
+                if r["lost_mass"] is None else f"{r['lost_mass']:.1e}")
     speed = grid(rows, names[:1] + [DENSE_AGAIN] + names[1:], lengths,
                  lambda r, name: f"{r['tokens_per_s']:,.0f}" + (
                      "" if name in (DENSE, DENSE_AGAIN) else f" ({r['speed_vs_dense']:.2f}×)"))
@@ -481,7 +495,7 @@ def main(argv=None):
                               args.sample_tokens, log)
     for row in rows:
         row["lost_mass"] = (None if row["T"] is None
-                            else losses[((row["T"], row["S"]), row["length"])])
+                            else losses.get(((row["T"], row["S"]), row["length"])))
     write_csv(out / "slope_windows.csv", rows, extra=["S"])
     chosen = {sinks: smallest_within_goal(rows, settings, sinks) for sinks in args.sinks}
     verdict = " ".join(

@@ -74,6 +74,15 @@ def test_the_smallest_cutoff_within_the_goal_at_every_length_is_named():
     assert experiment.smallest_within_goal(rows[:2], [2]) is None
 
 
+def test_blocks_whose_weights_exceed_the_budget_are_reported_not_measured():
+    assert experiment.mass_measurable(8192, 8) and not experiment.mass_measurable(16384, 8)
+    rows = [{"cutoff": name, "T": t, "S": 0, "length": 64, "tokens": 100, "perplexity": 10.0,
+             "change": 0.0, "tokens_per_s": 1.0, "speed_vs_dense": 1.0, "lost_mass": None}
+            for name, t in (("off", None), ("off (again)", None), ("T=4", 4.0))]
+    tables = experiment.report_tables(rows, [(4.0, 0)], [64], 16)
+    assert "| T=4 | not measured |" in tables.replace("  ", " ")
+
+
 def test_flags():
     args = experiment.parse_args([])
     assert args.cutoffs == [2, 4, 6, 8, 12, 16] and args.multiples == [1, 2, 4, 8, 16, 64]
