@@ -474,7 +474,7 @@ def dense_queries(variant: str, query_len: int, key_len: int, global_tokens: int
     (:func:`_prefix_queries`): those among the first ``max(global_tokens, sinks)`` positions
     (queries aligned to the end of the keys), where a global token reads every key and a sink
     may lie *ahead* of a query, beyond its look-ahead window, which the prefix pass (sinks
-    behind a query only) does not merge. None for ``causal`` without global tokens: the
+    behind a query only) does not merge. 0 for ``causal`` without global tokens: the
     variant hides every key ahead, so those queries' sinks are the prefix pass's."""
     if not global_tokens and variant == "causal":
         return 0
