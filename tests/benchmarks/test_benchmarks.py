@@ -178,6 +178,22 @@ def test_quick_run_of_the_document_mask_tables(tmp_path, capsys):
         documents.main(["--doc-lengths", "9,3"])
 
 
+def test_quick_run_of_the_block_mask_table(capsys):
+    """benchmarks/block_masks.py: flex's block masks from the plan and from create_block_mask,
+    timed and measured side by side, and checked to read the same blocks."""
+    from benchmarks import block_masks
+    from fairseq_alibi.modules.attention import flex
+
+    if not flex.available():
+        pytest.skip("this torch has no flex_attention")
+    assert block_masks.main(["--quick"]) == 0
+    text = capsys.readouterr().out
+    assert "| windows | 512 |" in text and "| documents | 512 |" in text
+    assert "Check: both read the same blocks" in text
+    with pytest.raises(SystemExit):
+        block_masks.main(["--sinks", "-1"])
+
+
 def test_quick_run_of_the_end_to_end_table(tmp_path, capsys):
     """benchmarks/end_to_end.py: training and scoring in the four settings and with the attention
     stubbed out (its share), every figure a measured positive number."""

@@ -1,7 +1,10 @@
 """``flex``: ``torch.nn.attention.flex_attention`` with the ALiBi bias as a ``score_mod``.
 
 The bias is a ``score_mod``, the keys a variant hides a block ``mask_mod`` (whole blocks are
-skipped), padding and an extra ``attn_mask`` ``score_mod`` terms; compiled for full sequences
+skipped), padding and an extra ``attn_mask`` ``score_mod`` terms. Which blocks are skipped,
+read whole, or read with the ``mask_mod`` is the call's block plan (:func:`.blocks.plan`,
+from the windows, sinks and documents as numbers; :func:`as_block_mask`): no mask is
+evaluated on every (query, key) pair to find them. Kernels are compiled for full sequences
 on GPUs, eager for decoding steps and on the CPU. Every variant. PyTorch has no CPU backward
 for it: inference only on the CPU.
 
@@ -29,6 +32,7 @@ from typing import Optional
 import torch
 
 from fairseq_alibi.alibi import check_variant, mask_value
+from fairseq_alibi.modules.attention import blocks
 from fairseq_alibi.modules.attention.capabilities import Capabilities
 
 
@@ -107,10 +111,6 @@ def alibi_mask_mod(variant, num_heads, query_offset=0):
     return None
 
 
-#: an unbounded window (``None``) as a reach no sequence attains
-UNBOUNDED = 2**62
-
-
 def window_mask_mod(windows, query_offset=0, device=None, sinks=0, variant=None,
                     offsets=None):
     """A ``flex_attention`` ``mask_mod`` (True = visible) for slope windows: head ``h`` keeps
@@ -125,8 +125,7 @@ def window_mask_mod(windows, query_offset=0, device=None, sinks=0, variant=None,
     variant's own hidden keys (``causal``: ``ahead = 0``; ``one_sided``: ``back`` or ``ahead``
     0 by the head's direction), so this mask replaces :func:`alibi_mask_mod`.
     """
-    back, ahead = (torch.tensor([UNBOUNDED if w is None else int(w) for w in side],
-                                dtype=torch.int64, device=device) for side in windows)
+    back, ahead = blocks.bounds(windows, device)
 
     def mask_mod(b, h, q_idx, kv_idx):
         rel = q_idx + query_offset - kv_idx  # i - j
@@ -165,26 +164,57 @@ def _compiled_flex():
     return torch.compile(flex_attention)
 
 
+def as_block_mask(plan: blocks.BlockPlan, mask_mod, query_len: int, key_len: int):
+    """``plan`` (:func:`.blocks.plan`) as ``flex_attention``'s ``BlockMask``: its ``whole``
+    blocks run without ``mask_mod``, the others it reads with it (the element mask of the
+    same keys), the rest are skipped."""
+    from torch.nn.attention.flex_attention import BlockMask
+
+    def ordered(chosen):  # per query block: how many key blocks, and which (first)
+        chosen = chosen.to(torch.int32)
+        return (chosen.sum(dim=-1, dtype=torch.int32),
+                torch.argsort(chosen, dim=-1, descending=True, stable=True).to(torch.int32))
+
+    partial, whole = ordered(plan.read & ~plan.whole), ordered(plan.whole)
+    return BlockMask.from_kv_blocks(*partial, *whole, BLOCK_SIZE=plan.block, mask_mod=mask_mod,
+                                    seq_lengths=(query_len, key_len))
+
+
 @functools.lru_cache(maxsize=64)
 def _block_mask(variant, num_heads, query_len, key_len, device):
-    from torch.nn.attention.flex_attention import create_block_mask
-
     mask_mod = alibi_mask_mod(variant, num_heads, key_len - query_len)
     if mask_mod is None:
         return None
-    heads = num_heads if variant == "one_sided" else None
-    return create_block_mask(mask_mod, None, heads, query_len, key_len, device=device)
+    heads = num_heads if variant == "one_sided" else 1  # causal: one head's mask for all
+    plan = blocks.plan(blocks.direction(variant, heads), query_len, key_len, device=device)
+    return as_block_mask(plan, mask_mod, query_len, key_len)
 
 
 @functools.lru_cache(maxsize=64)
 def _window_block_mask(windows, query_len, key_len, device, sinks=0, variant=None):
     """The per-head block mask of ``windows`` (a tuple of two tuples, hashable: cached per
     windows, sinks and lengths, as :func:`_block_mask` per variant and lengths)."""
-    from torch.nn.attention.flex_attention import create_block_mask
-
     mask_mod = window_mask_mod(windows, key_len - query_len, device, sinks, variant)
-    return create_block_mask(mask_mod, None, len(windows[0]), query_len, key_len,
-                             device=device)
+    plan = blocks.plan(windows, query_len, key_len, sinks=sinks, variant=variant or "causal",
+                       device=device)
+    return as_block_mask(plan, mask_mod, query_len, key_len)
+
+
+def _document_block_mask(alibi, documents, windows, sinks, num_heads, query_len, key_len,
+                         device):
+    """The per-row block mask of a call with document masks (built per call)."""
+    first = key_len - query_len
+    ids = documents.ids.to(device)
+    offsets = None if documents.offsets is None else documents.offsets.to(device)
+    if windows is None:
+        inner = alibi_mask_mod(alibi.variant, num_heads, first)
+        reach = blocks.direction(alibi.variant, num_heads) or ([None] * num_heads,) * 2
+    else:
+        inner = window_mask_mod(windows, first, device, sinks, alibi.variant, offsets)
+        reach = windows
+    plan = blocks.plan(reach, query_len, key_len, sinks=sinks, variant=alibi.variant,
+                       documents=ids, offsets=offsets, device=device)
+    return as_block_mask(plan, document_mask_mod(ids, inner, first), query_len, key_len)
 
 
 def attention(q, k, v, alibi, key_padding_mask, attn_mask, dropout_p, scale):
@@ -213,14 +243,7 @@ def attention(q, k, v, alibi, key_padding_mask, attn_mask, dropout_p, scale):
     sinks = getattr(alibi, "sinks", 0) if windows is not None else 0
     documents = getattr(alibi, "documents", None)
     if documents is not None and documents.crossing:  # per row: built per call
-        from torch.nn.attention.flex_attention import create_block_mask
-
-        offsets = None if documents.offsets is None else documents.offsets.to(q.device)
-        inner = (alibi_mask_mod(alibi.variant, H, S - T) if windows is None
-                 else window_mask_mod(windows, S - T, q.device, sinks, alibi.variant, offsets))
-        block_mask = create_block_mask(
-            document_mask_mod(documents.ids.to(q.device), inner, S - T), B, H, T, S,
-            device=q.device)
+        block_mask = _document_block_mask(alibi, documents, windows, sinks, H, T, S, q.device)
     elif windows is not None:
         block_mask = _window_block_mask(tuple(tuple(side) for side in windows), T, S, q.device,
                                         sinks, alibi.variant)
