@@ -493,10 +493,11 @@ def test_eval_lm_perplexity_equals_the_exported_models(tmp_path, alibi_user_dir)
 
 @pytest.mark.slow
 @pytest.mark.parametrize("family", hf.FAMILIES)
-def test_fairseq_tools_run_on_an_import(family, tmp_path, alibi_user_dir):
-    """eval-lm equals transformers' perplexity (same blocks, same token count); interactive and
-    train --finetune-from-model run on the imported folder as it is, and the fine-tuned BLOOM
-    exports back (a fine-tuned MPT has learned biases: refused)."""
+def test_fairseq_tools_run_on_an_import(family, tmp_path, alibi_user_dir, capsys):
+    """eval-lm equals transformers' perplexity (same blocks, same token count); the windows
+    check, interactive with its cutoff and train --finetune-from-model run on the imported
+    folder as it is, and the fine-tuned BLOOM exports back (a fine-tuned MPT has learned
+    biases: refused)."""
     from fairseq.data import Dictionary
 
     model = tiny_hf_folder(tmp_path / "hf", family, 6)
@@ -519,10 +520,22 @@ def test_fairseq_tools_run_on_an_import(family, tmp_path, alibi_user_dir):
     hf_tokens, hf_loss = hf_blocks_loss(model, stream, 64, eos_hf)
     assert tokens == hf_tokens and abs(loss - hf_loss) < 1e-4
 
+    # the check before turning windows on reads the import as it is and writes nothing there;
+    # generation then runs with the cutoff it recommends, as a load-time override
+    from fairseq_alibi.cli.windows_check import main as windows_main
+
+    before = (fs / "checkpoint.pt").read_bytes()
+    assert windows_main([str(fs / "checkpoint.pt"), str(data), "--gen-subset", "test", "--cpu",
+                         "--out", str(tmp_path / "windows")]) == 0
+    verdict = capsys.readouterr().out.strip().splitlines()[-1]
+    assert verdict.startswith("recommended: --alibi-window-cutoff "), verdict
+    assert (fs / "checkpoint.pt").read_bytes() == before
+    cutoff = float(verdict.split()[2])
     interactive = subprocess.run(
         [str(BIN / "fairseq-interactive"), str(data), "--user-dir", alibi_user_dir, "--task",
          "language_modeling", "--path", str(fs / "checkpoint.pt"), "--bpe", "hf_tokenizer",
          "--hf-tokenizer", str(fs / "tokenizer.json"), "--beam", "1", "--max-len-b", "80",
+         "--model-overrides", str({"alibi_window_cutoff": cutoff}),
          "--cpu"], input="w5 w6 w7\n", capture_output=True, text=True, timeout=600,
         env=child_env())
     assert interactive.returncode == 0, interactive.stderr[-2000:]
