@@ -92,6 +92,30 @@ def test_flex_masks_the_documents_itself_on_the_cpu(variant, cutoff, sinks):
     torch.testing.assert_close(out.double(), expected, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize("variant", ["causal", "symmetric"])
+@pytest.mark.parametrize("cutoff,sinks", WINDOWS)
+def test_flex_skips_the_blocks_of_other_documents_exactly(variant, cutoff, sinks):
+    """Rows of several blocks of 128 (documents of 30-200 tokens; a row of one document): the
+    block plan skips whole blocks of other documents, and the output is the definition's."""
+    from fairseq_alibi.modules.attention import blocks
+
+    pytest.importorskip("torch.nn.attention.flex_attention")
+    tokens = packed_tokens([[130, 40, 200, 30], [400]])
+    B, L = tokens.shape
+    _, call = call_bias(variant, tokens, cutoff, window_sinks=sinks)
+    q, k, v = inputs(B, L)
+    slopes, future = call.head_slopes()
+    ids = call.documents.ids
+    expected = reference_document_attention(q, k, v, ids, variant, slopes.double(), future,
+                                            cutoff, sinks=sinks)
+    with torch.no_grad():
+        out = attend("flex", q, k, v, call)
+    torch.testing.assert_close(out.double(), expected, rtol=1e-4, atol=1e-5)
+    reach = ([None] * H, [None] * H)
+    plan = blocks.plan(reach, L, L, documents=ids, variant=variant)
+    assert plan.read[0].sum() < plan.read[1].sum() == plan.read[1].numel()
+
+
 @pytest.mark.parametrize("sinks", [0, 2])
 def test_a_batch_without_a_boundary_is_the_plain_call_bit_for_bit(sinks):
     tokens = packed_tokens([[40], [40]])

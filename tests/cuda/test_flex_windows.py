@@ -2,7 +2,8 @@
 per-head block mask, against the float64 windowed definition on the CPU, every variant, left
 padding, partial heads, forward and backward (the input gradients); the eager decoding step.
 
-Run on the device with ``python -m pytest tests/cuda/test_flex_windows.py``.
+Packed rows of documents too (the block plan's per-row mask, compiled). Run on the device with
+``python -m pytest tests/cuda/test_flex_windows.py``.
 """
 
 import pytest
@@ -72,3 +73,38 @@ def test_flex_windows_skip_blocks_on_cuda():
         assert torch.equal(getattr(on_gpu, name).cpu(), getattr(on_cpu, name))
     counts = on_gpu.kv_num_blocks + on_gpu.full_kv_num_blocks
     assert counts[0, 0].max() <= 3 < counts.shape[-1]
+
+
+@pytest.mark.parametrize("dtype", REL_TOL, ids=["fp32", "bf16"])
+@pytest.mark.parametrize("cutoff,sinks", [(0.0, 0), (1.0, 0), (1.0, 2)])
+@pytest.mark.parametrize("variant", ["causal", "symmetric"])
+def test_flex_documents_forward_and_backward_match_the_definition(variant, cutoff, sinks,
+                                                                  dtype):
+    """Packed rows of documents over several blocks of 128 (the block plan's per-row mask,
+    compiled), with and without windows and sinks, against the float64 definition."""
+    from fairseq_alibi.modules.attention import attend
+    from fairseq_alibi.modules.bias import AlibiBias
+    from tests.helpers.documents import EOS, packed_tokens
+    from tests.helpers.references import reference_document_attention
+
+    tokens = packed_tokens([[130, 40, 200, 30], [400]])
+    B, L = tokens.shape
+    bias = AlibiBias(4, variant=variant, window_cutoff=cutoff, document_mask="eos",
+                     window_sinks=sinks).to("cuda")
+    bias.read_tokens(tokens.cuda(), EOS)
+    call = bias.layer(0).for_call(None, B, L, L, False)
+    torch.manual_seed(0)
+    ref_leaves = [torch.randn(B, 4, L, 16, dtype=torch.float64).requires_grad_()
+                  for _ in "qkv"]
+    leaves = [t.detach().to("cuda", dtype).requires_grad_() for t in ref_leaves]
+    slopes, future = (None if x is None else x.double().cpu() for x in call.head_slopes())
+    want = reference_document_attention(*ref_leaves, call.documents.ids.cpu(), variant, slopes,
+                                        future, cutoff, sinks=sinks)
+    got = attend("flex", *leaves, call)
+    rows = torch.ones(B, 4, L, dtype=torch.bool)
+    assert relative_error(got, want.detach(), rows) < REL_TOL[dtype]
+    grad = torch.randn(want.shape, dtype=torch.float64)
+    ref_grads = torch.autograd.grad(want, ref_leaves, grad)
+    grads = torch.autograd.grad(got, leaves, grad.to("cuda", dtype))
+    for name, g, r in zip("qkv", grads, ref_grads):
+        assert float((g.double().cpu() - r).norm() / r.norm()) < 4 * REL_TOL[dtype], name
