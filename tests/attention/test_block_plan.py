@@ -96,3 +96,9 @@ def test_the_plan_of_long_windows_is_small():
     counts = plan.read.sum(dim=-1)
     assert counts[0, 0].max() == 2 and counts[0, 0, 0] == 1
     assert not (plan.read & plan.read.new_ones(512, 512).triu(1)).any()  # causal
+
+
+def test_sinks_with_documents_need_the_offsets():
+    ids = torch.zeros(1, 64, dtype=torch.long)
+    with pytest.raises(ValueError, match="sinks with documents need the keys' offsets"):
+        blocks.plan(_reach("causal", 8.0), 64, 64, BLOCK, 4, "causal", ids)

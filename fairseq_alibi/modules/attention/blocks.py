@@ -96,6 +96,9 @@ def plan(reach: Reach, query_len: int, key_len: int, block: int = BLOCK, sinks: 
     of each query's document (``offsets`` ``(B, S)``, each key's place in it: the sinks are
     then each document's first keys, :func:`~fairseq_alibi.alibi.document_offsets`)."""
     T, S = query_len, key_len
+    if sinks and documents is not None and offsets is None:
+        raise ValueError("blocks.plan: attention sinks with documents need the keys' offsets "
+                         "in their documents (alibi.document_offsets)")
     i0, i1, whole_q = _ends(T, block, S - T, device)
     j0, j1, whole_k = _ends(S, block, 0, device)
     back, ahead = _bounds(reach, device)
