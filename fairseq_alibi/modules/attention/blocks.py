@@ -72,6 +72,11 @@ def _bounds(reach: Reach, device) -> Tuple[Tensor, Tensor]:
     return tuple(side.view(-1, 1, 1) for side in bounds(reach, device))
 
 
+def _direction_bounds(variant: str, num_heads: int, device) -> Tuple[Tensor, Tensor]:
+    """:func:`_bounds` of ``variant``'s :func:`direction` (every key: unbounded both ways)."""
+    return _bounds(direction(variant, num_heads) or ([None] * num_heads,) * 2, device)
+
+
 def _ends(length: int, block: int, first: int, device) -> Tuple[Tensor, Tensor, Tensor]:
     """Each block's first and last position (``+ first``) and whether it is a whole block."""
     starts = torch.arange(0, length, block, device=device)
@@ -106,8 +111,7 @@ def plan(reach: Reach, query_len: int, key_len: int, block: int = BLOCK, sinks: 
     read = _meets(low, high, back, ahead)  # (H, nQ, nK)
     whole = _inside(low, high, back, ahead) & whole_q[:, None] & whole_k[None, :]
     if sinks and documents is None:
-        own = direction(variant, len(reach[0])) or ([None] * len(reach[0]),) * 2
-        d_back, d_ahead = _bounds(own, device)
+        d_back, d_ahead = _direction_bounds(variant, len(reach[0]), device)
         has_sink = (j0 < sinks)[None, :]
         last_sink = torch.clamp(j1, max=sinks - 1)
         sink_low, sink_high = i0[:, None] - last_sink[None, :], high  # the sink keys' span
@@ -121,31 +125,26 @@ def plan(reach: Reach, query_len: int, key_len: int, block: int = BLOCK, sinks: 
         whole = whole | (has_sink & sink_whole & whole_q[:, None] & whole_k[None, :])
     read, whole = read[None], whole[None]
     if documents is not None:
-        read, whole = _within_documents(read, whole, documents.to(device), block, S - T, sinks,
+        ends = (i0, i1, j0, j1)
+        read, whole = _within_documents(read, whole, documents.to(device), ends, block, sinks,
                                         offsets, variant, low, high)
     return BlockPlan(read, whole, block)
 
 
-def _within_documents(read, whole, documents, block, first, sinks, offsets, variant, low,
+def _within_documents(read, whole, documents, ends, block, sinks, offsets, variant, low,
                       high):
     """``read`` and ``whole`` ``(1, H, nQ, nK)`` narrowed to the block pairs that share a
-    document, ``(B, H, nQ, nK)``; with sinks, a key block holding a document's first keys is
-    read where the direction keeps some of it."""
+    document, ``(B, H, nQ, nK)`` (``ends``: the query and key blocks' first and last
+    positions); with sinks, a key block holding a document's first keys is read where the
+    direction keeps some of it."""
     B, S = documents.shape
-    starts = torch.arange(0, S, block, device=documents.device)
-    lasts = torch.clamp(starts + block - 1, max=S - 1)
-    k_low, k_high = documents[:, starts], documents[:, lasts]  # (B, nK)
-    q_first = torch.arange(first, S, block, device=documents.device)
-    q_last = torch.clamp(q_first + block - 1, max=S - 1)
-    q_low, q_high = documents[:, q_first], documents[:, q_last]  # (B, nQ)
+    q_low, q_high, k_low, k_high = (documents[:, at] for at in ends)  # (B, nQ) and (B, nK)
     meet = ((q_low[:, :, None] <= k_high[:, None, :])
             & (k_low[:, None, :] <= q_high[:, :, None]))[:, None]  # (B, 1, nQ, nK)
     one = ((q_low == q_high)[:, :, None] & (k_low == k_high)[:, None, :]
            & (q_low[:, :, None] == k_low[:, None, :]))[:, None]
     if sinks:
-        H = read.size(1)
-        own = direction(variant, H) or ([None] * H,) * 2
-        d_back, d_ahead = _bounds(own, documents.device)
+        d_back, d_ahead = _direction_bounds(variant, read.size(1), documents.device)
         padded = torch.nn.functional.pad(offsets, (0, -S % block), value=sinks)
         has_sink = (padded.view(B, -1, block).min(dim=2).values < sinks)[:, None, None, :]
         read = read | (has_sink & _meets(low, high, d_back, d_ahead)[None])
