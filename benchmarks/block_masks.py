@@ -20,14 +20,13 @@ from types import SimpleNamespace
 
 import torch
 
-from benchmarks.packing import document_lengths, packed_rows
+from benchmarks.packing import EOS, document_lengths, packed_rows
 from benchmarks.tables import machine, table
 from benchmarks.timing import Rounds, mib, peak_bytes
-from fairseq_alibi.alibi import get_slopes, variant_windows
+from fairseq_alibi.alibi import document_ids, get_slopes, variant_windows
 from fairseq_alibi.modules.attention import flex
 
 HEADS = 8
-EOS = 2
 
 
 def cases(length: int, cutoff: float, sinks: int, doc_lengths, seed: int = 0):
@@ -37,7 +36,7 @@ def cases(length: int, cutoff: float, sinks: int, doc_lengths, seed: int = 0):
     windows = tuple(tuple(side) for side in variant_windows(get_slopes(HEADS), cutoff))
     window_mod = flex.window_mask_mod(windows, 0, None, sinks, "causal")
     tokens, _ = packed_rows(1, length, document_lengths("uniform", *doc_lengths, seed), seed=seed)
-    ids = (tokens == EOS).long().cumsum(dim=1)
+    ids = document_ids(tokens == EOS, "eos")
     documents = SimpleNamespace(ids=ids, offsets=None)
     document_mod = flex.document_mask_mod(ids, flex.alibi_mask_mod("causal", HEADS, 0))
     built = flex._window_block_mask.__wrapped__  # not the cached one
@@ -46,15 +45,21 @@ def cases(length: int, cutoff: float, sinks: int, doc_lengths, seed: int = 0):
             lambda: built(windows, length, length, "cpu", sinks, "causal"),
             lambda: create_block_mask(window_mod, None, HEADS, length, length, device="cpu")),
         "documents": (
-            lambda: flex._document_block_mask(SimpleNamespace(variant="causal"), documents,
-                                              None, 0, HEADS, length, length, "cpu"),
+            lambda: flex.document_block_mask("causal", documents, None, 0, HEADS, length,
+                                             length, "cpu"),
             lambda: create_block_mask(document_mod, 1, HEADS, length, length, device="cpu")),
     }
 
 
 def same_blocks(a, b) -> bool:
-    return (torch.equal(a.to_dense(), b.to_dense())
-            and torch.equal(a.full_kv_num_blocks, b.full_kv_num_blocks))
+    """Whether two BlockMasks read the same blocks, and the same of them whole."""
+    from torch.nn.attention.flex_attention import BlockMask
+
+    def whole(m):
+        return BlockMask.from_kv_blocks(m.full_kv_num_blocks, m.full_kv_indices,
+                                        BLOCK_SIZE=m.BLOCK_SIZE).to_dense()
+
+    return torch.equal(a.to_dense(), b.to_dense()) and torch.equal(whole(a), whole(b))
 
 
 def run(lengths, cutoff, sinks, doc_lengths, rounds, log=print):

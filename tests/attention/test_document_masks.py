@@ -116,6 +116,27 @@ def test_flex_skips_the_blocks_of_other_documents_exactly(variant, cutoff, sinks
     assert plan.read[0].sum() < plan.read[1].sum() == plan.read[1].numel()
 
 
+def test_flex_builds_a_passs_document_block_mask_once():
+    """The layers of one forward pass share their documents: flex's block mask is built for
+    the first and kept for the others; the next pass's documents get their own."""
+    from fairseq_alibi.modules.attention import flex
+
+    pytest.importorskip("torch.nn.attention.flex_attention")
+    tokens = packed_tokens([[130, 40, 200, 30], [400]])
+    B, L = tokens.shape
+    bias, call = call_bias("causal", tokens, CUTOFF)
+    q, k, v = inputs(B, L)
+    with torch.no_grad():
+        attend("flex", q, k, v, call)
+        first = list(flex._DOCUMENT_MASKS.values())
+        attend("flex", q, k, v, bias.layer(1).for_call(None, B, L, L, False))
+        assert list(flex._DOCUMENT_MASKS.values()) == first and len(first) == 1
+        bias.read_tokens(tokens, EOS)  # the next pass
+        attend("flex", q, k, v, bias.layer(0).for_call(None, B, L, L, False))
+    assert len(flex._DOCUMENT_MASKS) == 1
+    assert list(flex._DOCUMENT_MASKS.values())[0] is not first[0]
+
+
 @pytest.mark.parametrize("sinks", [0, 2])
 def test_a_batch_without_a_boundary_is_the_plain_call_bit_for_bit(sinks):
     tokens = packed_tokens([[40], [40]])

@@ -20,7 +20,8 @@ one (the eager CPU path computes the same function, every score, for inference).
 
 Document masks (``--alibi-document-mask``): one more ``mask_mod`` term, the keys of the
 query's own document (:func:`document_mask_mod`), so whole blocks of other documents are
-skipped too; the block mask is then per row and built per call. With attention sinks, those of
+skipped too; the block mask is then per row, built once per forward pass (the layers share
+their documents). With attention sinks, those of
 each document: its first positions (the documents' offsets, :func:`window_mask_mod`).
 """
 
@@ -200,19 +201,42 @@ def _window_block_mask(windows, query_len, key_len, device, sinks=0, variant=Non
     return as_block_mask(plan, mask_mod, query_len, key_len)
 
 
-def _document_block_mask(alibi, documents, windows, sinks, num_heads, query_len, key_len,
+#: the block masks of the last call's documents, per windows and shape: the layers of one
+#: forward pass share their documents (one ``Documents.serial``), so the mask is built once
+#: per pass and windows, not per layer; a new pass's documents drop the last one's
+_DOCUMENT_MASKS = {}
+
+
+def _document_block_mask(variant, documents, windows, sinks, num_heads, query_len, key_len,
                          device):
-    """The per-row block mask of a call with document masks (built per call)."""
+    """The per-row block mask of a call with document masks (:func:`document_block_mask`),
+    kept for the other layers of the pass."""
+    key = (documents.serial, windows, sinks, variant, num_heads, query_len, key_len,
+           str(device))
+    found = _DOCUMENT_MASKS.get(key)
+    if found is None:
+        if any(k[0] != documents.serial for k in _DOCUMENT_MASKS):
+            _DOCUMENT_MASKS.clear()
+        found = _DOCUMENT_MASKS[key] = document_block_mask(
+            variant, documents, windows, sinks, num_heads, query_len, key_len, device)
+    return found
+
+
+def document_block_mask(variant, documents, windows, sinks, num_heads, query_len, key_len,
+                        device):
+    """The per-row block mask of a call with ``documents`` (``ids``, ``offsets``) and
+    ``windows`` (``None``: the variant's own mask): the block plan of the documents, and
+    :func:`document_mask_mod` of the windows' or the variant's mask for its partial blocks."""
     first = key_len - query_len
     ids = documents.ids.to(device)
     offsets = None if documents.offsets is None else documents.offsets.to(device)
     if windows is None:
-        inner = alibi_mask_mod(alibi.variant, num_heads, first)
-        reach = blocks.direction(alibi.variant, num_heads) or ([None] * num_heads,) * 2
+        inner = alibi_mask_mod(variant, num_heads, first)
+        reach = blocks.direction(variant, num_heads) or ([None] * num_heads,) * 2
     else:
-        inner = window_mask_mod(windows, first, device, sinks, alibi.variant, offsets)
+        inner = window_mask_mod(windows, first, device, sinks, variant, offsets)
         reach = windows
-    plan = blocks.plan(reach, query_len, key_len, sinks=sinks, variant=alibi.variant,
+    plan = blocks.plan(reach, query_len, key_len, sinks=sinks, variant=variant,
                        documents=ids, offsets=offsets, device=device)
     return as_block_mask(plan, document_mask_mod(ids, inner, first), query_len, key_len)
 
@@ -243,7 +267,9 @@ def attention(q, k, v, alibi, key_padding_mask, attn_mask, dropout_p, scale):
     sinks = getattr(alibi, "sinks", 0) if windows is not None else 0
     documents = getattr(alibi, "documents", None)
     if documents is not None and documents.crossing:  # per row: built per call
-        block_mask = _document_block_mask(alibi, documents, windows, sinks, H, T, S, q.device)
+        key = None if windows is None else tuple(tuple(side) for side in windows)
+        block_mask = _document_block_mask(alibi.variant, documents, key, sinks, H, T, S,
+                                          q.device)
     elif windows is not None:
         block_mask = _window_block_mask(tuple(tuple(side) for side in windows), T, S, q.device,
                                         sinks, alibi.variant)
