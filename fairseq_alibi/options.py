@@ -35,6 +35,7 @@ declaration's ``check``, stated once.
 
 import dataclasses
 import difflib
+import functools
 import logging
 import math
 from dataclasses import dataclass, field
@@ -46,6 +47,7 @@ from fairseq_alibi.alibi import (DOCUMENT_MASKS, ENCODER_VARIANTS, SCALE_MODES, 
                                  check_variant, check_window_cutoff)
 from fairseq_alibi.config_access import cfg_get, cfg_set
 from fairseq_alibi.cross_alibi import CROSS_ALIBI_MODES
+from fairseq_alibi.error_hints import OneLineError
 from fairseq_alibi.modules.attention.dispatch import ATTENTION_BACKENDS
 
 logger = logging.getLogger(__name__)
@@ -56,6 +58,26 @@ BIASED = VARIANTS
 BIDIRECTIONAL = tuple(v for v in VARIANTS if v != "causal")
 #: the ``--cross-alibi`` modes with a position bias
 CROSS_BIASED = tuple(m for m in CROSS_ALIBI_MODES if m != "none")
+
+
+class OptionError(OneLineError):
+    """A value or combination of the package's options that cannot work: the message names the
+    flag and the fix, and an uncaught one is printed as that line alone (no traceback)."""
+
+
+def one_line_errors(check):
+    """``check`` (a validation of options) raising its refusals as :class:`OptionError`: each is
+    a ``ValueError`` whose message names the flag, whoever raised it (the math's own checks,
+    such as ``one_sided``'s even head count, included)."""
+    @functools.wraps(check)
+    def checked(*args, **kwargs):
+        try:
+            return check(*args, **kwargs)
+        except OneLineError:
+            raise
+        except ValueError as refused:
+            raise OptionError(str(refused)) from None
+    return checked
 
 
 def positive(value):
@@ -301,6 +323,7 @@ class StackOptions(FairseqDataclass):
         return self.variant != "none"
 
 
+@one_line_errors
 def check_stacks(stacks):
     """Validate a model's stacks, ``{side: (options, attention heads)}``, and its model-wide
     options (once); warn when no stack uses ALiBi and a model-wide option was set anyway."""
@@ -482,6 +505,7 @@ def _check_needs(options, prefix: str = "", side: Optional[Side] = None):
                              f"{needs.why}")
 
 
+@one_line_errors
 def check_declared(options, prefix: str = ""):
     """What a declaration's fields say (choices, ``check``, ``needs``), one line for the first
     option that fails, named as ``prefix`` declares them (a family's own options:
@@ -682,3 +706,41 @@ def check_override_keys(keys: Iterable[str], model_name: str, where: str = "--mo
         close = difflib.get_close_matches(key, valid, n=1, cutoff=0.75)
         hint = f" (did you mean {close[0]!r}?)" if close and not owners else ""
         raise ValueError(f"{what}{hint}; valid for {model_name}: {', '.join(valid)}")
+
+
+def _value_refusal(f: dataclasses.Field, kind, side: Optional[Side], value,
+                   where: str) -> Optional[str]:
+    """What is wrong with ``value`` for the option ``f`` as ``side`` declares it (type
+    ``kind``): not one of its choices, not of its type, refused by its ``check``; or ``None``."""
+    flag = flag_of(f, "" if side is None else side.prefix)
+    choices = _choices(f) if side is None or f.name != "variant" else side.variants
+    if choices is not None and str(value) not in choices:
+        return f"unknown {flag} {str(value)!r} in {where}; choose one of: {', '.join(choices)}"
+    try:
+        value = _typed(_base_type(kind), value)
+    except (TypeError, ValueError):
+        return f"{flag} in {where} takes a {_base_type(kind).__name__}, got {value!r}"
+    try:
+        _check_field(f, value, "" if side is None else side.prefix)
+    except ValueError as refused:
+        return f"{refused} (in {where})"
+    return None
+
+
+def check_override_values(given: Dict[str, object], model_name: Optional[str] = None,
+                          where: str = "--model-overrides"):
+    """An :class:`OptionError` for the first of the package's options in ``given`` (a load-time
+    override's ``{key: value}``) whose value the model ``model_name`` cannot take (``None``,
+    before the checkpoint is read: no family that declares the key can): one of its choices,
+    its type, its ``check``. fairseq would merge it into the model's config first, where a bad
+    choice or type fails deep inside omegaconf; what needs the other options (``needs``, the
+    head count) is the model's own check when it is built."""
+    families = list(_FAMILY_DECLARATIONS) if model_name is None else [model_name]
+    for key, value in given.items():
+        refusals = [_value_refusal(f, kind, side, value, where)
+                    for family in families
+                    for cls, sides in _FAMILY_DECLARATIONS.get(family, ())
+                    for side in sides
+                    for name, f, kind, _ in _fields(cls, side) if name == key]
+        if refusals and all(refusals):
+            raise OptionError(refusals[0])

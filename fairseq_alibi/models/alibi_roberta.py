@@ -111,6 +111,7 @@ class RobertaOptions(FairseqDataclass):
                 "RoBERTa) or mean (the mean of the real tokens' features, JinaBERT's pooling); "
                 "saved with the head"})
 
+    @options.one_line_errors
     def check(self, embed_dim: int):
         """Clear errors for values and combinations that cannot work: the declarations'
         (:func:`~fairseq_alibi.options.check_declared`), then the factorised embedding's."""

@@ -86,6 +86,7 @@ def model_options(cfg):
             options.read(options.CrossOptions, cfg))
 
 
+@options.one_line_errors
 def _check_options(args):
     """Clear errors for option values and combinations that cannot work."""
     encoder, decoder, cross = model_options(args)

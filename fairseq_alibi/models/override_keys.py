@@ -21,7 +21,10 @@ other key, and every stock model, keeps fairseq's behaviour. It then gives a val
 the checkpoint's hydra-era model config lacks (a checkpoint written before the option existed,
 such as ``alibi_window_cutoff``) the override's value (:func:`add_missing_options`), which
 ``overwrite_args_by_name`` would drop: an option of today is a load-time override of any
-trained model, as the options it had then are.
+trained model, as the options it had then are. Before that, each such option's value is
+checked against its declaration (:func:`~fairseq_alibi.options.check_override_values`: its
+choices, type and rule), which fairseq would otherwise merge into the model's config, where a
+misspelt choice fails deep inside omegaconf.
 
 A hydra config's ``model:`` section is checked by the shipped configs' callback
 (:mod:`fairseq_alibi.hydra_support`, :func:`check_model_config_keys`): hydra's structured config
@@ -77,6 +80,13 @@ def override_keys(arg_overrides) -> list:
     return keys
 
 
+def given_overrides(arg_overrides) -> dict:
+    """``arg_overrides`` with its ``model`` group's keys (if it holds one as a dict) among its
+    own."""
+    nested = arg_overrides.get("model")
+    return {**arg_overrides, **(nested if isinstance(nested, dict) else {})}
+
+
 def add_missing_options(state, arg_overrides, model_name):
     """Set each of the family's options given in ``arg_overrides`` (or its ``model`` group)
     that the checkpoint's model config (``state["cfg"].model``) does not hold; the keys it holds
@@ -84,8 +94,7 @@ def add_missing_options(state, arg_overrides, model_name):
     model_cfg = cfg_get(state.get("cfg") or {}, "model", None)
     if model_cfg is None or not hasattr(model_cfg, "keys"):
         return
-    nested = arg_overrides.get("model")
-    given = {**arg_overrides, **(nested if isinstance(nested, dict) else {})}
+    given = given_overrides(arg_overrides)
     for key in options.family_option_names(model_name):
         if key in given and key not in model_cfg.keys():
             cfg_set(model_cfg, key, given[key])
@@ -101,10 +110,18 @@ def guard_override_keys():
 
     @functools.wraps(stock)
     def load_checkpoint_to_cpu(path, arg_overrides=None, *args, **kwargs):
-        state = stock(path, arg_overrides, *args, **kwargs)
+        try:
+            state = stock(path, arg_overrides, *args, **kwargs)
+        except Exception:
+            # an argparse-era checkpoint's overrides are merged into its config while it is
+            # read: a bad value fails there, before the model is known
+            if arg_overrides:
+                options.check_override_values(given_overrides(arg_overrides))
+            raise
         if arg_overrides:
             model_name = model_name_of(state)
             check_keys(override_keys(arg_overrides), model_name)
+            options.check_override_values(given_overrides(arg_overrides), model_name)
             add_missing_options(state, arg_overrides, model_name)
         return state
 

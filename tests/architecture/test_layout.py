@@ -20,11 +20,13 @@ ENTRY_POINTS = frozenset(["__main__.py"] + [f"{alias}.py" for alias in ALIASES])
 #: what each layer of the library may import of the package (docs/architecture.md's layers)
 MATH = ("fairseq_alibi.alibi", "fairseq_alibi.cross_alibi")
 ATTENTION = MATH + ("fairseq_alibi.modules.attention",)
-OPTIONS = ATTENTION + ("fairseq_alibi.options", "fairseq_alibi.config_access")
+OPTIONS = ATTENTION + ("fairseq_alibi.options", "fairseq_alibi.config_access",
+                       "fairseq_alibi.error_hints")
 LAYERS = {
     "fairseq_alibi/alibi.py": (),  # the math imports nothing of the package
     "fairseq_alibi/cross_alibi.py": (),
     "fairseq_alibi/config_access.py": (),
+    "fairseq_alibi/error_hints.py": (),  # the one-line refusals: below every layer that refuses
     "fairseq_alibi/files.py": (),
     "fairseq_alibi/modules/attention": ATTENTION,
     "fairseq_alibi/options.py": OPTIONS,

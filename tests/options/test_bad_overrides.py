@@ -4,7 +4,11 @@ reads it (an argparse-era checkpoint, a legacy model's Namespace), and the run w
 figures as if the option were on. A key that starts like one of the package's options but names
 none of the checkpoint model's is a one-line error listing the valid names
 (fairseq_alibi.models.override_keys, fairseq_alibi.options.check_override_keys); every other key
-loads as stock. Also a hydra config's ``model:`` section (the shipped configs' callback)."""
+loads as stock. A value an option cannot take (a misspelt choice, a wrong type, one its rule
+refuses) is one line naming the flag too, before fairseq merges it into the model's config
+(options.check_override_values), and so is a combination the model refuses when it is built
+(options.OptionError). Also a hydra config's ``model:`` section (the shipped configs'
+callback)."""
 
 import dataclasses
 from pathlib import Path
@@ -130,6 +134,42 @@ def test_another_familys_option_is_refused():
         "ALiBi option 'position_shift' in --model-overrides is alibi_transformer's")
 
 
+@pytest.mark.parametrize("era", ["hydra", "argparse"])
+def test_a_bad_override_value_is_one_line_naming_the_flag(era, argparse_era_lm):
+    path = LM if era == "hydra" else argparse_era_lm
+    cases = [
+        ({"alibi_document_mask": "docs"}, "unknown --alibi-document-mask 'docs' in "
+         "--model-overrides; choose one of: none, eos, doc"),
+        ({"model": {"alibi_attention": "flesh"}}, "unknown --alibi-attention 'flesh' in "
+         "--model-overrides; choose one of: auto, fold, sdpa, flex, flash, naive, windowed"),
+        ({"alibi_window_cutoff": "abc"}, "--alibi-window-cutoff in --model-overrides takes a "
+         "float, got 'abc'"),
+        ({"alibi_window_sinks": -2}, "--alibi-window-sinks must be >= 0, got -2 (in "
+         "--model-overrides)"),
+        # valid alone, refused with the model's other options when it is built
+        ({"alibi_window_sinks": 4}, "--alibi-window-sinks needs --alibi-window-cutoff: sinks "
+         "are the keys kept beyond the slope windows"),
+    ]
+    for overrides, message in cases:
+        with pytest.raises(options.OptionError) as refused:
+            load(path, **overrides)
+        assert str(refused.value) == message, overrides
+    # a value of the option's type, as a string: taken as that value
+    as_text, _ = load(path, alibi_window_cutoff="2")
+    as_number, _ = load(path, alibi_window_cutoff=2.0)
+    dense, _ = load(path)
+    assert torch.equal(lm_output(as_text), lm_output(as_number))
+    assert not torch.allclose(lm_output(as_text), lm_output(dense), atol=1e-5)
+
+
+def test_a_legacy_models_bad_override_values_are_one_line():
+    assert refusal(ROBERTA, load_checkpoint_heads=True, alibi_variant="causal") == (
+        "unknown --alibi-variant 'causal' in --model-overrides; choose one of: symmetric, "
+        "one_sided, offset, asymmetric, none")
+    assert refusal(TRANSLATION, cross_alibi="pointerr").startswith(
+        "unknown --cross-alibi 'pointerr' in --model-overrides; choose one of:")
+
+
 def test_a_nested_model_override_is_checked():
     assert "'alibi_slope_scal'" in refusal(LM, model={"alibi_slope_scal": 0.5})
 
@@ -235,4 +275,11 @@ def test_fairseq_eval_lm_refuses_a_misspelt_override(trained_lm_checkpoint, tiny
     assert out.strip().splitlines()[-1] == (
         "OneLineError: unknown ALiBi option 'alibi_slope_scal' in --model-overrides (did you "
         f"mean 'alibi_slope_scale'?); valid for alibi_transformer_lm: {LM_OPTIONS}")
+    assert "Traceback" not in out
+    out = run_cli("fairseq-eval-lm", tiny_lm_data, "--user-dir", alibi_user_dir, "--path",
+                  trained_lm_checkpoint, "--cpu", "--max-tokens", "4096", "--num-workers", "0",
+                  "--model-overrides", "{'alibi_document_mask': 'docs'}", expect_ok=False)
+    assert out.strip().splitlines()[-1] == (
+        "OptionError: unknown --alibi-document-mask 'docs' in --model-overrides; choose one "
+        "of: none, eos, doc")
     assert "Traceback" not in out
