@@ -96,25 +96,31 @@ def stream_samples(source, target, chunk: int) -> Iterator[dict]:
                "target": target[start:start + chunk][None]}
 
 
+def split_tokens(data, subset: str, error=StreamError) -> int:
+    """The tokens of split ``subset`` of the binarized folder ``data``; a missing or empty split
+    is ``error(message)`` (the calling tool's one line)."""
+    from fairseq_alibi.cli.sweep import split_token_count
+
+    first_shard = os.path.join(str(data).split(os.pathsep)[0], subset)
+    # fairseq cannot map an empty split's file (it fails with "cannot mmap an empty file")
+    empty = os.path.isfile(first_shard + ".bin") and os.path.getsize(first_shard + ".bin") == 0
+    tokens = 0 if empty else split_token_count(data, subset)
+    if tokens is None:
+        raise error(f"no split {subset!r} in {data}: give --gen-subset a split "
+                    "that fairseq-preprocess wrote there")
+    if tokens == 0:
+        raise error(f"the split {subset!r} of {data} holds no tokens: give "
+                    "--gen-subset a split with text")
+    return tokens
+
+
 def split_as_one_block(cfg, subset: str, error=StreamError):
     """``(task, source, target)``: the task, and split ``subset`` read by its dataset as one
     block of all its tokens (``--sample-break-mode none``), of which fairseq-eval-lm's blocks
     are pieces. A missing or empty split is ``error(message)`` (the calling tool's one line)."""
     from fairseq import tasks
 
-    from fairseq_alibi.cli.sweep import split_token_count
-
-    first_shard = os.path.join(str(cfg.task.data).split(os.pathsep)[0], subset)
-    # fairseq cannot map an empty split's file (it fails with "cannot mmap an empty file")
-    empty = os.path.isfile(first_shard + ".bin") and os.path.getsize(first_shard + ".bin") == 0
-    tokens = 0 if empty else split_token_count(cfg.task.data, subset)
-    if tokens is None:
-        raise error(f"no split {subset!r} in {cfg.task.data}: give --gen-subset a split "
-                    "that fairseq-preprocess wrote there")
-    if tokens == 0:
-        raise error(f"the split {subset!r} of {cfg.task.data} holds no tokens: give "
-                    "--gen-subset a split with text")
-    cfg.task.tokens_per_sample = tokens
+    cfg.task.tokens_per_sample = split_tokens(cfg.task.data, subset, error)
     task = tasks.setup_task(cfg.task)
     task.load_dataset(subset)
     item = task.dataset(subset)[0]

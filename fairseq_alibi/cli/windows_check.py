@@ -64,7 +64,9 @@ evaluated) and ``windows.png`` (mass beyond the window by head and ``T``; needs 
 --alibi-window-cutoff T --alibi-window-sinks S`` (it passes only with its first ``S`` positions
 kept) or ``not recommended: <reason>`` (what failed: the closest change, with the largest ``S``
 tried, and the sink heads). A model with a document mask is checked alike, its sinks being the
-first positions of each document. Bad input is one line naming the argument, exit status 2. The checkpoint is only read.
+first positions of each document. An ALiBi encoder (``alibi_roberta`` pre-trained with
+``masked_lm``) is checked alike on its masked tokens (:class:`Masking`), each head's window
+``back/ahead`` and its mass beyond counted on both sides. Bad input is one line naming the argument, exit status 2. The checkpoint is only read.
 """
 
 import argparse
@@ -106,8 +108,10 @@ QUERY_CHUNK = 512
 SHOWN_HEADS = 12
 #: what the tool reads, said when a checkpoint holds something else
 SUPPORTED = ("the windows check reads causal ALiBi language models (alibi_transformer_lm or an "
-             "alibi_<arch> mirror; encoders and translation models are not supported yet): "
-             "give one as CKPT")
+             "alibi_<arch> mirror) and ALiBi encoders (alibi_roberta, a masked LM; translation "
+             "models are not supported yet): give one as CKPT")
+#: an encoder's sequences: this share of their tokens (after <s>) is masked and predicted
+MASK_SHARE = 0.15
 
 
 class WindowsInputError(OneLineError):
@@ -148,9 +152,10 @@ def build_parser() -> argparse.ArgumentParser:
         "on the first --sinks positions: attention sinks); the attention kept. The last line "
         "of stdout is the verdict, 'recommended: --alibi-window-cutoff T [--alibi-window-sinks "
         "S]' or 'not recommended: <reason>'."))
-    parser.add_argument("checkpoint", metavar="CKPT", help="a causal ALiBi LM checkpoint")
+    parser.add_argument("checkpoint", metavar="CKPT", help="a causal ALiBi LM checkpoint, or "
+                        "an ALiBi encoder's masked_lm one (scored on its masked tokens)")
     parser.add_argument("data", metavar="DATA", help="a folder written by fairseq-preprocess "
-                        "(the language_modeling task's data)")
+                        "(the language_modeling or masked_lm task's data)")
     parser.add_argument("--gen-subset", default="valid", help="the split sampled (default: valid)")
     parser.add_argument("--lengths", metavar="L1,L2,...", type=_list_of(
         int, "a sequence length >= 2 (e.g. --lengths 512,2048)", lambda v: v >= 2),
@@ -195,19 +200,34 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def checkpoint_config(path):
-    """The configuration of checkpoint ``path`` (read as fairseq reads it), refused unless it
-    holds a language model; the weights are loaded later, per cutoff."""
-    from fairseq_alibi.cli.checkpoint_io import ConversionError, read_checkpoint
+    """``(cfg, encoder)``: the configuration of checkpoint ``path`` (read as fairseq reads it),
+    refused unless it holds a language model or a RoBERTa-style encoder (``encoder``: True);
+    the weights are loaded later, per cutoff."""
+    from fairseq.models import ARCH_MODEL_REGISTRY, MODEL_REGISTRY
+    from fairseq.models.roberta import RobertaModel
+
+    from fairseq_alibi.cli.checkpoint_io import ConversionError, model_config, read_checkpoint
     from fairseq_alibi.cli.stream_eval_lm import language_model_refusal
+    from fairseq_alibi.config_access import architecture_of, cfg_get
 
     try:
         state = read_checkpoint(path)
     except ConversionError as exc:
         raise WindowsInputError(f"CKPT: {exc}") from None
     refusal = language_model_refusal(path, state, SUPPORTED)
-    if refusal:
-        raise WindowsInputError(f"CKPT {refusal}")
-    return state["cfg"]
+    if refusal is None:
+        return state["cfg"], False
+    arch = architecture_of(model_config(state))
+    if issubclass(ARCH_MODEL_REGISTRY.get(arch) or MODEL_REGISTRY.get(arch) or object,
+                  RobertaModel):
+        trained = cfg_get(cfg_get(state["cfg"], "task"), "_name")
+        if trained != "masked_lm":
+            raise WindowsInputError(
+                f"CKPT {path} holds an encoder trained with the {trained} task: the windows "
+                "check scores an encoder's masked-token predictions; give its masked_lm "
+                "(pre-training) checkpoint, whose windows the fine-tuned model inherits")
+        return state["cfg"], True
+    raise WindowsInputError(f"CKPT {refusal}")
 
 
 def resolve_lengths(args, cfg, total: int) -> List[int]:
@@ -246,16 +266,31 @@ def default_tokens(total: int) -> int:
     return min(DEFAULT_TOKENS, total)
 
 
-def read_stream(cfg, data, subset: str):
+def read_stream(cfg, data, subset: str, encoder: bool = False):
     """``(task, source, target)``: split ``subset`` of ``data`` as one stream
-    (:func:`~fairseq_alibi.cli.stream_eval_lm.split_as_one_block`, the checkpoint's task)."""
-    from fairseq_alibi.cli.stream_eval_lm import split_as_one_block
+    (:func:`~fairseq_alibi.cli.stream_eval_lm.split_as_one_block`, the checkpoint's task); an
+    encoder's (``encoder``): its task (``masked_lm``: its dictionary holds ``<mask>``) and the
+    split's lines end to end, ``source`` and ``target`` alike (:class:`Masking` makes its
+    sequences)."""
+    import torch
+    from fairseq import tasks
+    from fairseq.data import data_utils
+
+    from fairseq_alibi.cli.stream_eval_lm import split_as_one_block, split_tokens
     from fairseq_alibi.config_access import cfg_set
 
     if not os.path.isfile(os.path.join(str(data), "dict.txt")):
         raise WindowsInputError(f"DATA {data}: no dict.txt there; give a folder written by "
                                 "fairseq-preprocess")
     cfg = copy.deepcopy(cfg)
+    if encoder:
+        cfg_set(cfg.task, "data", str(data))
+        split_tokens(data, subset, WindowsInputError)
+        task = tasks.setup_task(cfg.task)
+        lines = data_utils.load_indexed_dataset(os.path.join(str(data), subset),
+                                                task.source_dictionary)
+        stream = torch.cat([lines[i] for i in range(len(lines))])
+        return task, stream, stream
     for key, value in (("data", str(data)), ("sample_break_mode", "none"),
                        ("add_bos_token", False)):
         cfg_set(cfg.task, key, value)
@@ -280,9 +315,9 @@ def load_model(path, task, overrides: Dict[str, float], device):
     return models[0].eval().to(device)
 
 
-def alibi_attentions(model, path) -> list:
-    """The causal ALiBi self-attentions of ``model`` (in layer order), refused unless there is
-    one and some head has a distance bias."""
+def alibi_attentions(model, path, encoder: bool = False) -> list:
+    """The ALiBi self-attentions of ``model`` (in layer order), refused unless there is one and
+    some head has a distance bias; causal ones unless ``model`` is an ``encoder``."""
     from fairseq_alibi.modules.alibi_multihead_attention import AlibiMultiheadAttention
 
     found = [m for m in model.modules()
@@ -292,7 +327,7 @@ def alibi_attentions(model, path) -> list:
         raise WindowsInputError(f"{what} has no ALiBi self-attention (a stock model or a "
                                 f"variant none): it has no slope windows; {SUPPORTED}")
     variants = sorted({m.alibi.variant for m in found} - {"causal"})
-    if variants:
+    if variants and not encoder:
         raise WindowsInputError(f"{what}'s ALiBi attention is {', '.join(variants)}; {SUPPORTED}")
     if not any(bool((m.alibi.head_slopes()[0] > 0).any()) for m in found):
         raise WindowsInputError(f"{what}: no head has a distance bias (every slope is 0), so no "
@@ -356,17 +391,30 @@ class MassMeter:
     the part of it on the first ``S`` positions for each ``S`` of ``sinks`` (of the query's
     document, :attr:`firsts`: where each query's document begins, set per sequence; ``None``:
     the sequence's); the weights are not passed on (the layers never read a self-attention's
-    weights)."""
+    weights).
+
+    A causal head's window is ``W_h`` (the keys ``j < i - W_h`` are beyond it); an encoder
+    head's is ``(back, ahead)`` (:func:`~fairseq_alibi.alibi.variant_windows`: the keys
+    ``j < i - back`` and ``j > i + ahead`` are beyond it; ``0``: the side its variant hides,
+    where no key is beyond it; the sinks count on the side before the query)."""
 
     def __init__(self, attentions, cutoffs: Sequence[float], sinks: Sequence[int]):
         import torch
 
-        from fairseq_alibi.alibi import window_lengths
+        from fairseq_alibi.alibi import variant_windows, window_lengths
 
         self.attentions, self.cutoffs, self.sinks = attentions, list(cutoffs), list(sinks)
-        with torch.no_grad():
-            self.slopes = [m.alibi.head_slopes()[0].double().cpu().tolist() for m in attentions]
-        self.windows = [{t: window_lengths(slopes, t) for t in cutoffs} for slopes in self.slopes]
+        self.slopes, self.windows = [], []
+        for m in attentions:
+            with torch.no_grad():
+                slopes, future = (None if x is None else x.double().cpu().tolist()
+                                  for x in m.alibi.head_slopes())
+            self.slopes.append(slopes)
+            if m.alibi.variant == "causal":
+                self.windows.append({t: window_lengths(slopes, t) for t in cutoffs})
+            else:
+                self.windows.append({t: list(zip(*variant_windows(
+                    slopes, t, m.alibi.variant, future))) for t in cutoffs})
         self.beyond: Dict[tuple, list] = {}  # (layer, head, T) -> [per-query masses]
         self.on_sinks: Dict[tuple, float] = {}  # (layer, head, T, S) -> summed over queries
         self.firsts = None  # (L,): each position's document's first (a document mask)
@@ -381,6 +429,8 @@ class MassMeter:
         import torch
 
         length = probs.size(-1)
+        if self.windows[layer] and isinstance(self.windows[layer][self.cutoffs[0]][0], tuple):
+            return self._add_two_way(layer, probs)
         for head in range(probs.size(0)):
             windows = {t: w[head] for t, w in self.windows[layer].items() if w[head] is not None}
             if not windows or min(windows.values()) + 1 >= length:
@@ -392,18 +442,45 @@ class MassMeter:
                 for t, window in windows.items():
                     self._count(layer, head, t, rows - window - 1, first, sums)
 
-    def _count(self, layer, head, t, last, first, sums):
-        """``first``: each query's document's first key (the keys before it weigh 0)."""
-        kept = last >= 0  # the queries with keys beyond the window: 0 … i - W - 1
+    def _add_two_way(self, layer: int, probs):
+        """:meth:`add` for an encoder's heads, windows ``(back, ahead)``: every query, the
+        keys beyond on either side summed (from the row's running sums)."""
+        import torch
+
+        length = probs.size(-1)
+        for head in range(probs.size(0)):
+            windows = {t: w[head] for t, w in self.windows[layer].items()
+                       if any(0 < (side or length) < length - 1 for side in w[head])}
+            for start in range(0, length if windows else 0, QUERY_CHUNK):
+                rows = torch.arange(start, min(length, start + QUERY_CHUNK), device=probs.device)
+                sums = probs[head, rows].double().cumsum(-1)
+                first = 0 if self.firsts is None else self.firsts.to(rows.device)[rows]
+                for t, (back, ahead) in windows.items():
+                    self._count(layer, head, t, rows - back - 1 if back else rows - length,
+                                first, sums, rows + ahead if ahead else rows + length)
+
+    def _count(self, layer, head, t, last, first, sums, ahead_last=None):
+        """``first``: each query's document's first key (the keys before it weigh 0);
+        ``last``: each query's last key beyond the window behind it (``< 0``: none);
+        ``ahead_last``: its last key within the window ahead (an encoder's; the keys after it
+        are beyond, ``>= length - 1``: none)."""
+        length = sums.size(-1)
+        behind = last >= 0  # the queries with keys beyond the window: 0 … i - W - 1
+        kept = behind if ahead_last is None else behind | (ahead_last < length - 1)
         if not bool(kept.any()):
             return
         if not isinstance(first, int):
             first = first[kept][:, None]
-        last, sums = last[kept][:, None], sums[kept]
-        self.beyond.setdefault((layer, head, t), []).append(sums.gather(1, last)[:, 0].cpu())
+        behind, last, sums = behind[kept][:, None], last[kept][:, None].clamp(min=0), sums[kept]
+        mass = sums.gather(1, last)[:, 0] * behind[:, 0]
+        if ahead_last is not None:
+            ahead_last = ahead_last[kept][:, None].clamp(max=length - 1)
+            mass = mass + sums[:, -1] - sums.gather(1, ahead_last)[:, 0]
+        self.beyond.setdefault((layer, head, t), []).append(mass.cpu())
         for s in self.sinks:
             key = (layer, head, t, s)
-            mass = sums.gather(1, last.clamp(max=first + s - 1)).sum().item() if s else 0.0
+            mass = ((sums.gather(1, last.clamp(max=first + s - 1)) * behind).sum().item()
+                    if s else 0.0)
             self.on_sinks[key] = self.on_sinks.get(key, 0.0) + mass
 
 
@@ -428,6 +505,48 @@ def token_nll(model, source, target):
     out = model(source[None])
     log_probs = model.get_normalized_probs(out, log_probs=True)[0]
     return -log_probs.gather(-1, target[:, None])[:, 0].double().cpu()
+
+
+def masked_token_nll(model, source, target, pad: int):
+    """An encoder's per-token negative log-likelihood (nats, float64, on the CPU) of the tokens
+    of ``target`` that are not ``pad`` (the masked ones), given ``source`` (one sequence, those
+    tokens masked): its masked-LM head at those positions only."""
+    import torch
+
+    masked = target.ne(pad)
+    logits = model(source[None], masked_tokens=masked[None])[0]
+    log_probs = torch.log_softmax(logits.float(), dim=-1)
+    return -log_probs.gather(-1, target[masked][:, None])[:, 0].double().cpu()
+
+
+@dataclass
+class Masking:
+    """An encoder's sequence from ``length`` tokens of the stream, as ``masked_lm`` gives it:
+    ``<s>`` then the first ``length - 1`` tokens; :data:`MASK_SHARE` of those (at least one)
+    replaced by ``<mask>`` at positions drawn from the sequence's start offset and ``seed``
+    (the same for the dense model and every cutoff), the target ``pad`` elsewhere."""
+
+    bos: int
+    mask: int
+    pad: int
+    seed: int
+
+    def unmasked(self, tokens):
+        import torch
+
+        return torch.cat([tokens.new_tensor([self.bos]), tokens[:-1]])
+
+    def __call__(self, tokens, start: int):
+        import torch
+
+        source = self.unmasked(tokens)
+        generator = torch.Generator().manual_seed(self.seed * 1_000_003 + start)
+        count = max(1, round(MASK_SHARE * (source.numel() - 1)))
+        at = torch.randperm(source.numel() - 1, generator=generator)[:count] + 1
+        target = torch.full_like(source, self.pad)
+        target[at] = source[at]
+        source[at] = self.mask
+        return source, target
 
 
 @dataclass
@@ -465,11 +584,17 @@ def judge(diffs, dense_nll: float, tolerance: float) -> Judged:
 class Candidate:
     """A cutoff evaluated with ``sinks`` first positions kept (0: none): each length's
     :class:`Judged`, longest first, up to the first that is not within (the others are not
-    scored); the keys a decoding cache keeps (its sinks included)."""
+    scored); the keys a decoding cache keeps (its sinks included; ``None``: every key, or a
+    model that does not decode, an encoder: ``decodes`` False)."""
     cutoff: float
     sinks: int
     judged: Dict[int, Judged]
     cache: Optional[int]
+    decodes: bool = True
+
+    @property
+    def cache_keys(self) -> str:
+        return _window(self.cache) if self.decodes else "no decoding"
 
     @property
     def status(self) -> str:
@@ -496,21 +621,32 @@ class Sample:
     the dense model's per-token negative log-likelihood of each, computed when a cutoff first
     reads it."""
 
-    def __init__(self, dense, source, target, lengths, tokens: int, seed: int, device, bar):
+    def __init__(self, dense, source, target, lengths, tokens: int, seed: int, device, bar,
+                 masking: Optional[Masking] = None):
         self.dense, self.source, self.target = dense, source, target
-        self.device, self.bar = device, bar
+        self.device, self.bar, self.masking = device, bar, masking
         self.starts = {n: sample_starts(source.numel(), n, tokens, seed) for n in lengths}
         self.dense_nll: Dict[int, list] = {n: [] for n in lengths}
 
     def sequence(self, length: int, index: int):
         start = self.starts[length][index]
+        if self.masking is not None:  # an encoder's: <s>, some tokens masked
+            return tuple(x.to(self.device) for x in self.masking(
+                self.source[start:start + length], start))
         return (self.source[start:start + length].to(self.device),
                 self.target[start:start + length].to(self.device))
+
+    def score(self, model, length: int, index: int):
+        """``model``'s per-token negative log-likelihoods of sequence ``index`` of ``length``
+        (an encoder's: of its masked tokens)."""
+        if self.masking is not None:
+            return masked_token_nll(model, *self.sequence(length, index), self.masking.pad)
+        return token_nll(model, *self.sequence(length, index))
 
     def dense_of(self, length: int, index: int):
         found = self.dense_nll[length]
         while len(found) <= index:
-            found.append(token_nll(self.dense, *self.sequence(length, len(found))))
+            found.append(self.score(self.dense, length, len(found)))
             self.bar.update(1)
         return found[index]
 
@@ -529,7 +665,7 @@ class Sample:
             diffs, dense = [], 0.0
             for index in range(len(self.starts[length])):
                 reference = self.dense_of(length, index)
-                diffs.append(token_nll(model, *self.sequence(length, index)) - reference)
+                diffs.append(self.score(model, length, index) - reference)
                 dense += float(reference.sum())
                 self.bar.update(1)
                 judged[length] = judge(torch.cat(diffs), dense, tolerance)
@@ -540,45 +676,53 @@ class Sample:
         return judged
 
 
-def measure(args, cfg, source, target, task, lengths: List[int], tokens: int, bar) -> tuple:
+def measure(args, cfg, source, target, task, lengths: List[int], tokens: int, bar,
+            encoder: bool = False) -> tuple:
     """The attention mass (the dense model hooked, :class:`MassMeter`, on its own sample), then
     the cutoffs in increasing order until one passes (within at every length, keeping what the
     sink heads at its ``T`` need): each without sinks, and where that fails with each ``S > 0``
     of ``--sinks`` in increasing order, on the same sequences; returns ``(meter, heads, sample,
-    candidates)``."""
+    candidates)``. An ``encoder``'s sequences are :class:`Masking`'s (its mass: unmasked)."""
     import torch
 
     from fairseq_alibi.modules.attention.windowed import decoding_reach
 
     device = torch.device("cuda" if torch.cuda.is_available() and not args.cpu else "cpu")
     dense = load_model(args.checkpoint, task, {}, device)
-    attentions = alibi_attentions(dense, args.checkpoint)
+    attentions = alibi_attentions(dense, args.checkpoint, encoder)
     if saved_cutoff(dense):  # saved with windows: dense is the cutoff off
         dense = load_model(args.checkpoint, task, {"alibi_window_cutoff": 0.0}, device)
-        attentions = alibi_attentions(dense, args.checkpoint)
+        attentions = alibi_attentions(dense, args.checkpoint, encoder)
     meter = MassMeter(attentions, args.cutoffs, args.sinks)
     length = mass_length(lengths)
+    vocabulary = task.source_dictionary
+    masking = (Masking(vocabulary.bos(), vocabulary.index("<mask>"), vocabulary.pad(), args.seed)
+               if encoder else None)
     with torch.no_grad(), meter.hooked():
         for start in sample_starts(source.numel(), length, MASS_TOKENS, args.seed):
             sequence = source[None, start:start + length]
+            if masking is not None:
+                sequence = masking.unmasked(sequence[0])[None]
             meter.firsts = document_firsts(cfg, sequence, task.source_dictionary.eos())
             dense(sequence.to(device))
             bar.update(1)
     del attentions
     heads = head_rows(meter, args.sink_mass)
-    sample = Sample(dense, source, target, lengths, tokens, args.seed, device, bar)
+    sample = Sample(dense, source, target, lengths, tokens, args.seed, device, bar, masking)
     candidates = []
     for t in args.cutoffs:
         needed = sinks_needed(h for h in heads if h.cutoff == t)
         for s in [0] + [s for s in args.sinks if s]:
             model = load_model(args.checkpoint, task, {"alibi_window_cutoff": t,
                                                        "alibi_window_sinks": s}, device)
-            reaches = [decoding_reach(m.alibi) for m in alibi_attentions(model, args.checkpoint)]
+            reaches = [decoding_reach(m.alibi)
+                       for m in alibi_attentions(model, args.checkpoint, encoder)]
             with torch.no_grad():
                 judged = sample.evaluate(model, args.tolerance)
             del model
             candidates.append(Candidate(t, s, judged,
-                                        None if None in reaches else max(reaches) + s))
+                                        None if None in reaches else max(reaches) + s,
+                                        decodes=not encoder))
             if candidates[-1].status == "within" and s >= needed:
                 return meter, heads, sample, candidates  # it passes: the verdict
     return meter, heads, sample, candidates
@@ -638,7 +782,8 @@ class CutoffRow:
     def kept_with(self, length: int, sinks: int) -> float:
         """The share of the score entries kept at ``length`` with ``sinks`` first positions
         kept, over the heads."""
-        return sum(kept_share(w, length, sinks) for w in self.windows) / len(self.windows)
+        return sum(kept_share_two_way(*w, length, sinks) if isinstance(w, tuple) else
+                   kept_share(w, length, sinks) for w in self.windows) / len(self.windows)
 
 
 def sinks_needed(heads) -> int:
@@ -685,6 +830,23 @@ def kept_share(window: Optional[int], length: int, sinks: int = 0) -> float:
     s = min(sinks, beyond)
     kept += s * (s + 1) / 2 + (beyond - s) * s  # sum over k of min(sinks, k)
     return kept / (length * (length + 1) / 2)
+
+
+def kept_share_two_way(back: Optional[int], ahead: Optional[int], length: int,
+                       sinks: int = 0) -> float:
+    """:func:`kept_share` of an encoder head with windows ``back``, ``ahead`` (``None``:
+    unbounded; ``0``: the side its variant hides): the share of the entries its variant
+    computes, ``(i, j)`` with ``j`` on a side it sees, that it keeps (within the windows, or
+    ``j < sinks`` behind the window)."""
+    import torch
+
+    i = torch.arange(length, dtype=torch.float64)
+    before, after = i, length - 1 - i  # the keys on each side of query i
+    seen = 1 + (before if back != 0 else 0) + (after if ahead != 0 else 0)
+    kept_before = before if back is None else before.clamp(max=back)
+    kept_after = after if ahead is None else after.clamp(max=ahead)
+    beyond = (before - kept_before).clamp(max=sinks) if back else 0
+    return float((1 + kept_before + kept_after + beyond).sum() / seen.sum())
 
 
 def cutoff_rows(meter: "MassMeter", heads: List[HeadRow],
@@ -759,7 +921,10 @@ def _mass(x: float) -> str:
     return "0" if x == 0 else f"{x:.2g}"
 
 
-def _window(w: Optional[int]) -> str:
+def _window(w) -> str:
+    """A causal head's ``W_h`` (``None``: every key), an encoder head's ``back/ahead``."""
+    if isinstance(w, tuple):
+        return "/".join(_window(side) for side in w)
     return "all" if w is None else str(w)
 
 
@@ -778,7 +943,8 @@ def cutoff_table(rows: List[CutoffRow], lengths: List[int]) -> List[str]:
                   "most mass beyond (mean)", "sink heads (S needed)"])
     body = []
     for row in rows:
-        known = [w for w in row.windows if w is not None]
+        known = [side for w in row.windows for side in (w if isinstance(w, tuple) else (w,))
+                 if side is not None]
         span = (f"{min(known)}–{max(known)}" if known else "all") + (
             " (some all)" if known and len(known) < len(row.windows) else "")
         top = max(row.heads, key=lambda h: h.mean)
@@ -791,7 +957,7 @@ def cutoff_table(rows: List[CutoffRow], lengths: List[int]) -> List[str]:
             status = "not evaluated" if c is None else _status(row, c)
             body.append([f"{row.cutoff:g}", "" if c is None else c.sinks, span, *changes,
                          status, f"{row.kept_with(longest, 0 if c is None else c.sinks):.0%}",
-                         "" if c is None else _window(c.cache), *shared])
+                         "" if c is None else c.cache_keys, *shared])
     return table(headers, body)
 
 
@@ -832,7 +998,7 @@ def heads_table(heads: List[HeadRow], cutoffs: Sequence[float], sinks: Sequence[
 
 def sink_lines(rows: List[CutoffRow], sinks: Sequence[int]) -> List[str]:
     judged = max(sinks)
-    return [f"sink head: {h.name} at T={h.cutoff:g} (W={h.window}): {h.on_sinks[judged]:.2f} of "
+    return [f"sink head: {h.name} at T={h.cutoff:g} (W={_window(h.window)}): {h.on_sinks[judged]:.2f} of "
             f"its attention (mean) beyond the window on {_first(judged)}, "
             f"{h.share[judged]:.0%} of what it puts beyond; it needs --alibi-window-sinks "
             f"{h.needs}" for row in rows for h in row.sink_heads]
@@ -908,7 +1074,7 @@ def write_csvs(out: Path, rows: List[CutoffRow], heads: List[HeadRow], lengths, 
             per_length.append(row.kept_with(n, 0 if c is None else c.sinks))
         return [row.cutoff, "" if c is None else c.sinks,
                 "not evaluated" if c is None else _status(row, c), *per_length,
-                "" if c is None else c.worst.change, "" if c is None else _window(c.cache),
+                "" if c is None else c.worst.change, "" if c is None else c.cache_keys,
                 ";".join(h.name for h in row.sink_heads), row.needs]
     _csv(out / "windows_cutoffs.csv",
          ["cutoff", "sinks", "status",
@@ -960,7 +1126,9 @@ def write_report(out: Path, command: str, lines: List[str], line: str,
             f"**{line}**", "", *lines, "",
             (f"_{png_note}_" if png_note else "![mass beyond the window](windows.png)"), "",
             "Mass beyond the window of head h at query i: the dense model's attention "
-            "probabilities summed over the keys j < i - W_h, W_h = ceil(T / m_h); a sink head "
+            "probabilities summed over the keys j < i - W_h, W_h = ceil(T / m_h) (an encoder "
+            "head's W_h is back/ahead: the keys j < i - back and j > i + ahead, 0 the side its "
+            "variant hides, and its perplexity is that of masked tokens); a sink head "
             "puts a mean of at least --sink-mass of its attention beyond the window on the "
             "first max(--sinks) positions, and needs the fewest first positions S of --sinks "
             "that leave less than that on the others kept (--alibi-window-sinks S). "
@@ -979,9 +1147,9 @@ def run(args, command: str) -> str:
     """Measure, report (``command``: the command line, for the report), return the verdict."""
     from fairseq_alibi.preprocess.pipeline_io import progress_bar
 
-    cfg = checkpoint_config(args.checkpoint)
+    cfg, encoder = checkpoint_config(args.checkpoint)
     args.sinks = args.sinks or list(DEFAULT_SINKS)
-    task, source, target = read_stream(cfg, args.data, args.gen_subset)
+    task, source, target = read_stream(cfg, args.data, args.gen_subset, encoder)
     lengths = resolve_lengths(args, cfg, source.numel())
     tokens = args.tokens or default_tokens(source.numel())
     # at most: the mass's passes, dense's and every (T, S)'s at every length
@@ -991,7 +1159,7 @@ def run(args, command: str) -> str:
     bar = progress_bar(total=passes, desc="windows", unit="pass", enabled=passes > LONG_RUN)
     try:
         meter, heads, sample, candidates = measure(args, cfg, source, target, task, lengths,
-                                                   tokens, bar)
+                                                   tokens, bar, encoder)
     finally:
         bar.close()
     rows = cutoff_rows(meter, heads, candidates)

@@ -2,7 +2,8 @@
 without sinks and recommended with the first position kept (the same model without it needs
 none; with the sinks loaded it is the dense model), a tiny LM's verdict follows the perplexity
 change it printed, the verdict's rule, a model with a document mask tries the sinks of each
-document, and bad input as one line naming the argument."""
+document, an encoder's windows (both sides) judged on its masked tokens, and bad input as one
+line naming the argument."""
 
 import csv
 import hashlib
@@ -14,15 +15,18 @@ import sys
 import pytest
 import torch
 
-from fairseq_alibi.cli.windows_check import (Candidate, CutoffRow, HeadRow, Judged, judge,
-                                             kept_share, load_model, main, read_stream,
-                                             sample_starts, token_nll, verdict)
+from fairseq_alibi.cli.windows_check import (Candidate, CutoffRow, HeadRow, Judged, Masking,
+                                             checkpoint_config, judge, kept_share,
+                                             kept_share_two_way, load_model, main,
+                                             masked_token_nll, read_stream, sample_starts,
+                                             token_nll, verdict)
 from tests.helpers.checkpoints import load, saved_in_process
 from tests.helpers.cli import REPO, child_env, preprocess
 from tests.helpers.training import STOCK
 
 EOS = 2  # fairseq's </s>: the first input token of a split's stream
 WORDS = 120
+SAVED = REPO / "tests" / "fixtures" / "saved_models"  # tiny masked-LM encoders, their dict.txt
 
 
 @pytest.fixture(autouse=True)
@@ -335,12 +339,14 @@ def bad_inputs(ckpt, data, tmp_path):
     (tmp_path / "other.txt").write_text("x y z\n" * 20)  # another, smaller vocabulary
     preprocess("--only-source", "--trainpref", tmp_path / "other.txt", "--validpref",
                tmp_path / "other.txt", "--destdir", tmp_path / "other", "--workers", "1")
-    encoder = REPO / "tests/fixtures/saved_models/roberta_one_sided_head/checkpoint.pt"
+    translation = SAVED / "translation_pointer" / "checkpoint.pt"
     return [
         ([tmp_path / "missing.pt", data], "CKPT", "no checkpoint at"),
         ([corrupt, data], "CKPT", "cannot read"),
         ([stock, data], "CKPT", "TransformerLanguageModel has no ALiBi self-attention"),
-        ([encoder, data], "CKPT", "not a language model: the windows check reads causal ALiBi"),
+        ([translation, data], "CKPT", "not a language model: the windows check reads causal "
+         "ALiBi language models (alibi_transformer_lm or an alibi_<arch> mirror) and ALiBi "
+         "encoders"),
         ([ckpt, tmp_path / "nowhere"], "DATA", "no dict.txt"),
         ([ckpt, tmp_path / "other", "--lengths", "8"], "CKPT",
          "trained with a dictionary of 64 symbols, but the data directory"),
@@ -400,7 +406,7 @@ def perplexities(checkpoint, data, *overrides):
     and scores it."""
     from fairseq_alibi.cli.windows_check import checkpoint_config
 
-    task, source, target = read_stream(checkpoint_config(checkpoint), data, "valid")
+    task, source, target = read_stream(checkpoint_config(checkpoint)[0], data, "valid")
     found = []
     with torch.no_grad():
         for override in overrides:
@@ -425,3 +431,107 @@ def test_the_sink_model_with_its_sinks_loaded_is_the_dense_model(trained_lm_chec
     torch.testing.assert_close(kept, dense, atol=1e-5, rtol=0)
     assert math.exp(float(kept.mean())) == pytest.approx(math.exp(float(dense.mean())), rel=1e-5)
     assert math.exp(float(windowed.mean() - dense.mean())) > 1.01
+
+
+@pytest.fixture(scope="module")
+def encoder_data(tmp_path_factory):
+    """A ``valid`` split of lines of the saved encoders' words (their dict.txt)."""
+    root = tmp_path_factory.mktemp("encoder_data")
+    rng = random.Random(5)
+    (root / "valid.txt").write_text("".join(
+        " ".join(f"w{rng.randrange(28)}" for _ in range(rng.randrange(5, 40))) + "\n"
+        for _ in range(40)))
+    preprocess("--only-source", "--srcdict", SAVED / "dict.txt", "--validpref",
+               root / "valid.txt", "--destdir", root / "bin", "--workers", "1")
+    return root / "bin"
+
+
+def test_an_encoders_windows_are_judged_on_its_masked_tokens(encoder_data, tmp_path, capsys):
+    """An asymmetric encoder (its own future slopes): each head's window is back/ahead, and
+    the change the tool prints is the change in the masked tokens' perplexity that its
+    sequences give when scored here, dense against the override."""
+    checkpoint = SAVED / "roberta_asymmetric_learnable" / "checkpoint.pt"
+    before = digest(checkpoint)
+    code, out, err = windows(capsys, checkpoint, encoder_data, "--lengths", 128, "--tokens",
+                             512, "--cutoffs", "0.5", "--sinks", "0", "--tolerance", "1e-9",
+                             "--out", tmp_path / "out")
+    assert code == 0, err[-3000:]
+    assert out.splitlines()[-1].startswith("not recommended: no cutoff of 0.5"), out
+    heads = rows_of(tmp_path / "out" / "windows_heads.csv")
+    assert all("/" in h["window"] for h in heads) and any(float(h["queries"]) for h in heads)
+    (row,) = rows_of(tmp_path / "out" / "windows_cutoffs.csv")
+    # the same sequences, masked alike, scored here
+    cfg, encoder = checkpoint_config(checkpoint)
+    task, source, _ = read_stream(cfg, encoder_data, "valid", encoder)
+    words = task.source_dictionary
+    masking = Masking(words.bos(), words.index("<mask>"), words.pad(), seed=1)
+    dense = load_model(checkpoint, task, {}, "cpu")
+    cut = load_model(checkpoint, task, {"alibi_window_cutoff": 0.5}, "cpu")
+    diffs, dense_nll = [], []
+    with torch.no_grad():
+        scored = 0
+        for start in sample_starts(source.numel(), 128, 512, seed=1):
+            if scored == int(row["tokens_L128"]):
+                break
+            sequence, target = masking(source[start:start + 128], start)
+            assert sequence[0] == words.bos() and (sequence == words.index("<mask>")).sum() == 19
+            reference = masked_token_nll(dense, sequence, target, words.pad())
+            diffs.append(masked_token_nll(cut, sequence, target, words.pad()) - reference)
+            dense_nll.append(reference)
+            scored += reference.numel()
+    change = 100 * math.expm1(float(torch.cat(diffs).mean()))
+    assert change != 0 and float(row["change_pct_L128"]) == pytest.approx(change, rel=1e-6)
+    assert float(row["dense_ppl_L128"]) == pytest.approx(
+        math.exp(float(torch.cat(dense_nll).mean())), rel=1e-9)
+    assert digest(checkpoint) == before
+    code, out, err = windows(capsys, SAVED / "roberta_learned_positions" / "checkpoint.pt",
+                             encoder_data, "--out", tmp_path / "none")
+    assert code == 2 and out == "" and "Traceback" not in err
+    assert "AlibiRobertaModel has no ALiBi self-attention" in err.strip().splitlines()[-1]
+
+
+@pytest.mark.parametrize("variant", ["symmetric", "offset", "one_sided"])
+def test_an_encoder_heads_mass_beyond_is_on_both_sides(variant):
+    """The meter's masses, and their part on the first S positions, against a sum over every
+    (query, key) of random attention probabilities."""
+    from fairseq_alibi.alibi import variant_windows
+    from fairseq_alibi.cli.windows_check import MassMeter
+    from fairseq_alibi.modules.bias import AlibiBias
+
+    class Attention:
+        alibi = AlibiBias(4, variant=variant).layer(0)  # slopes 1/4 … 1/256
+
+    length, cutoff, sinks = 40, 2.0, 3
+    probs = torch.rand(4, length, length, generator=torch.Generator().manual_seed(0),
+                       dtype=torch.float64)
+    probs /= probs.sum(-1, keepdim=True)
+    meter = MassMeter([Attention()], [cutoff], [0, sinks])
+    meter.add(0, probs)
+    backs, aheads = variant_windows(meter.slopes[0], cutoff, variant)
+    for head, (back, ahead) in enumerate(zip(backs, aheads)):
+        expected, on_sinks = [], 0.0
+        for i in range(length):
+            left = [j for j in range(length) if back and j < i - back]
+            right = [j for j in range(length) if ahead and j > i + ahead]
+            if left or right:
+                expected.append(float(probs[head, i, left + right].sum()))
+                on_sinks += float(probs[head, i, [j for j in left if j < sinks]].sum())
+        found = meter.beyond.get((0, head, cutoff))
+        found = torch.cat(found).tolist() if found else []
+        assert found == pytest.approx(expected, abs=1e-12), (variant, head, back, ahead)
+        assert meter.on_sinks.get((0, head, cutoff, sinks), 0.0) == pytest.approx(on_sinks)
+
+
+def test_an_encoder_heads_kept_share():
+    for back, ahead in ((3, 3), (3, 0), (0, 4), (2, 5), (None, 2), (0, None), (12, 12)):
+        for length, sinks in ((10, 0), (10, 2), (7, 5)):
+            seen = kept = 0
+            for i in range(length):
+                for j in range(length):
+                    if (j < i and back == 0) or (j > i and ahead == 0):
+                        continue  # the side the variant hides
+                    seen += 1
+                    kept += ((back is None or i - j <= back) and (ahead is None or j - i <= ahead)
+                             or (back is not None and j < sinks and j < i - back))
+            assert kept_share_two_way(back, ahead, length, sinks) == pytest.approx(
+                kept / seen), (back, ahead, length, sinks)
