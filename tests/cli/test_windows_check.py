@@ -484,10 +484,17 @@ def test_an_encoders_windows_are_judged_on_its_masked_tokens(encoder_data, tmp_p
     assert float(row["dense_ppl_L128"]) == pytest.approx(
         math.exp(float(torch.cat(dense_nll).mean())), rel=1e-9)
     assert digest(checkpoint) == before
-    code, out, err = windows(capsys, SAVED / "roberta_learned_positions" / "checkpoint.pt",
-                             encoder_data, "--out", tmp_path / "none")
-    assert code == 2 and out == "" and "Traceback" not in err
-    assert "AlibiRobertaModel has no ALiBi self-attention" in err.strip().splitlines()[-1]
+    fine_tuned = load(checkpoint)
+    fine_tuned["cfg"]["task"]["_name"] = "sentence_prediction"
+    torch.save(fine_tuned, tmp_path / "fine_tuned.pt")
+    for refused, message in (
+            (SAVED / "roberta_learned_positions" / "checkpoint.pt",
+             "AlibiRobertaModel has no ALiBi self-attention"),
+            (tmp_path / "fine_tuned.pt", "trained with the sentence_prediction task: the windows "
+             "check scores an encoder's masked-token predictions; give its masked_lm")):
+        code, out, err = windows(capsys, refused, encoder_data, "--out", tmp_path / "none")
+        assert code == 2 and out == "" and "Traceback" not in err
+        assert message in err.strip().splitlines()[-1], err[-2000:]
 
 
 @pytest.mark.parametrize("variant", ["symmetric", "offset", "one_sided"])
