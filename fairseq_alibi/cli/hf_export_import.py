@@ -213,6 +213,32 @@ def export_family(model_cfg, weights) -> str:
 # ---------------------------------------------------------------------------------------------
 # export
 
+#: the run-time options BLOOM and MPT have no counterpart of: ``{key: value when off}``
+RUN_TIME_ONLY = {"alibi_document_mask": "none", "alibi_window_cutoff": 0.0,
+                 "alibi_window_sinks": 0}
+
+
+def run_time_only(model_cfg) -> dict:
+    """The options of ``model_cfg`` that are on and that the exported model cannot carry
+    (:data:`RUN_TIME_ONLY`): ``{key: value}``."""
+    found = {}
+    for key, off in RUN_TIME_ONLY.items():
+        value = _option(model_cfg, key)
+        if value not in (None, off) and str(value) != str(off):
+            found[key] = value
+    return found
+
+
+def run_time_note(found: dict) -> str:
+    """The line that says what the export of a model with ``found`` (:func:`run_time_only`)
+    computes: the model with them off, which ``--model-overrides`` gives here too."""
+    flags = ", ".join(f"--{k.replace('_', '-')} {v}" for k, v in found.items())
+    off = ", ".join(f"'{k}': {RUN_TIME_ONLY[k]!r}" for k in found)
+    return (f"note: BLOOM and MPT have no {flags}: the export computes this model without "
+            f"{'it' if len(found) == 1 else 'them'} (every key of the input, across documents), "
+            f"as it computes here loaded with --model-overrides \"{{{off}}}\" (they are "
+            "load-time options: the weights are the same)")
+
 
 def hf_config(family, model_cfg, vocab_size, dictionary):
     transformers = import_transformers()
@@ -285,7 +311,7 @@ def export_checkpoint(ckpt, dict_path, out, bpe="gpt2", bpe_files=None):
         save_file(hf_weights, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         write_tokenizer(tmp, tokenizer, dictionary if not imported else None)
     return {"family": family, "tensors": len(hf_weights), "vocab": vocab, "layers": layers,
-            "heads": heads, "out": str(out)}
+            "heads": heads, "out": str(out), "run_time_only": run_time_only(model_cfg)}
 
 
 def imported_layout(state, bpe, files, ckpt_dir):
@@ -639,8 +665,9 @@ def export_main(argv=None):
                                            "sentencepiece_model", "hf_tokenizer")}
     return run_reporting(
         lambda: export_checkpoint(args.checkpoint, args.dict, args.out, args.bpe, files),
-        lambda s: f"exported {type_name(s['family'])} ({s['layers']} layers, {s['heads']} "
-                  f"heads, {s['vocab']} rows, {s['tensors']} tensors) to {s['out']}")
+        lambda s: (run_time_note(s["run_time_only"]) + "\n" if s["run_time_only"] else "")
+        + f"exported {type_name(s['family'])} ({s['layers']} layers, {s['heads']} heads, "
+          f"{s['vocab']} rows, {s['tensors']} tensors) to {s['out']}")
 
 
 def import_main(argv=None):

@@ -216,6 +216,42 @@ def test_a_scaled_embedding_is_folded_into_the_export(tmp_path):
 
 
 @needs_shared
+def test_run_time_options_are_noted_and_the_export_is_the_model_without_them(tmp_path, capsys):
+    """A model saved with a document mask and slope windows exports (BLOOM has neither), says
+    so in a line naming them and the override that gives the same model here, and computes
+    exactly that: equal to the checkpoint loaded with them off on a packed input of two
+    documents, which the checkpoint as saved scores differently."""
+    ckpt = write_fairseq_checkpoint(tmp_path / "fs", 4, extra=[
+        "--alibi-document-mask", "doc", "--alibi-window-cutoff", 2, "--alibi-window-sinks", 1])
+    capsys.readouterr()
+    assert export(ckpt, tmp_path / "hf") == 0
+    out = capsys.readouterr().out.strip().splitlines()
+    assert out[0] == (
+        "note: BLOOM and MPT have no --alibi-document-mask doc, --alibi-window-cutoff 2.0, "
+        "--alibi-window-sinks 1: the export computes this model without them (every key of "
+        "the input, across documents), as it computes here loaded with --model-overrides "
+        "\"{'alibi_document_mask': 'none', 'alibi_window_cutoff': 0.0, 'alibi_window_sinks': "
+        "0}\" (they are load-time options: the weights are the same)")
+    assert out[1].startswith("exported BloomForCausalLM"), out
+    model = hf_model(tmp_path / "hf")
+    saved = fairseq_lm(ckpt.parent)
+    dictionary = saved.task.dictionary
+    first, second = (fairseq_ids(" ".join(wikitext_lines(2, skip=i)), dictionary) for i in (0, 4))
+    tokens = torch.tensor([first + [dictionary.eos()] + second])  # </s> </s>: a document ends
+    from fairseq_alibi.models.alibi_transformer_lm import AlibiTransformerLanguageModel
+
+    off = AlibiTransformerLanguageModel.from_pretrained(
+        str(ckpt.parent), "checkpoint.pt", data_name_or_path=str(ckpt.parent),
+        alibi_document_mask="none", alibi_window_cutoff=0.0, alibi_window_sinks=0).eval()
+    with torch.no_grad():
+        theirs = token_log_probs(model(tokens).logits, tokens)
+        ours_off = token_log_probs(off.models[0](tokens)[0], tokens)
+        ours_saved = token_log_probs(saved.models[0](tokens)[0], tokens)
+    assert (ours_off - theirs).abs().max().item() < 1e-5
+    assert (ours_saved - theirs).abs().max().item() > 1e-3
+
+
+@needs_shared
 def test_greedy_generation_past_the_training_length_is_the_same(exported):
     ckpt, folder = exported
     lm, model = fairseq_lm(ckpt.parent), hf_model(folder)
