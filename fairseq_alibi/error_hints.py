@@ -156,6 +156,8 @@ def one_line(exc: BaseException) -> str:
 
 def hint_for(exc: BaseException) -> Optional[str]:
     """The one-line hint for an uncaught exception, or None when it says all there is."""
+    if isinstance(exc, OneLineError):  # the refusal itself is the line
+        return one_line(exc)
     chain = list(_chain(exc))
     for cause in chain[1:]:  # the plugin's own error, buried under another
         if isinstance(cause, ValueError) and raised_by_plugin(cause):

@@ -283,3 +283,16 @@ def test_fairseq_eval_lm_refuses_a_misspelt_override(trained_lm_checkpoint, tiny
         "OptionError: unknown --alibi-document-mask 'docs' in --model-overrides; choose one "
         "of: none, eos, doc")
     assert "Traceback" not in out
+
+
+def test_an_option_error_is_its_own_one_line_hint():
+    """What the shipped hydra configs' callback prints when a job fails (hydra never reaches
+    the excepthook): the refusal's own line and type, not the ValueError it was made from."""
+    from fairseq_alibi.error_hints import hint_for
+
+    with pytest.raises(options.OptionError) as refused:
+        options.check_stacks({options.LM: (options.StackOptions(variant="causal",
+                                                                window_sinks=4), 4)})
+    assert hint_for(refused.value) == (
+        "OptionError: --alibi-window-sinks needs --alibi-window-cutoff: sinks are the keys kept "
+        "beyond the slope windows")
