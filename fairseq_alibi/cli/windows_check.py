@@ -65,8 +65,14 @@ evaluated) and ``windows.png`` (mass beyond the window by head and ``T``; needs 
 kept) or ``not recommended: <reason>`` (what failed: the closest change, with the largest ``S``
 tried, and the sink heads). A model with a document mask is checked alike, its sinks being the
 first positions of each document. An ALiBi encoder (``alibi_roberta`` pre-trained with
-``masked_lm``) is checked alike on its masked tokens (:class:`Masking`), each head's window
-``back/ahead`` and its mass beyond counted on both sides. Bad input is one line naming the argument, exit status 2. The checkpoint is only read.
+``masked_lm``) is checked alike on its masked tokens (:class:`MaskedStream`), each head's
+window ``back/ahead`` and its mass beyond counted on both sides. A translation model
+(``alibi_transformer``) is checked on the split's sentence pairs, consecutive pairs end to end
+up to ``L`` source tokens (:class:`Pairs`; ``--lengths`` by default 16 times the median source
+sentence), its target tokens scored teacher-forced, with the cutoff on each side that has an
+ALiBi self-attention (``--encoder-alibi-window-cutoff T --decoder-alibi-window-cutoff T``);
+its layers are numbered encoder first. Bad input is one line naming the argument, exit status
+2. The checkpoint is only read.
 """
 
 import argparse
@@ -78,7 +84,7 @@ import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from fairseq_alibi.error_hints import OneLineError
 
@@ -108,8 +114,10 @@ QUERY_CHUNK = 512
 SHOWN_HEADS = 12
 #: what the tool reads, said when a checkpoint holds something else
 SUPPORTED = ("the windows check reads causal ALiBi language models (alibi_transformer_lm or an "
-             "alibi_<arch> mirror) and ALiBi encoders (alibi_roberta, a masked LM; translation "
-             "models are not supported yet): give one as CKPT")
+             "alibi_<arch> mirror), ALiBi encoders (alibi_roberta, a masked LM) and ALiBi "
+             "translation models (alibi_transformer): give one as CKPT")
+#: what a checkpoint holds, as :func:`checkpoint_config` says it
+LM, ENCODER, TRANSLATION = "lm", "encoder", "translation"
 #: an encoder's sequences: this share of their tokens (after <s>) is masked and predicted
 MASK_SHARE = 0.15
 
@@ -152,10 +160,11 @@ def build_parser() -> argparse.ArgumentParser:
         "on the first --sinks positions: attention sinks); the attention kept. The last line "
         "of stdout is the verdict, 'recommended: --alibi-window-cutoff T [--alibi-window-sinks "
         "S]' or 'not recommended: <reason>'."))
-    parser.add_argument("checkpoint", metavar="CKPT", help="a causal ALiBi LM checkpoint, or "
-                        "an ALiBi encoder's masked_lm one (scored on its masked tokens)")
+    parser.add_argument("checkpoint", metavar="CKPT", help="a causal ALiBi LM checkpoint, an "
+                        "ALiBi encoder's masked_lm one (scored on its masked tokens) or an ALiBi "
+                        "translation model's (its target tokens)")
     parser.add_argument("data", metavar="DATA", help="a folder written by fairseq-preprocess "
-                        "(the language_modeling or masked_lm task's data)")
+                        "(the language_modeling, masked_lm or translation task's data)")
     parser.add_argument("--gen-subset", default="valid", help="the split sampled (default: valid)")
     parser.add_argument("--lengths", metavar="L1,L2,...", type=_list_of(
         int, "a sequence length >= 2 (e.g. --lengths 512,2048)", lambda v: v >= 2),
@@ -200,10 +209,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def checkpoint_config(path):
-    """``(cfg, encoder)``: the configuration of checkpoint ``path`` (read as fairseq reads it),
-    refused unless it holds a language model or a RoBERTa-style encoder (``encoder``: True);
-    the weights are loaded later, per cutoff."""
-    from fairseq.models import ARCH_MODEL_REGISTRY, MODEL_REGISTRY
+    """``(cfg, kind)``: the configuration of checkpoint ``path`` (read as fairseq reads it) and
+    what it holds, :data:`LM`, :data:`ENCODER` (a RoBERTa-style masked LM) or
+    :data:`TRANSLATION` (an encoder-decoder), refused otherwise; the weights are loaded later,
+    per cutoff."""
+    from fairseq.models import ARCH_MODEL_REGISTRY, MODEL_REGISTRY, FairseqEncoderDecoderModel
     from fairseq.models.roberta import RobertaModel
 
     from fairseq_alibi.cli.checkpoint_io import ConversionError, model_config, read_checkpoint
@@ -216,33 +226,33 @@ def checkpoint_config(path):
         raise WindowsInputError(f"CKPT: {exc}") from None
     refusal = language_model_refusal(path, state, SUPPORTED)
     if refusal is None:
-        return state["cfg"], False
+        return state["cfg"], LM
     arch = architecture_of(model_config(state))
-    if issubclass(ARCH_MODEL_REGISTRY.get(arch) or MODEL_REGISTRY.get(arch) or object,
-                  RobertaModel):
+    model_class = ARCH_MODEL_REGISTRY.get(arch) or MODEL_REGISTRY.get(arch) or object
+    if issubclass(model_class, FairseqEncoderDecoderModel):
+        return state["cfg"], TRANSLATION
+    if issubclass(model_class, RobertaModel):
         trained = cfg_get(cfg_get(state["cfg"], "task"), "_name")
         if trained != "masked_lm":
             raise WindowsInputError(
                 f"CKPT {path} holds an encoder trained with the {trained} task: the windows "
                 "check scores an encoder's masked-token predictions; give its masked_lm "
                 "(pre-training) checkpoint, whose windows the fine-tuned model inherits")
-        return state["cfg"], True
+        return state["cfg"], ENCODER
     raise WindowsInputError(f"CKPT {refusal}")
 
 
-def resolve_lengths(args, cfg, total: int) -> List[int]:
-    """``--lengths`` (each at most ``total``, the split's tokens), or the training length times
-    :data:`DEFAULT_MULTIPLE` (at most ``total``); checks ``--sinks`` against the sequences the
-    attention mass is measured on."""
-    from fairseq_alibi.config_access import cfg_get
-
-    lengths = args.lengths
+def resolve_lengths(args, cfg, reader) -> List[int]:
+    """``--lengths`` (each at most the split's tokens, ``reader.total``), or the training length
+    (``reader.trained_length``) times :data:`DEFAULT_MULTIPLE` (at most the split's); checks
+    ``--sinks`` against the sequences the attention mass is measured on."""
+    lengths, total = args.lengths, reader.total
     if lengths and max(lengths) > total:
         raise WindowsInputError(
             f"--lengths {max(lengths)}: the split {args.gen_subset!r} of {args.data} holds "
             f"{total:,} tokens; give --lengths of at most {total} (or a longer --gen-subset)")
     if not lengths:
-        trained = cfg_get(cfg_get(cfg, "task"), "tokens_per_sample")
+        trained = reader.trained_length(cfg)
         if not isinstance(trained, int) or trained < 2:
             raise WindowsInputError(f"--lengths: CKPT records no training length "
                                     f"(tokens_per_sample {trained!r}); give --lengths")
@@ -266,12 +276,12 @@ def default_tokens(total: int) -> int:
     return min(DEFAULT_TOKENS, total)
 
 
-def read_stream(cfg, data, subset: str, encoder: bool = False):
+def read_stream(cfg, data, subset: str, kind: str = LM):
     """``(task, source, target)``: split ``subset`` of ``data`` as one stream
     (:func:`~fairseq_alibi.cli.stream_eval_lm.split_as_one_block`, the checkpoint's task); an
-    encoder's (``encoder``): its task (``masked_lm``: its dictionary holds ``<mask>``) and the
-    split's lines end to end, ``source`` and ``target`` alike (:class:`Masking` makes its
-    sequences)."""
+    encoder's (``kind`` :data:`ENCODER`): its task (``masked_lm``: its dictionary holds
+    ``<mask>``) and the split's lines end to end, ``source`` and ``target`` alike
+    (:class:`Masking` makes its sequences)."""
     import torch
     from fairseq import tasks
     from fairseq.data import data_utils
@@ -283,7 +293,7 @@ def read_stream(cfg, data, subset: str, encoder: bool = False):
         raise WindowsInputError(f"DATA {data}: no dict.txt there; give a folder written by "
                                 "fairseq-preprocess")
     cfg = copy.deepcopy(cfg)
-    if encoder:
+    if kind == ENCODER:
         cfg_set(cfg.task, "data", str(data))
         split_tokens(data, subset, WindowsInputError)
         task = tasks.setup_task(cfg.task)
@@ -295,6 +305,52 @@ def read_stream(cfg, data, subset: str, encoder: bool = False):
                        ("add_bos_token", False)):
         cfg_set(cfg.task, key, value)
     return split_as_one_block(cfg, subset, error=WindowsInputError)
+
+
+def read_pairs(cfg, data, subset: str):
+    """``(task, pairs)``: the checkpoint's translation task on ``data`` and split ``subset``'s
+    sentence pairs, ``[(source, target)]`` in the split's order."""
+    from fairseq import tasks
+
+    from fairseq_alibi.config_access import cfg_set
+
+    cfg = copy.deepcopy(cfg)
+    cfg_set(cfg.task, "data", str(data))
+    try:
+        task = tasks.setup_task(cfg.task)
+    except FileNotFoundError as exc:
+        raise WindowsInputError(f"DATA {data}: {exc}; give the folder fairseq-preprocess wrote "
+                                "for this translation model (its dict.<lang>.txt)") from None
+    try:
+        task.load_dataset(subset)
+    except FileNotFoundError as exc:
+        raise WindowsInputError(f"--gen-subset {subset!r}: {exc}; give a split that "
+                                "fairseq-preprocess wrote there (both languages)") from None
+    dataset = task.dataset(subset)
+    pairs = [(item["source"], item["target"]) for item in (dataset[i]
+                                                          for i in range(len(dataset)))]
+    if not pairs or any(target is None for _, target in pairs):
+        raise WindowsInputError(f"--gen-subset {subset!r}: the split of {data} holds no "
+                                "sentence pairs: give a split with source and target text")
+    return task, pairs
+
+
+def read_sequences(cfg, data, subset: str, kind: str, seed: int):
+    """``(task, reader)``: the checkpoint's task on ``data`` and split ``subset``'s sequences as
+    ``kind`` reads them: a :class:`Stream` (a language model), a :class:`MaskedStream` (an
+    encoder: ``seed`` draws its masks) or :class:`Pairs` (a translation model)."""
+    if kind == TRANSLATION:
+        task, pairs = read_pairs(cfg, data, subset)
+        return task, Pairs(pairs, task.target_dictionary.eos())
+    task, source, target = read_stream(cfg, data, subset, kind)
+    if kind == LM:
+        return task, Stream(source, target)
+    words = task.source_dictionary
+    if "<mask>" not in words.indices:
+        raise WindowsInputError(f"DATA {data}: the task's dictionary has no <mask>: give the "
+                                "data of the encoder's masked_lm pre-training")
+    return task, MaskedStream(source, Masking(words.bos(), words.index("<mask>"), words.pad(),
+                                              seed))
 
 
 def load_model(path, task, overrides: Dict[str, float], device):
@@ -315,9 +371,10 @@ def load_model(path, task, overrides: Dict[str, float], device):
     return models[0].eval().to(device)
 
 
-def alibi_attentions(model, path, encoder: bool = False) -> list:
-    """The ALiBi self-attentions of ``model`` (in layer order), refused unless there is one and
-    some head has a distance bias; causal ones unless ``model`` is an ``encoder``."""
+def alibi_attentions(model, path, kind: str = LM) -> list:
+    """The ALiBi self-attentions of ``model`` (in layer order: a translation model's encoder's
+    first), refused unless there is one and some head has a distance bias; causal ones for a
+    language model (``kind`` :data:`LM`)."""
     from fairseq_alibi.modules.alibi_multihead_attention import AlibiMultiheadAttention
 
     found = [m for m in model.modules()
@@ -327,7 +384,7 @@ def alibi_attentions(model, path, encoder: bool = False) -> list:
         raise WindowsInputError(f"{what} has no ALiBi self-attention (a stock model or a "
                                 f"variant none): it has no slope windows; {SUPPORTED}")
     variants = sorted({m.alibi.variant for m in found} - {"causal"})
-    if variants and not encoder:
+    if variants and kind == LM:
         raise WindowsInputError(f"{what}'s ALiBi attention is {', '.join(variants)}; {SUPPORTED}")
     if not any(bool((m.alibi.head_slopes()[0] > 0).any()) for m in found):
         raise WindowsInputError(f"{what}: no head has a distance bias (every slope is 0), so no "
@@ -549,6 +606,119 @@ class Masking:
         return source, target
 
 
+def pair_nll(model, source, previous, target):
+    """A translation model's per-token negative log-likelihood (nats, float64, on the CPU) of
+    ``target`` given ``source`` and the target shifted right (``previous``: teacher forcing)."""
+    import torch
+
+    lengths = torch.tensor([source.numel()], device=source.device)
+    out = model(source[None], lengths, previous[None])
+    log_probs = model.get_normalized_probs(out, log_probs=True)[0]
+    return -log_probs.gather(-1, target[:, None])[:, 0].double().cpu()
+
+
+class Stream:
+    """A language model's sequences (:func:`read_stream`): ``length`` consecutive tokens of the
+    split's stream from start offsets drawn uniformly (:func:`sample_starts`), every token
+    scored (:func:`token_nll`)."""
+
+    def __init__(self, source, target):
+        self.source, self.target = source, target
+
+    @property
+    def total(self) -> int:
+        """The split's tokens (a translation split's: its sources')."""
+        return self.source.numel()
+
+    def trained_length(self, cfg) -> Optional[int]:
+        """What ``--lengths`` multiplies by default: the checkpoint's training length."""
+        from fairseq_alibi.config_access import cfg_get
+
+        return cfg_get(cfg_get(cfg, "task"), "tokens_per_sample")
+
+    def starts(self, length: int, tokens: int, seed: int) -> List[int]:
+        return sample_starts(self.total, length, tokens, seed)
+
+    def inputs(self, length: int, start: int) -> tuple:
+        """What :meth:`score` reads of the sequence of ``length`` at ``start``."""
+        return self.source[start:start + length], self.target[start:start + length]
+
+    def forward_args(self, length: int, start: int) -> tuple:
+        """The dense model's inputs for that sequence (the attention mass's pass)."""
+        return (self.source[None, start:start + length],)
+
+    def score(self, model, inputs):
+        return token_nll(model, *inputs)
+
+
+class MaskedStream(Stream):
+    """An encoder's sequences: the stream's, as :class:`Masking` makes them, its masked tokens
+    scored (:func:`masked_token_nll`); the attention mass on them unmasked."""
+
+    def __init__(self, stream, masking: Masking):
+        super().__init__(stream, stream)
+        self.masking = masking
+
+    def inputs(self, length: int, start: int) -> tuple:
+        return self.masking(self.source[start:start + length], start)
+
+    def forward_args(self, length: int, start: int) -> tuple:
+        return (self.masking.unmasked(self.source[start:start + length])[None],)
+
+    def score(self, model, inputs):
+        return masked_token_nll(model, *inputs, self.masking.pad)
+
+
+class Pairs:
+    """A translation model's sequences (:func:`read_pairs`): from a sentence pair drawn
+    uniformly, that pair and the next ones of the split until their sources hold ``length``
+    tokens (or the split ends), each side's sentences end to end (each keeps its ``</s>``); the
+    target's tokens scored given the source, teacher-forced (:func:`pair_nll`)."""
+
+    def __init__(self, pairs, eos: int):
+        import torch
+
+        self.pairs, self.eos = pairs, eos  # [(source, target)]
+        self.ends = torch.tensor([source.numel() for source, _ in pairs]).cumsum(0)
+
+    @property
+    def total(self) -> int:
+        return int(self.ends[-1])
+
+    def trained_length(self, cfg) -> int:
+        """A translation model records no training length: its split's median source
+        sentence's, so that ``--lengths`` is, by default, that many sentences end to end."""
+        return int(self.ends.diff(prepend=self.ends.new_zeros(1)).median())
+
+    def starts(self, length: int, tokens: int, seed: int) -> List[int]:
+        """``ceil(tokens / length)`` different pairs (all there are, if fewer), drawn
+        uniformly, in the order drawn; the same for the same arguments."""
+        import torch
+
+        generator = torch.Generator().manual_seed(seed * 1_000_003 + length)
+        count = min(math.ceil(tokens / length), len(self.pairs))
+        return torch.randperm(len(self.pairs), generator=generator)[:count].tolist()
+
+    def inputs(self, length: int, start: int) -> tuple:
+        import torch
+
+        before = int(self.ends[start - 1]) if start else 0
+        last = int(torch.searchsorted(self.ends, before + length))  # the pair that reaches it
+        chosen = self.pairs[start:last + 1]
+        source = torch.cat([s for s, _ in chosen])
+        target = torch.cat([t for _, t in chosen])
+        return source, torch.cat([target.new_tensor([self.eos]), target[:-1]]), target
+
+    def forward_args(self, length: int, start: int) -> tuple:
+        import torch
+
+        source, previous, _ = self.inputs(length, start)
+        return source[None], torch.tensor([source.numel()]), previous[None]
+
+    def score(self, model, inputs):
+        return pair_nll(model, *inputs)
+
+
 @dataclass
 class Judged:
     """A cutoff at one length: its perplexity change on the tokens scored and the stopping
@@ -591,6 +761,7 @@ class Candidate:
     judged: Dict[int, Judged]
     cache: Optional[int]
     decodes: bool = True
+    sides: Tuple[str, ...] = ("alibi",)  # the window options' prefixes (window_sides)
 
     @property
     def cache_keys(self) -> str:
@@ -611,9 +782,21 @@ class Candidate:
 
     @property
     def flags(self) -> str:
-        """The options that run it: ``--alibi-window-cutoff T [--alibi-window-sinks S]``."""
-        return f"--alibi-window-cutoff {self.cutoff:g}" + (
-            f" --alibi-window-sinks {self.sinks}" if self.sinks else "")
+        """The options that run it: ``--alibi-window-cutoff T [--alibi-window-sinks S]`` (a
+        translation model's: each side's, ``--encoder-alibi-window-cutoff T ...``)."""
+        flags = " ".join(f"--{side.replace('_', '-')}-window-cutoff {self.cutoff:g}"
+                         for side in self.sides)
+        return flags + (f" {sinks_flag(self.sides, self.sinks)}" if self.sinks else "")
+
+
+def sinks_flag(sides: Sequence[str], sinks) -> str:
+    """``--alibi-window-sinks S`` (each of ``sides``' flags, :func:`window_sides`)."""
+    return " ".join(f"--{side.replace('_', '-')}-window-sinks {sinks}" for side in sides)
+
+
+def sides_of(rows) -> Tuple[str, ...]:
+    """The window options' prefixes of the candidates of ``rows`` (:class:`CutoffRow` s)."""
+    return next((c.sides for row in rows for c in row.evaluated), ("alibi",))
 
 
 class Sample:
@@ -621,27 +804,16 @@ class Sample:
     the dense model's per-token negative log-likelihood of each, computed when a cutoff first
     reads it."""
 
-    def __init__(self, dense, source, target, lengths, tokens: int, seed: int, device, bar,
-                 masking: Optional[Masking] = None):
-        self.dense, self.source, self.target = dense, source, target
-        self.device, self.bar, self.masking = device, bar, masking
-        self.starts = {n: sample_starts(source.numel(), n, tokens, seed) for n in lengths}
+    def __init__(self, dense, reader, lengths, tokens: int, seed: int, device, bar):
+        self.dense, self.reader, self.device, self.bar = dense, reader, device, bar
+        self.starts = {n: reader.starts(n, tokens, seed) for n in lengths}
         self.dense_nll: Dict[int, list] = {n: [] for n in lengths}
-
-    def sequence(self, length: int, index: int):
-        start = self.starts[length][index]
-        if self.masking is not None:  # an encoder's: <s>, some tokens masked
-            return tuple(x.to(self.device) for x in self.masking(
-                self.source[start:start + length], start))
-        return (self.source[start:start + length].to(self.device),
-                self.target[start:start + length].to(self.device))
 
     def score(self, model, length: int, index: int):
         """``model``'s per-token negative log-likelihoods of sequence ``index`` of ``length``
-        (an encoder's: of its masked tokens)."""
-        if self.masking is not None:
-            return masked_token_nll(model, *self.sequence(length, index), self.masking.pad)
-        return token_nll(model, *self.sequence(length, index))
+        (:class:`Stream`, :class:`MaskedStream` or :class:`Pairs`)."""
+        inputs = self.reader.inputs(length, self.starts[length][index])
+        return self.reader.score(model, tuple(x.to(self.device) for x in inputs))
 
     def dense_of(self, length: int, index: int):
         found = self.dense_nll[length]
@@ -676,53 +848,71 @@ class Sample:
         return judged
 
 
-def measure(args, cfg, source, target, task, lengths: List[int], tokens: int, bar,
-            encoder: bool = False) -> tuple:
+def window_sides(cfg, kind: str) -> Tuple[str, ...]:
+    """The prefixes of the window options a cutoff sets: ``alibi`` (a language model, an
+    encoder), or each side of a translation model with an ALiBi self-attention
+    (``encoder_alibi``, ``decoder_alibi``)."""
+    from fairseq_alibi.config_access import cfg_get
+
+    if kind != TRANSLATION:
+        return ("alibi",)
+    model = cfg_get(cfg, "model")
+    return tuple(f"{side}_alibi" for side in ("encoder", "decoder")
+                 if str(cfg_get(model, f"{side}_alibi_variant", "none")) != "none")
+
+
+def window_overrides(sides: Sequence[str], cutoff: float, sinks: int = 0) -> Dict[str, float]:
+    """The load-time overrides of ``cutoff`` and ``sinks`` on every side of ``sides``."""
+    found = {}
+    for side in sides:
+        found.update({f"{side}_window_cutoff": cutoff, f"{side}_window_sinks": sinks})
+    return found
+
+
+def measure(args, cfg, reader, task, lengths: List[int], tokens: int, bar,
+            kind: str = LM) -> tuple:
     """The attention mass (the dense model hooked, :class:`MassMeter`, on its own sample), then
     the cutoffs in increasing order until one passes (within at every length, keeping what the
     sink heads at its ``T`` need): each without sinks, and where that fails with each ``S > 0``
-    of ``--sinks`` in increasing order, on the same sequences; returns ``(meter, heads, sample,
-    candidates)``. An ``encoder``'s sequences are :class:`Masking`'s (its mass: unmasked)."""
+    of ``--sinks`` in increasing order, on the same sequences of ``reader``; returns ``(meter,
+    heads, sample, candidates)``."""
     import torch
 
     from fairseq_alibi.modules.attention.windowed import decoding_reach
 
     device = torch.device("cuda" if torch.cuda.is_available() and not args.cpu else "cpu")
+    sides = window_sides(cfg, kind)
     dense = load_model(args.checkpoint, task, {}, device)
-    attentions = alibi_attentions(dense, args.checkpoint, encoder)
+    attentions = alibi_attentions(dense, args.checkpoint, kind)
     if saved_cutoff(dense):  # saved with windows: dense is the cutoff off
-        dense = load_model(args.checkpoint, task, {"alibi_window_cutoff": 0.0}, device)
-        attentions = alibi_attentions(dense, args.checkpoint, encoder)
+        dense = load_model(args.checkpoint, task, window_overrides(sides, 0.0), device)
+        attentions = alibi_attentions(dense, args.checkpoint, kind)
     meter = MassMeter(attentions, args.cutoffs, args.sinks)
     length = mass_length(lengths)
-    vocabulary = task.source_dictionary
-    masking = (Masking(vocabulary.bos(), vocabulary.index("<mask>"), vocabulary.pad(), args.seed)
-               if encoder else None)
     with torch.no_grad(), meter.hooked():
-        for start in sample_starts(source.numel(), length, MASS_TOKENS, args.seed):
-            sequence = source[None, start:start + length]
-            if masking is not None:
-                sequence = masking.unmasked(sequence[0])[None]
-            meter.firsts = document_firsts(cfg, sequence, task.source_dictionary.eos())
-            dense(sequence.to(device))
+        for start in reader.starts(length, MASS_TOKENS, args.seed):
+            inputs = reader.forward_args(length, start)
+            meter.firsts = (None if kind == TRANSLATION else
+                            document_firsts(cfg, inputs[0], task.source_dictionary.eos()))
+            dense(*(x.to(device) for x in inputs))
             bar.update(1)
     del attentions
     heads = head_rows(meter, args.sink_mass)
-    sample = Sample(dense, source, target, lengths, tokens, args.seed, device, bar, masking)
+    sample = Sample(dense, reader, lengths, tokens, args.seed, device, bar)
     candidates = []
     for t in args.cutoffs:
         needed = sinks_needed(h for h in heads if h.cutoff == t)
         for s in [0] + [s for s in args.sinks if s]:
-            model = load_model(args.checkpoint, task, {"alibi_window_cutoff": t,
-                                                       "alibi_window_sinks": s}, device)
-            reaches = [decoding_reach(m.alibi)
-                       for m in alibi_attentions(model, args.checkpoint, encoder)]
+            model = load_model(args.checkpoint, task, window_overrides(sides, t, s), device)
+            decoder = set(model.decoder.modules()) if kind != ENCODER else set()
+            reaches = [decoding_reach(m.alibi) for m in
+                       alibi_attentions(model, args.checkpoint, kind) if m in decoder]
             with torch.no_grad():
                 judged = sample.evaluate(model, args.tolerance)
             del model
-            candidates.append(Candidate(t, s, judged,
-                                        None if None in reaches else max(reaches) + s,
-                                        decodes=not encoder))
+            cache = None if not reaches or None in reaches else max(reaches) + s
+            candidates.append(Candidate(t, s, judged, cache, decodes=kind != ENCODER,
+                                        sides=sides))
             if candidates[-1].status == "within" and s >= needed:
                 return meter, heads, sample, candidates  # it passes: the verdict
     return meter, heads, sample, candidates
@@ -871,11 +1061,12 @@ def verdict(rows: List[CutoffRow], tolerance: float, sinks: Sequence[int]) -> st
                 f"{tolerance:g} %), but {sink_reason(row, max(sinks))}")
     best = min(evaluated, key=lambda c: abs(c.worst.change))
     kept = sorted({c.sinks for c in evaluated} - {0})
+    with_sinks = sinks_flag(sides_of(rows), " or ".join(map(str, kept)))
     reason = (f"not recommended: no cutoff of "
               f"{', '.join(f'{t:g}' for t in sorted({c.cutoff for c in evaluated}))} keeps "
               f"perplexity within {tolerance:g} % of dense at every length"
-              + (f", without sinks or with --alibi-window-sinks {' or '.join(map(str, kept))}"
-                 if kept else "") + f" (closest: {best.name}, {_change(best.worst)})")
+              + (f", without sinks or with {with_sinks}" if kept else "")
+              + f" (closest: {best.name}, {_change(best.worst)})")
     undecided = [c.name for c in evaluated if c.status == "undecided"]
     sunk = [row for row in rows if row.sink_heads and row.evaluated]
     if sunk:
@@ -905,11 +1096,12 @@ def sink_reason(row: CutoffRow, sinks: int) -> str:
            f"{_first(sinks)} (an attention sink)" if len(row.sink_heads) == 1 else
            f"{len(row.sink_heads)} heads put their attention beyond their windows on "
            f"{_first(sinks)} (attention sinks; most: {worst.name}, {mass} mean)")
-    reason = f"{who}: windows need {_first(row.needs)} kept (--alibi-window-sinks {row.needs})"
+    sides = sides_of([row])
+    reason = f"{who}: windows need {_first(row.needs)} kept ({sinks_flag(sides, row.needs)})"
     kept = [c for c in row.evaluated if c.sinks >= row.needs]
     if not kept:
         return f"{reason}, not scored with them"
-    return (f"{reason}, and with --alibi-window-sinks {kept[-1].sinks} perplexity changes "
+    return (f"{reason}, and with {sinks_flag(sides, kept[-1].sinks)} perplexity changes "
             f"{_change(kept[-1].worst)} ({kept[-1].status})")
 
 
@@ -969,7 +1161,7 @@ def _status(row: CutoffRow, c: Candidate) -> str:
 def sinks_lines(rows: List[CutoffRow]) -> List[str]:
     """Per ``T`` scored with sinks: each ``S`` next to none."""
     return [f"T={row.cutoff:g}: " + "; ".join(
-        f"{f'with --alibi-window-sinks {c.sinks}' if c.sinks else 'without sinks'} "
+        f"{f'with {sinks_flag(c.sides, c.sinks)}' if c.sinks else 'without sinks'} "
         f"{_status(row, c)} ({_change(c.worst)})" for c in row.evaluated)
         for row in rows if any(c.sinks for c in row.evaluated)]
 
@@ -998,26 +1190,27 @@ def heads_table(heads: List[HeadRow], cutoffs: Sequence[float], sinks: Sequence[
 
 def sink_lines(rows: List[CutoffRow], sinks: Sequence[int]) -> List[str]:
     judged = max(sinks)
-    return [f"sink head: {h.name} at T={h.cutoff:g} (W={_window(h.window)}): {h.on_sinks[judged]:.2f} of "
-            f"its attention (mean) beyond the window on {_first(judged)}, "
-            f"{h.share[judged]:.0%} of what it puts beyond; it needs --alibi-window-sinks "
-            f"{h.needs}" for row in rows for h in row.sink_heads]
+    return [f"sink head: {h.name} at T={h.cutoff:g} (W={_window(h.window)}): "
+            f"{h.on_sinks[judged]:.2f} of its attention (mean) beyond the window on "
+            f"{_first(judged)}, {h.share[judged]:.0%} of what it puts beyond; it needs "
+            f"{sinks_flag(sides_of([row]), h.needs)}" for row in rows for h in row.sink_heads]
 
 
 def summary_lines(args, lengths, tokens: int, sample: "Sample", rows, heads,
                   most=None) -> List[str]:
     scored = sample.scored
-    masses = len(sample_starts(sample.source.numel(), mass_length(lengths), MASS_TOKENS,
-                               args.seed))
+    masses = len(sample.reader.starts(mass_length(lengths), MASS_TOKENS, args.seed))
     nll = {n: sum(float(x.sum()) for x in sample.dense_nll[n]) for n in lengths}
     dense = ", ".join(f"L={n} {math.exp(nll[n] / scored[n]):.3f} ({scored[n]:,} tokens)"
                       for n in lengths if scored[n])
     with_sinks = sinks_lines(rows)
-    return [f"{args.checkpoint} on {args.data} ({args.gen_subset}, {sample.source.numel():,} "
+    return [f"{args.checkpoint} on {args.data} ({args.gen_subset}, {sample.reader.total:,} "
             f"tokens): at most {tokens:,} tokens per cutoff at "
             + ", ".join(f"L={n} ({len(sample.starts[n])} × {n})" for n in lengths)
             + f", start offsets seed {args.seed}; attention mass on {masses} × "
-            f"{mass_length(lengths)} tokens; layers and heads count from 0", "",
+            f"{mass_length(lengths)} tokens; layers and heads count from 0"
+            + (" (the encoder's self-attention layers, then the decoder's; L: source tokens of "
+               "consecutive sentence pairs)" if isinstance(sample.reader, Pairs) else ""), "",
             f"dense perplexity on the tokens scored: {dense or 'none scored'}", "",
             f"per cutoff T, in increasing order until one passes, without sinks (S = 0) and, "
             f"where that fails, with each S > 0 of --sinks kept: the perplexity change against "
@@ -1147,19 +1340,19 @@ def run(args, command: str) -> str:
     """Measure, report (``command``: the command line, for the report), return the verdict."""
     from fairseq_alibi.preprocess.pipeline_io import progress_bar
 
-    cfg, encoder = checkpoint_config(args.checkpoint)
+    cfg, kind = checkpoint_config(args.checkpoint)
     args.sinks = args.sinks or list(DEFAULT_SINKS)
-    task, source, target = read_stream(cfg, args.data, args.gen_subset, encoder)
-    lengths = resolve_lengths(args, cfg, source.numel())
-    tokens = args.tokens or default_tokens(source.numel())
+    task, reader = read_sequences(cfg, args.data, args.gen_subset, kind, args.seed)
+    lengths = resolve_lengths(args, cfg, reader)
+    tokens = args.tokens or default_tokens(reader.total)
     # at most: the mass's passes, dense's and every (T, S)'s at every length
     tried = len(args.cutoffs) * len({0, *args.sinks})
     passes = (math.ceil(MASS_TOKENS / mass_length(lengths))
               + (1 + tried) * sum(math.ceil(tokens / n) for n in lengths))
     bar = progress_bar(total=passes, desc="windows", unit="pass", enabled=passes > LONG_RUN)
     try:
-        meter, heads, sample, candidates = measure(args, cfg, source, target, task, lengths,
-                                                   tokens, bar, encoder)
+        meter, heads, sample, candidates = measure(args, cfg, reader, task, lengths, tokens,
+                                                   bar, kind)
     finally:
         bar.close()
     rows = cutoff_rows(meter, heads, candidates)

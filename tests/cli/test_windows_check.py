@@ -344,9 +344,8 @@ def bad_inputs(ckpt, data, tmp_path):
         ([tmp_path / "missing.pt", data], "CKPT", "no checkpoint at"),
         ([corrupt, data], "CKPT", "cannot read"),
         ([stock, data], "CKPT", "TransformerLanguageModel has no ALiBi self-attention"),
-        ([translation, data], "CKPT", "not a language model: the windows check reads causal "
-         "ALiBi language models (alibi_transformer_lm or an alibi_<arch> mirror) and ALiBi "
-         "encoders"),
+        ([translation, data], "DATA", "dict.src.txt'; give the folder fairseq-preprocess "
+         "wrote for this translation model"),
         ([ckpt, tmp_path / "nowhere"], "DATA", "no dict.txt"),
         ([ckpt, tmp_path / "other", "--lengths", "8"], "CKPT",
          "trained with a dictionary of 64 symbols, but the data directory"),
@@ -446,20 +445,29 @@ def encoder_data(tmp_path_factory):
     return root / "bin"
 
 
+def scored_at_half_a_nat(capsys, checkpoint, data, out, length, tokens, sinks):
+    """``(stdout, last line, heads CSV, cutoffs CSV)`` of the tool on ``checkpoint`` with the
+    one cutoff T = 0.5 and a tolerance nothing meets (each sequence is scored until the change
+    is beyond it): the checkpoint is only read."""
+    before = digest(checkpoint)
+    code, stdout, err = windows(capsys, checkpoint, data, "--lengths", length, "--tokens",
+                                tokens, "--cutoffs", "0.5", "--sinks", sinks, "--tolerance",
+                                "1e-9", "--out", out)
+    assert code == 0, err[-3000:]
+    assert digest(checkpoint) == before
+    return (stdout, stdout.splitlines()[-1], rows_of(out / "windows_heads.csv"),
+            rows_of(out / "windows_cutoffs.csv"))
+
+
 def test_an_encoders_windows_are_judged_on_its_masked_tokens(encoder_data, tmp_path, capsys):
     """An asymmetric encoder (its own future slopes): each head's window is back/ahead, and
     the change the tool prints is the change in the masked tokens' perplexity that its
     sequences give when scored here, dense against the override."""
     checkpoint = SAVED / "roberta_asymmetric_learnable" / "checkpoint.pt"
-    before = digest(checkpoint)
-    code, out, err = windows(capsys, checkpoint, encoder_data, "--lengths", 128, "--tokens",
-                             512, "--cutoffs", "0.5", "--sinks", "0", "--tolerance", "1e-9",
-                             "--out", tmp_path / "out")
-    assert code == 0, err[-3000:]
-    assert out.splitlines()[-1].startswith("not recommended: no cutoff of 0.5"), out
-    heads = rows_of(tmp_path / "out" / "windows_heads.csv")
+    out, last, heads, (row,) = scored_at_half_a_nat(capsys, checkpoint, encoder_data,
+                                                    tmp_path / "out", 128, 512, "0")
+    assert last.startswith("not recommended: no cutoff of 0.5"), out
     assert all("/" in h["window"] for h in heads) and any(float(h["queries"]) for h in heads)
-    (row,) = rows_of(tmp_path / "out" / "windows_cutoffs.csv")
     # the same sequences, masked alike, scored here
     cfg, encoder = checkpoint_config(checkpoint)
     task, source, _ = read_stream(cfg, encoder_data, "valid", encoder)
@@ -483,7 +491,6 @@ def test_an_encoders_windows_are_judged_on_its_masked_tokens(encoder_data, tmp_p
     assert change != 0 and float(row["change_pct_L128"]) == pytest.approx(change, rel=1e-6)
     assert float(row["dense_ppl_L128"]) == pytest.approx(
         math.exp(float(torch.cat(dense_nll).mean())), rel=1e-9)
-    assert digest(checkpoint) == before
     fine_tuned = load(checkpoint)
     fine_tuned["cfg"]["task"]["_name"] = "sentence_prediction"
     torch.save(fine_tuned, tmp_path / "fine_tuned.pt")
@@ -542,3 +549,84 @@ def test_an_encoder_heads_kept_share():
                              or (back is not None and j < sinks and j < i - back))
             assert kept_share_two_way(back, ahead, length, sinks) == pytest.approx(
                 kept / seen), (back, ahead, length, sinks)
+
+
+@pytest.fixture(scope="module")
+def translation_data(tmp_path_factory):
+    """A ``valid`` split of sentence pairs of the saved translation models' words."""
+    root = tmp_path_factory.mktemp("translation_data")
+    rng = random.Random(7)
+    sources, targets = [], []
+    for _ in range(60):
+        length = rng.randrange(3, 12)
+        sources.append(" ".join(f"w{rng.randrange(28)}" for _ in range(length)))
+        targets.append(" ".join(f"w{rng.randrange(28)}" for _ in range(length + 1)))
+    (root / "valid.src").write_text("\n".join(sources) + "\n")
+    (root / "valid.tgt").write_text("\n".join(targets) + "\n")
+    preprocess("-s", "src", "-t", "tgt", "--srcdict", SAVED / "dict.src.txt", "--tgtdict",
+               SAVED / "dict.tgt.txt", "--validpref", root / "valid", "--destdir", root / "bin",
+               "--workers", "1")
+    return root / "bin"
+
+
+def test_a_translation_models_windows_are_judged_on_its_targets(translation_data, tmp_path,
+                                                                 capsys):
+    """An offset encoder and a causal decoder: the cutoff goes on both sides' self-attention,
+    the verdict names both flags, the encoder's windows are back/ahead and the decoder's W_h,
+    the cache is the decoder's, and the change printed is the one its sequences (consecutive
+    pairs end to end) give when scored here."""
+    from fairseq_alibi.cli.windows_check import Pairs, pair_nll, read_pairs
+
+    checkpoint = SAVED / "translation_pointer" / "checkpoint.pt"
+    out, last, heads, rows = scored_at_half_a_nat(capsys, checkpoint, translation_data,
+                                                  tmp_path / "out", 48, 192, "0,2")
+    assert last.startswith("not recommended: no cutoff of 0.5 keeps perplexity within 1e-09 % "
+                           "of dense at every length, without sinks or with "
+                           "--encoder-alibi-window-sinks 2 --decoder-alibi-window-sinks 2"), last
+    assert "the encoder's self-attention layers, then the decoder's" in out
+    assert {h["layer"] for h in heads} == {"0", "1", "2", "3"}
+    assert all(("/" in h["window"]) == (h["layer"] in ("0", "1")) for h in heads), heads
+    assert [r["sinks"] for r in rows] == ["0", "2"]
+    decoder_windows = [int(h["window"]) for h in heads if h["layer"] in ("2", "3")]
+    assert [r["decoding_cache_keys"] for r in rows] == [str(max(decoder_windows)),
+                                                       str(max(decoder_windows) + 2)]
+    cfg, kind = checkpoint_config(checkpoint)
+    task, pairs = read_pairs(cfg, translation_data, "valid")
+    reader = Pairs(pairs, task.target_dictionary.eos())
+    dense = load_model(checkpoint, task, {}, "cpu")
+    cut = load_model(checkpoint, task, {"encoder_alibi_window_cutoff": 0.5,
+                                        "decoder_alibi_window_cutoff": 0.5}, "cpu")
+    diffs, scored = [], 0
+    with torch.no_grad():
+        for start in reader.starts(48, 192, seed=1):
+            if scored == int(rows[0]["tokens_L48"]):
+                break
+            source, previous, target = reader.inputs(48, start)
+            assert source.numel() >= 48 or start + 1 == len(pairs) or source.numel() == int(
+                reader.ends[-1] - (reader.ends[start - 1] if start else 0))
+            assert previous[0] == task.target_dictionary.eos()
+            assert torch.equal(previous[1:], target[:-1])
+            reference = pair_nll(dense, source, previous, target)
+            diffs.append(pair_nll(cut, source, previous, target) - reference)
+            scored += reference.numel()
+    change = 100 * math.expm1(float(torch.cat(diffs).mean()))
+    assert change != 0 and float(rows[0]["change_pct_L48"]) == pytest.approx(change, rel=1e-6)
+
+
+def test_a_translation_sequence_is_whole_pairs_end_to_end():
+    from fairseq_alibi.cli.windows_check import Pairs
+
+    pairs = [(torch.tensor([5, 6, 2]), torch.tensor([7, 2])),
+             (torch.tensor([8, 2]), torch.tensor([9, 10, 2])),
+             (torch.tensor([11, 12, 13, 2]), torch.tensor([14, 2]))]
+    reader = Pairs(pairs, eos=2)
+    assert reader.total == 9 and reader.trained_length(None) == 3
+    source, previous, target = reader.inputs(4, 0)  # 3 tokens, then the next pair reaches 4
+    assert source.tolist() == [5, 6, 2, 8, 2] and target.tolist() == [7, 2, 9, 10, 2]
+    assert previous.tolist() == [2, 7, 2, 9, 10]
+    source, _, target = reader.inputs(2, 1)  # one pair holds 2 source tokens
+    assert source.tolist() == [8, 2] and target.tolist() == [9, 10, 2]
+    source, _, _ = reader.inputs(100, 1)  # the split ends first
+    assert source.tolist() == [8, 2, 11, 12, 13, 2]
+    starts = reader.starts(2, 4, seed=1)
+    assert len(starts) == 2 == len(set(starts)) and starts == reader.starts(2, 4, seed=1)
