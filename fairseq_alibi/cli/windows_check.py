@@ -68,8 +68,8 @@ first positions of each document. An ALiBi encoder (``alibi_roberta`` pre-traine
 ``masked_lm``) is checked alike on its masked tokens (:class:`MaskedStream`), each head's
 window ``back/ahead`` and its mass beyond counted on both sides. A translation model
 (``alibi_transformer``) is checked on the split's sentence pairs, consecutive pairs end to end
-up to ``L`` source tokens (:class:`Pairs`; ``--lengths`` by default 16 times the median source
-sentence), its target tokens scored teacher-forced, with the cutoff on each side that has an
+up to ``L`` source tokens (:class:`Pairs`; ``--lengths`` by default 1: each pair as it is), its
+target tokens scored teacher-forced, with the cutoff on each side that has an
 ALiBi self-attention (``--encoder-alibi-window-cutoff T --decoder-alibi-window-cutoff T``);
 its layers are numbered encoder first. Bad input is one line naming the argument, exit status
 2. The checkpoint is only read.
@@ -243,21 +243,17 @@ def checkpoint_config(path):
 
 
 def resolve_lengths(args, cfg, reader) -> List[int]:
-    """``--lengths`` (each at most the split's tokens, ``reader.total``), or the training length
-    (``reader.trained_length``) times :data:`DEFAULT_MULTIPLE` (at most the split's); checks
-    ``--sinks`` against the sequences the attention mass is measured on."""
+    """``--lengths`` (each at most the split's tokens, ``reader.total``), or the reader's
+    default (``reader.default_lengths``: a language model's or an encoder's training length
+    times :data:`DEFAULT_MULTIPLE`, a translation model's sentence pairs as they are); checks
+    ``--sinks`` against the sequences the attention mass is measured on (of whole lengths)."""
     lengths, total = args.lengths, reader.total
     if lengths and max(lengths) > total:
         raise WindowsInputError(
             f"--lengths {max(lengths)}: the split {args.gen_subset!r} of {args.data} holds "
             f"{total:,} tokens; give --lengths of at most {total} (or a longer --gen-subset)")
-    if not lengths:
-        trained = reader.trained_length(cfg)
-        if not isinstance(trained, int) or trained < 2:
-            raise WindowsInputError(f"--lengths: CKPT records no training length "
-                                    f"(tokens_per_sample {trained!r}); give --lengths")
-        lengths = [min(trained * DEFAULT_MULTIPLE, total)]
-    if max(args.sinks) > mass_length(lengths):
+    lengths = lengths or reader.default_lengths(cfg)
+    if reader.whole_sequences and max(args.sinks) > mass_length(lengths):
         raise WindowsInputError(f"--sinks {max(args.sinks)} is more than the sequences the "
                                 f"attention is measured on ({mass_length(lengths)} tokens: the "
                                 f"shortest of the lengths, at most {MASS_LENGTH}): give --sinks "
@@ -630,14 +626,29 @@ class Stream:
         """The split's tokens (a translation split's: its sources')."""
         return self.source.numel()
 
-    def trained_length(self, cfg) -> Optional[int]:
-        """What ``--lengths`` multiplies by default: the checkpoint's training length."""
+    #: its sequences are ``length`` tokens (``--sinks`` are checked against them)
+    whole_sequences = True
+    #: the fewest tokens the stopping rule decides on (one sequence of a language model: its
+    #: ``length`` tokens are a sample of the text)
+    least_tokens = 0
+
+    def default_lengths(self, cfg) -> List[int]:
+        """``--lengths`` by default: the checkpoint's training length times
+        :data:`DEFAULT_MULTIPLE`, at most the split's."""
         from fairseq_alibi.config_access import cfg_get
 
-        return cfg_get(cfg_get(cfg, "task"), "tokens_per_sample")
+        trained = cfg_get(cfg_get(cfg, "task"), "tokens_per_sample")
+        if not isinstance(trained, int) or trained < 2:
+            raise WindowsInputError(f"--lengths: CKPT records no training length "
+                                    f"(tokens_per_sample {trained!r}); give --lengths")
+        return [min(trained * DEFAULT_MULTIPLE, self.total)]
 
     def starts(self, length: int, tokens: int, seed: int) -> List[int]:
         return sample_starts(self.total, length, tokens, seed)
+
+    def kept_length(self, length: int) -> int:
+        """The sequence length whose attention kept stands for ``length``'s: itself."""
+        return length
 
     def inputs(self, length: int, start: int) -> tuple:
         """What :meth:`score` reads of the sequence of ``length`` at ``start``."""
@@ -672,8 +683,16 @@ class MaskedStream(Stream):
 class Pairs:
     """A translation model's sequences (:func:`read_pairs`): from a sentence pair drawn
     uniformly, that pair and the next ones of the split until their sources hold ``length``
-    tokens (or the split ends), each side's sentences end to end (each keeps its ``</s>``); the
-    target's tokens scored given the source, teacher-forced (:func:`pair_nll`)."""
+    tokens (or the split ends), each side's sentences end to end (each keeps its ``</s>``): at
+    ``length`` 1 (the default) each pair as it is, what ``fairseq-validate`` and
+    ``fairseq-generate`` read; the target's tokens scored given the source, teacher-forced
+    (:func:`pair_nll`)."""
+
+    whole_sequences = False
+    #: sentence pairs are short, and a window drops nothing of the shortest (their changes are
+    #: exactly 0): the rule decides on a sample of the split, as many tokens as an LM's
+    #: default sequence (at least, or all the sampled pairs)
+    least_tokens = BLOCK * MIN_BLOCKS
 
     def __init__(self, pairs, eos: int):
         import torch
@@ -685,18 +704,23 @@ class Pairs:
     def total(self) -> int:
         return int(self.ends[-1])
 
-    def trained_length(self, cfg) -> int:
-        """A translation model records no training length: its split's median source
-        sentence's, so that ``--lengths`` is, by default, that many sentences end to end."""
-        return int(self.ends.diff(prepend=self.ends.new_zeros(1)).median())
+    def default_lengths(self, cfg) -> List[int]:
+        """``--lengths`` by default: 1, each sentence pair as it is."""
+        return [1]
+
+    def kept_length(self, length: int) -> int:
+        """A sequence of ``length`` holds at least one pair: the pairs' mean source length."""
+        return max(length, round(self.total / len(self.pairs)))
 
     def starts(self, length: int, tokens: int, seed: int) -> List[int]:
-        """``ceil(tokens / length)`` different pairs (all there are, if fewer), drawn
+        """About ``tokens`` source tokens' worth of sequences of ``length`` (the pairs' mean
+        source length at least), as different first pairs (all there are, if fewer), drawn
         uniformly, in the order drawn; the same for the same arguments."""
         import torch
 
         generator = torch.Generator().manual_seed(seed * 1_000_003 + length)
-        count = min(math.ceil(tokens / length), len(self.pairs))
+        count = min(math.ceil(tokens / max(length, self.total / len(self.pairs))),
+                    len(self.pairs))
         return torch.randperm(len(self.pairs), generator=generator)[:count].tolist()
 
     def inputs(self, length: int, start: int) -> tuple:
@@ -841,7 +865,8 @@ class Sample:
                 dense += float(reference.sum())
                 self.bar.update(1)
                 judged[length] = judge(torch.cat(diffs), dense, tolerance)
-                if judged[length].status != "undecided":
+                if (judged[length].status != "undecided"
+                        and judged[length].tokens >= self.reader.least_tokens):
                     break
             if judged[length].status != "within":
                 break
@@ -1128,8 +1153,10 @@ def table(headers: Sequence[str], rows: Sequence[Sequence]) -> List[str]:
     return [padded[0], "|" + "|".join("-" * (w + 2) for w in widths) + "|", *padded[1:]]
 
 
-def cutoff_table(rows: List[CutoffRow], lengths: List[int]) -> List[str]:
-    longest = max(lengths)
+def cutoff_table(rows: List[CutoffRow], lengths: List[int], at=lambda n: n) -> List[str]:
+    """A row per ``(T, S)`` evaluated (and per ``T`` not); ``at(n)``: the sequence length whose
+    attention kept is given for length ``n`` (``Stream.kept_length``)."""
+    longest = at(max(lengths))
     headers = (["T", "S", "W_h"] + [f"ppl change % L={n} (± {Z:g}σ, tokens)" for n in lengths]
                + ["verdict", f"attention kept L={longest}", "decoding cache keys",
                   "most mass beyond (mean)", "sink heads (S needed)"])
@@ -1209,8 +1236,9 @@ def summary_lines(args, lengths, tokens: int, sample: "Sample", rows, heads,
             + ", ".join(f"L={n} ({len(sample.starts[n])} × {n})" for n in lengths)
             + f", start offsets seed {args.seed}; attention mass on {masses} × "
             f"{mass_length(lengths)} tokens; layers and heads count from 0"
-            + (" (the encoder's self-attention layers, then the decoder's; L: source tokens of "
-               "consecutive sentence pairs)" if isinstance(sample.reader, Pairs) else ""), "",
+            + (" (the encoder's self-attention layers, then the decoder's; L: the source tokens "
+               "of consecutive sentence pairs end to end, L=1: each pair as it is)"
+               if isinstance(sample.reader, Pairs) else ""), "",
             f"dense perplexity on the tokens scored: {dense or 'none scored'}", "",
             f"per cutoff T, in increasing order until one passes, without sinks (S = 0) and, "
             f"where that fails, with each S > 0 of --sinks kept: the perplexity change against "
@@ -1220,7 +1248,7 @@ def summary_lines(args, lengths, tokens: int, sample: "Sample", rows, heads,
             "short: fewer sinks than its sink heads need); attention kept: the share of score "
             "entries within the windows or on the first S positions (computed from W_h, not "
             "timed); decoding cache keys: max W_h + S", "",
-            *cutoff_table(rows, lengths), "",
+            *cutoff_table(rows, lengths, sample.reader.kept_length), "",
             *(with_sinks + [""] if with_sinks else []),
             "mass beyond the window per head (dense attention, queries with keys beyond it)"
             + ("" if most is None else f", the {most} heads with the most"), "",
@@ -1246,7 +1274,8 @@ def _csv(path: Path, header: list, rows) -> None:
     _write(path, write)
 
 
-def write_csvs(out: Path, rows: List[CutoffRow], heads: List[HeadRow], lengths, sinks):
+def write_csvs(out: Path, rows: List[CutoffRow], heads: List[HeadRow], lengths, sinks,
+               at=lambda n: n):
     """``windows_heads.csv`` (a row per layer, head and ``T``), ``windows_cutoffs.csv`` (a row
     per ``(T, S)`` evaluated, and per ``T`` not evaluated)."""
     _csv(out / "windows_heads.csv",
@@ -1264,7 +1293,7 @@ def write_csvs(out: Path, rows: List[CutoffRow], heads: List[HeadRow], lengths, 
             j = None if c is None else c.judged.get(n)
             per_length += ([""] * 6 if j is None else
                            [j.tokens, j.ppl, j.dense_ppl, j.change, j.margin, j.status])
-            per_length.append(row.kept_with(n, 0 if c is None else c.sinks))
+            per_length.append(row.kept_with(at(n), 0 if c is None else c.sinks))
         return [row.cutoff, "" if c is None else c.sinks,
                 "not evaluated" if c is None else _status(row, c), *per_length,
                 "" if c is None else c.worst.change, "" if c is None else c.cache_keys,
@@ -1347,8 +1376,8 @@ def run(args, command: str) -> str:
     tokens = args.tokens or default_tokens(reader.total)
     # at most: the mass's passes, dense's and every (T, S)'s at every length
     tried = len(args.cutoffs) * len({0, *args.sinks})
-    passes = (math.ceil(MASS_TOKENS / mass_length(lengths))
-              + (1 + tried) * sum(math.ceil(tokens / n) for n in lengths))
+    passes = (len(reader.starts(mass_length(lengths), MASS_TOKENS, args.seed))
+              + (1 + tried) * sum(len(reader.starts(n, tokens, args.seed)) for n in lengths))
     bar = progress_bar(total=passes, desc="windows", unit="pass", enabled=passes > LONG_RUN)
     try:
         meter, heads, sample, candidates = measure(args, cfg, reader, task, lengths, tokens,
@@ -1359,7 +1388,7 @@ def run(args, command: str) -> str:
     line = verdict(rows, args.tolerance, args.sinks)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    write_csvs(out, rows, heads, lengths, args.sinks)
+    write_csvs(out, rows, heads, lengths, args.sinks, reader.kept_length)
     png_note = plot(out, heads, args.cutoffs)
     summary = (args, lengths, tokens, sample, rows, heads)
     write_report(out, command, summary_lines(*summary), line, png_note)

@@ -611,6 +611,14 @@ def test_a_translation_models_windows_are_judged_on_its_targets(translation_data
             scored += reference.numel()
     change = 100 * math.expm1(float(torch.cat(diffs).mean()))
     assert change != 0 and float(rows[0]["change_pct_L48"]) == pytest.approx(change, rel=1e-6)
+    # by default each pair as it is; short pairs whose windows drop nothing change by exactly
+    # 0, so the rule decides only on 4,096 tokens or, here, the whole split's 60 pairs
+    code, out, err = windows(capsys, checkpoint, translation_data, "--cutoffs", "2",
+                             "--sinks", "0", "--out", tmp_path / "pairs")
+    assert code == 0, err[-3000:]
+    (row,) = rows_of(tmp_path / "pairs" / "windows_cutoffs.csv")
+    assert int(row["tokens_L1"]) == sum(target.numel() for _, target in pairs)
+    assert "L=1 (60 × 1)" in out
 
 
 def test_a_translation_sequence_is_whole_pairs_end_to_end():
@@ -620,7 +628,8 @@ def test_a_translation_sequence_is_whole_pairs_end_to_end():
              (torch.tensor([8, 2]), torch.tensor([9, 10, 2])),
              (torch.tensor([11, 12, 13, 2]), torch.tensor([14, 2]))]
     reader = Pairs(pairs, eos=2)
-    assert reader.total == 9 and reader.trained_length(None) == 3
+    assert reader.total == 9 and reader.default_lengths(None) == [1]
+    assert [reader.inputs(1, i)[0].numel() for i in range(3)] == [3, 2, 4]  # a pair each
     source, previous, target = reader.inputs(4, 0)  # 3 tokens, then the next pair reaches 4
     assert source.tolist() == [5, 6, 2, 8, 2] and target.tolist() == [7, 2, 9, 10, 2]
     assert previous.tolist() == [2, 7, 2, 9, 10]
@@ -628,5 +637,6 @@ def test_a_translation_sequence_is_whole_pairs_end_to_end():
     assert source.tolist() == [8, 2] and target.tolist() == [9, 10, 2]
     source, _, _ = reader.inputs(100, 1)  # the split ends first
     assert source.tolist() == [8, 2, 11, 12, 13, 2]
-    starts = reader.starts(2, 4, seed=1)
-    assert len(starts) == 2 == len(set(starts)) and starts == reader.starts(2, 4, seed=1)
+    starts = reader.starts(4, 8, seed=1)  # 8 source tokens in sequences of 4: 2
+    assert len(starts) == 2 == len(set(starts)) and starts == reader.starts(4, 8, seed=1)
+    assert len(reader.starts(1, 6, seed=1)) == 2  # pairs of 3 source tokens on average
