@@ -107,8 +107,9 @@ def parse_args(argv=None):
     parser.add_argument("--cutoffs", default=None,
                         help="cutoffs T in nats, comma-separated (default 2,4,6,8,12,16)")
     parser.add_argument("--sinks", default="0",
-                        help="lm, wikitext2: attention sinks S tried with every cutoff "
-                             "(--alibi-window-sinks S), comma-separated (default 0: none)")
+                        help="lm, wikitext2, translation: attention sinks S tried with every "
+                             "cutoff (--alibi-window-sinks S; translation: on both sides), "
+                             "comma-separated (default 0: none)")
     parser.add_argument("--multiples", default=None,
                         help="evaluation lengths as multiples of L (default: lm 1,2,4,8,16,64; "
                         "wikitext2, encoder 1,4,16; translation: its source-length buckets)")
@@ -162,7 +163,7 @@ def parse_args(argv=None):
     args.sinks = number_list(parser, args.sinks, (0,), int)
     if any(s < 0 for s in args.sinks):
         parser.error("--sinks must be 0 or more")
-    if args.sinks != [0] and args.family not in ("lm", "wikitext2"):
+    if args.sinks != [0] and args.family not in ("lm", "wikitext2", "translation"):
         parser.error(f"--sinks: the {args.family} family is measured without sinks; drop it")
     return args
 

@@ -9,7 +9,9 @@ and translates the test split, ``--per-bucket`` sentences in each source-length 
 (N/2, N], (N, 2N], (2N, 4N], (4N, 8N], with stock ``fairseq-generate`` (beam 4): dense, and with
 the load-time override ``--model-overrides "{'encoder_alibi_window_cutoff': T,
 'decoder_alibi_window_cutoff': T}"`` (the cutoff on the encoder's and the decoder's
-self-attention; the cross-attention has no distance bias here and no window). Per ``T`` and
+self-attention; the cross-attention has no distance bias here and no window), and with
+``--sinks S`` each ``T`` with ``S`` attention sinks on both sides too
+(``encoder_alibi_window_sinks``, ``decoder_alibi_window_sinks``). Per ``T`` and
 bucket: BLEU (sacrebleu on the tokens as they are) and its change against dense, in points,
 
     change(T, bucket) = BLEU_T - BLEU_dense,
@@ -28,7 +30,7 @@ from experiments.lm_runs import publish
 from experiments.seq2seq_runs import (bucket_names, generate_command, length_buckets,
                                       read_generate_log, score, train_command)
 from experiments.slope_windows import (DENSE, LOST_MASS_TITLE, LostMassMeter, grid, label,
-                                       load_dense, report_head, write_csv)
+                                       load_dense, report_head, setting, write_csv)
 from experiments.translation_runs import (CONFIGS, GETTEXT_VOCAB, build_gettext, generate_once,
                                           in_parallel, test_sources, train_once)
 
@@ -41,9 +43,13 @@ SIDES = ("encoder_alibi_window_cutoff", "decoder_alibi_window_cutoff")
 ALL = "all"
 
 
-def cutoff_on_both_sides(cutoff: float) -> dict:
-    """The ``--model-overrides`` of a cutoff on the encoder's and the decoder's self-attention."""
-    return {side: cutoff for side in SIDES}
+def cutoff_on_both_sides(cutoff: float, sinks: int = 0) -> dict:
+    """The ``--model-overrides`` of a cutoff (and ``sinks`` attention sinks) on the encoder's
+    and the decoder's self-attention."""
+    found = {side: cutoff for side in SIDES}
+    if sinks:
+        found.update({side.replace("cutoff", "sinks"): sinks for side in SIDES})
+    return found
 
 
 def corpus(args, out, log) -> dict:
@@ -64,26 +70,29 @@ def corpus(args, out, log) -> dict:
 
 def translate(checkpoint, data: dict, cutoffs, out, env, N: int, jobs: int = 1) -> list:
     """One row per ``(T, bucket)`` (dense too, and every test sentence: :data:`ALL`): BLEU and
-    its change against dense in points; ``jobs`` fairseq-generate runs at a time."""
+    its change against dense in points; ``cutoffs``: cutoffs ``T`` or pairs ``(T, S)`` with
+    ``S`` attention sinks (:func:`~experiments.slope_windows.setting`); ``jobs``
+    fairseq-generate runs at a time."""
     sources = data["sources"]
     bounds = length_buckets(N)
     bounds_all = bounds + [(bounds[0][0], bounds[-1][1])]
     names = bucket_names(N, bounds) + [ALL]
-    runs = [(t, out / "generate" / f"{label(t).replace('=', '')}.log")
-            for t in [0.0] + list(cutoffs)]
+    runs = [(setting(c), out / "generate" / f"{label(*setting(c)).replace('=', '')}.log"
+             .replace(" ", "_")) for c in [0.0] + list(cutoffs)]
     in_parallel(max(1, jobs), [
         lambda t=t, log_file=log_file: generate_once(
-            label(t), log_file, generate_command(
+            label(*t), log_file, generate_command(
                 data["bin"], checkpoint, beam=4, langs=("fr", "en"),
-                model_overrides=cutoff_on_both_sides(t) if t else None), env, len(sources))
+                model_overrides=cutoff_on_both_sides(*t) if t[0] else None), env, len(sources))
         for t, log_file in runs])
     rows, dense = [], None
-    for t, log_file in runs:
-        hyps, refs, _ = read_generate_log(label(t), log_file.read_text(), log_file,
+    for (t, sinks), log_file in runs:
+        hyps, refs, _ = read_generate_log(label(t, sinks), log_file.read_text(), log_file,
                                           len(sources))
         scored = score(hyps, refs, sources, N, bounds_all)
         dense = dense or scored
-        rows += [{"cutoff": label(t), "T": t or None, "length": name, "tokens": r["sentences"],
+        rows += [{"cutoff": label(t, sinks), "T": t or None, "S": sinks, "length": name,
+                  "tokens": r["sentences"],
                   "bleu": r["bleu"], "change": r["bleu"] - d["bleu"],
                   "length_ratio": r["length_ratio"]}
                  for name, r, d in zip(names, scored, dense)]
@@ -92,7 +101,8 @@ def translate(checkpoint, data: dict, cutoffs, out, env, N: int, jobs: int = 1) 
 
 def losses(checkpoint, data: dict, cutoffs, N: int) -> dict:
     """``{(T, bucket): largest lost mass}`` of the dense model, both sides' self-attention, on
-    each bucket's test pairs (the ``test1`` … ``test4`` splits of the corpus) teacher-forced."""
+    each bucket's test pairs (the ``test1`` … ``test4`` splits of the corpus) teacher-forced;
+    ``cutoffs`` as :func:`translate`'s (a pair ``(T, S)`` keys its own)."""
     import torch
     from fairseq import utils
 
@@ -129,17 +139,19 @@ def main(args, command: str, out, env, log) -> int:
     log(f"training alibi_transformer ({size['layers']} + {size['layers']} layers, dim "
         f"{size['dim']}, {args.max_update} updates of {size['max_tokens']} tokens) ...")
     trained = train_once("alibi", where, cmd, env, args.max_update)
-    rows = translate(trained["checkpoint"], data, args.cutoffs, out, env, args.L, args.jobs)
-    lost = losses(trained["checkpoint"], data, args.cutoffs, args.L)
+    settings = [t if not sinks else (t, sinks) for t in args.cutoffs for sinks in args.sinks]
+    rows = translate(trained["checkpoint"], data, settings, out, env, args.L, args.jobs)
+    lost = losses(trained["checkpoint"], data, settings, args.L)
     for row in rows:
-        row["lost_mass"] = lost.get((row["T"], row["length"]))
+        key = row["T"] if not row["S"] else (row["T"], row["S"])
+        row["lost_mass"] = lost.get((key, row["length"]))
     write_csv(out / "slope_windows.csv", rows, ["bleu", "length_ratio"])
-    names = [label(t) for t in args.cutoffs]
+    names = [label(*setting(c)) for c in settings]
     columns = list(dict.fromkeys(r["length"] for r in rows))
     heads = ["T"] + [f"{c} ({next(r['tokens'] for r in rows if r['length'] == c)})"
                      for c in columns]
-    within = [t for t in sorted(args.cutoffs) if all(
-        abs(r["change"]) <= BLEU_GOAL for r in rows if r["cutoff"] == label(t))]
+    within = [name for name in names if all(
+        abs(r["change"]) <= BLEU_GOAL for r in rows if r["cutoff"] == name)]
     total = time.time() - started
     report = "\n".join([
         *report_head("a translation model", command, machine(), total),
@@ -157,8 +169,11 @@ def main(args, command: str, out, env, log) -> int:
                                 "sides' self-attention, references teacher-forced)"), "",
         table(heads, grid(rows, names, columns, lambda r, _: f"{r['lost_mass']:.1e}")), "",
         f"Smallest T within {BLEU_GOAL} BLEU of dense in every bucket: "
-        + (f"T = {within[0]:g}." if within else "none measured."), ""])
+        + (f"{within[0]}" + (" (S: attention sinks on both sides)" if "S=" in within[0] else "")
+           + "." if within else "none measured."),
+        ""])
     return publish(out, "slope_windows.md", report, {
         "command": command, "family": "translation", "N": args.L, "cutoffs": args.cutoffs,
+        "sinks": args.sinks,
         "rows": rows, "training": trained, "data": str(data["bin"]),
         "machine": machine(), "total_s": round(total, 1)}, log, total)

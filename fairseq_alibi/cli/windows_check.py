@@ -1237,7 +1237,9 @@ def summary_lines(args, lengths, tokens: int, sample: "Sample", rows, heads,
             + f", start offsets seed {args.seed}; attention mass on {masses} × "
             f"{mass_length(lengths)} tokens; layers and heads count from 0"
             + (" (the encoder's self-attention layers, then the decoder's; L: the source tokens "
-               "of consecutive sentence pairs end to end, L=1: each pair as it is)"
+               "of consecutive sentence pairs end to end, L=1: each pair as it is; the verdict "
+               "is on the target's perplexity: check BLEU at the recommended T with "
+               "fairseq-generate before relying on it, docs/benchmarks.md)"
                if isinstance(sample.reader, Pairs) else ""), "",
             f"dense perplexity on the tokens scored: {dense or 'none scored'}", "",
             f"per cutoff T, in increasing order until one passes, without sinks (S = 0) and, "

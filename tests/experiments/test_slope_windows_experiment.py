@@ -123,11 +123,11 @@ def test_smoke_runs_every_step(tmp_path):
     assert "Choosing the slope-window cutoff T" in (out / "slope_windows.md").read_text()
 
 
-def smoke(tmp_path, family):
+def smoke(tmp_path, family, *extra):
     """``--smoke --family family``: its output folder, the CSV's rows and the run record."""
     out = tmp_path / family
     python_module("experiments.slope_windows", "--smoke", "--family", family, "--out", out,
-                  "--sample-tokens", "128", timeout=900)
+                  "--sample-tokens", "128", *extra, timeout=900)
     with open(out / "slope_windows.csv") as f:
         rows = list(csv.DictReader(f))
     return out, rows, json.loads((out / "run.json").read_text())
@@ -165,14 +165,14 @@ def test_smoke_of_an_encoder(tmp_path):
 
 @pytest.mark.slow
 def test_smoke_of_a_translation_model(tmp_path):
-    out, rows, record = smoke(tmp_path, "translation")
+    out, rows, record = smoke(tmp_path, "translation", "--sinks", "0,2")
     buckets = ["9-16 (N)", "17-32 (2N)", "33-64 (4N)", "65-128 (8N)", "all"]
     assert [(r["cutoff"], r["length"]) for r in rows] == [
-        (name, bucket) for name in ("off", "T=4") for bucket in buckets]
+        (name, bucket) for name in ("off", "T=4", "T=4 S=2") for bucket in buckets]
     for row in rows:
         assert float(row["bleu"]) >= 0 and int(row["tokens"]) >= 1
         assert not row["T"] or 0.0 <= float(row["lost_mass"]) <= 1.0
-    assert record["N"] == 16 and record["cutoffs"] == [4.0]
+    assert record["N"] == 16 and record["cutoffs"] == [4.0] and record["sinks"] == [0, 2]
     logs = sorted(p.name for p in (out / "generate").glob("*.log"))
-    assert logs == ["T4.log", "off.log"]
+    assert logs == ["T4.log", "T4_S2.log", "off.log"]
     assert "encoder_alibi_window_cutoff" in (out / "generate" / "T4.json").read_text()
