@@ -470,11 +470,11 @@ def either(values) -> str:
     return values[0] if len(values) == 1 else f"{', '.join(values[:-1])} or {values[-1]}"
 
 
-def _check_field(f: dataclasses.Field, value, prefix: str = ""):
+def _check_field(f: dataclasses.Field, value, prefix: str = "", choices=None):
     """A one-line error naming the flag (``prefix`` + the field's name) if ``value`` is not one
-    of the field's choices or fails its ``check``."""
+    of the field's choices (or of ``choices``, a side's variants) or fails its ``check``."""
     flag = flag_of(f, prefix)
-    choices = _choices(f)
+    choices = choices or _choices(f)
     if choices is not None and str(value) not in choices:
         raise ValueError(f"unknown {flag} {str(value)!r}; choose one of: {', '.join(choices)}")
     check = f.metadata.get("check")
@@ -711,17 +711,14 @@ def check_override_keys(keys: Iterable[str], model_name: str, where: str = "--mo
 def _value_refusal(f: dataclasses.Field, kind, side: Optional[Side], value,
                    where: str) -> Optional[str]:
     """What is wrong with ``value`` for the option ``f`` as ``side`` declares it (type
-    ``kind``): not one of its choices, not of its type, refused by its ``check``; or ``None``."""
-    flag = flag_of(f, "" if side is None else side.prefix)
-    choices = _choices(f) if side is None or f.name != "variant" else side.variants
-    if choices is not None and str(value) not in choices:
-        return f"unknown {flag} {str(value)!r} in {where}; choose one of: {', '.join(choices)}"
+    ``kind``): not of its type, not one of its choices, refused by its ``check``; or ``None``."""
+    prefix = "" if side is None else side.prefix
     try:
         value = _typed(_base_type(kind), value)
     except (TypeError, ValueError):
-        return f"{flag} in {where} takes a {_base_type(kind).__name__}, got {value!r}"
+        return f"{flag_of(f, prefix)} in {where} takes a {_base_type(kind).__name__}, got {value!r}"
     try:
-        _check_field(f, value, "" if side is None else side.prefix)
+        _check_field(f, value, prefix, side.variants if side and f.name == "variant" else None)
     except ValueError as refused:
         return f"{refused} (in {where})"
     return None

@@ -138,10 +138,10 @@ def test_another_familys_option_is_refused():
 def test_a_bad_override_value_is_one_line_naming_the_flag(era, argparse_era_lm):
     path = LM if era == "hydra" else argparse_era_lm
     cases = [
-        ({"alibi_document_mask": "docs"}, "unknown --alibi-document-mask 'docs' in "
-         "--model-overrides; choose one of: none, eos, doc"),
-        ({"model": {"alibi_attention": "flesh"}}, "unknown --alibi-attention 'flesh' in "
-         "--model-overrides; choose one of: auto, fold, sdpa, flex, flash, naive, windowed"),
+        ({"alibi_document_mask": "docs"}, "unknown --alibi-document-mask 'docs'; choose one "
+         "of: none, eos, doc (in --model-overrides)"),
+        ({"model": {"alibi_attention": "flesh"}}, "unknown --alibi-attention 'flesh'; choose "
+         "one of: auto, fold, sdpa, flex, flash, naive, windowed (in --model-overrides)"),
         ({"alibi_window_cutoff": "abc"}, "--alibi-window-cutoff in --model-overrides takes a "
          "float, got 'abc'"),
         ({"alibi_window_sinks": -2}, "--alibi-window-sinks must be >= 0, got -2 (in "
@@ -164,10 +164,10 @@ def test_a_bad_override_value_is_one_line_naming_the_flag(era, argparse_era_lm):
 
 def test_a_legacy_models_bad_override_values_are_one_line():
     assert refusal(ROBERTA, load_checkpoint_heads=True, alibi_variant="causal") == (
-        "unknown --alibi-variant 'causal' in --model-overrides; choose one of: symmetric, "
-        "one_sided, offset, asymmetric, none")
+        "unknown --alibi-variant 'causal'; choose one of: symmetric, one_sided, offset, "
+        "asymmetric, none (in --model-overrides)")
     assert refusal(TRANSLATION, cross_alibi="pointerr").startswith(
-        "unknown --cross-alibi 'pointerr' in --model-overrides; choose one of:")
+        "unknown --cross-alibi 'pointerr'; choose one of:")
 
 
 def test_a_nested_model_override_is_checked():
@@ -280,8 +280,8 @@ def test_fairseq_eval_lm_refuses_a_misspelt_override(trained_lm_checkpoint, tiny
                   trained_lm_checkpoint, "--cpu", "--max-tokens", "4096", "--num-workers", "0",
                   "--model-overrides", "{'alibi_document_mask': 'docs'}", expect_ok=False)
     assert out.strip().splitlines()[-1] == (
-        "OptionError: unknown --alibi-document-mask 'docs' in --model-overrides; choose one "
-        "of: none, eos, doc")
+        "OptionError: unknown --alibi-document-mask 'docs'; choose one of: none, eos, doc (in "
+        "--model-overrides)")
     assert "Traceback" not in out
 
 
