@@ -11,6 +11,8 @@ table. The other modules are what the tools share:
 * :mod:`~fairseq_alibi.cli.checkpoint_io`: what every converter shares (reading a checkpoint and
   its configuration of any era, ``ConversionError``, a model built without data, atomic writes);
 * :mod:`~fairseq_alibi.cli.forks`: the ALiBi forks' checkpoint formats, for ``convert``.
+* :mod:`~fairseq_alibi.cli.windows_inputs`: what ``windows`` reads, the kind of model and the
+  split's sequences, one reader per kind (a stream, a masked stream, sentence pairs).
 
 ``tests/test_layout.py`` checks that every module here is a tool of ``TOOLS`` or listed above.
 The offline data pipelines are in :mod:`fairseq_alibi.preprocess`.

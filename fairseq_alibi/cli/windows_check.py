@@ -71,13 +71,13 @@ window ``back/ahead`` and its mass beyond counted on both sides. A translation m
 up to ``L`` source tokens (:class:`Pairs`; ``--lengths`` by default 1: each pair as it is), its
 target tokens scored teacher-forced, with the cutoff on each side that has an
 ALiBi self-attention (``--encoder-alibi-window-cutoff T --decoder-alibi-window-cutoff T``);
-its layers are numbered encoder first. Bad input is one line naming the argument, exit status
-2. The checkpoint is only read.
+its layers are numbered encoder first. What it reads, and how each kind of model scores a
+sequence: :mod:`fairseq_alibi.cli.windows_inputs`. Bad input is one line naming the argument,
+exit status 2. The checkpoint is only read.
 """
 
 import argparse
 import contextlib
-import copy
 import csv
 import math
 import os
@@ -86,7 +86,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from fairseq_alibi.error_hints import OneLineError
+from fairseq_alibi.cli.windows_inputs import (DEFAULT_MULTIPLE, ENCODER, LM, TRANSLATION,
+                                              SUPPORTED, Pairs, WindowsInputError,
+                                              checkpoint_config, read_sequences)
 
 PROG = "fairseq-alibi windows"
 DEFAULT_CUTOFFS = (4.0, 6.0, 8.0, 12.0, 16.0)
@@ -94,8 +96,6 @@ DEFAULT_SINKS = (0, 4)
 #: percent of dense perplexity (docs/benchmarks.md's goal for T)
 DEFAULT_TOLERANCE = 0.1
 DEFAULT_SINK_MASS = 0.05
-#: --lengths by default: the training length times this (at most the split's tokens)
-DEFAULT_MULTIPLE = 16
 #: --tokens by default (at most the split's tokens): the count at which the verdict was the same
 #: as with twice as many for every seed tried (docs/benchmarks.md, "Before you turn windows on")
 DEFAULT_TOKENS = 16384
@@ -112,18 +112,6 @@ DEFAULT_OUT = os.path.join("outputs", "windows")
 QUERY_CHUNK = 512
 #: the heads the stdout table shows (the most mass beyond their windows); the report has all
 SHOWN_HEADS = 12
-#: what the tool reads, said when a checkpoint holds something else
-SUPPORTED = ("the windows check reads causal ALiBi language models (alibi_transformer_lm or an "
-             "alibi_<arch> mirror), ALiBi encoders (alibi_roberta, a masked LM) and ALiBi "
-             "translation models (alibi_transformer): give one as CKPT")
-#: what a checkpoint holds, as :func:`checkpoint_config` says it
-LM, ENCODER, TRANSLATION = "lm", "encoder", "translation"
-#: an encoder's sequences: this share of their tokens (after <s>) is masked and predicted
-MASK_SHARE = 0.15
-
-
-class WindowsInputError(OneLineError):
-    """Bad input: printed as ``fairseq-alibi windows: error: <message>``, exit status 2."""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -208,40 +196,6 @@ def build_parser() -> argparse.ArgumentParser:
 # reading the checkpoint and the data
 
 
-def checkpoint_config(path):
-    """``(cfg, kind)``: the configuration of checkpoint ``path`` (read as fairseq reads it) and
-    what it holds, :data:`LM`, :data:`ENCODER` (a RoBERTa-style masked LM) or
-    :data:`TRANSLATION` (an encoder-decoder), refused otherwise; the weights are loaded later,
-    per cutoff."""
-    from fairseq.models import ARCH_MODEL_REGISTRY, MODEL_REGISTRY, FairseqEncoderDecoderModel
-    from fairseq.models.roberta import RobertaModel
-
-    from fairseq_alibi.cli.checkpoint_io import ConversionError, model_config, read_checkpoint
-    from fairseq_alibi.cli.stream_eval_lm import language_model_refusal
-    from fairseq_alibi.config_access import architecture_of, cfg_get
-
-    try:
-        state = read_checkpoint(path)
-    except ConversionError as exc:
-        raise WindowsInputError(f"CKPT: {exc}") from None
-    refusal = language_model_refusal(path, state, SUPPORTED)
-    if refusal is None:
-        return state["cfg"], LM
-    arch = architecture_of(model_config(state))
-    model_class = ARCH_MODEL_REGISTRY.get(arch) or MODEL_REGISTRY.get(arch) or object
-    if issubclass(model_class, FairseqEncoderDecoderModel):
-        return state["cfg"], TRANSLATION
-    if issubclass(model_class, RobertaModel):
-        trained = cfg_get(cfg_get(state["cfg"], "task"), "_name")
-        if trained != "masked_lm":
-            raise WindowsInputError(
-                f"CKPT {path} holds an encoder trained with the {trained} task: the windows "
-                "check scores an encoder's masked-token predictions; give its masked_lm "
-                "(pre-training) checkpoint, whose windows the fine-tuned model inherits")
-        return state["cfg"], ENCODER
-    raise WindowsInputError(f"CKPT {refusal}")
-
-
 def resolve_lengths(args, cfg, reader) -> List[int]:
     """``--lengths`` (each at most the split's tokens, ``reader.total``), or the reader's
     default (``reader.default_lengths``: a language model's or an encoder's training length
@@ -270,83 +224,6 @@ def default_tokens(total: int) -> int:
     """``--tokens`` by default, for a split of ``total`` tokens: :data:`DEFAULT_TOKENS`, at most
     the split's."""
     return min(DEFAULT_TOKENS, total)
-
-
-def read_stream(cfg, data, subset: str, kind: str = LM):
-    """``(task, source, target)``: split ``subset`` of ``data`` as one stream
-    (:func:`~fairseq_alibi.cli.stream_eval_lm.split_as_one_block`, the checkpoint's task); an
-    encoder's (``kind`` :data:`ENCODER`): its task (``masked_lm``: its dictionary holds
-    ``<mask>``) and the split's lines end to end, ``source`` and ``target`` alike
-    (:class:`Masking` makes its sequences)."""
-    import torch
-    from fairseq import tasks
-    from fairseq.data import data_utils
-
-    from fairseq_alibi.cli.stream_eval_lm import split_as_one_block, split_tokens
-    from fairseq_alibi.config_access import cfg_set
-
-    if not os.path.isfile(os.path.join(str(data), "dict.txt")):
-        raise WindowsInputError(f"DATA {data}: no dict.txt there; give a folder written by "
-                                "fairseq-preprocess")
-    cfg = copy.deepcopy(cfg)
-    if kind == ENCODER:
-        cfg_set(cfg.task, "data", str(data))
-        split_tokens(data, subset, WindowsInputError)
-        task = tasks.setup_task(cfg.task)
-        lines = data_utils.load_indexed_dataset(os.path.join(str(data), subset),
-                                                task.source_dictionary)
-        stream = torch.cat([lines[i] for i in range(len(lines))])
-        return task, stream, stream
-    for key, value in (("data", str(data)), ("sample_break_mode", "none"),
-                       ("add_bos_token", False)):
-        cfg_set(cfg.task, key, value)
-    return split_as_one_block(cfg, subset, error=WindowsInputError)
-
-
-def read_pairs(cfg, data, subset: str):
-    """``(task, pairs)``: the checkpoint's translation task on ``data`` and split ``subset``'s
-    sentence pairs, ``[(source, target)]`` in the split's order."""
-    from fairseq import tasks
-
-    from fairseq_alibi.config_access import cfg_set
-
-    cfg = copy.deepcopy(cfg)
-    cfg_set(cfg.task, "data", str(data))
-    try:
-        task = tasks.setup_task(cfg.task)
-    except FileNotFoundError as exc:
-        raise WindowsInputError(f"DATA {data}: {exc}; give the folder fairseq-preprocess wrote "
-                                "for this translation model (its dict.<lang>.txt)") from None
-    try:
-        task.load_dataset(subset)
-    except FileNotFoundError as exc:
-        raise WindowsInputError(f"--gen-subset {subset!r}: {exc}; give a split that "
-                                "fairseq-preprocess wrote there (both languages)") from None
-    dataset = task.dataset(subset)
-    pairs = [(item["source"], item["target"]) for item in (dataset[i]
-                                                          for i in range(len(dataset)))]
-    if not pairs or any(target is None for _, target in pairs):
-        raise WindowsInputError(f"--gen-subset {subset!r}: the split of {data} holds no "
-                                "sentence pairs: give a split with source and target text")
-    return task, pairs
-
-
-def read_sequences(cfg, data, subset: str, kind: str, seed: int):
-    """``(task, reader)``: the checkpoint's task on ``data`` and split ``subset``'s sequences as
-    ``kind`` reads them: a :class:`Stream` (a language model), a :class:`MaskedStream` (an
-    encoder: ``seed`` draws its masks) or :class:`Pairs` (a translation model)."""
-    if kind == TRANSLATION:
-        task, pairs = read_pairs(cfg, data, subset)
-        return task, Pairs(pairs, task.target_dictionary.eos())
-    task, source, target = read_stream(cfg, data, subset, kind)
-    if kind == LM:
-        return task, Stream(source, target)
-    words = task.source_dictionary
-    if "<mask>" not in words.indices:
-        raise WindowsInputError(f"DATA {data}: the task's dictionary has no <mask>: give the "
-                                "data of the encoder's masked_lm pre-training")
-    return task, MaskedStream(source, Masking(words.bos(), words.index("<mask>"), words.pad(),
-                                              seed))
 
 
 def load_model(path, task, overrides: Dict[str, float], device):
@@ -393,17 +270,6 @@ def saved_cutoff(model) -> float:
     from fairseq_alibi.modules.bias import AlibiBias
 
     return max([m.window_cutoff for m in model.modules() if isinstance(m, AlibiBias)] + [0.0])
-
-
-def sample_starts(total: int, length: int, tokens: int, seed: int) -> List[int]:
-    """``ceil(tokens / length)`` different start offsets (all there are, if fewer) of sequences
-    of ``length`` in a stream of ``total`` tokens, drawn uniformly, in the order drawn (a
-    cutoff reads a prefix of them); the same for the same arguments."""
-    import torch
-
-    generator = torch.Generator().manual_seed(seed * 1_000_003 + length)
-    count = min(math.ceil(tokens / length), total - length + 1)
-    return torch.randperm(total - length + 1, generator=generator)[:count].tolist()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -550,197 +416,6 @@ def document_firsts(cfg, tokens, eos: int):
         return None
     offsets = document_offsets(document_starts(tokens.eq(eos), mode))[0]
     return torch.arange(tokens.size(1)) - offsets
-
-
-def token_nll(model, source, target):
-    """Per-token negative log-likelihood (nats, float64, on the CPU) of ``target`` given
-    ``source`` (one sequence)."""
-    out = model(source[None])
-    log_probs = model.get_normalized_probs(out, log_probs=True)[0]
-    return -log_probs.gather(-1, target[:, None])[:, 0].double().cpu()
-
-
-def masked_token_nll(model, source, target, pad: int):
-    """An encoder's per-token negative log-likelihood (nats, float64, on the CPU) of the tokens
-    of ``target`` that are not ``pad`` (the masked ones), given ``source`` (one sequence, those
-    tokens masked): its masked-LM head at those positions only."""
-    import torch
-
-    masked = target.ne(pad)
-    logits = model(source[None], masked_tokens=masked[None])[0]
-    log_probs = torch.log_softmax(logits.float(), dim=-1)
-    return -log_probs.gather(-1, target[masked][:, None])[:, 0].double().cpu()
-
-
-@dataclass
-class Masking:
-    """An encoder's sequence from ``length`` tokens of the stream, as ``masked_lm`` gives it:
-    ``<s>`` then the first ``length - 1`` tokens; :data:`MASK_SHARE` of those (at least one)
-    replaced by ``<mask>`` at positions drawn from the sequence's start offset and ``seed``
-    (the same for the dense model and every cutoff), the target ``pad`` elsewhere."""
-
-    bos: int
-    mask: int
-    pad: int
-    seed: int
-
-    def unmasked(self, tokens):
-        import torch
-
-        return torch.cat([tokens.new_tensor([self.bos]), tokens[:-1]])
-
-    def __call__(self, tokens, start: int):
-        import torch
-
-        source = self.unmasked(tokens)
-        generator = torch.Generator().manual_seed(self.seed * 1_000_003 + start)
-        count = max(1, round(MASK_SHARE * (source.numel() - 1)))
-        at = torch.randperm(source.numel() - 1, generator=generator)[:count] + 1
-        target = torch.full_like(source, self.pad)
-        target[at] = source[at]
-        source[at] = self.mask
-        return source, target
-
-
-def pair_nll(model, source, previous, target):
-    """A translation model's per-token negative log-likelihood (nats, float64, on the CPU) of
-    ``target`` given ``source`` and the target shifted right (``previous``: teacher forcing)."""
-    import torch
-
-    lengths = torch.tensor([source.numel()], device=source.device)
-    out = model(source[None], lengths, previous[None])
-    log_probs = model.get_normalized_probs(out, log_probs=True)[0]
-    return -log_probs.gather(-1, target[:, None])[:, 0].double().cpu()
-
-
-class Stream:
-    """A language model's sequences (:func:`read_stream`): ``length`` consecutive tokens of the
-    split's stream from start offsets drawn uniformly (:func:`sample_starts`), every token
-    scored (:func:`token_nll`)."""
-
-    def __init__(self, source, target):
-        self.source, self.target = source, target
-
-    @property
-    def total(self) -> int:
-        """The split's tokens (a translation split's: its sources')."""
-        return self.source.numel()
-
-    #: its sequences are ``length`` tokens (``--sinks`` are checked against them)
-    whole_sequences = True
-    #: the fewest tokens the stopping rule decides on (one sequence of a language model: its
-    #: ``length`` tokens are a sample of the text)
-    least_tokens = 0
-
-    def default_lengths(self, cfg) -> List[int]:
-        """``--lengths`` by default: the checkpoint's training length times
-        :data:`DEFAULT_MULTIPLE`, at most the split's."""
-        from fairseq_alibi.config_access import cfg_get
-
-        trained = cfg_get(cfg_get(cfg, "task"), "tokens_per_sample")
-        if not isinstance(trained, int) or trained < 2:
-            raise WindowsInputError(f"--lengths: CKPT records no training length "
-                                    f"(tokens_per_sample {trained!r}); give --lengths")
-        return [min(trained * DEFAULT_MULTIPLE, self.total)]
-
-    def starts(self, length: int, tokens: int, seed: int) -> List[int]:
-        return sample_starts(self.total, length, tokens, seed)
-
-    def kept_length(self, length: int) -> int:
-        """The sequence length whose attention kept stands for ``length``'s: itself."""
-        return length
-
-    def inputs(self, length: int, start: int) -> tuple:
-        """What :meth:`score` reads of the sequence of ``length`` at ``start``."""
-        return self.source[start:start + length], self.target[start:start + length]
-
-    def forward_args(self, length: int, start: int) -> tuple:
-        """The dense model's inputs for that sequence (the attention mass's pass)."""
-        return (self.source[None, start:start + length],)
-
-    def score(self, model, inputs):
-        return token_nll(model, *inputs)
-
-
-class MaskedStream(Stream):
-    """An encoder's sequences: the stream's, as :class:`Masking` makes them, its masked tokens
-    scored (:func:`masked_token_nll`); the attention mass on them unmasked."""
-
-    def __init__(self, stream, masking: Masking):
-        super().__init__(stream, stream)
-        self.masking = masking
-
-    def inputs(self, length: int, start: int) -> tuple:
-        return self.masking(self.source[start:start + length], start)
-
-    def forward_args(self, length: int, start: int) -> tuple:
-        return (self.masking.unmasked(self.source[start:start + length])[None],)
-
-    def score(self, model, inputs):
-        return masked_token_nll(model, *inputs, self.masking.pad)
-
-
-class Pairs:
-    """A translation model's sequences (:func:`read_pairs`): from a sentence pair drawn
-    uniformly, that pair and the next ones of the split until their sources hold ``length``
-    tokens (or the split ends), each side's sentences end to end (each keeps its ``</s>``): at
-    ``length`` 1 (the default) each pair as it is, what ``fairseq-validate`` and
-    ``fairseq-generate`` read; the target's tokens scored given the source, teacher-forced
-    (:func:`pair_nll`)."""
-
-    whole_sequences = False
-    #: sentence pairs are short, and a window drops nothing of the shortest (their changes are
-    #: exactly 0): the rule decides on a sample of the split, as many tokens as an LM's
-    #: default sequence (at least, or all the sampled pairs)
-    least_tokens = BLOCK * MIN_BLOCKS
-
-    def __init__(self, pairs, eos: int):
-        import torch
-
-        self.pairs, self.eos = pairs, eos  # [(source, target)]
-        self.ends = torch.tensor([source.numel() for source, _ in pairs]).cumsum(0)
-
-    @property
-    def total(self) -> int:
-        return int(self.ends[-1])
-
-    def default_lengths(self, cfg) -> List[int]:
-        """``--lengths`` by default: 1, each sentence pair as it is."""
-        return [1]
-
-    def kept_length(self, length: int) -> int:
-        """A sequence of ``length`` holds at least one pair: the pairs' mean source length."""
-        return max(length, round(self.total / len(self.pairs)))
-
-    def starts(self, length: int, tokens: int, seed: int) -> List[int]:
-        """About ``tokens`` source tokens' worth of sequences of ``length`` (the pairs' mean
-        source length at least), as different first pairs (all there are, if fewer), drawn
-        uniformly, in the order drawn; the same for the same arguments."""
-        import torch
-
-        generator = torch.Generator().manual_seed(seed * 1_000_003 + length)
-        count = min(math.ceil(tokens / max(length, self.total / len(self.pairs))),
-                    len(self.pairs))
-        return torch.randperm(len(self.pairs), generator=generator)[:count].tolist()
-
-    def inputs(self, length: int, start: int) -> tuple:
-        import torch
-
-        before = int(self.ends[start - 1]) if start else 0
-        last = int(torch.searchsorted(self.ends, before + length))  # the pair that reaches it
-        chosen = self.pairs[start:last + 1]
-        source = torch.cat([s for s, _ in chosen])
-        target = torch.cat([t for _, t in chosen])
-        return source, torch.cat([target.new_tensor([self.eos]), target[:-1]]), target
-
-    def forward_args(self, length: int, start: int) -> tuple:
-        import torch
-
-        source, previous, _ = self.inputs(length, start)
-        return source[None], torch.tensor([source.numel()]), previous[None]
-
-    def score(self, model, inputs):
-        return pair_nll(model, *inputs)
 
 
 @dataclass
@@ -1373,7 +1048,8 @@ def run(args, command: str) -> str:
 
     cfg, kind = checkpoint_config(args.checkpoint)
     args.sinks = args.sinks or list(DEFAULT_SINKS)
-    task, reader = read_sequences(cfg, args.data, args.gen_subset, kind, args.seed)
+    task, reader = read_sequences(cfg, args.data, args.gen_subset, kind, args.seed,
+                                  least_tokens=BLOCK * MIN_BLOCKS)
     lengths = resolve_lengths(args, cfg, reader)
     tokens = args.tokens or default_tokens(reader.total)
     # at most: the mass's passes, dense's and every (T, S)'s at every length

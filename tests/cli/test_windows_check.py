@@ -15,11 +15,12 @@ import sys
 import pytest
 import torch
 
-from fairseq_alibi.cli.windows_check import (Candidate, CutoffRow, HeadRow, Judged, Masking,
-                                             checkpoint_config, judge, kept_share,
-                                             kept_share_two_way, load_model, main,
-                                             masked_token_nll, read_stream, sample_starts,
-                                             token_nll, verdict)
+from fairseq_alibi.cli.windows_check import (Candidate, CutoffRow, HeadRow, Judged, judge,
+                                             kept_share, kept_share_two_way, load_model, main,
+                                             verdict)
+from fairseq_alibi.cli.windows_inputs import (Masking, Pairs, checkpoint_config,
+                                              masked_token_nll, pair_nll, read_pairs,
+                                              read_stream, sample_starts, token_nll)
 from tests.helpers.checkpoints import load, saved_in_process
 from tests.helpers.cli import REPO, child_env, preprocess
 from tests.helpers.training import STOCK
@@ -403,8 +404,6 @@ def perplexities(checkpoint, data, *overrides):
     """The perplexity of ``data``'s whole ``valid`` stream (one sequence, </s> first) under
     ``checkpoint`` loaded with each of ``overrides`` (load-time overrides), as the tool loads
     and scores it."""
-    from fairseq_alibi.cli.windows_check import checkpoint_config
-
     task, source, target = read_stream(checkpoint_config(checkpoint)[0], data, "valid")
     found = []
     with torch.no_grad():
@@ -575,8 +574,6 @@ def test_a_translation_models_windows_are_judged_on_its_targets(translation_data
     the verdict names both flags, the encoder's windows are back/ahead and the decoder's W_h,
     the cache is the decoder's, and the change printed is the one its sequences (consecutive
     pairs end to end) give when scored here."""
-    from fairseq_alibi.cli.windows_check import Pairs, pair_nll, read_pairs
-
     checkpoint = SAVED / "translation_pointer" / "checkpoint.pt"
     out, last, heads, rows = scored_at_half_a_nat(capsys, checkpoint, translation_data,
                                                   tmp_path / "out", 48, 192, "0,2")
@@ -622,8 +619,6 @@ def test_a_translation_models_windows_are_judged_on_its_targets(translation_data
 
 
 def test_a_translation_sequence_is_whole_pairs_end_to_end():
-    from fairseq_alibi.cli.windows_check import Pairs
-
     pairs = [(torch.tensor([5, 6, 2]), torch.tensor([7, 2])),
              (torch.tensor([8, 2]), torch.tensor([9, 10, 2])),
              (torch.tensor([11, 12, 13, 2]), torch.tensor([14, 2]))]
