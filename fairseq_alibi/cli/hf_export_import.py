@@ -213,18 +213,24 @@ def export_family(model_cfg, weights) -> str:
 # ---------------------------------------------------------------------------------------------
 # export
 
-#: the run-time options BLOOM and MPT have no counterpart of: ``{key: value when off}``
-RUN_TIME_ONLY = {"alibi_document_mask": "none", "alibi_window_cutoff": 0.0,
-                 "alibi_window_sinks": 0}
+#: the run-time options (of the LM's stack) BLOOM and MPT have no counterpart of
+RUN_TIME_ONLY = ("document_mask", "window_cutoff", "window_sinks")
+
+
+def _off(key: str):
+    """The value that leaves the option ``alibi_<key>`` off: its declared default."""
+    from fairseq_alibi import options
+
+    return options.default_of(key[len("alibi_"):], options.LM)
 
 
 def run_time_only(model_cfg) -> dict:
     """The options of ``model_cfg`` that are on and that the exported model cannot carry
     (:data:`RUN_TIME_ONLY`): ``{key: value}``."""
     found = {}
-    for key, off in RUN_TIME_ONLY.items():
+    for key in (f"alibi_{name}" for name in RUN_TIME_ONLY):
         value = _option(model_cfg, key)
-        if value not in (None, off) and str(value) != str(off):
+        if value is not None and str(value) != str(_off(key)) and value != _off(key):
             found[key] = value
     return found
 
@@ -233,7 +239,7 @@ def run_time_note(found: dict) -> str:
     """The line that says what the export of a model with ``found`` (:func:`run_time_only`)
     computes: the model with them off, which ``--model-overrides`` gives here too."""
     flags = ", ".join(f"--{k.replace('_', '-')} {v}" for k, v in found.items())
-    off = ", ".join(f"'{k}': {RUN_TIME_ONLY[k]!r}" for k in found)
+    off = ", ".join(f"'{k}': {_off(k)!r}" for k in found)
     return (f"note: BLOOM and MPT have no {flags}: the export computes this model without "
             f"{'it' if len(found) == 1 else 'them'} (every key of the input, across documents), "
             f"as it computes here loaded with --model-overrides \"{{{off}}}\" (they are "

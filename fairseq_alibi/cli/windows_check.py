@@ -344,57 +344,42 @@ class MassMeter:
                                                                                weights[:, 0]))
 
     def add(self, layer: int, probs):
-        """Count one sequence's ``(H, L, L)`` attention probabilities of layer ``layer``."""
-        import torch
-
-        length = probs.size(-1)
-        if self.windows[layer] and isinstance(self.windows[layer][self.cutoffs[0]][0], tuple):
-            return self._add_two_way(layer, probs)
-        for head in range(probs.size(0)):
-            windows = {t: w[head] for t, w in self.windows[layer].items() if w[head] is not None}
-            if not windows or min(windows.values()) + 1 >= length:
-                continue  # every key of every query within the window
-            for start in range(min(windows.values()) + 1, length, QUERY_CHUNK):
-                rows = torch.arange(start, min(length, start + QUERY_CHUNK), device=probs.device)
-                sums = probs[head, rows].double().cumsum(-1)  # from the farthest key: exact
-                first = 0 if self.firsts is None else self.firsts.to(rows.device)[rows]
-                for t, window in windows.items():
-                    self._count(layer, head, t, rows - window - 1, first, sums)
-
-    def _add_two_way(self, layer: int, probs):
-        """:meth:`add` for an encoder's heads, windows ``(back, ahead)``: every query, the
-        keys beyond on either side summed (from the row's running sums)."""
+        """Count one sequence's ``(H, L, L)`` attention probabilities of layer ``layer``: each
+        query's keys beyond its head's window, behind it (and ahead of it, an encoder's),
+        summed from the row's running sums."""
         import torch
 
         length = probs.size(-1)
         for head in range(probs.size(0)):
-            windows = {t: w[head] for t, w in self.windows[layer].items()
-                       if any(0 < (side or length) < length - 1 for side in w[head])}
+            # a causal head's W_h is its (back, ahead) with nothing ahead to drop
+            sides = {t: w[head] if isinstance(w[head], tuple) else (w[head], 0)
+                     for t, w in self.windows[layer].items()}
+            windows = {t: (back, ahead) for t, (back, ahead) in sides.items()
+                       if any(0 < (side or length) < length - 1 for side in (back, ahead))}
             for start in range(0, length if windows else 0, QUERY_CHUNK):
                 rows = torch.arange(start, min(length, start + QUERY_CHUNK), device=probs.device)
-                sums = probs[head, rows].double().cumsum(-1)
+                sums = probs[head, rows].double().cumsum(-1)  # from the farthest key: exact
                 first = 0 if self.firsts is None else self.firsts.to(rows.device)[rows]
                 for t, (back, ahead) in windows.items():
                     self._count(layer, head, t, rows - back - 1 if back else rows - length,
                                 first, sums, rows + ahead if ahead else rows + length)
 
-    def _count(self, layer, head, t, last, first, sums, ahead_last=None):
+    def _count(self, layer, head, t, last, first, sums, ahead_last):
         """``first``: each query's document's first key (the keys before it weigh 0);
         ``last``: each query's last key beyond the window behind it (``< 0``: none);
-        ``ahead_last``: its last key within the window ahead (an encoder's; the keys after it
-        are beyond, ``>= length - 1``: none)."""
+        ``ahead_last``: its last key within the window ahead (the keys after it are beyond,
+        ``>= length - 1``: none)."""
         length = sums.size(-1)
         behind = last >= 0  # the queries with keys beyond the window: 0 … i - W - 1
-        kept = behind if ahead_last is None else behind | (ahead_last < length - 1)
+        kept = behind | (ahead_last < length - 1)
         if not bool(kept.any()):
             return
         if not isinstance(first, int):
             first = first[kept][:, None]
         behind, last, sums = behind[kept][:, None], last[kept][:, None].clamp(min=0), sums[kept]
-        mass = sums.gather(1, last)[:, 0] * behind[:, 0]
-        if ahead_last is not None:
-            ahead_last = ahead_last[kept][:, None].clamp(max=length - 1)
-            mass = mass + sums[:, -1] - sums.gather(1, ahead_last)[:, 0]
+        ahead_last = ahead_last[kept][:, None].clamp(max=length - 1)
+        mass = (sums.gather(1, last)[:, 0] * behind[:, 0]
+                + sums[:, -1] - sums.gather(1, ahead_last)[:, 0])
         self.beyond.setdefault((layer, head, t), []).append(mass.cpu())
         for s in self.sinks:
             key = (layer, head, t, s)
@@ -713,29 +698,28 @@ def head_rows(meter: "MassMeter", sink_mass: float) -> List[HeadRow]:
 def kept_share(window: Optional[int], length: int, sinks: int = 0) -> float:
     """The share of a causal sequence's score entries ``(i, j)``, ``j <= i < length``, that a
     head with window ``window`` keeps (``i - j <= window``, or ``j < sinks``)."""
-    if window is None or window >= length - 1:
-        return 1.0
-    kept = (window + 1) * (window + 2) / 2 + (length - 1 - window) * (window + 1)
-    beyond = length - 1 - window  # queries with keys beyond: k = 1 … beyond of them there
-    s = min(sinks, beyond)
-    kept += s * (s + 1) / 2 + (beyond - s) * s  # sum over k of min(sinks, k)
-    return kept / (length * (length + 1) / 2)
+    return _kept_share(window, 0, length, sinks, sees_ahead=False)
 
 
 def kept_share_two_way(back: Optional[int], ahead: Optional[int], length: int,
                        sinks: int = 0) -> float:
     """:func:`kept_share` of an encoder head with windows ``back``, ``ahead`` (``None``:
-    unbounded; ``0``: the side its variant hides): the share of the entries its variant
-    computes, ``(i, j)`` with ``j`` on a side it sees, that it keeps (within the windows, or
-    ``j < sinks`` behind the window)."""
+    unbounded; ``0``: the side its variant hides)."""
+    return _kept_share(back, ahead, length, sinks, sees_behind=back != 0, sees_ahead=ahead != 0)
+
+
+def _kept_share(back, ahead, length: int, sinks: int, sees_behind=True, sees_ahead=True):
+    """The share of the entries ``(i, j)`` a head computes (``j`` on a side it sees) that its
+    windows keep: ``-ahead <= i - j <= back`` (``None``: unbounded), or ``j < sinks`` behind."""
     import torch
 
     i = torch.arange(length, dtype=torch.float64)
     before, after = i, length - 1 - i  # the keys on each side of query i
-    seen = 1 + (before if back != 0 else 0) + (after if ahead != 0 else 0)
+    seen = 1 + (before if sees_behind else 0) + (after if sees_ahead else 0)
     kept_before = before if back is None else before.clamp(max=back)
     kept_after = after if ahead is None else after.clamp(max=ahead)
-    beyond = (before - kept_before).clamp(max=sinks) if back else 0
+    beyond = ((before - kept_before).clamp(max=sinks)
+              if sees_behind and back is not None else 0)
     return float((1 + kept_before + kept_after + beyond).sum() / seen.sum())
 
 

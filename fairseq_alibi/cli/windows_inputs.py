@@ -161,12 +161,16 @@ def sample_starts(total: int, length: int, tokens: int, seed: int) -> List[int]:
     return torch.randperm(total - length + 1, generator=generator)[:count].tolist()
 
 
+def _nll(log_probs, target):
+    """``-log_probs[t, target[t]]`` (``(N, V)``, ``(N,)``): nats, float64, on the CPU."""
+    return -log_probs.gather(-1, target[:, None])[:, 0].double().cpu()
+
+
 def token_nll(model, source, target):
     """Per-token negative log-likelihood (nats, float64, on the CPU) of ``target`` given
     ``source`` (one sequence)."""
     out = model(source[None])
-    log_probs = model.get_normalized_probs(out, log_probs=True)[0]
-    return -log_probs.gather(-1, target[:, None])[:, 0].double().cpu()
+    return _nll(model.get_normalized_probs(out, log_probs=True)[0], target)
 
 
 def masked_token_nll(model, source, target, pad: int):
@@ -177,8 +181,7 @@ def masked_token_nll(model, source, target, pad: int):
 
     masked = target.ne(pad)
     logits = model(source[None], masked_tokens=masked[None])[0]
-    log_probs = torch.log_softmax(logits.float(), dim=-1)
-    return -log_probs.gather(-1, target[masked][:, None])[:, 0].double().cpu()
+    return _nll(torch.log_softmax(logits.float(), dim=-1), target[masked])
 
 
 @dataclass
@@ -218,8 +221,7 @@ def pair_nll(model, source, previous, target):
 
     lengths = torch.tensor([source.numel()], device=source.device)
     out = model(source[None], lengths, previous[None])
-    log_probs = model.get_normalized_probs(out, log_probs=True)[0]
-    return -log_probs.gather(-1, target[:, None])[:, 0].double().cpu()
+    return _nll(model.get_normalized_probs(out, log_probs=True)[0], target)
 
 
 class Stream:
@@ -324,13 +326,10 @@ class Pairs:
     def starts(self, length: int, tokens: int, seed: int) -> List[int]:
         """About ``tokens`` source tokens' worth of sequences of ``length`` (the pairs' mean
         source length at least), as different first pairs (all there are, if fewer), drawn
-        uniformly, in the order drawn; the same for the same arguments."""
-        import torch
-
-        generator = torch.Generator().manual_seed(seed * 1_000_003 + length)
-        count = min(math.ceil(tokens / max(length, self.total / len(self.pairs))),
-                    len(self.pairs))
-        return torch.randperm(len(self.pairs), generator=generator)[:count].tolist()
+        uniformly (:func:`sample_starts` over the pairs), in the order drawn; the same for the
+        same arguments."""
+        count = math.ceil(tokens / max(length, self.total / len(self.pairs)))
+        return sample_starts(len(self.pairs), 1, count, seed + length - 1)
 
     def inputs(self, length: int, start: int) -> tuple:
         import torch

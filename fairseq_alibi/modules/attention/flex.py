@@ -266,7 +266,7 @@ def attention(q, k, v, alibi, key_padding_mask, attn_mask, dropout_p, scale):
     windows = alibi.windows() if alibi.windowed else None
     sinks = getattr(alibi, "sinks", 0) if windows is not None else 0
     documents = getattr(alibi, "documents", None)
-    if documents is not None and documents.crossing:  # per row: built per call
+    if documents is not None and documents.crossing:  # per row: built once per pass
         key = None if windows is None else tuple(tuple(side) for side in windows)
         block_mask = _document_block_mask(alibi.variant, documents, key, sinks, H, T, S,
                                           q.device)
