@@ -13,6 +13,8 @@ table. The other modules are what the tools share:
 * :mod:`~fairseq_alibi.cli.forks`: the ALiBi forks' checkpoint formats, for ``convert``.
 * :mod:`~fairseq_alibi.cli.windows_inputs`: what ``windows`` reads, the kind of model and the
   split's sequences, one reader per kind (a stream, a masked stream, sentence pairs).
+* :mod:`~fairseq_alibi.cli.windows_report`: what ``windows`` concludes from its measurements
+  (the stopping rule, the rows per head and per ``T``, the verdict) and its report.
 
 ``tests/test_layout.py`` checks that every module here is a tool of ``TOOLS`` or listed above.
 The offline data pipelines are in :mod:`fairseq_alibi.preprocess`.

@@ -15,12 +15,12 @@ import sys
 import pytest
 import torch
 
-from fairseq_alibi.cli.windows_check import (Candidate, CutoffRow, HeadRow, Judged, judge,
-                                             kept_share, kept_share_two_way, load_model, main,
-                                             verdict)
+from fairseq_alibi.cli.windows_check import load_model, main
 from fairseq_alibi.cli.windows_inputs import (Masking, Pairs, checkpoint_config,
                                               masked_token_nll, pair_nll, read_pairs,
                                               read_stream, sample_starts, token_nll)
+from fairseq_alibi.cli.windows_report import (Candidate, CutoffRow, HeadRow, Judged, judge,
+                                              kept_share, kept_share_two_way, verdict)
 from tests.helpers.checkpoints import load, saved_in_process
 from tests.helpers.cli import REPO, child_env, preprocess
 from tests.helpers.training import STOCK
