@@ -24,7 +24,8 @@ TOOLS = {
     "eval-lm-stream": ("fairseq_alibi.cli.stream_eval_lm", "main",
                        "fairseq-eval-lm scoring each token once, streaming (causal ALiBi LMs)"),
     "windows": ("fairseq_alibi.cli.windows_check", "main",
-                "is a slope-window cutoff safe for this LM? perplexity, sink heads, one verdict"),
+                "is a slope-window cutoff safe for this model (LM, encoder, translation)? "
+                "perplexity, sink heads, one verdict"),
     "checkpoints": ("fairseq_alibi.cli.checkpoints", "main", "inspect or repair a save folder"),
     "corpus": ("fairseq_alibi.cli.corpus", "main", "build the quickstart corpus"),
     "glue": ("fairseq_alibi.cli.glue_finetune", "main",

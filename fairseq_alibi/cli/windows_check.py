@@ -28,14 +28,15 @@ its verdict needs:
   (``--seed``; the same every run) and are scored one at a time, each adding its per-token
   changes of the negative log-likelihood, until the **stopping rule** decides: with ``Δ`` the
   perplexity change (percent of dense, on the tokens scored so far) and ``σ`` its standard
-  error (the per-token changes' means over blocks of :data:`BLOCK` tokens, at least
-  :data:`MIN_BLOCKS` blocks), the cutoff is *within* at that length when
-  ``|Δ| + Z·σ <= --tolerance`` (``Z`` = :data:`Z`), *beyond* when ``|Δ| - Z·σ > --tolerance``,
-  and otherwise one more sequence is scored, up to ``--tokens`` tokens (default:
-  :data:`DEFAULT_TOKENS`, at most the split's, in whole sequences); still undecided there, it
-  is not within (*undecided*: more ``--tokens`` may decide it). Every ``S`` of a cutoff is
-  scored on the same sequences (dense's are computed once). ``(T, S)`` passes when it is
-  within at every length and keeps the first positions its sink heads need (below).
+  error (the per-token changes' means over blocks of :data:`.windows_report.BLOCK` tokens, at
+  least :data:`.windows_report.MIN_BLOCKS` blocks), the cutoff is *within* at that length
+  when ``|Δ| + Z·σ <= --tolerance`` (``Z`` = :data:`.windows_report.Z`), *beyond* when
+  ``|Δ| - Z·σ > --tolerance``, and otherwise one more sequence is scored, up to ``--tokens``
+  tokens (default: :data:`DEFAULT_TOKENS`, at most the split's, in whole sequences); still
+  undecided there, it is not within (*undecided*: more ``--tokens`` may decide it). Every
+  ``S`` of a cutoff is scored on the same sequences (dense's are computed once). ``(T, S)``
+  passes when it is within at every length and keeps the first positions its sink heads need
+  (below).
 * **the attention mass beyond each window**, per layer and head (both counted from 0) and per
   ``T``: the dense model's attention probabilities ``p[i, j]`` (its own, asked with
   ``need_head_weights`` through forward hooks, one sequence at a time) summed over the keys
@@ -305,8 +306,8 @@ class MassMeter:
     forward pass asks each for its head weights (``need_head_weights``) and reduces them, per
     head and cutoff, to the mass beyond the window of each query that has keys beyond it, and
     the part of it on the first ``S`` positions for each ``S`` of ``sinks`` (of the query's
-    document, :attr:`firsts`: where each query's document begins, set per sequence; ``None``:
-    the sequence's); the weights are not passed on (the layers never read a self-attention's
+    document, where the model has a document mask on that side: :func:`document_firsts`; else
+    of the sequence); the weights are not passed on (the layers never read a self-attention's
     weights).
 
     A causal head's window is ``W_h`` (the keys ``j < i - W_h`` are beyond it); an encoder
@@ -333,7 +334,6 @@ class MassMeter:
                     slopes, t, m.alibi.variant, future))) for t in cutoffs})
         self.beyond: Dict[tuple, list] = {}  # (layer, head, T) -> [per-query masses]
         self.on_sinks: Dict[tuple, float] = {}  # (layer, head, T, S) -> summed over queries
-        self.firsts = None  # (L,): each position's document's first (a document mask)
 
     def hooked(self):
         """A context in which the forward passes are counted."""
@@ -347,6 +347,7 @@ class MassMeter:
         import torch
 
         length = probs.size(-1)
+        firsts = document_firsts(self.attentions[layer].alibi, length)
         for head in range(probs.size(0)):
             # a causal head's W_h is its (back, ahead) with nothing ahead to drop
             sides = {t: w[head] if isinstance(w[head], tuple) else (w[head], 0)
@@ -356,7 +357,7 @@ class MassMeter:
             for start in range(0, length if windows else 0, QUERY_CHUNK):
                 rows = torch.arange(start, min(length, start + QUERY_CHUNK), device=probs.device)
                 sums = probs[head, rows].double().cumsum(-1)  # from the farthest key: exact
-                first = 0 if self.firsts is None else self.firsts.to(rows.device)[rows]
+                first = 0 if firsts is None else firsts.to(rows.device)[rows]
                 for t, (back, ahead) in windows.items():
                     self._count(layer, head, t, rows - back - 1 if back else rows - length,
                                 first, sums, rows + ahead if ahead else rows + length)
@@ -385,19 +386,24 @@ class MassMeter:
             self.on_sinks[key] = self.on_sinks.get(key, 0.0) + mass
 
 
-def document_firsts(cfg, tokens, eos: int):
-    """``(L,)``: where the document of each position of ``tokens`` ``(1, L)`` begins, for a
-    model saved with a document mask (its ``alibi_document_mask``); ``None`` without one."""
+def document_firsts(alibi, length: int):
+    """``(L,)``: where the document of each of the last ``length`` positions of the forward
+    pass that ``alibi`` (an attention's :class:`~fairseq_alibi.modules.bias.LayerBias`) just
+    ran begins, as its stack found them (``--alibi-document-mask``, from the ``</s>`` of the
+    tokens it read: a translation model's source on the encoder side, the target on the
+    decoder's); ``None`` without a document mask on that side (the sequence's first
+    positions are its sinks)."""
     import torch
 
     from fairseq_alibi.alibi import document_offsets, document_starts
-    from fairseq_alibi.config_access import cfg_get
 
-    mode = str(cfg_get(cfg_get(cfg, "model"), "alibi_document_mask", "none") or "none")
-    if mode == "none":
+    stack = getattr(alibi, "stack", None)
+    mode = getattr(stack, "document_mask", "none")
+    eos = None if mode == "none" else stack.cache.eos
+    if eos is None:
         return None
-    offsets = document_offsets(document_starts(tokens.eq(eos), mode))[0]
-    return torch.arange(tokens.size(1)) - offsets
+    offsets = document_offsets(document_starts(eos[:1, eos.size(1) - length:], mode))[0]
+    return torch.arange(length, device=offsets.device) - offsets
 
 
 class Sample:
@@ -493,10 +499,7 @@ def measure(args, cfg, reader, task, lengths: List[int], tokens: int, bar,
     length = mass_length(lengths)
     with torch.no_grad(), meter.hooked():
         for start in reader.starts(length, MASS_TOKENS, args.seed):
-            inputs = reader.forward_args(length, start)
-            meter.firsts = (None if kind == TRANSLATION else
-                            document_firsts(cfg, inputs[0], task.source_dictionary.eos()))
-            dense(*(x.to(device) for x in inputs))
+            dense(*(x.to(device) for x in reader.forward_args(length, start)))
             bar.update(1)
     del attentions
     heads = head_rows(meter, args.sink_mass)

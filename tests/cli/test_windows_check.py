@@ -306,23 +306,25 @@ def test_a_model_with_a_document_mask_tries_sinks_like_any_other(trained_lm_chec
 
 def test_the_sink_share_is_on_the_first_positions_of_the_querys_document():
     """Each query puts its weight on its document's first key (documents at 0 and 6 of 12
-    positions): with the documents known, all the mass beyond the window is on the first
-    position; read as one sequence, only the first document's is."""
+    positions, found as the model finds them: an ``</s>`` at 6, ``--alibi-document-mask
+    eos``): with the documents known, all the mass beyond the window is on the first
+    position; without a document mask, read as one sequence, only the first document's is."""
     from fairseq_alibi.cli.windows_check import MassMeter
     from fairseq_alibi.modules.bias import AlibiBias
 
     CUTOFF = 2 / 256  # a window of 2 keys
-
-    class Attention:  # what the meter reads of an attention: its layer's slopes
-        alibi = AlibiBias(1, variant="causal").layer(0)  # slope 1/256
-
+    EOS = 2
+    tokens = torch.full((1, 12), 5)
+    tokens[0, 6] = EOS
     probs = torch.zeros(1, 12, 12)
-    firsts = torch.tensor([0] * 6 + [6] * 6)
-    probs[0, torch.arange(12), firsts] = 1.0
+    probs[0, torch.arange(12), torch.tensor([0] * 6 + [6] * 6)] = 1.0
     shares = []
-    for known in (True, False):
+    for mode in ("eos", "none"):
+        class Attention:  # what the meter reads of an attention: its layer's bias
+            alibi = AlibiBias(1, variant="causal", document_mask=mode).layer(0)  # slope 1/256
+
+        Attention.alibi.stack.read_tokens(tokens, EOS)  # what the stack's forward does
         meter = MassMeter([Attention()], [CUTOFF], [1])
-        meter.firsts = firsts if known else None
         meter.add(0, probs)
         shares.append(meter.on_sinks[(0, 0, CUTOFF, 1)])
     beyond = float(torch.cat(meter.beyond[(0, 0, CUTOFF)]).sum())
@@ -616,6 +618,42 @@ def test_a_translation_models_windows_are_judged_on_its_targets(translation_data
     (row,) = rows_of(tmp_path / "pairs" / "windows_cutoffs.csv")
     assert int(row["tokens_L1"]) == sum(target.numel() for _, target in pairs)
     assert "L=1 (60 × 1)" in out
+
+
+def test_a_translation_models_sinks_are_each_sides_documents(translation_data):
+    """Saved with a document mask on both sides, each self-attention's sinks are the first
+    positions of its own side's documents, as the model finds them: the encoder's in the
+    source, the decoder's in the target it reads (pairs end to end, ``eos``: every ``</s>``
+    opens a document); without one, the sequence's."""
+    from fairseq_alibi.cli.windows_check import alibi_attentions, document_firsts
+    from fairseq_alibi.cli.windows_inputs import TRANSLATION
+
+    checkpoint = SAVED / "translation_pointer" / "checkpoint.pt"
+    cfg, _ = checkpoint_config(checkpoint)
+    task, pairs = read_pairs(cfg, translation_data, "valid")
+    eos = task.target_dictionary.eos()
+    source, lengths, previous = Pairs(pairs, eos).forward_args(24, 0)
+
+    def firsts(tokens):  # each position's document's first: the last </s> at or before it
+        found, first = [], 0
+        for i, token in enumerate(tokens.tolist()):
+            first = i if token == eos else first
+            found.append(first)
+        return found
+
+    masks = {"encoder_alibi_document_mask": "eos", "decoder_alibi_document_mask": "eos"}
+    for overrides in (masks, {}):
+        model = load_model(checkpoint, task, overrides, "cpu")
+        with torch.no_grad():
+            model(source, lengths, previous)
+        encoder = set(model.encoder.modules())
+        for m in alibi_attentions(model, checkpoint, TRANSLATION):
+            side = source if m in encoder else previous
+            found = document_firsts(m.alibi, side.size(1))
+            if overrides:
+                assert found.tolist() == firsts(side[0]) and len(set(found.tolist())) > 2
+            else:
+                assert found is None
 
 
 def test_a_translation_sequence_is_whole_pairs_end_to_end():
