@@ -63,6 +63,32 @@ def check_factorized_embedding(args, embed_tokens):
         )
 
 
+def check_adaptive_cutoffs(args, task):
+    """A one-line error for adaptive input or softmax cutoffs that reach past the dictionary,
+    which stock fairseq only asserts deep inside the build (``cannot specify cutoff larger than
+    vocab size``): the ``wiki103`` architectures' ``20000,60000`` were sized for WikiText-103's
+    267k words, so another corpus's smaller dictionary needs its own."""
+    from fairseq.utils import eval_str_list
+
+    found = []
+    if getattr(args, "adaptive_input", False):
+        found.append(("adaptive_input_cutoff", len(task.source_dictionary)))
+    if getattr(args, "adaptive_softmax_cutoff", None) is not None:
+        found.append(("adaptive_softmax_cutoff", len(task.target_dictionary)))
+    for name, words in found:
+        value = getattr(args, name, None)
+        cutoffs = eval_str_list(value, type=int) if value is not None else []
+        if cutoffs and max(cutoffs) > words:
+            flags = [(n, "--" + n.replace("_", "-")) for n, _ in found]
+            example = f"{words // 4},{words // 2}"
+            raise options.OptionError(
+                f"--{name.replace('_', '-')} {value} reaches past the dictionary's {words:,} "
+                f"words: give cutoffs below it, e.g. "
+                f"{' '.join(f'{flag} {example}' for _, flag in flags)} (fairseq-hydra-train: "
+                f"{' '.join(repr(f'++model.{n}={example!r}') for n, _ in flags)}), or an "
+                "architecture without adaptive input or softmax (--arch alibi_transformer_lm)")
+
+
 @dataclass
 class _LanguageModelConfig(TransformerLanguageModelConfig):
     share_decoder_layers: bool = field(
@@ -114,6 +140,7 @@ class AlibiTransformerLanguageModel(ScalesFollowPrunedLayers, TransformerLanguag
         stack = options.read(options.StackOptions, args, options.LM)
         options.check_stacks({options.LM: (stack, args.decoder_attention_heads)})
         note_document_mask(stack, task)
+        check_adaptive_cutoffs(args, task)
         # Let the stock model build the token embedding (plain, adaptive or character
         # input) without any layers, then build the ALiBi decoder around that embedding.
         embedding_args = copy.deepcopy(args)

@@ -155,6 +155,23 @@ def test_tied_factorised_lm_needs_equal_input_and_output_dims(dict_dir):
                                 "--decoder-output-dim", H)
 
 
+WIKI103 = ["--task", "language_modeling", "--arch", "alibi_transformer_lm_wiki103",
+           "--decoder-layers", 1, "--decoder-embed-dim", H, "--decoder-ffn-embed-dim", F]
+
+
+def test_adaptive_cutoffs_past_the_dictionary_are_one_line(dict_dir):
+    """The wiki103 architectures' adaptive input and softmax, on a smaller dictionary."""
+    from fairseq_alibi.options import OptionError
+
+    with pytest.raises(OptionError, match=r"--adaptive-input-cutoff 20000,60000 reaches past the "
+                       r"dictionary's \d+ words: give cutoffs below"):
+        build_from_command_line(dict_dir, *WIKI103)
+    model, _ = build_from_command_line(  # cutoffs within it: built
+        dict_dir, *WIKI103,
+        "--adaptive-input-cutoff", "20,40", "--adaptive-softmax-cutoff", "20,40")
+    assert model.decoder.adaptive_softmax is not None
+
+
 def test_factorised_encoder_refuses_the_clap_head(dict_dir):
     with pytest.raises(ValueError, match="needs --mlm-head roberta"):
         build_from_command_line(dict_dir, "--task", "masked_lm", "--arch", "alibi_roberta",
