@@ -2,13 +2,15 @@
 
     python -m benchmarks.documents [--quick] [--tables attention,training]
         [--lengths 4096,8192] [--doc-lengths 256,2048] [--cutoff 8]
-        [--train-lengths 512,4096] [--corpus uniform|wikitext2] [--rounds 3] [--threads 1]
+        [--train-lengths 512,4096] [--corpus uniform|wikitext2|DIR] [--rounds 3] [--threads 1]
         [--json FILE]
 
 Packed rows of documents: the tokens of a row are random words, an ``</s>`` opens each document
 (as in a language model's shifted source). Document lengths are drawn (seeded) uniformly from
-``--doc-lengths`` (``uniform``) or from the articles of WikiText-2's test split (``wikitext2``:
-the lengths in words plus one ``</s>`` a line, read from ``../shared/data/wikitext-2``), and a
+``--doc-lengths`` (``uniform``), from the articles of WikiText-2's test split (``wikitext2``:
+the lengths in words plus one ``</s>`` a line, read from ``../shared/data/wikitext-2``) or from
+the documents of a binarized folder's ``train`` split (``DIR``: text with an empty line between
+documents, as ``fairseq-alibi corpus --document-breaks`` writes it), and a
 row is filled with them, the last one cut at the row's end (so a row starts and ends inside a
 document, as packing makes it). Every table times its cases in interleaved paired rounds
 (:class:`benchmarks.timing.Rounds`: a ratio is the median of the same round's ratios).
@@ -34,7 +36,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.packing import (CORPORA, EOS, WIKITEXT, describe, document_lengths,
+from benchmarks.packing import (EOS, WIKITEXT, corpus_argument, describe, document_lengths,
                                 padded_documents, packed_rows, training_sample)
 from benchmarks.tables import comma_choices, machine, table
 from benchmarks.timing import Rounds, backward_call, forward_call
@@ -150,7 +152,7 @@ def parse_args(argv=None):
     parser.add_argument("--lengths", default="4096,8192")
     parser.add_argument("--doc-lengths", default="256,2048")
     parser.add_argument("--train-lengths", default="512,4096")
-    parser.add_argument("--corpus", choices=CORPORA, default="uniform")
+    parser.add_argument("--corpus", type=corpus_argument, default="uniform")
     parser.add_argument("--cutoff", type=float, default=8.0)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1)

@@ -34,8 +34,8 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.packing import (CORPORA, WIKITEXT, describe, document_lengths, packed_rows,
-                                training_sample)
+from benchmarks.packing import (WIKITEXT, corpus_argument, describe, document_lengths,
+                                packed_rows, training_sample)
 from benchmarks.tables import machine, table
 from benchmarks.timing import Rounds
 from benchmarks.trainer import build_trainer, write_dictionary
@@ -141,7 +141,7 @@ def parse_args(argv=None):
     parser.add_argument("--train-length", type=int, default=4096)
     parser.add_argument("--eval-length", type=int, default=8192)
     parser.add_argument("--cutoff", type=float, default=8.0)
-    parser.add_argument("--corpus", choices=CORPORA, default="wikitext2")
+    parser.add_argument("--corpus", type=corpus_argument, default="wikitext2")
     parser.add_argument("--doc-lengths", default="256,2048",
                         help="LOW,HIGH of --corpus uniform's document lengths")
     parser.add_argument("--rounds", type=int, default=3)

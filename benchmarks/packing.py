@@ -1,5 +1,5 @@
 """Packed rows of documents, what the document-mask benchmarks time: document lengths drawn
-from WikiText-2's test articles or uniformly, rows filled with them (an ``</s>`` opening each
+from WikiText-2's test articles, from a binarized corpus's documents or uniformly, rows filled with them (an ``</s>`` opening each
 document, a row starting and ending inside one, as packing makes it), ``complete_doc``'s padded
 rows of the same documents, and a language-modelling sample of rows."""
 
@@ -9,7 +9,8 @@ from pathlib import Path
 
 import torch
 
-#: where document lengths come from (``--corpus``)
+#: where document lengths come from (``--corpus``), besides a binarized folder
+#: (:func:`binarized_lengths`)
 CORPORA = ("uniform", "wikitext2")
 EOS = 2  # fairseq's </s>
 WIKITEXT = Path(__file__).resolve().parents[2] / "shared" / "data" / "wikitext-2"
@@ -29,10 +30,40 @@ def wikitext_lengths(folder: Path = WIKITEXT) -> list:
     return lengths + [current]
 
 
+def binarized_lengths(folder, split: str = "train") -> list:
+    """The documents' lengths in a binarized folder's ``split`` (fairseq-preprocess's output of
+    text with an empty line between documents, what ``--sample-break-mode complete_doc`` and
+    ``--alibi-document-mask doc`` split on): the tokens of each run of lines, the empty line's
+    ``</s>`` opening the next document (as the mask reads it)."""
+    from fairseq.data import data_utils
+
+    found = data_utils.load_indexed_dataset(str(Path(folder) / split), None)
+    if found is None:
+        raise SystemExit(f"--corpus {folder}: no binarized {split} split there")
+    lengths, current = [], 0
+    for size in found.sizes.tolist():
+        if size == 1 and current:  # an empty line: only its </s>
+            lengths.append(current)
+            current = 0
+        current += size
+    return lengths + ([current] if current else [])
+
+
+def corpus_argument(value: str) -> str:
+    """``--corpus``: one of :data:`CORPORA` or a binarized folder with a ``train`` split."""
+    if value in CORPORA or (Path(value) / "train.idx").is_file():
+        return value
+    raise ValueError(value)
+
+
+corpus_argument.__name__ = "--corpus (uniform, wikitext2 or a binarized folder)"
+
+
 def document_lengths(corpus: str, low: int, high: int, seed: int):
     """An endless, seeded stream of document lengths."""
     rng = random.Random(seed)
-    pool = wikitext_lengths() if corpus == "wikitext2" else None
+    pool = (None if corpus == "uniform" else wikitext_lengths() if corpus == "wikitext2"
+            else binarized_lengths(corpus))
     while True:
         yield rng.choice(pool) if pool else rng.randint(low, high)
 
@@ -60,6 +91,10 @@ def rng_offset(lengths) -> int:
 
 
 def describe(corpus, doc_lengths) -> str:
+    if corpus not in CORPORA:
+        lengths = sorted(binarized_lengths(corpus))
+        return (f"the lengths of {corpus}'s {len(lengths):,} training documents (median "
+                f"{lengths[len(lengths) // 2]:,} tokens, mean {sum(lengths) / len(lengths):,.0f})")
     return ("WikiText-2 test articles' lengths" if corpus == "wikitext2"
             else f"uniform {doc_lengths[0]}–{doc_lengths[1]} tokens")
 

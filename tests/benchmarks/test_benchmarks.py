@@ -178,6 +178,22 @@ def test_quick_run_of_the_document_mask_tables(tmp_path, capsys):
         documents.main(["--doc-lengths", "9,3"])
 
 
+def test_document_lengths_of_a_binarized_corpus(tmp_path):
+    """``--corpus DIR``: the documents of a binarized split whose text has an empty line
+    between documents, each the tokens of its lines (the empty line's </s> opens the next)."""
+    from benchmarks import documents
+    from benchmarks.packing import binarized_lengths, describe
+    from tests.helpers.cli import preprocess
+
+    (tmp_path / "train.txt").write_text("a b c\nd e\n\nf g h i\n\nj\n")
+    preprocess("--only-source", "--trainpref", tmp_path / "train.txt", "--destdir",
+               tmp_path / "bin", "--workers", "1")
+    assert binarized_lengths(tmp_path / "bin") == [4 + 3, 1 + 5, 1 + 2]
+    assert "3 training documents (median 6 tokens" in describe(str(tmp_path / "bin"), None)
+    with pytest.raises(SystemExit):
+        documents.main(["--corpus", str(tmp_path / "nothing")])
+
+
 def test_quick_run_of_the_block_mask_table(capsys):
     """benchmarks/block_masks.py: flex's block masks from the plan and from create_block_mask,
     timed and measured side by side, and checked to read the same blocks."""
