@@ -395,15 +395,14 @@ def document_firsts(alibi, length: int):
     positions are its sinks)."""
     import torch
 
-    from fairseq_alibi.alibi import document_offsets, document_starts
-
     stack = getattr(alibi, "stack", None)
-    mode = getattr(stack, "document_mask", "none")
-    eos = None if mode == "none" else stack.cache.eos
-    if eos is None:
+    if getattr(stack, "document_mask", "none") == "none":
         return None
-    offsets = document_offsets(document_starts(eos[:1, eos.size(1) - length:], mode))[0]
-    return torch.arange(length, device=offsets.device) - offsets
+    ids = stack.documents_of(1, length, length).ids[0]
+    opens = torch.ones_like(ids, dtype=torch.bool)
+    opens[1:] = ids[1:] != ids[:-1]
+    steps = torch.arange(length, device=ids.device)
+    return torch.where(opens, steps, torch.zeros_like(steps)).cummax(0).values
 
 
 class Sample:
