@@ -1,7 +1,8 @@
 """Packed rows of documents, what the document-mask benchmarks time: document lengths drawn
-from WikiText-2's test articles, from a binarized corpus's documents or uniformly, rows filled with them (an ``</s>`` opening each
-document, a row starting and ending inside one, as packing makes it), ``complete_doc``'s padded
-rows of the same documents, and a language-modelling sample of rows."""
+from WikiText-2's test articles, from a binarized corpus's documents or uniformly, rows filled
+with them (an ``</s>`` opening each document, a row starting and ending inside one, as packing
+makes it), ``complete_doc``'s padded rows of the same documents, and a language-modelling
+sample of rows."""
 
 import random
 import re
