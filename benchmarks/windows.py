@@ -337,9 +337,11 @@ def fit_cost(records, log=print):
                   "measured windowed ÷ sdpa", f"predicted {tuple(old)}",
                   f"predicted {tuple(new)}"], rows)
     slowest = f", the slowest measured at {max(picked):.2f}x sdpa" if picked else ""
+    settings = {name: getattr(tuning, name) for name in tuning.WINDOWED_COST_FITTED_WITH}
     check = (f"Check: with {tuple(new)} and WINDOWED_MAX_COST={limit:g}, auto would send "
              f"{len(picked)} of {len(cells)} cells to windowed{slowest}; {missed} cell(s) "
-             f"measured below {limit:g} would stay on sdpa")
+             f"measured below {limit:g} would stay on sdpa; fitted with the chunk settings "
+             f"WINDOWED_COST_FITTED_WITH = {settings}")
     log(check)
     return tuple(new), body, check
 

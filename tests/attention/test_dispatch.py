@@ -417,3 +417,13 @@ def test_attend_passes_the_windows_of_the_call():
     assert call.windowed and call.windows == layer.windows()
     plain = dispatch.call_of(q, q, q, AlibiBias(8).layer(0))
     assert not plain.windowed and plain.windows is None
+
+
+def test_the_windowed_price_was_fitted_with_todays_chunks():
+    """``tuning.WINDOWED_COST`` prices the chunks as they were when it was fitted: a changed
+    chunk size or limit fails here until the price is re-fitted and its settings recorded."""
+    today = {name: getattr(tuning, name) for name in tuning.WINDOWED_COST_FITTED_WITH}
+    assert today == tuning.WINDOWED_COST_FITTED_WITH, (
+        "the chunk settings changed since tuning.WINDOWED_COST was fitted: re-fit it (python -m "
+        "benchmarks.windows --tables thresholds ... --json F, then --fit F) and write the new "
+        "constants and tuning.WINDOWED_COST_FITTED_WITH")
