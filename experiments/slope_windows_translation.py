@@ -33,23 +33,16 @@ from experiments.slope_windows import (DENSE, LOST_MASS_TITLE, LostMassMeter, gr
                                        load_dense, report_head, setting, write_csv)
 from experiments.translation_runs import (CONFIGS, GETTEXT_VOCAB, build_gettext, generate_once,
                                           in_parallel, test_sources, train_once)
+from fairseq_alibi.cli.windows_check import window_overrides
 
 #: the issue's quality goal for translation: BLEU within this many points of dense
 BLEU_GOAL = 0.2
 #: the translation study's size (experiments/translation_length.py's defaults)
 SIZE = dict(layers=2, dim=64, heads=4, lr=0.004, max_tokens=1024, warmup=100)
 SMOKE_SIZE = dict(layers=1, dim=16, heads=4, lr=0.004, max_tokens=256, warmup=2)
-SIDES = ("encoder_alibi_window_cutoff", "decoder_alibi_window_cutoff")
+#: the ALiBi sides whose self-attention gets the cutoff (``window_overrides``' prefixes)
+SIDES = ("encoder_alibi", "decoder_alibi")
 ALL = "all"
-
-
-def cutoff_on_both_sides(cutoff: float, sinks: int = 0) -> dict:
-    """The ``--model-overrides`` of a cutoff (and ``sinks`` attention sinks) on the encoder's
-    and the decoder's self-attention."""
-    found = {side: cutoff for side in SIDES}
-    if sinks:
-        found.update({side.replace("cutoff", "sinks"): sinks for side in SIDES})
-    return found
 
 
 def corpus(args, out, log) -> dict:
@@ -83,7 +76,7 @@ def translate(checkpoint, data: dict, cutoffs, out, env, N: int, jobs: int = 1) 
         lambda t=t, log_file=log_file: generate_once(
             label(*t), log_file, generate_command(
                 data["bin"], checkpoint, beam=4, langs=("fr", "en"),
-                model_overrides=cutoff_on_both_sides(*t) if t[0] else None), env, len(sources))
+                model_overrides=window_overrides(SIDES, *t) if t[0] else None), env, len(sources))
         for t, log_file in runs])
     rows, dense = [], None
     for (t, sinks), log_file in runs:
@@ -107,7 +100,7 @@ def losses(checkpoint, data: dict, cutoffs, N: int) -> dict:
     from fairseq import utils
 
     model, task = load_dense(checkpoint, dict({"data": str(data["bin"])},
-                                              **cutoff_on_both_sides(0.0)))
+                                              **window_overrides(SIDES, 0.0)))
     meter = LostMassMeter(model, cutoffs)
     names = bucket_names(N, length_buckets(N))
     with torch.no_grad():

@@ -229,8 +229,8 @@ def run_time_only(model_cfg) -> dict:
     (:data:`RUN_TIME_ONLY`): ``{key: value}``."""
     found = {}
     for key in (f"alibi_{name}" for name in RUN_TIME_ONLY):
-        value = _option(model_cfg, key)
-        if value is not None and str(value) != str(_off(key)) and value != _off(key):
+        value, off = _option(model_cfg, key), _off(key)
+        if value is not None and value != off and str(value) != str(off):
             found[key] = value
     return found
 

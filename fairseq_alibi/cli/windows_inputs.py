@@ -234,7 +234,7 @@ class Stream:
 
     @property
     def total(self) -> int:
-        """The split's tokens (a translation split's: its sources')."""
+        """The split's tokens."""
         return self.source.numel()
 
     #: its sequences are ``length`` tokens (``--sinks`` are checked against them)
