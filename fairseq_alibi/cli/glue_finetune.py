@@ -100,13 +100,14 @@ FROM_MNLI = ("RTE", "MRPC", "STS-B")
 METRIC_NAMES = {"mcc": "MCC", "accuracy": "accuracy", "f1": "F1", "pearson": "Pearson",
                 "spearman": "Spearman"}
 #: model options of the checkpoint that are training choices, not what the weights are: the
-#: fine-tuning recipe sets its own (dropout), or they would change the loaded model
+#: fine-tuning recipe sets its own (dropout), or they would change the loaded model; a document
+#: mask packs pretraining text and would cut a GLUE example apart at its ``</s> </s>``
 NOT_CARRIED = {
     "dropout", "attention_dropout", "activation_dropout", "pooler_dropout", "encoder_layerdrop",
     "encoder_layers_to_keep", "quant_noise_pq", "quant_noise_pq_block_size", "quant_noise_scalar",
     "spectral_norm_classification_head", "load_checkpoint_heads", "min_params_to_wrap",
     "mha_reg_scale_factor", "ffn_reg_scale_factor", "mha_heads_to_keep", "ffn_blocks_to_remove",
-    "max_positions", "clap_initial_beta", "classification_pooler",
+    "max_positions", "clap_initial_beta", "classification_pooler", "alibi_document_mask",
 }
 DEFAULT_SEEDS = (1, 2, 3, 4, 5)
 SCORE_BATCH = 64

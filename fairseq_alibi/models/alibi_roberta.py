@@ -47,7 +47,7 @@ from fairseq_alibi.hub import load_pretrained
 from fairseq_alibi.models.checks import (
     check_saved_stacks,
     check_tokens_per_sample,
-    note_document_mask,
+    check_document_mask,
     reject_other_dictionary,
 )
 from fairseq_alibi.models.architectures_and_limits import lift_task_length_limit
@@ -383,7 +383,7 @@ class AlibiRobertaModel(ScalesFollowPrunedLayers, RobertaModel):
         check_tokens_per_sample(args)
         stack = options.read(options.StackOptions, args, options.ENCODER)
         options.check_stacks({options.ENCODER: (stack, args.encoder_attention_heads)})
-        note_document_mask(stack, task)
+        check_document_mask(stack, task)
         roberta = options.read(RobertaOptions, args)
         roberta.check(args.encoder_embed_dim)
         if not safe_hasattr(args, "max_positions"):  # as the stock model: sized by the task

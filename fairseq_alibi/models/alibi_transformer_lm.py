@@ -28,7 +28,7 @@ from fairseq_alibi.hub import AlibiLanguageModelHubInterface, load_pretrained
 from fairseq_alibi.models.checks import (
     check_saved_stacks,
     check_tokens_per_sample,
-    note_document_mask,
+    check_document_mask,
     refuse_position_embedding_flags,
     reject_other_dictionary,
     reject_position_embeddings,
@@ -139,7 +139,7 @@ class AlibiTransformerLanguageModel(ScalesFollowPrunedLayers, TransformerLanguag
         check_tokens_per_sample(args)
         stack = options.read(options.StackOptions, args, options.LM)
         options.check_stacks({options.LM: (stack, args.decoder_attention_heads)})
-        note_document_mask(stack, task)
+        check_document_mask(stack, task)
         check_adaptive_cutoffs(args, task)
         # Let the stock model build the token embedding (plain, adaptive or character
         # input) without any layers, then build the ALiBi decoder around that embedding.

@@ -221,14 +221,30 @@ def refuse_position_embedding_options(model_cfg):
             )
 
 
-def note_document_mask(stack, task, flag="--alibi-document-mask"):
-    """A log line where a document mask (``stack``: the side's ``StackOptions``) changes
-    nothing: with ``--sample-break-mode eos`` each sample is one line, so ``eos`` finds one
-    document a sample (a note, not an error: the samples are already documents). And on
-    ``masked_lm``: the boundaries are read from the masked input, so a ``</s>`` that the
-    masking replaced hides its boundary (measured in docs/documents.md)."""
+#: fairseq's tasks whose sample is one example, its sentences joined by ``</s>`` (``<s> A </s>
+#: </s> B </s>``), read by a classification head at ``<s>``: not packed text
+EXAMPLE_TASKS = ("sentence_prediction", "sentence_ranking", "sentence_prediction_adapters")
+
+
+def check_document_mask(stack, task, flag="--alibi-document-mask"):
+    """A one-line error where a document mask (``stack``: the side's ``StackOptions``) would cut
+    one example apart (:data:`EXAMPLE_TASKS`: both modes split ``</s> </s>``, so ``<s>`` would
+    never see the second sentence); a log line where it changes nothing: with
+    ``--sample-break-mode eos`` each sample is one line, so ``eos`` finds one document a sample
+    (a note, not an error: the samples are already documents). And on ``masked_lm``: the
+    boundaries are read from the masked input, so a ``</s>`` that the masking replaced hides
+    its boundary (measured in docs/documents.md)."""
+    from fairseq_alibi.options import OptionError
+
     mode = str(getattr(stack, "document_mask", "none"))
     task_cfg = getattr(task, "cfg", None) or getattr(task, "args", None)
+    name = cfg_get(task_cfg, "_name", None) or cfg_get(task_cfg, "task", None)
+    if mode != "none" and name in EXAMPLE_TASKS:
+        raise OptionError(
+            f"{flag} {mode} with --task {name}: a sample is one example whose sentences are "
+            "joined by </s>, so the mask would hide the second sentence from the classification "
+            f"token; fine-tune without it (drop {flag}; a checkpoint pretrained with it loads "
+            "without it as it is: --restore-file reads weights only)")
     if mode == "eos" and str(cfg_get(task_cfg, "sample_break_mode", "")) == "eos":
         logger.warning(f"{flag} eos with --sample-break-mode eos: every sample is one line, so "
                        "one document; the mask changes nothing (packed batches: "

@@ -191,7 +191,8 @@ def dictionary_folder(tmp_path_factory):
 
 @pytest.mark.parametrize("flags,learned", [
     (["--arch", "alibi_roberta_base", "--alibi-variant", "symmetric", "--mlm-head", "clap",
-      "--zero-mask-embedding", "--alibi-learned-scales", "per_head"], None),
+      "--zero-mask-embedding", "--alibi-learned-scales", "per_head", "--alibi-document-mask",
+      "eos"], None),
     (["--arch", "alibi_roberta_small", "--alibi-variant", "none", "--untie-weights-roberta"], 24),
 ])
 def test_model_flags_read_from_the_checkpoint_rebuild_it(flags, learned, dictionary_folder,
@@ -203,6 +204,7 @@ def test_model_flags_read_from_the_checkpoint_rebuild_it(flags, learned, diction
     assert found.arch == flags[1] and found.learned_positions == learned
     assert found.pretraining_length == 24
     assert "--dropout" not in found.flags  # the recipe's own, not the pretraining's
+    assert "--alibi-document-mask" not in found.flags  # packing, which would cut pairs apart
     saved = vars(read_checkpoint(path)["cfg"]["model"])
     cfg, _ = setup_from_command_line(dictionary_folder, *ENCODER[:4], "--arch", found.arch,
                                      *found.flags)

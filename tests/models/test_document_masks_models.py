@@ -136,3 +136,22 @@ def test_a_document_mask_that_cannot_do_its_work_is_a_logged_note(data, caplog):
     with caplog.at_level("WARNING"):
         build_model("encoder", data, "--alibi-document-mask", "doc")
     assert "--alibi-document-mask doc on a masked LM" in caplog.text
+
+
+def test_a_document_mask_on_sentence_prediction_is_a_one_line_error(data, tmp_path):
+    """GLUE's pairs are ``<s> A </s> </s> B </s>``: either mode would hide B from ``<s>``."""
+    from tests.helpers.building import build_from_command_line
+
+    write_dictionary(tmp_path / "input0", 40)
+    (tmp_path / "label").mkdir()
+    (tmp_path / "label" / "dict.txt").write_text("0 1\n1 1\n")
+    flags = ["--task", "sentence_prediction", "--criterion", "sentence_prediction",
+             "--num-classes", "2", "--arch",
+             "alibi_roberta_base", "--encoder-layers", "1", "--encoder-embed-dim", "16",
+             "--encoder-ffn-embed-dim", "32", "--encoder-attention-heads", "2", "--cpu"]
+    with pytest.raises(ValueError) as raised:
+        build_from_command_line(tmp_path, *flags, "--alibi-document-mask", "doc")
+    assert str(raised.value).startswith(
+        "--alibi-document-mask doc with --task sentence_prediction: a sample is one example "
+        "whose sentences are joined by </s>")
+    build_from_command_line(tmp_path, *flags)  # without it: built
