@@ -73,9 +73,11 @@ def attention_table(lengths, doc_lengths, cutoff, corpus, rounds, log=print):
     for L in lengths:
         tokens, pieces = packed_rows(1, L, document_lengths(corpus, *doc_lengths, seed=L))
         found = attention_cases(tokens, cutoff)
-        q, k, v = (torch.randn(1, 8, L, 64) for _ in range(3))
+        # as a model hands them over: views of fairseq's (L, B, H, D) projections
+        q, k, v = (torch.randn(L, 1, 8, 64).permute(1, 2, 0, 3) for _ in range(3))
         grad = torch.randn(1, 8, L, 64)
-        leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+        leaves = [t.detach().clone(memory_format=torch.preserve_format).requires_grad_()
+                  for t in (q, k, v)]
         for passes, make in (("forward", lambda f: forward_call(f, q, k, v)),
                              ("fwd+bwd", lambda f: backward_call(f, leaves, grad))):
             timed = Rounds({n: make(f) for n, f in found.items()}, rounds)

@@ -82,33 +82,30 @@ def attention(run: Callable, q: Tensor, k: Tensor, v: Tensor, alibi, ids: Tensor
     B, H, L, D = q.shape
     looks_ahead = alibi.variant != "causal"
     pad = None if key_padding_mask is None else key_padding_mask.to(torch.bool)
-    by_row = [_rows(x) for x in (q, k, v)]  # (L·B, H, D)
-    outs, targets = [], []
     buckets = plan(ids.to(q.device))
+    # one gather of every bucket's rows per tensor (and so one scatter in the backward), cut
+    # into the buckets as views
+    index = torch.cat([(b.positions * B + b.rows[:, None]).reshape(-1) for b in buckets])
+    sizes = [b.positions.numel() for b in buckets]
+    parts = zip(*(torch.split(_rows(x).index_select(0, index), sizes) for x in (q, k, v)))
     alibi = SharedDense(alibi, max(b.length for b in buckets), q.element_size())
-    for bucket in buckets:
+    outs = []
+    for bucket, part in zip(buckets, parts):
         n, length = bucket.positions.shape
-        index = (bucket.positions * B + bucket.rows[:, None]).reshape(-1)
-        q_b, k_b, v_b = (x.index_select(0, index).view(n, length, H, D).transpose(1, 2)
-                         for x in by_row)
+        q_b, k_b, v_b = (x.view(n, length, H, D).transpose(1, 2) for x in part)
         hidden = None
         if pad is not None:
             hidden = pad[bucket.rows[:, None], bucket.positions] | ~bucket.slots
         elif looks_ahead and not bool(bucket.slots.all()):
             hidden = ~bucket.slots
-        out = run(q_b, k_b, v_b, alibi, hidden).transpose(1, 2).reshape(n * length, H, D)
-        slots = bucket.slots.reshape(-1)
-        if bool(slots.all()):
-            outs.append(out)
-            targets.append(index)
-        else:
-            outs.append(out[slots])
-            targets.append(index[slots])
+        outs.append(run(q_b, k_b, v_b, alibi, hidden).transpose(1, 2).reshape(n * length, H, D))
     out = torch.cat(outs) if len(outs) > 1 else outs[0]
-    target = torch.cat(targets) if len(targets) > 1 else targets[0]
-    whole = out.new_empty(L * B, H, D)
-    whole = whole.index_copy_(0, target, out)  # every position exactly once
-    return whole.view(L, B, H, D).permute(1, 2, 0, 3)
+    # each position's row of ``out``: its one slot on a document's own positions (a slot past a
+    # document's end repeats a position of it)
+    slots = torch.cat([b.slots.reshape(-1) for b in buckets])
+    where = torch.empty(L * B, dtype=torch.long, device=q.device)
+    where[index[slots]] = slots.nonzero(as_tuple=True)[0]
+    return out.index_select(0, where).view(L, B, H, D).permute(1, 2, 0, 3)
 
 
 def _rows(x: Tensor) -> Tensor:
