@@ -348,6 +348,9 @@ class MassMeter:
 
         length = probs.size(-1)
         firsts = document_firsts(self.attentions[layer].alibi, length)
+        if firsts is not None:  # and each position's document's last key
+            firsts = firsts.to(probs.device)
+            ends = torch.searchsorted(firsts, firsts, right=True) - 1
         for head in range(probs.size(0)):
             # a causal head's W_h is its (back, ahead) with nothing ahead to drop
             sides = {t: w[head] if isinstance(w[head], tuple) else (w[head], 0)
@@ -357,19 +360,19 @@ class MassMeter:
             for start in range(0, length if windows else 0, QUERY_CHUNK):
                 rows = torch.arange(start, min(length, start + QUERY_CHUNK), device=probs.device)
                 sums = probs[head, rows].double().cumsum(-1)  # from the farthest key: exact
-                first = 0 if firsts is None else firsts.to(rows.device)[rows]
+                first, end = (0, length - 1) if firsts is None else (firsts[rows], ends[rows])
                 for t, (back, ahead) in windows.items():
                     self._count(layer, head, t, rows - back - 1 if back else rows - length,
-                                first, sums, rows + ahead if ahead else rows + length)
+                                (first, end), sums, rows + ahead if ahead else rows + length)
 
-    def _count(self, layer, head, t, last, first, sums, ahead_last):
-        """``first``: each query's document's first key (the keys before it weigh 0);
-        ``last``: each query's last key beyond the window behind it (``< 0``: none);
-        ``ahead_last``: its last key within the window ahead (the keys after it are beyond,
-        ``>= length - 1``: none)."""
-        length = sums.size(-1)
-        behind = last >= 0  # the queries with keys beyond the window: 0 … i - W - 1
-        kept = behind | (ahead_last < length - 1)
+    def _count(self, layer, head, t, last, document, sums, ahead_last):
+        """``document``: each query's document's first and last key (the keys outside it weigh
+        0, and only its own count as beyond the window); ``last``: each query's last key beyond
+        the window behind it (``< first``: none); ``ahead_last``: its last key within the
+        window ahead (the keys after it are beyond, ``>= end``: none)."""
+        length, (first, end) = sums.size(-1), document
+        behind = last >= first  # the queries with keys beyond the window: first … i - W - 1
+        kept = behind | (ahead_last < end)
         if not bool(kept.any()):
             return
         if not isinstance(first, int):

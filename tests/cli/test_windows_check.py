@@ -308,7 +308,9 @@ def test_the_sink_share_is_on_the_first_positions_of_the_querys_document():
     """Each query puts its weight on its document's first key (documents at 0 and 6 of 12
     positions, found as the model finds them: an ``</s>`` at 6, ``--alibi-document-mask
     eos``): with the documents known, all the mass beyond the window is on the first
-    position; without a document mask, read as one sequence, only the first document's is."""
+    position; without a document mask, read as one sequence, only the first document's is.
+    The queries with keys beyond the window are those with such keys in their own document:
+    3 … 5 and 9 … 11 (a window of 2 keys), not 6 … 8, whose earlier keys are another's."""
     from fairseq_alibi.cli.windows_check import MassMeter
     from fairseq_alibi.modules.bias import AlibiBias
 
@@ -318,7 +320,7 @@ def test_the_sink_share_is_on_the_first_positions_of_the_querys_document():
     tokens[0, 6] = EOS
     probs = torch.zeros(1, 12, 12)
     probs[0, torch.arange(12), torch.tensor([0] * 6 + [6] * 6)] = 1.0
-    shares = []
+    shares, queries = [], []
     for mode in ("eos", "none"):
         class Attention:  # what the meter reads of an attention: its layer's bias
             alibi = AlibiBias(1, variant="causal", document_mask=mode).layer(0)  # slope 1/256
@@ -327,8 +329,10 @@ def test_the_sink_share_is_on_the_first_positions_of_the_querys_document():
         meter = MassMeter([Attention()], [CUTOFF], [1])
         meter.add(0, probs)
         shares.append(meter.on_sinks[(0, 0, CUTOFF, 1)])
-    beyond = float(torch.cat(meter.beyond[(0, 0, CUTOFF)]).sum())
-    assert shares[0] == beyond == 6.0 and shares[1] == 3.0
+        masses = torch.cat(meter.beyond[(0, 0, CUTOFF)])
+        assert float(masses.sum()) == 6.0
+        queries.append(masses.numel())
+    assert shares == [6.0, 3.0] and queries == [6, 9]
 
 
 def bad_inputs(ckpt, data, tmp_path):
