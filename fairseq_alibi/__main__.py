@@ -54,13 +54,14 @@ def main(argv=None):
     if argv and argv[0] in TOOLS:
         module, function, _ = TOOLS[argv[0]]
         return getattr(importlib.import_module(module), function)(argv[1:]) or 0
+    width = max(map(len, TOOLS)) + 1
     parser = argparse.ArgumentParser(
         prog="fairseq-alibi",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         description="ALiBi for stock fairseq. Use with: fairseq-train --user-dir "
         '"$(fairseq-alibi --user-dir)" --arch alibi_transformer_lm ...\n\ntools '
         "(fairseq-alibi <tool> --help):\n"
-        + "\n".join(f"  {name:<12} {about}" for name, (_, _, about) in TOOLS.items()),
+        + "\n".join(f"  {name:<{width}} {about}" for name, (_, _, about) in TOOLS.items()),
     )
     parser.add_argument("--user-dir", action="store_true", help="print the --user-dir path")
     parser.add_argument("--version", action="store_true", help="print the package version")
