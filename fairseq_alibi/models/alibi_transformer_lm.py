@@ -159,6 +159,13 @@ class AlibiTransformerLanguageModel(ScalesFollowPrunedLayers, TransformerLanguag
         embed_dim = getattr(embed_tokens, "embedding_dim", args.decoder_embed_dim)
         logger.info(describe_parameters(model, len(decoder.layers), shared, embed_dim,
                                         args.decoder_embed_dim))
+        if embed_dim > args.decoder_embed_dim:  # a factorisation that grows: the stock defaults
+            d = args.decoder_embed_dim
+            logger.warning(
+                f"the token embedding has {embed_dim} dims, more than the model's {d}: stock "
+                "transformer_lm defaults --decoder-input-dim and --decoder-output-dim to 512 "
+                f"whatever --decoder-embed-dim is; for a new model give --decoder-input-dim {d} "
+                f"--decoder-output-dim {d} for a plain {d}-dim embedding")
         return model
 
     def upgrade_state_dict_named(self, state_dict, name):

@@ -155,6 +155,19 @@ def test_tied_factorised_lm_needs_equal_input_and_output_dims(dict_dir):
                                 "--decoder-output-dim", H)
 
 
+def test_a_small_lm_with_stocks_512_dim_embedding_says_so(dict_dir, caplog):
+    """Stock transformer_lm's --decoder-input-dim defaults to 512 under any model size."""
+    with caplog.at_level("WARNING"):
+        build_from_command_line(dict_dir, *LM_DIMS)
+    assert (f"the token embedding has 512 dims, more than the model's {H}: stock transformer_lm "
+            "defaults --decoder-input-dim") in caplog.text
+    assert f"for a new model give --decoder-input-dim {H} --decoder-output-dim {H}" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING"):
+        build_from_command_line(dict_dir, *LM_DIMS, *compact_lm_flags(8, False))
+    assert "the token embedding has" not in caplog.text  # a real factorisation: no note
+
+
 WIKI103 = ["--task", "language_modeling", "--arch", "alibi_transformer_lm_wiki103",
            "--decoder-layers", 1, "--decoder-embed-dim", H, "--decoder-ffn-embed-dim", F]
 
