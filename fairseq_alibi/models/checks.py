@@ -243,8 +243,9 @@ def check_document_mask(stack, task, flag="--alibi-document-mask"):
         raise OptionError(
             f"{flag} {mode} with --task {name}: a sample is one example whose sentences are "
             "joined by </s>, so the mask would hide the second sentence from the classification "
-            f"token; fine-tune without it (drop {flag}; a checkpoint pretrained with it loads "
-            "without it as it is: --restore-file reads weights only)")
+            f"token; fine-tune without it (drop {flag}: --restore-file reads the pretrained "
+            "weights only); a model saved with it loads with --model-overrides "
+            "\"{'alibi_document_mask': 'none'}\"")
     if mode == "eos" and str(cfg_get(task_cfg, "sample_break_mode", "")) == "eos":
         logger.warning(f"{flag} eos with --sample-break-mode eos: every sample is one line, so "
                        "one document; the mask changes nothing (packed batches: "

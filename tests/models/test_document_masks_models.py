@@ -155,3 +155,15 @@ def test_a_document_mask_on_sentence_prediction_is_a_one_line_error(data, tmp_pa
         "--alibi-document-mask doc with --task sentence_prediction: a sample is one example "
         "whose sentences are joined by </s>")
     build_from_command_line(tmp_path, *flags)  # without it: built
+    # a classifier saved with the mask (before this refusal) loads with the override it names
+    from tests.helpers.checkpoints import saved_in_process
+
+    path = saved_in_process(tmp_path / "saved" / "checkpoint.pt", tmp_path, *flags)
+    state = torch.load(path, weights_only=False)
+    setattr(state["cfg"]["model"], "alibi_document_mask", "doc")  # an argparse Namespace
+    torch.save(state, path)
+    with pytest.raises(ValueError, match="a model saved with it loads with --model-overrides"):
+        checkpoint_utils.load_model_ensemble([str(path)], arg_overrides={"data": str(tmp_path)})
+    models, _ = checkpoint_utils.load_model_ensemble(
+        [str(path)], arg_overrides={"data": str(tmp_path), "alibi_document_mask": "none"})
+    assert models[0].encoder.sentence_encoder.alibi.document_mask == "none"
