@@ -15,6 +15,7 @@ from fairseq.utils import safe_getattr
 
 from fairseq_alibi.config_access import architecture_of, cfg_get
 from fairseq_alibi.modules.checkpoint_match import check_stack, mismatch
+from fairseq_alibi.options import OptionError
 
 logger = logging.getLogger(__name__)
 
@@ -234,8 +235,6 @@ def check_document_mask(stack, task, flag="--alibi-document-mask"):
     (a note, not an error: the samples are already documents). And on ``masked_lm``: the
     boundaries are read from the masked input, so a ``</s>`` that the masking replaced hides
     its boundary (measured in docs/documents.md)."""
-    from fairseq_alibi.options import OptionError
-
     mode = str(getattr(stack, "document_mask", "none"))
     task_cfg = getattr(task, "cfg", None) or getattr(task, "args", None)
     name = cfg_get(task_cfg, "_name", None) or cfg_get(task_cfg, "task", None)
