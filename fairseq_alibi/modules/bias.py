@@ -18,6 +18,7 @@ from torch import Tensor
 from fairseq_alibi.alibi import (VARIANTS, alibi_bias, document_alibi_bias, document_ids,
                                  document_offsets, document_starts, length_factors, mask_value,
                                  variant_slopes, variant_windows, windowed_alibi_bias)
+from fairseq_alibi.modules.attention import documents as documents_split
 from fairseq_alibi.modules.attention.dispatch import CachedDocuments
 from fairseq_alibi.modules.checkpoint_match import check_stack
 from fairseq_alibi.modules.learned_scales import fixed_scale, load_scales, make_scales, scale_row
@@ -444,7 +445,7 @@ class Documents:
     row's keys are not its document's positions ``0 … S-1`` (the plain sinks are a row's
     first keys)."""
 
-    __slots__ = ("ids", "last_eos", "offsets", "crossing", "serial")
+    __slots__ = ("ids", "last_eos", "offsets", "crossing", "serial", "_layout")
 
     #: numbers the calls' documents (a memoised bias's key: never an earlier call's)
     _serials = itertools.count(1)
@@ -456,6 +457,16 @@ class Documents:
             in_order = torch.arange(ids.size(1), device=offsets.device)
             self.crossing = bool((offsets != in_order).any())
         self.serial = next(Documents._serials)
+        self._layout = None
+
+    def layout(self) -> documents_split.Layout:
+        """How a whole sequence of these documents is cut into them
+        (:func:`~fairseq_alibi.modules.attention.documents.layout`): computed by the first
+        layer that splits them, read by the others (the same object for every layer of a
+        pass: :meth:`AlibiBias.documents_of`)."""
+        if self._layout is None:
+            self._layout = documents_split.layout(self.ids)
+        return self._layout
 
 
 class DocumentBias:

@@ -44,6 +44,21 @@ def test_a_document_in_a_packed_lm_row_computes_what_it_computes_alone(data, fla
     torch.testing.assert_close(together, by_itself, rtol=1e-5, atol=1e-5)
 
 
+def test_the_split_into_documents_is_laid_out_once_per_forward_pass(data, monkeypatch):
+    """Every layer reads the same documents: the first layer's layout serves the others."""
+    from fairseq_alibi.modules.attention import documents
+
+    model, eos = lm(data)  # 2 layers
+    calls = []
+    real = documents.layout
+    monkeypatch.setattr(documents, "layout", lambda ids: calls.append(ids) or real(ids))
+    row, _ = packed(eos, 9, 14)
+    with torch.no_grad():
+        model(row)
+        model(row)
+    assert len(calls) == 2  # one per pass, not per layer
+
+
 @pytest.mark.parametrize("flags", [(), ("--alibi-window-cutoff", "1")])
 def test_cached_decoding_and_streaming_equal_the_full_forward_with_documents(data, flags):
     model, eos = lm(data, *flags)

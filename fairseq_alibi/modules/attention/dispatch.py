@@ -60,8 +60,8 @@ class CallBias(Protocol):
     # the windows; a KV cache's positions dropped after its sinks (0: keys at 0 … S-1)
     sinks: int
     dropped: int
-    # --alibi-document-mask: ``ids`` (B, S) per key, ``crossing``; None without
-    # (modules/bias.py's Documents)
+    # --alibi-document-mask: ``ids`` (B, S) per key, ``crossing``, ``layout()`` (the split's
+    # .documents.Layout, once per forward pass); None without (modules/bias.py's Documents)
     documents: Optional[object]
 
     @property
@@ -368,7 +368,7 @@ def attend(name, q, k, v, alibi, key_padding_mask=None, attn_mask=None, dropout_
     if splits_documents(check_attention_backend(name), call):
         return documents.attention(
             lambda *part: attend(name, *part, None, dropout_p, scale), q, k, v, alibi.base,
-            alibi.documents.ids, key_padding_mask)
+            alibi.documents.layout(), key_padding_mask)
     return REGISTRY[resolve(name, call)].run(q, k, v, alibi, key_padding_mask, attn_mask,
                                              dropout_p, scale)
 

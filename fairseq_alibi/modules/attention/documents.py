@@ -71,26 +71,47 @@ def plan(ids: Tensor) -> List[Bucket]:
     return buckets
 
 
-def attention(run: Callable, q: Tensor, k: Tensor, v: Tensor, alibi, ids: Tensor,
+class Layout(NamedTuple):
+    """How a call's rows are cut into their documents (:func:`layout`): ``buckets``
+    (:func:`plan`); ``index``, every bucket's slots in order as rows ``position·B + row`` of
+    fairseq's ``(L, B)`` layout; ``sizes``, each bucket's share of ``index``; ``where``, each
+    position's row of the buckets' concatenated output (its one slot on a document's own
+    positions: a slot past a document's end repeats a position of it)."""
+
+    buckets: List[Bucket]
+    index: Tensor
+    sizes: List[int]
+    where: Tensor
+
+
+def layout(ids: Tensor) -> Layout:
+    """The :class:`Layout` of documents ``ids`` ``(B, L)``: the same for every layer of a
+    forward pass (``modules/bias.py``'s ``Documents.layout`` keeps it for them)."""
+    B, L = ids.shape
+    buckets = plan(ids)
+    index = torch.cat([(b.positions * B + b.rows[:, None]).reshape(-1) for b in buckets])
+    slots = torch.cat([b.slots.reshape(-1) for b in buckets])
+    where = torch.empty(L * B, dtype=torch.long, device=ids.device)
+    where[index[slots]] = slots.nonzero(as_tuple=True)[0]
+    return Layout(buckets, index, [b.positions.numel() for b in buckets], where)
+
+
+def attention(run: Callable, q: Tensor, k: Tensor, v: Tensor, alibi, cut: Layout,
               key_padding_mask: Optional[Tensor]) -> Tensor:
-    """``(B, H, L, D)``: the attention of whole sequences ``q, k, v`` ``(B, H, L, D)`` whose
-    positions lie in the documents ``ids`` ``(B, L)``, each document as its own sequence:
-    ``run(q, k, v, alibi, key_padding_mask)`` per bucket of :func:`plan` (``alibi``: the
-    call's bias without documents). Gathered and scattered as rows ``(position, row)`` of
-    fairseq's ``(L, B, H, D)`` layout (a view of the projections in a model), whole
-    ``H·D`` rows at a time; the output is laid out so too."""
+    """``(B, H, L, D)``: the attention of whole sequences ``q, k, v`` ``(B, H, L, D)``, each
+    document as its own sequence: ``run(q, k, v, alibi, key_padding_mask)`` per bucket of
+    ``cut`` (their :func:`layout`; ``alibi``: the call's bias without documents). Gathered
+    once per tensor as rows ``(position, row)`` of fairseq's ``(L, B, H, D)`` layout (a view
+    of the projections in a model), whole ``H·D`` rows at a time, cut into the buckets as
+    views (so the backward is one scatter per tensor); the output is laid out so too."""
     B, H, L, D = q.shape
     looks_ahead = alibi.variant != "causal"
     pad = None if key_padding_mask is None else key_padding_mask.to(torch.bool)
-    buckets = plan(ids.to(q.device))
-    # one gather of every bucket's rows per tensor (and so one scatter in the backward), cut
-    # into the buckets as views
-    index = torch.cat([(b.positions * B + b.rows[:, None]).reshape(-1) for b in buckets])
-    sizes = [b.positions.numel() for b in buckets]
-    parts = zip(*(torch.split(_rows(x).index_select(0, index), sizes) for x in (q, k, v)))
-    alibi = SharedDense(alibi, max(b.length for b in buckets), q.element_size())
+    index, where = cut.index.to(q.device), cut.where.to(q.device)
+    parts = zip(*(torch.split(_rows(x).index_select(0, index), cut.sizes) for x in (q, k, v)))
+    alibi = SharedDense(alibi, max(b.length for b in cut.buckets), q.element_size())
     outs = []
-    for bucket, part in zip(buckets, parts):
+    for bucket, part in zip(cut.buckets, parts):
         n, length = bucket.positions.shape
         q_b, k_b, v_b = (x.view(n, length, H, D).transpose(1, 2) for x in part)
         hidden = None
@@ -100,11 +121,6 @@ def attention(run: Callable, q: Tensor, k: Tensor, v: Tensor, alibi, ids: Tensor
             hidden = ~bucket.slots
         outs.append(run(q_b, k_b, v_b, alibi, hidden).transpose(1, 2).reshape(n * length, H, D))
     out = torch.cat(outs) if len(outs) > 1 else outs[0]
-    # each position's row of ``out``: its one slot on a document's own positions (a slot past a
-    # document's end repeats a position of it)
-    slots = torch.cat([b.slots.reshape(-1) for b in buckets])
-    where = torch.empty(L * B, dtype=torch.long, device=q.device)
-    where[index[slots]] = slots.nonzero(as_tuple=True)[0]
     return out.index_select(0, where).view(L, B, H, D).permute(1, 2, 0, 3)
 
 
