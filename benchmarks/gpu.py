@@ -5,8 +5,8 @@
 
 The default parts, in this order:
 
-* ``tests``: ``pytest tests/cuda/test_cuda.py`` whole (every backend × variant × dtype against
-  float64, cached decoding included), with pytest-xdist; each test's outcome is recorded as it
+* ``tests``: ``pytest tests/cuda`` whole (every backend × variant × dtype against
+  float64, cached decoding included; flex with windows, sinks and documents), with pytest-xdist; each test's outcome is recorded as it
   finishes (``benchmarks/pytest_record.py``): the summary, the first failure's message;
 * ``decode``: tiny ``alibi_transformer_lm`` and ``alibi_transformer`` (``--cross-alibi pointer
   --cross-alibi-eos-guard 2``) trained here for a few updates, then beam 5 through
@@ -19,7 +19,10 @@ The default parts, in this order:
 * ``flex``: compiled flex with the ALiBi ``score_mod`` ÷ the same compiled kernel with no bias
   (same block mask), forward+backward, bf16, causal, L = 4096, D = 64 and 128.
 
-By name only: ``attention`` (every CUDA backend's TFLOP/s against the no-bias kernels at
+By name only: ``masks`` (slope windows, document masks and both: the dense bias, the split into
+documents and flex, bf16, L = 4096 and 16384 causal forward+backward by default: ``--lengths``,
+``--variants``, ``--passes``), ``attention`` (every CUDA
+backend's TFLOP/s against the no-bias kernels at
 L = 1k…16k), ``train`` (Trainer steps of each backend at L = 512…8192), ``end_to_end``
 (``fairseq-train`` fp32/fp16/bf16 of three models on WikiText-2, ``fairseq-eval-lm`` at 8×L,
 ``fairseq-generate``).
@@ -50,11 +53,12 @@ import traceback
 import torch
 
 from benchmarks import subprocesses, gpu_decode, gpu_report, gpu_supervisor, tables
+from benchmarks.gpu_masks import run_masks
 from benchmarks.gpu_parts import (E2E_MODELS, run_attention, run_end_to_end, run_flex,
                                   run_tests, run_train)
 from benchmarks.gpu_report import Part, log
 
-PARTS = ("tests", "decode", "memory", "flex", "attention", "train", "end_to_end")
+PARTS = ("tests", "decode", "memory", "flex", "masks", "attention", "train", "end_to_end")
 DEFAULT_PARTS = ("tests", "decode", "memory", "flex")
 
 
@@ -73,11 +77,15 @@ def parse_args(argv=None):
                         help="cpu: a smoke run (with --quick); the device side of each "
                         "comparison runs on the CPU")
     parser.add_argument("--quick", action="store_true", help="toy sizes: a smoke run")
-    parser.add_argument("--lengths", default=None, help="attention lengths (default 1k…16k)")
+    parser.add_argument("--lengths", default=None, help="attention lengths (default 1k…16k; masks: 4096,16384)")
     parser.add_argument("--variants", default=None, help="attention variants (default "
                         "causal,symmetric,offset)")
     parser.add_argument("--head-dims", default=None, help="attention and flex head sizes "
                         "(default 64,128)")
+    parser.add_argument("--tests", default="tests/cuda",
+                        help="the test files or folders of the tests part (default tests/cuda)")
+    parser.add_argument("--passes", default=None, help="masks passes, of fwd+bwd,forward "
+                        "(default fwd+bwd on CUDA, forward on the CPU)")
     parser.add_argument("--train-lengths", default=None,
                         help="Trainer lengths (default: memory 2048,8192; train 512…8192)")
     parser.add_argument("--flex-length", type=int, default=None, help="flex length (4096)")
@@ -97,6 +105,8 @@ def parse_args(argv=None):
     args.lengths, args.head_dims = ints(args.lengths), ints(args.head_dims)
     args.train_lengths = ints(args.train_lengths)
     args.variants = args.variants and tuple(args.variants.split(","))
+    args.passes = args.passes and tables.comma_choices(parser, args.passes,
+                                                       ("fwd+bwd", "forward"), "pass")
     args.models = args.models and tables.comma_choices(parser, args.models, E2E_MODELS, "model")
     args.only = tables.comma_choices(parser, args.only, PARTS, "part")
     if args.test_workers is None:  # compiling flex, most of the tests' time, is CPU-bound
@@ -118,7 +128,8 @@ def run_part(args):
     try:
         with tempfile.TemporaryDirectory() as work:
             if name == "tests":
-                run_tests(part, args.out, args.quick, args.test_workers)
+                run_tests(part, args.out, args.quick, args.test_workers,
+                          args.tests.split(","))
             elif name == "decode":
                 gpu_decode.run(part, work, args.device, args.quick, user_dir, fairseq_log)
             elif name == "memory":
@@ -128,6 +139,9 @@ def run_part(args):
                           title="Peak memory and tokens/s of Trainer steps")
             elif name == "flex":
                 run_flex(part, args.quick, args.device, args.flex_length, args.head_dims)
+            elif name == "masks":
+                run_masks(part, args.quick, args.device, args.lengths, args.variants,
+                          args.passes)
             elif name == "attention":
                 results, shape, body = run_attention(args.quick, args.device, args.lengths,
                                                      args.variants, args.head_dims)

@@ -56,6 +56,22 @@ def median_seconds(fn, device, budget=0.25, warmup=2, min_reps=5, max_reps=200):
     return statistics.median(times)
 
 
+def timed_rounds(timed, device, rounds, label):
+    """``{name: [seconds per round]}`` of the calls ``timed`` (name -> ``fn()``): each compiled
+    (or warmed up) before any timing, then ``rounds`` interleaved rounds of
+    :func:`median_seconds`."""
+    start = time.time()
+    for fn in timed.values():
+        fn()
+    sync(device)
+    log(f"{label}: compiled/warmed up in {time.time() - start:.0f} s")
+    times = {name: [] for name in timed}
+    for _ in range(rounds):
+        for name, fn in timed.items():
+            times[name].append(median_seconds(fn, device, budget=0.2, warmup=1))
+    return times
+
+
 def cuda_peak_bytes(fn):
     """Peak CUDA memory allocated during ``fn()`` above what was allocated at its start.
 
@@ -149,16 +165,16 @@ def counts_line(found):
     return line + (f" ({found['reported']} of {total} tests reported)" if total else "")
 
 
-def run_tests(part, out, quick, workers):
-    """``pytest tests/cuda/test_cuda.py`` until the part's deadline, its outcomes recorded as they
-    come (a progress line every 20 s)."""
+def run_tests(part, out, quick, workers, paths=("tests/cuda",)):
+    """``pytest PATHS`` (``tests/cuda``) until the part's deadline, its outcomes recorded as
+    they come (a progress line every 20 s)."""
     record, path = os.path.join(out, "tests.jsonl"), os.path.join(out, "tests.log")
     if os.path.exists(record):
         os.remove(record)
     if workers > 1 and importlib.util.find_spec("xdist") is None:
         part.note(f"pytest-xdist is not installed: the tests run in one process, not {workers}")
         workers = 1
-    args = ["tests/cuda/test_cuda.py", "-v", "--tb=short", "-p", "no:cacheprovider",
+    args = [*paths, "-v", "--tb=short", "-p", "no:cacheprovider",
             "-p", "benchmarks.pytest_record"] + (["-x"] if quick else []) + (
             ["-n", str(workers)] if workers > 1 else [])
     command = "python -m pytest " + " ".join(args)
@@ -208,7 +224,7 @@ def run_tests(part, out, quick, workers):
     if slowest:
         lines.append("Slowest: " + ", ".join(f"`{t.split('::')[-1]}` {s:.0f} s"
                                              for t, s in slowest))
-    part.section("CUDA correctness against float64 (tests/cuda/test_cuda.py)", "\n\n".join(lines))
+    part.section(f"CUDA correctness against float64 ({' '.join(paths)})", "\n\n".join(lines))
 
 
 # ------------------------------------------------------------------ attention TFLOP/s
@@ -397,15 +413,7 @@ def run_flex(part, quick, device, length=None, dims=None, rounds=3):
                    for _ in range(3))
         grad = torch.randn_like(q)
         timed = flex_pair(q, k, v, grad, device)
-        start = time.time()
-        for fn in timed.values():  # compile (or warm up) both before any timing
-            fn()
-        sync(device)
-        log(f"[flex] D={D}: compiled/warmed up in {time.time() - start:.0f} s")
-        times = {name: [] for name in timed}
-        for _ in range(rounds):
-            for name, fn in timed.items():
-                times[name].append(median_seconds(fn, device, budget=0.2, warmup=1))
+        times = timed_rounds(timed, device, rounds, f"[flex] D={D}")
         ratio = statistics.median(a / b for a, b in zip(times["no bias"], times["ALiBi"]))
         flops = attention_flops(B, H, L, D, causal=True) * (3.5 if cuda else 1.0)
         tflops = {name: flops / statistics.median(t) / 1e12 for name, t in times.items()}

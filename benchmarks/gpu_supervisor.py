@@ -17,6 +17,7 @@ from benchmarks.gpu_report import Part, describe_machine, log, read_json, state_
 #: on a CPU): estimates of start-up, compilation and the smallest useful measurement. A part
 #: gets the time left less the later parts' minimums
 NEEDS = {"tests": (90, 15), "decode": (60, 60), "memory": (90, 25), "flex": (60, 15),
+         "masks": (60, 15),
          "attention": (180, 30), "train": (180, 30), "end_to_end": (300, 120)}
 #: seconds between a part's own deadline and its process being stopped from outside
 GRACE = 10

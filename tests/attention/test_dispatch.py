@@ -132,7 +132,8 @@ def test_auto_takes_compiled_flex_for_long_causal_sequences_on_cuda(call, flash_
 
 def test_policy_thresholds_are_the_documented_ones():
     assert tuning.FOLD_MIN_LENGTH == 640 and tuning.DENSE_MASK_BUDGET == 64 * MIB
-    assert tuning.FLEX_MIN_LENGTH == 4096
+    assert tuning.FLEX_MIN_LENGTH == 4096 and tuning.FLEX_MASKS_MIN_LENGTH == 2048
+    assert tuning.FLEX_DOCUMENTS_MIN_LENGTH == 1024 and tuning.FLEX_MASKS_OTHERS_MIN_LENGTH == 4096
 
 
 #: the grid of calls of the tests before the dispatch was one table (need_weights is the
@@ -408,6 +409,40 @@ def test_auto_with_slope_windows_keeps_sdpa_where_windowed_cannot_serve_or_has_n
         assert auto_backend(call) == "sdpa", call
     # without windows nothing changes: the fold, as before
     assert auto_backend(long._replace(windowed=False, windows=None)) == "fold"
+
+
+def test_auto_takes_compiled_flex_for_long_windows_and_documents_on_cuda(flash_installed,
+                                                                         monkeypatch):
+    """On CUDA in half precision, windows and documents run on flex's block plan, the
+    documents masked there rather than split, from the lengths measured faster
+    (docs/benchmarks.md, "GPU (H200)"); elsewhere as before."""
+    monkeypatch.setattr(flex, "compilable", lambda: True)
+    cuda = dict(device="cuda", dtype=torch.bfloat16)
+    documents = Call(variant="causal", query_len=1024, key_len=1024, heads=8, documents=True,
+                     **cuda)
+    at = {"causal": tuning.FLEX_MASKS_MIN_LENGTH,
+          "symmetric": tuning.FLEX_MASKS_OTHERS_MIN_LENGTH}
+    for variant, length in at.items():
+        windowed = windowed_call(variant, length, 8.0, **cuda)
+        assert auto_backend(windowed) == "flex"
+        shorter = windowed_call(variant, length - 1, 8.0, **cuda)
+        assert auto_backend(shorter) == "sdpa"
+        with_documents = "flex" if variant == "causal" else "sdpa"  # causal's from 1,024
+        assert auto_backend(shorter._replace(documents=True)) == with_documents
+    assert auto_backend(documents) == "flex" and not dispatch.splits_documents("auto", documents)
+    assert dispatch.splits_documents("sdpa", documents) is False  # masks them itself
+    for call in (documents._replace(query_len=1023, key_len=1023),
+                 documents._replace(variant="symmetric"),
+                 documents._replace(padded=True), documents._replace(dtype=torch.float32),
+                 documents._replace(scale_grad=True), documents._replace(dropout_p=0.1),
+                 documents._replace(device="cpu", dtype=torch.float32)):
+        assert dispatch.splits_documents("auto", call), call
+        assert auto_backend(call) != "flex", call
+    step = windowed_call("causal", 4096, 8.0, **cuda)._replace(query_len=1)
+    assert auto_backend(step) == "sdpa"  # a decoding step
+    monkeypatch.setattr(flex, "compilable", lambda: False)  # no triton: no compiled flex
+    assert (auto_backend(windowed_call("causal", 4096, 8.0, **cuda)) == "sdpa"
+            and dispatch.splits_documents("auto", documents))
 
 
 def test_attend_passes_the_windows_of_the_call():

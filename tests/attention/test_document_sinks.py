@@ -14,12 +14,11 @@ from fairseq_alibi.alibi import (VARIANTS, document_alibi_bias, document_ids, do
                                  document_starts, variant_windows)
 from fairseq_alibi.modules.attention import dispatch
 from fairseq_alibi.modules.attention.dispatch import CachedDocuments
+from tests.helpers.document_sinks import SINKS, STREAM, decode, full, layer, stream
 from tests.helpers.documents import CUTOFF, EOS, LENGTHS, packed_tokens
-from tests.helpers.references import MASKED, reference_document_bias, reference_module_attention
-from tests.helpers.rolling_cache import DIM, NAIVE_TOL, TOL, attention, bound
+from tests.helpers.references import MASKED, reference_document_bias
+from tests.helpers.rolling_cache import NAIVE_TOL, TOL, bound
 from tests.helpers.slope_windows import TOL64, head_slopes
-
-SINKS = 2
 
 
 def test_offsets_count_from_each_documents_first_position_and_go_on_from_a_cache():
@@ -51,52 +50,6 @@ def test_the_definition_keeps_each_documents_first_keys(variant):
 
 
 # ------------------------------------------------------------------ the KV cache
-
-#: a stream of 160 positions: documents long enough to roll a cache of reach 64 past their
-#: first keys, and boundaries that open new ones inside the window and beyond it
-STREAM = 160
-
-
-def stream(rows=2, seed=0):
-    """``(tokens, x)``: token ids with ``</s>`` at a few places per row (several documents, one
-    of them longer than the cache's reach) and the layer's float64 inputs."""
-    generator = torch.Generator().manual_seed(seed)
-    tokens = torch.randint(4, 30, (rows, STREAM), generator=generator)
-    for row, cuts in enumerate([(5, 20, 120, 123), (90, 91), (40,)][:rows]):
-        tokens[row, list(cuts)] = EOS
-    x = torch.randn(STREAM, rows, DIM, generator=generator, dtype=torch.float64)
-    return tokens, x
-
-
-def layer(backend):
-    attn, alibi = attention(backend, window_sinks=SINKS, document_mask="eos")
-    return attn, alibi
-
-
-def full(attn, alibi, tokens, x, kpm=None, sinks=SINKS):
-    """The float64 reference of the whole rows: each document with its own ``sinks``."""
-    slopes, _ = alibi.slopes_of(1)
-    ids = document_ids(tokens.eq(EOS), "eos")
-    bias = reference_document_bias("causal", slopes.detach().double(), None, ids,
-                                   alibi.window_cutoff, sinks)
-    return reference_module_attention(attn, x, bias, kpm)
-
-
-def decode(attn, alibi, tokens, x, state, start, stop, step=1, kpm=None):
-    """Cached calls of ``step`` queries over ``start … stop - 1``; returns their outputs and
-    the most keys the cache held after a call."""
-    outs, most = [], 0
-    for t in range(start, stop, step):
-        end = min(stop, t + step)
-        alibi.read_tokens(tokens[:, :end], EOS)
-        chunk = x[t:end]
-        outs.append(attn(chunk, chunk, chunk, key_padding_mask=None if kpm is None
-                         else kpm[:, t:end], incremental_state=state, need_weights=False)[0])
-        saved = attn._get_input_buffer(state)
-        apart = saved.get("sink_key")
-        most = max(most, saved["prev_key"].size(2) + (0 if apart is None else apart.size(2)))
-    return torch.cat(outs), most
-
 
 @pytest.mark.parametrize("backend", ["auto", "sdpa", "naive"])
 def test_step_by_step_decoding_keeps_the_current_documents_sinks(backend):

@@ -193,3 +193,22 @@ def test_fairseq_tools_run_with_np_compat_long_put_back_where_numpy_2_removed_it
     out = tmp_path / "out.txt"
     fairseq_on_numpy2.main(["made_up_tool", str(out)])
     assert out.read_text() == f"int64 {tmp_path / 'made_up_tool.py'}"
+
+
+def test_quick_cpu_run_of_the_masks_part_times_each_backend_and_names_autos_choice(tmp_path):
+    """``--only masks`` at a toy size on the CPU: every mask case through the dense bias, flex
+    and (with documents) the split, and what ``auto`` picks, in the results and the report."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.gpu", "--quick", "--device", "cpu",
+                           "--only", "masks", "--lengths", "128", "--out", str(tmp_path)],
+                          capture_output=True, text=True, env=env, timeout=600, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr[-6000:]
+    rows = json.loads((tmp_path / "results.json").read_text())["parts"]["masks"]["results"]
+    rows = rows["masks"]
+    assert [r["mask"] for r in rows] == ["no mask", "T=8", "documents", "documents, T=8"]
+    for r in rows:
+        assert set(r["ms"]) == ({"sdpa", "flex", "split"} if "documents" in r["mask"]
+                                else {"sdpa", "flex"}), r
+        assert all(t > 0 for t in r["ms"].values()) and r["others_vs_flex"] > 0
+        assert r["auto"] == ("split" if "documents" in r["mask"] else "sdpa")  # the CPU: no flex
+    assert "| causal | 128 | forward | documents | " in (tmp_path / "gpu.md").read_text()

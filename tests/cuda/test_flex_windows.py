@@ -2,7 +2,8 @@
 per-head block mask, against the float64 windowed definition on the CPU, every variant, left
 padding, partial heads, forward and backward (the input gradients); the eager decoding step.
 
-Packed rows of documents too (the block plan's per-row mask, compiled). Run on the device with
+Packed rows of documents too (the block plan's per-row mask, compiled), and ``auto`` taking
+flex for long packed rows with windows. Run on the device with
 ``python -m pytest tests/cuda/test_flex_windows.py``.
 """
 
@@ -82,12 +83,29 @@ def test_flex_documents_forward_and_backward_match_the_definition(variant, cutof
                                                                   dtype):
     """Packed rows of documents over several blocks of 128 (the block plan's per-row mask,
     compiled), with and without windows and sinks, against the float64 definition."""
+    check_documents("flex", [[130, 40, 200, 30], [400]], variant, cutoff, sinks, dtype)
+
+
+def test_auto_runs_long_packed_rows_with_windows_on_flex():
+    """A packed row of 4,096 keys in bf16 with windows, sinks and documents: ``auto`` takes
+    flex (the documents masked in its block plan, not split), exact as the definition."""
+    L = 4096
+    call = check_documents("auto", [[1500, 900, L - 2400]], "causal", 1.0, 2, torch.bfloat16)
+    q = torch.zeros(1, 4, L, 16, device="cuda", dtype=torch.bfloat16)
+    judged = dispatch.call_of(q, q, q, call)
+    assert dispatch.resolve("auto", judged) == "flex"
+    assert not dispatch.splits_documents("auto", judged)
+
+
+def check_documents(backend, lengths, variant, cutoff, sinks, dtype):
+    """``backend``'s output and input gradients on rows of documents of ``lengths`` against
+    the float64 definition; returns the call's bias."""
     from fairseq_alibi.modules.attention import attend
     from fairseq_alibi.modules.bias import AlibiBias
     from tests.helpers.documents import EOS, packed_tokens
     from tests.helpers.references import reference_document_attention
 
-    tokens = packed_tokens([[130, 40, 200, 30], [400]])
+    tokens = packed_tokens(lengths)
     B, L = tokens.shape
     bias = AlibiBias(4, variant=variant, window_cutoff=cutoff, document_mask="eos",
                      window_sinks=sinks).to("cuda")
@@ -100,7 +118,7 @@ def test_flex_documents_forward_and_backward_match_the_definition(variant, cutof
     slopes, future = (None if x is None else x.double().cpu() for x in call.head_slopes())
     want = reference_document_attention(*ref_leaves, call.documents.ids.cpu(), variant, slopes,
                                         future, cutoff, sinks=sinks)
-    got = attend("flex", *leaves, call)
+    got = attend(backend, *leaves, call)
     rows = torch.ones(B, 4, L, dtype=torch.bool)
     assert relative_error(got, want.detach(), rows) < REL_TOL[dtype]
     grad = torch.randn(want.shape, dtype=torch.float64)
@@ -108,3 +126,4 @@ def test_flex_documents_forward_and_backward_match_the_definition(variant, cutof
     grads = torch.autograd.grad(got, leaves, grad.to("cuda", dtype))
     for name, g, r in zip("qkv", grads, ref_grads):
         assert float((g.double().cpu() - r).norm() / r.norm()) < 4 * REL_TOL[dtype], name
+    return call

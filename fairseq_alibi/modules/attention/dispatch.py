@@ -249,6 +249,25 @@ def _dense_mask_bytes(call: Call) -> int:
     return call.heads * call.query_len * call.key_len * call.dtype.itemsize
 
 
+def _flex_masks(call: Call) -> bool:
+    """Whether ``auto`` runs a call with slope windows or document masks on compiled ``flex``
+    (CUDA, a whole sequence in fp16/bf16, no padding, extra mask or learned-scale gradient:
+    what was measured), its documents masked in its block mask rather than split: ``causal``
+    from :data:`.tuning.FLEX_DOCUMENTS_MIN_LENGTH` keys on with documents and from
+    :data:`.tuning.FLEX_MASKS_MIN_LENGTH` with windows alone, the other variants from
+    :data:`.tuning.FLEX_MASKS_OTHERS_MIN_LENGTH`."""
+    if call.variant != "causal":
+        least = tuning.FLEX_MASKS_OTHERS_MIN_LENGTH
+    else:
+        least = (tuning.FLEX_DOCUMENTS_MIN_LENGTH if call.documents
+                 else tuning.FLEX_MASKS_MIN_LENGTH)
+    return (call.device == "cuda" and (call.windowed or call.documents)
+            and call.query_len == call.key_len >= least
+            and call.dtype in (torch.float16, torch.bfloat16) and not call.padded
+            and not call.attn_mask and not call.scale_grad and serves("flex", call)
+            and flex.compilable())
+
+
 def _windowed_choice(call: Call) -> str:
     """``auto``'s backend for a call with slope windows (:func:`auto_backend`)."""
     if call.query_len == call.key_len:  # a whole sequence
@@ -284,7 +303,10 @@ def auto_backend(call: Call) -> str:
        flash_attn wheel for torch 2.11 + CUDA 13; it is the fused kernel that needs no bias
        tensor); compiled ``flex`` for ``causal`` training and scoring of whole sequences in
        fp16/bf16 from :data:`.tuning.FLEX_MIN_LENGTH` keys on (no padding, dropout, extra mask
-       or learned-scale gradient: what was measured) where triton can compile it.
+       or learned-scale gradient: what was measured) where triton can compile it; and the
+       same with slope windows or document masks, any variant, from 1,024-4,096 keys on
+       (:func:`_flex_masks`: its block plan skips the blocks they hide; the documents are
+       masked there, not split).
     2. ``fold`` where it serves (CPU, float32/64, no KV cache, no dropout, no extra attn_mask)
        and either the variant is ``causal``/``one_sided`` with :data:`.tuning.FOLD_MIN_LENGTH`
        keys or more, or the dense mask would exceed :data:`.tuning.DENSE_MASK_BUDGET`, or
@@ -300,15 +322,16 @@ def auto_backend(call: Call) -> str:
     :data:`.tuning.WINDOWED_MAX_COST` or the dense mask would exceed
     :data:`.tuning.DENSE_MASK_BUDGET`, where it serves
     (CPU, float32/64, no dropout, no extra mask), else ``sdpa`` with the dense windowed bias
-    (``fold`` and ``flash``
-    refuse windows; ``flex`` serves them with a per-head block mask but was not measured: never
-    chosen for a windowed call). Decoding steps (at most :data:`.tuning.FEW_QUERIES` queries
+    (``fold`` and ``flash`` refuse windows; ``flex``, with its per-head block mask, as in 1.
+    only). Decoding steps (at most :data:`.tuning.FEW_QUERIES` queries
     against a KV cache, no global tokens): ``windowed`` from
     :data:`.tuning.WINDOWED_STEP_MIN_KEYS` cached keys over the batch, else ``sdpa``.
 
     On the CPU ``flex`` is never chosen: it was slower than these in every case measured but
     one_sided inference (up to 10 %), has no CPU backward and compiles per shape.
     """
+    if _flex_masks(call):
+        return "flex"
     if call.windowed:
         return _windowed_choice(call)
     if call.device == "cuda":
@@ -350,10 +373,13 @@ def splits_documents(name: str, call: Call) -> bool:
     each attended as its own sequence by ``name`` (:mod:`.documents`), rather than run as
     it is: every whole sequence without an extra mask, but where a backend named by the user
     masks the documents itself (``sdpa``, ``naive``, ``flex``: their own mask is what they were
-    named for). Split, the keys of other documents are never read, whatever the backend; a
-    call against a KV cache goes to a backend that masks them (``auto``: ``sdpa``)."""
-    return (call.documents and call.query_len == call.key_len and not call.attn_mask
-            and (name == "auto" or not REGISTRY[name].capabilities.documents))
+    named for), or where ``auto`` takes ``flex`` (:func:`_flex_masks`: it skips the other
+    documents' blocks itself). Split, the keys of other documents are never read, whatever the
+    backend; a call against a KV cache goes to a backend that masks them (``auto``:
+    ``sdpa``)."""
+    if not call.documents or call.query_len != call.key_len or call.attn_mask:
+        return False
+    return not _flex_masks(call) if name == "auto" else not REGISTRY[name].capabilities.documents
 
 
 def attend(name, q, k, v, alibi, key_padding_mask=None, attn_mask=None, dropout_p=0.0,
