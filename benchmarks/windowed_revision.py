@@ -2,12 +2,12 @@
 
     python -m benchmarks.windowed_revision --against REV [--lengths 4096,8192]
         [--variants causal,symmetric] [--documents 3000,2500,2692] [--cutoff 8] [--sinks 0]
-        [--rounds 3] [--threads 1] [--quick]
+        [--rounds 3] [--threads 1] [--batch 1] [--quick]
 
 The revision's ``fairseq_alibi`` is read from git (``git archive REV``) into a temporary folder
 under another package name (its imports renamed; it registers nothing with fairseq), and its
 ``windowed.attention`` is timed against today's on the same inputs in interleaved paired rounds
-(:class:`benchmarks.timing.Rounds`): ``(1, H, L, D)`` float32 queries, keys and values, Press's
+(:class:`benchmarks.timing.Rounds`): ``(B, H, L, D)`` float32 queries (``--batch``), keys and values, Press's
 slopes of ``H = 8`` heads (``asymmetric``: halved for the future), the windows of ``--cutoff``,
 ``--sinks`` attention sinks (given to both revisions only when not 0).
 ``--documents``: also a causal row of documents of those lengths with ``--alibi-document-mask
@@ -100,12 +100,14 @@ def cases(then, lengths, variants, cutoff, heads, documents=(), sinks=0):
     return found
 
 
-def compare(found, rounds=3, heads=8, head_dim=64, log=print):
-    """Rows ``[case, L, pass, then s, now s, then ÷ now, max |Δ|]`` of :func:`cases`."""
+def compare(found, rounds=3, heads=8, head_dim=64, batch=1, log=print):
+    """Rows ``[case, L, pass, then s, now s, then ÷ now, max |Δ|]`` of :func:`cases`
+    (``batch`` sequences a call; a row of documents is one sequence)."""
     rows = []
     for (label, L), (then, now) in found.items():
-        q, k, v = (torch.randn(1, heads, L, head_dim) for _ in range(3))
-        grad = torch.randn(1, heads, L, head_dim)
+        B = 1 if "documents" in label else batch
+        q, k, v = (torch.randn(B, heads, L, head_dim) for _ in range(3))
+        grad = torch.randn(B, heads, L, head_dim)
         leaves = [t.clone().requires_grad_() for t in (q, k, v)]
         with torch.no_grad():
             gap = (then(q, k, v) - now(q, k, v)).abs().max().item()
@@ -135,6 +137,8 @@ def main(argv=None):
                              "--alibi-document-mask eos and the windows, through dispatch")
     parser.add_argument("--sinks", type=int, default=0,
                         help="attention sinks of the windowed calls (0: none, and not passed)")
+    parser.add_argument("--batch", type=int, default=1,
+                        help="sequences a call (a row of documents stays one)")
     parser.add_argument("--quick", action="store_true", help="a smoke run: short, small")
     args = parser.parse_args(argv)
     if not (args.cutoff > 0 and math.isfinite(args.cutoff)):
@@ -152,8 +156,8 @@ def main(argv=None):
         documents = [0]
     if documents and min(documents) < 1:
         parser.error(f"--documents: comma-separated positive lengths, got {args.documents!r}")
-    if args.rounds < 1 or args.threads < 1:
-        parser.error("--rounds and --threads must be at least 1")
+    if args.rounds < 1 or args.threads < 1 or args.batch < 1:
+        parser.error("--rounds, --threads and --batch must be at least 1")
     if args.sinks < 0:
         parser.error(f"--sinks must be 0 or more positions, got {args.sinks}")
     variants = comma_choices(parser, args.variants, VARIANTS, "variant")
@@ -165,11 +169,12 @@ def main(argv=None):
         then = load_revision(args.against, Path(folder))
         rows = compare(cases(then, lengths, variants, args.cutoff, heads, documents,
                              args.sinks), rounds,
-                       heads, head_dim, log=lambda line: print(line, file=sys.stderr))
+                       heads, head_dim, args.batch,
+                       log=lambda line: print(line, file=sys.stderr))
     command = "python -m benchmarks.windowed_revision " + " ".join(
         argv if argv is not None else sys.argv[1:])
     text = (f"Command: `{command.strip()}`  \nMachine: {machine()}  \n"
-            f"H={heads}, D={head_dim}, float32, cutoff T={args.cutoff:g}, {args.sinks} sink(s), "
+            f"B={args.batch}, H={heads}, D={head_dim}, float32, cutoff T={args.cutoff:g}, {args.sinks} sink(s), "
             f"{rounds} interleaved "
             "round(s), median\n\n"
             + table(["case", "L", "pass", f"{args.against} s", "now s",

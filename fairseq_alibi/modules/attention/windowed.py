@@ -286,11 +286,8 @@ class _Chunks:
                 + [_windows_of(x, b, self.n, self.R, self.c) for x in (self.k, self.v)])
 
     def unlaid(self, x: Tensor, width: int) -> Tensor:
-        """``(B, n, H, c, ·)`` (or ``(B, n·c, H, ·)``) -> ``(B, H, T, width)``."""
-        B, H, T, _ = self.shape
-        if x.dim() == 5:
-            x = x.transpose(2, 3).reshape(B, self.n * self.c, H, -1)
-        return x[:, :T, :, :width].transpose(1, 2)
+        """The queries' layout ``(B, n·c, H, ·)`` -> ``(B, H, T, width)``."""
+        return x[:, :self.shape[2], :, :width].transpose(1, 2)
 
     def keys_of(self, x: Tensor) -> Tensor:
         """The keys' layout ``(B, L, H, D')`` -> ``(B, H, S, D)`` (zeros before its start)."""
@@ -302,16 +299,23 @@ class _Chunks:
         return out.transpose(1, 2)
 
     def forward(self, q, k, v, m, f):
-        """``(out, lse)`` ``(B, H_g, T, D)``, ``(B, H_g, T)``."""
+        """``(out, lse)`` ``(B, H_g, T, D)``, ``(B, H_g, T)``: each sequence's chunks written
+        straight into their place (one copy of the kernel's output, not a stack then a
+        reordering copy)."""
         self.lay(q, k, v)
         bias = self.bias(m, f)
-        found = [fold.kernel_forward(*self.views(b, self.q), False, attn_mask=bias,
-                                     scale=self.scale) for b in range(self.shape[0])]
-        out = torch.stack([o for o, _ in found]) if len(found) > 1 else found[0][0][None]
-        lse = (torch.stack([l for _, l in found]) if len(found) > 1 else found[0][1][None])
+        B, H, T, D = self.shape
+        n, c = self.n, self.c
+        out = lse = None
+        for b in range(B):
+            o, l = fold.kernel_forward(*self.views(b, self.q), False, attn_mask=bias,
+                                       scale=self.scale)  # (n, H, c, D'), (n, H, c)
+            if out is None:
+                out, lse = o.new_empty(B, H, n * c, D), l.new_empty(B, H, n * c)
+            out[b].view(H, n, c, D).copy_(o[..., :D].transpose(0, 1))
+            lse[b].view(H, n, c).copy_(l.transpose(0, 1))
         self.release()
-        lse = lse[..., None]
-        return self.unlaid(out, self.shape[3]), self.unlaid(lse, 1)[..., 0]
+        return out[:, :, :T], lse[:, :, :T]
 
     def backward(self, grad, q, k, v, out, lse, m, f, slopes_grad):
         """This window's share ``(grad_q, grad_k, grad_v, grad_m, grad_f)`` of the gradient of
