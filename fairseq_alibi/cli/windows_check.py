@@ -2,7 +2,7 @@
 
     fairseq-alibi windows CKPT DATA [--gen-subset valid] [--lengths L1,L2,...] [--tokens N]
         [--cutoffs 4,6,8,12,16] [--sinks 0,4] [--tolerance 0.1] [--sink-mass 0.05]
-        [--seed 1] [--out DIR] [--cpu]
+        [--seed 1] [--out DIR] [--bleu N] [--cpu]
 
 ``--alibi-window-cutoff T`` makes head ``h`` drop the keys beyond ``W_h = ceil(T / m_h)``
 (:func:`fairseq_alibi.alibi.window_lengths` of its effective slope ``m_h``). The bound ``e^-T``
@@ -72,7 +72,9 @@ window ``back/ahead`` and its mass beyond counted on both sides. A translation m
 up to ``L`` source tokens (:class:`Pairs`; ``--lengths`` by default 1: each pair as it is), its
 target tokens scored teacher-forced, with the cutoff on each side that has an
 ALiBi self-attention (``--encoder-alibi-window-cutoff T --decoder-alibi-window-cutoff T``);
-its layers are numbered encoder first. What it reads, and how each kind of model scores a
+its layers are numbered encoder first; with ``--bleu N`` the recommended cutoff's translations
+of the split's first ``N`` sources are scored against dense's (:func:`bleu_lines`), since the
+verdict is on perplexity. What it reads, and how each kind of model scores a
 sequence: :mod:`fairseq_alibi.cli.windows_inputs`; the stopping rule, the rows, the verdict and
 the report: :mod:`fairseq_alibi.cli.windows_report`. Bad input is one line naming the argument,
 exit status 2. The checkpoint is only read.
@@ -86,12 +88,13 @@ import sys
 from pathlib import Path
 from typing import Dict, List, Sequence, Tuple
 
-from fairseq_alibi.cli.windows_inputs import (DEFAULT_MULTIPLE, ENCODER, LM, TRANSLATION,
-                                              SUPPORTED, WindowsInputError, checkpoint_config,
-                                              read_sequences)
+from fairseq_alibi.cli.windows_inputs import (DEFAULT_MULTIPLE, ENCODER, KIND_NAMES, LM,
+                                              TRANSLATION, SUPPORTED, WindowsInputError,
+                                              checkpoint_config, read_sequences)
 from fairseq_alibi.cli.windows_report import (BLOCK, MIN_BLOCKS, Z, Candidate, CutoffRow,
                                               HeadRow, Judged, judge, plot, sinks_needed,
-                                              summary_lines, verdict, write_csvs, write_report)
+                                              summary_lines, verdict, write_csvs, write_report,
+                                              write_table)
 
 PROG = "fairseq-alibi windows"
 DEFAULT_CUTOFFS = (4.0, 6.0, 8.0, 12.0, 16.0)
@@ -110,6 +113,8 @@ DEFAULT_OUT = os.path.join("outputs", "windows")
 QUERY_CHUNK = 512
 #: the heads the stdout table shows (the most mass beyond their windows); the report has all
 SHOWN_HEADS = 12
+#: --bleu's beam size: fairseq-generate's default
+BEAM = 5
 
 
 class _Parser(argparse.ArgumentParser):
@@ -186,6 +191,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--seed", type=int, default=1, help="seed of the start offsets")
     parser.add_argument("--out", default=DEFAULT_OUT, help=f"report folder (default: "
                         f"{DEFAULT_OUT}); files of other names there are left alone")
+    parser.add_argument("--bleu", type=_value(int, "a number of sentence pairs >= 1",
+                                              lambda v: v >= 1), metavar="N",
+                        help=f"a translation model's: also translate the split's first N "
+                        f"sources (beam {BEAM}) with the recommended cutoff and without it, and "
+                        "report both BLEU scores (the target dictionary's tokens) and the "
+                        "translations (windows_bleu.tsv)")
     parser.add_argument("--cpu", action="store_true", help="run on the CPU even with CUDA")
     return parser
 
@@ -554,6 +565,41 @@ def head_rows(meter: "MassMeter", sink_mass: float) -> List[HeadRow]:
     return rows
 
 
+def bleu_lines(args, cfg, task, reader, line: str, passing: Candidate, out: Path) -> List[str]:
+    """``--bleu N``: the recommended cutoff's translations of the split's first ``N`` sources
+    and dense's, their BLEU against the references (sacrebleu on the target dictionary's
+    tokens, as ``fairseq-generate`` scores without ``--remove-bpe``), written with the
+    references to ``windows_bleu.tsv``; the report's lines."""
+    import sacrebleu
+    import torch
+
+    from fairseq_alibi.cli.windows_inputs import translations
+
+    if not line.startswith("recommended: "):
+        return [f"BLEU not compared (--bleu {args.bleu}): no cutoff is recommended", ""]
+    device = torch.device("cuda" if torch.cuda.is_available() and not args.cpu else "cpu")
+    count = min(args.bleu, len(reader.pairs))
+    sides = window_sides(cfg, TRANSLATION)
+    found = {}
+    for name, overrides in (("dense", window_overrides(sides, 0.0)),
+                            ("windowed", window_overrides(sides, passing.cutoff, passing.sinks))):
+        model = load_model(args.checkpoint, task, overrides, device)
+        found[name] = translations(model, task, reader.pairs, count, BEAM, device)
+        del model
+    # as fairseq-generate scores: an <unk> in a reference matches no hypothesis's
+    references = [task.target_dictionary.string(target, escape_unk=True)
+                  for _, target in reader.pairs[:count]]
+    dense, windowed = (sacrebleu.corpus_bleu(found[n], [references], tokenize="none").score
+                       for n in ("dense", "windowed"))
+    rows = zip(references, found["dense"], found["windowed"])
+    write_table(out / "windows_bleu.tsv", ["reference", "dense", "windowed"], rows, "\t")
+    differ = sum(a != b for a, b in zip(found["dense"], found["windowed"]))
+    return [f"BLEU on the first {count} sentence pairs of {args.gen_subset} (beam {BEAM}, the "
+            f"target dictionary's tokens): dense {dense:.2f}; with {line[13:]}: "
+            f"{windowed:.2f} ({windowed - dense:+.2f}); {differ} of {count} translations "
+            "differ (windows_bleu.tsv)", ""]
+
+
 def cutoff_rows(meter: "MassMeter", heads: List[HeadRow],
                 candidates: List[Candidate]) -> List[CutoffRow]:
     return [CutoffRow(t, [w for layer in meter.windows for w in layer[t]],
@@ -573,6 +619,10 @@ def run(args, command: str) -> str:
     from fairseq_alibi.preprocess.pipeline_io import progress_bar
 
     cfg, kind = checkpoint_config(args.checkpoint)
+    if args.bleu and kind != TRANSLATION:
+        raise WindowsInputError(f"--bleu {args.bleu}: BLEU needs a translation model, and "
+                                f"CKPT {args.checkpoint} holds a {KIND_NAMES[kind]}: leave "
+                                "--bleu out")
     args.sinks = args.sinks or list(DEFAULT_SINKS)
     task, reader = read_sequences(cfg, args.data, args.gen_subset, kind, args.seed,
                                   least_tokens=BLOCK * MIN_BLOCKS)
@@ -597,9 +647,12 @@ def run(args, command: str) -> str:
     mass = (len(reader.starts(mass_length(lengths), MASS_TOKENS, args.seed)),
             mass_length(lengths))
     summary = (args, lengths, tokens, sample, rows, heads, mass)
-    write_report(out, command, summary_lines(*summary), line, png_note)
-    print("\n".join(summary_lines(*summary, SHOWN_HEADS)))
+    bleu = (bleu_lines(args, cfg, task, reader, line, candidates[-1], out) if args.bleu
+            else [])
+    write_report(out, command, summary_lines(*summary) + bleu, line, png_note)
+    print("\n".join(summary_lines(*summary, SHOWN_HEADS) + bleu))
     files = ["windows_heads.csv", "windows_cutoffs.csv"] + ([] if png_note else ["windows.png"])
+    files += ["windows_bleu.tsv"] if len(bleu) > 1 and "windows_bleu.tsv" in bleu[0] else []
     print(*([png_note] if png_note else []), f"report: {out / 'windows.md'} (and "
           f"{', '.join(files)})", sep="\n")
     return line

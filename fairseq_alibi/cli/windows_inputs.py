@@ -28,6 +28,8 @@ SUPPORTED = ("the windows check reads causal ALiBi language models (alibi_transf
              "translation models (alibi_transformer): give one as CKPT")
 #: what a checkpoint holds, as :func:`checkpoint_config` says it
 LM, ENCODER, TRANSLATION = "lm", "encoder", "translation"
+KIND_NAMES = {LM: "causal language model", ENCODER: "masked-LM encoder",
+              TRANSLATION: "translation model"}
 #: an encoder's sequences: this share of their tokens (after <s>) is masked and predicted
 MASK_SHARE = 0.15
 #: --lengths by default: the training length times this (at most the split's tokens)
@@ -349,3 +351,23 @@ class Pairs:
 
     def score(self, model, inputs):
         return pair_nll(model, *inputs)
+
+
+def translations(model, task, pairs, count: int, beam: int, device) -> List[str]:
+    """``model``'s best beam-search translations of the first ``count`` sources of ``pairs``
+    (``(source, target)`` tensors), one sentence at a time, as the target dictionary's tokens
+    (what ``fairseq-generate`` writes as ``H`` without ``--remove-bpe``)."""
+    from argparse import Namespace
+
+    import torch
+
+    generator = task.build_generator([model], Namespace(beam=beam))
+    found = []
+    for source, _ in pairs[:count]:
+        sample = {"net_input": {"src_tokens": source[None].to(device),
+                                "src_lengths": torch.tensor([source.numel()], device=device)}}
+        with torch.no_grad():
+            best = generator.generate([model], sample)[0][0]
+        found.append(task.target_dictionary.string(best["tokens"].cpu()))
+    return found
+

@@ -358,8 +358,8 @@ def summary_lines(args, lengths, tokens: int, sample, rows, heads, mass: Tuple[i
             f"{mass_length} tokens; layers and heads count from 0"
             + (" (the encoder's self-attention layers, then the decoder's; L: the source tokens "
                "of consecutive sentence pairs end to end, L=1: each pair as it is; the verdict "
-               "is on the target's perplexity: check BLEU at the recommended T with "
-               "fairseq-generate before relying on it, docs/benchmarks.md)"
+               "is on the target's perplexity: check BLEU at the recommended T before "
+               "relying on it, with --bleu N or fairseq-generate, docs/benchmarks.md)"
                if isinstance(sample.reader, Pairs) else ""), "",
             f"dense perplexity on the tokens scored: {dense or 'none scored'}", "",
             f"per cutoff T, in increasing order until one passes, without sinks (S = 0) and, "
@@ -389,10 +389,11 @@ def _write(path: Path, write) -> None:
             partial.unlink()
 
 
-def _csv(path: Path, header: list, rows) -> None:
+def write_table(path: Path, header: list, rows, delimiter: str = ",") -> None:
+    """A CSV file (``delimiter`` ``\t``: a TSV one), never half-written."""
     def write(partial):
         with open(partial, "w", newline="") as f:
-            csv.writer(f).writerows([header, *rows])
+            csv.writer(f, delimiter=delimiter).writerows([header, *rows])
     _write(path, write)
 
 
@@ -400,7 +401,7 @@ def write_csvs(out: Path, rows: List[CutoffRow], heads: List[HeadRow], lengths, 
                at=lambda n: n):
     """``windows_heads.csv`` (a row per layer, head and ``T``), ``windows_cutoffs.csv`` (a row
     per ``(T, S)`` evaluated, and per ``T`` not evaluated)."""
-    _csv(out / "windows_heads.csv",
+    write_table(out / "windows_heads.csv",
          ["layer", "head", "slope", "cutoff", "window", "queries", "mass_beyond_mean",
           "mass_beyond_p99", "mass_beyond_max",
           *(f"{k}_first_{s}" for s in sinks for k in ("share_on", "mean_on")), "sink_head",
@@ -420,7 +421,7 @@ def write_csvs(out: Path, rows: List[CutoffRow], heads: List[HeadRow], lengths, 
                 "not evaluated" if c is None else _status(row, c), *per_length,
                 "" if c is None else c.worst.change, "" if c is None else c.cache_keys,
                 ";".join(h.name for h in row.sink_heads), row.needs]
-    _csv(out / "windows_cutoffs.csv",
+    write_table(out / "windows_cutoffs.csv",
          ["cutoff", "sinks", "status",
           *(f"{k}_L{n}" for n in lengths for k in ("tokens", "ppl", "dense_ppl", "change_pct",
                                                    "margin_pct", "status", "attention_kept")),

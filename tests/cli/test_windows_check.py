@@ -9,6 +9,7 @@ import csv
 import hashlib
 import math
 import random
+import re
 import subprocess
 import sys
 
@@ -22,7 +23,7 @@ from fairseq_alibi.cli.windows_inputs import (Masking, Pairs, checkpoint_config,
 from fairseq_alibi.cli.windows_report import (Candidate, CutoffRow, HeadRow, Judged, judge,
                                               kept_share, kept_share_two_way, verdict)
 from tests.helpers.checkpoints import load, saved_in_process
-from tests.helpers.cli import REPO, child_env, preprocess
+from tests.helpers.cli import REPO, child_env, preprocess, run_cli, user_dir
 from tests.helpers.training import STOCK
 
 EOS = 2  # fairseq's </s>: the first input token of a split's stream
@@ -622,6 +623,42 @@ def test_a_translation_models_windows_are_judged_on_its_targets(translation_data
     (row,) = rows_of(tmp_path / "pairs" / "windows_cutoffs.csv")
     assert int(row["tokens_L1"]) == sum(target.numel() for _, target in pairs)
     assert "L=1 (60 × 1)" in out
+
+
+def test_bleu_with_and_without_the_recommended_cutoff_is_fairseq_generates(translation_data,
+                                                                          tmp_path, capsys):
+    """``--bleu N`` translates the split's first N sources with the recommended cutoff and
+    without it: each BLEU is what ``fairseq-generate`` (beam 5, sacrebleu on the dictionary's
+    tokens) gives for the same checkpoint and load-time overrides, and the translations are
+    in windows_bleu.tsv; on a language model the flag is refused in one line."""
+    checkpoint = SAVED / "translation_pointer" / "checkpoint.pt"
+    code, out, err = windows(capsys, checkpoint, translation_data, "--cutoffs", "0.5",
+                             "--sinks", "0", "--tolerance", "1000", "--bleu", "60",
+                             "--out", tmp_path / "out")
+    assert code == 0, err[-3000:]
+    flags = "--encoder-alibi-window-cutoff 0.5 --decoder-alibi-window-cutoff 0.5"
+    assert out.splitlines()[-1] == f"recommended: {flags}"
+    (line,) = [x for x in out.splitlines() if x.startswith("BLEU on the first 60 ")]
+    found = re.search(rf"dense ([\d.]+); with {flags}: ([\d.]+) \([+-][\d.]+\); (\d+) of 60 "
+                      r"translations differ", line)
+    assert found, line
+    rows = list(csv.reader(open(tmp_path / "out" / "windows_bleu.tsv"), delimiter="\t"))
+    assert rows[0] == ["reference", "dense", "windowed"] and len(rows) == 61
+    assert sum(r[1] != r[2] for r in rows[1:]) == int(found.group(3)) > 0
+    for score, overrides in ((found.group(1), "{}"), (found.group(2), str(
+            {"encoder_alibi_window_cutoff": 0.5, "decoder_alibi_window_cutoff": 0.5}))):
+        generated = run_cli("fairseq-generate", translation_data, "--path", checkpoint,
+                            "--user-dir", user_dir(), "--gen-subset", "valid", "--beam", "5",
+                            "--max-tokens", "4096", "--scoring", "sacrebleu",
+                            # stock's default 8 drops a last batch of fewer (fairseq #5036)
+                            "--required-batch-size-multiple", "1",
+                            "--sacrebleu-tokenizer", "none", "--model-overrides", overrides,
+                            "--cpu")
+        assert "Translated 60 sentences" in generated
+        assert re.search(rf"BLEU = {score} ", generated), (score, generated[-500:])
+    lm = SAVED / "lm_fixed_slopes" / "checkpoint.pt"
+    code, _, err = windows(capsys, lm, translation_data, "--bleu", "5")
+    assert code == 2 and err.count("\n") == 1 and "--bleu 5: BLEU needs a translation" in err
 
 
 def test_a_translation_models_sinks_are_each_sides_documents(translation_data):
