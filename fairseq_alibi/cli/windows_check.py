@@ -93,8 +93,8 @@ from fairseq_alibi.cli.windows_inputs import (DEFAULT_MULTIPLE, ENCODER, KIND_NA
                                               checkpoint_config, read_sequences)
 from fairseq_alibi.cli.windows_report import (BLOCK, MIN_BLOCKS, Z, Candidate, CutoffRow,
                                               HeadRow, Judged, judge, plot, sinks_needed,
-                                              summary_lines, verdict, write_csvs, write_report,
-                                              write_table)
+                                              recommended, summary_lines, verdict, write_csvs,
+                                              write_report, write_table)
 
 PROG = "fairseq-alibi windows"
 DEFAULT_CUTOFFS = (4.0, 6.0, 8.0, 12.0, 16.0)
@@ -565,37 +565,36 @@ def head_rows(meter: "MassMeter", sink_mass: float) -> List[HeadRow]:
     return rows
 
 
-def bleu_lines(args, cfg, task, reader, line: str, passing: Candidate, out: Path) -> List[str]:
-    """``--bleu N``: the recommended cutoff's translations of the split's first ``N`` sources
-    and dense's, their BLEU against the references (sacrebleu on the target dictionary's
-    tokens, as ``fairseq-generate`` scores without ``--remove-bpe``), written with the
-    references to ``windows_bleu.tsv``; the report's lines."""
+def bleu_lines(args, task, sample: "Sample", chosen, out: Path) -> List[str]:
+    """``--bleu N``: the translations of the split's first ``N`` sources by the recommended
+    ``(T, S)`` (``chosen``, a :class:`Candidate`, or ``None``) and by the dense model the
+    verdict was measured against (``sample.dense``), their BLEU against the references
+    (sacrebleu on the target dictionary's tokens, as ``fairseq-generate`` scores without
+    ``--remove-bpe``), written with the references to ``windows_bleu.tsv``; the report's
+    lines."""
     import sacrebleu
-    import torch
 
     from fairseq_alibi.cli.windows_inputs import translations
 
-    if not line.startswith("recommended: "):
+    if chosen is None:
         return [f"BLEU not compared (--bleu {args.bleu}): no cutoff is recommended", ""]
-    device = torch.device("cuda" if torch.cuda.is_available() and not args.cpu else "cpu")
-    count = min(args.bleu, len(reader.pairs))
-    sides = window_sides(cfg, TRANSLATION)
-    found = {}
-    for name, overrides in (("dense", window_overrides(sides, 0.0)),
-                            ("windowed", window_overrides(sides, passing.cutoff, passing.sinks))):
-        model = load_model(args.checkpoint, task, overrides, device)
-        found[name] = translations(model, task, reader.pairs, count, BEAM, device)
-        del model
+    device, pairs = sample.device, sample.reader.pairs
+    count = min(args.bleu, len(pairs))
+    found = {"dense": translations(sample.dense, task, pairs, count, BEAM, device)}
+    model = load_model(args.checkpoint, task,
+                       window_overrides(chosen.sides, chosen.cutoff, chosen.sinks), device)
+    found["windowed"] = translations(model, task, pairs, count, BEAM, device)
+    del model
     # as fairseq-generate scores: an <unk> in a reference matches no hypothesis's
     references = [task.target_dictionary.string(target, escape_unk=True)
-                  for _, target in reader.pairs[:count]]
+                  for _, target in pairs[:count]]
     dense, windowed = (sacrebleu.corpus_bleu(found[n], [references], tokenize="none").score
                        for n in ("dense", "windowed"))
     rows = zip(references, found["dense"], found["windowed"])
     write_table(out / "windows_bleu.tsv", ["reference", "dense", "windowed"], rows, "\t")
     differ = sum(a != b for a, b in zip(found["dense"], found["windowed"]))
     return [f"BLEU on the first {count} sentence pairs of {args.gen_subset} (beam {BEAM}, the "
-            f"target dictionary's tokens): dense {dense:.2f}; with {line[13:]}: "
+            f"target dictionary's tokens): dense {dense:.2f}; with {chosen.flags}: "
             f"{windowed:.2f} ({windowed - dense:+.2f}); {differ} of {count} translations "
             "differ (windows_bleu.tsv)", ""]
 
@@ -647,12 +646,12 @@ def run(args, command: str) -> str:
     mass = (len(reader.starts(mass_length(lengths), MASS_TOKENS, args.seed)),
             mass_length(lengths))
     summary = (args, lengths, tokens, sample, rows, heads, mass)
-    bleu = (bleu_lines(args, cfg, task, reader, line, candidates[-1], out) if args.bleu
-            else [])
+    chosen = recommended(rows)
+    bleu = bleu_lines(args, task, sample, chosen, out) if args.bleu else []
     write_report(out, command, summary_lines(*summary) + bleu, line, png_note)
     print("\n".join(summary_lines(*summary, SHOWN_HEADS) + bleu))
     files = ["windows_heads.csv", "windows_cutoffs.csv"] + ([] if png_note else ["windows.png"])
-    files += ["windows_bleu.tsv"] if len(bleu) > 1 and "windows_bleu.tsv" in bleu[0] else []
+    files += ["windows_bleu.tsv"] if args.bleu and chosen is not None else []
     print(*([png_note] if png_note else []), f"report: {out / 'windows.md'} (and "
           f"{', '.join(files)})", sep="\n")
     return line

@@ -188,13 +188,17 @@ def _kept_share(back, ahead, length: int, sinks: int, sees_behind=True, sees_ahe
     return float((1 + kept_before + kept_after + beyond).sum() / seen.sum())
 
 
+def recommended(rows: List[CutoffRow]) -> Optional[Candidate]:
+    """The first ``(T, S)`` evaluated that passes (within the tolerance at every length,
+    keeping what its sink heads need), or ``None``."""
+    return next((c for row in rows for c in row.evaluated if row.passes(c)), None)
+
+
 def verdict(rows: List[CutoffRow], tolerance: float, sinks: Sequence[int]) -> str:
-    """The last line: the first ``(T, S)`` evaluated that passes (within ``tolerance`` at every
-    length, keeping what its sink heads need), or what failed."""
-    for row in rows:
-        for c in row.evaluated:
-            if row.passes(c):
-                return f"recommended: {c.flags}"
+    """The last line: :func:`recommended`'s flags, or what failed."""
+    chosen = recommended(rows)
+    if chosen is not None:
+        return f"recommended: {chosen.flags}"
     evaluated = [c for row in rows for c in row.evaluated]
     within = [(row, c) for row in rows for c in row.evaluated if c.status == "within"]
     if within:  # within, but short of the sinks its sink heads need

@@ -249,19 +249,25 @@ def _dense_mask_bytes(call: Call) -> int:
     return call.heads * call.query_len * call.key_len * call.dtype.itemsize
 
 
-def _flex_masks(call: Call) -> bool:
-    """Whether ``auto`` runs a call with slope windows or document masks on compiled ``flex``
-    (CUDA, a whole sequence in fp16/bf16, no padding, extra mask or learned-scale gradient:
-    what was measured), its documents masked in its block mask rather than split: ``causal``
-    from :data:`.tuning.FLEX_DOCUMENTS_MIN_LENGTH` keys on with documents and from
-    :data:`.tuning.FLEX_MASKS_MIN_LENGTH` with windows alone, the other variants from
-    :data:`.tuning.FLEX_MASKS_OTHERS_MIN_LENGTH`."""
-    if call.variant != "causal":
-        least = tuning.FLEX_MASKS_OTHERS_MIN_LENGTH
-    else:
-        least = (tuning.FLEX_DOCUMENTS_MIN_LENGTH if call.documents
-                 else tuning.FLEX_MASKS_MIN_LENGTH)
-    return (call.device == "cuda" and (call.windowed or call.documents)
+def _flex_min_length(call: Call) -> Optional[int]:
+    """From how many keys ``auto`` runs compiled ``flex`` (the lengths measured faster):
+    ``causal`` with document masks :data:`.tuning.FLEX_DOCUMENTS_MIN_LENGTH`, with slope
+    windows :data:`.tuning.FLEX_MASKS_MIN_LENGTH`, with neither
+    :data:`.tuning.FLEX_MIN_LENGTH`; the other variants with windows or documents
+    :data:`.tuning.FLEX_MASKS_OTHERS_MIN_LENGTH`, and without them never (``None``)."""
+    if call.variant == "causal":
+        return (tuning.FLEX_DOCUMENTS_MIN_LENGTH if call.documents
+                else tuning.FLEX_MASKS_MIN_LENGTH if call.windowed else tuning.FLEX_MIN_LENGTH)
+    return tuning.FLEX_MASKS_OTHERS_MIN_LENGTH if call.windowed or call.documents else None
+
+
+def _compiled_flex(call: Call) -> bool:
+    """Whether ``auto`` runs ``call`` on compiled ``flex``: on CUDA, a whole sequence in
+    fp16/bf16 from :func:`_flex_min_length` keys on, without padding, an extra mask or a
+    learned-scale gradient (what was measured), where triton can compile it; its document
+    masks, if any, are then masked in its block plan rather than split."""
+    least = _flex_min_length(call)
+    return (least is not None and call.device == "cuda"
             and call.query_len == call.key_len >= least
             and call.dtype in (torch.float16, torch.bfloat16) and not call.padded
             and not call.attn_mask and not call.scale_grad and serves("flex", call)
@@ -301,12 +307,12 @@ def auto_backend(call: Call) -> str:
 
     1. CUDA: ``flash`` where flash_attn is installed and serves the call (not measured: no
        flash_attn wheel for torch 2.11 + CUDA 13; it is the fused kernel that needs no bias
-       tensor); compiled ``flex`` for ``causal`` training and scoring of whole sequences in
-       fp16/bf16 from :data:`.tuning.FLEX_MIN_LENGTH` keys on (no padding, dropout, extra mask
-       or learned-scale gradient: what was measured) where triton can compile it; and the
-       same with slope windows or document masks, any variant, from 1,024-4,096 keys on
-       (:func:`_flex_masks`: its block plan skips the blocks they hide; the documents are
-       masked there, not split).
+       tensor); compiled ``flex`` (:func:`_compiled_flex`) for training and scoring of whole
+       sequences in fp16/bf16 (no padding, dropout, extra mask or learned-scale gradient: what
+       was measured) where triton can compile it: ``causal`` from
+       :data:`.tuning.FLEX_MIN_LENGTH` keys on, and with slope windows or document masks,
+       any variant, from 1,024-4,096 keys on (:func:`_flex_min_length`: its block plan skips
+       the blocks they hide; the documents are masked there, not split).
     2. ``fold`` where it serves (CPU, float32/64, no KV cache, no dropout, no extra attn_mask)
        and either the variant is ``causal``/``one_sided`` with :data:`.tuning.FOLD_MIN_LENGTH`
        keys or more, or the dense mask would exceed :data:`.tuning.DENSE_MASK_BUDGET`, or
@@ -330,19 +336,12 @@ def auto_backend(call: Call) -> str:
     On the CPU ``flex`` is never chosen: it was slower than these in every case measured but
     one_sided inference (up to 10 %), has no CPU backward and compiles per shape.
     """
-    if _flex_masks(call):
+    if call.device == "cuda" and serves("flash", call):  # it refuses windows and documents
+        return "flash"
+    if _compiled_flex(call):
         return "flex"
     if call.windowed:
         return _windowed_choice(call)
-    if call.device == "cuda":
-        if serves("flash", call):
-            return "flash"
-        if (call.variant == "causal"
-                and call.query_len == call.key_len >= tuning.FLEX_MIN_LENGTH
-                and call.dtype in (torch.float16, torch.bfloat16) and not call.padded
-                and not call.attn_mask and not call.scale_grad
-                and serves("flex", call) and flex.compilable()):
-            return "flex"
     if serves("fold", call):
         if _dense_mask_bytes(call) > tuning.DENSE_MASK_BUDGET or call.scale_grad:
             return "fold"
@@ -373,13 +372,15 @@ def splits_documents(name: str, call: Call) -> bool:
     each attended as its own sequence by ``name`` (:mod:`.documents`), rather than run as
     it is: every whole sequence without an extra mask, but where a backend named by the user
     masks the documents itself (``sdpa``, ``naive``, ``flex``: their own mask is what they were
-    named for), or where ``auto`` takes ``flex`` (:func:`_flex_masks`: it skips the other
+    named for), or where ``auto`` takes ``flex`` (:func:`_compiled_flex`: it skips the other
     documents' blocks itself). Split, the keys of other documents are never read, whatever the
     backend; a call against a KV cache goes to a backend that masks them (``auto``:
     ``sdpa``)."""
     if not call.documents or call.query_len != call.key_len or call.attn_mask:
         return False
-    return not _flex_masks(call) if name == "auto" else not REGISTRY[name].capabilities.documents
+    if name == "auto":
+        return not _compiled_flex(call)
+    return not REGISTRY[name].capabilities.documents
 
 
 def attend(name, q, k, v, alibi, key_padding_mask=None, attn_mask=None, dropout_p=0.0,

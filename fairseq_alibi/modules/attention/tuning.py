@@ -43,21 +43,21 @@ FOLD_MIN_LENGTH = 640
 #: flex ÷ sdpa 1.19-1.31 at D=64 and 1.24-1.38 at D=128 for 4096-8192 keys, 1.01-1.08 / 0.70 at
 #: 1024-2048; fairseq training of a 6-layer LM at 8192 tokens: 1.17× stock vs sdpa's 0.99×).
 #: Bidirectional variants were measured at 1024 keys only (flex slower there): they stay on
-#: sdpa. Read by ``dispatch.auto_backend``. docs/benchmarks.md, "GPU (H100)"
+#: sdpa. Read by ``dispatch._flex_min_length``. docs/benchmarks.md, "GPU (H100)"
 FLEX_MIN_LENGTH = 4096
 
 #: on CUDA, from this many keys on, a whole ``causal`` sequence in fp16/bf16 with slope windows
 #: runs compiled ``flex`` (its block plan skips the blocks the windows hide) rather than
 #: ``sdpa``'s dense windowed bias. H200, bf16, forward+backward, 16 heads of 64, 16,384 tokens
 #: a batch, T = 8: sdpa ÷ flex 0.93 at 1,024 keys, 1.51 at 2,048, 2.64 at 4,096, 8.24 at
-#: 16,384. Read by ``dispatch.auto_backend``. docs/benchmarks.md, "GPU (H200)"
+#: 16,384. Read by ``dispatch._flex_min_length`` (for ``auto_backend`` and
+#: ``splits_documents``, as the two below). docs/benchmarks.md, "GPU (H200)"
 FLEX_MASKS_MIN_LENGTH = 2048
 
 #: the same for a ``causal`` sequence with document masks (with windows or without), masked in
 #: flex's block plan rather than split into its documents: the fastest of ``sdpa``'s dense
 #: bias and the split ÷ flex 1.76 at 1,024 keys, 3.02-3.12 at 2,048, 7.3-12.6 at 4,096,
-#: 5.6-10.7 at 16,384 (as above, documents of 256-2,048 tokens). Read by
-#: ``dispatch.auto_backend`` and ``dispatch.splits_documents``
+#: 5.6-10.7 at 16,384 (as above, documents of 256-2,048 tokens)
 FLEX_DOCUMENTS_MIN_LENGTH = 1024
 
 #: the same for the other variants (windows or documents): measured for ``symmetric`` at
