@@ -35,17 +35,23 @@ three ways per seed:
   line is a sample of one token, ``</s>``, so a block that crosses a document reads ``... </s>
   </s> ...``: the boundary ``doc`` finds;
 * ``complete + mask``: the same blocks with ``--alibi-document-mask doc``;
+* ``complete + mask + masked_lm_documents``: the same with ``--criterion masked_lm_documents``,
+  which puts every ``</s>`` the masking hid back in the input (and leaves it out of the
+  targets), so the mask sees every boundary;
 * ``complete_doc``: ``--sample-break-mode complete_doc`` (a block never crosses a document).
 
 Each checkpoint is scored in this process by
 :func:`experiments.encoder_study.mlm_perplexity` (what ``fairseq-validate --valid-subset test
 --sample-break-mode complete --tokens-per-sample L --seed 1`` computes) on the test split cut
 into ``complete`` blocks of ``L``, masked with one seed (:data:`MASK_SEED`): every
-model predicts the same masked tokens, per document (override ``doc``) and packed (``none``).
+model predicts the same masked tokens, per document (override ``doc``) and packed (``none``),
+and per document with every ``</s>`` kept (as ``masked_lm_documents`` trains: the masked
+tokens less the ``</s>``).
 A line longer than a block makes a block of its own, kept whole (ALiBi lifts the task's length
 limit), in training as in scoring; the report counts the blocks, tokens and masked tokens
 scored, and how many of the blocks' document boundaries the masking hides (``doc`` reads the
-masked input: a ``</s>`` replaced by ``<mask>`` hides its boundary).
+masked input: a ``</s>`` replaced by ``<mask>`` hides its boundary). ``--reuse`` keeps the
+finished runs of the same commands in ``--out`` (a setting added later trains alone).
 
 Outputs in ``--out`` (default ``outputs/document_masks``, ``--family mlm``:
 ``outputs/document_masks_mlm``): ``document_masks.md`` (``document_masks_mlm.md``), ``run.json``,
@@ -79,10 +85,17 @@ SETTINGS = {
 MLM_SETTINGS = {
     "complete": [],
     "complete + mask": ["--alibi-document-mask", "doc"],
+    # the masking's hidden </s> put back in the input (and out of the targets)
+    "complete + mask + masked_lm_documents": ["--alibi-document-mask", "doc",
+                                              "--criterion", "masked_lm_documents"],
     "complete_doc": ["--sample-break-mode", "complete_doc"],
 }
 #: evaluation -> the load-time override of the document mask
 EVALUATIONS = {"per document": "doc", "packed": "none"}
+#: the masked LM's: evaluation -> (the document mask, whether every </s> the masking hid is put
+#: back in the input and left out of the targets, as ``--criterion masked_lm_documents`` does)
+MLM_EVALUATIONS = {"per document": ("doc", False), "packed": ("none", False),
+                   "per document, </s> kept": ("doc", True)}
 BASE = "packed"
 #: the masking seed of every masked-LM score: every model predicts the same masked tokens
 MASK_SEED = 1
@@ -95,6 +108,7 @@ class Family:
     """What differs between the causal and the masked LM's runs."""
 
     settings: Dict[str, Sequence[str]]
+    evaluations: Dict[str, object]  # name -> how each run is scored
     base: str  # the setting the others are set against
     max_update: int
     smoke_L: int
@@ -103,9 +117,11 @@ class Family:
 
 
 FAMILIES = {
-    "lm": Family(SETTINGS, BASE, 1000, SMOKE_L, "outputs/document_masks", "document_masks.md"),
+    "lm": Family(SETTINGS, EVALUATIONS, BASE, 1000, SMOKE_L, "outputs/document_masks",
+                 "document_masks.md"),
     # smoke: L = 64, a few whole lines a block (complete keeps lines whole)
-    "mlm": Family(MLM_SETTINGS, "complete", 300, 64, "outputs/document_masks_mlm",
+    "mlm": Family(MLM_SETTINGS, MLM_EVALUATIONS, "complete", 300, 64,
+                  "outputs/document_masks_mlm",
                   "document_masks_mlm.md"),
 }
 
@@ -127,6 +143,9 @@ def parse_args(argv=None):
     parser.add_argument("--L", type=int, default=None, help="training length (default 256)")
     parser.add_argument("--jobs", type=int, default=1, help="fairseq runs at once")
     parser.add_argument("--threads", type=int, default=1, help="threads per fairseq run")
+    parser.add_argument("--reuse", action="store_true",
+                        help="keep a finished run of the same command in --out instead of "
+                        "training it again (e.g. after adding a setting)")
     parser.add_argument("--smoke", action="store_true")
     args = parser.parse_args(argv)
     family = FAMILIES[args.family]
@@ -176,7 +195,7 @@ def train_all(args, data, out: Path, env: dict, log) -> Dict[tuple, dict]:
             return masked_lm_command(data, save_dir, mlm_settings(args), seed,
                                      CONFIGS[MLM_VARIANT].pretrain, break_mode="complete")
     return train_settings(family.settings, args.seeds, data, out, size, args.L, args.max_update,
-                          env, args.jobs, log, command)
+                          env, args.jobs, log, command, reuse=args.reuse)
 
 
 def evaluate_all(runs, data, L: int, out: Path, threads: int, jobs: int,
@@ -185,8 +204,9 @@ def evaluate_all(runs, data, L: int, out: Path, threads: int, jobs: int,
     split in non-overlapping blocks of ``L`` (the masked LM: in ``complete`` blocks of ``L``,
     :func:`score_masked_lm`)."""
     if family == "mlm":
-        return [dict(row, evaluation=evaluation) for evaluation, mode in EVALUATIONS.items()
-                for row in score_masked_lm(runs, data, L, mode, threads)]
+        return [dict(row, evaluation=evaluation)
+                for evaluation, (mode, kept) in MLM_EVALUATIONS.items()
+                for row in score_masked_lm(runs, data, L, mode, threads, kept)]
     return [dict(row, evaluation=evaluation) for evaluation, mode in EVALUATIONS.items()
             for row in score_runs(runs, data, L, out / "eval" / mode, "test",
                                   f"Document masks, {evaluation}", threads, jobs,
@@ -200,9 +220,11 @@ def scoring_overrides(mode: str) -> dict:
 
 
 def score_masked_lm(runs: Dict[tuple, dict], data: Path, L: int, mode: str,
-                    threads: int) -> List[dict]:
+                    threads: int, kept: bool = False) -> List[dict]:
     """Masked-LM perplexity of every run on the test split in ``complete`` blocks of ``L`` with
-    the document mask ``mode``, masked with :data:`MASK_SEED`: ``{"setting", "seed",
+    the document mask ``mode``, masked with :data:`MASK_SEED` (``kept``: every ``</s>`` the
+    masking hid put back and not predicted, as ``--criterion masked_lm_documents`` trains):
+    ``{"setting", "seed",
     "perplexity", "tokens", "masked_tokens", ...}`` per run; raises unless every run predicted
     the same masked tokens."""
     import torch
@@ -211,7 +233,7 @@ def score_masked_lm(runs: Dict[tuple, dict], data: Path, L: int, mode: str,
     rows = []
     for (name, seed), run in runs.items():
         found = mlm_perplexity(str(run["checkpoint"]), str(data), L, MASK_SEED,
-                               model_overrides=scoring_overrides(mode))
+                               model_overrides=scoring_overrides(mode), keep_boundaries=kept)
         rows.append({"setting": name, "seed": seed, **found})
     scored = {(r["tokens"], r["masked_tokens"], r["blocks"]) for r in rows}
     if len(scored) != 1:
@@ -281,7 +303,9 @@ def mlm_setup(args, rows: List[dict], found: dict) -> str:
         f"decay, {s.warmup} warm-up updates), seeds {', '.join(map(str, args.seeds))}, on "
         f"{corpus(args)} with an empty line after every document: `complete` "
         "(`--sample-break-mode complete`: whole lines packed across documents), `complete + "
-        "mask` (the same blocks with `--alibi-document-mask doc`) and `complete_doc`. "
+        "mask` (the same blocks with `--alibi-document-mask doc`), `complete + mask + "
+        "masked_lm_documents` (the same with `--criterion masked_lm_documents`: every `</s>` "
+        "the masking hid put back in the input, not predicted) and `complete_doc`. "
         "Masked-LM perplexity of every masked target of the test split in `complete` blocks of "
         f"L whatever the training (what fairseq-validate computes), masking seed {MASK_SEED} "
         "for every run: every run "
@@ -293,14 +317,16 @@ def mlm_setup(args, rows: List[dict], found: dict) -> str:
         f"{found['boundaries_in_input']:,} of their {found['boundaries']:,} boundaries still in "
         "the masked input (a masked `</s>` hides one). *per document*: each token sees only its "
         "own document's tokens (the override `{'alibi_document_mask': 'doc'}`); *packed*: the "
-        "stock evaluation, context across documents.")
+        "stock evaluation, context across documents; *per document, </s> kept*: per document "
+        "with every `</s>` the masking hid put back and not predicted (the criterion "
+        "`masked_lm_documents`'s input: every boundary seen).")
 
 
 def report(rows: List[dict], args, runs, seconds: float, found: dict = None) -> (str, List[dict]):
     """The Markdown report and the summaries (``found``: the masked LM's
     :func:`boundaries`)."""
     family = FAMILIES[args.family]
-    summaries = [summarise(rows, e, s, family.base) for e in EVALUATIONS
+    summaries = [summarise(rows, e, s, family.base) for e in family.evaluations
                  for s in family.settings]
     body = []
     for s in summaries:

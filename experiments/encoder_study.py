@@ -274,7 +274,8 @@ def held_out_blocks(checkpoint: str, data: str, length: int, seed: int,
 
 
 def mlm_perplexity(checkpoint: str, data: str, length: int, seed: int,
-                   sinusoidal: bool = False, model_overrides: Optional[dict] = None) -> dict:
+                   sinusoidal: bool = False, model_overrides: Optional[dict] = None,
+                   keep_boundaries: bool = False) -> dict:
     """Masked-LM perplexity of :func:`held_out_blocks`, in this process, two ways:
 
     * ``perplexity``: every masked target, what ``fairseq-validate --valid-subset test
@@ -283,18 +284,26 @@ def mlm_perplexity(checkpoint: str, data: str, length: int, seed: int,
       token ``<s>`` at the same rate as the text and a model predicts it almost surely; it is 1
       of ``length`` tokens, so it lowers ``perplexity`` more at short blocks than at long ones
       and makes longer blocks look worse than they are.
+
+    ``keep_boundaries``: each block as ``--criterion masked_lm_documents`` sees it, every
+    ``</s>`` the masking hid put back and not predicted.
     """
     import torch
     import torch.nn.functional as F
 
+    from fairseq_alibi.criterions.masked_lm_documents import boundaries_kept
+
     model, _, task, batches = held_out_blocks(checkpoint, data, length, seed, sinusoidal,
                                               model_overrides)
-    pad, bos = task.source_dictionary.pad(), task.source_dictionary.bos()
+    pad, bos, eos = (task.source_dictionary.pad(), task.source_dictionary.bos(),
+                     task.source_dictionary.eos())
     loss = masked = text_loss = text_masked = tokens = blocks = 0.0
     with torch.no_grad():
         for sample in batches:
             tokens += float(sample["ntokens"])
             blocks += float(sample["nsentences"])
+            if keep_boundaries:
+                sample = boundaries_kept(sample, eos, pad)
             targets = sample["target"]
             chosen = targets.ne(pad)
             if not chosen.any():

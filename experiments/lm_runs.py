@@ -80,24 +80,42 @@ def data_folder(out: Path, data: Optional[str], vocab: int, env: dict, seed: int
     return folder
 
 
+def finished_run(log: Path, cmd: Sequence[str], checkpoint: Path) -> Optional[dict]:
+    """:func:`train`'s record of a run that finished before with the same command line (its log
+    starts with it and holds fairseq-train's ``done training in N seconds``), or ``None``."""
+    if not (log.is_file() and checkpoint.is_file()):
+        return None
+    text = log.read_text()
+    done = re.search(r"done training in ([0-9.]+) seconds", text)
+    if done is None or text.splitlines()[0] != "$ " + " ".join(cmd):
+        return None
+    return {"checkpoint": checkpoint, "log": log, "seconds": float(done.group(1)),
+            "command": " ".join(cmd)}
+
+
 def train(name: str, arch: str, data: Path, out: Path, size: dict, L: int, max_update: int,
-          seed: int, env: dict, extra: Sequence[str] = (), command=None) -> dict:
+          seed: int, env: dict, extra: Sequence[str] = (), command=None,
+          reuse: bool = False) -> dict:
     """One ``fairseq-train`` run (the quickstart's command plus ``extra``), from scratch
     (``command(save_dir, seed)``: another command line instead of the quickstart's, e.g. a
-    masked LM's; ``arch``, ``size``, ``L`` and ``max_update`` are then its own).
+    masked LM's; ``arch``, ``size``, ``L`` and ``max_update`` are then its own); ``reuse``: a
+    run of the same command that finished in ``out`` before is kept (:func:`finished_run`).
 
     Returns ``{"checkpoint", "log", "seconds", "command"}``; raises with the log's tail if
     fairseq-train fails. The log is ``out/logs/train_<name>.log``.
     """
     save_dir = out / "checkpoints" / name
-    if save_dir.exists():  # fairseq-train would resume a previous run
-        for f in save_dir.iterdir():
-            f.unlink()
     cmd = (command(save_dir, seed) if command is not None
            else train_command(arch, data, save_dir, size, L, max_update, seed, cpu=True))
     cmd += [str(a) for a in extra]
     (out / "logs").mkdir(parents=True, exist_ok=True)
     log = out / "logs" / f"train_{name}.log"
+    kept = finished_run(log, cmd, save_dir / "checkpoint_last.pt") if reuse else None
+    if kept is not None:
+        return kept
+    if save_dir.exists():  # fairseq-train would resume a previous run
+        for f in save_dir.iterdir():
+            f.unlink()
     started = time.time()
     proc = fairseq_runs.run(cmd, env)
     seconds = time.time() - started
@@ -139,16 +157,17 @@ def prepare_model(args, out: Path, env: dict, log, make_data=None) -> dict:
 
 def train_settings(settings: Dict[str, Sequence[str]], seeds, data: Path, out: Path,
                    size: dict, L: int, max_update: int, env: dict, jobs: int,
-                   log, command=None) -> Dict[tuple, dict]:
+                   log, command=None, reuse: bool = False) -> Dict[tuple, dict]:
     """``{(setting, seed): fairseq-train run}`` of the quickstart LM (``command``: another
     model's command line, as :func:`train` takes it) once per seed and setting (``settings``:
     name -> its extra fairseq-train flags), ``jobs`` at once: the same seed gives the same
-    initialisation and batch order, so two settings of a seed differ by their flags."""
+    initialisation and batch order, so two settings of a seed differ by their flags;
+    ``reuse``: :func:`train`'s."""
     def job(name, seed, extra):
         def run():
             tag = name.replace("=", "").replace(" + ", "_").replace(" ", "_")
             found = train(f"{tag}_seed{seed}", "alibi_transformer_lm", data, out, size, L,
-                          max_update, seed, env, extra, command)
+                          max_update, seed, env, extra, command, reuse)
             log(f"trained {name}, seed {seed} in {found['seconds']:.0f} s")
             return found
         return run

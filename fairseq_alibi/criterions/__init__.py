@@ -1,3 +1,3 @@
 """Criteria registered with fairseq when the package is imported (or given to ``--user-dir``)."""
 
-from fairseq_alibi.criterions import lm_distillation  # noqa: F401
+from fairseq_alibi.criterions import lm_distillation, masked_lm_documents  # noqa: F401

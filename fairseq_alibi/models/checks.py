@@ -234,7 +234,8 @@ def check_document_mask(stack, task, flag="--alibi-document-mask"):
     ``--sample-break-mode eos`` each sample is one line, so ``eos`` finds one document a sample
     (a note, not an error: the samples are already documents). And on ``masked_lm``: the
     boundaries are read from the masked input, so a ``</s>`` that the masking replaced hides
-    its boundary (measured in docs/documents.md)."""
+    its boundary unless the criterion is ``masked_lm_documents``, which puts it back (the model
+    is built before the criterion, so the line names it either way)."""
     mode = str(getattr(stack, "document_mask", "none"))
     task_cfg = getattr(task, "cfg", None) or getattr(task, "args", None)
     name = cfg_get(task_cfg, "_name", None) or cfg_get(task_cfg, "task", None)
@@ -250,9 +251,11 @@ def check_document_mask(stack, task, flag="--alibi-document-mask"):
                        "one document; the mask changes nothing (packed batches: "
                        "--sample-break-mode none or complete)")
     if mode != "none" and cfg_get(task_cfg, "mask_prob", None):
-        logger.warning(f"{flag} {mode} on a masked LM: the documents are found in the masked "
-                       "tokens, so a </s> replaced by the masking (--mask-prob) hides its "
-                       "boundary and attention crosses it there")
+        logger.warning(f"{flag} {mode} on a masked LM: the documents are found in the model's "
+                       "input, where stock --criterion masked_lm leaves a </s> replaced by the "
+                       "masking (--mask-prob), so attention crosses that boundary; "
+                       "--criterion masked_lm_documents keeps every </s> in the input (and out "
+                       "of the targets)")
 
 
 def check_tokens_per_sample(args):

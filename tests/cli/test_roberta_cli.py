@@ -172,12 +172,14 @@ def test_masked_lm_evaluation_longer_than_pretraining(pretrained, corpus, alibi_
 
 
 def test_hydra_form(corpus, tmp_path, alibi_user_dir):
+    """fairseq-hydra-train with the plugin's model and criterion (packed pre-training whose
+    document mask sees every boundary: ``masked_lm_documents``)."""
     config = tmp_path / "config"
     config.mkdir()
     (config / "pretrain.yaml").write_text(f"""
 common: {{user_dir: {alibi_user_dir}, cpu: true, log_format: simple, log_interval: 1, seed: 1}}
 task: {{_name: masked_lm, data: {corpus['bin']}, tokens_per_sample: 32}}
-criterion: masked_lm
+criterion: masked_lm_documents
 dataset: {{batch_size: 8, num_workers: 0}}
 optimizer: {{_name: adam}}
 lr_scheduler: fixed
@@ -191,12 +193,17 @@ model:
   encoder_attention_heads: 4
   alibi_variant: one_sided
   mlm_head: clap
+  alibi_document_mask: doc
 """)
     out = run_cli("fairseq-hydra-train", "--config-dir", config, "--config-name", "pretrain",
                   cwd=tmp_path)
     assert last_value(out, "num_updates") == 2
-    model_cfg = load(tmp_path / "ck" / "checkpoint_last.pt")["cfg"]["model"]
-    assert (model_cfg["alibi_variant"], model_cfg["mlm_head"]) == ("one_sided", "clap")
+    cfg = load(tmp_path / "ck" / "checkpoint_last.pt")["cfg"]
+    model_cfg = cfg["model"]
+    assert (model_cfg["alibi_variant"], model_cfg["mlm_head"], model_cfg["alibi_document_mask"]
+            ) == ("one_sided", "clap", "doc")
+    assert cfg["criterion"]["_name"] == "masked_lm_documents"
+    assert "masked_lm_documents: every </s> the masking chooses stays in the input" in out
 
 
 # ---------------------------------------------------------------- fine-tuning

@@ -96,8 +96,24 @@ def test_flags():
             experiment.parse_args(bad)
 
 
+def test_reuse_keeps_a_finished_run_of_the_same_command_only(tmp_path):
+    """``--reuse``: a run is kept where its log starts with the same command and fairseq-train
+    finished it; another command, an unfinished log or a missing checkpoint trains again."""
+    from experiments.lm_runs import finished_run
+
+    log, checkpoint = tmp_path / "train.log", tmp_path / "checkpoint_last.pt"
+    cmd = ["fairseq-train", "data", "--seed", "4"]
+    log.write_text("$ fairseq-train data --seed 4\n...\ndone training in 412.5 seconds\n")
+    assert finished_run(log, cmd, checkpoint) is None  # no checkpoint
+    checkpoint.write_bytes(b"x")
+    assert finished_run(log, cmd, checkpoint)["seconds"] == 412.5
+    assert finished_run(log, cmd + ["--criterion", "masked_lm_documents"], checkpoint) is None
+    log.write_text("$ fairseq-train data --seed 4\n| epoch 001 ...\n")  # cut short
+    assert finished_run(log, cmd, checkpoint) is None
+
+
 @pytest.mark.slow
-def test_masked_lm_smoke_trains_the_three_settings_and_scores_the_same_masked_tokens(
+def test_masked_lm_smoke_trains_the_four_settings_and_scores_the_same_masked_tokens(
         documents_data, tmp_path):
     out = tmp_path / "out"
     assert experiment.main(["--family", "mlm", "--smoke", "--max-update", "4", "--jobs", "2",
@@ -105,18 +121,28 @@ def test_masked_lm_smoke_trains_the_three_settings_and_scores_the_same_masked_to
     report = (out / "document_masks_mlm.md").read_text()
     record = json.loads((out / "run.json").read_text())
     found = {(r["evaluation"], r["setting"]): r for r in record["rows"]}
-    assert set(found) == {(e, s) for e in experiment.EVALUATIONS
+    assert set(found) == {(e, s) for e in experiment.MLM_EVALUATIONS
                           for s in experiment.MLM_SETTINGS}
-    # the same blocks and masked tokens for every model and both evaluations
-    assert len({(r["tokens"], r["masked_tokens"]) for r in record["rows"]}) == 1
+    # the same blocks and masked tokens for every model and evaluation (with every </s> kept:
+    # the masked tokens less the hidden </s>)
+    scored = {e: {(r["tokens"], r["masked_tokens"]) for r in record["rows"]
+                  if r["evaluation"] == e} for e in experiment.MLM_EVALUATIONS}
+    assert all(len(pairs) == 1 for pairs in scored.values())
+    assert scored["per document"] == scored["packed"]
+    (tokens, masked), = scored["per document"]
+    (kept_tokens, kept_masked), = scored["per document, </s> kept"]
+    assert kept_tokens == tokens and kept_masked <= masked
     # the test blocks cross documents, so scoring per document changes the score
     assert record["boundaries"]["blocks_with_boundary"] > 0
     assert (found["per document", "complete"]["perplexity"]
             != found["packed", "complete"]["perplexity"])
     first = {name: (out / "logs" / f"train_{name}_seed1.log").read_text().splitlines()[0]
-             for name in ("complete", "complete_mask", "complete_doc")}
+             for name in ("complete", "complete_mask", "complete_mask_masked_lm_documents",
+                          "complete_doc")}
     assert all("--task masked_lm" in line and "--sample-break-mode complete" in line
                for line in first.values())
     assert "--alibi-document-mask doc" in first["complete_mask"]
+    assert first["complete_mask_masked_lm_documents"].endswith(
+        "--alibi-document-mask doc --criterion masked_lm_documents")
     assert first["complete_doc"].endswith("--sample-break-mode complete_doc")
     assert "| per document | complete + mask |" in report and "median − complete" in report

@@ -182,3 +182,44 @@ def test_a_document_mask_on_sentence_prediction_is_a_one_line_error(data, tmp_pa
     models, _ = checkpoint_utils.load_model_ensemble(
         [str(path)], arg_overrides={"data": str(tmp_path), "alibi_document_mask": "none"})
     assert models[0].encoder.sentence_encoder.alibi.document_mask == "none"
+
+
+def test_masked_lm_documents_puts_back_the_boundaries_the_masking_hid(data):
+    """``--criterion masked_lm_documents``: a ``</s>`` replaced by ``<mask>`` is put back in
+    the input and not predicted, so the document mask sees the boundary: the loss of a masked
+    token of the second document is what that document alone gives. Stock ``masked_lm`` on the
+    same batch reads across the hidden boundary (and predicts it)."""
+    from fairseq.criterions.masked_lm import MaskedLmConfig, MaskedLmLoss
+
+    from fairseq_alibi.criterions.masked_lm_documents import (MaskedLmDocumentsConfig,
+                                                              MaskedLmDocumentsLoss)
+
+    model, task = build_model("encoder", data, "--alibi-document-mask", "doc")
+    model.eval()
+    d = task.source_dictionary
+    eos, pad, mask = d.eos(), d.pad(), task.mask_idx
+    text = torch.randint(4, 40, (1, 20), generator=torch.Generator().manual_seed(3))
+    text[0, 0], text[0, 8], text[0, 9], text[0, 19] = d.bos(), eos, eos, eos  # "A </s> </s> B"
+
+    def batch(tokens, masked_at):
+        src, target = tokens.clone(), torch.full_like(tokens, pad)
+        src[0, masked_at], target[0, masked_at] = mask, tokens[0, masked_at]
+        return {"net_input": {"src_tokens": src, "src_lengths": torch.tensor([src.size(1)])},
+                "target": target, "ntokens": src.numel(), "nsentences": 1}
+
+    packed = batch(text, [9, 13])  # the boundary (the second </s>) and a token of B masked
+    alone = batch(text[:, 9:], [4])  # B on its own from its boundary, the same token masked
+    kept = MaskedLmDocumentsLoss(MaskedLmDocumentsConfig(tpu=False), task)
+    stock = MaskedLmLoss(MaskedLmConfig(tpu=False), task)
+    with torch.no_grad():
+        loss, size, _ = kept(model, packed)
+        want, want_size, _ = stock(model, alone)
+        crossing, crossing_size, _ = stock(model, packed)
+    assert (int(size), int(want_size), int(crossing_size)) == (1, 1, 2)
+    torch.testing.assert_close(loss, want, rtol=1e-5, atol=1e-5)
+    assert packed["net_input"]["src_tokens"][0, 9] == mask  # the batch given is not changed
+    # stock's loss on B's token alone differs: it reads across the hidden boundary
+    with torch.no_grad():
+        only_b = dict(packed, target=packed["target"].masked_fill(packed["target"].eq(eos), pad))
+        across, _, _ = stock(model, only_b)
+    assert abs(float(across) - float(want)) > 1e-4
