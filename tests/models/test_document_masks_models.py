@@ -194,6 +194,7 @@ def test_masked_lm_documents_puts_back_the_boundaries_the_masking_hid(data):
     from fairseq_alibi.criterions.masked_lm_documents import (MaskedLmDocumentsConfig,
                                                               MaskedLmDocumentsLoss)
 
+    torch.manual_seed(0)  # the tiny model's weights: how much B's token reads of A depends on them
     model, task = build_model("encoder", data, "--alibi-document-mask", "doc")
     model.eval()
     d = task.source_dictionary
@@ -216,10 +217,10 @@ def test_masked_lm_documents_puts_back_the_boundaries_the_masking_hid(data):
         want, want_size, _ = stock(model, alone)
         crossing, crossing_size, _ = stock(model, packed)
     assert (int(size), int(want_size), int(crossing_size)) == (1, 1, 2)
-    torch.testing.assert_close(loss, want, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(loss, want, rtol=0.0, atol=1e-6)
     assert packed["net_input"]["src_tokens"][0, 9] == mask  # the batch given is not changed
     # stock's loss on B's token alone differs: it reads across the hidden boundary
     with torch.no_grad():
         only_b = dict(packed, target=packed["target"].masked_fill(packed["target"].eq(eos), pad))
         across, _, _ = stock(model, only_b)
-    assert abs(float(across) - float(want)) > 1e-4
+    assert abs(float(across) - float(want)) > 1e-5  # 9.2e-5 with these weights
