@@ -419,8 +419,9 @@ class _Merged(torch.autograd.Function):
         found = [group.forward(q[:, r], k[:, r], v[:, r], m[r], None if f is None else f[r])
                  for r, group in windows]
         out, lse = _cat([o for o, _ in found]), _cat([l for _, l in found])
+        probs = rel = None
         if prefix is not None:
-            logits, _ = prefix(q, k, m)
+            logits, rel = prefix(q, k, m)
             top = torch.maximum(lse, logits.amax(-2))
             probs, share = _exp(logits - top[..., None, :]), _exp(lse - top)
             total = probs.sum(-2) + share
@@ -428,13 +429,14 @@ class _Merged(torch.autograd.Function):
             # out is this call's own (the chunks' output): scaled in place, one pass
             out = _plus(out.contiguous().mul_((share / total)[..., None]), probs, v)
             lse = top + torch.log(total)
-        ctx.save_for_backward(q, k, v, m, f, out, lse)
-        ctx.windows, ctx.prefix, ctx.scale = windows, prefix, scale
+        # the prefix's probabilities are kept, (B, H, P, T): recomputing them reads all of q
+        ctx.save_for_backward(q, k, v, m, f, out, lse, probs, rel)
+        ctx.windows, ctx.scale = windows, scale
         return out
 
     @staticmethod
     def backward(ctx, grad):
-        q, k, v, m, f, out, lse = ctx.saved_tensors
+        q, k, v, m, f, out, lse, probs, rel = ctx.saved_tensors
         grad = grad.to(q.dtype).contiguous()
         need = ctx.needs_input_grad[3] or ctx.needs_input_grad[4]
         found = [group.backward(grad[:, r], q[:, r], k[:, r], v[:, r], out[:, r], lse[:, r],
@@ -443,12 +445,11 @@ class _Merged(torch.autograd.Function):
         gq, gk, gv = (_cat(list(x)) for x in list(zip(*found))[:3])
         gm = _cat([g[3] for g in found], 0) if need else None
         gf = _cat([g[4] for g in found], 0) if need and f is not None else None
-        if ctx.prefix is not None:
-            logits, rel = ctx.prefix(q, k, m)
-            P = logits.size(2)
-            probs = _exp(logits - lse[..., None, :])
+        if probs is not None:
+            P = probs.size(2)
+            delta = torch.einsum("bhtd,bhtd->bht", grad, out)  # no (B, H, T, D) product
             d = probs * (torch.matmul(v[:, :, :P], grad.transpose(-1, -2))
-                         - (grad * out).sum(-1)[..., None, :])  # (B, H, P, T)
+                         - delta[..., None, :])  # (B, H, P, T)
             gq = _plus(gq.contiguous(), d, k, ctx.scale)
             gk[:, :, :P] += torch.matmul(d, q) * ctx.scale
             gv[:, :, :P] += torch.matmul(probs, grad)
