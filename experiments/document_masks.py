@@ -36,8 +36,8 @@ three ways per seed:
   </s> ...``: the boundary ``doc`` finds;
 * ``complete + mask``: the same blocks with ``--alibi-document-mask doc``;
 * ``complete + mask + masked_lm_documents``: the same with ``--criterion masked_lm_documents``,
-  which puts every ``</s>`` the masking hid back in the input (and leaves it out of the
-  targets), so the mask sees every boundary;
+  which keeps every ``</s>`` the masking chose in the input (and out of the targets), so the
+  mask sees every boundary;
 * ``complete_doc``: ``--sample-break-mode complete_doc`` (a block never crosses a document).
 
 Each checkpoint is scored in this process by
@@ -85,15 +85,15 @@ SETTINGS = {
 MLM_SETTINGS = {
     "complete": [],
     "complete + mask": ["--alibi-document-mask", "doc"],
-    # the masking's hidden </s> put back in the input (and out of the targets)
+    # every </s> the masking chose kept in the input (and out of the targets)
     "complete + mask + masked_lm_documents": ["--alibi-document-mask", "doc",
                                               "--criterion", "masked_lm_documents"],
     "complete_doc": ["--sample-break-mode", "complete_doc"],
 }
 #: evaluation -> the load-time override of the document mask
 EVALUATIONS = {"per document": "doc", "packed": "none"}
-#: the masked LM's: evaluation -> (the document mask, whether every </s> the masking hid is put
-#: back in the input and left out of the targets, as ``--criterion masked_lm_documents`` does)
+#: the masked LM's: evaluation -> (the document mask, whether every </s> the masking chose is kept
+#: in the input and left out of the targets, as ``--criterion masked_lm_documents`` does)
 MLM_EVALUATIONS = {"per document": ("doc", False), "packed": ("none", False),
                    "per document, </s> kept": ("doc", True)}
 BASE = "packed"
@@ -203,11 +203,12 @@ def evaluate_all(runs, data, L: int, out: Path, threads: int, jobs: int,
     """One row per ``(setting, seed, evaluation)``: perplexity and token count on the test
     split in non-overlapping blocks of ``L`` (the masked LM: in ``complete`` blocks of ``L``,
     :func:`score_masked_lm`)."""
+    evaluations = FAMILIES[family].evaluations
     if family == "mlm":
         return [dict(row, evaluation=evaluation)
-                for evaluation, (mode, kept) in MLM_EVALUATIONS.items()
+                for evaluation, (mode, kept) in evaluations.items()
                 for row in score_masked_lm(runs, data, L, mode, threads, kept)]
-    return [dict(row, evaluation=evaluation) for evaluation, mode in EVALUATIONS.items()
+    return [dict(row, evaluation=evaluation) for evaluation, mode in evaluations.items()
             for row in score_runs(runs, data, L, out / "eval" / mode, "test",
                                   f"Document masks, {evaluation}", threads, jobs,
                                   {"alibi_document_mask": mode})]
@@ -223,7 +224,8 @@ def score_masked_lm(runs: Dict[tuple, dict], data: Path, L: int, mode: str,
                     threads: int, kept: bool = False) -> List[dict]:
     """Masked-LM perplexity of every run on the test split in ``complete`` blocks of ``L`` with
     the document mask ``mode``, masked with :data:`MASK_SEED` (``kept``: every ``</s>`` the
-    masking hid put back and not predicted, as ``--criterion masked_lm_documents`` trains):
+    masking chose kept in the input and not predicted, as ``--criterion masked_lm_documents``
+    trains):
     ``{"setting", "seed",
     "perplexity", "tokens", "masked_tokens", ...}`` per run; raises unless every run predicted
     the same masked tokens."""
@@ -305,7 +307,7 @@ def mlm_setup(args, rows: List[dict], found: dict) -> str:
         "(`--sample-break-mode complete`: whole lines packed across documents), `complete + "
         "mask` (the same blocks with `--alibi-document-mask doc`), `complete + mask + "
         "masked_lm_documents` (the same with `--criterion masked_lm_documents`: every `</s>` "
-        "the masking hid put back in the input, not predicted) and `complete_doc`. "
+        "the masking chose kept in the input, not predicted) and `complete_doc`. "
         "Masked-LM perplexity of every masked target of the test split in `complete` blocks of "
         f"L whatever the training (what fairseq-validate computes), masking seed {MASK_SEED} "
         "for every run: every run "
@@ -318,7 +320,7 @@ def mlm_setup(args, rows: List[dict], found: dict) -> str:
         "the masked input (a masked `</s>` hides one). *per document*: each token sees only its "
         "own document's tokens (the override `{'alibi_document_mask': 'doc'}`); *packed*: the "
         "stock evaluation, context across documents; *per document, </s> kept*: per document "
-        "with every `</s>` the masking hid put back and not predicted (the criterion "
+        "with every `</s>` the masking chose kept and not predicted (the criterion "
         "`masked_lm_documents`'s input: every boundary seen).")
 
 

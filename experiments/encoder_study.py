@@ -286,7 +286,7 @@ def mlm_perplexity(checkpoint: str, data: str, length: int, seed: int,
       and makes longer blocks look worse than they are.
 
     ``keep_boundaries``: each block as ``--criterion masked_lm_documents`` sees it, every
-    ``</s>`` the masking hid put back and not predicted.
+    ``</s>`` the masking chose kept in the input and not predicted.
     """
     import torch
     import torch.nn.functional as F
