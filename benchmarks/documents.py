@@ -3,7 +3,7 @@
     python -m benchmarks.documents [--quick] [--tables attention,training]
         [--lengths 4096,8192] [--doc-lengths 256,2048] [--cutoff 8]
         [--train-lengths 512,4096] [--corpus uniform|wikitext2|DIR] [--rounds 3] [--threads 1]
-        [--json FILE]
+        [--device cpu|cuda] [--precision fp32|fp16|bf16] [--json FILE]
 
 Packed rows of documents: the tokens of a row are random words, an ``</s>`` opens each document
 (as in a language model's shifted source). Document lengths are drawn (seeded) uniformly from
@@ -27,6 +27,9 @@ document, as packing makes it). Every table times its cases in interleaved paire
   (a document longer than ``L`` cut into rows of ``L``; fairseq cuts at line ends, so real
   ``complete_doc`` pads more: an upper bound of its useful share), timed in the same rounds:
   useful (non-padding) tokens per second of each, and ``documents ÷ complete_doc``.
+  ``--device cuda --precision bf16`` (or ``fp16``) times the same steps on a GPU, where
+  ``auto`` masks the documents in compiled ``flex``'s block plan from 1,024 keys (the first
+  rounds compile it: ``--rounds`` 5 or more).
 """
 
 import argparse
@@ -48,6 +51,8 @@ TRAIN_DIMS = ["--decoder-layers", "2", "--decoder-embed-dim", "512",
               "--decoder-ffn-embed-dim", "2048", "--decoder-attention-heads", "8",
               "--share-decoder-input-output-embed"]
 TRAIN_TOKENS = 4096  # tokens per training batch, whatever L
+#: --precision -> fairseq-train's flag (CUDA only)
+PRECISIONS = {"fp32": [], "fp16": ["--fp16"], "bf16": ["--bf16"]}
 QUICK_DIMS = ["--decoder-layers", "1", "--decoder-embed-dim", "64",
               "--decoder-ffn-embed-dim", "128", "--decoder-attention-heads", "4"]
 
@@ -98,10 +103,18 @@ def attention_table(lengths, doc_lengths, cutoff, corpus, rounds, log=print):
 
 
 def training_table(lengths, doc_lengths, corpus, rounds, work: Path, log=print,
-                   dims=TRAIN_DIMS, batch_tokens=TRAIN_TOKENS):
+                   dims=TRAIN_DIMS, batch_tokens=TRAIN_TOKENS, device="cpu", precision="fp32"):
     """``(shape line, Markdown table, rows as dicts)`` of the training step (``dims``: the
-    model's fairseq-train flags; ``batch_tokens``: per batch)."""
+    model's fairseq-train flags; ``batch_tokens``: per batch; on ``device`` in ``precision``,
+    a :data:`PRECISIONS` name)."""
     from benchmarks.trainer import build_trainer, write_dictionary
+
+    def stepping(trainer, sample):
+        def step():
+            trainer.train_step([sample])
+            if device == "cuda":
+                torch.cuda.synchronize()
+        return step
 
     data = write_dictionary(str(work / "documents-dict"), 2000 - 4)
     rows, records = [], []
@@ -112,12 +125,13 @@ def training_table(lengths, doc_lengths, corpus, rounds, work: Path, log=print,
         padded, real = padded_documents(pieces, L)
         samples = {"none": training_sample(tokens), "documents": training_sample(tokens),
                    "complete_doc": training_sample(padded, real)}
-        trainers = {name: build_trainer(data, "alibi_transformer_lm", L, dims, extra=extra)
+        trainers = {name: build_trainer(data, "alibi_transformer_lm", L, dims,
+                                        extra=extra + PRECISIONS[precision], device=device)
                     for name, extra in (("none", []),
                                         ("documents", ["--alibi-document-mask", "eos"]),
                                         ("complete_doc", []))}
-        timed = Rounds({name: (lambda name=name: trainers[name][0].train_step([samples[name]]))
-                        for name in trainers}, rounds)
+        timed = Rounds({name: stepping(trainers[name][0], samples[name]) for name in trainers},
+                       rounds)
         useful = {name: samples[name]["ntokens"] / timed.median(name) for name in trainers}
         ratio = timed.ratio("none", "documents")
         # useful tokens per second: the documents' batch is all real tokens
@@ -130,7 +144,8 @@ def training_table(lengths, doc_lengths, corpus, rounds, work: Path, log=print,
         log(f"[documents] training L={L}: × {ratio:.2f} the unmasked step, "
             f"× {versus:.2f} complete_doc's useful tokens/s")
     shape = (f"fairseq Trainer.train_step, alibi_transformer_lm {' '.join(dims)}, "
-             f"vocabulary 2,000, {batch_tokens} tokens a batch, float32, documents: "
+             f"vocabulary 2,000, {batch_tokens} tokens a batch, {device}, "
+             f"{'float32' if precision == 'fp32' else precision}, documents: "
              f"{describe(corpus, doc_lengths)}; {rounds} interleaved round(s), median")
     headers = ["L", "rows", "complete_doc rows", "none tokens/s", "documents tokens/s",
                "complete_doc useful tokens/s", "documents ÷ none (speed)",
@@ -158,6 +173,10 @@ def parse_args(argv=None):
     parser.add_argument("--cutoff", type=float, default=8.0)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                        help="where the training table's steps run")
+    parser.add_argument("--precision", choices=sorted(PRECISIONS), default="fp32",
+                        help="the training table's (fp16, bf16: --device cuda only)")
     parser.add_argument("--work", default="outputs/benchmarks/documents")
     parser.add_argument("--json", default=None)
     parser.add_argument("--quick", action="store_true",
@@ -173,6 +192,11 @@ def parse_args(argv=None):
     except ValueError:
         parser.error("--lengths, --train-lengths: comma-separated whole numbers; "
                      "--doc-lengths: LOW,HIGH with 0 < LOW <= HIGH")
+    if args.precision != "fp32" and args.device != "cuda":
+        parser.error(f"--precision {args.precision} needs --device cuda (fairseq trains in "
+                     "float32 on the CPU)")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: no CUDA device here")
     if args.corpus == "wikitext2" and not (WIKITEXT / "wiki.test.tokens").exists():
         parser.error(f"--corpus wikitext2 needs {WIKITEXT / 'wiki.test.tokens'}")
     if args.quick:
@@ -193,7 +217,7 @@ def main(argv=None):
         small = dict(dims=QUICK_DIMS, batch_tokens=512) if args.quick else {}
         shape, body, record["training"] = training_table(
             args.train_lengths, args.doc_lengths, args.corpus, args.rounds, Path(args.work),
-            **small)
+            device=args.device, precision=args.precision, **small)
         report += ["## Training with document masks", "", shape, "", body, ""]
     print("\n".join(report))
     if args.json:

@@ -176,6 +176,8 @@ def test_quick_run_of_the_document_mask_tables(tmp_path, capsys):
     assert set(training["useful_tokens_per_second"]) == {"none", "documents", "complete_doc"}
     with pytest.raises(SystemExit):
         documents.main(["--doc-lengths", "9,3"])
+    with pytest.raises(SystemExit):  # half precision trains on a GPU only
+        documents.main(["--precision", "bf16"])
 
 
 def test_document_lengths_of_a_binarized_corpus(tmp_path):

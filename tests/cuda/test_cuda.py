@@ -319,3 +319,19 @@ def test_learned_scales_serve_inference_and_flash_refuses_training(variant):
             torch.testing.assert_close(got.float(), expected, atol=2e-2, rtol=2e-2)
     call = dispatch.Call("cuda", torch.float16, variant, 9, 9, grad=True, scale_grad=True)
     assert dispatch.unsupported("flash", call)
+
+
+def test_document_masks_training_table_runs_on_cuda(tmp_path):
+    """``python -m benchmarks.documents --tables training --device cuda --precision bf16``: the
+    Trainer steps of packed rows with and without document masks, and complete_doc's, run on
+    the GPU in bf16 (the command that measures fairseq training with masks there)."""
+    import json
+
+    from benchmarks import documents
+
+    records = tmp_path / "documents.json"
+    assert documents.main(["--quick", "--tables", "training", "--device", "cuda",
+                           "--precision", "bf16", "--work", str(tmp_path),
+                           "--json", str(records)]) == 0
+    training = json.loads(records.read_text())["training"][0]
+    assert all(v > 0 for v in training["useful_tokens_per_second"].values())
