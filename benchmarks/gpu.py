@@ -6,8 +6,9 @@
 The default parts, in this order:
 
 * ``tests``: ``pytest tests/cuda`` whole (every backend × variant × dtype against
-  float64, cached decoding included; flex with windows, sinks and documents), with pytest-xdist; each test's outcome is recorded as it
-  finishes (``benchmarks/pytest_record.py``): the summary, the first failure's message;
+  float64, cached decoding included; flex with windows, sinks and documents), with
+  pytest-xdist; each test's outcome is recorded as it finishes
+  (``benchmarks/pytest_record.py``): the summary, the first failure's message;
 * ``decode``: tiny ``alibi_transformer_lm`` and ``alibi_transformer`` (``--cross-alibi pointer
   --cross-alibi-eos-guard 2``) trained here for a few updates, then beam 5 through
   ``fairseq-interactive`` / ``fairseq-generate`` on the CPU (fp32) and on the device (fp32,
@@ -77,7 +78,8 @@ def parse_args(argv=None):
                         help="cpu: a smoke run (with --quick); the device side of each "
                         "comparison runs on the CPU")
     parser.add_argument("--quick", action="store_true", help="toy sizes: a smoke run")
-    parser.add_argument("--lengths", default=None, help="attention lengths (default 1k…16k; masks: 4096,16384)")
+    parser.add_argument("--lengths", default=None,
+                        help="attention lengths (default 1k…16k; masks: 4096,16384)")
     parser.add_argument("--variants", default=None, help="attention variants (default "
                         "causal,symmetric,offset)")
     parser.add_argument("--head-dims", default=None, help="attention and flex head sizes "

@@ -7,9 +7,9 @@
 The revision's ``fairseq_alibi`` is read from git (``git archive REV``) into a temporary folder
 under another package name (its imports renamed; it registers nothing with fairseq), and its
 ``windowed.attention`` is timed against today's on the same inputs in interleaved paired rounds
-(:class:`benchmarks.timing.Rounds`): ``(B, H, L, D)`` float32 queries (``--batch``), keys and values, Press's
-slopes of ``H = 8`` heads (``asymmetric``: halved for the future), the windows of ``--cutoff``,
-``--sinks`` attention sinks (given to both revisions only when not 0).
+(:class:`benchmarks.timing.Rounds`): ``(B, H, L, D)`` float32 queries (``--batch``), keys and
+values, Press's slopes of ``H = 8`` heads (``asymmetric``: halved for the future), the windows
+of ``--cutoff``, ``--sinks`` attention sinks (given to both revisions only when not 0).
 ``--documents``: also a causal row of documents of those lengths with ``--alibi-document-mask
 eos`` and the windows, through each revision's own ``dispatch.attend("auto", ...)`` (the
 documents split into sequences, then windowed). Each row: the seconds of both, ``then ÷ now``
@@ -174,9 +174,8 @@ def main(argv=None):
     command = "python -m benchmarks.windowed_revision " + " ".join(
         argv if argv is not None else sys.argv[1:])
     text = (f"Command: `{command.strip()}`  \nMachine: {machine()}  \n"
-            f"B={args.batch}, H={heads}, D={head_dim}, float32, cutoff T={args.cutoff:g}, {args.sinks} sink(s), "
-            f"{rounds} interleaved "
-            "round(s), median\n\n"
+            f"B={args.batch}, H={heads}, D={head_dim}, float32, cutoff T={args.cutoff:g}, "
+            f"{args.sinks} sink(s), {rounds} interleaved round(s), median\n\n"
             + table(["case", "L", "pass", f"{args.against} s", "now s",
                      f"{args.against} ÷ now", "max |Δ|"], rows))
     print(text)
