@@ -33,6 +33,13 @@ def architecture_of(model_cfg):
     return cfg_get(model_cfg, "_name") or cfg_get(model_cfg, "arch")
 
 
+def task_name(task):
+    """The name a task was registered under (its config's ``_name``, or ``task`` for
+    argparse)."""
+    task_cfg = getattr(task, "cfg", None) or getattr(task, "args", None)
+    return cfg_get(task_cfg, "_name") or cfg_get(task_cfg, "task")
+
+
 def plain_cfg(cfg, resolve: bool = True) -> dict:
     """A config as a plain dict (enums as strings; ``resolve=False`` keeps interpolations such
     as the forks' ``${task.max_tokens}`` as written); ``{}`` for ``None``."""

@@ -26,6 +26,9 @@ from dataclasses import dataclass
 from fairseq.criterions import register_criterion
 from fairseq.criterions.masked_lm import MaskedLmConfig, MaskedLmLoss
 
+from fairseq_alibi.config_access import task_name
+from fairseq_alibi.options import OptionError
+
 logger = logging.getLogger(__name__)
 
 
@@ -51,6 +54,10 @@ class MaskedLmDocumentsLoss(MaskedLmLoss):
     """Stock ``masked_lm`` on :func:`boundaries_kept` of each batch (see the module)."""
 
     def __init__(self, cfg: MaskedLmDocumentsConfig, task):
+        if getattr(task, "mask_idx", None) is None:  # an LM's targets are every next token
+            raise OptionError(
+                f"--criterion masked_lm_documents needs --task masked_lm (this is --task "
+                f"{task_name(task)}): on another task it would drop every </s> from the targets")
         super().__init__(cfg, task)
         # the model is built first: its note on masked boundaries cannot know the criterion
         logger.info("masked_lm_documents: every </s> the masking chooses stays in the input and "

@@ -13,7 +13,7 @@ import logging
 
 from fairseq.utils import safe_getattr
 
-from fairseq_alibi.config_access import architecture_of, cfg_get
+from fairseq_alibi.config_access import architecture_of, cfg_get, task_name
 from fairseq_alibi.modules.checkpoint_match import check_stack, mismatch
 from fairseq_alibi.options import OptionError
 
@@ -238,7 +238,7 @@ def check_document_mask(stack, task, flag="--alibi-document-mask"):
     is built before the criterion, so the line names it either way)."""
     mode = str(getattr(stack, "document_mask", "none"))
     task_cfg = getattr(task, "cfg", None) or getattr(task, "args", None)
-    name = cfg_get(task_cfg, "_name", None) or cfg_get(task_cfg, "task", None)
+    name = task_name(task)
     if mode != "none" and name in EXAMPLE_TASKS:
         raise OptionError(
             f"{flag} {mode} with --task {name}: a sample is one example whose sentences are "

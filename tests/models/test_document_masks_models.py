@@ -224,3 +224,8 @@ def test_masked_lm_documents_puts_back_the_boundaries_the_masking_hid(data):
         only_b = dict(packed, target=packed["target"].masked_fill(packed["target"].eq(eos), pad))
         across, _, _ = stock(model, only_b)
     assert abs(float(across) - float(want)) > 1e-5  # 9.2e-5 with these weights
+    # on another task it would silently drop every </s> from an LM's targets: refused
+    _, lm_task = build_model("lm", data)
+    with pytest.raises(ValueError, match="--criterion masked_lm_documents needs --task masked_lm"
+                                         r" \(this is --task language_modeling\)"):
+        MaskedLmDocumentsLoss(MaskedLmDocumentsConfig(tpu=False), lm_task)
