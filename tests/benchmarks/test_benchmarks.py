@@ -231,3 +231,31 @@ def test_quick_run_of_the_end_to_end_table(tmp_path, capsys):
     assert found["training"]["tokens"] == 128 and found["scoring"]["tokens"] == 256
     with pytest.raises(SystemExit):
         end_to_end.main(["--cutoff", "0"])
+
+
+def test_quick_run_of_the_allocation_table(tmp_path, capsys, monkeypatch):
+    """benchmarks/allocation.py: end_to_end in a process per allocation setting, each process
+    given its setting's variables and none of the others' (a variable the caller set too), the
+    ratios and peak memory side by side."""
+    import json
+
+    from benchmarks import allocation
+
+    monkeypatch.setenv("THP_MEM_ALLOC_ENABLE", "1")
+    assert "THP_MEM_ALLOC_ENABLE" not in allocation.setting_env("default", 1)
+    keep = allocation.setting_env("glibc_keep", 1)
+    assert keep["MALLOC_TRIM_THRESHOLD_"] == str(2**31) and "THP_MEM_ALLOC_ENABLE" not in keep
+    records = tmp_path / "allocation.json"
+    assert allocation.main(["--quick", "--settings", "default,huge_pages", "--json",
+                            str(records)]) == 0
+    text = capsys.readouterr().out
+    assert "| scoring | documents + windows |" in text and "×) |" in text
+    assert "| peak memory |" in text
+    found = json.loads(records.read_text())["rounds"]
+    assert set(found) == {"default", "huge_pages"}
+    assert all(r["rss_mib"] > 0 and r["record"]["scoring"]["tokens_per_second"]["dense"] > 0
+               for runs in found.values() for r in runs)
+    with pytest.raises(SystemExit):
+        allocation.main(["--settings", "default,jemalloc"])
+    with pytest.raises(SystemExit):
+        allocation.main(["--", "--rounds", "2"])
