@@ -98,6 +98,14 @@ def _check_options(args):
                 f"--{side}-learned-pos asks for learned position embeddings, which ALiBi "
                 f"replaces: drop it, or pass --{side}-alibi-variant none for stock positions"
             )
+    if str(encoder.document_mask) == "eos":
+        raise ValueError(
+            "--encoder-alibi-document-mask eos: a source ends with its </s>, and eos makes every "
+            "</s> open a document, so that </s> would be a document of its own, cut off from "
+            "its sentence; use doc (a document opens at an </s> right after an </s>: join a "
+            "packed source's documents with two) or none (a model saved with it loads with "
+            "--model-overrides \"{'encoder_alibi_document_mask': 'none'}\")"
+        )
     if decoder.uses_alibi and safe_getattr(args, "cross_self_attention"):
         raise ValueError(
             "--cross-self-attention puts encoder states into the decoder's self-attention, "

@@ -661,10 +661,10 @@ def test_bleu_with_and_without_the_recommended_cutoff_is_fairseq_generates(trans
 
 
 def test_a_translation_models_sinks_are_each_sides_documents(translation_data):
-    """Saved with a document mask on both sides, each self-attention's sinks are the first
-    positions of its own side's documents, as the model finds them: the encoder's in the
-    source, the decoder's in the target it reads (pairs end to end, ``eos``: every ``</s>``
-    opens a document); without one, the sequence's."""
+    """Saved with a document mask on the decoder, each of its self-attentions' sinks are the
+    first positions of the documents of the target it reads (pairs end to end, ``eos``: every
+    ``</s>`` opens a document); the encoder's, without one, the sequence's (``eos`` there is
+    refused: a source's ``</s>`` ends it); without a mask, the sequence's."""
     from fairseq_alibi.cli.windows_check import alibi_attentions, document_firsts
     from fairseq_alibi.cli.windows_inputs import TRANSLATION
 
@@ -681,19 +681,20 @@ def test_a_translation_models_sinks_are_each_sides_documents(translation_data):
             found.append(first)
         return found
 
-    masks = {"encoder_alibi_document_mask": "eos", "decoder_alibi_document_mask": "eos"}
+    masks = {"decoder_alibi_document_mask": "eos"}
     for overrides in (masks, {}):
         model = load_model(checkpoint, task, overrides, "cpu")
         with torch.no_grad():
             model(source, lengths, previous)
         encoder = set(model.encoder.modules())
         for m in alibi_attentions(model, checkpoint, TRANSLATION):
-            side = source if m in encoder else previous
-            found = document_firsts(m.alibi, side.size(1))
-            if overrides:
-                assert found.tolist() == firsts(side[0]) and len(set(found.tolist())) > 2
+            found = document_firsts(m.alibi, previous.size(1))
+            if overrides and m not in encoder:
+                assert found.tolist() == firsts(previous[0]) and len(set(found.tolist())) > 2
             else:
                 assert found is None
+    with pytest.raises(Exception, match="--encoder-alibi-document-mask eos: a source ends"):
+        load_model(checkpoint, task, {"encoder_alibi_document_mask": "eos"}, "cpu")
 
 
 def test_a_translation_sequence_is_whole_pairs_end_to_end():

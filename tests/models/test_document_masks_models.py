@@ -141,6 +141,23 @@ def test_a_side_without_alibi_self_attention_refuses_a_document_mask(data):
         "this side's ALiBi self-attention")
 
 
+def test_eos_on_a_translation_encoder_is_a_one_line_error(data):
+    """A source is ``A </s>``: ``eos`` would make its ``</s>`` a document of its own, cut off
+    from the sentence; ``doc`` (two ``</s>`` in a row) and the decoder's ``eos`` are built."""
+    from tests.helpers.building import build_tiny_translation
+
+    with pytest.raises(ValueError) as raised:
+        build_tiny_translation(data, "--encoder-alibi-document-mask", "eos")
+    assert str(raised.value).startswith(
+        "--encoder-alibi-document-mask eos: a source ends with its </s>, and eos makes every "
+        "</s> open a document") and "\n" not in str(raised.value)
+    for flags in (["--encoder-alibi-document-mask", "doc"],
+                  ["--decoder-alibi-document-mask", "eos"]):
+        model = build_tiny_translation(data, *flags)
+        assert {m.alibi.document_mask for m in model.modules()
+                if hasattr(m, "alibi") and hasattr(m.alibi, "document_mask")} >= {flags[1]}
+
+
 def test_a_document_mask_that_cannot_do_its_work_is_a_logged_note(data, caplog):
     """eos with --sample-break-mode eos (every sample one line: nothing to mask), and a masked
     LM (a masked </s> hides its boundary): built, each with a note naming the flag."""
