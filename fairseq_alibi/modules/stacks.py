@@ -1,7 +1,9 @@
 """The ALiBi layer stacks every model family builds: fairseq's own encoder and decoder with no
 position embeddings, ALiBi self-attention layers sharing one bias, and no length limit.
 
-* :class:`AlibiTransformerEncoder`: ``alibi_roberta``'s encoder and ``alibi_transformer``'s.
+* :class:`AlibiTransformerEncoder`: ``alibi_roberta``'s encoder and ``alibi_transformer``'s
+  (with attention sinks, a source padded on the left runs with its padding at its end: the
+  sinks are its first real tokens).
 * :class:`AlibiTransformerDecoder`: ``alibi_transformer_lm``'s decoder and
   ``alibi_transformer``'s (with its cross-attention).
 * :class:`AlibiCrossPositionDecoder`, :class:`StockCrossPositionDecoder`: a decoder (ALiBi or
@@ -72,9 +74,29 @@ class AlibiTransformerEncoder(AlibiStack, TransformerEncoder):
         args.no_token_positional_embeddings = True  # the bias replaces them
         super().__init__(args, dictionary, embed_tokens, **kwargs)
 
-    def forward_scriptable(self, src_tokens, *args, **kwargs):
-        self.read_tokens(src_tokens)
-        return super().forward_scriptable(src_tokens, *args, **kwargs)
+    def forward_scriptable(self, src_tokens, src_lengths=None, return_all_hiddens=False,
+                           token_embeddings=None):
+        # attention sinks are a sequence's first real tokens, and fairseq pads translation
+        # sources on the left: each row runs with its padding moved to its end (the bias
+        # depends on i - j only, so nothing else changes) and its outputs are put back
+        if "alibi" not in self._modules or not self.alibi.sinks:
+            self.read_tokens(src_tokens)
+            return super().forward_scriptable(src_tokens, src_lengths, return_all_hiddens,
+                                              token_embeddings)
+        ahead, back = padding_first_last(src_tokens, self.padding_idx)
+        rolled = src_tokens.gather(1, ahead)
+        if token_embeddings is not None:
+            token_embeddings = token_embeddings.gather(1, _along(ahead, token_embeddings))
+        self.read_tokens(rolled)
+        out = super().forward_scriptable(rolled, src_lengths, return_all_hiddens,
+                                         token_embeddings)
+        by_time = back.t()  # the (T, B, C) outputs
+        for key in ("encoder_out", "encoder_states", "fc_results"):
+            out[key] = [x if x is None else x.gather(0, _along(by_time, x)) for x in out[key]]
+        out["encoder_embedding"] = [x.gather(1, _along(back, x))
+                                    for x in out["encoder_embedding"]]
+        out["encoder_padding_mask"] = [src_tokens.eq(self.padding_idx)]
+        return out
 
     def build_encoder_layer(self, args):
         cfg = TransformerConfig.from_namespace(args)
@@ -82,6 +104,21 @@ class AlibiTransformerEncoder(AlibiStack, TransformerEncoder):
         layer = AlibiTransformerEncoderLayer(cfg, alibi, attention=self.alibi_options.attention,
                                              return_fc=self.return_fc)
         return wrap_layer(layer, cfg)
+
+
+def padding_first_last(tokens, padding_idx: int):
+    """``(ahead, back)``, ``(B, T)`` indices along the time axis: ``tokens.gather(1, ahead)``
+    moves each row's leading padding to its end (its first real token to position 0), and
+    ``gather(1, back)`` of the result puts every position back."""
+    B, T = tokens.shape
+    leading = tokens.eq(padding_idx).long().cumprod(dim=1).sum(dim=1, keepdim=True)
+    steps = torch.arange(T, device=tokens.device)[None]
+    return (steps + leading) % T, (steps - leading) % T
+
+
+def _along(index, x):
+    """``index`` ``(A, B)`` expanded over ``x``'s trailing dimensions, for ``x.gather``."""
+    return index.view(*index.shape, *([1] * (x.dim() - 2))).expand(*index.shape, *x.shape[2:])
 
 
 class AlibiTransformerDecoder(AlibiStack, TransformerDecoder):

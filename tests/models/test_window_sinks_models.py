@@ -182,3 +182,37 @@ def test_a_model_that_parks_its_attention_on_its_first_token_needs_its_sinks(dat
     assert (out["no sinks"] - out["dense"]).abs().max() > 0.1
     torch.testing.assert_close(out["4 sinks"], out["dense"], atol=1e-5, rtol=0)
     torch.testing.assert_close(steps, models["4 sinks"](x)[0], atol=1e-5, rtol=0)
+
+
+def test_a_left_padded_source_keeps_its_own_first_tokens_as_sinks(data):
+    """fairseq pads translation sources on the left: a short source in a batch gets the
+    encoder output (and its padding mask, states and embeddings laid out as given) it gets on
+    its own, its sinks its own first tokens, not the row's padding; with a document mask too."""
+    for extra in ([], ["--encoder-alibi-document-mask", "doc"]):
+        torch.manual_seed(0)
+        model = build_tiny_translation(data, "--encoder-alibi-window-cutoff", str(CUTOFF),
+                                       "--encoder-alibi-window-sinks", "2", *extra).eval()
+        pad = model.encoder.padding_idx
+        long, short = tokens(40, 1)[0], tokens(25, 1)[0]
+        long[-1] = short[-1] = 2
+        batch = torch.full((2, 40), pad)
+        batch[0], batch[1, 15:] = long, short
+        with torch.no_grad():
+            both = model.encoder(batch, torch.tensor([40, 25]), return_all_hiddens=True)
+            alone = model.encoder(short[None], torch.tensor([25]), return_all_hiddens=True)
+        assert both["encoder_padding_mask"][0].tolist() == batch.eq(pad).tolist()
+        for key, at in (("encoder_out", (slice(15, None), 1)),
+                        ("encoder_states", (slice(15, None), 1)),
+                        ("encoder_embedding", (1, slice(15, None)))):
+            for x, y in zip(both[key], alone[key]):
+                y = y[:, 0] if key != "encoder_embedding" else y[0]
+                assert (x[at] - y).abs().max() < 1e-5, key
+        # the sinks bite here: the row as laid out, its padding first, differs
+        from fairseq.models.transformer import TransformerEncoder
+
+        with torch.no_grad():
+            model.encoder.read_tokens(batch)
+            as_laid = TransformerEncoder.forward_scriptable(model.encoder, batch,
+                                                            torch.tensor([40, 25]))
+        gap = as_laid["encoder_out"][0][15:, 1] - alone["encoder_out"][0][:, 0]
+        assert gap.abs().max() > 1e-3
