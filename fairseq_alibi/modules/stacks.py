@@ -83,10 +83,10 @@ class AlibiTransformerEncoder(AlibiStack, TransformerEncoder):
             self.read_tokens(src_tokens)
             return super().forward_scriptable(src_tokens, src_lengths, return_all_hiddens,
                                               token_embeddings)
-        ahead, back = padding_first_last(src_tokens, self.padding_idx)
-        rolled = src_tokens.gather(1, ahead)
+        there, back = _padding_to_the_end(src_tokens, self.padding_idx)
+        rolled = src_tokens.gather(1, there)
         if token_embeddings is not None:
-            token_embeddings = token_embeddings.gather(1, _along(ahead, token_embeddings))
+            token_embeddings = token_embeddings.gather(1, _along(there, token_embeddings))
         self.read_tokens(rolled)
         out = super().forward_scriptable(rolled, src_lengths, return_all_hiddens,
                                          token_embeddings)
@@ -106,8 +106,8 @@ class AlibiTransformerEncoder(AlibiStack, TransformerEncoder):
         return wrap_layer(layer, cfg)
 
 
-def padding_first_last(tokens, padding_idx: int):
-    """``(ahead, back)``, ``(B, T)`` indices along the time axis: ``tokens.gather(1, ahead)``
+def _padding_to_the_end(tokens, padding_idx: int):
+    """``(there, back)``, ``(B, T)`` indices along the time axis: ``tokens.gather(1, there)``
     moves each row's leading padding to its end (its first real token to position 0), and
     ``gather(1, back)`` of the result puts every position back."""
     B, T = tokens.shape
