@@ -78,8 +78,10 @@ class AlibiTransformerEncoder(AlibiStack, TransformerEncoder):
                            token_embeddings=None):
         # attention sinks are a sequence's first real tokens, and fairseq pads translation
         # sources on the left: each row runs with its padding moved to its end (the bias
-        # depends on i - j only, so nothing else changes) and its outputs are put back
-        if "alibi" not in self._modules or not self.alibi.sinks:
+        # depends on i - j only, so nothing else changes) and its outputs are put back; a
+        # batch padded on the right runs as it is (stock's encoder asks .any() of its padding too)
+        if ("alibi" not in self._modules or not self.alibi.sinks
+                or not bool(src_tokens[:, :1].eq(self.padding_idx).any())):
             self.read_tokens(src_tokens)
             return super().forward_scriptable(src_tokens, src_lengths, return_all_hiddens,
                                               token_embeddings)

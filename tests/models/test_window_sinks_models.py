@@ -216,3 +216,12 @@ def test_a_left_padded_source_keeps_its_own_first_tokens_as_sinks(data):
                                                             torch.tensor([40, 25]))
         gap = as_laid["encoder_out"][0][15:, 1] - alone["encoder_out"][0][:, 0]
         assert gap.abs().max() > 1e-3
+        # padded on the right (alibi_roberta): run as it is, bit for bit
+        right = torch.full((2, 40), pad)
+        right[0], right[1, :25] = long, short
+        with torch.no_grad():
+            ours = model.encoder(right, torch.tensor([40, 25]))["encoder_out"][0]
+            model.encoder.read_tokens(right)
+            stock = TransformerEncoder.forward_scriptable(model.encoder, right,
+                                                          torch.tensor([40, 25]))
+        assert torch.equal(ours, stock["encoder_out"][0])
