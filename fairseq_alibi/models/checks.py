@@ -227,12 +227,22 @@ def refuse_position_embedding_options(model_cfg):
 EXAMPLE_TASKS = ("sentence_prediction", "sentence_ranking", "sentence_prediction_adapters")
 
 
+#: (mode, --sample-break-mode) whose samples hold no boundary of the mode: why
+NOTHING_TO_MASK = {
+    ("eos", "eos"): "every sample is one line, so one document",
+    ("doc", "eos"): "every sample is one line, so one document",
+    ("doc", "complete_doc"): "complete_doc never puts two documents in one sample, so doc "
+                             "finds no boundary (eos would keep each line of a sample apart)",
+}
+
+
 def check_document_mask(stack, task, flag="--alibi-document-mask"):
     """A one-line error where a document mask (``stack``: the side's ``StackOptions``) would cut
     one example apart (:data:`EXAMPLE_TASKS`: both modes split ``</s> </s>``, so ``<s>`` would
-    never see the second sentence); a log line where it changes nothing: with
-    ``--sample-break-mode eos`` each sample is one line, so ``eos`` finds one document a sample
-    (a note, not an error: the samples are already documents). And on ``masked_lm``: the
+    never see the second sentence); a log line where it changes nothing
+    (:data:`NOTHING_TO_MASK`: with ``--sample-break-mode eos`` each sample is one line, and
+    ``complete_doc`` never joins two documents; a note, not an error: the samples are already
+    documents). And on ``masked_lm``: the
     boundaries are read from the masked input, so a ``</s>`` that the masking replaced hides
     its boundary unless the criterion is ``masked_lm_documents``, which puts it back (the model
     is built before the criterion, so the line names it either way)."""
@@ -246,10 +256,11 @@ def check_document_mask(stack, task, flag="--alibi-document-mask"):
             f"token; fine-tune without it (drop {flag}: --restore-file reads the pretrained "
             "weights only); a model saved with it loads with --model-overrides "
             "\"{'alibi_document_mask': 'none'}\"")
-    if mode == "eos" and str(cfg_get(task_cfg, "sample_break_mode", "")) == "eos":
-        logger.warning(f"{flag} eos with --sample-break-mode eos: every sample is one line, so "
-                       "one document; the mask changes nothing (packed batches: "
-                       "--sample-break-mode none or complete)")
+    breaks = str(cfg_get(task_cfg, "sample_break_mode", ""))
+    if (mode, breaks) in NOTHING_TO_MASK:
+        logger.warning(f"{flag} {mode} with --sample-break-mode {breaks}: "
+                       f"{NOTHING_TO_MASK[mode, breaks]}; the mask changes nothing (packed "
+                       "batches: --sample-break-mode none or complete)")
     if mode != "none" and cfg_get(task_cfg, "mask_prob", None):
         logger.warning(f"{flag} {mode} on a masked LM: the documents are found in the model's "
                        "input, where stock --criterion masked_lm leaves a </s> replaced by the "

@@ -159,11 +159,23 @@ def test_eos_on_a_translation_encoder_is_a_one_line_error(data):
 
 
 def test_a_document_mask_that_cannot_do_its_work_is_a_logged_note(data, caplog):
-    """eos with --sample-break-mode eos (every sample one line: nothing to mask), and a masked
-    LM (a masked </s> hides its boundary): built, each with a note naming the flag."""
+    """eos with --sample-break-mode eos (every sample one line: nothing to mask), doc with eos or
+    complete_doc (no two documents in a sample), and a masked LM (a masked </s> hides its
+    boundary): built, each with a note naming the flag."""
     with caplog.at_level("WARNING"):
         build_model("lm", data, "--alibi-document-mask", "eos", "--sample-break-mode", "eos")
     assert "--alibi-document-mask eos with --sample-break-mode eos" in caplog.text
+    for breaks in ("eos", "complete_doc"):  # doc finds no boundary in such samples either
+        caplog.clear()
+        with caplog.at_level("WARNING"):
+            build_model("lm", data, "--alibi-document-mask", "doc", "--sample-break-mode", breaks)
+        assert (f"--alibi-document-mask doc with --sample-break-mode {breaks}: " in caplog.text
+                and "the mask changes nothing" in caplog.text)
+    caplog.clear()
+    with caplog.at_level("WARNING"):  # eos keeps the lines of a complete_doc sample apart
+        build_model("lm", data, "--alibi-document-mask", "eos", "--sample-break-mode",
+                    "complete_doc")
+    assert "changes nothing" not in caplog.text
     caplog.clear()
     with caplog.at_level("WARNING"):
         build_model("encoder", data, "--alibi-document-mask", "doc")
