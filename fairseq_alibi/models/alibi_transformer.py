@@ -61,7 +61,8 @@ from fairseq_alibi.models.architectures_and_limits import (
     lift_task_length_limit,
     mirror_stock_architectures,
 )
-from fairseq_alibi.models.checks import check_saved_stacks, reject_other_dictionary
+from fairseq_alibi.models.checks import (check_document_mask, check_saved_stacks,
+                                          reject_other_dictionary)
 from fairseq_alibi.models.layer_pruning import ScalesFollowPrunedLayers
 from fairseq_alibi.modules.checkpoint_match import mismatch
 from fairseq_alibi.modules.cross_position import CrossPositionAttention, LongestSource
@@ -163,6 +164,9 @@ class AlibiTransformerModel(ScalesFollowPrunedLayers, TransformerModel):
             args = argparse.Namespace(**OmegaConf.to_container(args, resolve=True))
         alibi_transformer_defaults(args)
         _check_options(args)
+        encoder, decoder, _ = model_options(args)
+        for side, stack in (("encoder", encoder), ("decoder", decoder)):
+            check_document_mask(stack, task, f"--{side}-alibi-document-mask")
         model = super().build_model(args, task)
         lift_task_length_limit(task, (model.encoder_uses_alibi, model.decoder_uses_alibi))
         return model

@@ -236,13 +236,17 @@ NOTHING_TO_MASK = {
 }
 
 
+#: tasks whose samples are one pair of lines, each side's with one ``</s>``
+PAIR_TASKS = ("translation",)
+
+
 def check_document_mask(stack, task, flag="--alibi-document-mask"):
     """A one-line error where a document mask (``stack``: the side's ``StackOptions``) would cut
     one example apart (:data:`EXAMPLE_TASKS`: both modes split ``</s> </s>``, so ``<s>`` would
     never see the second sentence); a log line where it changes nothing
     (:data:`NOTHING_TO_MASK`: with ``--sample-break-mode eos`` each sample is one line, and
-    ``complete_doc`` never joins two documents; a note, not an error: the samples are already
-    documents). And on ``masked_lm``: the
+    ``complete_doc`` never joins two documents, and a translation pair's lines hold one ``</s>``
+    each; a note, not an error: the samples are already documents). And on ``masked_lm``: the
     boundaries are read from the masked input, so a ``</s>`` that the masking replaced hides
     its boundary unless the criterion is ``masked_lm_documents``, which puts it back (the model
     is built before the criterion, so the line names it either way)."""
@@ -256,6 +260,10 @@ def check_document_mask(stack, task, flag="--alibi-document-mask"):
             f"token; fine-tune without it (drop {flag}: --restore-file reads the pretrained "
             "weights only); a model saved with it loads with --model-overrides "
             "\"{'alibi_document_mask': 'none'}\"")
+    if mode != "none" and name in PAIR_TASKS:
+        logger.warning(f"{flag} {mode} with --task {name}: each side of a pair is one line "
+                       "with one </s>, so one document; the mask changes nothing unless a "
+                       "line joins documents with </s> (doc: two in a row)")
     breaks = str(cfg_get(task_cfg, "sample_break_mode", ""))
     if (mode, breaks) in NOTHING_TO_MASK:
         logger.warning(f"{flag} {mode} with --sample-break-mode {breaks}: "

@@ -141,9 +141,10 @@ def test_a_side_without_alibi_self_attention_refuses_a_document_mask(data):
         "this side's ALiBi self-attention")
 
 
-def test_eos_on_a_translation_encoder_is_a_one_line_error(data):
+def test_eos_on_a_translation_encoder_is_a_one_line_error(data, caplog):
     """A source is ``A </s>``: ``eos`` would make its ``</s>`` a document of its own, cut off
-    from the sentence; ``doc`` (two ``</s>`` in a row) and the decoder's ``eos`` are built."""
+    from the sentence; ``doc`` (two ``</s>`` in a row) and the decoder's ``eos`` are built,
+    with a note that a pair's lines hold one document each unless they join some."""
     from tests.helpers.building import build_tiny_translation
 
     with pytest.raises(ValueError) as raised:
@@ -153,7 +154,11 @@ def test_eos_on_a_translation_encoder_is_a_one_line_error(data):
         "</s> open a document") and "\n" not in str(raised.value)
     for flags in (["--encoder-alibi-document-mask", "doc"],
                   ["--decoder-alibi-document-mask", "eos"]):
-        model = build_tiny_translation(data, *flags)
+        caplog.clear()
+        with caplog.at_level("WARNING"):
+            model = build_tiny_translation(data, *flags)
+        assert f"{flags[0]} {flags[1]} with --task translation: each side of a pair is one " \
+               "line with one </s>" in caplog.text
         assert {m.alibi.document_mask for m in model.modules()
                 if hasattr(m, "alibi") and hasattr(m.alibi, "document_mask")} >= {flags[1]}
 
