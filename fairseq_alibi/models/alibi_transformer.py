@@ -88,8 +88,9 @@ def model_options(cfg):
 
 
 @options.one_line_errors
-def _check_options(args):
-    """Clear errors for option values and combinations that cannot work."""
+def _check_options(args, task):
+    """Clear errors for option values and combinations that cannot work (and ``task``'s notes
+    on the document masks)."""
     encoder, decoder, cross = model_options(args)
     options.check_stacks({options.TRANSLATION_ENCODER: (encoder, args.encoder_attention_heads),
                           options.TRANSLATION_DECODER: (decoder, args.decoder_attention_heads)})
@@ -107,6 +108,8 @@ def _check_options(args):
             "packed source's documents with two) or none (a model saved with it loads with "
             "--model-overrides \"{'encoder_alibi_document_mask': 'none'}\")"
         )
+    for side, stack in (("encoder", encoder), ("decoder", decoder)):
+        check_document_mask(stack, task, f"--{side}-alibi-document-mask")
     if decoder.uses_alibi and safe_getattr(args, "cross_self_attention"):
         raise ValueError(
             "--cross-self-attention puts encoder states into the decoder's self-attention, "
@@ -163,10 +166,7 @@ class AlibiTransformerModel(ScalesFollowPrunedLayers, TransformerModel):
             # config dataclass keeps the unknown ones (ours) only from a Namespace
             args = argparse.Namespace(**OmegaConf.to_container(args, resolve=True))
         alibi_transformer_defaults(args)
-        _check_options(args)
-        encoder, decoder, _ = model_options(args)
-        for side, stack in (("encoder", encoder), ("decoder", decoder)):
-            check_document_mask(stack, task, f"--{side}-alibi-document-mask")
+        _check_options(args, task)
         model = super().build_model(args, task)
         lift_task_length_limit(task, (model.encoder_uses_alibi, model.decoder_uses_alibi))
         return model
