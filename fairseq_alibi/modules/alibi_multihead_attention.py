@@ -329,7 +329,7 @@ def append_to_cache(saved: Dict[str, Optional[Tensor]], name: str, new: Tensor,
     room (``saved["<name>_room"]``) and a step writes only its own positions after the view.
     Without a bound (``reach`` ``None``) the view starts at the buffer's front and the buffer
     grows by a quarter (at least 16 positions) when full, so its spare room stays under a
-    quarter of the cache. With a bound (:func:`.windowed.decoding_reach`: slope windows keep
+    quarter of the cache; so it does while a bound is not reached. With a bound (:func:`.windowed.decoding_reach`: slope windows keep
     the cache at its last ``reach`` positions, :func:`trim_cache`) the view slides along the
     buffer; when the buffer's end is reached the view is copied to the front of a new buffer
     of about ``2·reach`` positions: ``reach`` steps of spare room per copy of ``reach``
@@ -347,7 +347,9 @@ def append_to_cache(saved: Dict[str, Optional[Tensor]], name: str, new: Tensor,
     room = _own_room(saved, name)
     length = prev.size(2) + new.size(2)
     if room is None or room._alibi_filled + new.size(2) > room.size(2):
-        spare = max(16, length // 4 if reach is None else reach)
+        # a bound the cache has not reached grows it as without one: a window of more
+        # positions than the generation (a large cutoff, a slope near 0) allocates no more
+        spare = max(16, length // 4 if reach is None or length < reach else reach)
         _fresh_room(saved, name, prev, spare + new.size(2))
         room = saved[f"{name}_room"]
     end = room._alibi_filled + new.size(2)

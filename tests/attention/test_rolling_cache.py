@@ -150,6 +150,22 @@ def test_without_a_cutoff_the_cache_keeps_every_key_from_the_front_of_its_buffer
     assert saved["prev_key"].data_ptr() == saved["key_room"].data_ptr()
 
 
+def test_a_window_wider_than_the_generation_allocates_what_no_window_does():
+    """A bound the cache never reaches (here 4,096 positions, 300 generated) grows the buffer
+    as without a cutoff: it had allocated ``reach`` spare positions at the first step (a
+    cutoff of 1,000 nats took 4 GiB per layer for a beam search of 60 tokens)."""
+    x = torch.randn(LENGTH, 2, DIM, dtype=torch.float64)
+    rooms = {}
+    for cutoff in (0.0, 16.0):
+        attn, alibi = attention("auto", cutoff=cutoff)
+        decoder = Decoder(attn)
+        with torch.no_grad():
+            decoder.run(x, 0, LENGTH)
+        rooms[cutoff] = decoder.rooms
+    assert bound(alibi) == 4096 and rooms[16.0] == rooms[0.0]
+    assert max(r for r in rooms[16.0] if r) <= LENGTH + LENGTH // 4 + 16
+
+
 def test_the_windowed_decoding_step_reads_only_each_groups_window(monkeypatch):
     """T = 1 against S cached keys: head group ``h`` reads ``back_h + 1`` keys, not S (one
     kernel call per group and sequence)."""
