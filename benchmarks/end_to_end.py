@@ -2,15 +2,17 @@
 vocabulary, dense against slope windows, document masks and both, with the attention's share.
 
     python -m benchmarks.end_to_end [--quick] [--vocab 20000] [--train-length 4096]
-        [--eval-length 8192] [--cutoff 8] [--corpus wikitext2|uniform] [--rounds 3]
-        [--threads 1] [--json FILE]
+        [--eval-length 8192] [--cutoff 8] [--sinks S] [--corpus wikitext2|uniform]
+        [--rounds 3] [--threads 1] [--json FILE]
 
 One ``alibi_transformer_lm`` (2 layers, embed 512, 8 heads, FFN 2048, tied embeddings,
 dropout 0.1, ``--vocab`` words: the output layer and its softmax cost what a real vocabulary
 costs) in four settings, built from the same seed: ``dense``; ``windows``
 (``--alibi-window-cutoff T``); ``documents`` (``--alibi-document-mask eos``); ``documents +
-windows``. Rows are packed documents (:func:`benchmarks.packing.packed_rows`: WikiText-2's
-article lengths by default, an ``</s>`` opening each document), one row a batch.
+windows``; with ``--sinks S`` two more, the windowed two with ``--alibi-window-sinks S``,
+and the sinks' cost: each with sinks ÷ the same without, paired round by round. Rows are packed
+documents (:func:`benchmarks.packing.packed_rows`: WikiText-2's article lengths by default, an
+``</s>`` opening each document), one row a batch.
 
 * ``training``: fairseq's own ``Trainer.train_step`` (forward, backward, Adam) on one row of
   ``--train-length`` tokens;
@@ -48,12 +50,22 @@ QUICK_DIMS = ["--decoder-layers", "1", "--decoder-embed-dim", "64",
 STUBBED = "attention stubbed"
 
 
-def settings(cutoff: float) -> dict:
-    """``{name: extra fairseq-train flags}`` of the four settings."""
+def settings(cutoff: float, sinks: int = 0) -> dict:
+    """``{name: extra fairseq-train flags}`` of the four settings, and with ``sinks`` the
+    windowed two with that many attention sinks."""
     windows = ["--alibi-window-cutoff", f"{cutoff:g}"]
     documents = ["--alibi-document-mask", "eos"]
-    return {"dense": [], "windows": windows, "documents": documents,
-            "documents + windows": documents + windows}
+    found = {"dense": [], "windows": windows, "documents": documents,
+             "documents + windows": documents + windows}
+    for with_sinks, without in sinks_pairs(sinks):
+        found[with_sinks] = found[without] + ["--alibi-window-sinks", str(sinks)]
+    return found
+
+
+def sinks_pairs(sinks: int) -> list:
+    """``[(setting with sinks, the same without)]`` (none without sinks)."""
+    return ([(f"windows + {sinks} sinks", "windows"),
+             (f"documents + windows + {sinks} sinks", "documents + windows")] if sinks else [])
 
 
 @contextlib.contextmanager
@@ -97,7 +109,7 @@ def measure(args, log=print):
         rows[part] = (training_sample(tokens), len(pieces))
     trainers = {name: build_trainer(data, "alibi_transformer_lm", args.eval_length, dims,
                                     extra=extra)[0]
-                for name, extra in settings(args.cutoff).items()}
+                for name, extra in settings(args.cutoff, args.sinks).items()}
     record = {}
     for part, (sample, documents) in rows.items():
         if part == "training":
@@ -112,10 +124,12 @@ def measure(args, log=print):
         share = 1 - timed.ratio(STUBBED, "dense")
         record[part] = {"tokens": tokens, "documents": documents, "attention_share": share,
                         "tokens_per_second": {n: tokens / timed.median(n) for n in cases},
-                        "speedup": {n: timed.ratio("dense", n) for n in cases}}
+                        "speedup": {n: timed.ratio("dense", n) for n in cases},
+                        "sinks_cost": {n: timed.ratio(n, without) for n, without
+                                       in sinks_pairs(args.sinks)}}
         log(f"[end_to_end] {part}: attention {share:.0%} of the dense step; " + ", ".join(
             f"{n} × {timed.ratio('dense', n):.2f}" for n in cases if n != "dense"))
-    names = list(settings(args.cutoff)) + [STUBBED]
+    names = list(settings(args.cutoff, args.sinks)) + [STUBBED]
     body = table(
         ["setting", f"training tokens/s (L = {args.train_length:,})", "÷ dense",
          f"scoring tokens/s (L = {args.eval_length:,})", "÷ dense"],
@@ -126,6 +140,10 @@ def measure(args, log=print):
         f"{part}: the attention is {record[part]['attention_share']:.0%} of the dense step "
         f"(at most {1 / max(1e-9, 1 - record[part]['attention_share']):.2f}× from any "
         f"attention)" for part in record)
+    if args.sinks:
+        shares += "; time with sinks ÷ without: " + "; ".join(
+            f"{part} {n} {record[part]['sinks_cost'][n]:.3f}×" for part in record
+            for n in record[part]["sinks_cost"])
     shape = (f"alibi_transformer_lm {' '.join(dims)}, vocabulary {args.vocab:,}, float32, "
              f"T = {args.cutoff:g}, one packed row a batch, documents: "
              f"{describe(args.corpus, args.doc_lengths)} ({rows['training'][1]} / "
@@ -141,6 +159,8 @@ def parse_args(argv=None):
     parser.add_argument("--train-length", type=int, default=4096)
     parser.add_argument("--eval-length", type=int, default=8192)
     parser.add_argument("--cutoff", type=float, default=8.0)
+    parser.add_argument("--sinks", type=int, default=0, help="also time the windowed settings "
+                        "with this many attention sinks (--alibi-window-sinks; 0: not)")
     parser.add_argument("--corpus", type=corpus_argument, default="wikitext2")
     parser.add_argument("--doc-lengths", default="256,2048",
                         help="LOW,HIGH of --corpus uniform's document lengths")
@@ -163,6 +183,8 @@ def parse_args(argv=None):
     for flag in ("vocab", "train_length", "eval_length", "rounds", "threads"):
         if getattr(args, flag) < 1:
             parser.error(f"--{flag.replace('_', '-')} must be at least 1")
+    if args.sinks < 0:
+        parser.error("--sinks must be 0 (no sinks timed) or a positive number of positions")
     if not args.cutoff > 0:
         parser.error("--cutoff must be a positive number of nats (e.g. --cutoff 8)")
     if args.corpus == "wikitext2" and not (WIKITEXT / "wiki.test.tokens").exists():

@@ -213,24 +213,32 @@ def test_quick_run_of_the_block_mask_table(capsys):
 
 
 def test_quick_run_of_the_end_to_end_table(tmp_path, capsys):
-    """benchmarks/end_to_end.py: training and scoring in the four settings and with the attention
-    stubbed out (its share), every figure a measured positive number."""
+    """benchmarks/end_to_end.py: training and scoring in the four settings, the windowed two
+    with sinks (their cost), and with the attention stubbed out (its share), every figure a
+    measured positive number."""
     import json
 
     from benchmarks import end_to_end
 
     records = tmp_path / "end_to_end.json"
-    assert end_to_end.main(["--quick", "--work", str(tmp_path), "--json", str(records)]) == 0
+    assert end_to_end.main(["--quick", "--sinks", "2", "--work", str(tmp_path),
+                            "--json", str(records)]) == 0
     text = capsys.readouterr().out
-    assert "| documents + windows |" in text and "the attention is" in text
+    assert "| documents + windows + 2 sinks |" in text and "the attention is" in text
+    assert "time with sinks ÷ without: training windows + 2 sinks" in text
     found = json.loads(records.read_text())
     for part in ("training", "scoring"):
         assert set(found[part]["tokens_per_second"]) == {
-            "dense", "windows", "documents", "documents + windows", "attention stubbed"}
+            "dense", "windows", "documents", "documents + windows", "windows + 2 sinks",
+            "documents + windows + 2 sinks", "attention stubbed"}
         assert all(v > 0 for v in found[part]["tokens_per_second"].values())
+        assert set(found[part]["sinks_cost"]) == {"windows + 2 sinks",
+                                                  "documents + windows + 2 sinks"}
+        assert all(v > 0 for v in found[part]["sinks_cost"].values())
     assert found["training"]["tokens"] == 128 and found["scoring"]["tokens"] == 256
-    with pytest.raises(SystemExit):
-        end_to_end.main(["--cutoff", "0"])
+    for bad in (["--cutoff", "0"], ["--sinks", "-1"]):
+        with pytest.raises(SystemExit):
+            end_to_end.main(bad)
 
 
 def test_quick_run_of_the_allocation_table(tmp_path, capsys, monkeypatch):
