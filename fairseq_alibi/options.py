@@ -708,15 +708,39 @@ def check_override_keys(keys: Iterable[str], model_name: str, where: str = "--mo
         raise ValueError(f"{what}{hint}; valid for {model_name}: {', '.join(valid)}")
 
 
+#: what an override's value must be, by the option's type, as OmegaConf merges it into the
+#: model's config: an int option refuses ``2.5`` and ``True``, a float one ``True`` (OmegaConf
+#: fails deep in a traceback; an argparse-era config would have taken ``int(2.5)``, silently)
+_OVERRIDE_TYPES = {int: ((int, str), "an integer"), float: ((int, float, str), "a number"),
+                   bool: ((bool, int, str), "true or false")}
+_BOOLEAN_WORDS = {"true": True, "yes": True, "on": True, "1": True,
+                  "false": False, "no": False, "off": False, "0": False}
+
+
+def _override_typed(kind, value):
+    """``value`` as an override of an option of type ``kind`` (OmegaConf's rules; a choice is
+    a string), or ``TypeError``/``ValueError``/``KeyError``."""
+    accepted, _ = _OVERRIDE_TYPES.get(kind, ((str,), ""))
+    if value is None:
+        return None
+    if not isinstance(value, accepted) or (isinstance(value, bool) and kind is not bool):
+        raise TypeError(value)
+    if kind is bool and isinstance(value, str):
+        return _BOOLEAN_WORDS[value.strip().lower()]
+    return _typed(kind, value)
+
+
 def _value_refusal(f: dataclasses.Field, kind, side: Optional[Side], value,
                    where: str) -> Optional[str]:
     """What is wrong with ``value`` for the option ``f`` as ``side`` declares it (type
     ``kind``): not of its type, not one of its choices, refused by its ``check``; or ``None``."""
     prefix = "" if side is None else side.prefix
+    base = _base_type(kind)
     try:
-        value = _typed(_base_type(kind), value)
-    except (TypeError, ValueError):
-        return f"{flag_of(f, prefix)} in {where} takes a {_base_type(kind).__name__}, got {value!r}"
+        value = _override_typed(base, value)
+    except (TypeError, ValueError, KeyError):
+        what = _OVERRIDE_TYPES.get(base, ((), base.__name__))[1]
+        return f"{flag_of(f, prefix)} in {where} takes {what}, got {value!r}"
     try:
         _check_field(f, value, prefix, side.variants if side and f.name == "variant" else None)
     except ValueError as refused:

@@ -143,7 +143,13 @@ def test_a_bad_override_value_is_one_line_naming_the_flag(era, argparse_era_lm):
         ({"model": {"alibi_attention": "flesh"}}, "unknown --alibi-attention 'flesh'; choose "
          "one of: auto, fold, sdpa, flex, flash, naive, windowed (in --model-overrides)"),
         ({"alibi_window_cutoff": "abc"}, "--alibi-window-cutoff in --model-overrides takes a "
-         "float, got 'abc'"),
+         "number, got 'abc'"),
+        # OmegaConf refuses these deep in a traceback; an argparse-era config took int(2.5)
+        ({"alibi_window_sinks": 2.5}, "--alibi-window-sinks in --model-overrides takes an "
+         "integer, got 2.5"),
+        ({"alibi_window_cutoff": True}, "--alibi-window-cutoff in --model-overrides takes a "
+         "number, got True"),
+
         ({"alibi_window_sinks": -2}, "--alibi-window-sinks must be >= 0, got -2 (in "
          "--model-overrides)"),
         # valid alone, refused with the model's other options when it is built
@@ -166,6 +172,11 @@ def test_a_legacy_models_bad_override_values_are_one_line():
     assert refusal(ROBERTA, load_checkpoint_heads=True, alibi_variant="causal") == (
         "unknown --alibi-variant 'causal'; choose one of: symmetric, one_sided, offset, "
         "asymmetric, none (in --model-overrides)")
+    # its config is a Namespace: it took int(2.5) and bool('no') silently
+    assert refusal(ROBERTA, load_checkpoint_heads=True, alibi_global_tokens=1.5) == (
+        "--alibi-global-tokens in --model-overrides takes an integer, got 1.5")
+    assert refusal(ROBERTA, load_checkpoint_heads=True, alibi_learnable_future_slopes="maybe") == (
+        "--alibi-learnable-future-slopes in --model-overrides takes true or false, got 'maybe'")
     assert refusal(TRANSLATION, cross_alibi="pointerr").startswith(
         "unknown --cross-alibi 'pointerr'; choose one of:")
 
