@@ -4,6 +4,7 @@ length with slope windows, side by side with the same model without them.
     python -m benchmarks.decoding_windows [--smoke] [--tokens 32768] [--segment 2048]
                                           [--cutoff 8] [--sinks 0] [--check 4096] [--threads 1]
     python -m benchmarks.decoding_windows --attention-steps [--smoke] [--cutoff 8]
+    python -m benchmarks.decoding_windows --beam-search [--smoke] [--cutoff 8] [--sinks S]
 
 Two decoders of the quickstart's tiny size (``alibi_transformer_lm``: 2 layers, 128 dims,
 8 heads, FFN 512; a vocabulary of 1000; randomly initialised: the step time and the cache do
@@ -34,6 +35,13 @@ tokens up to ``p``: the repeated full forwards of greedy decoding, at once).
 the windows of ``--cutoff``, ``windowed`` (each head group reads only its window:
 ``windowed.few_queries``) ÷ ``sdpa`` (the dense windowed row, every key), per batch, head size
 and ``S``, in interleaved rounds (:class:`benchmarks.timing.Rounds`, median of paired ratios).
+
+``--beam-search``: a short generation, where the windows are wider than anything generated:
+8 prompts × beam 5 (40 rows), an 8-token prompt and 100 tokens, each step a token of every
+row and a reorder of the cache as beam search's (a random choice of each row's beam), the two
+models in interleaved rounds; ``bounded ÷ dense`` time and each one's KV buffer bytes at the
+end. The bounded model's cache must cost what the dense one's does: it had allocated its whole
+bound (``max_h W_h`` positions a row) at the first step.
 """
 
 import argparse
@@ -258,6 +266,36 @@ def attention_steps(cutoff: float, smoke: bool, log=print) -> str:
     return table(["head size", "batch", "cached keys S", "batch × S", "windowed ÷ sdpa"], rows)
 
 
+def beam_search(cutoff: float, smoke: bool, sinks: int = 0, log=print) -> str:
+    """The table of ``--beam-search`` (see the module): time and KV buffer bytes."""
+    dims, rows, prompt, tokens = ((1, 32, 8), 10, 4, 20) if smoke else (DIMS, 40, 8, 100)
+    generator = torch.Generator().manual_seed(0)
+    sequence = torch.randint(4, VOCAB, (rows, prompt + tokens), generator=generator)
+    orders = [torch.randint(0, 5, (rows,), generator=generator) + torch.arange(rows) // 5 * 5
+              for _ in range(tokens)]
+    built, held = models(cutoff, dims, sinks), {}
+
+    def generation(name):
+        decoder, step = built[name]
+
+        def call():
+            state = {}
+            with torch.no_grad():
+                for t in range(1, prompt + tokens + 1):
+                    step(sequence[:, :t], state)
+                    if t > prompt:
+                        decoder.reorder_incremental_state_scripting(state, orders[t - prompt - 1])
+            held[name] = cache_bytes(decoder, state)
+        return call
+
+    timed = Rounds({name: generation(name) for name in MODELS}, rounds=1 if smoke else 5)
+    log(f"beam search: bounded ÷ dense {timed.ratio('bounded', 'dense'):.3f}")
+    return table(["rows", "prompt", "tokens", "bounded ÷ dense time", "bounded KV bytes",
+                  "dense KV bytes"],
+                 [[rows, prompt, tokens, f"{timed.ratio('bounded', 'dense'):.3f}",
+                   f"{held['bounded']:,}", f"{held['dense']:,}"]])
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--smoke", action="store_true",
@@ -275,6 +313,9 @@ def main(argv=None):
     parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
     parser.add_argument("--attention-steps", action="store_true",
                         help="time one decoding step's attention, windowed vs sdpa, instead")
+    parser.add_argument("--beam-search", action="store_true",
+                        help="time a short beam search (40 rows, 100 tokens), bounded vs dense, "
+                             "and its KV buffers, instead")
     parser.add_argument("--rss-of", choices=MODELS, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -286,6 +327,13 @@ def main(argv=None):
         body = attention_steps(cutoff, args.smoke, log)
         print(f"Command: `{command.strip()}`  \nMachine: {machine()}  \n"
               f"one query, 8 heads, float32, T = {cutoff:g}, {args.threads} thread(s)\n\n{body}")
+        return body
+    if args.beam_search:
+        cutoff = args.cutoff or 8.0
+        body = beam_search(cutoff, args.smoke, args.sinks, log)
+        print(f"Command: `{command.strip()}`  \nMachine: {machine()}  \n"
+              f"{'smoke sizes' if args.smoke else 'the quickstart LM'}, T = {cutoff:g}, sinks "
+              f"{args.sinks}, {args.threads} thread(s)\n\n{body}")
         return body
     dims = (1, 32, 8) if args.smoke else DIMS
     tokens = args.tokens or (512 if args.smoke else 32768)

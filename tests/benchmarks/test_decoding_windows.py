@@ -48,3 +48,17 @@ def test_the_attention_steps_smoke_run_writes_a_ratio_per_case():
     assert [tuple(r[:3]) for r in rows] == [(d, b, s) for d in ("16", "64") for b in ("1", "5")
                                              for s in ("65", "257")]
     assert all(float(r[4]) > 0 for r in rows), rows
+
+
+def test_the_beam_search_smoke_run_holds_the_dense_models_cache():
+    """A short beam search, windows wider than the generation: the bounded model's KV buffers
+    hold what the dense model's do (they had held the whole bound from the first step)."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.decoding_windows", "--beam-search",
+                           "--smoke", "--sinks", "2"],
+                          capture_output=True, text=True, env=env, timeout=900, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr[-6000:]
+    rows = [[c.strip() for c in line.split("|")[1:-1]] for line in proc.stdout.splitlines()
+            if line.startswith("| ")][1:]
+    assert len(rows) == 1 and rows[0][:3] == ["10", "4", "20"], rows
+    assert float(rows[0][3]) > 0 and rows[0][4] == rows[0][5] != "0", rows
