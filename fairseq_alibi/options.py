@@ -719,10 +719,10 @@ _BOOLEAN_WORDS = {"true": True, "yes": True, "on": True, "1": True,
 
 def _override_typed(kind, value):
     """``value`` as an override of an option of type ``kind`` (OmegaConf's rules; a choice is
-    a string), or ``TypeError``/``ValueError``/``KeyError``."""
-    accepted, _ = _OVERRIDE_TYPES.get(kind, ((str,), ""))
-    if value is None:
-        return None
+    its string, checked against the choices next), or ``TypeError``/``ValueError``/``KeyError``."""
+    if value is None or kind not in _OVERRIDE_TYPES:
+        return _typed(kind, value)
+    accepted, _ = _OVERRIDE_TYPES[kind]
     if not isinstance(value, accepted) or (isinstance(value, bool) and kind is not bool):
         raise TypeError(value)
     if kind is bool and isinstance(value, str):

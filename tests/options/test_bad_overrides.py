@@ -149,6 +149,8 @@ def test_a_bad_override_value_is_one_line_naming_the_flag(era, argparse_era_lm):
          "integer, got 2.5"),
         ({"alibi_window_cutoff": True}, "--alibi-window-cutoff in --model-overrides takes a "
          "number, got True"),
+        ({"alibi_document_mask": 1}, "unknown --alibi-document-mask '1'; choose one of: none, "
+         "eos, doc (in --model-overrides)"),
 
         ({"alibi_window_sinks": -2}, "--alibi-window-sinks must be >= 0, got -2 (in "
          "--model-overrides)"),
