@@ -739,8 +739,7 @@ def _value_refusal(f: dataclasses.Field, kind, side: Optional[Side], value,
     try:
         value = _override_typed(base, value)
     except (TypeError, ValueError, KeyError):
-        what = _OVERRIDE_TYPES.get(base, ((), base.__name__))[1]
-        return f"{flag_of(f, prefix)} in {where} takes {what}, got {value!r}"
+        return f"{flag_of(f, prefix)} in {where} takes {_OVERRIDE_TYPES[base][1]}, got {value!r}"
     try:
         _check_field(f, value, prefix, side.variants if side and f.name == "variant" else None)
     except ValueError as refused:

@@ -329,9 +329,10 @@ def append_to_cache(saved: Dict[str, Optional[Tensor]], name: str, new: Tensor,
     room (``saved["<name>_room"]``) and a step writes only its own positions after the view.
     Without a bound (``reach`` ``None``) the view starts at the buffer's front and the buffer
     grows by a quarter (at least 16 positions) when full, so its spare room stays under a
-    quarter of the cache; so it does while a bound is not reached. With a bound (:func:`.windowed.decoding_reach`: slope windows keep
-    the cache at its last ``reach`` positions, :func:`trim_cache`) the view slides along the
-    buffer; when the buffer's end is reached the view is copied to the front of a new buffer
+    quarter of the cache; so does a cache below its bound. With a bound
+    (:func:`.windowed.decoding_reach`: slope windows keep the cache at its last ``reach``
+    positions, :func:`trim_cache`) the view slides along the buffer once it holds ``reach``
+    positions; when the buffer's end is reached the view is copied to the front of a new buffer
     of about ``2·reach`` positions: ``reach`` steps of spare room per copy of ``reach``
     positions, amortised ``O(1)`` per step, and bounded memory. (A new buffer, not a move
     within this one: a move would overwrite positions that a copy of the cache sharing the
