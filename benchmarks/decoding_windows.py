@@ -318,6 +318,8 @@ def main(argv=None):
                              "and its KV buffers, instead")
     parser.add_argument("--rss-of", choices=MODELS, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.sinks < 0:
+        parser.error("--sinks must be 0 or more")
     torch.set_num_threads(args.threads)
     command = "python -m benchmarks.decoding_windows " + " ".join(
         argv if argv is not None else sys.argv[1:])
@@ -343,8 +345,6 @@ def main(argv=None):
     if args.rss_of:
         print(peak_rss_growth(args.rss_of, cutoff, tokens, dims, args.sinks))
         return None
-    if args.sinks < 0:
-        parser.error("--sinks must be 0 or more")
     runs, cache = generate_side_by_side(cutoff, tokens, segment, dims, log, args.sinks)
     bounded = runs["bounded"]
     reach = max(max(bounded.decoder.alibi.windows_of(layer)[0]) for layer in range(dims[0]))
