@@ -147,8 +147,7 @@ class AlibiBias(torch.nn.Module):
         self._views: Dict[int, "LayerBias"] = {}
         # a decoding step's row is a view of one table unless the scales are learned (per
         # layer, with a gradient), one_sided's heads look ahead or the first keys are global
-        # (nor with attention sinks, :attr:`sinks`: the first keys are no function of the
-        # distance)
+        # (with attention sinks, :attr:`sinks`, a copy of it with the sinks' true bias)
         self._steps_from_rows = (self.scales is None and self.variant != "one_sided"
                                  and not self.global_tokens)
 
@@ -248,17 +247,37 @@ class AlibiBias(torch.nn.Module):
         return slopes, None if ratio is None else slopes * ratio.float()
 
     def bias(self, query_len: int, key_len: int, dtype=torch.float32,
-             layer: Optional[int] = None) -> Tensor:
+             layer: Optional[int] = None, dropped: int = 0) -> Tensor:
         """The ``(H, query_len, key_len)`` bias of layer ``layer`` (queries aligned to the end of
-        the keys), memoised: the layers that share a scale row share one tensor. A bias that
-        carries a gradient is built per call and never kept (a kept one would hold a graph that
-        a backward frees)."""
-        if query_len == 1 and self._steps_from_rows and not self.sinks:  # hot path
+        the keys; ``dropped``: the positions a KV cache dropped after its sinks), memoised: the
+        layers that share a scale row share one tensor. A bias that carries a gradient is built
+        per call and never kept (a kept one would hold a graph that a backward frees)."""
+        if query_len == 1 and self._steps_from_rows:  # hot path: a view of one table
             back = tuple(self.windows_of()[0]) if self.window_cutoff else None
-            return self.cache.last_query_row(key_len, dtype, self.slope_scale,
-                                             lambda: self.slopes_of()[0], back)
-        return self.memoised(None, query_len, key_len, dtype, layer,
-                             lambda: self._build(query_len, key_len, dtype, layer))
+            row = self.cache.last_query_row(key_len, dtype, self.slope_scale,
+                                            lambda: self.slopes_of()[0], back)
+            return self._sinks_kept(row, dropped) if self.sinks else row
+        return self.memoised(("dropped", dropped) if dropped else None, query_len, key_len,
+                             dtype, layer,
+                             lambda: self._build(query_len, key_len, dtype, layer, dropped))
+
+    def _sinks_kept(self, row: Tensor, dropped: int) -> Tensor:
+        """A decoding step's ``row`` ``(H, 1, k)`` (every key beyond its head's window masked)
+        with its first :attr:`sinks` keys at their true bias ``-m·(k - 1 + dropped - j)``
+        (:func:`~fairseq_alibi.alibi.kept_positions`: the keys after them lie ``dropped``
+        positions further on), as :func:`~fairseq_alibi.alibi.windowed_alibi_bias` gives them:
+        a copy, unless no key was dropped and every sink is within every window."""
+        key_len = row.size(-1)
+        sinks = min(self.sinks, key_len)
+        bounded = [w for w in self.windows_of()[0] if w is not None]  # None: an unbiased head
+        if not dropped and (not bounded or key_len - 1 <= min(bounded)):
+            return row
+        m = self.slopes_of()[0]
+        distances = torch.arange(key_len - 1 + dropped, key_len - 1 + dropped - sinks, -1,
+                                 dtype=torch.float32, device=m.device)
+        row = row.clone()
+        row[:, 0, :sinks] = ((-m)[:, None] * distances).to(row.dtype)
+        return row
 
     def memoised(self, tag, query_len: int, key_len: int, dtype, layer: Optional[int], build):
         """``build()``, kept in the cache under ``tag`` and what the bias of ``layer`` depends
@@ -514,7 +533,4 @@ class SinkCacheBias:
         return getattr(self.base, name)
 
     def dense(self, query_len: int, key_len: int, dtype=torch.float32) -> Tensor:
-        stack, index = self.base.stack, self.base.index
-        return stack.memoised(("dropped", self.dropped), query_len, key_len, dtype, index,
-                              lambda: stack._build(query_len, key_len, dtype, index,
-                                                   self.dropped))
+        return self.base.stack.bias(query_len, key_len, dtype, self.base.index, self.dropped)
