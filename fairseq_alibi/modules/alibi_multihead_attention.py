@@ -19,7 +19,8 @@ from fairseq.modules import MultiheadAttention
 from torch import Tensor
 
 from fairseq_alibi.modules.attention import attend, check_attention_backend, dense
-from fairseq_alibi.modules.attention.dispatch import AttentionBias, CachedDocuments, CallBias
+from fairseq_alibi.modules.attention.dispatch import (AttentionBias, CachedDocuments, CallBias,
+                                                      call_of, resolve)
 from fairseq_alibi.modules.attention.windowed import decoding_reach
 
 
@@ -45,6 +46,7 @@ class AlibiMultiheadAttention(MultiheadAttention):
         super().__init__(embed_dim, num_heads, self_attention=True, **kwargs)
         object.__setattr__(self, "alibi", alibi)
         self.attention_backend = check_attention_backend(attention)
+        self._scratch: Dict[str, Tensor] = {}  # the sinks joined to the window (_joined)
 
     def extra_repr(self):
         return f"attention_backend={self.attention_backend}, variant={self.alibi.variant}"
@@ -73,7 +75,7 @@ class AlibiMultiheadAttention(MultiheadAttention):
 
         q, k, v = heads(self.q_proj(query)), heads(self.k_proj(query)), heads(self.v_proj(query))
 
-        reach, keys, values = None, k, v
+        reach, keys, values, sinks = None, k, v, None
         if incremental_state is not None:
             saved = self._get_input_buffer(incremental_state)
             # attention sinks kept apart from the rolling window once keys between were dropped
@@ -107,8 +109,7 @@ class AlibiMultiheadAttention(MultiheadAttention):
                 v = append_to_cache(saved, "value", v, reach)
             saved["prev_key"], saved["prev_value"] = keys, values = k, v
             if sink_keys is not None:
-                keys = torch.cat([sink_keys, k], dim=2)
-                values = torch.cat([saved["sink_value"], v], dim=2)
+                sinks = (sink_keys, saved["sink_value"])
             saved["prev_key_padding_mask"] = key_padding_mask
             documents = getattr(call_bias, "documents", None)
             if documents is not None:  # trimmed with the keys below
@@ -120,14 +121,59 @@ class AlibiMultiheadAttention(MultiheadAttention):
             if key_padding_mask is not None and key_padding_mask.dim() == 0:
                 key_padding_mask = None
             call_bias = self.alibi.for_call(key_padding_mask, bsz, tgt_len, tgt_len, False)
-        out = attend_call_and_project(self, self.attention_backend, q, keys, values, call_bias,
-                                      key_padding_mask, attn_mask, need_weights,
-                                      need_head_weights, before_softmax)
+        out = self._attend(q, keys, values, sinks, call_bias, key_padding_mask, attn_mask,
+                           need_weights, need_head_weights, before_softmax)
         if incremental_state is not None:
             if reach is not None:  # keep only the keys a later query can reach
                 keep_reachable(saved, reach, getattr(call_bias, "sinks", 0), key_padding_mask)
             self._set_input_buffer(incremental_state, saved)
         return out
+
+    def _attend(self, q, k, v, sinks, call_bias, key_padding_mask, attn_mask, need_weights,
+                need_head_weights, before_softmax):
+        """:func:`attend_call_and_project` of this call; with a cache's attention sinks kept
+        apart (``sinks``: their keys and values, ``k``/``v`` the window's), read apart where
+        ``sdpa`` would serve the call (:meth:`_attend_sinks_apart`), else joined."""
+        out = None
+        if sinks is not None and not (need_weights or before_softmax):
+            out = self._attend_sinks_apart(q, k, v, sinks, call_bias, key_padding_mask,
+                                           attn_mask)
+        if out is None:
+            if sinks is not None:
+                k, v = self._joined("key", sinks[0], k), self._joined("value", sinks[1], v)
+            out = attend_call_and_project(self, self.attention_backend, q, k, v, call_bias,
+                                          key_padding_mask, attn_mask, need_weights,
+                                          need_head_weights, before_softmax)
+        return out
+
+    def _attend_sinks_apart(self, q, k, v, sinks, call_bias, key_padding_mask, attn_mask):
+        """``(out_proj(attention), None)`` of a call against a cache whose attention sinks are
+        kept apart (``sinks``: their keys and values), where the backend would be ``sdpa``:
+        :func:`.dense.sinks_apart` reads both parts as they are; ``None`` for any other
+        backend, which reads them joined (:meth:`_joined`)."""
+        dropout_p = dropout_of(self)
+        call = call_of(q, k, v, call_bias, key_padding_mask, attn_mask, dropout_p,
+                       key_len=sinks[0].size(2) + k.size(2))
+        if dropout_p or attn_mask is not None or resolve(self.attention_backend, call) != "sdpa":
+            return None
+        out = dense.sinks_apart(q, sinks, k, v, call_bias, key_padding_mask, self.scaling)
+        B, H, T, D = q.shape
+        return self.out_proj(out.permute(2, 0, 1, 3).reshape(T, B, H * D)), None
+
+    def _joined(self, name: str, sinks: Tensor, window: Tensor) -> Tensor:
+        """``cat([sinks, window], dim=2)``: a cache's attention sinks and its window, the keys
+        (values) of this call. Without autograd, written into a scratch buffer of this layer
+        that the next call of the same shape reuses: a new tensor of the whole cache every
+        step made the allocator fault its pages in again (the step took up to twice as long,
+        docs/decoding.md). Read by this call only, so every cache of the layer can share it."""
+        if torch.is_grad_enabled() and (sinks.requires_grad or window.requires_grad):
+            return torch.cat([sinks, window], dim=2)
+        shape = window.shape[:2] + (sinks.size(2) + window.size(2), window.size(3))
+        scratch = self._scratch.get(name)
+        if (scratch is None or scratch.shape != shape or scratch.dtype != window.dtype
+                or scratch.device != window.device):
+            scratch = self._scratch[name] = window.new_empty(shape)
+        return torch.cat([sinks, window], dim=2, out=scratch)
 
     def reorder_incremental_state(self, incremental_state, new_order: Tensor):
         """Beam search's reordering of the cache: the parent's ``index_select`` of every entry,
@@ -169,15 +215,21 @@ def attend_and_project(module: MultiheadAttention, backend: str, q, k, v,
                                    attn_mask, need_weights, need_head_weights, before_softmax)
 
 
+def dropout_of(module: MultiheadAttention) -> float:
+    """The attention dropout ``module`` applies now: its ``p`` while training (or where it
+    applies during inference), else 0."""
+    if module.training or module.dropout_module.apply_during_inference:
+        return module.dropout_module.p
+    return 0.0
+
+
 def attend_call_and_project(module: MultiheadAttention, backend: str, q, k, v,
                             alibi: CallBias, key_padding_mask=None, attn_mask=None,
                             need_weights=False, need_head_weights=False, before_softmax=False):
     """:func:`attend_and_project` with this call's bias ``alibi`` already asked for."""
     bsz, H, tgt_len, D = q.shape
     src_len = k.size(2)
-    dropout_p = module.dropout_module.p
-    if not (module.training or module.dropout_module.apply_during_inference):
-        dropout_p = 0.0
+    dropout_p = dropout_of(module)
     weights = None
     if before_softmax:  # fairseq's raw-scores protocol: (B·H, T, S) scores and values
         scores = dense.scores(q, k, alibi, key_padding_mask, attn_mask, module.scaling)

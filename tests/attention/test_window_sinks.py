@@ -241,6 +241,54 @@ def test_step_by_step_decoding_keeps_the_sinks_and_stays_bounded(backend, sinks)
                                   torch.cat(steps)[-1], atol=1e-4)
 
 
+@pytest.mark.parametrize("backend,apart", [("sdpa", True), ("naive", False),
+                                            ("windowed", False)])
+def test_the_sinks_stay_apart_from_the_window_where_sdpa_attends(backend, apart, monkeypatch):
+    """Once the cache keeps its sinks apart, a step that ``sdpa`` serves reads the two parts
+    as they are (joining them copied the whole cache at every step and layer); the other
+    backends read them joined, into a scratch buffer the layer reuses; every step equals the
+    full forward."""
+    from fairseq_alibi.modules.alibi_multihead_attention import AlibiMultiheadAttention
+
+    joined = []
+    real = AlibiMultiheadAttention._joined
+    monkeypatch.setattr(AlibiMultiheadAttention, "_joined",
+                        lambda self, *args: joined.append(1) or real(self, *args))
+    attn, alibi = attention(backend, window_sinks=4)
+    torch.manual_seed(9)
+    x = torch.randn(STREAM, 2, DIM, dtype=torch.float64)
+    decoder = Decoder(attn)
+    with torch.no_grad():
+        steps = decoder.run(x, 0, STREAM)
+        scratch = dict(attn._scratch)
+    torch.testing.assert_close(steps, full_with_sinks(attn, alibi, x, 4),
+                               **(NAIVE_TOL if backend == "naive" else TOL))
+    assert held(attn, decoder.state)[1] == 4  # the sinks were kept apart
+    assert (not joined) == apart and (not scratch) == apart
+    if not apart:  # one buffer of the joined shape, reused by every later step
+        assert scratch["key"].shape == (2, attn.num_heads, 4 + bound(alibi) + 1,
+                                        DIM // attn.num_heads)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_a_decoding_steps_row_with_sinks_is_the_definition_bit_for_bit(dtype):
+    """The row of one query against a KV cache (a view of one table, the sinks' true bias put
+    back in a copy) equals :func:`windowed_alibi_bias` of the cache's kept positions, exactly:
+    with unbiased heads too, before the cache drops a key and after it dropped ``d`` (the
+    sinks then lie ``d`` positions further back than the table's distance)."""
+    from fairseq_alibi.alibi import windowed_alibi_bias
+
+    for heads, partial, sinks in ((8, None, 4), (6, 2, 1)):
+        alibi = AlibiBias(heads, window_cutoff=0.25, window_sinks=sinks, heads=partial)
+        slopes = alibi.slopes_of()[0]
+        for key_len in (2, 5, 17, 300):
+            for dropped in ((0,) if key_len <= sinks else (0, 1, 7, 100)):
+                expected = windowed_alibi_bias(slopes, 1, key_len, "causal", None, dtype, 0,
+                                               0.25, sinks, dropped)
+                found = alibi.bias(1, key_len, dtype, dropped=dropped)
+                assert torch.equal(found, expected), (heads, key_len, dropped)
+
+
 @pytest.mark.parametrize("backend", ["auto", "windowed"])
 @pytest.mark.parametrize("step", [5, 17])
 def test_a_prompt_then_chunks_keep_the_sinks(backend, step):

@@ -86,6 +86,24 @@ def sdpa(q, k, v, alibi, key_padding_mask, attn_mask, dropout_p, scale):
                                           scale=scale)
 
 
+def sinks_apart(q, sinks, k, v, alibi, key_padding_mask, scale):
+    """What :func:`sdpa` gives for the keys ``cat([sink_k, k])`` and values ``cat([sink_v,
+    v])`` (``sinks``: ``(sink_k, sink_v)``), without joining them: the scores of both parts
+    side by side, one softmax (float32 for half inputs), each part's values weighted by its
+    share. For a decoding step against a KV cache that keeps its attention sinks apart from
+    its rolling window, where joining them copied the whole cache at every step and layer
+    (docs/decoding.md)."""
+    sink_k, sink_v = sinks
+    B, H, T, _ = q.shape
+    S = sink_k.size(2)
+    mask = dense_mask(alibi, B, T, S + k.size(2), q.dtype, key_padding_mask, None)
+    scores = torch.cat([torch.matmul(q, sink_k.transpose(-1, -2)),
+                        torch.matmul(q, k.transpose(-1, -2))], dim=-1) * scale + mask
+    exact = scores.dtype in (torch.float32, torch.float64)
+    probs = torch.softmax(scores if exact else scores.float(), dim=-1).to(q.dtype)
+    return torch.matmul(probs[..., S:], v) + torch.matmul(probs[..., :S], sink_v)
+
+
 #: the start of a bias that CUDA's fused attention kernels read, in bytes
 CUDA_BIAS_ALIGNMENT = 16
 

@@ -400,13 +400,15 @@ def attend(name, q, k, v, alibi, key_padding_mask=None, attn_mask=None, dropout_
                                              dropout_p, scale)
 
 
-def call_of(q, k, v, alibi, key_padding_mask=None, attn_mask=None, dropout_p=0.0) -> Call:
+def call_of(q, k, v, alibi, key_padding_mask=None, attn_mask=None, dropout_p=0.0,
+            key_len: Optional[int] = None) -> Call:
     """The :class:`Call` of attending ``(B, H, T, D)`` queries to ``(B, H, S, D)`` keys with
-    ``alibi`` (a :class:`CallBias`): what :func:`attend` judges (and a benchmark reports)."""
+    ``alibi`` (a :class:`CallBias`): what :func:`attend` judges (and a benchmark reports);
+    ``key_len``: ``S``, where ``k`` holds only some of the keys."""
     B, H, T, _ = q.shape
     windowed = alibi.windowed
     return Call(
-        q.device.type, q.dtype, alibi.variant, T, k.size(2), B, H,
+        q.device.type, q.dtype, alibi.variant, T, k.size(2) if key_len is None else key_len, B, H,
         padded=key_padding_mask is not None, attn_mask=attn_mask is not None,
         dropout_p=dropout_p,
         grad=torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad),
