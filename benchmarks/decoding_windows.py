@@ -5,6 +5,7 @@ length with slope windows, side by side with the same model without them.
                                           [--cutoff 8] [--sinks 0] [--check 4096] [--threads 1]
     python -m benchmarks.decoding_windows --attention-steps [--smoke] [--cutoff 8]
     python -m benchmarks.decoding_windows --beam-search [--smoke] [--cutoff 8] [--sinks S]
+    python -m benchmarks.decoding_windows --sinks-cost --sinks 4 [--smoke] [--tokens 8192]
 
 Two decoders of the quickstart's tiny size (``alibi_transformer_lm``: 2 layers, 128 dims,
 8 heads, FFN 512; a vocabulary of 1000; randomly initialised: the step time and the cache do
@@ -42,6 +43,11 @@ row and a reorder of the cache as beam search's (a random choice of each row's b
 models in interleaved rounds; ``bounded ÷ dense`` time and each one's KV buffer bytes at the
 end. The bounded model's cache must cost what the dense one's does: it had allocated its whole
 bound (``max_h W_h`` positions a row) at the first step.
+
+``--sinks-cost``: what attention sinks cost a long generation: the bounded model with
+``--sinks S`` and the same weights without sinks generate ``--tokens`` tokens greedily side by
+side (steps alternating); per segment, the median of the paired step times with ÷ without.
+From ``max_h W_h`` tokens on, the cache keeps its sinks apart from its window.
 """
 
 import argparse
@@ -296,6 +302,27 @@ def beam_search(cutoff: float, smoke: bool, sinks: int = 0, log=print) -> str:
                    f"{held['bounded']:,}", f"{held['dense']:,}"]])
 
 
+def sinks_cost(cutoff: float, sinks: int, tokens: int, segment: int, dims=DIMS) -> str:
+    """The table of ``--sinks-cost`` (see the module)."""
+    torch.manual_seed(0)
+    flags = ["--alibi-window-cutoff", str(cutoff)]
+    built = {"with": build("alibi_transformer_lm", dims, VOCAB,
+                           flags + ["--alibi-window-sinks", str(sinks)]),
+             "without": build("alibi_transformer_lm", dims, VOCAB, flags)}
+    built["without"][0].load_state_dict(built["with"][0].state_dict())
+    prompt = torch.randint(4, VOCAB, (PROMPT,))
+    runs = {name: Generation(model, prompt, tokens) for name, model in built.items()}
+    for t in range(tokens):
+        for name in (("with", "without") if t % 2 else ("without", "with")):
+            runs[name].step()
+    rows = []
+    for end in checkpoints(tokens, segment):
+        pairs = zip(*(runs[name].times[end - segment:end] for name in ("with", "without")))
+        rows.append([f"{end:,}", f"{statistics.median(a / b for a, b in pairs):.3f}"])
+    return table(["tokens generated", f"step time with {sinks} sinks ÷ without (segment ending "
+                  "here, median of paired steps)"], rows)
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--smoke", action="store_true",
@@ -316,6 +343,9 @@ def main(argv=None):
     parser.add_argument("--beam-search", action="store_true",
                         help="time a short beam search (40 rows, 100 tokens), bounded vs dense, "
                              "and its KV buffers, instead")
+    parser.add_argument("--sinks-cost", action="store_true",
+                        help="time a long generation with --sinks S against the same model "
+                             "without sinks, instead")
     parser.add_argument("--rss-of", choices=MODELS, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.sinks < 0:
@@ -338,9 +368,17 @@ def main(argv=None):
               f"{args.sinks}, {args.threads} thread(s)\n\n{body}")
         return body
     dims = (1, 32, 8) if args.smoke else DIMS
-    tokens = args.tokens or (512 if args.smoke else 32768)
+    tokens = args.tokens or (512 if args.smoke else 8192 if args.sinks_cost else 32768)
     segment = args.segment or (64 if args.smoke else 2048)
     cutoff = args.cutoff or (0.5 if args.smoke else 8.0)
+    if args.sinks_cost:
+        if not args.sinks:
+            parser.error("--sinks-cost needs --sinks S (S > 0): the sinks whose cost it times")
+        body = sinks_cost(cutoff, args.sinks, tokens, segment, dims)
+        print(f"Command: `{command.strip()}`  \nMachine: {machine()}  \n{dims[0]} layers, "
+              f"{dims[1]} dims, {dims[2]} heads, T = {cutoff:g}, greedy, batch 1, "
+              f"{args.threads} thread(s)\n\n{body}")
+        return body
     check = min(tokens, args.check or (512 if args.smoke else 4096))
     if args.rss_of:
         print(peak_rss_growth(args.rss_of, cutoff, tokens, dims, args.sinks))

@@ -62,3 +62,21 @@ def test_the_beam_search_smoke_run_holds_the_dense_models_cache():
             if line.startswith("| ")][1:]
     assert len(rows) == 1 and rows[0][:3] == ["10", "4", "20"], rows
     assert float(rows[0][3]) > 0 and rows[0][4] == rows[0][5] != "0", rows
+
+
+def test_the_sinks_cost_smoke_run_writes_a_ratio_per_segment():
+    """A long generation with sinks against the same model without, side by side: a paired
+    ratio per segment, past the point where the cache keeps its sinks apart; --sinks needed."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.decoding_windows", "--sinks-cost",
+                           "--smoke", "--sinks", "2"],
+                          capture_output=True, text=True, env=env, timeout=900, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr[-6000:]
+    rows = [[c.strip() for c in line.split("|")[1:-1]] for line in proc.stdout.splitlines()
+            if line.startswith("| ")][1:]
+    assert [r[0] for r in rows] == ["64", "128", "256", "512"] and all(
+        float(r[1]) > 0 for r in rows), rows
+    refused = subprocess.run([sys.executable, "-m", "benchmarks.decoding_windows",
+                              "--sinks-cost", "--smoke"],
+                             capture_output=True, text=True, env=env, timeout=900, cwd=REPO)
+    assert refused.returncode == 2 and "--sinks-cost needs --sinks S" in refused.stderr
