@@ -16,16 +16,21 @@ from tests.helpers.cli import REPO
 pytestmark = pytest.mark.slow
 
 
-def test_the_smoke_run_writes_its_table_and_the_bounded_cache_stays_flat():
+def run(*flags):
+    """``(process, table rows)`` of ``python -m benchmarks.decoding_windows FLAGS``, 1 thread."""
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
-    proc = subprocess.run([sys.executable, "-m", "benchmarks.decoding_windows", "--smoke",
-                           "--sinks", "2"],
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.decoding_windows", *flags],
                           capture_output=True, text=True, env=env, timeout=900, cwd=REPO)
+    rows = [[c.strip() for c in line.split("|")[1:-1]] for line in proc.stdout.splitlines()
+            if line.startswith("| ")][1:]
+    return proc, rows
+
+
+def test_the_smoke_run_writes_its_table_and_the_bounded_cache_stays_flat():
+    proc, rows = run("--smoke", "--sinks", "2")
     assert proc.returncode == 0, proc.stderr[-6000:]
     out = proc.stdout
     assert "Command: `python -m benchmarks.decoding_windows --smoke --sinks 2`" in out
-    rows = [[c.strip() for c in line.split("|")[1:-1]] for line in out.splitlines()
-            if line.startswith("| ")][1:]
     assert [r[0] for r in rows] == ["64", "128", "256", "512"]
     assert all(float(x) > 0 for r in rows for x in r[1:4]), rows
     bounded, dense = [float(r[4]) for r in rows], [float(r[5]) for r in rows]
@@ -38,13 +43,8 @@ def test_the_smoke_run_writes_its_table_and_the_bounded_cache_stays_flat():
 
 
 def test_the_attention_steps_smoke_run_writes_a_ratio_per_case():
-    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
-    proc = subprocess.run([sys.executable, "-m", "benchmarks.decoding_windows",
-                           "--attention-steps", "--smoke"],
-                          capture_output=True, text=True, env=env, timeout=900, cwd=REPO)
+    proc, rows = run("--attention-steps", "--smoke")
     assert proc.returncode == 0, proc.stderr[-6000:]
-    rows = [[c.strip() for c in line.split("|")[1:-1]] for line in proc.stdout.splitlines()
-            if line.startswith("| ")][1:]
     assert [tuple(r[:3]) for r in rows] == [(d, b, s) for d in ("16", "64") for b in ("1", "5")
                                              for s in ("65", "257")]
     assert all(float(r[4]) > 0 for r in rows), rows
@@ -53,13 +53,8 @@ def test_the_attention_steps_smoke_run_writes_a_ratio_per_case():
 def test_the_beam_search_smoke_run_holds_the_dense_models_cache():
     """A short beam search, windows wider than the generation: the bounded model's KV buffers
     hold what the dense model's do (they had held the whole bound from the first step)."""
-    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
-    proc = subprocess.run([sys.executable, "-m", "benchmarks.decoding_windows", "--beam-search",
-                           "--smoke", "--sinks", "2"],
-                          capture_output=True, text=True, env=env, timeout=900, cwd=REPO)
+    proc, rows = run("--beam-search", "--smoke", "--sinks", "2")
     assert proc.returncode == 0, proc.stderr[-6000:]
-    rows = [[c.strip() for c in line.split("|")[1:-1]] for line in proc.stdout.splitlines()
-            if line.startswith("| ")][1:]
     assert len(rows) == 1 and rows[0][:3] == ["10", "4", "20"], rows
     assert float(rows[0][3]) > 0 and rows[0][4] == rows[0][5] != "0", rows
 
@@ -67,16 +62,9 @@ def test_the_beam_search_smoke_run_holds_the_dense_models_cache():
 def test_the_sinks_cost_smoke_run_writes_a_ratio_per_segment():
     """A long generation with sinks against the same model without, side by side: a paired
     ratio per segment, past the point where the cache keeps its sinks apart; --sinks needed."""
-    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
-    proc = subprocess.run([sys.executable, "-m", "benchmarks.decoding_windows", "--sinks-cost",
-                           "--smoke", "--sinks", "2"],
-                          capture_output=True, text=True, env=env, timeout=900, cwd=REPO)
+    proc, rows = run("--sinks-cost", "--smoke", "--sinks", "2")
     assert proc.returncode == 0, proc.stderr[-6000:]
-    rows = [[c.strip() for c in line.split("|")[1:-1]] for line in proc.stdout.splitlines()
-            if line.startswith("| ")][1:]
     assert [r[0] for r in rows] == ["64", "128", "256", "512"] and all(
         float(r[1]) > 0 for r in rows), rows
-    refused = subprocess.run([sys.executable, "-m", "benchmarks.decoding_windows",
-                              "--sinks-cost", "--smoke"],
-                             capture_output=True, text=True, env=env, timeout=900, cwd=REPO)
+    refused, _ = run("--sinks-cost", "--smoke")
     assert refused.returncode == 2 and "--sinks-cost needs --sinks S" in refused.stderr
