@@ -270,6 +270,28 @@ def test_the_sinks_stay_apart_from_the_window_where_sdpa_attends(backend, apart,
                                         DIM // attn.num_heads)
 
 
+@pytest.mark.parametrize("dtype,tol", [(torch.float64, 1e-12), (torch.float32, 1e-5),
+                                       (torch.bfloat16, 2e-2), (torch.float16, 2e-3)])
+def test_sinks_read_apart_give_sdpas_result_on_the_joined_keys(dtype, tol):
+    """``dense.sinks_apart`` against ``sdpa`` on ``cat([sinks, window])``, after the cache
+    dropped keys, with a padded key and a row of padding only (finite, in half precision
+    too: its scores are float32)."""
+    from fairseq_alibi.modules.attention import dense
+    from fairseq_alibi.modules.bias import SinkCacheBias
+
+    call = SinkCacheBias(AlibiBias(8, window_cutoff=0.5, window_sinks=4).layer(0), 10)
+    torch.manual_seed(4)
+    q = torch.randn(3, 8, 2, 16).to(dtype)
+    sink_k, sink_v, k, v = (torch.randn(3, 8, n, 16).to(dtype) for n in (4, 4, 130, 130))
+    padding = torch.zeros(3, 134, dtype=torch.bool)
+    padding[0, 5], padding[2] = True, True
+    apart = dense.sinks_apart(q, (sink_k, sink_v), k, v, call, padding, 0.25)
+    joined = dense.sdpa(q, torch.cat([sink_k, k], 2), torch.cat([sink_v, v], 2), call, padding,
+                        None, 0.0, 0.25)
+    assert apart.dtype == dtype and bool(torch.isfinite(apart).all())
+    torch.testing.assert_close(apart[:2].double(), joined[:2].double(), atol=tol, rtol=tol)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
 def test_a_decoding_steps_row_with_sinks_is_the_definition_bit_for_bit(dtype):
     """The row of one query against a KV cache (a view of one table, the sinks' true bias put

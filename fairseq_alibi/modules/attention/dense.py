@@ -97,10 +97,12 @@ def sinks_apart(q, sinks, k, v, alibi, key_padding_mask, scale):
     B, H, T, _ = q.shape
     S = sink_k.size(2)
     mask = dense_mask(alibi, B, T, S + k.size(2), q.dtype, key_padding_mask, None)
+    # half inputs: scores, mask and softmax in float32 (a half score plus the mask value could
+    # round to -inf, and a row of them to NaN)
+    work = q.dtype if q.dtype in (torch.float32, torch.float64) else torch.float32
     scores = torch.cat([torch.matmul(q, sink_k.transpose(-1, -2)),
-                        torch.matmul(q, k.transpose(-1, -2))], dim=-1) * scale + mask
-    exact = scores.dtype in (torch.float32, torch.float64)
-    probs = torch.softmax(scores if exact else scores.float(), dim=-1).to(q.dtype)
+                        torch.matmul(q, k.transpose(-1, -2))], dim=-1).to(work)
+    probs = torch.softmax(scores * scale + mask.to(work), dim=-1).to(q.dtype)
     return torch.matmul(probs[..., S:], v) + torch.matmul(probs[..., :S], sink_v)
 
 
