@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from fairseq_alibi.alibi import VARIANTS, alibi_bias_between, variant_slopes, variant_windows
-from fairseq_alibi.modules.attention import REGISTRY, dispatch, tuning, windowed
+from fairseq_alibi.modules.attention import REGISTRY, dispatch, windowed
 from fairseq_alibi.modules.bias import AlibiBias
 from tests.helpers.flex_windows import make_inputs, windowed_layer, windowed_reference
 from tests.helpers.references import (MASKED, reference_module_attention,
