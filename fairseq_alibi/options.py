@@ -708,26 +708,21 @@ def check_override_keys(keys: Iterable[str], model_name: str, where: str = "--mo
         raise ValueError(f"{what}{hint}; valid for {model_name}: {', '.join(valid)}")
 
 
-#: what an override's value must be, by the option's type, as OmegaConf merges it into the
-#: model's config: an int option refuses ``2.5`` and ``True``, a float one ``True`` (OmegaConf
-#: fails deep in a traceback; an argparse-era config would have taken ``int(2.5)``, silently)
-_OVERRIDE_TYPES = {int: ((int, str), "an integer"), float: ((int, float, str), "a number"),
-                   bool: ((bool, int, str), "true or false")}
-_BOOLEAN_WORDS = {"true": True, "yes": True, "on": True, "1": True,
-                  "false": False, "no": False, "off": False, "0": False}
+#: the OmegaConf node that merges an override of an option of each type into the model's
+#: config, and what it takes: its own rules (it refuses ``2.5`` and ``True`` for an integer,
+#: deep in a traceback; an argparse-era config would have taken ``int(2.5)``, silently)
+_OVERRIDE_NODES = {int: ("IntegerNode", "an integer"), float: ("FloatNode", "a number"),
+                   bool: ("BooleanNode", "true or false")}
 
 
 def _override_typed(kind, value):
-    """``value`` as an override of an option of type ``kind`` (OmegaConf's rules; a choice is
-    its string, checked against the choices next), or ``TypeError``/``ValueError``/``KeyError``."""
-    if value is None or kind not in _OVERRIDE_TYPES:
+    """``value`` as OmegaConf merges it into an option of type ``kind`` (a choice: its string,
+    checked against the choices next), or ``ValueError``."""
+    if value is None or kind not in _OVERRIDE_NODES:
         return _typed(kind, value)
-    accepted, _ = _OVERRIDE_TYPES[kind]
-    if not isinstance(value, accepted) or (isinstance(value, bool) and kind is not bool):
-        raise TypeError(value)
-    if kind is bool and isinstance(value, str):
-        return _BOOLEAN_WORDS[value.strip().lower()]
-    return _typed(kind, value)
+    from omegaconf import nodes
+
+    return getattr(nodes, _OVERRIDE_NODES[kind][0])(value)._value()
 
 
 def _value_refusal(f: dataclasses.Field, kind, side: Optional[Side], value,
@@ -738,8 +733,8 @@ def _value_refusal(f: dataclasses.Field, kind, side: Optional[Side], value,
     base = _base_type(kind)
     try:
         value = _override_typed(base, value)
-    except (TypeError, ValueError, KeyError):
-        return f"{flag_of(f, prefix)} in {where} takes {_OVERRIDE_TYPES[base][1]}, got {value!r}"
+    except (TypeError, ValueError):  # OmegaConf's ValidationError is a ValueError
+        return f"{flag_of(f, prefix)} in {where} takes {_OVERRIDE_NODES[base][1]}, got {value!r}"
     try:
         _check_field(f, value, prefix, side.variants if side and f.name == "variant" else None)
     except ValueError as refused:
