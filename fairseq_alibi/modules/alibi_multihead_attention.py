@@ -152,9 +152,11 @@ class AlibiMultiheadAttention(MultiheadAttention):
         :func:`.dense.sinks_apart` reads both parts as they are; ``None`` for any other
         backend, which reads them joined (:meth:`_joined`)."""
         dropout_p = dropout_of(self)
+        if dropout_p or attn_mask is not None or self.attention_backend not in ("auto", "sdpa"):
+            return None
         call = call_of(q, k, v, call_bias, key_padding_mask, attn_mask, dropout_p,
                        key_len=sinks[0].size(2) + k.size(2))
-        if dropout_p or attn_mask is not None or resolve(self.attention_backend, call) != "sdpa":
+        if resolve(self.attention_backend, call) != "sdpa":  # auto's choice: windowed, say
             return None
         out = dense.sinks_apart(q, sinks, k, v, call_bias, key_padding_mask, self.scaling)
         B, H, T, D = q.shape

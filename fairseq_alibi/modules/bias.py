@@ -256,7 +256,11 @@ class AlibiBias(torch.nn.Module):
             back = tuple(self.windows_of()[0]) if self.window_cutoff else None
             row = self.cache.last_query_row(key_len, dtype, self.slope_scale,
                                             lambda: self.slopes_of()[0], back)
-            return self._sinks_kept(row, dropped) if self.sinks else row
+            if not self.sinks:
+                return row
+            # the sinks' copy once per step, shared by the layers (no scale rows here)
+            return self.memoised(("sinks", dropped), 1, key_len, dtype, layer,
+                                 lambda: self._sinks_kept(row, dropped))
         return self.memoised(("dropped", dropped) if dropped else None, query_len, key_len,
                              dtype, layer,
                              lambda: self._build(query_len, key_len, dtype, layer, dropped))
