@@ -71,14 +71,22 @@ VOCAB, PROMPT = 1000, 64
 MODELS = ("bounded", "dense")
 
 
+def twins(dims, **flags) -> dict:
+    """``{name: (decoder, step)}``: one decoder per ``name=[model flags]``, sharing the first
+    one's weights."""
+    built = {name: build("alibi_transformer_lm", dims, VOCAB, extra)
+             for name, extra in flags.items()}
+    first = next(iter(built.values()))[0].state_dict()
+    for decoder, _ in built.values():
+        decoder.load_state_dict(first)
+    return built
+
+
 def models(cutoff: float, dims=DIMS, sinks: int = 0):
     """``{name: (decoder, step)}``: the two decoders, sharing their weights."""
     flags = ["--alibi-window-cutoff", str(cutoff)]
     flags += ["--alibi-window-sinks", str(sinks)] if sinks else []
-    bounded = build("alibi_transformer_lm", dims, VOCAB, flags)
-    dense = build("alibi_transformer_lm", dims, VOCAB)
-    dense[0].load_state_dict(bounded[0].state_dict())
-    return {"bounded": bounded, "dense": dense}
+    return twins(dims, bounded=flags, dense=[])
 
 
 def cache_bytes(decoder, state) -> int:
@@ -306,10 +314,8 @@ def sinks_cost(cutoff: float, sinks: int, tokens: int, segment: int, dims=DIMS) 
     """The table of ``--sinks-cost`` (see the module)."""
     torch.manual_seed(0)
     flags = ["--alibi-window-cutoff", str(cutoff)]
-    built = {"with": build("alibi_transformer_lm", dims, VOCAB,
-                           flags + ["--alibi-window-sinks", str(sinks)]),
-             "without": build("alibi_transformer_lm", dims, VOCAB, flags)}
-    built["without"][0].load_state_dict(built["with"][0].state_dict())
+    built = twins(dims, **{"with": flags + ["--alibi-window-sinks", str(sinks)],
+                           "without": flags})
     prompt = torch.randint(4, VOCAB, (PROMPT,))
     runs = {name: Generation(model, prompt, tokens) for name, model in built.items()}
     for t in range(tokens):
