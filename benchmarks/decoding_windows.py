@@ -5,6 +5,7 @@ length with slope windows, side by side with the same model without them.
                                           [--cutoff 8] [--sinks 0] [--check 4096] [--threads 1]
     python -m benchmarks.decoding_windows --attention-steps [--smoke] [--cutoff 8]
     python -m benchmarks.decoding_windows --beam-search [--smoke] [--cutoff 8] [--sinks S]
+                                          [--tokens 100]
     python -m benchmarks.decoding_windows --sinks-cost --sinks 4 [--smoke] [--tokens 8192]
 
 Two decoders of the quickstart's tiny size (``alibi_transformer_lm``: 2 layers, 128 dims,
@@ -32,13 +33,14 @@ generated tokens are the greedy choices of one full forward with the same cutoff
 tokens up to ``p``: the repeated full forwards of greedy decoding, at once).
 
 ``--attention-steps``: what ``auto``'s choice for a decoding step with slope windows rests on
-(``tuning.WINDOWED_STEP_MIN_KEYS``): one query against ``S`` cached keys, 8 heads, float32,
+(``tuning.WINDOWED_STEP_MIN_SKIPPED``): one query against ``S`` cached keys, 8 heads, float32,
 the windows of ``--cutoff``, ``windowed`` (each head group reads only its window:
 ``windowed.few_queries``) ÷ ``sdpa`` (the dense windowed row, every key), per batch, head size
-and ``S``, in interleaved rounds (:class:`benchmarks.timing.Rounds`, median of paired ratios).
+and ``S``, in interleaved rounds (:class:`benchmarks.timing.Rounds`, median of paired ratios),
+beside the keys the windows skip (``dispatch.step_skipped_keys``) and ``auto``'s choice.
 
 ``--beam-search``: a short generation, where the windows are wider than anything generated:
-8 prompts × beam 5 (40 rows), an 8-token prompt and 100 tokens, each step a token of every
+8 prompts × beam 5 (40 rows), an 8-token prompt and 100 tokens (``--tokens``), each step a token of every
 row and a reorder of the cache as beam search's (a random choice of each row's beam), the two
 models in interleaved rounds; ``bounded ÷ dense`` time and each one's KV buffer bytes at the
 end. The bounded model's cache must cost what the dense one's does: it had allocated its whole
@@ -261,12 +263,14 @@ def attention_steps(cutoff: float, smoke: bool, log=print) -> str:
     from fairseq_alibi.modules.attention import dense, windowed
     from fairseq_alibi.modules.bias import AlibiBias
 
+    from fairseq_alibi.modules.attention import dispatch
+
     heads, rounds = 8, (3 if smoke else 200)
-    lengths = (65, 257) if smoke else (65, 257, 1025, 2049, 4097)
+    lengths = (65, 257) if smoke else (65, 129, 257, 513, 1025, 2049, 4097)
     alibi = AlibiBias(heads, window_cutoff=cutoff).layer(0)
     rows = []
     for head_dim in (16, 64):
-        for batch in (1, 5):
+        for batch in (1, 5) if smoke else (1, 5, 10, 40):
             for keys in lengths:
                 q = torch.randn(batch, heads, 1, head_dim)
                 k, v = (torch.randn(batch, heads, keys, head_dim) for _ in range(2))
@@ -274,15 +278,19 @@ def attention_steps(cutoff: float, smoke: bool, log=print) -> str:
                 timed = Rounds({"sdpa": forward_call(dense.sdpa, *args),
                                 "windowed": forward_call(windowed.run, *args)},
                                rounds=rounds, warmup=3)
-                rows.append([head_dim, batch, keys, batch * keys,
-                             f"{timed.ratio('windowed', 'sdpa'):.2f}"])
+                call = dispatch.call_of(q, k, v, alibi)
+                rows.append([head_dim, batch, keys, f"{dispatch.step_skipped_keys(call):,}",
+                             f"{timed.ratio('windowed', 'sdpa'):.2f}",
+                             dispatch.auto_backend(call)])
                 log(" ".join(str(c) for c in rows[-1]))
-    return table(["head size", "batch", "cached keys S", "batch × S", "windowed ÷ sdpa"], rows)
+    return table(["head size", "batch", "cached keys S", "keys the windows skip (batch)",
+                  "windowed ÷ sdpa", "auto"], rows)
 
 
-def beam_search(cutoff: float, smoke: bool, sinks: int = 0, log=print) -> str:
+def beam_search(cutoff: float, smoke: bool, sinks: int = 0, log=print, tokens=None) -> str:
     """The table of ``--beam-search`` (see the module): time and KV buffer bytes."""
-    dims, rows, prompt, tokens = ((1, 32, 8), 10, 4, 20) if smoke else (DIMS, 40, 8, 100)
+    dims, rows, prompt, length = ((1, 32, 8), 10, 4, 20) if smoke else (DIMS, 40, 8, 100)
+    tokens = tokens or length
     generator = torch.Generator().manual_seed(0)
     sequence = torch.randint(4, VOCAB, (rows, prompt + tokens), generator=generator)
     orders = [torch.randint(0, 5, (rows,), generator=generator) + torch.arange(rows) // 5 * 5
@@ -334,7 +342,8 @@ def main(argv=None):
     parser.add_argument("--smoke", action="store_true",
                         help="a smoke run: 1 layer of 32 dims, 512 tokens, T = 0.5")
     parser.add_argument("--tokens", type=int, default=None,
-                        help="tokens generated past the prompt (default 32768)")
+                        help="tokens generated past the prompt (default 32768; with --sinks-cost "
+                             "8192, with --beam-search 100)")
     parser.add_argument("--segment", type=int, default=None,
                         help="steps per timed segment, the first checkpoint (default 2048)")
     parser.add_argument("--cutoff", type=float, default=None, help="window cutoff T (nats)")
@@ -368,7 +377,7 @@ def main(argv=None):
         return body
     if args.beam_search:
         cutoff = args.cutoff or 8.0
-        body = beam_search(cutoff, args.smoke, args.sinks, log)
+        body = beam_search(cutoff, args.smoke, args.sinks, log, args.tokens)
         print(f"Command: `{command.strip()}`  \nMachine: {machine()}  \n"
               f"{'smoke sizes' if args.smoke else 'the quickstart LM'}, T = {cutoff:g}, sinks "
               f"{args.sinks}, {args.threads} thread(s)\n\n{body}")

@@ -225,19 +225,33 @@ def test_few_queries_against_a_cache_read_only_each_groups_window(monkeypatch, p
     torch.testing.assert_close(out, torch.softmax(scores, -1) @ v, **TOL)
 
 
-def test_auto_sends_decoding_steps_of_a_long_cache_to_windowed(monkeypatch):
-    step = Call("cpu", torch.float32, "causal", 1, tuning.WINDOWED_STEP_MIN_KEYS, 1, HEADS,
-                windowed=True)
-    assert dispatch.auto_backend(step) == "windowed"
-    assert dispatch.auto_backend(step._replace(batch=4, key_len=step.key_len // 4)) == "windowed"
-    for call in (step._replace(key_len=step.key_len - 1),  # sdpa's row was faster
-                 step._replace(query_len=tuning.FEW_QUERIES + 1),
+def test_auto_sends_decoding_steps_to_windowed_where_their_windows_skip_enough_keys(monkeypatch):
+    """``auto``'s rule for a decoding step (docs/decoding.md, "Decoding step"): ``windowed``
+    where the keys the windows skip over the batch, times ``√D``, reach the tuned threshold;
+    the keys counted are exactly those :func:`.windowed.few_queries` does not read."""
+    windows = AlibiBias(8, window_cutoff=8.0).layer(0).windows()  # 16, 32, ..., 2048
+    step = Call("cpu", torch.float32, "causal", 1, 4097, 1, 8, windowed=True, windows=windows,
+                head_dim=64)
+    # every window but none reaches past the cache: 8·4096 - (16 + 32 + ... + 2048) keys
+    assert dispatch.step_skipped_keys(step) == 8 * 4096 - 4080
+    assert dispatch.step_skipped_keys(step._replace(batch=3)) == 3 * (8 * 4096 - 4080)
+    assert dispatch.step_skipped_keys(step._replace(sinks=4)) == 8 * 4096 - 4080 - 8 * 4
+    assert dispatch.step_skipped_keys(step._replace(windows=None)) == 0
+    assert dispatch.auto_backend(step) == "windowed"  # 0.18x sdpa's time
+    # many short rows (8 prompts x beam 5, 129 keys): sdpa's one call was faster (1.39x at D=16)
+    short = step._replace(batch=40, key_len=129, head_dim=16)
+    assert dispatch.auto_backend(short) == "sdpa"
+    needed = tuning.WINDOWED_STEP_MIN_SKIPPED / 16**0.5
+    assert dispatch.step_skipped_keys(short) < needed <= dispatch.step_skipped_keys(
+        short._replace(key_len=1025))
+    assert dispatch.auto_backend(short._replace(key_len=1025)) == "windowed"
+    for call in (step._replace(query_len=tuning.FEW_QUERIES + 1),
                  step._replace(global_tokens=1), step._replace(dtype=torch.bfloat16),
-                 step._replace(dropout_p=0.1), step._replace(windowed=False)):
+                 step._replace(dropout_p=0.1), step._replace(windowed=False, windows=None)):
         assert dispatch.auto_backend(call) != "windowed", call
 
     # through the module: auto's decoding steps run few_queries and equal the full forward
-    monkeypatch.setattr(tuning, "WINDOWED_STEP_MIN_KEYS", 1)
+    monkeypatch.setattr(tuning, "WINDOWED_STEP_MIN_SKIPPED", 0)
     ran = []
     original = windowed.few_queries
     monkeypatch.setattr(windowed, "few_queries", lambda *a: ran.append(1) or original(*a))

@@ -47,7 +47,8 @@ def test_the_attention_steps_smoke_run_writes_a_ratio_per_case():
     assert proc.returncode == 0, proc.stderr[-6000:]
     assert [tuple(r[:3]) for r in rows] == [(d, b, s) for d in ("16", "64") for b in ("1", "5")
                                              for s in ("65", "257")]
-    assert all(float(r[4]) > 0 for r in rows), rows
+    assert all(float(r[4]) > 0 and r[5] in ("sdpa", "windowed") for r in rows), rows
+    assert rows[0][3] == "80", rows  # 1 row of 65 keys: windows 16 and 32 skip 48 + 32 keys
 
 
 def test_the_beam_search_smoke_run_holds_the_dense_models_cache():

@@ -197,6 +197,7 @@ class Call(NamedTuple):
     sinks: int = 0  # CallBias.sinks, with windows
     sink_cache: bool = False  # CallBias.dropped: a KV cache that dropped keys after its sinks
     documents: bool = False  # CallBias.documents cross: keys of other documents are masked
+    head_dim: int = 64  # D, the size of a head's queries and keys
 
 
 #: the variants whose windows look one way: ``windowed`` runs each of their head groups as the
@@ -241,6 +242,20 @@ def windowed_cost(windows, variant: str, length: int, itemsize: int = 4,
     *per_key, fixed = tuning.WINDOWED_COST
     keys = windowed_keys(windows, variant, length, itemsize, global_tokens, sinks)
     return sum(a * k for a, k in zip(per_key, keys)) + fixed * 1000 / length
+
+
+def step_skipped_keys(call: Call) -> int:
+    """The keys a call of a few queries against a KV cache skips over the batch when each head
+    group reads only its window (:func:`.windowed.few_queries`: from its first query's reach
+    ``S - T - back`` on, and the cache's sinks before it); 0 for a call that does not say its
+    windows."""
+    if call.windows is None:
+        return 0
+    first, skipped = call.key_len - call.query_len, 0
+    for back in call.windows[0]:
+        lo = 0 if back is None else first - min(back, first)
+        skipped += lo - min(call.sinks, lo)
+    return call.batch * skipped
 
 
 def _dense_mask_bytes(call: Call) -> int:
@@ -294,9 +309,9 @@ def _windowed_choice(call: Call) -> str:
             return "windowed"
         return "sdpa"
     # a decoding step (fewer queries than keys, a KV cache): each head group reads only its
-    # window (.windowed.few_queries) once the cached keys over the batch are many enough
+    # window (.windowed.few_queries) once the keys that skips are worth its per-group calls
     if (call.query_len <= tuning.FEW_QUERIES
-            and call.batch * call.key_len >= tuning.WINDOWED_STEP_MIN_KEYS
+            and step_skipped_keys(call) * call.head_dim**0.5 >= tuning.WINDOWED_STEP_MIN_SKIPPED
             and not call.global_tokens and serves("windowed", call)):
         return "windowed"
     return "sdpa"
@@ -330,8 +345,9 @@ def auto_backend(call: Call) -> str:
     (CPU, float32/64, no dropout, no extra mask), else ``sdpa`` with the dense windowed bias
     (``fold`` and ``flash`` refuse windows; ``flex``, with its per-head block mask, as in 1.
     only). Decoding steps (at most :data:`.tuning.FEW_QUERIES` queries
-    against a KV cache, no global tokens): ``windowed`` from
-    :data:`.tuning.WINDOWED_STEP_MIN_KEYS` cached keys over the batch, else ``sdpa``.
+    against a KV cache, no global tokens): ``windowed`` where the keys its windows skip over
+    the batch (:func:`step_skipped_keys`) times ``√D`` reach
+    :data:`.tuning.WINDOWED_STEP_MIN_SKIPPED`, else ``sdpa``.
 
     On the CPU ``flex`` is never chosen: it was slower than these in every case measured but
     one_sided inference (up to 10 %), has no CPU backward and compiles per shape.
@@ -417,5 +433,5 @@ def call_of(q, k, v, alibi, key_padding_mask=None, attn_mask=None, dropout_p=0.0
         windows=alibi.windows() if windowed and alibi.kind == "distance" else None,
         sinks=getattr(alibi, "sinks", 0) if windowed else 0,
         sink_cache=bool(getattr(alibi, "dropped", 0)),
-        documents=getattr(alibi, "documents", None) is not None,
+        documents=getattr(alibi, "documents", None) is not None, head_dim=q.size(-1),
     )

@@ -18,7 +18,7 @@ benchmark its comment names, then re-fit what depends on it:
   with the chunks as views of one copy of the keys (``python -m benchmarks.windows --tables
   chunks``).
 * :data:`FEW_QUERIES` is :data:`MIN_CHUNK` (a chunk of ``windowed.attention`` would hold them
-  all anyway), and :data:`WINDOWED_STEP_MIN_KEYS` was timed on the calls it admits
+  all anyway), and :data:`WINDOWED_STEP_MIN_SKIPPED` was timed on the calls it admits
   (``python -m benchmarks.decoding_windows --attention-steps``, docs/decoding.md, "Decoding
   step").
 * :data:`CHUNK_BIAS_BYTES` is as large as :data:`DENSE_MASK_BUDGET` (the memory the kept chunk
@@ -87,10 +87,12 @@ ONE_WAY_WINDOWED_MIN_LENGTH = 768
 
 #: on the CPU, a decoding step with slope windows (a few queries against a KV cache:
 #: ``windowed.few_queries``) is faster with ``windowed``, each head group reading only its
-#: window, than with ``sdpa``'s dense windowed row from this many cached keys summed over the
-#: batch on (causal, 8 heads, T = 8, float32, head sizes 16 and 64). Read by
+#: window, than with ``sdpa``'s dense windowed row where the keys the windows skip over the
+#: batch (``dispatch.step_skipped_keys``) times the square root of the head size reach this:
+#: the saving grows with the keys skipped, the cost is a kernel call per head group (causal,
+#: 8 heads, T = 4, 8, 16, float32, head sizes 16 and 64, batches 1-40). Read by
 #: ``dispatch.auto_backend``. docs/decoding.md, "Decoding step"
-WINDOWED_STEP_MIN_KEYS = 4096
+WINDOWED_STEP_MIN_SKIPPED = 120_000
 
 #: ``dispatch.windowed_cost``'s constants ``(α₁, α₂, α₃, β)``: least absolute deviations over
 #: the bidirectional variants (symmetric, offset, asymmetric), T = 2, 4, 8, 16 at 768…2048
