@@ -3,10 +3,14 @@ length with slope windows, side by side with the same model without them.
 
     python -m benchmarks.decoding_windows [--smoke] [--tokens 32768] [--segment 2048]
                                           [--cutoff 8] [--sinks 0] [--check 4096] [--threads 1]
+                                          [--dims 2,128,8]
     python -m benchmarks.decoding_windows --attention-steps [--smoke] [--cutoff 8]
     python -m benchmarks.decoding_windows --beam-search [--smoke] [--cutoff 8] [--sinks S]
                                           [--tokens 100]
     python -m benchmarks.decoding_windows --sinks-cost --sinks 4 [--smoke] [--tokens 8192]
+                                          [--dims 2,128,8]
+    python -m benchmarks.decoding_windows --step-backends [--sinks S] [--dims 2,128,8]
+                                          [--tokens 4608] [--smoke]
 
 Two decoders of the quickstart's tiny size (``alibi_transformer_lm``: 2 layers, 128 dims,
 8 heads, FFN 512; a vocabulary of 1000; randomly initialised: the step time and the cache do
@@ -40,11 +44,18 @@ and ``S``, in interleaved rounds (:class:`benchmarks.timing.Rounds`, median of p
 beside the keys the windows skip (``dispatch.step_skipped_keys``) and ``auto``'s choice.
 
 ``--beam-search``: a short generation, where the windows are wider than anything generated:
-8 prompts × beam 5 (40 rows), an 8-token prompt and 100 tokens (``--tokens``), each step a token of every
-row and a reorder of the cache as beam search's (a random choice of each row's beam), the two
-models in interleaved rounds; ``bounded ÷ dense`` time and each one's KV buffer bytes at the
-end. The bounded model's cache must cost what the dense one's does: it had allocated its whole
-bound (``max_h W_h`` positions a row) at the first step.
+8 prompts × beam 5 (40 rows), an 8-token prompt and 100 tokens (``--tokens``), each step a
+token of every row and a reorder of the cache as beam search's (a random choice of each row's
+beam), the two models in interleaved rounds; ``bounded ÷ dense`` time and each one's KV
+buffer bytes at the end. The bounded model's cache must cost what the dense one's does: it had
+allocated its whole bound (``max_h W_h`` positions a row) at the first step.
+
+``--step-backends``: what ``auto``'s choice for a generation's step is worth: the bounded
+model (with ``--sinks S``: and its sinks) built once per ``--alibi-attention`` (``sdpa``,
+``windowed``, ``auto``; with sinks also ``windowed`` reading the sinks joined to the whole
+window, as before 2026-11-30), the same weights, generate ``--tokens`` tokens greedily, steps
+in rotating order; per backend the median step once the cache is at its bound, and the median of
+its paired steps ÷ ``sdpa``'s.
 
 ``--sinks-cost``: what attention sinks cost a long generation: the bounded model with
 ``--sinks S`` and the same weights without sinks generate ``--tokens`` tokens greedily side by
@@ -207,11 +218,11 @@ def peak_rss_growth(name: str, cutoff: float, tokens: int, dims, sinks: int = 0)
     for _ in range(tokens):
         run.step()
     return (_status_kib("VmHWM") - before) * 1024
-def rss_in_own_process(name, cutoff, tokens, smoke, sinks=0) -> int:
+def rss_in_own_process(name, cutoff, tokens, dims, sinks=0) -> int:
     """:func:`peak_rss_growth` in a process of its own."""
     args = [sys.executable, "-m", "benchmarks.decoding_windows", "--rss-of", name,
-            "--cutoff", str(cutoff), "--tokens", str(tokens), "--sinks", str(sinks)] + (
-                ["--smoke"] if smoke else [])
+            "--cutoff", str(cutoff), "--tokens", str(tokens), "--sinks", str(sinks),
+            "--dims", ",".join(str(x) for x in dims)]
     proc = subprocess.run(args, capture_output=True, text=True, timeout=3600)
     if proc.returncode != 0:
         raise RuntimeError(proc.stderr[-3000:])
@@ -337,7 +348,43 @@ def sinks_cost(cutoff: float, sinks: int, tokens: int, segment: int, dims=DIMS) 
                   "here, median of paired steps)"], rows)
 
 
-def main(argv=None):
+def step_backends(cutoff: float, sinks: int, tokens: int, dims=DIMS) -> str:
+    """The table of ``--step-backends`` (see the module)."""
+    from fairseq_alibi.modules.attention import dispatch
+
+    torch.manual_seed(0)
+    flags = ["--alibi-window-cutoff", str(cutoff)] + (
+        ["--alibi-window-sinks", str(sinks)] if sinks else [])
+    names = {"sdpa": ["--alibi-attention", "sdpa"], "windowed": ["--alibi-attention", "windowed"],
+             "auto": []}
+    if sinks:  # windowed reading the sinks joined to the window: the code before 2026-11-30
+        names["windowed, sinks joined"] = names["windowed"]
+    built = twins(dims, **{name: flags + extra for name, extra in names.items()})
+    prompt = torch.randint(4, VOCAB, (PROMPT,))
+    runs = {name: Generation(model, prompt, tokens) for name, model in built.items()}
+    reach = max(max(built["auto"][0].alibi.windows_of(layer)[0]) for layer in range(dims[0]))
+    kept = dict(dispatch.SINKS_APART)
+    order = list(runs)
+    for t in range(tokens):  # each backend in each place of the round equally often
+        for name in order[t % len(order):] + order[:t % len(order)]:
+            if name == "windowed, sinks joined":
+                dispatch.SINKS_APART.pop("windowed")
+            try:
+                runs[name].step()
+            finally:
+                dispatch.SINKS_APART.update(kept)
+    start = reach + sinks + 64  # past the prompt: the cache at its bound
+    base = runs["sdpa"].times[start:]
+    rows = [[name, f"{statistics.median(run.times[start:]) * 1e3:.2f}",
+             f"{statistics.median(a / b for a, b in zip(run.times[start:], base)):.3f}"]
+            for name, run in runs.items()]
+    return (f"Steps {start:,}–{tokens:,} (the cache at its bound, max_h W_h = {reach:,}):\n\n"
+            + table(["--alibi-attention", "median step (ms)",
+                     "÷ sdpa (median of paired steps)"], rows))
+
+
+def arguments() -> argparse.ArgumentParser:
+    """The command line's options."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--smoke", action="store_true",
                         help="a smoke run: 1 layer of 32 dims, 512 tokens, T = 0.5")
@@ -361,7 +408,49 @@ def main(argv=None):
     parser.add_argument("--sinks-cost", action="store_true",
                         help="time a long generation with --sinks S against the same model "
                              "without sinks, instead")
+    parser.add_argument("--step-backends", action="store_true",
+                        help="time the bounded model's generation step per attention backend "
+                             "(sdpa, windowed, auto), instead")
+    parser.add_argument("--dims", default=None, metavar="L,D,H",
+                        help="layers, model dims and heads of the decoders (default 2,128,8: "
+                             "the quickstart's tiny LM; --smoke: 1,32,8)")
     parser.add_argument("--rss-of", choices=MODELS, help=argparse.SUPPRESS)
+    return parser
+
+
+def dims_of(parser, args) -> tuple:
+    """``(layers, dims, heads)`` of ``--dims`` (``--smoke``'s or the quickstart's without it)."""
+    try:
+        dims = (tuple(int(x) for x in args.dims.split(",")) if args.dims
+                else (1, 32, 8) if args.smoke else DIMS)
+    except ValueError:
+        dims = ()
+    if len(dims) != 3 or min(dims) < 1 or dims[1] % dims[2]:
+        parser.error("--dims takes L,D,H: positive layers, dims and heads, D a multiple of H")
+    return dims
+
+
+def long_generation(args, cutoff, tokens, segment, dims, log) -> tuple:
+    """``(shape, body)`` of the default run: the two models' long generation (see the
+    module)."""
+    check = min(tokens, args.check or (512 if args.smoke else 4096))
+    runs, cache = generate_side_by_side(cutoff, tokens, segment, dims, log, args.sinks)
+    bounded = runs["bounded"]
+    reach = max(max(bounded.decoder.alibi.windows_of(layer)[0]) for layer in range(dims[0]))
+    agreement = greedy_agreement((bounded.decoder, None), cutoff, bounded.tokens, check)
+    aged = aged_vs_young((bounded.decoder, bounded.step_fn), bounded.tokens[0, :PROMPT],
+                         tokens, reach, segment)
+    rss = {name: rss_in_own_process(name, cutoff, tokens, dims, args.sinks)
+           for name in MODELS}
+    body = report(runs, cache, segment, reach, rss, agreement, aged, args.sinks)
+    shape = (f"{dims[0]} layers, {dims[1]} dims, {dims[2]} heads, vocabulary {VOCAB}, "
+             f"T = {cutoff:g}, sinks {args.sinks}, prompt {PROMPT}, {tokens:,} tokens, greedy, "
+             f"batch 1, {args.threads} thread(s)")
+    return shape, body
+
+
+def main(argv=None):
+    parser = arguments()
     args = parser.parse_args(argv)
     if args.sinks < 0:
         parser.error("--sinks must be 0 or more")
@@ -369,47 +458,35 @@ def main(argv=None):
     command = "python -m benchmarks.decoding_windows " + " ".join(
         argv if argv is not None else sys.argv[1:])
     log = lambda line: print(line, file=sys.stderr)  # noqa: E731
+    dims = dims_of(parser, args)
+    cutoff = args.cutoff or (0.5 if args.smoke and not (args.attention_steps or args.beam_search)
+                             else 8.0)
+    threads = f"{args.threads} thread(s)"
+    sizes = f"{dims[0]} layers, {dims[1]} dims, {dims[2]} heads, T = {cutoff:g}"
     if args.attention_steps:
-        cutoff = args.cutoff or 8.0
+        shape = f"one query, 8 heads, float32, T = {cutoff:g}, {threads}"
         body = attention_steps(cutoff, args.smoke, log)
-        print(f"Command: `{command.strip()}`  \nMachine: {machine()}  \n"
-              f"one query, 8 heads, float32, T = {cutoff:g}, {args.threads} thread(s)\n\n{body}")
-        return body
-    if args.beam_search:
-        cutoff = args.cutoff or 8.0
+    elif args.beam_search:
+        shape = (f"{'smoke sizes' if args.smoke else 'the quickstart LM'}, T = {cutoff:g}, "
+                 f"sinks {args.sinks}, {threads}")
         body = beam_search(cutoff, args.smoke, args.sinks, log, args.tokens)
-        print(f"Command: `{command.strip()}`  \nMachine: {machine()}  \n"
-              f"{'smoke sizes' if args.smoke else 'the quickstart LM'}, T = {cutoff:g}, sinks "
-              f"{args.sinks}, {args.threads} thread(s)\n\n{body}")
-        return body
-    dims = (1, 32, 8) if args.smoke else DIMS
-    tokens = args.tokens or (512 if args.smoke else 8192 if args.sinks_cost else 32768)
-    segment = args.segment or (64 if args.smoke else 2048)
-    cutoff = args.cutoff or (0.5 if args.smoke else 8.0)
-    if args.sinks_cost:
-        if not args.sinks:
+    elif args.step_backends:
+        shape = f"{sizes}, sinks {args.sinks}, greedy, batch 1, {threads}"
+        body = step_backends(cutoff, args.sinks, args.tokens or (512 if args.smoke else 4608),
+                             dims)
+    else:
+        tokens = args.tokens or (512 if args.smoke else 8192 if args.sinks_cost else 32768)
+        segment = args.segment or (64 if args.smoke else 2048)
+        if args.sinks_cost and not args.sinks:
             parser.error("--sinks-cost needs --sinks S (S > 0): the sinks whose cost it times")
-        body = sinks_cost(cutoff, args.sinks, tokens, segment, dims)
-        print(f"Command: `{command.strip()}`  \nMachine: {machine()}  \n{dims[0]} layers, "
-              f"{dims[1]} dims, {dims[2]} heads, T = {cutoff:g}, greedy, batch 1, "
-              f"{args.threads} thread(s)\n\n{body}")
-        return body
-    check = min(tokens, args.check or (512 if args.smoke else 4096))
-    if args.rss_of:
-        print(peak_rss_growth(args.rss_of, cutoff, tokens, dims, args.sinks))
-        return None
-    runs, cache = generate_side_by_side(cutoff, tokens, segment, dims, log, args.sinks)
-    bounded = runs["bounded"]
-    reach = max(max(bounded.decoder.alibi.windows_of(layer)[0]) for layer in range(dims[0]))
-    agreement = greedy_agreement((bounded.decoder, None), cutoff, bounded.tokens, check)
-    aged = aged_vs_young((bounded.decoder, bounded.step_fn), bounded.tokens[0, :PROMPT],
-                         tokens, reach, segment)
-    rss = {name: rss_in_own_process(name, cutoff, tokens, args.smoke, args.sinks)
-           for name in MODELS}
-    body = report(runs, cache, segment, reach, rss, agreement, aged, args.sinks)
-    shape = (f"{dims[0]} layers, {dims[1]} dims, {dims[2]} heads, vocabulary {VOCAB}, "
-             f"T = {cutoff:g}, sinks {args.sinks}, prompt {PROMPT}, {tokens:,} tokens, greedy, batch 1, "
-             f"{args.threads} thread(s)")
+        if args.rss_of:
+            print(peak_rss_growth(args.rss_of, cutoff, tokens, dims, args.sinks))
+            return None
+        if args.sinks_cost:
+            shape = f"{sizes}, greedy, batch 1, {threads}"
+            body = sinks_cost(cutoff, args.sinks, tokens, segment, dims)
+        else:
+            shape, body = long_generation(args, cutoff, tokens, segment, dims, log)
     print(f"Command: `{command.strip()}`  \nMachine: {machine()}  \n{shape}\n\n{body}")
     return body
 

@@ -20,7 +20,7 @@ from torch import Tensor
 
 from fairseq_alibi.modules.attention import attend, check_attention_backend, dense
 from fairseq_alibi.modules.attention.dispatch import (AttentionBias, CachedDocuments, CallBias,
-                                                      call_of, resolve)
+                                                      attend_sinks_apart)
 from fairseq_alibi.modules.attention.windowed import decoding_reach
 
 
@@ -133,34 +133,20 @@ class AlibiMultiheadAttention(MultiheadAttention):
                 need_head_weights, before_softmax):
         """:func:`attend_call_and_project` of this call; with a cache's attention sinks kept
         apart (``sinks``: their keys and values, ``k``/``v`` the window's), read apart where
-        ``sdpa`` would serve the call (:meth:`_attend_sinks_apart`), else joined."""
-        out = None
-        if sinks is not None and not (need_weights or before_softmax):
-            out = self._attend_sinks_apart(q, k, v, sinks, call_bias, key_padding_mask,
-                                           attn_mask)
-        if out is None:
-            if sinks is not None:
-                k, v = self._joined("key", sinks[0], k), self._joined("value", sinks[1], v)
-            out = attend_call_and_project(self, self.attention_backend, q, k, v, call_bias,
-                                          key_padding_mask, attn_mask, need_weights,
-                                          need_head_weights, before_softmax)
-        return out
-
-    def _attend_sinks_apart(self, q, k, v, sinks, call_bias, key_padding_mask, attn_mask):
-        """``(out_proj(attention), None)`` of a call against a cache whose attention sinks are
-        kept apart (``sinks``: their keys and values), where the backend would be ``sdpa``:
-        :func:`.dense.sinks_apart` reads both parts as they are; ``None`` for any other
-        backend, which reads them joined (:meth:`_joined`)."""
-        dropout_p = dropout_of(self)
-        if dropout_p or attn_mask is not None or self.attention_backend not in ("auto", "sdpa"):
-            return None
-        call = call_of(q, k, v, call_bias, key_padding_mask, attn_mask, dropout_p,
-                       key_len=sinks[0].size(2) + k.size(2))
-        if resolve(self.attention_backend, call) != "sdpa":  # auto's choice: windowed, say
-            return None
-        out = dense.sinks_apart(q, sinks, k, v, call_bias, key_padding_mask, self.scaling)
-        B, H, T, D = q.shape
-        return self.out_proj(out.permute(2, 0, 1, 3).reshape(T, B, H * D)), None
+        the backend can (:func:`.dispatch.attend_sinks_apart`: ``sdpa``, ``windowed``), else
+        joined (:meth:`_joined`)."""
+        if (sinks is not None and not (need_weights or before_softmax) and attn_mask is None
+                and not dropout_of(self)):
+            out = attend_sinks_apart(self.attention_backend, q, sinks, k, v, call_bias,
+                                     key_padding_mask, self.scaling)
+            if out is not None:
+                B, H, T, D = q.shape
+                return self.out_proj(out.permute(2, 0, 1, 3).reshape(T, B, H * D)), None
+        if sinks is not None:
+            k, v = self._joined("key", sinks[0], k), self._joined("value", sinks[1], v)
+        return attend_call_and_project(self, self.attention_backend, q, k, v, call_bias,
+                                       key_padding_mask, attn_mask, need_weights,
+                                       need_head_weights, before_softmax)
 
     def _joined(self, name: str, sinks: Tensor, window: Tensor) -> Tensor:
         """``cat([sinks, window], dim=2)``: a cache's attention sinks and its window, the keys

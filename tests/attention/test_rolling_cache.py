@@ -237,7 +237,10 @@ def test_auto_sends_decoding_steps_to_windowed_where_their_windows_skip_enough_k
     assert dispatch.step_skipped_keys(step._replace(batch=3)) == 3 * (8 * 4096 - 4080)
     assert dispatch.step_skipped_keys(step._replace(sinks=4)) == 8 * 4096 - 4080 - 8 * 4
     assert dispatch.step_skipped_keys(step._replace(windows=None)) == 0
-    assert dispatch.auto_backend(step) == "windowed"  # 0.18x sdpa's time
+    assert dispatch.auto_backend(step) == "windowed"  # 0.36x sdpa's time
+    # a long generation's rolling cache at its bound: windowed's step 0.88x sdpa's end to end
+    assert dispatch.auto_backend(step._replace(key_len=2049)) == "windowed"
+    assert dispatch.auto_backend(step._replace(key_len=2049, head_dim=16)) == "sdpa"  # 1.58x
     # many short rows (8 prompts x beam 5, 129 keys): sdpa's one call was faster (1.39x at D=16)
     short = step._replace(batch=40, key_len=129, head_dim=16)
     assert dispatch.auto_backend(short) == "sdpa"

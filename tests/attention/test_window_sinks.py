@@ -242,12 +242,12 @@ def test_step_by_step_decoding_keeps_the_sinks_and_stays_bounded(backend, sinks)
 
 
 @pytest.mark.parametrize("backend,apart", [("sdpa", True), ("naive", False),
-                                            ("windowed", False)])
-def test_the_sinks_stay_apart_from_the_window_where_sdpa_attends(backend, apart, monkeypatch):
-    """Once the cache keeps its sinks apart, a step that ``sdpa`` serves reads the two parts
-    as they are (joining them copied the whole cache at every step and layer); the other
-    backends read them joined, into a scratch buffer the layer reuses; every step equals the
-    full forward."""
+                                            ("windowed", True)])
+def test_the_sinks_stay_apart_from_the_window_where_the_backend_can(backend, apart, monkeypatch):
+    """Once the cache keeps its sinks apart, a step that ``sdpa`` or ``windowed`` serves reads
+    the two parts as they are (joining them copied the whole cache at every step and layer);
+    the other backends read them joined, into a scratch buffer the layer reuses; every step
+    equals the full forward."""
     from fairseq_alibi.modules.alibi_multihead_attention import AlibiMultiheadAttention
 
     joined = []
@@ -270,26 +270,31 @@ def test_the_sinks_stay_apart_from_the_window_where_sdpa_attends(backend, apart,
                                         DIM // attn.num_heads)
 
 
+@pytest.mark.parametrize("backend", ["sdpa", "windowed"])
 @pytest.mark.parametrize("dtype,tol", [(torch.float64, 1e-12), (torch.float32, 1e-5),
                                        (torch.bfloat16, 2e-2), (torch.float16, 2e-3)])
-def test_sinks_read_apart_give_sdpas_result_on_the_joined_keys(dtype, tol):
-    """``dense.sinks_apart`` against ``sdpa`` on ``cat([sinks, window])``, after the cache
-    dropped keys, with a padded key and a row of padding only (finite, in half precision
-    too: its scores are float32)."""
-    from fairseq_alibi.modules.attention import dense
+def test_sinks_read_apart_give_sdpas_result_on_the_joined_keys(backend, dtype, tol):
+    """``dense.sinks_apart`` and ``windowed.sinks_apart`` (each head group reads the sinks and
+    its window only) against ``sdpa`` on ``cat([sinks, window])``, after the cache dropped
+    keys, with a padded key and a row of padding only (finite, in half precision too: its
+    scores are float32)."""
+    from fairseq_alibi.modules.attention import dense, dispatch
     from fairseq_alibi.modules.bias import SinkCacheBias
 
     call = SinkCacheBias(AlibiBias(8, window_cutoff=0.5, window_sinks=4).layer(0), 10)
     torch.manual_seed(4)
     q = torch.randn(3, 8, 2, 16).to(dtype)
-    sink_k, sink_v, k, v = (torch.randn(3, 8, n, 16).to(dtype) for n in (4, 4, 130, 130))
-    padding = torch.zeros(3, 134, dtype=torch.bool)
-    padding[0, 5], padding[2] = True, True
-    apart = dense.sinks_apart(q, (sink_k, sink_v), k, v, call, padding, 0.25)
-    joined = dense.sdpa(q, torch.cat([sink_k, k], 2), torch.cat([sink_v, v], 2), call, padding,
-                        None, 0.0, 0.25)
-    assert apart.dtype == dtype and bool(torch.isfinite(apart).all())
-    torch.testing.assert_close(apart[:2].double(), joined[:2].double(), atol=tol, rtol=tol)
+    # windows of 1 ... 64 keys: past 130 keys every head skips some; past 20, two read them all
+    for length in (130, 20):
+        sink_k, sink_v, k, v = (torch.randn(3, 8, n, 16).to(dtype)
+                                for n in (4, 4, length, length))
+        padding = torch.zeros(3, 4 + length, dtype=torch.bool)
+        padding[0, 5], padding[2] = True, True
+        apart = dispatch.SINKS_APART[backend](q, (sink_k, sink_v), k, v, call, padding, 0.25)
+        joined = dense.sdpa(q, torch.cat([sink_k, k], 2), torch.cat([sink_v, v], 2), call,
+                            padding, None, 0.0, 0.25)
+        assert apart.dtype == dtype and bool(torch.isfinite(apart).all())
+        torch.testing.assert_close(apart[:2].double(), joined[:2].double(), atol=tol, rtol=tol)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])

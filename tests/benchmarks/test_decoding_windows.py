@@ -69,3 +69,13 @@ def test_the_sinks_cost_smoke_run_writes_a_ratio_per_segment():
         float(r[1]) > 0 for r in rows), rows
     refused, _ = run("--sinks-cost", "--smoke")
     assert refused.returncode == 2 and "--sinks-cost needs --sinks S" in refused.stderr
+
+
+def test_the_step_backends_smoke_run_times_each_backend_against_sdpa():
+    proc, rows = run("--step-backends", "--smoke", "--sinks", "2")
+    assert proc.returncode == 0, proc.stderr[-6000:]
+    assert [r[0] for r in rows] == ["sdpa", "windowed", "auto", "windowed, sinks joined"], rows
+    assert rows[0][2] == "1.000" and all(float(r[1]) > 0 < float(r[2]) for r in rows), rows
+    for dims in ("2,130,8", "2,x,8", "2,128"):
+        proc, _ = run("--step-backends", "--dims", dims)
+        assert proc.returncode == 2 and "--dims takes L,D,H" in proc.stderr, proc.stderr

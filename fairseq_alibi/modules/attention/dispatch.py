@@ -383,6 +383,23 @@ def resolve(name: str, call: Call) -> str:
     return name
 
 
+#: the backends that read a KV cache's attention sinks apart from its rolling window, two key
+#: parts (:func:`attend_sinks_apart`); the others read them joined, which copies the cache
+SINKS_APART = {"sdpa": dense.sinks_apart, "windowed": windowed.sinks_apart}
+
+
+def attend_sinks_apart(name, q, sinks, k, v, alibi, key_padding_mask, scale) -> Optional[Tensor]:
+    """The attention of a call against a KV cache that keeps its attention sinks apart
+    (``sinks``: ``(sink_k, sink_v)``; ``k``, ``v``: its window), no dropout or extra mask,
+    where the backend ``name`` (or ``auto``'s choice for the joined keys) reads the two parts
+    as they are (:data:`SINKS_APART`); ``None`` where it reads them joined."""
+    if name != "auto" and name not in SINKS_APART:
+        return None
+    call = call_of(q, k, v, alibi, key_padding_mask, key_len=sinks[0].size(2) + k.size(2))
+    run = SINKS_APART.get(resolve(name, call))
+    return None if run is None else run(q, sinks, k, v, alibi, key_padding_mask, scale)
+
+
 def splits_documents(name: str, call: Call) -> bool:
     """Whether a call with document masks (``call.documents``) is split into its documents,
     each attended as its own sequence by ``name`` (:mod:`.documents`), rather than run as

@@ -582,16 +582,19 @@ def _heads_index(heads: List[int], device):
     return torch.as_tensor(heads, device=device)
 
 
-def few_queries(q, k, v, alibi, windows, key_padding_mask, scale) -> Tensor:
+def few_queries(q, k, v, alibi, windows, key_padding_mask, scale, apart=None) -> Tensor:
     """A call of a few queries against a KV cache (a decoding step, ``T = 1``; a short chunk),
     ``(B, H, T, D)``: each head group reads only the keys from its first query's reach on,
     ``S - T - back … S - 1``, with its rows of the call's dense bias (``alibi.dense``: memoised
-    by the stack, the same tensor for every step of a cache trimmed to its bound), one fused
-    kernel call per group, and the cache's attention sinks (``alibi.sinks``, its first keys:
-    the dense bias holds their positions). Not with global tokens (the first keys are in every
-    window)."""
+    by the stack, the same tensor for every step of a cache trimmed to its bound), and the
+    cache's attention sinks (``alibi.sinks``, its first keys: the dense bias holds their
+    positions). One fused kernel call per group. ``apart``: ``(sink_k, sink_v)``, the sinks of
+    a cache that keeps them apart from its window (``k``, ``v``): each group joins them to the
+    keys of its window only, never the whole cache. Not with global tokens (the first keys are
+    in every window)."""
     B, H, T, D = q.shape
-    S = k.size(2)
+    held = 0 if apart is None else apart[0].size(2)  # the sinks' keys, before k's
+    S = held + k.size(2)
     first = S - T
     mask = dense.dense_mask(alibi, B, T, S, q.dtype, key_padding_mask, None)
     sinks = min(getattr(alibi, "sinks", 0), S)
@@ -600,7 +603,13 @@ def few_queries(q, k, v, alibi, windows, key_padding_mask, scale) -> Tensor:
     for (back, _), heads in _groups(windows).items():
         lo = 0 if back is None else first - min(back, first)
         idx = _heads_index(heads, q.device)
-        if sinks and lo > 0:  # the sinks before the window, then the window
+        if held:  # the sinks apart: joined to the group's window only, the keys it reads
+            start = max(lo, held)
+            rows = mask[:, idx]
+            rows = torch.cat([rows[..., :held], rows[..., start:]], -1) if start > held else rows
+            parts = tuple(torch.cat([sink[:, idx], window[:, idx, start - held:]], 2)
+                          for sink, window in zip(apart, (k, v))) + (rows,)
+        elif sinks and lo > 0:  # the sinks before the window, then the window
             kept = torch.cat([torch.arange(min(sinks, lo)), torch.arange(lo, S)]).to(q.device)
             parts = (k[:, idx].index_select(2, kept), v[:, idx].index_select(2, kept),
                      mask[:, idx].index_select(3, kept))
@@ -613,6 +622,13 @@ def few_queries(q, k, v, alibi, windows, key_padding_mask, scale) -> Tensor:
     if order != list(range(H)):
         out = out[:, torch.as_tensor(order).argsort()]
     return out
+
+
+def sinks_apart(q, sinks, k, v, alibi, key_padding_mask, scale) -> Tensor:
+    """The ``windowed`` backend for a call against a KV cache that keeps its attention sinks
+    apart from its rolling window (``sinks``: ``(sink_k, sink_v)``; ``k``, ``v``: the window):
+    :func:`few_queries`, each head group joining the sinks to its own window's keys only."""
+    return few_queries(q, k, v, alibi, alibi.windows(), key_padding_mask, scale, apart=sinks)
 
 
 def run(q, k, v, alibi, key_padding_mask, attn_mask, dropout_p, scale):
