@@ -329,8 +329,9 @@ def test_a_prompt_then_chunks_keep_the_sinks(backend, step):
     assert held(attn, decoder.state) == (bound(alibi), 4)
 
 
-def test_a_beam_reorder_and_left_padding_keep_each_rows_sinks():
-    attn, alibi = attention("auto", window_sinks=4)
+@pytest.mark.parametrize("backend", ["auto", "windowed"])
+def test_a_beam_reorder_and_left_padding_keep_each_rows_sinks(backend):
+    attn, alibi = attention(backend, window_sinks=4)
     torch.manual_seed(3)
     x = torch.randn(STREAM, 3, DIM, dtype=torch.float64)
     kpm = torch.arange(STREAM)[None, :] < torch.tensor([0, 2, 30])[:, None]
