@@ -4,7 +4,8 @@ length with slope windows, side by side with the same model without them.
     python -m benchmarks.decoding_windows [--smoke] [--tokens 32768] [--segment 2048]
                                           [--cutoff 8] [--sinks 0] [--check 4096] [--threads 1]
                                           [--dims 2,128,8]
-    python -m benchmarks.decoding_windows --attention-steps [--smoke] [--cutoff 8]
+    python -m benchmarks.decoding_windows --attention-steps [--smoke] [--cutoff 8] [--heads 8]
+                                          [--head-sizes 16,64] [--batches 1,5,10,40]
     python -m benchmarks.decoding_windows --beam-search [--smoke] [--cutoff 8] [--sinks S]
                                           [--tokens 100]
     python -m benchmarks.decoding_windows --sinks-cost --sinks 4 [--smoke] [--tokens 8192]
@@ -37,10 +38,10 @@ generated tokens are the greedy choices of one full forward with the same cutoff
 tokens up to ``p``: the repeated full forwards of greedy decoding, at once).
 
 ``--attention-steps``: what ``auto``'s choice for a decoding step with slope windows rests on
-(``tuning.WINDOWED_STEP_MIN_SKIPPED``): one query against ``S`` cached keys, 8 heads, float32,
-the windows of ``--cutoff``, ``windowed`` (each head group reads only its window:
-``windowed.few_queries``) ÷ ``sdpa`` (the dense windowed row, every key), per batch, head size
-and ``S``, in interleaved rounds (:class:`benchmarks.timing.Rounds`, median of paired ratios),
+(``tuning.WINDOWED_STEP_MIN_SKIPPED``): one query against ``S`` cached keys, ``--heads``
+heads (8), float32, the windows of ``--cutoff``, ``windowed`` (each head group reads only its
+window: ``windowed.few_queries``) ÷ ``sdpa`` (the dense windowed row, every key), per batch,
+head size and ``S``, in interleaved rounds (:class:`benchmarks.timing.Rounds`, median of paired ratios),
 beside the keys the windows skip (``dispatch.step_skipped_keys``) and ``auto``'s choice.
 
 ``--beam-search``: a short generation, where the windows are wider than anything generated:
@@ -269,19 +270,18 @@ def report(runs, cache, segment, reach, rss, agreement, aged, sinks=0) -> str:
     return body + "\n".join(lines)
 
 
-def attention_steps(cutoff: float, smoke: bool, log=print) -> str:
+def attention_steps(cutoff: float, smoke: bool, log=print, heads: int = 8,
+                    head_sizes=(16, 64), batches=None) -> str:
     """The table of ``windowed ÷ sdpa`` for one decoding step's attention (see the module)."""
-    from fairseq_alibi.modules.attention import dense, windowed
+    from fairseq_alibi.modules.attention import dense, dispatch, windowed
     from fairseq_alibi.modules.bias import AlibiBias
 
-    from fairseq_alibi.modules.attention import dispatch
-
-    heads, rounds = 8, (3 if smoke else 200)
+    rounds = 3 if smoke else 200
     lengths = (65, 257) if smoke else (65, 129, 257, 513, 1025, 2049, 4097)
     alibi = AlibiBias(heads, window_cutoff=cutoff).layer(0)
     rows = []
-    for head_dim in (16, 64):
-        for batch in (1, 5) if smoke else (1, 5, 10, 40):
+    for head_dim in head_sizes:
+        for batch in batches or ((1, 5) if smoke else (1, 5, 10, 40)):
             for keys in lengths:
                 q = torch.randn(batch, heads, 1, head_dim)
                 k, v = (torch.randn(batch, heads, keys, head_dim) for _ in range(2))
@@ -411,6 +411,12 @@ def arguments() -> argparse.ArgumentParser:
     parser.add_argument("--step-backends", action="store_true",
                         help="time the bounded model's generation step per attention backend "
                              "(sdpa, windowed, auto), instead")
+    parser.add_argument("--heads", type=int, default=8,
+                        help="--attention-steps: attention heads (default 8)")
+    parser.add_argument("--head-sizes", default="16,64", metavar="D1,D2,...",
+                        help="--attention-steps: head sizes (default 16,64)")
+    parser.add_argument("--batches", default=None, metavar="B1,B2,...",
+                        help="--attention-steps: batch sizes (default 1,5,10,40)")
     parser.add_argument("--dims", default=None, metavar="L,D,H",
                         help="layers, model dims and heads of the decoders (default 2,128,8: "
                              "the quickstart's tiny LM; --smoke: 1,32,8)")
@@ -464,8 +470,15 @@ def main(argv=None):
     threads = f"{args.threads} thread(s)"
     sizes = f"{dims[0]} layers, {dims[1]} dims, {dims[2]} heads, T = {cutoff:g}"
     if args.attention_steps:
-        shape = f"one query, 8 heads, float32, T = {cutoff:g}, {threads}"
-        body = attention_steps(cutoff, args.smoke, log)
+        try:
+            sizes = [int(x) for x in args.head_sizes.split(",")]
+            batches = [int(x) for x in args.batches.split(",")] if args.batches else None
+        except ValueError:
+            sizes = []
+        if not sizes or min(sizes + (batches or []) + [args.heads]) < 1:
+            parser.error("--heads, --head-sizes and --batches take positive integers: 16,64")
+        shape = f"one query, {args.heads} heads, float32, T = {cutoff:g}, {threads}"
+        body = attention_steps(cutoff, args.smoke, log, args.heads, sizes, batches)
     elif args.beam_search:
         shape = (f"{'smoke sizes' if args.smoke else 'the quickstart LM'}, T = {cutoff:g}, "
                  f"sinks {args.sinks}, {threads}")

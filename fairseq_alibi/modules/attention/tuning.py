@@ -91,7 +91,8 @@ ONE_WAY_WINDOWED_MIN_LENGTH = 768
 #: batch (``dispatch.step_skipped_keys``) times the square root of the head size reach this:
 #: the saving grows with the keys skipped, the cost is a kernel call per head group (causal,
 #: 8 heads, T = 4, 8, 16, float32, head sizes 16 and 64, batches 1-40, 1-4,096 keys: no call
-#: more than 6 % slower than the faster backend). Read by ``dispatch.auto_backend``.
+#: more than 6 % slower than the faster backend; checked after at 16 and 32 heads of 64 and
+#: 128, likewise). Read by ``dispatch.auto_backend``.
 #: docs/decoding.md, "Decoding step" (``python -m benchmarks.decoding_windows
 #: --attention-steps --cutoff T``)
 WINDOWED_STEP_MIN_SKIPPED = 96_000
