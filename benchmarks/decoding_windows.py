@@ -77,6 +77,7 @@ from benchmarks.decoding import build
 from benchmarks.tables import machine, table
 from benchmarks.timing import Rounds, forward_call
 from fairseq_alibi.modules.alibi_multihead_attention import AlibiMultiheadAttention
+from fairseq_alibi.modules.attention.windowed import decoding_reach
 
 #: the quickstart's tiny LM (fairseq_alibi/cli/quickstart.py, SIZES["tiny"]): layers, dims,
 #: heads (the FFN is 4 × dims = 512, as there)
@@ -94,6 +95,22 @@ def twins(dims, **flags) -> dict:
     for decoder, _ in built.values():
         decoder.load_state_dict(first)
     return built
+
+
+def in_turn(names, t: int) -> list:
+    """``names`` in the order of step ``t``: rotated by ``t``, so that each model takes each
+    place of the round equally often (two models: alternating) and load from other processes,
+    or one model's cache traffic, hits them alike."""
+    names = list(names)
+    shift = t % len(names)
+    return names[shift:] + names[:shift]
+
+
+def cache_reach(decoder, layers: int) -> int:
+    """``max_h W_h`` over the decoder's layers: the keys its KV cache keeps (besides its sinks),
+    as the attention module bounds it (:func:`~fairseq_alibi.modules.attention.windowed.
+    decoding_reach`)."""
+    return max(decoding_reach(decoder.alibi.layer(i)) for i in range(layers))
 
 
 def models(cutoff: float, dims=DIMS, sinks: int = 0):
@@ -153,9 +170,8 @@ def aged_vs_young(model, prompt: torch.Tensor, tokens: int, reach: int, steps: i
     aged.times.clear()
     young.times.clear()
     for i in range(steps):
-        first, second = (aged, young) if i % 2 else (young, aged)
-        first.step()
-        second.step()
+        for run in in_turn((aged, young), i):
+            run.step()
     return statistics.median(a / y for a, y in zip(aged.times, young.times))
 
 
@@ -178,7 +194,7 @@ def generate_side_by_side(cutoff, tokens, segment, dims=DIMS, log=print, sinks=0
     marks = set(checkpoints(tokens, segment))
     cache: Dict[str, Dict[int, int]] = {name: {} for name in MODELS}
     for t in range(1, tokens + 1):
-        for name in (MODELS if t % 2 else MODELS[::-1]):
+        for name in in_turn(MODELS, t):
             runs[name].step()
         if t in marks:
             for name in MODELS:
@@ -338,7 +354,7 @@ def sinks_cost(cutoff: float, sinks: int, tokens: int, segment: int, dims=DIMS) 
     prompt = torch.randint(4, VOCAB, (PROMPT,))
     runs = {name: Generation(model, prompt, tokens) for name, model in built.items()}
     for t in range(tokens):
-        for name in (("with", "without") if t % 2 else ("without", "with")):
+        for name in in_turn(runs, t):
             runs[name].step()
     rows = []
     for end in checkpoints(tokens, segment):
@@ -362,11 +378,10 @@ def step_backends(cutoff: float, sinks: int, tokens: int, dims=DIMS) -> str:
     built = twins(dims, **{name: flags + extra for name, extra in names.items()})
     prompt = torch.randint(4, VOCAB, (PROMPT,))
     runs = {name: Generation(model, prompt, tokens) for name, model in built.items()}
-    reach = max(max(built["auto"][0].alibi.windows_of(layer)[0]) for layer in range(dims[0]))
+    reach = cache_reach(built["auto"][0], dims[0])
     kept = dict(dispatch.SINKS_APART)
-    order = list(runs)
-    for t in range(tokens):  # each backend in each place of the round equally often
-        for name in order[t % len(order):] + order[:t % len(order)]:
+    for t in range(tokens):
+        for name in in_turn(runs, t):
             if name == "windowed, sinks joined":
                 dispatch.SINKS_APART.pop("windowed")
             try:
@@ -442,7 +457,7 @@ def long_generation(args, cutoff, tokens, segment, dims, log) -> tuple:
     check = min(tokens, args.check or (512 if args.smoke else 4096))
     runs, cache = generate_side_by_side(cutoff, tokens, segment, dims, log, args.sinks)
     bounded = runs["bounded"]
-    reach = max(max(bounded.decoder.alibi.windows_of(layer)[0]) for layer in range(dims[0]))
+    reach = cache_reach(bounded.decoder, dims[0])
     agreement = greedy_agreement((bounded.decoder, None), cutoff, bounded.tokens, check)
     aged = aged_vs_young((bounded.decoder, bounded.step_fn), bounded.tokens[0, :PROMPT],
                          tokens, reach, segment)
