@@ -364,6 +364,15 @@ def sinks_cost(cutoff: float, sinks: int, tokens: int, segment: int, dims=DIMS) 
                   "here, median of paired steps)"], rows)
 
 
+def bound_reached(cutoff: float, sinks: int, heads: int) -> int:
+    """The step from which a generation's KV cache is at its bound (the prompt, the sinks and
+    ``max_h W_h``: :func:`~fairseq_alibi.modules.attention.windowed.decoding_reach`)."""
+    from fairseq_alibi.modules.bias import AlibiBias
+
+    layer = AlibiBias(heads, window_cutoff=cutoff, window_sinks=sinks).layer(0)
+    return decoding_reach(layer) + sinks + PROMPT
+
+
 def step_backends(cutoff: float, sinks: int, tokens: int, dims=DIMS) -> str:
     """The table of ``--step-backends`` (see the module)."""
     from fairseq_alibi.modules.attention import dispatch
@@ -378,7 +387,7 @@ def step_backends(cutoff: float, sinks: int, tokens: int, dims=DIMS) -> str:
     built = twins(dims, **{name: flags + extra for name, extra in names.items()})
     prompt = torch.randint(4, VOCAB, (PROMPT,))
     runs = {name: Generation(model, prompt, tokens) for name, model in built.items()}
-    reach = cache_reach(built["auto"][0], dims[0])
+    start = bound_reached(cutoff, sinks, dims[2])
     kept = dict(dispatch.SINKS_APART)
     for t in range(tokens):
         for name in in_turn(runs, t):
@@ -388,12 +397,12 @@ def step_backends(cutoff: float, sinks: int, tokens: int, dims=DIMS) -> str:
                 runs[name].step()
             finally:
                 dispatch.SINKS_APART.update(kept)
-    start = reach + sinks + 64  # past the prompt: the cache at its bound
     base = runs["sdpa"].times[start:]
     rows = [[name, f"{statistics.median(run.times[start:]) * 1e3:.2f}",
              f"{statistics.median(a / b for a, b in zip(run.times[start:], base)):.3f}"]
             for name, run in runs.items()]
-    return (f"Steps {start:,}–{tokens:,} (the cache at its bound, max_h W_h = {reach:,}):\n\n"
+    return (f"Steps {start:,}–{tokens:,} (the cache at its bound, max_h W_h = "
+            f"{start - sinks - PROMPT:,}):\n\n"
             + table(["--alibi-attention", "median step (ms)",
                      "÷ sdpa (median of paired steps)"], rows))
 
@@ -475,6 +484,10 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if args.sinks < 0:
         parser.error("--sinks must be 0 or more")
+    if args.tokens is not None and args.tokens < 1:
+        parser.error("--tokens must be 1 or more")
+    if args.cutoff is not None and not 0 < args.cutoff < float("inf"):
+        parser.error("--cutoff must be a positive finite number of nats")
     torch.set_num_threads(args.threads)
     command = "python -m benchmarks.decoding_windows " + " ".join(
         argv if argv is not None else sys.argv[1:])
@@ -500,8 +513,11 @@ def main(argv=None):
         body = beam_search(cutoff, args.smoke, args.sinks, log, args.tokens)
     elif args.step_backends:
         shape = f"{sizes}, sinks {args.sinks}, greedy, batch 1, {threads}"
-        body = step_backends(cutoff, args.sinks, args.tokens or (512 if args.smoke else 4608),
-                             dims)
+        tokens = args.tokens or (512 if args.smoke else 4608)
+        if tokens <= bound_reached(cutoff, args.sinks, dims[2]):
+            parser.error(f"--step-backends times the steps past the KV cache's bound: --tokens "
+                         f"must exceed {bound_reached(cutoff, args.sinks, dims[2])} here")
+        body = step_backends(cutoff, args.sinks, tokens, dims)
     else:
         tokens = args.tokens or (512 if args.smoke else 8192 if args.sinks_cost else 32768)
         segment = args.segment or (64 if args.smoke else 2048)

@@ -79,3 +79,8 @@ def test_the_step_backends_smoke_run_times_each_backend_against_sdpa():
     for dims in ("2,130,8", "2,x,8", "2,128"):
         proc, _ = run("--step-backends", "--dims", dims)
         assert proc.returncode == 2 and "--dims takes L,D,H" in proc.stderr, proc.stderr
+    for flags, said in ((("--tokens", "50"), "--tokens must exceed 192"),
+                        (("--tokens", "0"), "--tokens must be 1 or more"),
+                        (("--cutoff", "-1"), "--cutoff must be a positive finite number")):
+        proc, _ = run("--step-backends", "--smoke", *flags)
+        assert proc.returncode == 2 and said in proc.stderr, proc.stderr
