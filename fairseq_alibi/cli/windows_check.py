@@ -358,7 +358,9 @@ class MassMeter:
         import torch
 
         length = probs.size(-1)
-        firsts = document_firsts(self.attentions[layer].alibi, length)
+        alibi = self.attentions[layer].alibi
+        exempt = alibi.global_tokens  # every query reads them, and they read every key
+        firsts = document_firsts(alibi, length)
         if firsts is not None:  # and each position's document's last key
             firsts = firsts.to(probs.device)
             ends = torch.searchsorted(firsts, firsts, right=True) - 1
@@ -368,21 +370,27 @@ class MassMeter:
                      for t, w in self.windows[layer].items()}
             windows = {t: (back, ahead) for t, (back, ahead) in sides.items()
                        if any(0 < (side or length) < length - 1 for side in (back, ahead))}
-            for start in range(0, length if windows else 0, QUERY_CHUNK):
+            for start in range(exempt, length if windows else 0, QUERY_CHUNK):
                 rows = torch.arange(start, min(length, start + QUERY_CHUNK), device=probs.device)
-                sums = probs[head, rows].double().cumsum(-1)  # from the farthest key: exact
+                weights = probs[head, rows].double()
+                weights[:, :exempt] = 0  # never beyond a window: they weigh 0 here
+                sums = weights.cumsum(-1)  # from the farthest key: exact
                 first, end = (0, length - 1) if firsts is None else (firsts[rows], ends[rows])
                 for t, (back, ahead) in windows.items():
                     self._count(layer, head, t, rows - back - 1 if back else rows - length,
-                                (first, end), sums, rows + ahead if ahead else rows + length)
+                                (first, end), sums, rows + ahead if ahead else rows + length,
+                                exempt)
 
-    def _count(self, layer, head, t, last, document, sums, ahead_last):
+    def _count(self, layer, head, t, last, document, sums, ahead_last, exempt=0):
         """``document``: each query's document's first and last key (the keys outside it weigh
         0, and only its own count as beyond the window); ``last``: each query's last key beyond
         the window behind it (``< first``: none); ``ahead_last``: its last key within the
-        window ahead (the keys after it are beyond, ``>= end``: none)."""
+        window ahead (the keys after it are beyond, ``>= end``: none); ``exempt``: the global
+        tokens, the first keys, which every query reads (they weigh 0 in ``sums``; a model
+        with them has no document mask, so ``first`` is 0)."""
         length, (first, end) = sums.size(-1), document
-        behind = last >= first  # the queries with keys beyond the window: first … i - W - 1
+        # the queries with keys beyond the window: first (after the global tokens) … i - W - 1
+        behind = last >= first + exempt
         kept = behind | (ahead_last < end)
         if not bool(kept.any()):
             return

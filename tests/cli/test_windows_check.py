@@ -512,16 +512,18 @@ def test_an_encoders_windows_are_judged_on_its_masked_tokens(encoder_data, tmp_p
         assert message in err.strip().splitlines()[-1], err[-2000:]
 
 
-@pytest.mark.parametrize("variant", ["symmetric", "offset", "one_sided"])
-def test_an_encoder_heads_mass_beyond_is_on_both_sides(variant):
+@pytest.mark.parametrize("variant,global_tokens", [
+    ("symmetric", 0), ("offset", 0), ("one_sided", 0), ("symmetric", 2), ("offset", 1)])
+def test_an_encoder_heads_mass_beyond_is_on_both_sides(variant, global_tokens):
     """The meter's masses, and their part on the first S positions, against a sum over every
-    (query, key) of random attention probabilities."""
+    (query, key) of random attention probabilities. Global tokens are never beyond a window:
+    every query reads them (as keys), and they read every key (as queries)."""
     from fairseq_alibi.alibi import variant_windows
     from fairseq_alibi.cli.windows_check import MassMeter
     from fairseq_alibi.modules.bias import AlibiBias
 
-    class Attention:
-        alibi = AlibiBias(4, variant=variant).layer(0)  # slopes 1/4 … 1/256
+    class Attention:  # slopes 1/4 … 1/256
+        alibi = AlibiBias(4, variant=variant, global_tokens=global_tokens).layer(0)
 
     length, cutoff, sinks = 40, 2.0, 3
     probs = torch.rand(4, length, length, generator=torch.Generator().manual_seed(0),
@@ -532,8 +534,8 @@ def test_an_encoder_heads_mass_beyond_is_on_both_sides(variant):
     backs, aheads = variant_windows(meter.slopes[0], cutoff, variant)
     for head, (back, ahead) in enumerate(zip(backs, aheads)):
         expected, on_sinks = [], 0.0
-        for i in range(length):
-            left = [j for j in range(length) if back and j < i - back]
+        for i in range(global_tokens, length):
+            left = [j for j in range(global_tokens, length) if back and j < i - back]
             right = [j for j in range(length) if ahead and j > i + ahead]
             if left or right:
                 expected.append(float(probs[head, i, left + right].sum()))
