@@ -239,12 +239,17 @@ def machine_line() -> str:
     )
 
 
-def declared_options(model_class) -> Dict[str, argparse.Action]:
-    """``dest -> argparse action`` of every option ``model_class.add_args`` declares in this
-    checkout: the model flags a ``fairseq-train`` command may pass (``action.option_strings``)."""
+def declared_options(model_class) -> Dict[str, List[argparse.Action]]:
+    """``dest -> argparse actions`` of every option ``model_class.add_args`` declares in this
+    checkout: the model flags a ``fairseq-train`` command may pass (``action.option_strings``;
+    a switch and its opposite, e.g. ``--layernorm-embedding`` and ``--no-layernorm-embedding``,
+    share a ``dest``)."""
     parser = argparse.ArgumentParser(add_help=False)
     model_class.add_args(parser)
-    return {action.dest: action for action in parser._actions}
+    found: Dict[str, List[argparse.Action]] = {}
+    for action in parser._actions:
+        found.setdefault(action.dest, []).append(action)
+    return found
 
 
 def parse_seeds(parser, text: str) -> List[int]:

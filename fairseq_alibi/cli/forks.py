@@ -23,7 +23,7 @@ conversion of stock ``transformer_lm`` checkpoints and the command line are in
 
 import argparse
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Sequence
 
 import torch
 
@@ -187,11 +187,11 @@ def roberta_options(model_cfg, task_cfg) -> dict:
     )
 
 
-def model_overrides(model_cfg, target: str) -> list:
+def model_overrides(model_cfg, target: str, always: Sequence[str] = ()) -> list:
     """``++model.KEY=VALUE`` hydra overrides for every saved model option that differs from what
-    the ``target`` architecture sets: with them, ``fairseq-hydra-train`` (e.g. the GLUE configs)
-    builds exactly the converted model. Some have no ``fairseq-train`` flag (RoBERTa's
-    ``layernorm_embedding`` can only be switched on there), hence hydra."""
+    the ``target`` architecture sets, and for the options ``always`` whatever their value (what
+    a config may set otherwise: the GLUE configs' ``variant`` group sets the variant and the
+    head): with them, ``fairseq-hydra-train`` builds exactly the converted model."""
     from fairseq.models import ARCH_CONFIG_REGISTRY, ARCH_MODEL_REGISTRY
 
     defaults = argparse.Namespace()
@@ -206,7 +206,8 @@ def model_overrides(model_cfg, target: str) -> list:
             "encoder_layerdrop", "no_token_positional_embeddings"}
     overrides = []
     for key, value in plain_cfg(model_cfg, resolve=False).items():
-        if key in skip or key not in options or value is None or defaults.get(key) == value:
+        if key in skip or key not in options or value is None or (
+                defaults.get(key) == value and key not in always):
             continue
         text = str(value).lower() if isinstance(value, bool) else str(value)
         overrides.append(f"++model.{key}={text}")
@@ -294,7 +295,7 @@ def fill_weights(model, weights: dict, what: str) -> dict:
 
 def convert_eify_roberta(state: dict, dict_path=None) -> dict:
     """Convert a loaded EIFY RoBERTa checkpoint in place; return a summary."""
-    from fairseq_alibi.models.alibi_roberta import roberta_flags
+    from fairseq_alibi.models.alibi_roberta import VARIANT_GROUP_KEYS, roberta_flags
 
     cfg = state["cfg"]
     model_cfg, task_cfg = cfg["model"], cfg.get("task")
@@ -328,8 +329,10 @@ def convert_eify_roberta(state: dict, dict_path=None) -> dict:
     dictionary_note = check_roberta_dictionary(dict_path, rows, options["embedding_omits_mask"])
     return {
         "source": "eify", "source_arch": arch, "target_arch": target, "family": "roberta",
-        "options": options, "flags": roberta_flags(options), "rows": rows,
-        "overrides": model_overrides(model_cfg, target),
+        "options": options, "rows": rows,
+        "flags": roberta_flags(dict(options, layernorm_embedding=bool(
+            cfg_get(model_cfg, "layernorm_embedding", True)))),
+        "overrides": model_overrides(model_cfg, target, always=VARIANT_GROUP_KEYS),
         "kept": len(weights), "added": sorted(set(state["model"]) - set(weights)),
         "optimizer_kept": state["last_optimizer_state"] is not None, "dictionary": dictionary_note,
         "beta": float(weights["encoder.lm_head.beta"]) if "encoder.lm_head.beta" in weights

@@ -127,8 +127,8 @@ class Pretrained:
     pretraining_length: Optional[int]
 
 
-def model_options() -> Dict[str, argparse.Action]:
-    """``dest -> action`` of every option ``alibi_roberta`` accepts in this checkout."""
+def model_options() -> Dict[str, List[argparse.Action]]:
+    """``dest -> actions`` of every option ``alibi_roberta`` accepts in this checkout."""
     from fairseq_alibi.models.alibi_roberta import AlibiRobertaModel
 
     return declared_options(AlibiRobertaModel)
@@ -149,18 +149,24 @@ def flags_of(model: dict, arch: str) -> List[str]:
     defaults = argparse.Namespace()
     ARCH_CONFIG_REGISTRY[arch](defaults)
     flags = []
-    for dest, action in model_options().items():
-        if dest in NOT_CARRIED or dest not in model or not action.option_strings:
+    for dest, actions in model_options().items():
+        actions = [a for a in actions if a.option_strings]
+        if dest in NOT_CARRIED or dest not in model or not actions:
             continue
-        value, default = model[dest], getattr(defaults, dest, action.default)
+        value, default = model[dest], getattr(defaults, dest, actions[0].default)
         if value is None or isinstance(value, (list, tuple, dict)) or _same(value, default):
             continue
-        option = action.option_strings[0]
-        if isinstance(action, argparse._StoreTrueAction):
-            if value:
-                flags.append(option)
+        switches = [a for a in actions if isinstance(a, argparse._StoreConstAction)]
+        if switches:  # the switch that stores the value: --x, or its opposite --no-x
+            switch = next((a for a in switches if a.const == value), None)
+            if switch is None:
+                raise GlueError(f"the checkpoint's model has {dest}={value}, which no "
+                                f"fairseq-train flag of {arch} sets; fine-tune it with "
+                                "fairseq-hydra-train and the override "
+                                f"++model.{dest}={str(value).lower()}")
+            flags.append(switch.option_strings[0])
         else:
-            flags += [option, str(value)]
+            flags += [actions[0].option_strings[0], str(value)]
     return flags
 
 

@@ -136,6 +136,8 @@ class RobertaOptions(FairseqDataclass):
 
 #: the options ``encoder.model_kind`` records, by name, so a checkpoint says how it was built
 KIND_FIELDS = ("alibi_variant", "mlm_head", "clap_normalize", "zero_mask_embedding")
+#: the model options each shipped ``variant=`` config group sets (config/shared/variant)
+VARIANT_GROUP_KEYS = ("alibi_variant", "mlm_head", "zero_mask_embedding")
 #: how checkpoints written before the names were stored encoded the same options: positions in
 #: these tuples (frozen here; never reorder them)
 _LEGACY_KIND_VALUES = (
@@ -171,13 +173,16 @@ def decode_kind(saved: torch.Tensor) -> dict:
 
 def roberta_flags(values: dict) -> str:
     """The command-line flags of ``alibi_roberta`` options given by name (the variant and head
-    always; the embedding options when they differ from stock RoBERTa's)."""
+    always; the embedding options, its layer norm among them, when they differ from stock
+    RoBERTa's)."""
     flags = [f"--alibi-variant {values['alibi_variant']}", f"--mlm-head {values['mlm_head']}"]
     for name in ("clap_no_normalize", "zero_mask_embedding", "embedding_omits_mask"):
         if values.get(name):
             flags.append("--" + name.replace("_", "-"))
     if values.get("embedding_padding_idx", "pad") != "pad":
         flags.append(f"--embedding-padding-idx {values['embedding_padding_idx']}")
+    if values.get("layernorm_embedding") is False:
+        flags.append("--no-layernorm-embedding")
     return " ".join(flags)
 
 
@@ -194,11 +199,9 @@ def _kind_overrides(kind: dict) -> str:
     for path in sorted(Path(config_dir("shared", "variant")).glob("*.yaml")):
         shipped = OmegaConf.to_container(OmegaConf.load(path))
         if kind["clap_normalize"] == (shipped.get("mlm_head") == "clap") and all(
-            shipped.get(k) == kind[k] for k in ("alibi_variant", "mlm_head", "zero_mask_embedding")
-        ):
+            shipped.get(k) == kind[k] for k in VARIANT_GROUP_KEYS):
             return f"variant={path.stem}"
-    overrides = [f"model.{k}={str(kind[k]).lower()}"
-                 for k in ("alibi_variant", "mlm_head", "zero_mask_embedding")]
+    overrides = [f"model.{k}={str(kind[k]).lower()}" for k in VARIANT_GROUP_KEYS]
     if kind["mlm_head"] == "clap" and not kind["clap_normalize"]:
         overrides.append("++model.clap_no_normalize=true")
     return " ".join(overrides)
@@ -372,6 +375,12 @@ class AlibiRobertaModel(ScalesFollowPrunedLayers, RobertaModel):
     @staticmethod
     def add_args(parser):
         RobertaModel.add_args(parser)
+        # stock RoBERTa's --layernorm-embedding only switches it on (its default is on): the
+        # off switch that fine-tuning the EIFY fork's clap models with fairseq-train needs
+        parser.add_argument("--no-layernorm-embedding", dest="layernorm_embedding",
+                            action="store_false",
+                            help="no layer norm on the token embeddings (as in the EIFY fork's "
+                                 "learned-clap and zero-clap models); stock RoBERTa has one")
         options.add_args(parser, options.StackOptions, options.ENCODER)
         options.add_args(parser, RobertaOptions, None)
 

@@ -711,9 +711,12 @@ def _check_fine_tuned(name, checkpoint, updates):
 
 
 @pytest.mark.slow
-def test_glue_fine_tuning_of_zero_clap_with_the_shipped_hydra_recipe(converted, tmp_path):
-    """config/glue/rte.yaml (stock sentence_prediction) with the overrides the converter prints."""
-    name = "eify_roberta_zero_clap"
+@pytest.mark.parametrize("name", ["eify_roberta_zero_clap", "eify_roberta_alibi_offset"])
+def test_glue_fine_tuning_with_the_shipped_hydra_recipe(name, converted, tmp_path):
+    """config/glue/rte.yaml (stock sentence_prediction) with the overrides the converter prints:
+    the zero-clap model's (no embedding layer norm, which only hydra can say), and an offset
+    model with the RoBERTa head, whose variant and head the overrides name although they are
+    the architecture's defaults (the config's default variant group is zero-clap)."""
     path, summary = converted[name]
     bin_dir = _glue_data(name, tmp_path)
     out = _hydra_train(
@@ -728,8 +731,10 @@ def test_glue_fine_tuning_of_zero_clap_with_the_shipped_hydra_recipe(converted, 
 
 @pytest.mark.slow
 def test_glue_fine_tuning_with_fairseq_train_flags(converted, tmp_path):
-    name = "eify_roberta_alibi_symmetric"
+    """The zero-clap model's printed flags, --no-layernorm-embedding among them."""
+    name = "eify_roberta_zero_clap"
     path, summary = converted[name]
+    assert "--no-layernorm-embedding" in summary["flags"].split()
     bin_dir = _glue_data(name, tmp_path)
     out = run_cli("fairseq-train", bin_dir, "--user-dir", _user_dir(), "--task",
                   "sentence_prediction", "--criterion", "sentence_prediction", "--arch",

@@ -193,7 +193,8 @@ def dictionary_folder(tmp_path_factory):
     (["--arch", "alibi_roberta_base", "--alibi-variant", "symmetric", "--mlm-head", "clap",
       "--zero-mask-embedding", "--alibi-learned-scales", "per_head", "--alibi-document-mask",
       "eos"], None),
-    (["--arch", "alibi_roberta_small", "--alibi-variant", "none", "--untie-weights-roberta"], 24),
+    (["--arch", "alibi_roberta_small", "--alibi-variant", "none", "--untie-weights-roberta",
+      "--no-layernorm-embedding"], 24),
 ])
 def test_model_flags_read_from_the_checkpoint_rebuild_it(flags, learned, dictionary_folder,
                                                          tmp_path):
@@ -211,7 +212,7 @@ def test_model_flags_read_from_the_checkpoint_rebuild_it(flags, learned, diction
     rebuilt = vars(cfg.model)
     for key in ("encoder_layers", "encoder_embed_dim", "encoder_ffn_embed_dim",
                 "encoder_attention_heads", "alibi_variant", "mlm_head", "zero_mask_embedding",
-                "alibi_learned_scales", "untie_weights_roberta"):
+                "alibi_learned_scales", "untie_weights_roberta", "layernorm_embedding"):
         assert rebuilt[key] == saved[key], key
 
 
