@@ -44,9 +44,13 @@ class StackRecord:
     # "other" (set by hand, or computed elsewhere): what the variant shows of itself
     asymmetric: bool  # a future_slope_ratio: the asymmetric variant
     scales: Optional[Tuple[int, ...]]  # the learned scales' shape (layers or 1, heads or 1)
+    # asymmetric's future-slope ratio per head: saved, or built fixed (a built learnable one,
+    # None, starts from its option's value and loads the ratios it learned)
+    ratios: Optional[Tuple[float, ...]] = None
 
     @classmethod
-    def of(cls, slopes: torch.Tensor, ratio_saved: bool, scales: Optional[torch.Tensor]):
+    def of(cls, slopes: torch.Tensor, ratio: Optional[torch.Tensor],
+           scales: Optional[torch.Tensor], ratio_learned: bool = False):
         slopes = slopes.detach().float().cpu()
         heads = slopes.numel()
         biased = int(slopes.ne(0).sum())
@@ -56,8 +60,10 @@ class StackRecord:
             kind = "one_sided"
         elif biased and torch.equal(slopes, variant_slopes(heads, "causal", biased)):
             kind = "press"
-        return cls(heads, biased if biased < heads else None, kind, ratio_saved,
-                   None if scales is None else tuple(scales.shape))
+        ratios = (None if ratio is None or ratio_learned
+                  else tuple(ratio.detach().float().cpu().tolist()))
+        return cls(heads, biased if biased < heads else None, kind, ratio is not None,
+                   None if scales is None else tuple(scales.shape), ratios)
 
     @classmethod
     def saved(cls, state_dict, prefix: str) -> Optional["StackRecord"]:
@@ -66,13 +72,15 @@ class StackRecord:
         slopes = state_dict.get(f"{prefix}slopes")
         if slopes is None:
             return None
-        return cls.of(slopes, f"{prefix}future_slope_ratio" in state_dict,
+        return cls.of(slopes, state_dict.get(f"{prefix}future_slope_ratio"),
                       state_dict.get(f"{prefix}scales"))
 
     @classmethod
     def built(cls, alibi) -> "StackRecord":
         """The record of a built :class:`~fairseq_alibi.modules.bias.AlibiBias`."""
-        return cls.of(alibi.slopes, alibi.future_slope_ratio is not None, alibi.scales)
+        ratio = alibi.future_slope_ratio
+        return cls.of(alibi.slopes, ratio, alibi.scales,
+                      ratio_learned=isinstance(ratio, torch.nn.Parameter))
 
 
 def scale_mode(shape: Tuple[int, ...]) -> str:
@@ -113,6 +121,9 @@ def stack_differences(saved: StackRecord, built: StackRecord, variant: str, pref
                       else f"another {flag}-variant than asymmetric (no {prefix}future_slope_ratio)",
                       f"{flag}-variant {variant}",
                       f"{flag}-variant asymmetric" if saved.asymmetric else trained_with))
+    elif (saved.asymmetric and built.ratios is not None and saved.ratios is not None
+          and saved.ratios != built.ratios):
+        found.append(_ratio_difference(saved.ratios, built.ratios, prefix, flag))
     if saved.scales is not None and saved.scales != built.scales:
         def scales(shape):
             return f"{flag}-learned-scales {scale_mode(shape)} (scales {'x'.join(map(str, shape))}"
@@ -126,6 +137,19 @@ def stack_differences(saved: StackRecord, built: StackRecord, variant: str, pref
                       f"{flag}-learned-scales none" if built.scales is None
                       else f"{scales(built.scales)})", fix))
     return found
+
+
+def _ratio_difference(saved, built, prefix: str, flag: str) -> Tuple[str, str, str]:
+    """The phrases of a fixed future-slope ratio (``asymmetric``) other than the saved one,
+    which would load over the option and compute the saved ratio under the option's name:
+    the saved ratio's option, or, for ratios that differ by head (learned), the option that
+    learns them (they load as saved)."""
+    def ratio(values):
+        return f"{flag}-future-slope-ratio {values[0]:g}" if len(set(values)) == 1 \
+            else f"future slope ratios {', '.join(f'{v:.4g}' for v in values)}"
+
+    fix = ratio(saved) if len(set(saved)) == 1 else f"{flag}-learnable-future-slopes"
+    return f"{ratio(saved)} ({prefix}future_slope_ratio)", ratio(built), fix
 
 
 def check_stack(state_dict, prefix: str, alibi, flag: str = "--alibi",

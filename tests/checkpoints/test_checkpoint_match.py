@@ -43,6 +43,9 @@ CASES = [
     ("encoder", ["--encoder-attention-heads", 2], [], "--encoder-attention-heads 2"),
     ("encoder", ["--alibi-learned-scales", "per_layer_head"], [],
      "--alibi-learned-scales per_layer_head"),
+    ("encoder", ["--alibi-variant", "asymmetric", "--alibi-future-slope-ratio", 0.5],
+     ["--alibi-variant", "asymmetric", "--alibi-future-slope-ratio", 3],
+     "--alibi-future-slope-ratio 0.5"),
     ("translation", ["--encoder-alibi-variant", "one_sided"], [],
      "--encoder-alibi-variant one_sided"),
     ("translation", ["--encoder-alibi-variant", "asymmetric"], [],
@@ -94,6 +97,21 @@ def test_what_the_tensors_cannot_tell_apart_loads_as_saved():
     assert torch.equal(loaded.slopes, by_hand["slopes"])
     without_scales = AlibiBias(4).state_dict()  # learned scales start from their initial value
     AlibiBias(4, learned_scales="per_head").load_state_dict(without_scales)
+
+
+def test_learned_future_slope_ratios_load_as_saved():
+    """A learnable ratio's option is where it starts: the ratios it learned load over it; built
+    fixed, the same checkpoint names the option that learns them."""
+    trained = AlibiBias(4, variant="asymmetric", learnable_future_slopes=True)
+    with torch.no_grad():
+        trained.future_slope_ratio.copy_(torch.tensor([0.5, 0.75, 1.0, 2.0]))
+    learnable = AlibiBias(4, variant="asymmetric", learnable_future_slopes=True,
+                          future_slope_ratio=3.0)
+    learnable.load_state_dict(trained.state_dict())
+    assert learnable.future_slope_ratio.tolist() == [0.5, 0.75, 1.0, 2.0]
+    with pytest.raises(ValueError, match=r"trained with future slope ratios 0\.5, 0\.75, 1, 2 "
+                       r".*build it with --alibi-learnable-future-slopes$"):
+        AlibiBias(4, variant="asymmetric").load_state_dict(trained.state_dict())
 
 
 def test_the_record_of_a_stack():
