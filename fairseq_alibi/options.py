@@ -48,7 +48,7 @@ from fairseq_alibi.alibi import (DOCUMENT_MASKS, ENCODER_VARIANTS, SCALE_MODES, 
 from fairseq_alibi.config_access import cfg_get, cfg_set
 from fairseq_alibi.cross_alibi import CROSS_ALIBI_MODES
 from fairseq_alibi.error_hints import OneLineError
-from fairseq_alibi.modules.attention.dispatch import ATTENTION_BACKENDS
+from fairseq_alibi.modules.attention.dispatch import ATTENTION_BACKENDS, check_options
 
 logger = logging.getLogger(__name__)
 
@@ -331,6 +331,10 @@ def check_stacks(stacks):
         stack.check(side, heads)
     first = next(iter(stacks.values()))[0]
     first.check_model_wide()
+    for stack, _ in stacks.values():
+        if stack.uses_alibi:
+            check_options(str(stack.attention), stack.variant, bool(stack.window_cutoff),
+                          stack.window_sinks, stack.global_tokens)
     if not any(stack.uses_alibi for stack, _ in stacks.values()) and any(
             _is_on(f, getattr(first, f.name)) for f in option_fields(StackOptions)
             if f.metadata.get("model_wide")):

@@ -180,6 +180,24 @@ def test_one_list_of_names_and_one_validation():
         set_attention_backend(torch.nn.Sequential(), "sdpa-fold")
 
 
+@pytest.mark.parametrize("model,flags,reason", [
+    ("lm", ["--alibi-attention", "fold", "--alibi-window-cutoff", 8], "slope windows"),
+    ("encoder", ["--alibi-attention", "flash", "--alibi-variant", "offset"],
+     "causal and symmetric only, not offset"),
+    ("encoder", ["--alibi-attention", "fold", "--alibi-global-tokens", 1], "global tokens"),
+])
+def test_a_named_backend_that_the_options_rule_out_is_refused_when_the_model_is_built(
+        model, flags, reason, tiny_lm_data):
+    """Not at its first call: a load-time override is refused where it is given."""
+    from fairseq_alibi.options import OptionError
+    from tests.helpers.building import build_model
+
+    with pytest.raises(OptionError, match=f"--alibi-attention {flags[1]} cannot serve this "
+                       f"model: .*{reason}.*Use --alibi-attention auto"):
+        build_model(model, tiny_lm_data, *flags)
+    build_model(model, tiny_lm_data, *flags[2:])  # auto serves it
+
+
 def test_a_named_backend_that_cannot_serve_is_a_clear_error(monkeypatch):
     train = Call("cpu", torch.float32, "causal", 8, 8, grad=True)
     with pytest.raises(ValueError, match="flex cannot serve.*no CPU backward.*auto"):

@@ -367,6 +367,15 @@ def auto_backend(call: Call) -> str:
     return "sdpa"
 
 
+def _refusal(name: str, what: str, reason: str, call: Call) -> ValueError:
+    """The one refusal of a named backend: why, and the backends that serve ``call``."""
+    serving = [other for other in REGISTRY if serves(other, call)]
+    return ValueError(
+        f"--alibi-attention {name} cannot serve {what}: {reason}. Use --alibi-attention auto "
+        f"(or {' or '.join(serving)}), e.g. at load time with --model-overrides "
+        "\"{'alibi_attention': 'auto'}\"")
+
+
 def resolve(name: str, call: Call) -> str:
     """The backend to run: ``name`` itself, or ``auto``'s choice for ``call``; the one refusal
     of a named backend that cannot serve ``call`` (its reason, and the backends that can)."""
@@ -374,13 +383,27 @@ def resolve(name: str, call: Call) -> str:
         return auto_backend(call)
     reason = unsupported(check_attention_backend(name), call)
     if reason is not None:
-        serving = [other for other in REGISTRY if serves(other, call)]
-        raise ValueError(
-            f"--alibi-attention {name} cannot serve this call: {reason}. Use "
-            f"--alibi-attention auto (or {' or '.join(serving)}), e.g. at load time with "
-            "--model-overrides \"{'alibi_attention': 'auto'}\""
-        )
+        raise _refusal(name, "this call", reason, call)
     return name
+
+
+#: the limits a stack's options alone meet, whatever the call (:func:`check_options`)
+_OPTION_LIMITS = ("windows", "sinks", "global_tokens", "variants")
+
+
+def check_options(name: str, variant: str, windowed: bool, sinks: int, global_tokens: int):
+    """The refusal of a backend named by ``--alibi-attention`` that a stack's options (its
+    variant, slope windows, sinks, global tokens) keep from serving any of its calls, when the
+    model is built (a load-time override too) rather than at its first call; what depends on
+    the call (device, dtype, a KV cache, ...) is judged per call (:func:`resolve`)."""
+    if name == "auto":
+        return
+    capabilities = REGISTRY[check_attention_backend(name)].capabilities
+    call = Call((capabilities.devices or ("cpu",))[0],
+                (capabilities.dtypes or (torch.float32,))[0], variant, 1, 1,
+                global_tokens=global_tokens, windowed=windowed, sinks=sinks if windowed else 0)
+    if capabilities.limit(call) in _OPTION_LIMITS:
+        raise _refusal(name, "this model", capabilities.refusal(name, call), call)
 
 
 #: the backends that read a KV cache's attention sinks apart from its rolling window, two key
