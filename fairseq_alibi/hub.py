@@ -1,6 +1,6 @@
 """``from_pretrained`` of the ALiBi models: offline, of the class asked for, at any length.
 
-Stock ``from_pretrained`` (``fairseq.hub_utils``) has three surprises for ALiBi checkpoints:
+Stock ``from_pretrained`` (``fairseq.hub_utils``) has four surprises for ALiBi checkpoints:
 
 * RoBERTa's default BPE is GPT-2's, whose files default to URLs: offline, building it fails deep
   inside (``No module named 'requests'``), online it downloads. Here ``encoder.json`` and
@@ -10,6 +10,9 @@ Stock ``from_pretrained`` (``fairseq.hub_utils``) has three surprises for ALiBi 
 * it builds whatever model the checkpoint names, so a stock checkpoint silently comes back as a
   stock model: here that is a :class:`WrongCheckpointError` naming the class to use (or, for an
   unconverted checkpoint of Press's ALiBi fork, the convert command), shown as one line.
+* a ``model_overrides`` argument, as the command lines take it, is an option of that name to
+  it, silently ignored: here its options are the keyword arguments they are; and a checkpoint
+  that is not there fails with a ``TypeError``: here, one line naming it.
 * the language-model hub batches with the training run's ``--max-tokens`` and asserts that no
   sentence is longer; an ALiBi model scores any length, so a longer sentence gets a batch of its
   own (:class:`AlibiLanguageModelHubInterface`).
@@ -107,9 +110,59 @@ def refuse_unconverted_press_file(checkpoint: str):
     refuse_unconverted_press_checkpoint(state, checkpoint)
 
 
+class HubArgumentError(OneLineError):
+    """A ``from_pretrained`` argument that cannot be what it names; the message is the fix."""
+
+
+def with_model_overrides(kwargs: dict) -> dict:
+    """``kwargs`` with a ``model_overrides`` argument (the command lines' ``--model-overrides``,
+    a dict or its text, e.g. ``"{'alibi_window_cutoff': 8}"``) merged in as keyword arguments,
+    which is how ``from_pretrained`` overrides options: stock ``hub_utils`` would take it for
+    an option of that name and silently ignore it."""
+    import ast
+
+    if "model_overrides" not in kwargs:
+        return kwargs
+    kwargs = dict(kwargs)
+    given = kwargs.pop("model_overrides")
+    try:
+        overrides = ast.literal_eval(given) if isinstance(given, str) else given
+    except (ValueError, SyntaxError):
+        overrides = None
+    if not isinstance(overrides, dict) or not all(isinstance(k, str) for k in overrides):
+        raise HubArgumentError(
+            f"model_overrides={given!r} is not a dict of option names: give the options as "
+            "keyword arguments, e.g. from_pretrained(..., alibi_window_cutoff=8), or "
+            "model_overrides=\"{'alibi_window_cutoff': 8}\"")
+    both = sorted(k for k in overrides if k in kwargs and kwargs[k] != overrides[k])
+    if both:
+        raise HubArgumentError(f"{both[0]} is given twice with different values, as a keyword "
+                               "argument and in model_overrides: give it once")
+    return {**kwargs, **overrides}
+
+
+def check_checkpoint_files(model_class, model_name_or_path, checkpoint_file: str):
+    """A one-line error naming a local checkpoint that is not there (fairseq's loader fails
+    on it with a ``TypeError``); a name of ``hub_models()`` or a URL is fairseq's to fetch."""
+    model = str(model_name_or_path)
+    if model in model_class.hub_models() or _is_url(model):
+        return
+    for name in checkpoint_file.split(os.pathsep):  # an ensemble: "a.pt:b.pt"
+        path = os.path.join(model, name)
+        if not os.path.isfile(path):
+            where = "" if os.path.isdir(model) else f" (no folder {model})"
+            raise HubArgumentError(
+                f"no checkpoint at {path}{where}: from_pretrained takes the folder that "
+                "holds the checkpoint, the checkpoint's file name in it, and the data folder "
+                "(its dict.txt), e.g. from_pretrained('checkpoints', 'checkpoint_best.pt', "
+                "'data-bin')")
+
+
 def load_pretrained(model_class, expected_name, model_name_or_path, checkpoint_file,
                     data_name_or_path, **kwargs) -> dict:
     """``hub_utils.from_pretrained`` for an ALiBi model class, offline; see the module doc."""
+    kwargs = with_model_overrides(kwargs)
+    check_checkpoint_files(model_class, model_name_or_path, checkpoint_file)
     model_dir = str(model_name_or_path)
     data_dir = str(data_name_or_path)
     if data_dir.startswith("."):  # as hub_utils: relative to the checkpoint's folder

@@ -6,6 +6,7 @@ training run's ``--max-tokens``.
 Tests that run a separate Python process are marked ``slow``.
 """
 
+import re
 import shutil
 
 import pytest
@@ -173,3 +174,26 @@ def test_hub_scores_3000_words_with_the_training_max_tokens(tiny_lm_data, tmp_pa
     assert short["positional_scores"].numel() == 3
     assert torch.isfinite(long["positional_scores"]).all()
     assert lm.cfg.dataset.max_tokens == 128  # the setting is left as it was
+
+
+def test_a_missing_checkpoint_and_model_overrides(tiny_lm_data, tmp_path, no_network):
+    """A checkpoint that is not there is one line naming it (fairseq's loader had failed with
+    a TypeError); ``model_overrides``, as the command lines take it, overrides the options (it
+    had been taken for an option of that name and ignored: a dense model came back)."""
+    from fairseq_alibi.hub import HubArgumentError
+    from fairseq_alibi.models.alibi_transformer_lm import AlibiTransformerLanguageModel as LM
+
+    checkpoint = saved_in_process(tmp_path / "ckpt" / "model.pt", tiny_lm_data, *MODELS["lm"])
+    for folder, name, said in ((tmp_path / "nowhere", "model.pt", "(no folder "),
+                               (checkpoint.parent, "model.pt:other.pt", "other.pt:")):
+        with pytest.raises(HubArgumentError, match=r"no checkpoint at .*" + re.escape(said)):
+            LM.from_pretrained(str(folder), name, str(tiny_lm_data))
+    for given in ("{'alibi_window_cutoff': 8}", {"alibi_window_cutoff": 8}):
+        lm = LM.from_pretrained(str(checkpoint.parent), "model.pt", str(tiny_lm_data),
+                                model_overrides=given)
+        assert lm.models[0].decoder.layers[0].self_attn.alibi.stack.window_cutoff == 8
+    for given, said in (("alibi_window_cutoff=8", "is not a dict of option names"),
+                        ("{'alibi_window_cutoff': 8}", "given twice with different values")):
+        with pytest.raises(HubArgumentError, match=said):
+            LM.from_pretrained(str(checkpoint.parent), "model.pt", str(tiny_lm_data),
+                               model_overrides=given, alibi_window_cutoff=6)
