@@ -40,6 +40,17 @@ def task_name(task):
     return cfg_get(task_cfg, "_name") or cfg_get(task_cfg, "task")
 
 
+def criterion_name(task):
+    """The criterion of the run a task was set up for, or ``None`` where its config does not
+    say: an argparse-era ``args`` holds it; a hydra task config is a node of the whole run's
+    config (fairseq-train, hydra, a checkpoint's saved ``cfg``), whose ``criterion`` it is."""
+    task_cfg = getattr(task, "cfg", None) or getattr(task, "args", None)
+    if isinstance(task_cfg, argparse.Namespace):
+        return getattr(task_cfg, "criterion", None)
+    parent = getattr(task_cfg, "_get_parent", lambda: None)()
+    return cfg_get(cfg_get(parent, "criterion"), "_name")
+
+
 def plain_cfg(cfg, resolve: bool = True) -> dict:
     """A config as a plain dict (enums as strings; ``resolve=False`` keeps interpolations such
     as the forks' ``${task.max_tokens}`` as written); ``{}`` for ``None``."""

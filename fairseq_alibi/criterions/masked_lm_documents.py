@@ -17,7 +17,7 @@ exactly the boundaries of the text::
         --criterion masked_lm_documents ...
 
 It is Hugging Face's masked-LM practice for special tokens (never masked) applied to ``</s>``.
-Without a document mask it trains the same objective minus the ``</s>`` targets.
+Without a document mask it trains the same objective minus the ``</s>`` targets, and warns.
 """
 
 import logging
@@ -59,10 +59,17 @@ class MaskedLmDocumentsLoss(MaskedLmLoss):
                 f"--criterion masked_lm_documents needs --task masked_lm (this is --task "
                 f"{task_name(task)}): on another task it would drop every </s> from the targets")
         super().__init__(cfg, task)
-        # the model is built first: its note on masked boundaries cannot know the criterion
+        self.model_checked = False
         logger.info("masked_lm_documents: every </s> the masking chooses stays in the input and "
                     "is not predicted, so a document mask sees every boundary")
 
     def forward(self, model, sample, reduce=True):
+        if not self.model_checked:  # the criterion meets the model here, not when it is built
+            self.model_checked = True
+            if not any(getattr(m, "document_mask", "none") != "none" for m in model.modules()):
+                logger.warning("--criterion masked_lm_documents on a model without "
+                               "--alibi-document-mask: there are no boundaries to keep, and "
+                               "</s> is never predicted; use --criterion masked_lm, or add "
+                               "--alibi-document-mask doc")
         eos = self.task.source_dictionary.eos()
         return super().forward(model, boundaries_kept(sample, eos, self.padding_idx), reduce)

@@ -13,7 +13,7 @@ import logging
 
 from fairseq.utils import safe_getattr
 
-from fairseq_alibi.config_access import architecture_of, cfg_get, task_name
+from fairseq_alibi.config_access import architecture_of, cfg_get, criterion_name, task_name
 from fairseq_alibi.modules.checkpoint_match import check_stack, mismatch
 from fairseq_alibi.options import OptionError
 
@@ -249,7 +249,7 @@ def check_document_mask(stack, task, flag="--alibi-document-mask"):
     each; a note, not an error: the samples are already documents). And on ``masked_lm``: the
     boundaries are read from the masked input, so a ``</s>`` that the masking replaced hides
     its boundary unless the criterion is ``masked_lm_documents``, which puts it back (the model
-    is built before the criterion, so the line names it either way)."""
+    is built before the criterion: the run's config names it, :func:`criterion_name`)."""
     mode = str(getattr(stack, "document_mask", "none"))
     task_cfg = getattr(task, "cfg", None) or getattr(task, "args", None)
     name = task_name(task)
@@ -269,12 +269,14 @@ def check_document_mask(stack, task, flag="--alibi-document-mask"):
         logger.warning(f"{flag} {mode} with --sample-break-mode {breaks}: "
                        f"{NOTHING_TO_MASK[mode, breaks]}; the mask changes nothing (packed "
                        "batches: --sample-break-mode none or complete)")
-    if mode != "none" and cfg_get(task_cfg, "mask_prob", None):
+    criterion = criterion_name(task)
+    if mode != "none" and cfg_get(task_cfg, "mask_prob", None) and \
+            criterion != "masked_lm_documents":
         logger.warning(f"{flag} {mode} on a masked LM: the documents are found in the model's "
-                       "input, where stock --criterion masked_lm leaves a </s> replaced by the "
-                       "masking (--mask-prob), so attention crosses that boundary; "
-                       "--criterion masked_lm_documents keeps every </s> in the input (and out "
-                       "of the targets)")
+                       f"input, where --criterion {criterion or 'masked_lm'} leaves a </s> "
+                       "replaced by the masking (--mask-prob), so attention crosses that "
+                       "boundary; --criterion masked_lm_documents keeps every </s> in the input "
+                       "(and out of the targets)")
 
 
 def check_tokens_per_sample(args):

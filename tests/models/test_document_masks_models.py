@@ -185,6 +185,12 @@ def test_a_document_mask_that_cannot_do_its_work_is_a_logged_note(data, caplog):
     with caplog.at_level("WARNING"):
         build_model("encoder", data, "--alibi-document-mask", "doc")
     assert "--alibi-document-mask doc on a masked LM" in caplog.text
+    assert "--criterion masked_lm leaves a </s> replaced" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING"):  # the criterion that keeps them: nothing to say
+        build_model("encoder", data, "--alibi-document-mask", "doc", "--criterion",
+                    "masked_lm_documents")
+    assert "on a masked LM" not in caplog.text
 
 
 def test_a_document_mask_on_sentence_prediction_is_a_one_line_error(data, tmp_path):
@@ -263,3 +269,25 @@ def test_masked_lm_documents_puts_back_the_boundaries_the_masking_hid(data):
     with pytest.raises(ValueError, match="--criterion masked_lm_documents needs --task masked_lm"
                                          r" \(this is --task language_modeling\)"):
         MaskedLmDocumentsLoss(MaskedLmDocumentsConfig(tpu=False), lm_task)
+
+
+def test_masked_lm_documents_without_a_document_mask_says_so_once(data, caplog):
+    """Without a document mask the criterion only stops predicting </s>: a warning at its first
+    batch (it meets the model there), none with the mask."""
+    from fairseq_alibi.criterions.masked_lm_documents import (MaskedLmDocumentsConfig,
+                                                              MaskedLmDocumentsLoss)
+
+    for flags, said in (((), 1), (("--alibi-document-mask", "doc"), 0)):
+        model, task = build_model("encoder", data, *flags)
+        d = task.source_dictionary
+        tokens = torch.randint(4, 40, (1, 8))
+        target = torch.full_like(tokens, d.pad())
+        target[0, 3] = tokens[0, 3]
+        sample = {"net_input": {"src_tokens": tokens, "src_lengths": torch.tensor([8])},
+                  "target": target, "ntokens": 8, "nsentences": 1}
+        criterion = MaskedLmDocumentsLoss(MaskedLmDocumentsConfig(tpu=False), task)
+        caplog.clear()
+        with caplog.at_level("WARNING"), torch.no_grad():
+            criterion(model, sample)
+            criterion(model, sample)
+        assert caplog.text.count("on a model without --alibi-document-mask") == said
