@@ -203,6 +203,26 @@ class AlibiLanguageModelHubInterface(hub_utils.GeneratorHubInterface):
     gets a batch sized to it, since an ALiBi model has no maximum length.
     """
 
+    def generate(self, tokenized_sentences, *args, **kwargs):
+        """fairseq's ``generate``, refusing a length limit that leaves no room after a prompt:
+        for a language model ``max_len_a·P + max_len_b`` counts the prompt's ``P`` tokens,
+        and stock fairseq returns the prompt cut to that many tokens, generating nothing
+        (``score`` generates nothing: ``score_reference``)."""
+        if kwargs.get("score_reference"):
+            return super().generate(tokenized_sentences, *args, **kwargs)
+        prompts = ([tokenized_sentences] if torch.is_tensor(tokenized_sentences)
+                   and tokenized_sentences.dim() == 1 else tokenized_sentences)
+        longest = max((len(t) for t in prompts), default=0)
+        get = lambda k: kwargs.get(k, cfg_get(self.cfg.generation, k))  # noqa: E731
+        limit = get("max_len_a") * longest + get("max_len_b")
+        if longest and limit <= longest:
+            raise HubArgumentError(
+                f"max_len_b={get('max_len_b')} leaves no room after the {longest}-token prompt: "
+                "for a language model it counts the prompt's tokens too (fairseq would return "
+                f"the prompt cut to {int(limit)} tokens); to generate N tokens give "
+                f"max_len_b={longest} + N")
+        return super().generate(tokenized_sentences, *args, **kwargs)
+
     def _build_batches(self, tokens, skip_invalid_size_inputs):
         limit = self.cfg.dataset.max_tokens
         longest = max((t.numel() for t in tokens), default=0)

@@ -197,3 +197,20 @@ def test_a_missing_checkpoint_and_model_overrides(tiny_lm_data, tmp_path, no_net
         with pytest.raises(HubArgumentError, match=said):
             LM.from_pretrained(str(checkpoint.parent), "model.pt", str(tiny_lm_data),
                                model_overrides=given, alibi_window_cutoff=6)
+
+
+def test_a_length_limit_that_leaves_no_room_after_the_prompt(tiny_lm_data, tmp_path):
+    """For a language model max_len_b counts the prompt: stock fairseq returned the prompt cut
+    to max_len_b tokens, generating nothing; one line saying so, and max_len_b = P + N
+    generates N tokens."""
+    from fairseq_alibi.hub import HubArgumentError
+    from fairseq_alibi.models.alibi_transformer_lm import AlibiTransformerLanguageModel as LM
+
+    checkpoint = saved_in_process(tmp_path / "ckpt" / "model.pt", tiny_lm_data, *MODELS["lm"])
+    lm = LM.from_pretrained(str(checkpoint.parent), "model.pt", str(tiny_lm_data)).eval()
+    prompt = torch.randint(4, 20, (12,))
+    with pytest.raises(HubArgumentError, match="max_len_b=10 leaves no room after the 12-token "
+                       "prompt.*give max_len_b=12 \\+ N"):
+        lm.generate([prompt, prompt[:5]], beam=1, max_len_b=10)
+    out = lm.generate(prompt, beam=1, max_len_b=12 + 3, min_len=15)
+    assert len(out[0]["tokens"]) == 12 + 3 + 1  # the prompt, 3 tokens and </s>
