@@ -8,6 +8,10 @@ Some failures reach the user through stock fairseq code that the plugin does not
   of the traceback;
 * a checkpoint file that is empty or cut short (a killed save, a full disk) fails inside
   ``torch.load`` with a bare ``EOFError`` or a zip error, without the file's name;
+* a file that is no checkpoint (a text file, a safetensors file, a dict saved with
+  ``torch.save``) fails with a bare ``KeyError`` or torch's safe-loader error, whose advice
+  (loading unsafely) must not be followed; the hint says what the file is
+  (:func:`not_a_checkpoint`);
 * ``--tokens-per-sample 0`` given to ``fairseq-eval-lm`` (where the model, built from the
   checkpoint, never sees it) divides by zero while fairseq splits the data into blocks;
 * a checkpoint of another size restored into the model being built (fine-tuning a
@@ -55,8 +59,87 @@ def raised_by_plugin(exc: BaseException) -> bool:
     return bool(frames) and frames[-1].f_code.co_filename.startswith(_PACKAGE_DIR + os.sep)
 
 
+#: how a torch file starts: a zip archive (torch >= 1.6) or a pickle (older torch)
+_TORCH_MAGIC = (b"PK\x03\x04", b"\x80")
+#: how the line on a file that is no fairseq checkpoint starts (as on a damaged one)
+_CANNOT = "cannot read {} as a fairseq checkpoint:"
+#: what to give instead of a file that is no fairseq checkpoint
+_GIVE = "give the .pt file that fairseq-train wrote (e.g. <save-dir>/checkpoint_best.pt)"
+
+
+def _is_safetensors(head: bytes, size: int) -> bool:
+    """A safetensors file: an 8-byte little-endian header length, then the JSON header."""
+    length = int.from_bytes(head[:8], "little") if len(head) >= 8 else 0
+    return 0 < length <= size - 8 and head[8:9] == b"{"
+
+
+def _is_text(head: bytes) -> bool:
+    import codecs
+
+    try:  # incremental: a multi-byte character cut at the end of ``head`` is fine
+        codecs.getincrementaldecoder("utf-8")().decode(head, final=False)
+    except UnicodeDecodeError:
+        return False
+    return b"\0" not in head
+
+
+def _loaded_kind(path) -> Optional[str]:
+    """What a torch file that fairseq cannot read holds, loaded safely; None when it is a
+    fairseq checkpoint or does not load (damaged: the callers say so)."""
+    import pickle
+    import zipfile
+
+    import torch
+
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True,
+                           mmap=zipfile.is_zipfile(path))
+    except pickle.UnpicklingError as e:
+        if "weights only load failed" not in str(e).lower():
+            return None
+        # never torch's advice to load it unsafely: a checkpoint must not be able to run code
+        refused = re.search(r"Unsupported (global|operand)[^\n]*", str(e))
+        return (f"{_CANNOT.format(path)} torch's safe loader refuses what it holds ("
+                f"{refused.group(0).strip() if refused else 'more than tensors and settings'}), "
+                f"and a checkpoint must not be able to run code when loaded; {_GIVE}")
+    except Exception:  # noqa: BLE001 - truncated or corrupt: the callers' own message
+        return None
+    if isinstance(state, dict) and "model" in state and (
+            "optimizer_history" in state or "best_loss" in state):
+        return None
+    held = f"a {type(state).__name__}"
+    if isinstance(state, dict):
+        held = ", ".join(repr(k) for k in list(state)[:4]) + (", ..." if len(state) > 4 else "")
+    return (f"{_CANNOT.format(path)} it is a torch file without fairseq's keys ('model', "
+            f"'optimizer_history'; it holds {held or 'an empty dict'}); {_GIVE}")
+
+
+def not_a_checkpoint(path) -> Optional[str]:
+    """One line: what file ``path`` is when it is no fairseq checkpoint, and what to give
+    instead: a safetensors file, a text file, a torch file without fairseq's keys or that the
+    safe loader refuses. None for a checkpoint, or a file that is damaged (truncated, empty) or
+    unreadable. The one classifier of every tool that reads checkpoints, and of fairseq's own
+    commands' hint (:func:`hint_for`)."""
+    try:
+        size = os.path.getsize(path)
+        with open(path, "rb") as f:
+            head = f.read(4096)
+    except OSError:
+        return None
+    if _is_safetensors(head, size):
+        return (f"{_CANNOT.format(path)} it is a safetensors file (a Hugging Face model's "
+                "weights); import the model's folder with `fairseq-alibi import-hf FOLDER` and "
+                "give the checkpoint it writes")
+    if not head or head.startswith(_TORCH_MAGIC):
+        return _loaded_kind(path) if head else None
+    if _is_text(head):
+        return f"{_CANNOT.format(path)} it is a text file, not a torch file; {_GIVE}"
+    return None
+
+
 def _unreadable_checkpoint(exc: BaseException) -> Optional[str]:
-    """The hint for an exception raised while torch read a checkpoint in fairseq's loader."""
+    """The hint for an exception raised in fairseq's loader by a file that is no checkpoint
+    (:func:`not_a_checkpoint`), or while torch read a damaged checkpoint."""
     path, in_torch_load = None, False
     for frame in _frames(exc):
         code = frame.f_code
@@ -65,9 +148,14 @@ def _unreadable_checkpoint(exc: BaseException) -> Optional[str]:
             path = frame.f_locals.get("path")
         elif path is not None and os.sep + "torch" + os.sep in code.co_filename:
             in_torch_load = True
-    if path is None or not in_torch_load:
+    if path is None:
         return None
     path = str(path)
+    what = not_a_checkpoint(path)
+    if what:
+        return what
+    if not in_torch_load:
+        return None
     try:
         size = os.path.getsize(path)
     except OSError:

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import torch
 
+from fairseq_alibi.error_hints import not_a_checkpoint
 from fairseq_alibi.files import atomic_directory
-
 
 
 class ConversionError(ValueError):
@@ -84,7 +84,12 @@ def read_checkpoint(path) -> dict:
     try:
         return checkpoint_utils.load_checkpoint_to_cpu(str(source))
     except Exception as e:  # noqa: BLE001 - any unreadable file gets the same advice
+        what = not_a_checkpoint(source)
+        if what:
+            raise ConversionError(what) from e
         reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        if "weights only load failed" in reason.lower():  # never torch's advice to load unsafely
+            reason = "torch's safe loader refuses what it holds"
         if isinstance(e, EOFError) or "zip archive" in reason or "central directory" in reason:
             raise ConversionError(
                 f"cannot read {source} as a fairseq checkpoint: the file is truncated or "
@@ -95,19 +100,73 @@ def read_checkpoint(path) -> dict:
             f"cannot read {source} as a fairseq checkpoint: {reason}") from e
 
 
-def write_atomically(state, target: Path):
-    target.parent.mkdir(parents=True, exist_ok=True)
+def write_atomically(state, target: Path, flag: str = ""):
+    """Write ``state`` to ``target`` (``.tmp``, then a rename), or a one-line
+    :class:`ConversionError` naming ``flag`` (the option that gave ``target``) when the location
+    cannot be written."""
     tmp = target.with_name(f".{target.name}.tmp")
     try:
+        target.parent.mkdir(parents=True, exist_ok=True)
         torch.save(state, str(tmp))
         os.replace(tmp, target)
+    except (OSError, RuntimeError) as e:  # torch.save says RuntimeError for an unopenable file
+        reason = " ".join(str(e).split()) or type(e).__name__
+        reason = reason.split("strerror: ")[-1]  # torch.save's: "[enforce fail at ...] ..."
+        where = f"{flag} {target}".strip()
+        raise ConversionError(f"{where}: cannot write there ({reason}); give a writable "
+                              "location") from None
     finally:
         if tmp.exists():
             tmp.unlink()
 
 
+def refuse_unconverted_fork(state, path):
+    """A :class:`ConversionError` when ``state`` (read from ``path``) is an unconverted
+    checkpoint of EIFY's or Press's ALiBi fork, which this plugin's tools would misread: "convert
+    it first". The same detection as the stock models' guard
+    (:mod:`fairseq_alibi.models.stock_guards`), which ``fairseq-validate`` and the hub stop at."""
+    from fairseq_alibi.config_access import architecture_of, cfg_get
+    from fairseq_alibi.models import checks
+
+    model_cfg = cfg_get(state.get("cfg"), "model") if isinstance(state, dict) else None
+    if model_cfg is None:
+        return
+    arch = architecture_of(model_cfg)
+    eify_archs = {a for archs in checks.FORK_ARCHITECTURES.values() for a in archs}
+    if arch in eify_archs or any(cfg_get(model_cfg, k) for k in checks.FORK_MODEL_OPTIONS):
+        raise ConversionError(f"{path}: {checks.unconverted_fork_error(model_cfg, arch)}")
+    try:
+        checks.refuse_unconverted_press_checkpoint(state, path)
+    except ValueError as e:
+        raise ConversionError(str(e)) from None
+
+
+def read_model_checkpoint(path, why_masked_lm: str) -> dict:
+    """:func:`read_checkpoint`, then the refusals every tool that reads a model shares: an
+    unconverted fork checkpoint (:func:`refuse_unconverted_fork`), and an encoder trained with
+    another task than ``masked_lm`` (a fine-tuned classifier), whose refusal says
+    ``why_masked_lm`` (what the tool reads of a pretrained encoder)."""
+    from fairseq.models import ARCH_MODEL_REGISTRY, MODEL_REGISTRY
+    from fairseq.models.roberta import RobertaModel
+
+    from fairseq_alibi.config_access import architecture_of, cfg_get
+
+    state = read_checkpoint(path)
+    refuse_unconverted_fork(state, path)
+    arch = architecture_of(model_config(state))
+    model_class = ARCH_MODEL_REGISTRY.get(arch) or MODEL_REGISTRY.get(arch) or object
+    trained = cfg_get(cfg_get(state.get("cfg"), "task"), "_name")
+    if issubclass(model_class, RobertaModel) and trained != "masked_lm":
+        raise ConversionError(
+            f"{path} holds an encoder trained with the {trained} task: {why_masked_lm}; give "
+            "its masked_lm (pre-training) checkpoint")
+    return state
+
+
 def atomic_folder(target):
-    """:func:`fairseq_alibi.files.atomic_directory` for an ``--out`` folder: a non-empty one is a
-    :class:`ConversionError`."""
+    """:func:`fairseq_alibi.files.atomic_directory` for an ``--out`` folder: a file there, or a
+    non-empty folder, is a :class:`ConversionError`."""
+    if Path(target).exists() and not Path(target).is_dir():
+        raise ConversionError(f"--out {target} is a file: give a folder to write (new or empty)")
     return atomic_directory(target, not_empty=lambda path: ConversionError(
         f"{path} exists and is not empty: choose another --out"))

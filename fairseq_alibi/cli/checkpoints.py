@@ -38,6 +38,7 @@ from typing import List, Optional
 import torch
 
 import fairseq_alibi  # noqa: F401  (fairseq checkpoints under torch.load(weights_only): registration.py)
+from fairseq_alibi.error_hints import not_a_checkpoint
 
 
 class CheckpointError(Exception):
@@ -81,10 +82,11 @@ def inspect_checkpoint(path) -> CheckpointFile:
         state = torch.load(path, map_location="cpu", mmap=zipfile.is_zipfile(path))
     except Exception as e:  # truncated archive, unreadable pickle, ...
         first_sentence = " ".join(str(e).split()).split(". ")[0]
-        found.error = first_sentence[:200] or f"truncated or corrupt: {type(e).__name__}"
+        found.error = (not_a_checkpoint(path) or first_sentence[:200]
+                       or f"truncated or corrupt: {type(e).__name__}")
         return found
     if not isinstance(state, dict) or "model" not in state:
-        found.error = "not a fairseq checkpoint (no 'model' entry)"
+        found.error = not_a_checkpoint(path) or "not a fairseq checkpoint (no 'model' entry)"
         return found
     history = state.get("optimizer_history") or [{}]
     found.num_updates = int(history[-1].get("num_updates", 0))

@@ -267,6 +267,9 @@ def convert_file(input_path, output_path, arch: Optional[str] = None, check: boo
     source_path, target = Path(input_path), Path(output_path)
     if target.resolve() == source_path.resolve():
         raise ConversionError("--output must differ from --input (the original is kept)")
+    if dict_path is not None and not Path(dict_path).is_file():  # before anything is written
+        raise ConversionError(f"--dict {dict_path}: no such file; give the dict.txt of the "
+                              "model's data (its fairseq-preprocess folder)")
     state = read_checkpoint(source_path)
     with torch.no_grad():
         summary = convert_state(state, arch, check, source, dict_path)
@@ -277,7 +280,7 @@ def convert_file(input_path, output_path, arch: Optional[str] = None, check: boo
             "from": summary.get("source", "stock"), "input": str(source_path),
             "source_arch": summary.get("source_arch"), "target_arch": summary.get("target_arch"),
         }
-    write_atomically(state, target)
+    write_atomically(state, target, "--output")
     trimmed = (summary.get("dictionary") or {}).get("trimmed")
     if trimmed is not None:
         dict_out = target.parent / "dict.txt"

@@ -175,15 +175,15 @@ def read_pretrained(path) -> Pretrained:
     from fairseq.models import ARCH_MODEL_REGISTRY
 
     from fairseq_alibi import options
-    from fairseq_alibi.cli.checkpoint_io import ConversionError, read_checkpoint
+    from fairseq_alibi.cli.checkpoint_io import ConversionError, read_model_checkpoint
 
     source = Path(path)
     if not source.is_file():
         raise GlueError(f"no checkpoint at {source}: give --checkpoint the pretrained encoder's "
                         ".pt file (fairseq-train --task masked_lm writes "
                         "<save-dir>/checkpoint_best.pt)")
-    try:
-        state = read_checkpoint(source)
+    try:  # refused: a fork's checkpoint not converted yet, an encoder already fine-tuned
+        state = read_model_checkpoint(source, "not a masked-LM encoder, which glue fine-tunes")
     except ConversionError as e:
         raise GlueError(str(e)) from None
     cfg = state.get("cfg") or {}

@@ -26,6 +26,9 @@ from fairseq_alibi.error_hints import OneLineError
 SUPPORTED = ("the windows check reads causal ALiBi language models (alibi_transformer_lm or an "
              "alibi_<arch> mirror), ALiBi encoders (alibi_roberta, a masked LM) and ALiBi "
              "translation models (alibi_transformer): give one as CKPT")
+#: why an encoder fine-tuned for another task than masked_lm is refused (its fine-tuned models
+#: inherit the pretrained encoder's windows)
+FINE_TUNED = "the windows check scores an encoder's masked-token predictions"
 #: what a checkpoint holds, as :func:`checkpoint_config` says it
 LM, ENCODER, TRANSLATION = "lm", "encoder", "translation"
 KIND_NAMES = {LM: "causal language model", ENCODER: "masked-LM encoder",
@@ -48,12 +51,16 @@ def checkpoint_config(path):
     from fairseq.models import ARCH_MODEL_REGISTRY, MODEL_REGISTRY, FairseqEncoderDecoderModel
     from fairseq.models.roberta import RobertaModel
 
-    from fairseq_alibi.cli.checkpoint_io import ConversionError, model_config, read_checkpoint
+    from fairseq_alibi.cli.checkpoint_io import (
+        ConversionError,
+        model_config,
+        read_model_checkpoint,
+    )
     from fairseq_alibi.cli.stream_eval_lm import language_model_refusal
-    from fairseq_alibi.config_access import architecture_of, cfg_get
+    from fairseq_alibi.config_access import architecture_of
 
-    try:
-        state = read_checkpoint(path)
+    try:  # an unconverted fork's checkpoint would be misread (a stock model) or fail deep down
+        state = read_model_checkpoint(path, FINE_TUNED)
     except ConversionError as exc:
         raise WindowsInputError(f"CKPT: {exc}") from None
     refusal = language_model_refusal(path, state, SUPPORTED)
@@ -64,12 +71,6 @@ def checkpoint_config(path):
     if issubclass(model_class, FairseqEncoderDecoderModel):
         return state["cfg"], TRANSLATION
     if issubclass(model_class, RobertaModel):
-        trained = cfg_get(cfg_get(state["cfg"], "task"), "_name")
-        if trained != "masked_lm":
-            raise WindowsInputError(
-                f"CKPT {path} holds an encoder trained with the {trained} task: the windows "
-                "check scores an encoder's masked-token predictions; give its masked_lm "
-                "(pre-training) checkpoint, whose windows the fine-tuned model inherits")
         return state["cfg"], ENCODER
     raise WindowsInputError(f"CKPT {refusal}")
 

@@ -193,3 +193,53 @@ def test_checkpoint_of_another_size_names_the_size_flags(tiny_lm_data, tmp_path)
         "(encoder.sentence_encoder.embed_tokens.weight: [65, 32] in the checkpoint, [65, 48] "
         "built): build it with the sizes it was trained with, add --encoder-embed-dim 32 "
         "--encoder-ffn-embed-dim 64")
+
+
+# a file that is no checkpoint: what it is, and what to give instead
+
+
+def write_safetensors(path):
+    """A Hugging Face weights file: an 8-byte header length, its JSON header, the data."""
+    import json
+
+    header = json.dumps({"w": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}}).encode()
+    path.write_bytes(len(header).to_bytes(8, "little") + header + bytes(4))
+
+
+@pytest.mark.parametrize("kind,expected", [
+    ("text", "it is a text file, not a torch file; give the .pt file that fairseq-train wrote"),
+    ("dict", "it is a torch file without fairseq's keys ('model', 'optimizer_history'; it "
+             "holds 'a'); give the .pt"),
+    ("safetensors", "it is a safetensors file (a Hugging Face model's weights); import the "
+                    "model's folder with `fairseq-alibi import-hf FOLDER`"),
+    ("unsafe", "torch's safe loader refuses what it holds (Unsupported global: GLOBAL "
+               "datetime.date"),
+])
+def test_a_file_that_is_no_checkpoint_says_what_it_is(kind, expected, tmp_path):
+    """The plugin's tools (read_checkpoint), ``checkpoints check`` and the hint of fairseq's
+    own commands say what the file is in one line; never torch's advice to load it unsafely."""
+    import datetime
+
+    import torch
+    from fairseq import checkpoint_utils
+
+    from fairseq_alibi.cli.checkpoint_io import ConversionError, read_checkpoint
+    from fairseq_alibi.cli.checkpoints import inspect_checkpoint
+    from fairseq_alibi.error_hints import hint_for
+
+    path = tmp_path / f"{kind}.pt"
+    if kind == "text":
+        path.write_text("hello\n")
+    elif kind == "safetensors":
+        write_safetensors(path)
+    else:
+        torch.save({"a": 1} if kind == "dict" else {"model": {}, "a": datetime.date(2026, 1, 1)},
+                   path)
+    with pytest.raises(ConversionError) as read:
+        read_checkpoint(path)
+    with pytest.raises(Exception) as loaded:
+        checkpoint_utils.load_checkpoint_to_cpu(str(path))
+    line = str(read.value)
+    assert line.startswith(f"cannot read {path} as a fairseq checkpoint: ") and expected in line
+    assert "weights_only" not in line and "\n" not in line
+    assert hint_for(loaded.value) == line == inspect_checkpoint(path).error

@@ -504,6 +504,45 @@ def test_a_fork_checkpoint_loaded_without_conversion_says_to_convert_it():
                 arg_overrides={"data": str(fixture(name) / "data-bin")})
 
 
+@pytest.mark.parametrize("name,expected", [
+    ("eify_roberta_zero_clap", "convert it first with `fairseq-alibi convert --input"),
+    ("eify_roberta_alibi_offset", "convert it first with `fairseq-alibi convert --input"),
+    ("press_lm", "Convert it first with `fairseq-alibi convert --from press --input"),
+])
+def test_the_tools_refuse_an_unconverted_fork_checkpoint(name, expected):
+    """`windows` and `glue` stop where fairseq-validate and the hub do: "convert it first",
+    not a deep error or the checkpoint misread as a stock model."""
+    from fairseq_alibi.cli import glue_finetune as glue
+    from fairseq_alibi.cli.windows_inputs import WindowsInputError, checkpoint_config
+
+    path = fixture(name) / "checkpoint_last.pt"
+    with pytest.raises(WindowsInputError, match=re.escape(expected)):
+        checkpoint_config(path)
+    if name.startswith("eify_roberta"):
+        with pytest.raises(glue.GlueError, match=re.escape(expected)):
+            glue.read_pretrained(path)
+
+
+def test_convert_io_mistakes_are_one_line_and_write_nothing(tmp_path, capsys):
+    from fairseq_alibi.cli.convert_checkpoints import main
+
+    source = str(fixture("eify_roberta_alibi_offset") / "checkpoint_last.pt")
+    (tmp_path / "a_file").write_text("")
+    cases = [
+        (["--output", str(tmp_path / "out.pt"), "--dict", str(tmp_path / "missing.txt")],
+         f"--dict {tmp_path / 'missing.txt'}: no such file"),
+        (["--output", str(tmp_path / "a_file" / "out.pt")],
+         f"--output {tmp_path / 'a_file' / 'out.pt'}: cannot write there"),
+    ]
+    if Path("/proc/self").is_dir():  # a folder where torch.save itself fails
+        cases.append((["--output", "/proc/out.pt"], "--output /proc/out.pt: cannot write there"))
+    for args, message in cases:
+        assert main(["--input", source, *args]) == 1, message
+        err = capsys.readouterr().err
+        assert message in err and len(err.strip().splitlines()) == 1, err
+        assert not (tmp_path / "out.pt").exists() and not list(tmp_path.rglob(".*.tmp"))
+
+
 @pytest.mark.slow
 def test_a_2021_era_stock_checkpoint_converts_and_says_when_from_press_applies(tmp_path):
     """Press's checkpoints are stock sinusoidal ones of 2021 (``max_tokens`` in the model config)."""

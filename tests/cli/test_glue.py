@@ -245,6 +245,20 @@ def test_one_line_errors(dictionary_folder, tmp_path):
                    "--out", str(tmp_path / "out"), "--max-length", "none"])
 
 
+def test_a_fine_tuned_classifier_is_refused(dictionary_folder, tmp_path):
+    """A sentence_prediction checkpoint is no masked-LM encoder: refused before fairseq-train."""
+    import torch
+
+    path = save_untrained(dictionary_folder, tmp_path, *ENCODER, "--arch", "alibi_roberta_base")
+    state = torch.load(path, weights_only=False)
+    state["cfg"]["task"]["_name"] = "sentence_prediction"
+    torch.save(state, tmp_path / "fine_tuned.pt")
+    with pytest.raises(glue.GlueError, match=r"fine_tuned\.pt holds an encoder trained with the "
+                       "sentence_prediction task: not a masked-LM encoder, which glue fine-tunes; "
+                       r"give its masked_lm \(pre-training\) checkpoint"):
+        glue.read_pretrained(tmp_path / "fine_tuned.pt")
+
+
 # ---------------------------------------------------------------- end to end
 
 
