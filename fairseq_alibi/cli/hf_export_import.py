@@ -278,7 +278,8 @@ def exported_weights(family, weights, layers, heads, rows=None, embed_scale=1.0)
         out[embed] = table
     if embed_scale != 1.0:  # fold sqrt(d): the tied output layer sees E·s, so ln_f is divided by s
         out[embed] = out[embed] * embed_scale
-        for name in [n for n, f, _ in layout(family, layers) if f[0].startswith("decoder.layer_norm")]:
+        for name in [n for n, f, _ in layout(family, layers)
+                     if f[0].startswith("decoder.layer_norm")]:
             out[name] = out[name] / embed_scale
     return out
 
@@ -301,7 +302,11 @@ def export_checkpoint(ckpt, dict_path, out, bpe="gpt2", bpe_files=None):
         raise ConversionError(f"{dict_path} has {len(dictionary)} symbols with fairseq's "
                               f"specials, the model {vocab} rows: give the training dict.txt")
     check_press_slopes(weights, heads)
-    imported = imported_layout(state, bpe, bpe_files or {}, Path(ckpt).parent)
+    files, ckpt_dir = bpe_files or {}, Path(ckpt).parent
+    imported = imported_layout(state, bpe, files, ckpt_dir)
+    if imported:
+        check_import_files(imported, dictionary, dict_path, hf_tokenizer_path(files, ckpt_dir),
+                           ckpt_dir, EXTRA_KEY not in (state.get("extra_state") or {}))
     rows = imported["rows"] if imported else None
     scale = 1.0 if cfg_get(model_cfg, "no_scale_embedding", False) else math.sqrt(dim)
     hf_weights = exported_weights(family, weights, layers, heads, rows, scale)
@@ -310,7 +315,7 @@ def export_checkpoint(ckpt, dict_path, out, bpe="gpt2", bpe_files=None):
         config = getattr(transformers, imported["config_class"]).from_dict(imported["config"])
     else:
         config = hf_config(family, model_cfg, vocab, dictionary)
-    tokenizer = export_tokenizer(bpe, bpe_files or {}, dictionary, Path(ckpt).parent)
+    tokenizer = export_tokenizer(bpe, files, dictionary, ckpt_dir)
     with atomic_folder(out) as tmp:
         config.architectures = [type_name(family)]
         config.save_pretrained(tmp)
@@ -325,13 +330,62 @@ def imported_layout(state, bpe, files, ckpt_dir):
     the import, whose checkpoint fairseq-train wrote) beside the imported tokenizer.json."""
     found = (state.get("extra_state") or {}).get(EXTRA_KEY)
     if found is None and bpe == "hf_tokenizer":
-        beside = Path(files.get("hf_tokenizer") or ckpt_dir / "tokenizer.json").parent / LAYOUT_FILE
-        if beside.is_file():
-            found = json.loads(beside.read_text())
+        tokenizer = hf_tokenizer_path(files, ckpt_dir)
+        found = import_record(tokenizer.parent, f"import the model again to rewrite {LAYOUT_FILE}")
+        if found is None:  # without the row order, the rows would not be the tokenizer's ids
+            raise ConversionError(
+                f"no {LAYOUT_FILE} beside --hf-tokenizer {tokenizer}: --bpe hf_tokenizer exports "
+                "a model import-hf wrote (or one fine-tuned from it); give the tokenizer.json "
+                f"import-hf wrote, with its {LAYOUT_FILE}")
     if found is not None and bpe != "hf_tokenizer":
         raise ConversionError("this model was imported from Hugging Face: export it with its own "
                               "tokenizer, --bpe hf_tokenizer")
     return found
+
+
+def hf_tokenizer_path(files, ckpt_dir) -> Path:
+    return Path(files.get("hf_tokenizer") or Path(ckpt_dir) / "tokenizer.json")
+
+
+def check_import_files(record, dictionary, dict_path, tokenizer_path, ckpt_dir, beside):
+    """--dict and --hf-tokenizer are those import-hf wrote for the model: only they map row i
+    to HF id rows[i] (sizes prove nothing: imports of the same vocabulary size share them)."""
+    from fairseq_alibi.hf_tokenizer import tokenizer_fingerprint
+
+    rows, source = record["rows"], record.get("source")
+    wrong = next((i for i in range(4, len(rows)) if dictionary[i] != str(rows[i])), None)
+    if wrong is not None:
+        raise ConversionError(
+            f"--dict {dict_path} is not this model's dictionary (its symbol {wrong} is "
+            f"{dictionary[wrong]!r}, the model's row {wrong} is Hugging Face id {rows[wrong]}): "
+            + (f"give the dict.txt and tokenizer.json of one import (the {LAYOUT_FILE} beside "
+               f"--hf-tokenizer is {source}'s)" if beside else
+               "give the dict.txt import-hf wrote beside the imported checkpoint"))
+    fix = "give the tokenizer.json import-hf wrote beside the imported checkpoint"
+    tokenizer = read_tokenizer(require_file(tokenizer_path, "--hf-tokenizer"), fix)
+    check_tokenizer_fits(tokenizer, len(rows), f"--hf-tokenizer {tokenizer_path}", fix)
+    theirs = import_record(tokenizer_path.parent, fix)
+    if theirs is not None and not same_import(theirs, record):
+        raise ConversionError(f"--hf-tokenizer {tokenizer_path} belongs to another import (of "
+                              f"{theirs.get('source')}; this model is {source}'s): {fix}")
+    fingerprint, own = record.get("tokenizer_sha256"), Path(ckpt_dir) / "tokenizer.json"
+    if fingerprint is None and own.is_file() and same_import(import_record(ckpt_dir, fix), record):
+        # imported before the fingerprint was recorded: the tokenizer import-hf copied beside it
+        fingerprint = tokenizer_fingerprint(read_tokenizer(own, fix))
+    if fingerprint not in (None, tokenizer_fingerprint(tokenizer)) or (
+            row_order(record["config"], tokenizer, len(rows)) != rows):
+        raise ConversionError(f"--hf-tokenizer {tokenizer_path} is not the tokenizer this model "
+                              f"was imported with (from {source}): {fix}")
+
+
+def import_record(folder, fix):  # the record import-hf wrote in folder, or None
+    path = Path(folder) / LAYOUT_FILE
+    return read_json(path, fix) if path.is_file() else None
+
+
+def same_import(one, other) -> bool:
+    return one is not None and all(json.dumps(one.get(k), sort_keys=True) == json.dumps(
+        other.get(k), sort_keys=True) for k in ("family", "source", "rows", "config"))
 
 
 def type_name(family):
@@ -479,7 +533,7 @@ def read_hf_folder(folder):
     config_path = folder / "config.json"
     if not config_path.is_file():
         raise ConversionError(f"no config.json in {folder}: not a Hugging Face model folder")
-    config = json.loads(config_path.read_text())
+    config = read_json(config_path, "download the model's config.json again")
     kind = config.get("model_type")
     if kind == "falcon" or kind == "RefinedWeb":
         raise ConversionError(
@@ -509,10 +563,38 @@ def read_weights(folder):
     except ConversionError:
         raise
     except Exception as e:  # noqa: BLE001 - any unreadable file: the same advice
-        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise ConversionError(f"cannot read the weights in {folder} (truncated or damaged? "
-                              f"{reason}): download them again") from e
+                              f"{first_line(e)}): download them again") from e
     return weights
+
+
+def first_line(error) -> str:
+    return str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+
+
+def read_json(path, fix) -> dict:
+    """The JSON object in ``path``, or one line naming it and ``fix``."""
+    try:
+        value = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:  # unreadable, not UTF-8, not JSON
+        raise ConversionError(f"cannot read {path} as JSON (damaged? {first_line(e)}): "
+                              f"{fix}") from e
+    if not isinstance(value, dict):
+        raise ConversionError(f"{path} is JSON but not an object: {fix}")
+    return value
+
+
+def read_tokenizer(path, fix):
+    from fairseq_alibi.hf_tokenizer import load_tokenizer
+
+    return load_tokenizer(path, fix, error=ConversionError)
+
+
+def check_tokenizer_fits(tokenizer, rows, name, fix):
+    produced = tokenizer.get_vocab_size(with_added_tokens=True)
+    if produced > rows:
+        raise ConversionError(f"{name} has {produced} ids, the model {rows} embedding rows: the "
+                              f"tokenizer and the model do not match; {fix}")
 
 
 def import_options(config) -> tuple:
@@ -542,7 +624,8 @@ def import_options(config) -> tuple:
             problems.append(f"attn_config.softmax_scale {scale}")
         if config.get("expansion_ratio", 4) != 4:
             problems.append(f"expansion_ratio {config.get('expansion_ratio')}")
-        flags = ["--arch", "alibi_transformer_lm", "--activation-fn", "gelu", "--decoder-normalize-before",
+        flags = ["--arch", "alibi_transformer_lm", "--activation-fn", "gelu",
+                 "--decoder-normalize-before",
                  "--decoder-ffn-embed-dim", 4 * dim, "--no-scale-embedding",
                  "--share-decoder-input-output-embed", "--decoder-input-dim", dim,
                  "--decoder-output-dim", dim, "--dropout", config.get("resid_pdrop", 0.0),
@@ -584,9 +667,9 @@ def import_folder(folder, out):
     """Write ``checkpoint.pt``, ``dict.txt`` and ``tokenizer.json`` of a local BLOOM/MPT."""
     from fairseq import options, tasks
     from fairseq.dataclass.utils import convert_namespace_to_omegaconf
-    from tokenizers import Tokenizer
 
     import fairseq_alibi  # noqa: F401  (the models, --bpe hf_tokenizer)
+    from fairseq_alibi.hf_tokenizer import tokenizer_fingerprint
 
     folder, out = Path(folder), Path(out)
     config, hf_weights = read_hf_folder(folder)
@@ -595,7 +678,8 @@ def import_folder(folder, out):
     if not tokenizer_file.is_file():
         raise ConversionError(f"no tokenizer.json in {folder}: fairseq could not encode text "
                               "for this model; add the model's tokenizer.json")
-    tokenizer = Tokenizer.from_file(str(tokenizer_file))
+    fix = f"put the model's own tokenizer.json in {folder}"
+    tokenizer = read_tokenizer(tokenizer_file, fix)
     fs_weights = {}
     try:
         for hf_name, fs_names, how in layout(kind, layers):
@@ -603,7 +687,9 @@ def import_folder(folder, out):
                 fs_weights[name] = tensor.float().clone()
     except KeyError as e:
         raise ConversionError(f"the weights lack {e.args[0]}: not a complete {kind} model") from e
-    rows = row_order(config, tokenizer, fs_weights["decoder.embed_tokens.weight"].shape[0])
+    embed_rows = fs_weights["decoder.embed_tokens.weight"].shape[0]
+    check_tokenizer_fits(tokenizer, embed_rows, str(tokenizer_file), fix)
+    rows = row_order(config, tokenizer, embed_rows)
     fs_weights["decoder.embed_tokens.weight"] = fs_weights["decoder.embed_tokens.weight"][rows]
     with atomic_folder(out) as tmp:
         with open(tmp / "dict.txt", "w", encoding="utf-8") as f:
@@ -634,7 +720,8 @@ def import_folder(folder, out):
 
         layout_record = {"rows": rows, "family": kind, "source": str(folder.resolve()),
                          "config": config, "config_class":
-                             {"bloom": "BloomConfig", "mpt": "MptConfig"}[kind]}
+                             {"bloom": "BloomConfig", "mpt": "MptConfig"}[kind],
+                         "tokenizer_sha256": tokenizer_fingerprint(tokenizer)}
         (tmp / LAYOUT_FILE).write_text(json.dumps(layout_record))
 
         state = {"cfg": OmegaConf.to_container(cfg, resolve=True, enum_to_str=True),

@@ -624,3 +624,79 @@ def test_export_refuses_a_missing_tokenizer_file_or_dictionary(tmp_path, capsys)
     assert len(errors) == 2
     assert "--gpt2-encoder-json" in errors[0] and "dict.txt" in errors[1]
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+
+
+def test_export_refuses_a_dict_or_tokenizer_of_another_import(tmp_path, capsys):
+    """Two imports of the same vocabulary size: each one's dict.txt and tokenizer fit the other
+    by size, but map its rows to other ids. Old imports (no recorded fingerprint) are checked
+    against the tokenizer.json import-hf copied beside the checkpoint."""
+    for family in hf.FAMILIES:
+        tiny_hf_folder(tmp_path / family, family, 4)
+        out = tmp_path / f"{family}_fs"
+        assert hf.import_main([str(tmp_path / family), "--out", str(out)]) == 0
+    fs, other = tmp_path / "mpt_fs", tmp_path / "bloom_fs"
+
+    def export_mpt(dict_path, tokenizer, out):
+        return hf.export_main([str(fs / "checkpoint.pt"), "--dict", str(dict_path), "--bpe",
+                               "hf_tokenizer", "--hf-tokenizer", str(tokenizer), "--out", str(out)])
+
+    capsys.readouterr()
+    cases = {"dict": (other / "dict.txt", fs / "tokenizer.json", "--dict"),
+             "import": (fs / "dict.txt", other / "tokenizer.json", "belongs to another import"),
+             "hf": (fs / "dict.txt", tmp_path / "bloom" / "tokenizer.json", "not the tokenizer")}
+    for name, (dict_path, tokenizer, message) in cases.items():
+        assert export_mpt(dict_path, tokenizer, tmp_path / name) == 1, name
+        err = capsys.readouterr().err.strip()
+        assert message in err and "import-hf wrote" in err and len(err.splitlines()) == 1, err
+        assert not (tmp_path / name).exists()
+    # the model's own tokenizer, from the folder it was imported from, is the same tokenizer
+    assert export_mpt(fs / "dict.txt", tmp_path / "mpt" / "tokenizer.json", tmp_path / "own") == 0
+
+    state = torch.load(fs / "checkpoint.pt", weights_only=False)
+    del state["extra_state"]["huggingface"]["tokenizer_sha256"]
+    torch.save(state, fs / "checkpoint.pt")
+    record = json.loads((fs / "huggingface.json").read_text())
+    del record["tokenizer_sha256"]
+    (fs / "huggingface.json").write_text(json.dumps(record))
+    capsys.readouterr()
+    assert export_mpt(fs / "dict.txt", tmp_path / "bloom" / "tokenizer.json", tmp_path / "old") == 1
+    assert "not the tokenizer" in capsys.readouterr().err and not (tmp_path / "old").exists()
+
+
+def test_damaged_files_and_a_file_as_out_are_one_line_and_write_nothing(tmp_path, capsys):
+    folder = tmp_path / "hf"
+    tiny_hf_folder(folder, "bloom", 4)
+    assert hf.import_main([str(folder), "--out", str(tmp_path / "fs")]) == 0
+    ckpt = tmp_path / "fs" / "checkpoint.pt"
+    before = ckpt.read_bytes()
+    damaged = {}
+    for name in ("tokenizer.json", "config.json"):
+        damaged[name] = tmp_path / f"bad_{name}"
+        shutil.copytree(folder, damaged[name])
+        (damaged[name] / name).write_text("{not json")
+    capsys.readouterr()
+    runs = [
+        (lambda out: hf.import_main([str(damaged["tokenizer.json"]), "--out", str(out)]),
+         "tokenizer.json as a tokenizer.json"),
+        (lambda out: hf.import_main([str(damaged["config.json"]), "--out", str(out)]),
+         "config.json as JSON"),
+        (lambda out: hf.import_main([str(folder), "--out", str(ckpt)]), "is a file"),
+        (lambda out: hf.export_main([str(ckpt), "--dict", str(ckpt.parent / "dict.txt"),
+                                     "--bpe", "hf_tokenizer", "--out", str(ckpt)]), "is a file"),
+    ]
+    for i, (run, message) in enumerate(runs):
+        out = tmp_path / f"out{i}"
+        assert run(out) == 1, message
+        err = capsys.readouterr().err.strip()
+        assert message in err and len(err.splitlines()) == 1, err
+        assert not out.exists() and not list(tmp_path.glob(f".out{i}.*"))
+    assert ckpt.read_bytes() == before and not list(ckpt.parent.glob(".checkpoint.pt*"))
+
+
+def test_import_refuses_a_tokenizer_bigger_than_the_model_naming_both_sizes(tmp_path, capsys):
+    tiny_hf_folder(tmp_path / "hf", "mpt", 4, vocab=48, produced=60)
+    capsys.readouterr()
+    assert hf.import_main([str(tmp_path / "hf"), "--out", str(tmp_path / "fs")]) == 1
+    err = capsys.readouterr().err.strip()
+    assert "has 60 ids, the model 48 embedding rows" in err and "do not match" in err, err
+    assert len(err.splitlines()) == 1 and not (tmp_path / "fs").exists()
