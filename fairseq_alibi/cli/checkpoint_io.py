@@ -135,6 +135,14 @@ def refuse_unconverted_fork(state, path):
     eify_archs = {a for archs in checks.FORK_ARCHITECTURES.values() for a in archs}
     if arch in eify_archs or any(cfg_get(model_cfg, k) for k in checks.FORK_MODEL_OPTIONS):
         raise ConversionError(f"{path}: {checks.unconverted_fork_error(model_cfg, arch)}")
+    task_cfg = cfg_get(state.get("cfg"), "task")
+    found = [k for k in checks.FORK_TASK_OPTIONS if cfg_get(task_cfg, k) is not None]
+    if found:
+        raise ConversionError(
+            f"{path}: this checkpoint was written by EIFY's ALiBi fork ({found[0]} in its task "
+            "config, which stock fairseq's tasks do not have): convert it first with "
+            "`fairseq-alibi convert --input CHECKPOINT --output CONVERTED.pt` "
+            "(docs/migrating.md), then give the converted file")
     try:
         checks.refuse_unconverted_press_checkpoint(state, path)
     except ValueError as e:

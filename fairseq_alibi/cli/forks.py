@@ -34,6 +34,7 @@ from fairseq_alibi.cli.checkpoint_io import (
     placeholder_dictionary,
 )
 from fairseq_alibi.config_access import architecture_of, cfg_get, cfg_set, plain_cfg
+from fairseq_alibi.models.checks import FORK_TASK_OPTIONS
 from fairseq_alibi.options import model_wide_defaults
 
 SOURCES = ("stock", "press", "eify")
@@ -44,7 +45,7 @@ EIFY_MODEL_KEYS = (
     "contrastive_pretraining", "initial_beta", "zero_masking", "mask_prob", "l2norm_embedding",
 )
 #: task options only EIFY's fork writes
-EIFY_TASK_KEYS = ("omit_mask",)
+EIFY_TASK_KEYS = FORK_TASK_OPTIONS
 #: EIFY architectures that stock fairseq does not have, and what they become
 EIFY_ARCHITECTURES = {"transformer_lm_alibi": "alibi_transformer_lm"}
 #: RoBERTa architectures and their ALiBi counterparts (the sizes are in the saved config anyway)

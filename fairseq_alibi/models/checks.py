@@ -291,6 +291,9 @@ def check_tokens_per_sample(args):
 
 #: options of EIFY's ALiBi fork that change what a model computes, as its configs save them
 FORK_MODEL_OPTIONS = ("encoder_alibi", "decoder_alibi", "contrastive_pretraining", "zero_masking")
+#: the task option of EIFY's fork that stock tasks lack (a checkpoint saved with it, even with
+#: every option above off, fails in fairseq's task setup)
+FORK_TASK_OPTIONS = ("omit_mask",)
 #: the fork's architecture names that stock fairseq lacks (its causal ALiBi LM)
 FORK_ARCHITECTURES = {"transformer_lm": ("transformer_lm_alibi",)}
 
