@@ -208,7 +208,10 @@ class AlibiLanguageModelHubInterface(hub_utils.GeneratorHubInterface):
         for a language model ``max_len_a·P + max_len_b`` counts the prompt's ``P`` tokens,
         and stock fairseq returns the prompt cut to that many tokens, generating nothing
         (``score`` generates nothing: ``score_reference``)."""
-        if kwargs.get("score_reference"):
+        from fairseq.models import FairseqLanguageModel
+
+        # a translation's limit counts target tokens (the translation hub is this class too)
+        if kwargs.get("score_reference") or not isinstance(self.models[0], FairseqLanguageModel):
             return super().generate(tokenized_sentences, *args, **kwargs)
         prompts = ([tokenized_sentences] if torch.is_tensor(tokenized_sentences)
                    and tokenized_sentences.dim() == 1 else tokenized_sentences)

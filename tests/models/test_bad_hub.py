@@ -214,3 +214,16 @@ def test_a_length_limit_that_leaves_no_room_after_the_prompt(tiny_lm_data, tmp_p
         lm.generate([prompt, prompt[:5]], beam=1, max_len_b=10)
     out = lm.generate(prompt, beam=1, max_len_b=12 + 3, min_len=15)
     assert len(out[0]["tokens"]) == 12 + 3 + 1  # the prompt, 3 tokens and </s>
+
+
+def test_a_translation_source_longer_than_max_len_b_is_translated():
+    """The limit counts a translation's target tokens only: the LM's refusal above must not
+    reach the translation hub (the same interface class), whatever the source's length."""
+    from fairseq_alibi.models.alibi_transformer import AlibiTransformerModel
+
+    saved = REPO / "tests" / "fixtures" / "saved_models"
+    hub = AlibiTransformerModel.from_pretrained(str(saved / "translation_pointer"),
+                                                "checkpoint.pt", str(saved)).eval()
+    source = torch.tensor([hub.src_dict.index(f"w{i % 28}") for i in range(40)] + [2])
+    out = hub.generate(source, beam=1, max_len_a=0, max_len_b=5)
+    assert 1 <= len(out[0]["tokens"]) <= 6
