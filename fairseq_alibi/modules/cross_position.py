@@ -281,8 +281,9 @@ class CrossPositionAttention(MultiheadAttention):
                 # the padding merged into the bias (one op per step, no mask of its own), by a
                 # value that stays finite in the attention's dtype; (B, 1, 1, S), the shape a
                 # decoding step adds
-                saved["source_padding"] = key_padding_mask.view(bsz, 1, 1, -1) * mask_value(
-                    q.dtype)  # bool times a float: float32
+                saved["source_padding"] = key_padding_mask.view(bsz, 1, 1, -1).to(
+                    q.dtype) * mask_value(q.dtype)  # in q's dtype: float32 would overflow
+                # float64's value to -inf, and 0 · -inf is NaN on every real key
             longer_than = self.longer_than() if self.biased_heads and not self.training else 0
             if longer_than:
                 # outside training, each row's slopes by its source length: (B, H, 1, 1)

@@ -125,6 +125,21 @@ def test_left_padded_batch_matches_the_float64_reference(data, option, backend):
         assert torch.allclose(got[b, : len(target)].double(), want, atol=1e-5, rtol=0), b
 
 
+@pytest.mark.parametrize("option", ["pointer", "ratio"])
+def test_a_float64_model_computes_what_its_float32_one_does(data, option):
+    """The source padding merged into the bias is made in the attention's dtype: made in
+    float32, float64's mask value overflowed to -inf and 0 · -inf made every output NaN."""
+    model, task = build_cross(data, *[str(f) for f in OPTIONS[option]])
+    sources = token_sentences(task, [11, 7, 2])
+    targets = token_sentences(task, [5, 9, 3], side="tgt", seed=1)
+    src, lengths, prev = translation_batch(task, sources, targets)
+    with torch.no_grad():
+        single = model(src, lengths, prev)[0]
+        double = model.double()(src, lengths, prev)[0]
+    assert double.dtype == torch.float64 and torch.isfinite(double).all()
+    torch.testing.assert_close(double.float(), single, atol=1e-4, rtol=0)
+
+
 def test_the_bias_formula_with_and_without_padding_keys():
     """``cross_alibi_bias`` against the formula in float64, for several heads and queries, with
     no padding (``None``: a batch whose sources all have the same length) and with padding."""
