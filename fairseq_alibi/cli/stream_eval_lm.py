@@ -144,6 +144,20 @@ def not_a_language_model(path) -> Optional[str]:
     return language_model_refusal(path, state)
 
 
+def unconverted_fork(path) -> Optional[str]:
+    """The "convert it first" line of checkpoint ``path`` when it is an unconverted checkpoint
+    of an ALiBi fork (Press's loads as a stock ``transformer_lm``, which fairseq-eval-lm would
+    score without the fork's bias), else ``None``."""
+    from fairseq_alibi.cli.checkpoint_io import (ConversionError, read_checkpoint,
+                                                 refuse_unconverted_fork)
+
+    try:
+        refuse_unconverted_fork(read_checkpoint(path), path)
+    except ConversionError as exc:
+        return str(exc)
+    return None
+
+
 def language_model_refusal(path, state, needs: str = STREAMED_MODELS) -> Optional[str]:
     """Why the checkpoint ``state`` (read from ``path``) holds no language model, ending with
     ``needs`` (what the calling tool reads, and where to give it), or ``None``."""
@@ -187,7 +201,9 @@ def load_models(cfg, task):
         try:
             streamed_attentions(model)
         except ValueError as exc:
-            raise StreamError(f"{cfg.common_eval.path}: {exc}; score it with fairseq-eval-lm")
+            fork = next(filter(None, map(unconverted_fork, paths)), None)
+            raise StreamError(fork or f"{cfg.common_eval.path}: {exc}; score it with "
+                              "fairseq-eval-lm") from None
         if cfg.common.fp16:
             model.half()
         if use_cuda:

@@ -9,13 +9,14 @@ import pytest
 
 from fairseq_alibi.cli.sweep import parse_eval_output, split_token_count
 from tests.helpers.checkpoints import saved_in_process
-from tests.helpers.cli import preprocess, run_cli
+from tests.helpers.cli import SHARED_DATA, preprocess, run_cli
 from tests.helpers.training import STOCK
 
 #: end to end through fairseq's real command lines
 pytestmark = pytest.mark.slow
 
 FIXTURES = "tests/fixtures/saved_models"
+SHARED_FORKS = SHARED_DATA.parent / "fixtures" / "forks"
 
 
 def stream(data, checkpoint, *extra, expect_ok=True):
@@ -84,6 +85,12 @@ def test_bad_input_is_one_line_naming_the_fix(trained_lm_checkpoint, tiny_lm_dat
         ((tiny_lm_data, stock), "TransformerLanguageModel has no ALiBi self-attention"),
         ((tiny_lm_data, f"{FIXTURES}/roberta_one_sided_head/checkpoint.pt"),
          "architecture alibi_roberta (AlibiRobertaModel), not a language model"),
+    ]
+    press = SHARED_FORKS / "press_lm"
+    if (press / "checkpoint_last.pt").is_file():  # loads as stock transformer_lm: not eval-lm
+        cases.append(((press / "data-bin", press / "checkpoint_last.pt", "--gen-subset", "test"),
+                      "Convert it first with `fairseq-alibi convert --from press"))
+    cases += [
         ((tmp_path / "empty", trained_lm_checkpoint), "holds no tokens: give --gen-subset"),
         ((tiny_lm_data, trained_lm_checkpoint, "--gen-subset", "valid7"), "no split 'valid7'"),
         ((tiny_lm_data, trained_lm_checkpoint, "--context-window", "8"),
