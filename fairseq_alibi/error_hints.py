@@ -179,6 +179,20 @@ def _zero_block_size(exc: BaseException) -> Optional[str]:
     return None
 
 
+def _not_a_language_model(exc: BaseException) -> Optional[str]:
+    """fairseq-eval-lm (the language_modeling task) given a model that is not a language
+    model (a translation model, an encoder) fails on an attribute only language models have."""
+    if not isinstance(exc, AttributeError) or "supported_targets" not in str(exc):
+        return None
+    for frame in _frames(exc):
+        if frame.f_code.co_name == "build_model" and "model" in frame.f_locals:
+            model = type(frame.f_locals["model"]).__name__
+            return (f"--path holds a model of class {model}, not a language model: "
+                    "fairseq-eval-lm scores language models (a translation model: "
+                    "fairseq-generate --score-reference or fairseq-validate)")
+    return None
+
+
 _SIZE_MISMATCH = re.compile(
     r"size mismatch for ([\w.]+): copying a param with shape torch\.Size\(\[([\d, ]*)\]\) "
     r"from checkpoint, the shape in current model is torch\.Size\(\[([\d, ]*)\]\)")
@@ -251,7 +265,8 @@ def hint_for(exc: BaseException) -> Optional[str]:
         if isinstance(cause, ValueError) and raised_by_plugin(cause):
             return one_line(cause)
     for found in chain:
-        hint = _unreadable_checkpoint(found) or _zero_block_size(found) or _size_mismatch(found)
+        hint = (_unreadable_checkpoint(found) or _zero_block_size(found)
+                or _size_mismatch(found) or _not_a_language_model(found))
         if hint:
             return hint
     return None

@@ -132,16 +132,17 @@ STREAMED_MODELS = ("streaming scores causal ALiBi language models (alibi_transfo
                    "one with --path")
 
 
-def not_a_language_model(path) -> Optional[str]:
+def not_a_language_model(path, needs: str = STREAMED_MODELS) -> Optional[str]:
     """Why checkpoint ``path`` cannot stream (a model that is not a language model: an encoder,
-    a translation model; a file that is no checkpoint), or ``None``."""
+    a translation model; a file that is no checkpoint), or ``None``; ``needs``: what the
+    calling tool reads (:func:`language_model_refusal`)."""
     from fairseq_alibi.cli.checkpoint_io import ConversionError, read_checkpoint
 
     try:
         state = read_checkpoint(path)
     except ConversionError as exc:
         return f"{path}: {exc}"
-    return language_model_refusal(path, state)
+    return language_model_refusal(path, state, needs)
 
 
 def unconverted_fork(path) -> Optional[str]:

@@ -41,6 +41,7 @@ evaluation length, one panel per mode) and ``logs/`` (the output of every run).
 """
 
 import argparse
+import ast
 import csv
 import logging
 import math
@@ -56,6 +57,7 @@ from typing import Callable, Dict, List, Mapping, Optional, Sequence, Union
 
 from fairseq_alibi.cli import fairseq_runs
 from fairseq_alibi.cli.fairseq_runs import console_script, thread_env
+from fairseq_alibi.cli.stream_eval_lm import not_a_language_model, unconverted_fork
 from fairseq_alibi.paths import user_dir
 from fairseq_alibi.preprocess.pipeline_io import progress_bar
 
@@ -258,11 +260,11 @@ def _run_point(name, model, data, length, mode, stride, gen_subset, extra, env, 
     tmp = log.with_suffix(".log.tmp")
     tmp.write_text("$ " + " ".join(_quote(c) for c in cmd) + "\n" + output)
     os.replace(tmp, log)
-    if proc.returncode != 0:
+    if proc.returncode != 0:  # its last line: the plugin's hint, or the error itself
+        last = next((line for line in reversed(output.splitlines()) if line.strip()), "")
         raise SweepError(
-            f"fairseq-eval-lm failed for {name} ({mode}, N={length}), exit {proc.returncode}; "
-            f"full output in {log}:\n{output[-3000:]}"
-        )
+            f"fairseq-eval-lm failed for {name} ({mode}, N={length}), exit {proc.returncode}: "
+            f"{last.strip()} (full output in {log})")
     tokens, loss = parse_eval_output(output)
     why = refusal(tokens, expected, loss)
     return SweepPoint(
@@ -534,6 +536,37 @@ def _at_least(low: int):
     return parse
 
 
+#: what the sweep evaluates, said when a checkpoint holds something else
+SWEPT_MODELS = "the sweep evaluates language models with fairseq-eval-lm; give one with --path"
+
+
+def _overrides(text: str) -> dict:
+    """``--model-overrides``: a Python dict of option names, as fairseq-eval-lm takes it."""
+    try:
+        value = ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        value = None
+    if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a dict of option names, e.g. \"{{'alibi_window_cutoff': 8}}\"")
+    return value
+
+
+def _with_fixed(per_length, fixed: dict, parser):
+    """``per_length`` overrides (``length -> dict``, or ``None``) with ``fixed`` ones added; a
+    key both set is the parser's error."""
+    if not fixed:
+        return per_length
+
+    def overrides(length):
+        own = per_length(length) if per_length else {}
+        both = sorted(k for k in own if k in fixed and own[k] != fixed[k])
+        if both:
+            parser.error(f"--model-overrides sets {both[0]}, which the sweep sets per length")
+        return {**fixed, **own}
+    return overrides
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(
         prog="fairseq-alibi sweep",
@@ -567,6 +600,9 @@ def main(argv=None):
                         help="OpenMP threads per run")
     parser.add_argument("--title", default=None, help="a title for the table and plot")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument("--model-overrides", type=_overrides, default={}, metavar="DICT",
+                        help="load-time overrides of every run, e.g. \"{'alibi_window_cutoff': "
+                        "8}\" (merged with the per-length ones of the options above)")
     args, extra = parser.parse_known_args(argv)
 
     if args.slope_interpolation and (args.train_length is None or args.sinusoidal_overrides):
@@ -578,22 +614,31 @@ def main(argv=None):
     if "sliding" in modes and args.stride is not None and args.stride >= min(args.lengths):
         parser.error(f"argument --stride: must be below the shortest length "
                      f"({min(args.lengths)}), got {args.stride}")
+    fixed = args.model_overrides
     overrides = position_overrides if args.sinusoidal_overrides else None
     models = {}
     for spec in args.path:
         name, path = _parse_path(spec)
         if name in models:
             raise SystemExit(f"two checkpoints named {name!r}: give them names with NAME=CKPT")
-        models[name] = SweepModel(path, overrides=overrides)
+        refused = not_a_language_model(path, SWEPT_MODELS) or unconverted_fork(path)
+        if refused:
+            parser.error(f"--path {refused}")
+        models[name] = SweepModel(path, overrides=_with_fixed(overrides, fixed, parser))
         if args.slope_interpolation:
             models[f"{name}, slopes x L/N"] = SweepModel(
-                path, overrides=slope_interpolation(args.train_length))
-    result = run_sweep(
-        models, args.data, args.lengths, args.out, modes=modes,
-        extra_eval_args=extra, stride=args.stride, gen_subset=args.gen_subset,
-        train_length=args.train_length, jobs=args.jobs, threads=args.threads,
-        progress=not args.no_progress, title=args.title,
-    )
+                path, overrides=_with_fixed(slope_interpolation(args.train_length), fixed,
+                                            parser))
+    try:
+        result = run_sweep(
+            models, args.data, args.lengths, args.out, modes=modes,
+            extra_eval_args=extra, stride=args.stride, gen_subset=args.gen_subset,
+            train_length=args.train_length, jobs=args.jobs, threads=args.threads,
+            progress=not args.no_progress, title=args.title,
+        )
+    except SweepError as exc:
+        print(f"fairseq-alibi sweep: error: {exc}", file=sys.stderr)
+        return 1
     print(result.markdown())
     for kind, path in result.files.items():
         print(f"{kind}: {path}")

@@ -205,3 +205,30 @@ def test_sweep_checks_its_arguments(smoke, tmp_path):
         run_sweep({"a b": alibi, "a/b": alibi}, data, [16], tmp_path)
     with pytest.raises(FileNotFoundError, match="checkpoint"):
         run_sweep({"a": str(tmp_path / "missing.pt")}, data, [16], tmp_path)
+
+
+def test_the_sweep_command_line_takes_overrides_and_refuses_other_models(smoke, tmp_path,
+                                                                         capsys):
+    """--model-overrides reaches every run (it had ended in a traceback about the Python API);
+    a checkpoint that is not a language model is one line before any run (it had failed deep
+    in each run)."""
+    from fairseq_alibi.cli.sweep import main
+
+    out, _ = smoke
+    common = ["--data", str(out / "data" / "bin"), "--lengths", "16", "--modes",
+              "nonoverlapping", "--no-progress", "--cpu"]
+    alibi = f"a={out / 'checkpoints' / 'alibi' / 'checkpoint_last.pt'}"
+    assert main(["--path", alibi, "--out", str(tmp_path / "run"), *common,
+                 "--model-overrides", "{'alibi_window_cutoff': 2}"]) == 0
+    command = (tmp_path / "run" / "logs" / "a_nonoverlapping_16.log").read_text().splitlines()[0]
+    assert "--model-overrides" in command and "alibi_window_cutoff" in command, command
+    translation = REPO / "tests" / "fixtures" / "saved_models" / "translation_pointer"
+    for args, said in ((["--path", alibi, "--model-overrides", "cutoff=2"],
+                        "is not a dict of option names"),
+                       (["--path", str(translation / "checkpoint.pt")],
+                        "not a language model: the sweep evaluates language models")):
+        capsys.readouterr()
+        with pytest.raises(SystemExit) as raised:
+            main([*args, "--out", str(tmp_path / "refused"), *common])
+        assert raised.value.code == 2
+        assert said in capsys.readouterr().err.strip().splitlines()[-1]

@@ -12,7 +12,7 @@ import torch
 
 from tests.helpers.building import build_model
 from tests.helpers.checkpoints import saved_in_process
-from tests.helpers.cli import last_line, run_cli
+from tests.helpers.cli import REPO, last_line, run_cli
 from tests.helpers.training import MODELS
 
 
@@ -99,3 +99,16 @@ def test_zero_tokens_per_sample_in_eval_lm_is_named(tiny_lm_data, alibi_user_dir
     assert "ZeroDivisionError" in out
     assert last_line(out).startswith(
         "fairseq_alibi: --tokens-per-sample must be at least 1 (the tokens of one block), got 0")
+
+
+@pytest.mark.slow
+def test_eval_lm_on_a_translation_model_is_named(alibi_user_dir):
+    """fairseq-eval-lm builds a translation model and stops on an attribute only language models
+    have: the last line says what --path holds."""
+    saved = REPO / "tests" / "fixtures" / "saved_models"
+    out = run_cli("fairseq-eval-lm", saved, "--user-dir", alibi_user_dir, "--path",
+                  saved / "translation_pointer" / "checkpoint.pt", "--cpu", expect_ok=False)
+    assert "supported_targets" in out
+    assert last_line(out).startswith(
+        "fairseq_alibi: --path holds a model of class AlibiTransformerModel, not a language "
+        "model: fairseq-eval-lm scores language models"), last_line(out)
