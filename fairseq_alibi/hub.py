@@ -141,12 +141,19 @@ def with_model_overrides(kwargs: dict) -> dict:
     return {**kwargs, **overrides}
 
 
-def check_checkpoint_files(model_class, model_name_or_path, checkpoint_file: str):
-    """A one-line error naming a local checkpoint that is not there (fairseq's loader fails
-    on it with a ``TypeError``); a name of ``hub_models()`` or a URL is fairseq's to fetch."""
+def check_checkpoint_files(model_class, model_name_or_path, checkpoint_file: str,
+                           data_dir: str):
+    """A one-line error naming a local checkpoint or data folder that is not there (fairseq's
+    loader fails on either with a ``TypeError``); a name of ``hub_models()`` or a URL is
+    fairseq's to fetch."""
     model = str(model_name_or_path)
     if model in model_class.hub_models() or _is_url(model):
         return
+    if not _is_url(data_dir) and not os.path.isdir(data_dir.split(os.pathsep)[0]):  # shards
+        raise HubArgumentError(
+            f"no data folder {data_dir}: from_pretrained's third argument, data_name_or_path, "
+            "is the folder of the model's dictionary (its dict.txt: the data folder it was "
+            "trained on, or the checkpoint's own with '.')")
     for name in checkpoint_file.split(os.pathsep):  # an ensemble: "a.pt:b.pt"
         path = os.path.join(model, name)
         if not os.path.isfile(path):
@@ -162,11 +169,11 @@ def load_pretrained(model_class, expected_name, model_name_or_path, checkpoint_f
                     data_name_or_path, **kwargs) -> dict:
     """``hub_utils.from_pretrained`` for an ALiBi model class, offline; see the module doc."""
     kwargs = with_model_overrides(kwargs)
-    check_checkpoint_files(model_class, model_name_or_path, checkpoint_file)
     model_dir = str(model_name_or_path)
     data_dir = str(data_name_or_path)
     if data_dir.startswith("."):  # as hub_utils: relative to the checkpoint's folder
         data_dir = os.path.join(model_dir, data_dir)
+    check_checkpoint_files(model_class, model_name_or_path, checkpoint_file, data_dir)
     searched = [model_dir, data_dir]
     given = {arg for arg in GPT2_BPE_FILES if arg in kwargs}
     if not given:

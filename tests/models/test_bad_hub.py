@@ -177,8 +177,8 @@ def test_hub_scores_3000_words_with_the_training_max_tokens(tiny_lm_data, tmp_pa
 
 
 def test_a_missing_checkpoint_and_model_overrides(tiny_lm_data, tmp_path, no_network):
-    """A checkpoint that is not there is one line naming it (fairseq's loader had failed with
-    a TypeError); ``model_overrides``, as the command lines take it, overrides the options (it
+    """A checkpoint or data folder that is not there is one line naming it (fairseq's loader
+    had failed with a TypeError); ``model_overrides``, as the command lines take it, overrides the options (it
     had been taken for an option of that name and ignored: a dense model came back)."""
     from fairseq_alibi.hub import HubArgumentError
     from fairseq_alibi.models.alibi_transformer_lm import AlibiTransformerLanguageModel as LM
@@ -188,6 +188,9 @@ def test_a_missing_checkpoint_and_model_overrides(tiny_lm_data, tmp_path, no_net
                                (checkpoint.parent, "model.pt:other.pt", "other.pt:")):
         with pytest.raises(HubArgumentError, match=r"no checkpoint at .*" + re.escape(said)):
             LM.from_pretrained(str(folder), name, str(tiny_lm_data))
+    with pytest.raises(HubArgumentError, match=r"no data folder .*nodata: from_pretrained's "
+                       "third argument"):
+        LM.from_pretrained(str(checkpoint.parent), "model.pt", str(tmp_path / "nodata"))
     for given in ("{'alibi_window_cutoff': 8}", {"alibi_window_cutoff": 8}):
         lm = LM.from_pretrained(str(checkpoint.parent), "model.pt", str(tiny_lm_data),
                                 model_overrides=given)
