@@ -231,13 +231,19 @@ def main(argv=None):
     with contextlib.ExitStack() as streams:
         for model in models:
             streams.enter_context(stream_states(model))
-        results = fairseq_eval_lm.eval_lm(
-            models=models, source_dictionary=task.source_dictionary,
-            batch_iterator=stream_samples(source, target, chunk),
-            post_process=cfg.common_eval.post_process,
-            output_word_probs=cfg.eval_lm.output_word_probs,
-            output_word_stats=cfg.eval_lm.output_word_stats,
-            target_dictionary=task.target_dictionary, softmax_batch=cfg.eval_lm.softmax_batch)
+        try:
+            results = fairseq_eval_lm.eval_lm(
+                models=models, source_dictionary=task.source_dictionary,
+                batch_iterator=stream_samples(source, target, chunk),
+                post_process=cfg.common_eval.post_process,
+                output_word_probs=cfg.eval_lm.output_word_probs,
+                output_word_stats=cfg.eval_lm.output_word_stats,
+                target_dictionary=task.target_dictionary,
+                softmax_batch=cfg.eval_lm.softmax_batch)
+        except ValueError as exc:  # the plugin's refusal of a call (e.g. a named backend that
+            if not raised_by_plugin(exc):  # serves no KV cache): its line is the fix
+                raise
+            raise StreamError(f"{cfg.common_eval.path}: {exc}") from None
     logger.info("Loss (base 2): {:.4f}, Perplexity: {:.2f}".format(results["loss"],
                                                                  results["perplexity"]))
     return 0

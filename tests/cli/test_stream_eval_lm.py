@@ -10,7 +10,7 @@ import pytest
 from fairseq_alibi.cli.sweep import parse_eval_output, split_token_count
 from tests.helpers.checkpoints import saved_in_process
 from tests.helpers.cli import SHARED_DATA, preprocess, run_cli
-from tests.helpers.training import STOCK
+from tests.helpers.training import MODELS, STOCK
 
 #: end to end through fairseq's real command lines
 pytestmark = pytest.mark.slow
@@ -86,6 +86,12 @@ def test_bad_input_is_one_line_naming_the_fix(trained_lm_checkpoint, tiny_lm_dat
         ((tiny_lm_data, f"{FIXTURES}/roberta_one_sided_head/checkpoint.pt"),
          "architecture alibi_roberta (AlibiRobertaModel), not a language model"),
     ]
+    # a backend named at training that serves no KV cache with documents: at the first call
+    named = saved_in_process(tmp_path / "named" / "checkpoint.pt", tiny_lm_data, *MODELS["lm"],
+                             "--alibi-attention", "windowed", "--alibi-document-mask", "eos",
+                             "--alibi-window-cutoff", 4)
+    cases.append(((tiny_lm_data, named), "--alibi-attention windowed cannot serve this call: "
+                  "windowed cannot mask the keys of other documents"))
     press = SHARED_FORKS / "press_lm"
     if (press / "checkpoint_last.pt").is_file():  # loads as stock transformer_lm: not eval-lm
         cases.append(((press / "data-bin", press / "checkpoint_last.pt", "--gen-subset", "test"),
