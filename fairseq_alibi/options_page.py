@@ -1,6 +1,6 @@
 """docs/options.md, the table of every ALiBi flag, generated from the declarations of
 :mod:`fairseq_alibi.options`: ``python -m fairseq_alibi.options_page`` writes it, and
-``tests/test_options_page.py`` fails when the page differs from what this generates.
+``tests/options/test_options_page.py`` fails when the page differs from what this generates.
 
 Nothing in it is written by hand: a flag's names come from the :class:`~fairseq_alibi.options.Side`
 of each family, where it applies from the field's ``needs`` and ``side``, the default and the
@@ -29,11 +29,13 @@ INTRODUCTION = """\
 # Every ALiBi flag
 
 Generated from the declarations in `fairseq_alibi/options.py` by
-`python -m fairseq_alibi.options_page`; do not edit by hand (`tests/test_options_page.py`
+`python -m fairseq_alibi.options_page`; do not edit by hand (`tests/options/test_options_page.py`
 fails when this page is stale). Each stack option is one field of `StackOptions`, declared
 under the prefix of each family's side: `—` where the side does not declare it (none of its
 variants uses it). Every flag is also a hydra field, the flag's name with underscores
-(`--encoder-alibi-heads` is `model.encoder_alibi_heads`), and a checkpoint saves it; the
+(`--encoder-alibi-heads` is `model.encoder_alibi_heads`; on the command line of
+`fairseq-hydra-train`, `++model.encoder_alibi_heads=2`: a shipped config that does not set it
+holds no such key, and hydra adds one only with `++`), and a checkpoint saves it; the
 options the help calls load-time or decoding options can be changed when a model is loaded
 (`--model-overrides "{'alibi_slope_scale': 0.5}"`). A value set where it does nothing (the
 `applies to` or `needs` column) is a one-line error naming the flag.
