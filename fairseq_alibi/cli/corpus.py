@@ -242,7 +242,13 @@ def main(argv=None):
         help="an empty line after every document (help topic, standard-library file), so "
         "--sample-break-mode complete_doc and --alibi-document-mask doc split at documents "
         "(default: documents follow one another, the files the quickstart was measured on)")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace the files of a folder that is not empty")
     args = parser.parse_args(argv)
+    out = Path(args.out_dir)
+    if out.is_dir() and any(out.iterdir()) and not args.overwrite:
+        # as the other pipelines: two corpora (with and without breaks) are never confused
+        parser.error(f"{out} already exists and is not empty; pass --overwrite to replace it")
     manifest = build_corpus(args.out_dir, args.valid_fraction, args.test_fraction,
                             document_breaks=args.document_breaks)
     print(json.dumps(manifest, indent=2))

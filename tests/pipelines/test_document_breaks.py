@@ -191,6 +191,9 @@ def test_corpus_default_is_unchanged_and_breaks_are_opt_in(tmp_path, monkeypatch
                  "--document-breaks"])
     breaks = json.loads((tmp_path / "breaks" / "corpus.json").read_text())
     assert default["document_breaks"] is False and breaks["document_breaks"] is True
+    with pytest.raises(SystemExit):  # the other variant over it: refused, nothing replaced
+        corpus.main([str(tmp_path / "breaks"), "--valid-fraction", "0.1"])
+    assert json.loads((tmp_path / "breaks" / "corpus.json").read_text()) == breaks
     assert default["sha256"] != breaks["sha256"]
     for split in corpus.SPLITS:
         # the default: each document's paragraphs, one a line, documents back to back
