@@ -162,6 +162,9 @@ def _unreadable_checkpoint(exc: BaseException) -> Optional[str]:
         size = None
     what = "is empty (0 bytes)" if size == 0 else "cannot be read: it is truncated or corrupt"
     save_dir = os.path.dirname(os.path.abspath(path))
+    if os.path.basename(path) != "checkpoint_last.pt":  # the one file repair restores
+        return (f"checkpoint {path} {what}; give an intact checkpoint (`fairseq-alibi "
+                f"checkpoints check {save_dir}` lists those of its folder)")
     return (f"checkpoint {path} {what}, as an interrupted save leaves it; "
             f"`fairseq-alibi checkpoints repair {save_dir}` restores checkpoint_last.pt "
             f"from the newest intact checkpoint (`... check {save_dir}` lists them)")

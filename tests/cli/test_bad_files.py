@@ -108,3 +108,18 @@ def test_check_reports_a_zero_byte_checkpoint(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "checkpoint_last.pt: DAMAGED (empty file, 0 bytes)" in out
     assert f"fairseq-alibi checkpoints repair {tmp_path}" in out
+
+
+def test_a_damaged_checkpoint_other_than_the_last_is_not_sent_to_repair(tmp_path):
+    """repair restores checkpoint_last.pt only: for another file (an averaged one, a named
+    --path) the hint says to give an intact checkpoint."""
+    from fairseq import checkpoint_utils
+
+    from fairseq_alibi.error_hints import hint_for
+
+    (tmp_path / "averaged.pt").write_bytes(b"")
+    with pytest.raises(Exception) as raised:
+        checkpoint_utils.load_checkpoint_to_cpu(str(tmp_path / "averaged.pt"))
+    assert hint_for(raised.value) == (
+        f"checkpoint {tmp_path / 'averaged.pt'} is empty (0 bytes); give an intact checkpoint "
+        f"(`fairseq-alibi checkpoints check {tmp_path}` lists those of its folder)")
