@@ -196,6 +196,20 @@ def _not_a_language_model(exc: BaseException) -> Optional[str]:
     return None
 
 
+def _bad_model_overrides(exc: BaseException) -> Optional[str]:
+    """fairseq's commands ``eval`` the text of ``--model-overrides``: one that is not a Python
+    dict fails there with a bare ``SyntaxError`` or ``NameError``."""
+    if not isinstance(exc, (SyntaxError, NameError)):
+        return None
+    for frame in _frames(exc):
+        overrides = getattr(getattr(frame.f_locals.get("cfg"), "common_eval", None),
+                            "model_overrides", None)
+        if overrides is not None and os.sep + "fairseq_cli" + os.sep in frame.f_code.co_filename:
+            return (f"--model-overrides takes a Python dict of option names, e.g. "
+                    f"\"{{'alibi_window_cutoff': 8}}\" (quoted for the shell), got {overrides}")
+    return None
+
+
 _SIZE_MISMATCH = re.compile(
     r"size mismatch for ([\w.]+): copying a param with shape torch\.Size\(\[([\d, ]*)\]\) "
     r"from checkpoint, the shape in current model is torch\.Size\(\[([\d, ]*)\]\)")
@@ -269,7 +283,8 @@ def hint_for(exc: BaseException) -> Optional[str]:
             return one_line(cause)
     for found in chain:
         hint = (_unreadable_checkpoint(found) or _zero_block_size(found)
-                or _size_mismatch(found) or _not_a_language_model(found))
+                or _size_mismatch(found) or _not_a_language_model(found)
+                or _bad_model_overrides(found))
         if hint:
             return hint
     return None

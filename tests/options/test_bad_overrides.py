@@ -296,6 +296,13 @@ def test_fairseq_eval_lm_refuses_a_misspelt_override(trained_lm_checkpoint, tiny
         "OptionError: unknown --alibi-document-mask 'docs'; choose one of: none, eos, doc (in "
         "--model-overrides)")
     assert "Traceback" not in out
+    # not a dict: fairseq's eval of the text fails bare; the hint says what it takes
+    out = run_cli("fairseq-eval-lm", tiny_lm_data, "--user-dir", alibi_user_dir, "--path",
+                  trained_lm_checkpoint, "--cpu", "--max-tokens", "4096", "--num-workers", "0",
+                  "--model-overrides", "alibi_window_cutoff=8", expect_ok=False)
+    assert out.strip().splitlines()[-1] == (
+        "fairseq_alibi: --model-overrides takes a Python dict of option names, e.g. "
+        "\"{'alibi_window_cutoff': 8}\" (quoted for the shell), got alibi_window_cutoff=8")
 
 
 def test_an_option_error_is_its_own_one_line_hint():
