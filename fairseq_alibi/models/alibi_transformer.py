@@ -44,7 +44,9 @@ The saved state is the stock ``transformer``'s (same parameter names) plus the s
 position option, ``longest_training_source.tokens``: the longest real source the model was
 trained on (tokens, EOS included), raised by every training forward pass, which
 ``--cross-alibi-inference-longer-than`` follows unless it is given (a checkpoint saved before
-it loads with none recorded: every source, as then).
+it loads with none recorded: every source, as then), and with ``--cross-alibi`` each layer's
+``encoder_attn.slopes`` (the training slopes, whose non-zero count, ``--cross-alibi-heads``,
+is checked at load; a checkpoint saved before gets the built ones).
 """
 
 import argparse
@@ -118,6 +120,12 @@ def _check_options(args, task):
         )
     stock_sides = [side for side, stack in (("encoder", encoder), ("decoder", decoder))
                    if not stack.uses_alibi]
+    if cross.cross_alibi_eos_guard < 0 and cross.cross_alibi_eos_guard_layer != "last":
+        # what `{'cross_alibi_eos_guard': -1}` alone gives a model saved with a guard layer
+        raise ValueError(
+            "--cross-alibi-eos-guard-layer needs --cross-alibi-eos-guard: it chooses the pointer "
+            "that the EOS guard reads; drop it (turning a saved guard off: --model-overrides "
+            "\"{'cross_alibi_eos_guard': -1, 'cross_alibi_eos_guard_layer': 'last'}\")")
     cross.check(args.decoder_attention_heads, stock_sides, args)
 
 
@@ -245,6 +253,43 @@ def _check_cross_position(state_dict, prefix, decoder):
                        "no --cross-alibi pointer" if saved else pointer,
                        "--cross-alibi pointer" if saved else
                        "the --cross-alibi it was trained with (saved in its options)")
+    _check_cross_slopes(state_dict, prefix, decoder)
+
+
+def _check_cross_slopes(state_dict, prefix, decoder):
+    """``--cross-alibi-heads`` of the checkpoint (the non-zero saved training slopes,
+    ``encoder_attn.slopes``) against the model's: no other tensor tells K, and another K loads
+    and computes something else. A checkpoint saved before the slopes were (none saved) gets
+    the built ones, and loads as before."""
+    built = {f"{prefix}.{name}": slopes for name, slopes in decoder.named_buffers()
+             if name.endswith(".encoder_attn.slopes")}
+    saved = [k for k in state_dict if k.startswith(f"{prefix}.") and
+             k.endswith(".encoder_attn.slopes")]
+    if not saved:
+        state_dict.update({k: v.detach().clone() for k, v in built.items()})
+        return
+    key = saved[0]
+    was = state_dict[key].detach().float().cpu()
+    heads = int(was.ne(0).sum())
+    if not built and not any(isinstance(m, CrossPositionAttention) for m in decoder.modules()):
+        for k in saved:  # a stock cross-attention: loads the weights as before this record
+            del state_dict[k]
+        return
+    if not built:
+        raise mismatch(f"--cross-alibi ratio or pointer on {heads} heads ({key})",
+                       "no cross-attention bias", "the --cross-alibi it was trained with "
+                       "(saved in its options)")
+    now = built.get(key, next(iter(built.values()))).detach().float().cpu()
+    if was.numel() != now.numel():
+        raise mismatch(f"{was.numel()} decoder heads ({key})", f"{now.numel()} decoder heads",
+                       f"--decoder-attention-heads {was.numel()}")
+    if heads != int(now.ne(0).sum()):
+        raise mismatch(f"--cross-alibi-heads {heads} ({key})",
+                       f"--cross-alibi-heads {int(now.ne(0).sum())}",
+                       f"--cross-alibi-heads {heads}")
+    # the slopes built from the options, as before they were saved: the scale is the options'
+    # (the buffers _apply rebuilds from them), the saved slopes only tell K
+    state_dict.update({k: v.detach().clone() for k, v in built.items() if k in state_dict})
 
 
 def _alibi_defaults(args):

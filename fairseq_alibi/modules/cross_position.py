@@ -168,10 +168,10 @@ class CrossPositionAttention(MultiheadAttention):
         object.__setattr__(self, "longest_source", None)  # the model's, not saved here
         self.attention_backend = attention
         if self.biased_heads:
-            # not saved (they follow from K and the scales), kept float32 by _apply: the
-            # training slopes, and outside training's in the shape a decoding step broadcasts
-            # (no reshape at every step)
-            self.register_buffer("slopes", self._head_slopes(), persistent=False)
+            # kept float32 by _apply: the training slopes, saved (no other tensor tells K,
+            # which the model's load check reads from them), and outside training's, not
+            # saved (a load-time option), in the shape a decoding step broadcasts
+            self.register_buffer("slopes", self._head_slopes())
             self.register_buffer("inference_slopes", self._head_slopes(inference=True).view(
                 1, -1, 1, 1), persistent=False)
         if mode == "pointer":
@@ -407,9 +407,41 @@ def forbid_early_eos(logits: Tensor, distance_left: Tensor, eos: int, distance):
     only EOS open, and an EOS of ``-inf`` there would leave no finite candidate (its
     ``assert step < max_len`` fails); with the floor EOS is still chosen there, so a pointer that
     never reaches the end cannot keep beam search from ending, and such a hypothesis scores
-    below every one that ended on its own.
+    below every one that ended on its own (sampling too: :func:`_sample_floored_rows`).
     """
     # (B, 1), the shape of distance_left: a decoding step's logits are (B, 1, V)
     last = logits[..., eos] if logits.size(1) == 1 else logits[:, -1:, eos]
     last.masked_fill_(distance_left > distance, mask_value(logits.dtype))
     return logits
+
+
+def _sample_floored_rows(step_fn):
+    """fairseq's ``Sampling.step``, also for a row where every candidate's probability is 0
+    in float32 (stock: ``invalid multinomial distribution``). With the EOS guard that is the
+    generator's ``max_len`` step: only EOS is open there, at the guard's floor, whose ``exp`` is
+    0. Such a row is shifted by its maximum before sampling (its best candidate, EOS there,
+    gets probability 1) and the shift is added back to the score, so the hypothesis ends with
+    the floored score, as beam search ends it. Every other row is unchanged, bit for bit (a
+    shift of 0, no host sync)."""
+
+    def step(self, step, lprobs, scores, *args, **kwargs):
+        top = lprobs.amax(dim=-1, keepdim=True)
+        floored = top.exp().eq(0) & torch.isfinite(top)  # all -inf: left to fail as stock
+        shift = torch.where(floored, top, torch.zeros_like(top))
+        scores_buf, indices_buf, beams_buf = step_fn(self, step, lprobs - shift, scores,
+                                                     *args, **kwargs)
+        shift = shift.view(shift.size(0), -1)  # (bsz, beam); step 0 samples beam 0 only
+        return scores_buf + shift.gather(1, beams_buf), indices_buf, beams_buf
+
+    step._samples_floored_rows = True
+    return step
+
+
+def _let_sampling_end_at_the_floor():
+    from fairseq.search import Sampling
+
+    if not getattr(Sampling.step, "_samples_floored_rows", False):
+        Sampling.step = _sample_floored_rows(Sampling.step)
+
+
+_let_sampling_end_at_the_floor()

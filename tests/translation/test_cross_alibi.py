@@ -356,6 +356,28 @@ def test_beam_search_still_ends_when_the_pointer_never_reaches_the_end(data):
             assert (h["tokens"][:-1] != eos).all() and torch.isfinite(h["score"])
 
 
+@pytest.mark.parametrize("topk,topp", [(-1, -1.0), (4, -1.0), (-1, 0.9)],
+                         ids=["plain", "topk", "topp"])
+def test_sampling_still_ends_when_the_pointer_never_reaches_the_end(data, topk, topp):
+    """At max_len only EOS is open, at the guard's floor (its exp is 0 in float32): sampling
+    (fairseq's Sampling search) still ends there, with no EOS before and a finite score."""
+    torch.manual_seed(0)
+    model, task = guarded(data, step_bias=-30.0)
+    src, lengths, _ = translation_batch(task, token_sentences(task, [30, 12]),
+                                        token_sentences(task, [1, 1], "tgt"))
+    generator = task.build_generator([model], argparse.Namespace(
+        beam=2, nbest=2, max_len_a=0, max_len_b=6, sampling=True, sampling_topk=topk,
+        sampling_topp=topp))
+    sample = {"net_input": {"src_tokens": src, "src_lengths": lengths}, "id": torch.arange(2)}
+    with torch.no_grad():
+        hypos = task.inference_step(generator, [model], sample)
+    eos = task.target_dictionary.eos()
+    for sentence in hypos:
+        for h in sentence:
+            assert len(h["tokens"]) == 7 and h["tokens"][-1] == eos
+            assert (h["tokens"][:-1] != eos).all() and torch.isfinite(h["score"])
+
+
 # ---------------------------------------------------------------- the inference slope scale
 
 
@@ -693,6 +715,52 @@ def test_a_pointer_checkpoint_loads_with_its_options(data, tmp_path):
                                            token_sentences(task, [6, 3], "tgt"))
     with torch.no_grad():
         assert torch.equal(loaded(src, lengths, prev)[0], model(src, lengths, prev)[0])
+
+
+def test_the_cross_alibi_heads_are_checked_against_the_checkpoint(data, tmp_path):
+    """The saved slopes tell K: a load-time override (or a resumed run) building another is the
+    one mismatch error, not a model that computes something else."""
+    from fairseq import checkpoint_utils
+
+    path, _, task = write_checkpoint(data, tmp_path, "--arch", "alibi_transformer", *POINTER,
+                                     "--cross-alibi-heads", 2)
+    with pytest.raises(ValueError, match="trained with --cross-alibi-heads 2 .*has "
+                                         "--cross-alibi-heads 3: build it with "
+                                         "--cross-alibi-heads 2$"):
+        checkpoint_utils.load_model_ensemble([str(path)], arg_overrides={"cross_alibi_heads": 3},
+                                             task=task)
+
+
+def test_a_pointer_checkpoint_saved_without_its_slopes_loads_as_before(data, tmp_path):
+    from fairseq import checkpoint_utils
+
+    path, model, task = write_checkpoint(data, tmp_path, "--arch", "alibi_transformer",
+                                         *POINTER)
+    state = torch.load(path, weights_only=False)
+    assert any(k.endswith("encoder_attn.slopes") for k in state["model"])
+    state["model"] = {k: v for k, v in state["model"].items()
+                      if not k.endswith("encoder_attn.slopes")}
+    torch.save(state, path)
+    (loaded,), _ = checkpoint_utils.load_model_ensemble([str(path)], task=task)
+    loaded.eval()
+    src, lengths, prev = translation_batch(task, token_sentences(task, [9, 4]),
+                                           token_sentences(task, [6, 3], "tgt"))
+    with torch.no_grad():
+        assert torch.equal(loaded(src, lengths, prev)[0], model(src, lengths, prev)[0])
+
+
+def test_turning_a_saved_guard_off_at_load_names_the_layer_override(data, tmp_path):
+    from fairseq import checkpoint_utils
+
+    path, _, task = write_checkpoint(data, tmp_path, "--arch", "alibi_transformer", *POINTER,
+                                     "--cross-alibi-eos-guard", 2,
+                                     "--cross-alibi-eos-guard-layer", "min")
+    off = {"cross_alibi_eos_guard": -1}
+    with pytest.raises(ValueError, match="'cross_alibi_eos_guard_layer': 'last'}\"\\)$"):
+        checkpoint_utils.load_model_ensemble([str(path)], arg_overrides=off, task=task)
+    (loaded,), _ = checkpoint_utils.load_model_ensemble(
+        [str(path)], arg_overrides={**off, "cross_alibi_eos_guard_layer": "last"}, task=task)
+    assert loaded.decoder.cross_alibi_eos_guard == -1.0
 
 
 # ---------------------------------------------------------------- precision
