@@ -350,6 +350,43 @@ def write_text(folder, name, lang, pairs):
 
 
 # long: the corpus build's steps in order (read catalogues, bucket, split, write, stats)
+def _check_counts(per_bucket, valid_per_bucket, skip_per_bucket, min_per_bucket):
+    """The bucket sizes asked for: counts, and test buckets no smaller than what a bucket needs
+    to be kept (else none could pass; the corpus's own thin buckets are found after the
+    split)."""
+    if min(per_bucket, valid_per_bucket, skip_per_bucket) < 0:
+        raise DataError("--per-bucket, --valid-per-bucket and --skip-per-bucket count pairs: "
+                        "give 0 or more")
+    least = max(1, min_per_bucket)
+    if per_bucket < 1:
+        raise DataError(f"--per-bucket {per_bucket}: a test bucket needs at least 1 pair (and "
+                        f"--min-per-bucket {min_per_bucket} to be kept): give --per-bucket "
+                        f"{least} or more")
+    if per_bucket < least:
+        raise DataError(f"--per-bucket {per_bucket} is below --min-per-bucket {min_per_bucket}, "
+                        f"which every test bucket needs to be kept: give --per-bucket {least} "
+                        f"or more, or lower --min-per-bucket")
+
+
+def _check_split(splits, buckets, n, min_per_bucket, valid_per_bucket):
+    """The corpus's thin buckets (fewer than ``min_per_bucket`` pairs), and a training split
+    left empty."""
+    for kind in ("test", "valid") if valid_per_bucket else ("test",):
+        thin = [f"({low},{high}] has {len(splits[f'{kind}{b}'])}"
+                for b, (low, high) in enumerate(buckets, 1)
+                if len(splits[f"{kind}{b}"]) < min_per_bucket]
+        if thin:
+            raise DataError(
+                f"too few pairs for the {kind} buckets of --N {n}: {', '.join(thin)} pairs, "
+                f"fewer than --min-per-bucket {min_per_bucket}; lower --N (long messages are "
+                f"rare), --min-per-bucket or --{'valid-' if kind == 'valid' else ''}per-bucket, "
+                f"or choose a --lang with more catalogs"
+            )
+    if len(splits["train"]) < 1:
+        raise DataError(f"no pair of at most --N {n} source tokens left for training: raise "
+                        "--N or lower --per-bucket/--valid-per-bucket")
+
+
 def build(lang, out, locale_dirs=None, n=16, per_bucket=200, valid_per_bucket=None,
           min_per_bucket=20, seed=1, nwords=None, workers=1, force=False, skip_per_bucket=0):
     """Build the corpus of ``lang`` into ``out``; returns its stats (as in stats.json).
@@ -357,9 +394,7 @@ def build(lang, out, locale_dirs=None, n=16, per_bucket=200, valid_per_bucket=No
     validation buckets, no ``valid`` files: train with ``--disable-validation``); ``skip_per_bucket``: as in
     :func:`split_by_length`."""
     valid_per_bucket = per_bucket if valid_per_bucket is None else valid_per_bucket
-    if min(per_bucket, valid_per_bucket, skip_per_bucket) < 0:
-        raise DataError("--per-bucket, --valid-per-bucket and --skip-per-bucket count pairs: "
-                        "give 0 or more")
+    _check_counts(per_bucket, valid_per_bucket, skip_per_bucket, min_per_bucket)
     if lang == TARGET_LANG:
         raise DataError(f"--lang {lang} is the language of the msgids (the target side): "
                         "give the language of the translations, e.g. --lang fr")
@@ -377,20 +412,7 @@ def build(lang, out, locale_dirs=None, n=16, per_bucket=200, valid_per_bucket=No
 
     buckets = length_buckets(n)
     available = Counter(bucket_of(len(s), buckets) for s, _ in tokenized)
-    for kind in ("test", "valid") if valid_per_bucket else ("test",):
-        thin = [f"({low},{high}] has {len(splits[f'{kind}{b}'])}"
-                for b, (low, high) in enumerate(buckets, 1)
-                if len(splits[f"{kind}{b}"]) < min_per_bucket]
-        if thin:
-            raise DataError(
-                f"too few pairs for the {kind} buckets of --N {n}: {', '.join(thin)} pairs, "
-                f"fewer than --min-per-bucket {min_per_bucket}; lower --N (long messages are "
-                f"rare), --min-per-bucket or --{'valid-' if kind == 'valid' else ''}per-bucket, "
-                f"or choose a --lang with more catalogs"
-            )
-    if len(splits["train"]) < 1:
-        raise DataError(f"no pair of at most --N {n} source tokens left for training: raise "
-                        "--N or lower --per-bucket/--valid-per-bucket")
+    _check_split(splits, buckets, n, min_per_bucket, valid_per_bucket)
 
     train = splits["train"]
     source_tokens = sum(len(s) for s, _ in train)

@@ -24,7 +24,9 @@ import random
 import re
 from pathlib import Path
 
-from fairseq_alibi.preprocess.pipeline_io import DataError, atomic_directory, run_cli, save_json
+from fairseq_alibi.preprocess.pipeline_io import (
+    DataError, atomic_directory, not_utf8, run_cli, save_json,
+)
 
 logger = logging.getLogger("fairseq_alibi.preprocess.parallel")
 
@@ -47,7 +49,7 @@ def count_lines(path: Path) -> int:
                         f"are out of step from there on)"
                     )
     except UnicodeDecodeError as e:
-        raise DataError(f"{path}: not UTF-8 text after line {n} ({e})") from e
+        raise not_utf8(path, newline="\n") from e
     return n
 
 

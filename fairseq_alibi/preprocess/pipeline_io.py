@@ -151,7 +151,7 @@ class _ZstdFrames(io.RawIOBase):
         super().close()
 
 
-def open_text(path, on_read=lambda n: None, newline=None):
+def open_text(path, on_read=lambda n: None, newline=None, encoding="utf-8"):
     """Open a UTF-8 text file, decompressing ``.zst`` on the fly; ``on_read(n)`` counts raw bytes.
 
     ``newline`` is :func:`open`'s: None splits lines as ``fairseq-preprocess`` reads them
@@ -161,7 +161,25 @@ def open_text(path, on_read=lambda n: None, newline=None):
     raw = _CountingReader(open(path, "rb", buffering=0), on_read)  # one read() a call
     if path.suffix == ".zst":
         raw = _ZstdFrames(raw)
-    return io.TextIOWrapper(io.BufferedReader(raw, 1 << 20), encoding="utf-8", newline=newline)
+    return io.TextIOWrapper(io.BufferedReader(raw, 1 << 20), encoding=encoding, newline=newline)
+
+
+def not_utf8(path, newline=None) -> "DataError":
+    """The :class:`DataError` of a file that is not UTF-8 text, naming its first line that is
+    not: the decoder reads ahead in chunks, so the line where it failed is not that line. The
+    file is read again as Latin-1 (every byte a character, the same line ends) and each line
+    decoded on its own; UTF-8 never puts a line end inside a character."""
+    fix = (f"convert the file to UTF-8 (iconv -f <its encoding> -t UTF-8 {path}) or fix that "
+           f"line")
+    with open_text(path, newline=newline, encoding="latin-1") as f:
+        for lineno, line in enumerate(f, 1):
+            raw = line.encode("latin-1")
+            try:
+                raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                return DataError(f"{path}:{lineno}: not UTF-8 text (byte 0x{raw[e.start]:02x} at "
+                                 f"byte {e.start + 1} of the line); {fix}")
+    return DataError(f"{path}: not UTF-8 text; {fix}")
 
 
 def read_batches(path, batch_lines: int = 1000, desc=None, newline=None):
@@ -184,7 +202,7 @@ def read_batches(path, batch_lines: int = 1000, desc=None, newline=None):
                         yield str(path), first, batch
                         batch, first = [], lineno + 1
             except UnicodeDecodeError as e:
-                raise DataError(f"{path}: not UTF-8 text after line {lineno} ({e})") from e
+                raise not_utf8(path, newline) from e
             except Exception as e:  # zstandard.ZstdError, without importing zstandard here
                 if type(e).__name__ != "ZstdError":
                     raise

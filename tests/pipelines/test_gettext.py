@@ -395,3 +395,16 @@ def test_a_second_test_split_skips_an_earlier_builds_test_and_validation(locale,
     assert not list((tmp_path / "second").glob("valid*"))
     with pytest.raises(DataError, match="give 0 or more"):
         build(locale, tmp_path / "x", skip_per_bucket=-1)
+
+
+@pytest.mark.parametrize("counts,error", [
+    (dict(per_bucket=0), r"^--per-bucket 0: a test bucket needs at least 1 pair \(and "
+                         r"--min-per-bucket 3 to be kept\): give --per-bucket 3 or more$"),
+    (dict(per_bucket=2), r"^--per-bucket 2 is below --min-per-bucket 3, .*give --per-bucket 3 "
+                         r"or more, or lower --min-per-bucket$"),
+])
+def test_bucket_sizes_no_bucket_could_pass_are_refused_first(locale, tmp_path, counts, error):
+    """Not the corpus's thin buckets ("has 0 pairs ... lower --per-bucket"): the flag asked."""
+    with pytest.raises(DataError, match=error):
+        build(locale, tmp_path / "x", min_per_bucket=3, **counts)
+    assert not (tmp_path / "x").exists()

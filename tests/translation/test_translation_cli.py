@@ -95,8 +95,18 @@ def test_prepare_wrote_stock_binaries_and_counted_the_pairs(corpus):
         "train": 300, "valid": 16, "test": TEST_LINES}
 
 
+def latin1_line(path, n):
+    """Line ``n`` (from 1) of ``path`` made Latin-1 (one byte no UTF-8 text has there)."""
+    lines = path.read_bytes().split(b"\n")
+    lines[n - 1] = "café".encode("latin-1") + lines[n - 1]
+    path.write_bytes(b"\n".join(lines))
+
+
 @pytest.mark.parametrize("damage,error", [
     (lambda raw: (raw / "train.tgt").write_text("A B\n" * 299), "has 300 lines but .* has 299"),
+    (lambda raw: latin1_line(raw / "train.src", 250),
+     r"train.src:250: not UTF-8 text \(byte 0xe9 at byte 4 of the line\); convert the file to "
+     r"UTF-8 \(iconv"),
     (lambda raw: (raw / "valid.tgt").unlink(), "valid.tgt not found: a parallel corpus needs both"),
     (lambda raw: (raw / "test.src").write_text("w1\n\nw2\n"), "test.src:2 is empty"),
 ])
