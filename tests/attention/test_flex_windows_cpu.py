@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from fairseq_alibi.alibi import VARIANTS
-from fairseq_alibi.modules.attention import dispatch, flex
+from fairseq_alibi.modules.attention import dispatch, flex, tuning
 from fairseq_alibi.modules.bias import AlibiBias
 from tests.helpers.flex_windows import (
     CASES, HEADS, make_inputs, windowed_layer, windowed_reference)
@@ -61,11 +61,17 @@ def test_the_block_mask_is_per_head_and_skips_the_blocks_beyond_each_window():
     assert again is mask  # cached per windows and lengths
 
 
-def test_auto_never_picks_flex_for_a_windowed_call():
+def test_auto_picks_flex_for_a_windowed_call_only_compiled_on_cuda(monkeypatch):
+    """Never on the CPU; on CUDA from tuning.FLEX_MASKS_MIN_LENGTH keys on, where triton can
+    compile it (whether this machine has triton or not)."""
     layer = windowed_layer("causal")
-    for device, dtype in (("cpu", torch.float32), ("cuda", torch.bfloat16)):
-        for length in (64, 4096, 8192):
-            call = dispatch.Call(device, dtype, "causal", length, length, heads=HEADS,
-                                 windowed=True, windows=layer.windows())
-            assert dispatch.serves("flex", call)
-            assert dispatch.auto_backend(call) != "flex"
+    for compilable in (False, True):
+        monkeypatch.setattr(flex, "compilable", lambda: compilable)
+        for device, dtype in (("cpu", torch.float32), ("cuda", torch.bfloat16)):
+            for length in (64, 4096, 8192):
+                call = dispatch.Call(device, dtype, "causal", length, length, heads=HEADS,
+                                     windowed=True, windows=layer.windows())
+                assert dispatch.serves("flex", call)
+                picked = (compilable and device == "cuda"
+                          and length >= tuning.FLEX_MASKS_MIN_LENGTH)
+                assert (dispatch.auto_backend(call) == "flex") == picked, call
