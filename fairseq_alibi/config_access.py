@@ -40,6 +40,21 @@ def task_name(task):
     return cfg_get(task_cfg, "_name") or cfg_get(task_cfg, "task")
 
 
+def overrides_dict(given):
+    """``--model-overrides`` (a dict, or its Python text as the command lines take it, e.g.
+    ``"{'alibi_window_cutoff': 8}"``) as a dict of option names; ``None`` when it is not one
+    (read as a literal, never run: fairseq's own commands ``eval`` it)."""
+    import ast
+
+    try:
+        value = ast.literal_eval(given) if isinstance(given, str) else given
+    except (ValueError, SyntaxError):
+        return None
+    if isinstance(value, dict) and all(isinstance(k, str) for k in value):
+        return value
+    return None
+
+
 def criterion_name(task):
     """The criterion of the run a task was set up for, or ``None`` where its config does not
     say: an argparse-era ``args`` holds it; a hydra task config is a node of the whole run's

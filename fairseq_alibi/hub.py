@@ -26,7 +26,7 @@ import torch
 from fairseq import hub_utils
 from omegaconf import open_dict
 
-from fairseq_alibi.config_access import cfg_get
+from fairseq_alibi.config_access import cfg_get, overrides_dict
 from fairseq_alibi.error_hints import OneLineError, raised_by_plugin
 
 #: ``from_pretrained`` argument -> the GPT-2 BPE file it names
@@ -119,17 +119,12 @@ def with_model_overrides(kwargs: dict) -> dict:
     a dict or its text, e.g. ``"{'alibi_window_cutoff': 8}"``) merged in as keyword arguments,
     which is how ``from_pretrained`` overrides options: stock ``hub_utils`` would take it for
     an option of that name and silently ignore it."""
-    import ast
-
     if "model_overrides" not in kwargs:
         return kwargs
     kwargs = dict(kwargs)
     given = kwargs.pop("model_overrides")
-    try:
-        overrides = ast.literal_eval(given) if isinstance(given, str) else given
-    except (ValueError, SyntaxError):
-        overrides = None
-    if not isinstance(overrides, dict) or not all(isinstance(k, str) for k in overrides):
+    overrides = overrides_dict(given)
+    if overrides is None:
         raise HubArgumentError(
             f"model_overrides={given!r} is not a dict of option names: give the options as "
             "keyword arguments, e.g. from_pretrained(..., alibi_window_cutoff=8), or "

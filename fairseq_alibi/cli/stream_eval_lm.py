@@ -30,6 +30,7 @@ from typing import Iterator, List, Optional
 
 import torch
 
+from fairseq_alibi.config_access import overrides_dict
 from fairseq_alibi.error_hints import raised_by_plugin
 from fairseq_alibi.modules.streaming import stream_states, streamed_attentions
 from fairseq_alibi.paths import user_dir
@@ -184,9 +185,13 @@ def load_models(cfg, task):
     from fairseq import checkpoint_utils
 
     paths = cfg.common_eval.path.split(":")
+    overrides = overrides_dict(cfg.common_eval.model_overrides)  # read, never run
+    if overrides is None:
+        raise StreamError(f"--model-overrides {cfg.common_eval.model_overrides}: not a Python "
+                          "dict of option names, e.g. \"{'alibi_window_cutoff': 8}\"")
     try:
         models, _, task = checkpoint_utils.load_model_ensemble_and_task(
-            paths, arg_overrides=eval(cfg.common_eval.model_overrides),
+            paths, arg_overrides=overrides,
             suffix=cfg.checkpoint.checkpoint_suffix, task=task)
     except Exception as exc:  # a checkpoint of another kind fails deep in fairseq: name it
         for path in paths:

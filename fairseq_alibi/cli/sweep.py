@@ -41,7 +41,6 @@ evaluation length, one panel per mode) and ``logs/`` (the output of every run).
 """
 
 import argparse
-import ast
 import csv
 import logging
 import math
@@ -58,6 +57,7 @@ from typing import Callable, Dict, List, Mapping, Optional, Sequence, Union
 from fairseq_alibi.cli import fairseq_runs
 from fairseq_alibi.cli.fairseq_runs import console_script, thread_env
 from fairseq_alibi.cli.stream_eval_lm import not_a_language_model, unconverted_fork
+from fairseq_alibi.config_access import overrides_dict
 from fairseq_alibi.paths import user_dir
 from fairseq_alibi.preprocess.pipeline_io import progress_bar
 
@@ -542,11 +542,8 @@ SWEPT_MODELS = "the sweep evaluates language models with fairseq-eval-lm; give o
 
 def _overrides(text: str) -> dict:
     """``--model-overrides``: a Python dict of option names, as fairseq-eval-lm takes it."""
-    try:
-        value = ast.literal_eval(text)
-    except (ValueError, SyntaxError):
-        value = None
-    if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
+    value = overrides_dict(text)
+    if value is None:
         raise argparse.ArgumentTypeError(
             f"{text!r} is not a dict of option names, e.g. \"{{'alibi_window_cutoff': 8}}\"")
     return value

@@ -107,6 +107,8 @@ def test_bad_input_is_one_line_naming_the_fix(trained_lm_checkpoint, tiny_lm_dat
           "{'alibi_window_cutoff': -1}"), "--alibi-window-cutoff must be a finite number"),
         ((tiny_lm_data, trained_lm_checkpoint, "--model-overrides",
           "{'alibi_window_cutof': 8}"), "did you mean 'alibi_window_cutoff'"),
+        ((tiny_lm_data, trained_lm_checkpoint, "--model-overrides", "alibi_window_cutoff=8"),
+         "--model-overrides alibi_window_cutoff=8: not a Python dict of option names"),
     ]
     for args, message in cases:
         out = stream(*args, expect_ok=False)

@@ -282,27 +282,23 @@ def test_a_command_lines_unknown_alibi_flag_is_argparses_error():
 @pytest.mark.slow
 def test_fairseq_eval_lm_refuses_a_misspelt_override(trained_lm_checkpoint, tiny_lm_data,
                                                       alibi_user_dir):
-    out = run_cli("fairseq-eval-lm", tiny_lm_data, "--user-dir", alibi_user_dir, "--path",
-                  trained_lm_checkpoint, "--cpu", "--max-tokens", "4096", "--num-workers", "0",
-                  "--model-overrides", "{'alibi_slope_scal': 0.5}", expect_ok=False)
-    assert out.strip().splitlines()[-1] == (
-        "OneLineError: unknown ALiBi option 'alibi_slope_scal' in --model-overrides (did you "
-        f"mean 'alibi_slope_scale'?); valid for alibi_transformer_lm: {LM_OPTIONS}")
-    assert "Traceback" not in out
-    out = run_cli("fairseq-eval-lm", tiny_lm_data, "--user-dir", alibi_user_dir, "--path",
-                  trained_lm_checkpoint, "--cpu", "--max-tokens", "4096", "--num-workers", "0",
-                  "--model-overrides", "{'alibi_document_mask': 'docs'}", expect_ok=False)
-    assert out.strip().splitlines()[-1] == (
-        "OptionError: unknown --alibi-document-mask 'docs'; choose one of: none, eos, doc (in "
-        "--model-overrides)")
-    assert "Traceback" not in out
-    # not a dict: fairseq's eval of the text fails bare; the hint says what it takes
-    out = run_cli("fairseq-eval-lm", tiny_lm_data, "--user-dir", alibi_user_dir, "--path",
-                  trained_lm_checkpoint, "--cpu", "--max-tokens", "4096", "--num-workers", "0",
-                  "--model-overrides", "alibi_window_cutoff=8", expect_ok=False)
-    assert out.strip().splitlines()[-1] == (
-        "fairseq_alibi: --model-overrides takes a Python dict of option names, e.g. "
-        "\"{'alibi_window_cutoff': 8}\" (quoted for the shell), got alibi_window_cutoff=8")
+    for overrides, last in (
+            ("{'alibi_slope_scal': 0.5}",
+             "OneLineError: unknown ALiBi option 'alibi_slope_scal' in --model-overrides (did "
+             f"you mean 'alibi_slope_scale'?); valid for alibi_transformer_lm: {LM_OPTIONS}"),
+            ("{'alibi_document_mask': 'docs'}",
+             "OptionError: unknown --alibi-document-mask 'docs'; choose one of: none, eos, doc "
+             "(in --model-overrides)"),
+            # not a dict: fairseq's eval of the text fails bare; the hint says what it takes
+            ("alibi_window_cutoff=8",
+             "fairseq_alibi: --model-overrides takes a Python dict of option names, e.g. "
+             "\"{'alibi_window_cutoff': 8}\" (quoted for the shell), got alibi_window_cutoff=8")):
+        out = run_cli("fairseq-eval-lm", tiny_lm_data, "--user-dir", alibi_user_dir, "--path",
+                      trained_lm_checkpoint, "--cpu", "--max-tokens", "4096", "--num-workers",
+                      "0", "--model-overrides", overrides, expect_ok=False)
+        assert out.strip().splitlines()[-1] == last, out[-2000:]
+        if not last.startswith("fairseq_alibi:"):  # the plugin's own refusals: no traceback
+            assert "Traceback" not in out
 
 
 def test_an_option_error_is_its_own_one_line_hint():
