@@ -133,31 +133,23 @@ STREAMED_MODELS = ("streaming scores causal ALiBi language models (alibi_transfo
                    "one with --path")
 
 
-def not_a_language_model(path, needs: str = STREAMED_MODELS) -> Optional[str]:
+def not_a_language_model(path, needs: str = STREAMED_MODELS, forks: bool = False
+                         ) -> Optional[str]:
     """Why checkpoint ``path`` cannot stream (a model that is not a language model: an encoder,
     a translation model; a file that is no checkpoint), or ``None``; ``needs``: what the
-    calling tool reads (:func:`language_model_refusal`)."""
-    from fairseq_alibi.cli.checkpoint_io import ConversionError, read_checkpoint
-
-    try:
-        state = read_checkpoint(path)
-    except ConversionError as exc:
-        return f"{path}: {exc}"
-    return language_model_refusal(path, state, needs)
-
-
-def unconverted_fork(path) -> Optional[str]:
-    """The "convert it first" line of checkpoint ``path`` when it is an unconverted checkpoint
-    of an ALiBi fork (Press's loads as a stock ``transformer_lm``, which fairseq-eval-lm would
-    score without the fork's bias), else ``None``."""
+    calling tool reads (:func:`language_model_refusal`). ``forks``: also the "convert it first"
+    of an unconverted ALiBi fork's checkpoint (Press's loads as a stock ``transformer_lm``,
+    which fairseq-eval-lm would score without the fork's bias). The file is read once."""
     from fairseq_alibi.cli.checkpoint_io import (ConversionError, read_checkpoint,
                                                  refuse_unconverted_fork)
 
     try:
-        refuse_unconverted_fork(read_checkpoint(path), path)
+        state = read_checkpoint(path)
+        if forks:
+            refuse_unconverted_fork(state, path)
     except ConversionError as exc:
-        return str(exc)
-    return None
+        return str(exc) if str(exc).startswith(str(path)) else f"{path}: {exc}"
+    return language_model_refusal(path, state, needs)
 
 
 def language_model_refusal(path, state, needs: str = STREAMED_MODELS) -> Optional[str]:
@@ -207,7 +199,8 @@ def load_models(cfg, task):
         try:
             streamed_attentions(model)
         except ValueError as exc:
-            fork = next(filter(None, map(unconverted_fork, paths)), None)
+            fork = next(filter(None, (not_a_language_model(p, forks=True) for p in paths)),
+                        None)
             raise StreamError(fork or f"{cfg.common_eval.path}: {exc}; score it with "
                               "fairseq-eval-lm") from None
         if cfg.common.fp16:

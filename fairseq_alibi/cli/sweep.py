@@ -56,7 +56,7 @@ from typing import Callable, Dict, List, Mapping, Optional, Sequence, Union
 
 from fairseq_alibi.cli import fairseq_runs
 from fairseq_alibi.cli.fairseq_runs import console_script, thread_env
-from fairseq_alibi.cli.stream_eval_lm import not_a_language_model, unconverted_fork
+from fairseq_alibi.cli.stream_eval_lm import not_a_language_model
 from fairseq_alibi.config_access import overrides_dict
 from fairseq_alibi.paths import user_dir
 from fairseq_alibi.preprocess.pipeline_io import progress_bar
@@ -618,7 +618,7 @@ def main(argv=None):
         name, path = _parse_path(spec)
         if name in models:
             raise SystemExit(f"two checkpoints named {name!r}: give them names with NAME=CKPT")
-        refused = not_a_language_model(path, SWEPT_MODELS) or unconverted_fork(path)
+        refused = not_a_language_model(path, SWEPT_MODELS, forks=True)
         if refused:
             parser.error(f"--path {refused}")
         models[name] = SweepModel(path, overrides=_with_fixed(overrides, fixed, parser))
