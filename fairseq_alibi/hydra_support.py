@@ -24,7 +24,10 @@ command line does (:data:`fairseq_alibi.models.checks.POSITION_EMBEDDING_OPTIONS
 your own that does not include ``fairseq_alibi.yaml`` (or this callback) skips that check. It
 refuses as well a ``model:`` key that starts like an ALiBi option but names none of the model's
 (``alibi_variantt``; :mod:`fairseq_alibi.models.override_keys`): hydra's structured config
-refuses it for ``alibi_transformer_lm``, but the legacy models' section takes any key.
+refuses it for ``alibi_transformer_lm``, but the legacy models' section takes any key; and a
+value an ALiBi option cannot take (``alibi_document_mask: docs``), which omegaconf would refuse
+with a traceback inside the job. An option combination the model refuses when it is built
+(sinks without windows) ends a single run as that one line too.
 
 Composing a config without running hydra's callbacks (``hydra.compose`` in a notebook, say)
 needs ``import fairseq_alibi.hydra_support`` first, or an explicit
@@ -38,9 +41,9 @@ from hydra.experimental.callback import Callback
 from omegaconf import OmegaConf
 
 import fairseq_alibi  # noqa: F401  (registers the models, so fairseq fills their defaults)
-from fairseq_alibi import error_hints
+from fairseq_alibi import error_hints, options
 from fairseq_alibi.models.checks import refuse_position_embedding_options
-from fairseq_alibi.models.override_keys import check_model_config_keys
+from fairseq_alibi.models.override_keys import check_model_config_keys, model_name_of_config
 from fairseq_alibi.paths import user_dir
 
 #: the resolver the shipped configs use for ``common.user_dir``
@@ -69,12 +72,37 @@ class RegisterFairseqAlibi(Callback):
         try:
             refuse_position_embedding_options(model_cfg)
             check_model_config_keys(model_cfg, "the config's model")
+            check_model_config_values(model_cfg, "the config's model")
         except ValueError as e:
-            raise SystemExit(f"{os.path.basename(sys.argv[0])}: error: {e}") from None
+            raise SystemExit(_error_line(e)) from None
 
     def on_job_end(self, config, job_return, **kwargs):
+        """When the job failed: the package's refusal of bad input (an option combination the
+        model refuses when built) ends a single run as its one line, where hydra would print a
+        traceback; any other failure, or a job of a sweep (``-m``, whose other jobs must run),
+        gets the one-line hint before hydra's report."""
+        from hydra.core.hydra_config import HydraConfig
         from hydra.core.utils import JobStatus
+        from hydra.types import RunMode
 
-        if job_return.status == JobStatus.FAILED:
-            # the exception itself: reading ``return_value`` would print hydra's report twice
-            error_hints.report(getattr(job_return, "_return_value", None))
+        if job_return.status != JobStatus.FAILED:
+            return
+        # the exception itself: reading ``return_value`` would print hydra's report twice
+        failure = getattr(job_return, "_return_value", None)
+        if isinstance(failure, error_hints.OneLineError) and \
+                HydraConfig.get().mode == RunMode.RUN:
+            raise SystemExit(_error_line(failure))
+        error_hints.report(failure)
+
+
+def _error_line(refusal: Exception) -> str:
+    return f"{os.path.basename(sys.argv[0])}: error: {refusal}"
+
+
+def check_model_config_values(model_cfg, where: str):
+    """Each of the package's options in a model config, checked against its declaration (its
+    choices, type, rule) as a load-time override is: fairseq would merge a misspelt choice
+    (``alibi_document_mask: docs``) into the model's dataclass inside the job, where omegaconf
+    fails with a traceback."""
+    ours = {key: model_cfg.get(key) for key in model_cfg.keys() if options.is_our_key(key)}
+    options.check_override_values(ours, model_name_of_config(model_cfg), where)
