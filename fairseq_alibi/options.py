@@ -39,7 +39,7 @@ import functools
 import logging
 import math
 from dataclasses import dataclass, field
-from typing import Dict, Iterable, Optional, Tuple
+from typing import Callable, Dict, Iterable, Optional, Tuple
 
 from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 
@@ -763,3 +763,32 @@ def check_override_values(given: Dict[str, object], model_name: Optional[str] = 
                     for name, f, kind, _ in _fields(cls, side) if name == key]
         if refusals and all(refusals):
             raise OptionError(refusals[0])
+
+
+def needs_undone(given: Dict[str, object], saved: Callable[[str], object],
+                 model_name: str) -> Dict[str, Tuple[object, str]]:
+    """``{name: (default, the option it needs)}`` for each option of the model ``model_name`` that is on as saved
+    (``saved(name)``) while a load-time override in ``given`` takes away what it ``needs``
+    (turns that option off, or to a value it does not work with), and that ``given`` does not
+    name itself: ``{'cross_alibi_eos_guard': -1}`` on a model saved with a guard layer. Left
+    as saved, such an option makes the model refuse to build; reset, it is off as the
+    override asks."""
+    undone = {}
+    for cls, sides in _FAMILY_DECLARATIONS.get(model_name, ()):
+        for side in sides:
+            declared = {f.name: (name, f, kind) for name, f, kind, _ in _fields(cls, side)}
+            for name, f, _ in declared.values():
+                needs = f.metadata.get("needs")
+                value = saved(name)  # None: a checkpoint from before the option
+                if needs is None or name in given or needs.other not in declared \
+                        or value is None or not _is_on(f, value):
+                    continue
+                other, other_field, other_kind = declared[needs.other]
+                if other not in given:
+                    continue
+                wanted = _override_typed(_base_type(other_kind), given[other])
+                met = _is_on(other_field, wanted) if needs.values is None \
+                    else str(wanted) in needs.values
+                if not met:
+                    undone[name] = (f.default, other)
+    return undone

@@ -120,12 +120,6 @@ def _check_options(args, task):
         )
     stock_sides = [side for side, stack in (("encoder", encoder), ("decoder", decoder))
                    if not stack.uses_alibi]
-    if cross.cross_alibi_eos_guard < 0 and cross.cross_alibi_eos_guard_layer != "last":
-        # what `{'cross_alibi_eos_guard': -1}` alone gives a model saved with a guard layer
-        raise ValueError(
-            "--cross-alibi-eos-guard-layer needs --cross-alibi-eos-guard: it chooses the pointer "
-            "that the EOS guard reads; drop it (turning a saved guard off: --model-overrides "
-            "\"{'cross_alibi_eos_guard': -1, 'cross_alibi_eos_guard_layer': 'last'}\")")
     cross.check(args.decoder_attention_heads, stock_sides, args)
 
 

@@ -33,10 +33,13 @@ models' section (``alibi_roberta``, ``alibi_transformer``) takes any key.
 """
 
 import functools
+import logging
 
 from fairseq_alibi import options
 from fairseq_alibi.config_access import cfg_get, cfg_set
 from fairseq_alibi.error_hints import OneLineError
+
+logger = logging.getLogger(__name__)
 
 
 def model_name_of_config(model_cfg) -> str:
@@ -100,6 +103,25 @@ def add_missing_options(state, arg_overrides, model_name):
             cfg_set(model_cfg, key, given[key])
 
 
+def reset_unmet_needs(state, arg_overrides, model_name):
+    """Reset to its default each option saved on whose need an override takes away
+    (:func:`~fairseq_alibi.options.needs_undone`), with a warning naming it: turning a saved
+    option off is one key, not one per option that depends on it."""
+    model_cfg = cfg_get(state.get("cfg") or {}, "model", None)
+    if model_cfg is None:
+        model_cfg = state.get("args")
+    if model_cfg is None:
+        return
+    given = given_overrides(arg_overrides)
+    undone = options.needs_undone(given, lambda name: cfg_get(model_cfg, name, None),
+                                  model_name)
+    for name, (default, other) in undone.items():
+        logger.warning("--model-overrides sets %s=%r, which the checkpoint's %s=%r needs "
+                       "otherwise: %s is reset to its default, %r", other, given[other], name,
+                       cfg_get(model_cfg, name, None), name, default)
+        cfg_set(model_cfg, name, default)
+
+
 def guard_override_keys():
     """Wrap ``fairseq.checkpoint_utils.load_checkpoint_to_cpu`` (idempotent)."""
     from fairseq import checkpoint_utils
@@ -123,6 +145,7 @@ def guard_override_keys():
             check_keys(override_keys(arg_overrides), model_name)
             options.check_override_values(given_overrides(arg_overrides), model_name)
             add_missing_options(state, arg_overrides, model_name)
+            reset_unmet_needs(state, arg_overrides, model_name)
         return state
 
     load_checkpoint_to_cpu._checks_override_keys = True

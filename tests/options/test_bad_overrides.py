@@ -120,6 +120,22 @@ def test_a_legacy_models_namespace_refuses_a_misspelt_key_too():
         "'cross_alibi_heads'?); valid for alibi_transformer: encoder_alibi_variant,")
 
 
+def test_an_override_turning_an_option_off_resets_what_needs_it(tmp_path, caplog):
+    # a model saved with windows and sinks, evaluated dense: one key, not one per dependent
+    state = torch.load(LM, map_location="cpu", weights_only=False)
+    state["cfg"]["model"].update(alibi_window_cutoff=8.0, alibi_window_sinks=4)
+    path = tmp_path / "windowed.pt"
+    torch.save(state, path)
+    dense, _ = load(LM)
+    with caplog.at_level("WARNING", logger="fairseq_alibi.models.override_keys"):
+        model, cfg = load(path, alibi_window_cutoff=0)
+    assert (cfg.alibi_window_cutoff, cfg.alibi_window_sinks) == (0, 0)
+    assert "alibi_window_sinks is reset to its default, 0" in caplog.text
+    assert torch.equal(lm_output(model), lm_output(dense))
+    _, cfg = load(path, alibi_window_cutoff=16)  # still on: the saved sinks stay
+    assert (cfg.alibi_window_cutoff, cfg.alibi_window_sinks) == (16, 4)
+
+
 def test_another_familys_option_is_refused():
     assert refusal(LM, encoder_alibi_heads=2) == (
         "ALiBi option 'encoder_alibi_heads' in --model-overrides is alibi_transformer's, not "

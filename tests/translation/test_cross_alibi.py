@@ -749,18 +749,30 @@ def test_a_pointer_checkpoint_saved_without_its_slopes_loads_as_before(data, tmp
         assert torch.equal(loaded(src, lengths, prev)[0], model(src, lengths, prev)[0])
 
 
-def test_turning_a_saved_guard_off_at_load_names_the_layer_override(data, tmp_path):
+def test_turning_a_saved_guard_off_at_load_is_one_key(data, tmp_path, caplog):
     from fairseq import checkpoint_utils
 
     path, _, task = write_checkpoint(data, tmp_path, "--arch", "alibi_transformer", *POINTER,
                                      "--cross-alibi-eos-guard", 2,
                                      "--cross-alibi-eos-guard-layer", "min")
-    off = {"cross_alibi_eos_guard": -1}
-    with pytest.raises(ValueError, match="'cross_alibi_eos_guard_layer': 'last'}\"\\)$"):
-        checkpoint_utils.load_model_ensemble([str(path)], arg_overrides=off, task=task)
-    (loaded,), _ = checkpoint_utils.load_model_ensemble(
-        [str(path)], arg_overrides={**off, "cross_alibi_eos_guard_layer": "last"}, task=task)
+    # the guard's layer, saved as min, needs the guard: it goes back to its default, said so
+    with caplog.at_level("WARNING", logger="fairseq_alibi.models.override_keys"):
+        (loaded,), _ = checkpoint_utils.load_model_ensemble(
+            [str(path)], arg_overrides={"cross_alibi_eos_guard": -1}, task=task)
     assert loaded.decoder.cross_alibi_eos_guard == -1.0
+    assert loaded.decoder.cross_alibi_eos_guard_layer == "last"
+    assert "--model-overrides sets cross_alibi_eos_guard=-1, which the checkpoint's " \
+           "cross_alibi_eos_guard_layer='min' needs otherwise: cross_alibi_eos_guard_layer " \
+           "is reset to its default, 'last'" in caplog.text
+    # given both, nothing is reset; given a guard, the saved layer stays
+    caplog.clear()
+    for overrides, layer in (({"cross_alibi_eos_guard": -1,
+                               "cross_alibi_eos_guard_layer": "last"}, "last"),
+                             ({"cross_alibi_eos_guard": 3}, "min")):
+        (loaded,), _ = checkpoint_utils.load_model_ensemble(
+            [str(path)], arg_overrides=overrides, task=task)
+        assert loaded.decoder.cross_alibi_eos_guard_layer == layer
+    assert "is reset" not in caplog.text
 
 
 # ---------------------------------------------------------------- precision
