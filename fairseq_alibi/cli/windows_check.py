@@ -24,8 +24,9 @@ its verdict needs:
   with the cutoff off, on the same sequences of split ``--gen-subset`` (read as one stream, as
   ``fairseq-alibi eval-lm-stream`` reads it) at each length of ``--lengths`` (default: the
   checkpoint's training ``tokens_per_sample`` times :data:`DEFAULT_MULTIPLE`, at most the
-  split), longest first. The sequences start at offsets drawn uniformly without repeats
-  (``--seed``; the same every run) and are scored one at a time, each adding its per-token
+  split), longest first. The sequences do not overlap (offsets on a grid of the length, its
+  phase and order drawn uniformly, ``--seed``; the same every run) and are scored one at a
+  time, each adding its per-token
   changes of the negative log-likelihood, until the **stopping rule** decides: with ``Δ`` the
   perplexity change (percent of dense, on the tokens scored so far) and ``σ`` its standard
   error (the per-token changes' means over blocks of :data:`.windows_report.BLOCK` tokens, at
@@ -35,8 +36,9 @@ its verdict needs:
   tokens (default: :data:`DEFAULT_TOKENS`, at most the split's, in whole sequences); still
   undecided there, it is not within (*undecided*: more ``--tokens`` may decide it). Every
   ``S`` of a cutoff is scored on the same sequences (dense's are computed once). ``(T, S)``
-  passes when it is within at every length and keeps the first positions its sink heads need
-  (below).
+  passes when it is within at every length, keeps the first positions its sink heads need
+  (below) and drops keys of the sequences scored (windows as long as them change nothing: the
+  tool stops there, with no verdict).
 * **the attention mass beyond each window**, per layer and head (both counted from 0) and per
   ``T``: the dense model's attention probabilities ``p[i, j]`` (its own, asked with
   ``need_head_weights`` through forward hooks, one sequence at a time) summed over the keys
@@ -92,7 +94,7 @@ from fairseq_alibi.cli.windows_inputs import (DEFAULT_MULTIPLE, ENCODER, KIND_NA
                                               TRANSLATION, SUPPORTED, WindowsInputError,
                                               checkpoint_config, read_sequences)
 from fairseq_alibi.cli.windows_report import (BLOCK, MIN_BLOCKS, Z, Candidate, CutoffRow,
-                                              HeadRow, Judged, judge, plot, sinks_needed,
+                                              HeadRow, Judged, judge, plot,
                                               recommended, summary_lines, verdict, write_csvs,
                                               write_report, write_table)
 
@@ -216,6 +218,13 @@ def resolve_lengths(args, cfg, reader) -> List[int]:
             f"--lengths {max(lengths)}: the split {args.gen_subset!r} of {args.data} holds "
             f"{total:,} tokens; give --lengths of at most {total} (or a longer --gen-subset)")
     lengths = lengths or reader.default_lengths(cfg)
+    if reader.whole_sequences and max(args.sinks) > mass_length(lengths) and \
+            not getattr(args, "sinks_given", True):
+        raise WindowsInputError(
+            f"--gen-subset {args.gen_subset!r} of {args.data}: sequences of "
+            f"{mass_length(lengths)} tokens are too short to check windows (the default "
+            f"--sinks {','.join(map(str, args.sinks))} keeps the first {max(args.sinks)}): give "
+            "a longer split or --lengths")
     if reader.whole_sequences and max(args.sinks) > mass_length(lengths):
         raise WindowsInputError(f"--sinks {max(args.sinks)} is more than the sequences the "
                                 f"attention is measured on ({mass_length(lengths)} tokens: the "
@@ -229,10 +238,15 @@ def mass_length(lengths: Sequence[int]) -> int:
     return min(min(lengths), MASS_LENGTH)
 
 
-def default_tokens(total: int) -> int:
-    """``--tokens`` by default, for a split of ``total`` tokens: :data:`DEFAULT_TOKENS`, at most
-    the split's."""
-    return min(DEFAULT_TOKENS, total)
+def saved_windows(cfg, kind: str) -> Tuple[float, int]:
+    """``(T, S)``: the largest cutoff and sinks the checkpoint was saved with (``(0, 0)``:
+    dense), over the sides a cutoff sets."""
+    from fairseq_alibi.config_access import cfg_get
+
+    model = cfg_get(cfg, "model")
+    sides = window_sides(cfg, kind)
+    return (max(float(cfg_get(model, f"{side}_window_cutoff", 0) or 0) for side in sides),
+            max(int(cfg_get(model, f"{side}_window_sinks", 0) or 0) for side in sides))
 
 
 def load_model(path, task, overrides: Dict[str, float], device):
@@ -499,11 +513,12 @@ def window_overrides(sides: Sequence[str], cutoff: float, sinks: int = 0) -> Dic
 
 
 def measure(args, cfg, reader, task, lengths: List[int], tokens: int, bar,
-            kind: str = LM) -> tuple:
+            kind: str = LM, saved_sinks: int = 0) -> tuple:
     """The attention mass (the dense model hooked, :class:`MassMeter`, on its own sample), then
     the cutoffs in increasing order until one passes (within at every length, keeping what the
     sink heads at its ``T`` need): each without sinks, and where that fails with each ``S > 0``
-    of ``--sinks`` in increasing order, on the same sequences of ``reader``; returns ``(meter,
+    of ``--sinks`` in increasing order, on the same sequences of ``reader``, until one drops
+    no key of them (a larger ``T`` or more sinks would drop none either); returns ``(meter,
     heads, sample, candidates)``."""
     import torch
 
@@ -527,7 +542,6 @@ def measure(args, cfg, reader, task, lengths: List[int], tokens: int, bar,
     sample = Sample(dense, reader, lengths, tokens, args.seed, device, bar)
     candidates = []
     for t in args.cutoffs:
-        needed = sinks_needed(h for h in heads if h.cutoff == t)
         for s in [0] + [s for s in args.sinks if s]:
             model = load_model(args.checkpoint, task, window_overrides(sides, t, s), device)
             decoder = set(model.decoder.modules()) if kind != ENCODER else set()
@@ -538,9 +552,10 @@ def measure(args, cfg, reader, task, lengths: List[int], tokens: int, bar,
             del model
             cache = None if not reaches or None in reaches else max(reaches) + s
             candidates.append(Candidate(t, s, judged, cache, decodes=kind != ENCODER,
-                                        sides=sides))
-            if candidates[-1].status == "within" and s >= needed:
-                return meter, heads, sample, candidates  # it passes: the verdict
+                                        sides=sides, saved_sinks=saved_sinks))
+            row = cutoff_row(meter, heads, t, candidates, reader.kept_length)
+            if row.passes(candidates[-1]) or not row.drops(candidates[-1]):
+                return meter, heads, sample, candidates  # the verdict, or nothing more to learn
     return meter, heads, sample, candidates
 
 
@@ -607,11 +622,17 @@ def bleu_lines(args, task, sample: "Sample", chosen, out: Path) -> List[str]:
             "differ (windows_bleu.tsv)", ""]
 
 
-def cutoff_rows(meter: "MassMeter", heads: List[HeadRow],
-                candidates: List[Candidate]) -> List[CutoffRow]:
-    return [CutoffRow(t, [w for layer in meter.windows for w in layer[t]],
-                      [h for h in heads if h.cutoff == t],
-                      [c for c in candidates if c.cutoff == t]) for t in meter.cutoffs]
+def cutoff_row(meter: "MassMeter", heads: List[HeadRow], t: float,
+               candidates: List[Candidate], at) -> CutoffRow:
+    """The row of ``T`` = ``t`` (``at``: the reader's ``kept_length``)."""
+    return CutoffRow(t, [w for layer in meter.windows for w in layer[t]],
+                     [h for h in heads if h.cutoff == t],
+                     [c for c in candidates if c.cutoff == t], at)
+
+
+def cutoff_rows(meter: "MassMeter", heads: List[HeadRow], candidates: List[Candidate],
+                at) -> List[CutoffRow]:
+    return [cutoff_row(meter, heads, t, candidates, at) for t in meter.cutoffs]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -630,11 +651,15 @@ def run(args, command: str) -> str:
         raise WindowsInputError(f"--bleu {args.bleu}: BLEU needs a translation model, and "
                                 f"CKPT {args.checkpoint} holds a {KIND_NAMES[kind]}: leave "
                                 "--bleu out")
-    args.sinks = args.sinks or list(DEFAULT_SINKS)
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():  # before the work, not after it
+        raise WindowsInputError(f"--out {out} is a file: give a folder for the report")
+    args.sinks_given, args.sinks = bool(args.sinks), args.sinks or list(DEFAULT_SINKS)
     task, reader = read_sequences(cfg, args.data, args.gen_subset, kind, args.seed,
                                   least_tokens=BLOCK * MIN_BLOCKS)
     lengths = resolve_lengths(args, cfg, reader)
-    tokens = args.tokens or default_tokens(reader.total)
+    tokens = min(args.tokens or DEFAULT_TOKENS, reader.total)
+    saved = saved_windows(cfg, kind)
     # at most: the mass's passes, dense's and every (T, S)'s at every length
     tried = len(args.cutoffs) * len({0, *args.sinks})
     passes = (len(reader.starts(mass_length(lengths), MASS_TOKENS, args.seed))
@@ -642,18 +667,17 @@ def run(args, command: str) -> str:
     bar = progress_bar(total=passes, desc="windows", unit="pass", enabled=passes > LONG_RUN)
     try:
         meter, heads, sample, candidates = measure(args, cfg, reader, task, lengths, tokens,
-                                                   bar, kind)
+                                                   bar, kind, saved[1])
     finally:
         bar.close()
-    rows = cutoff_rows(meter, heads, candidates)
+    rows = cutoff_rows(meter, heads, candidates, reader.kept_length)
     line = verdict(rows, args.tolerance, args.sinks)
-    out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     write_csvs(out, rows, heads, lengths, args.sinks, reader.kept_length)
     png_note = plot(out, heads, args.cutoffs)
     mass = (len(reader.starts(mass_length(lengths), MASS_TOKENS, args.seed)),
             mass_length(lengths))
-    summary = (args, lengths, tokens, sample, rows, heads, mass)
+    summary = (args, lengths, tokens, sample, rows, heads, mass, saved)
     chosen = recommended(rows)
     bleu = bleu_lines(args, task, sample, chosen, out) if args.bleu else []
     write_report(out, command, summary_lines(*summary) + bleu, line, png_note)

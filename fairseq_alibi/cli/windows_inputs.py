@@ -154,14 +154,19 @@ def read_sequences(cfg, data, subset: str, kind: str, seed: int, least_tokens: i
 
 
 def sample_starts(total: int, length: int, tokens: int, seed: int) -> List[int]:
-    """``ceil(tokens / length)`` different start offsets (all there are, if fewer) of sequences
-    of ``length`` in a stream of ``total`` tokens, drawn uniformly, in the order drawn (a
-    cutoff reads a prefix of them); the same for the same arguments."""
+    """``ceil(tokens / length)`` start offsets (all there are, if fewer) of sequences of
+    ``length`` in a stream of ``total`` tokens that do not overlap: the offsets ``phase + k ·
+    length`` of the ``total // length`` sequences that fit, ``phase`` drawn from what the stream
+    leaves over, in an order drawn uniformly (a cutoff reads a prefix of them, so no token is
+    scored twice at one length); the same for the same arguments."""
     import torch
 
     generator = torch.Generator().manual_seed(seed * 1_000_003 + length)
-    count = min(math.ceil(tokens / length), total - length + 1)
-    return torch.randperm(total - length + 1, generator=generator)[:count].tolist()
+    fits = total // length
+    phase = int(torch.randint(total - fits * length + 1, (1,), generator=generator))
+    count = min(math.ceil(tokens / length), fits)
+    order = torch.randperm(fits, generator=generator)[:count]
+    return (phase + length * order).tolist()
 
 
 def _nll(log_probs, target):

@@ -11,7 +11,7 @@ import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from fairseq_alibi.cli.windows_inputs import Pairs
 
@@ -64,6 +64,8 @@ class Candidate:
     cache: Optional[int]
     decodes: bool = True
     sides: Tuple[str, ...] = ("alibi",)  # the window options' prefixes (window_sides)
+    #: the sinks the checkpoint was saved with: a load-time cutoff alone would keep them
+    saved_sinks: int = 0
 
     @property
     def cache_keys(self) -> str:
@@ -88,7 +90,8 @@ class Candidate:
         translation model's: each side's, ``--encoder-alibi-window-cutoff T ...``)."""
         flags = " ".join(f"--{side.replace('_', '-')}-window-cutoff {self.cutoff:g}"
                          for side in self.sides)
-        return flags + (f" {sinks_flag(self.sides, self.sinks)}" if self.sinks else "")
+        named = self.sinks or self.saved_sinks != self.sinks
+        return flags + (f" {sinks_flag(self.sides, self.sinks)}" if named else "")
 
 
 def sinks_flag(sides: Sequence[str], sinks) -> str:
@@ -133,6 +136,9 @@ class CutoffRow:
     windows: List[Optional[int]]
     heads: List[HeadRow]
     evaluated: List[Candidate] = field(default_factory=list)
+    #: the sequence length whose attention kept stands for a length scored (``kept_length``
+    #: of the tool's reader: a translation model's pairs are longer than ``--lengths`` 1)
+    at: Callable[[int], int] = lambda n: n
 
     @property
     def sink_heads(self) -> List[HeadRow]:
@@ -143,10 +149,22 @@ class CutoffRow:
         """The first positions its sink heads need kept (0: none)."""
         return sinks_needed(self.heads)
 
+    def drops(self, c: Candidate) -> bool:
+        """Whether ``c``'s windows drop a key of the sequences scored at some length of it:
+        where they drop none, perplexity cannot change, and being within says nothing."""
+        return any(self.kept_with(self.at(n), c.sinks) < 1 for n in c.judged)
+
     def passes(self, c: Candidate) -> bool:
-        """``c`` (one of :attr:`evaluated`) is within at every length and keeps the first
-        positions the sink heads need."""
-        return c.status == "within" and c.sinks >= self.needs
+        """``c`` (one of :attr:`evaluated`) is within at every length, keeps the first
+        positions the sink heads need, and drops keys (it was tested)."""
+        return c.status == "within" and c.sinks >= self.needs and self.drops(c)
+
+    @property
+    def widest(self) -> Optional[int]:
+        """The largest window ``W_h`` of a head (``None``: no head has one)."""
+        known = [side for w in self.windows for side in (w if isinstance(w, tuple) else (w,))
+                 if side is not None]
+        return max(known, default=None)
 
     def kept_with(self, length: int, sinks: int) -> float:
         """The share of the score entries kept at ``length`` with ``sinks`` first positions
@@ -199,13 +217,18 @@ def verdict(rows: List[CutoffRow], tolerance: float, sinks: Sequence[int]) -> st
     chosen = recommended(rows)
     if chosen is not None:
         return f"recommended: {chosen.flags}"
-    evaluated = [c for row in rows for c in row.evaluated]
-    within = [(row, c) for row in rows for c in row.evaluated if c.status == "within"]
+    idle = next(((row, c) for row in rows for c in row.evaluated if not row.drops(c)), None)
+    note = "" if idle is None else f"; {_drops_nothing(*idle)}"
+    tested = [(row, c) for row in rows for c in row.evaluated if row.drops(c)]
+    if not tested:
+        return f"not recommended: {_drops_nothing(*idle)}"
+    within = [(row, c) for row, c in tested if c.status == "within"]
     if within:  # within, but short of the sinks its sink heads need
         row, c = within[0]
         return (f"not recommended: at {c.name} perplexity changes {_change(c.worst)} (within "
-                f"{tolerance:g} %), but {sink_reason(row, max(sinks))}")
-    best = min(evaluated, key=lambda c: abs(c.worst.change))
+                f"{tolerance:g} %), but {sink_reason(row, max(sinks))}{note}")
+    evaluated = [c for _, c in tested]
+    best = min(evaluated, key=lambda c: abs(c.worst.change) + c.worst.margin)
     kept = sorted({c.sinks for c in evaluated} - {0})
     with_sinks = sinks_flag(sides_of(rows), " or ".join(map(str, kept)))
     reason = (f"not recommended: no cutoff of "
@@ -216,11 +239,21 @@ def verdict(rows: List[CutoffRow], tolerance: float, sinks: Sequence[int]) -> st
     undecided = [c.name for c in evaluated if c.status == "undecided"]
     sunk = [row for row in rows if row.sink_heads and row.evaluated]
     if sunk:
-        return f"{reason}; at T={sunk[0].cutoff:g} {sink_reason(sunk[0], max(sinks))}"
+        return f"{reason}; at T={sunk[0].cutoff:g} {sink_reason(sunk[0], max(sinks))}{note}"
     if undecided:
         return (f"{reason}; {', '.join(undecided)} undecided on the tokens scored: give more "
-                "--tokens, or try larger --cutoffs")
-    return f"{reason}; try larger --cutoffs"
+                f"--tokens (or a longer --gen-subset), or try larger --cutoffs{note}")
+    return f"{reason}; try larger --cutoffs{note}"
+
+
+def _drops_nothing(row: CutoffRow, c: Candidate) -> str:
+    """Why ``c``, whose windows drop no key of the sequences scored, is no verdict."""
+    longest = row.at(max(c.judged))
+    return (f"{c.name} drops no key of the sequences scored (windows of up to "
+            f"{_window(row.widest)} keys, sequences of {longest:,} tokens"
+            + (" on average" if longest != max(c.judged) else "")
+            + "), so perplexity cannot change there and the check cannot tell whether it is "
+            "safe: give --lengths longer than its windows")
 
 
 def _change(judged: Judged) -> str:
@@ -302,7 +335,10 @@ def cutoff_table(rows: List[CutoffRow], lengths: List[int], at=lambda n: n) -> L
 
 
 def _status(row: CutoffRow, c: Candidate) -> str:
-    """The rule's decision on ``c``; ``within, sinks short`` where its sink heads need more."""
+    """The rule's decision on ``c``; ``within, sinks short`` where its sink heads need more,
+    ``no key dropped`` where its windows drop none of the sequences scored."""
+    if not row.drops(c):
+        return "no key dropped"
     return "within, sinks short" if c.status == "within" and not row.passes(c) else c.status
 
 
@@ -345,18 +381,24 @@ def sink_lines(rows: List[CutoffRow], sinks: Sequence[int]) -> List[str]:
 
 
 def summary_lines(args, lengths, tokens: int, sample, rows, heads, mass: Tuple[int, int],
-                  most=None) -> List[str]:
+                  saved: Tuple[float, int] = (0.0, 0), most=None) -> List[str]:
     """The report's lines: what was read (``sample``, the tool's ``Sample``; ``mass``: the
-    attention mass's sequences and their length), dense's perplexity, the cutoffs' table, the
-    heads' table (the ``most`` heads with the most mass beyond; all if ``None``)."""
+    attention mass's sequences and their length; ``saved``: the cutoff and sinks the checkpoint
+    was saved with), dense's perplexity, the cutoffs' table, the heads' table (the ``most``
+    heads with the most mass beyond; all if ``None``)."""
     scored = sample.scored
+    pairs = isinstance(sample.reader, Pairs)
+    unit = "source tokens" if pairs else "tokens"
+    as_saved = Candidate(saved[0], saved[1], {}, None, sides=sides_of(rows))
+    saved_line = ([f"CKPT saved with {as_saved.flags}: dense here is the model with its cutoff "
+                   "off", ""] if saved[0] else [])
     masses, mass_length = mass
     nll = {n: sum(float(x.sum()) for x in sample.dense_nll[n]) for n in lengths}
     dense = ", ".join(f"L={n} {math.exp(nll[n] / scored[n]):.3f} ({scored[n]:,} tokens)"
                       for n in lengths if scored[n])
     with_sinks = sinks_lines(rows)
     return [f"{args.checkpoint} on {args.data} ({args.gen_subset}, {sample.reader.total:,} "
-            f"tokens): at most {tokens:,} tokens per cutoff at "
+            f"{unit}): at most {tokens:,} {unit} per cutoff at "
             + ", ".join(f"L={n} ({len(sample.starts[n])} × {n})" for n in lengths)
             + f", start offsets seed {args.seed}; attention mass on {masses} × "
             f"{mass_length} tokens; layers and heads count from 0"
@@ -364,7 +406,7 @@ def summary_lines(args, lengths, tokens: int, sample, rows, heads, mass: Tuple[i
                "of consecutive sentence pairs end to end, L=1: each pair as it is; the verdict "
                "is on the target's perplexity: check BLEU at the recommended T before "
                "relying on it, with --bleu N or fairseq-generate, docs/benchmarks.md)"
-               if isinstance(sample.reader, Pairs) else ""), "",
+               if pairs else ""), "", *saved_line,
             f"dense perplexity on the tokens scored: {dense or 'none scored'}", "",
             f"per cutoff T, in increasing order until one passes, without sinks (S = 0) and, "
             f"where that fails, with each S > 0 of --sinks kept: the perplexity change against "

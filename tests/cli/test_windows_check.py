@@ -247,9 +247,24 @@ def test_the_verdict_is_the_first_cutoff_within_tolerance_that_keeps_its_sinks()
                     "--cutoffs")
     line = verdict([cutoff_row(4.0, 0.5), cutoff_row(6.0, 0.08, margin=0.05)], 0.1, [0])
     assert line.endswith("(closest: T=6, +0.080 ± 0.050 % on 4,096 tokens); T=6 undecided on "
-                         "the tokens scored: give more --tokens, or try larger --cutoffs"), line
+                         "the tokens scored: give more --tokens (or a longer --gen-subset), or try "
+                         "larger --cutoffs"), line
     two = [cutoff_row(8.0, 0.3, [(0, 0), (1, 2)])]
     assert "2 heads put their attention beyond their windows" in verdict(two, 0.1, [0, 4])
+    # windows as long as the sequences scored drop nothing: no change, and no verdict
+    idle = CutoffRow(4.0, [300, None], [], [Candidate(4.0, 0, {256: judged(0.0, 0.0)}, 300)])
+    assert verdict([idle], 0.1, [0]) == (
+        "not recommended: T=4 drops no key of the sequences scored (windows of up to 300 keys, "
+        "sequences of 256 tokens), so perplexity cannot change there and the check cannot tell "
+        "whether it is safe: give --lengths longer than its windows")
+    assert verdict([cutoff_row(4.0, 0.5), idle], 0.1, [0]).endswith(
+        "try larger --cutoffs; T=4 drops no key of the sequences scored (windows of up to 300 "
+        "keys, sequences of 256 tokens), so perplexity cannot change there and the check "
+        "cannot tell whether it is safe: give --lengths longer than its windows")
+    # a checkpoint saved with sinks: the verdict says how many to keep, none included
+    saved = CutoffRow(8.0, [8], [], [Candidate(8.0, 0, {256: judged(0.0)}, 8, saved_sinks=2)])
+    assert verdict([saved], 0.1, [0]) == ("recommended: --alibi-window-cutoff 8 "
+                                          "--alibi-window-sinks 0")
 
 
 def test_the_stopping_rule():
@@ -279,8 +294,12 @@ def test_kept_keys_and_start_offsets():
                 kept / (length * (length + 1) / 2)), (window, length, sinks)
     starts = sample_starts(1000, 64, 4096, seed=1)
     assert starts == sample_starts(1000, 64, 4096, seed=1) != sample_starts(1000, 64, 4096, 2)
-    assert len(starts) == 64 == len(set(starts)) and 0 <= min(starts) <= max(starts) <= 936
+    # as many as fit without overlapping (15 of 64 tokens in 1000): no token is scored twice
+    assert len(starts) == 15 and 0 <= min(starts) <= max(starts) <= 936
+    assert all(b - a >= 64 for a, b in zip(sorted(starts), sorted(starts)[1:]))
+    assert sample_starts(1000, 64, 128, seed=1) == starts[:2]  # a prefix of the same order
     assert sample_starts(121, 121, 4096, seed=1) == [0]  # as many as there are
+    assert len(sample_starts(1158, 512, 100_000, seed=1)) == 2
 
 
 def with_document_mask(checkpoint, path):
@@ -364,6 +383,8 @@ def bad_inputs(ckpt, data, tmp_path):
         ([ckpt, data, "--sinks", "0,-1"], "--sinks", "'-1' is not a number of first positions"),
         ([ckpt, data, "--sinks", "257"], "--sinks", "more than the sequences the attention is "
          "measured on (256 tokens"),
+        ([ckpt, data, "--lengths", "3"], "--gen-subset", "sequences of 3 tokens are too short "
+         "to check windows (the default --sinks 0,4 keeps the first 4)"),
         ([ckpt, data, "--cutoffs", "0"], "--cutoffs", "'0' is not a positive finite number"),
         ([ckpt, data, "--cutoffs", "4,nan"], "--cutoffs", "'nan' is not a positive finite"),
         ([ckpt, data, "--cutoffs", "inf"], "--cutoffs", "'inf' is not a positive finite"),
@@ -386,6 +407,11 @@ def test_bad_input_is_one_line_naming_the_argument(trained_lm_checkpoint, tiny_l
         assert last.startswith("fairseq-alibi windows: error: "), (args, err[-2000:])
         assert names in last and message in last and "Traceback" not in err, (args, last)
     assert not (tmp_path / "out").exists()
+    (tmp_path / "a-file").write_text("")  # refused before the work, not after it
+    code, _, err = windows(capsys, trained_lm_checkpoint, tiny_lm_data, "--out",
+                           tmp_path / "a-file")
+    assert code == 2 and err.strip().endswith(f"--out {tmp_path / 'a-file'} is a file: give a "
+                                              "folder for the report"), err[-2000:]
 
 
 @pytest.mark.slow
