@@ -66,6 +66,9 @@ def parse_args(argv: Optional[List[str]] = None):
     argv = list(sys.argv[1:] if argv is None else argv)
     if not any(a == "--user-dir" or a.startswith("--user-dir=") for a in argv):
         argv += ["--user-dir", user_dir()]
+    if any(a.startswith("--tokens-per-sample") for a in argv):
+        raise StreamError("--tokens-per-sample: the split is scored as one stream, every token "
+                          "with every earlier one; drop --tokens-per-sample")
     args = options.parse_args_and_arch(build_parser(), argv)
     check_args(args)
     return args
@@ -222,6 +225,10 @@ def main(argv=None):
     utils.import_user_module(cfg.common)
     logger = logging.getLogger("fairseq_cli.eval_lm")
     subset = cfg.dataset.gen_subset
+    for path in cfg.common_eval.path.split(":"):  # the model's kind before its data's
+        wrong = not_a_language_model(path, forks=True)
+        if wrong:
+            raise StreamError(wrong)
     task, source, target = split_as_one_block(cfg, subset)
     models, task = load_models(cfg, task)
     logger.info(f"{cfg.task.data} {subset}: {target.numel():,} tokens as one stream, "

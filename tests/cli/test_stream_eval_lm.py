@@ -85,6 +85,11 @@ def test_bad_input_is_one_line_naming_the_fix(trained_lm_checkpoint, tiny_lm_dat
         ((tiny_lm_data, stock), "TransformerLanguageModel has no ALiBi self-attention"),
         ((tiny_lm_data, f"{FIXTURES}/roberta_one_sided_head/checkpoint.pt"),
          "architecture alibi_roberta (AlibiRobertaModel), not a language model"),
+        # its kind before the data's (whose language-model split it lacks)
+        ((tiny_lm_data, f"{FIXTURES}/translation_pointer/checkpoint.pt"),
+         "architecture alibi_transformer (AlibiTransformerModel), not a language model"),
+        ((tiny_lm_data, trained_lm_checkpoint, "--tokens-per-sample", "64"),
+         "drop --tokens-per-sample"),
     ]
     # a backend named at training that serves no KV cache with documents: at the first call
     named = saved_in_process(tmp_path / "named" / "checkpoint.pt", tiny_lm_data, *MODELS["lm"],
