@@ -19,9 +19,8 @@ ALIASES = ("quickstart", "sweep", "corpus", "convert", "checkpoints")
 ENTRY_POINTS = frozenset(["__main__.py"] + [f"{alias}.py" for alias in ALIASES])
 #: what each layer of the library may import of the package (docs/architecture.md's layers)
 MATH = ("fairseq_alibi.alibi", "fairseq_alibi.cross_alibi")
-ATTENTION = MATH + ("fairseq_alibi.modules.attention",)
-OPTIONS = ATTENTION + ("fairseq_alibi.options", "fairseq_alibi.config_access",
-                       "fairseq_alibi.error_hints")
+ATTENTION = MATH + ("fairseq_alibi.modules.attention", "fairseq_alibi.error_hints")
+OPTIONS = ATTENTION + ("fairseq_alibi.options", "fairseq_alibi.config_access")
 LAYERS = {
     "fairseq_alibi/alibi.py": (),  # the math imports nothing of the package
     "fairseq_alibi/cross_alibi.py": (),

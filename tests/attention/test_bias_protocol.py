@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from fairseq_alibi.alibi import VARIANTS, alibi_bias, variant_slopes
+from fairseq_alibi.error_hints import OneLineError
 from fairseq_alibi.modules.alibi_multihead_attention import AlibiMultiheadAttention
 from fairseq_alibi.modules.attention import (REGISTRY, Call, dense, dispatch, flash, flex, fold,
                                              windowed)
@@ -155,7 +156,7 @@ def _run_or_refuse(name, call, run):
     reason = dispatch.unsupported(name, call)
     if reason is None:
         return run()
-    with pytest.raises(ValueError) as raised:
+    with pytest.raises(OneLineError) as raised:  # a command prints its line alone
         dispatch.resolve(name, call)
     message = str(raised.value)
     assert message.startswith(f"--alibi-attention {name} cannot serve this call: {reason}. ")

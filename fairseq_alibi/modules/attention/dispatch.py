@@ -34,6 +34,7 @@ from typing import Callable, NamedTuple, Optional, Protocol, Tuple
 import torch
 from torch import Tensor
 
+from fairseq_alibi.error_hints import OneLineError
 from fairseq_alibi.modules.attention import (dense, documents, flash, flex, fold, tuning,
                                              windowed)
 from fairseq_alibi.modules.attention.capabilities import Capabilities
@@ -367,10 +368,12 @@ def auto_backend(call: Call) -> str:
     return "sdpa"
 
 
-def _refusal(name: str, what: str, reason: str, call: Call) -> ValueError:
-    """The one refusal of a named backend: why, and the backends that serve ``call``."""
+def _refusal(name: str, what: str, reason: str, call: Call) -> OneLineError:
+    """The one refusal of a named backend: why, and the backends that serve ``call``; a
+    :class:`OneLineError` (a ``ValueError``), so that a command ends in its line alone, not in
+    the traceback of the call that met it."""
     serving = [other for other in REGISTRY if serves(other, call)]
-    return ValueError(
+    return OneLineError(
         f"--alibi-attention {name} cannot serve {what}: {reason}. Use --alibi-attention auto "
         f"(or {' or '.join(serving)}), e.g. at load time with --model-overrides "
         "\"{'alibi_attention': 'auto'}\"")
