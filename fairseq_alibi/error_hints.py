@@ -261,6 +261,43 @@ def _size_mismatch(exc: BaseException) -> Optional[str]:
             "--encoder-embed-dim, --encoder-ffn-embed-dim, --encoder-attention-heads, ...)")
 
 
+def _in_fairseq(exc: BaseException, name: str) -> bool:
+    """Whether fairseq's module ``name`` (``trainer.py``) is on ``exc``'s traceback."""
+    return any(frame.f_code.co_filename.endswith(os.path.join("fairseq", name))
+               for frame in _frames(exc))
+
+
+def _environment(exc: BaseException) -> Optional[str]:
+    """Stock fairseq failing on what this machine lacks, with a misleading last line: half
+    precision on the CPU, numpy 2 under fairseq's compiled extensions, two copies of this
+    package (a ``--user-dir`` of another one than Python imports)."""
+    text = str(exc)
+    if isinstance(exc, AttributeError) and "xla_device" in text and _in_fairseq(exc, "trainer.py"):
+        return ("--bf16 on the CPU: stock fairseq-train takes it for a TPU run; train in bf16 on "
+                "the CPU with fairseq-hydra-train (common.bf16=true common.cpu=true), or drop "
+                "--bf16 (docs/reliability.md)")
+    if isinstance(exc, AssertionError) and "not compiled with CUDA" in text:
+        return ("--fp16 (or --cuda) needs a GPU: this torch runs on the CPU only; on the CPU, "
+                "train in bf16 with fairseq-hydra-train (common.bf16=true common.cpu=true) or in "
+                "float32 (drop --fp16)")
+    if isinstance(exc, ImportError) and "Please build Cython components" in text:
+        try:
+            import numpy
+        except ImportError:  # noqa: BLE001 - a hint must never fail
+            return None
+        if int(numpy.__version__.split(".")[0]) >= 2:
+            return (f"fairseq 0.12's compiled parts need numpy < 2, and numpy "
+                    f"{numpy.__version__} is installed: pip install 'numpy<2'")
+    found = re.search(r"--user-dir=(\S+) because the corresponding module name \((\w+)\) is "
+                      r"not globally unique", text) if isinstance(exc, ImportError) else None
+    if found is not None and found.group(2) == "fairseq_alibi":
+        return (f"--user-dir {found.group(1)} is another copy of fairseq_alibi than the one "
+                f"Python imports ({_PACKAGE_DIR}): give --user-dir {_PACKAGE_DIR} (what "
+                "python -m fairseq_alibi --user-dir prints outside the other copy's folder), or "
+                "install that copy (pip install -e its checkout)")
+    return None
+
+
 class OneLineError(ValueError):
     """Bad input whose message is the whole story (what is wrong and the fix): an uncaught one
     is printed as that one line, without the traceback, by this module's hook and by IPython."""
@@ -284,7 +321,7 @@ def hint_for(exc: BaseException) -> Optional[str]:
     for found in chain:
         hint = (_unreadable_checkpoint(found) or _zero_block_size(found)
                 or _size_mismatch(found) or _not_a_language_model(found)
-                or _bad_model_overrides(found))
+                or _bad_model_overrides(found) or _environment(found))
         if hint:
             return hint
     return None

@@ -123,3 +123,44 @@ def test_a_damaged_checkpoint_other_than_the_last_is_not_sent_to_repair(tmp_path
     assert hint_for(raised.value) == (
         f"checkpoint {tmp_path / 'averaged.pt'} is empty (0 bytes); give an intact checkpoint "
         f"(`fairseq-alibi checkpoints check {tmp_path}` lists those of its folder)")
+
+
+def test_what_the_machine_lacks_gets_the_fix_as_its_last_line(monkeypatch):
+    """Stock fairseq failing on the machine, not on ALiBi, with a last line that misleads: the
+    hint names the fix (docs/reliability.md)."""
+    import os
+
+    import numpy
+
+    from fairseq_alibi import error_hints
+
+    def raised_in(path, exc):
+        try:
+            exec(compile("raise exc", path, "exec"), {"exc": exc})
+        except BaseException as caught:  # noqa: BLE001
+            return caught
+
+    trainer = os.path.join(os.sep, "x", "fairseq", "trainer.py")
+    bf16 = raised_in(trainer, AttributeError("'NoneType' object has no attribute 'xla_device'"))
+    assert error_hints.hint_for(bf16).startswith("--bf16 on the CPU: stock fairseq-train takes "
+                                                 "it for a TPU run; train in bf16 on the CPU "
+                                                 "with fairseq-hydra-train")
+    elsewhere = raised_in("/x/other.py", AttributeError("no attribute 'xla_device'"))
+    assert error_hints.hint_for(elsewhere) is None
+    fp16 = AssertionError("Torch not compiled with CUDA enabled")
+    assert error_hints.hint_for(fp16).startswith("--fp16 (or --cuda) needs a GPU")
+    cython = ImportError("Please build Cython components with: `pip install --editable .`")
+    monkeypatch.setattr(numpy, "__version__", "2.4.6")
+    assert error_hints.hint_for(cython) == ("fairseq 0.12's compiled parts need numpy < 2, and "
+                                            "numpy 2.4.6 is installed: pip install 'numpy<2'")
+    monkeypatch.setattr(numpy, "__version__", "1.26.4")
+    assert error_hints.hint_for(cython) is None
+    copy = ImportError("Failed to import --user-dir=/src/fairseq_alibi because the "
+                       "corresponding module name (fairseq_alibi) is not globally unique. "
+                       "Please rename the directory to something unique and try again.")
+    installed = os.path.dirname(os.path.abspath(error_hints.__file__))
+    assert error_hints.hint_for(copy) == (
+        f"--user-dir /src/fairseq_alibi is another copy of fairseq_alibi than the one Python "
+        f"imports ({installed}): give --user-dir {installed} (what python -m fairseq_alibi "
+        "--user-dir prints outside the other copy's folder), or install that copy (pip install "
+        "-e its checkout)")
