@@ -340,6 +340,13 @@ def parse_args(argv=None):
 # long: the main job's steps in the order they run (corpus, train both models, evaluate, report)
 def main(argv=None):
     args = parse_args(argv)
+    if not args.data:  # before any work: the corpus is encoded with it
+        try:
+            import sentencepiece  # noqa: F401
+        except ImportError:
+            raise SystemExit("fairseq-alibi quickstart: error: the quickstart's corpus needs "
+                             "the sentencepiece package: pip install 'fairseq-alibi[examples]' "
+                             "(or give --data a binarized folder)") from None
     started, machine_at_start = time.time(), machine()
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)

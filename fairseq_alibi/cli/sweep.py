@@ -445,15 +445,24 @@ def write_outputs(result: SweepResult, title: Optional[str] = None, stem: str = 
     tmp.write_text(format_markdown(result, title))
     os.replace(tmp, md_path)
 
-    plot(result, png_path, title)
-    result.files = {"csv": csv_path, "markdown": md_path, "png": png_path}
+    missing = plot(result, png_path, title)
+    result.files = {"csv": csv_path, "markdown": md_path}
+    if missing:  # the figures are in the CSV and the table: no work is lost
+        logging.getLogger(__name__).warning(missing)
+    else:
+        result.files["png"] = png_path
     return result.files
 
 
-def plot(result: SweepResult, path, title: Optional[str] = None):
-    """Perplexity against evaluation length, one panel per mode (as in the ALiBi paper)."""
+def plot(result: SweepResult, path, title: Optional[str] = None) -> Optional[str]:
+    """Perplexity against evaluation length, one panel per mode (as in the ALiBi paper); or
+    why it was not drawn (matplotlib, an optional package, not installed)."""
     logging.getLogger("matplotlib").setLevel(logging.WARNING)  # fairseq's root logger is verbose
-    import matplotlib
+    try:
+        import matplotlib
+    except ImportError:
+        return (f"no {Path(path).name}: matplotlib is not installed (pip install matplotlib, "
+                "or pip install 'fairseq-alibi[examples]')")
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -496,6 +505,7 @@ def plot(result: SweepResult, path, title: Optional[str] = None):
     fig.savefig(tmp, dpi=120)
     plt.close(fig)
     os.replace(tmp, path)
+    return None
 
 
 # ---------------------------------------------------------------------------------------------

@@ -50,3 +50,25 @@ def test_the_speed_table_gives_each_row_against_the_dense_row(tmp_path):
     assert quickstart.eval_tokens_per_second(points[0].log) == 1000.0
     (tmp_path / "failed.log").write_text("Traceback ...")
     assert quickstart.eval_tokens_per_second(tmp_path / "failed.log") is None
+
+
+def test_without_the_optional_packages_nothing_measured_is_lost(tmp_path, monkeypatch, caplog):
+    """matplotlib missing: the table and CSV are written, the figure is skipped with a warning
+    (it failed after the whole run); sentencepiece missing: the quickstart stops before any
+    work, naming the extra to install."""
+    import sys
+
+    from fairseq_alibi.cli import sweep
+
+    points = [_point(tmp_path, "ALiBi", n, 1000.0) for n in (64, 128)]
+    result = SweepResult(points, ["ALiBi"], [64, 128], ["nonoverlapping"], tmp_path / "out",
+                         train_length=64)
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib: ImportError
+    files = sweep.write_outputs(result)
+    assert set(files) == {"csv", "markdown"} and all(p.is_file() for p in files.values())
+    assert "no extrapolation.png: matplotlib is not installed" in caplog.text
+    monkeypatch.setitem(sys.modules, "sentencepiece", None)
+    with pytest.raises(SystemExit, match="needs the sentencepiece package: pip install "
+                                         "'fairseq-alibi\\[examples\\]'"):
+        quickstart.main(["--out", str(tmp_path / "quickstart")])
+    assert not (tmp_path / "quickstart").exists()
