@@ -217,6 +217,7 @@ class AlibiLanguageModelHubInterface(hub_utils.GeneratorHubInterface):
             return super().generate(tokenized_sentences, *args, **kwargs)
         prompts = ([tokenized_sentences] if torch.is_tensor(tokenized_sentences)
                    and tokenized_sentences.dim() == 1 else tokenized_sentences)
+        self._refuse_inner_boundaries(prompts)
         longest = max((len(t) for t in prompts), default=0)
         get = lambda k: kwargs.get(k, cfg_get(self.cfg.generation, k))  # noqa: E731
         limit = get("max_len_a") * longest + get("max_len_b")
@@ -227,6 +228,33 @@ class AlibiLanguageModelHubInterface(hub_utils.GeneratorHubInterface):
                 f"the prompt cut to {int(limit)} tokens); to generate N tokens give "
                 f"max_len_b={longest} + N")
         return super().generate(tokenized_sentences, *args, **kwargs)
+
+    def _refuse_inner_boundaries(self, prompts):
+        """A prompt holding ``</s>`` between its tokens is refused: fairseq's language-model
+        task strips a prompt's ``</s>`` at its ends only, and its generator ends a hypothesis
+        at a ``</s>`` of its prefix, so it returned the text before the first one and read
+        nothing after it. With a document mask that text cannot reach what follows the last
+        boundary anyway: the last document alone generates the same."""
+        from fairseq_alibi.modules.bias import AlibiBias
+
+        eos = self.src_dict.eos()
+        for index, prompt in enumerate(prompts):
+            real = torch.nonzero(prompt != eos)
+            if real.numel() == 0:
+                continue
+            inside = prompt[int(real[0]):int(real[-1]) + 1]
+            if not bool((inside == eos).any()):
+                continue
+            modes = {m.document_mask for m in self.models[0].modules()
+                     if isinstance(m, AlibiBias)}
+            pairs = bool(((inside[1:] == eos) & (inside[:-1] == eos)).any())
+            masked = "eos" in modes or ("doc" in modes and pairs)  # a boundary of its mask
+            raise HubArgumentError(
+                f"prompt {index} holds </s> between its tokens: fairseq's generator ends a "
+                "hypothesis at a </s> of its prompt, so the text after it would never be read; "
+                + ("with this model's document mask the text before a boundary cannot reach "
+                   "what follows it: give the last document alone, which generates the same"
+                   if masked else "give text without </s> (one line)"))
 
     def _build_batches(self, tokens, skip_invalid_size_inputs):
         limit = self.cfg.dataset.max_tokens

@@ -230,3 +230,27 @@ def test_a_translation_source_longer_than_max_len_b_is_translated():
     source = torch.tensor([hub.src_dict.index(f"w{i % 28}") for i in range(40)] + [2])
     out = hub.generate(source, beam=1, max_len_a=0, max_len_b=5)
     assert 1 <= len(out[0]["tokens"]) <= 6
+
+
+def test_a_prompt_with_an_inner_boundary_is_refused(tiny_lm_data, tmp_path):
+    """fairseq's generator ends a hypothesis at a </s> of its prompt: the hub returned the text
+    before it and read nothing after it. One line instead; with a document mask, the last
+    document alone is what generates the same; </s> at a prompt's ends is stripped as before."""
+    from fairseq_alibi.hub import HubArgumentError
+    from fairseq_alibi.models.alibi_transformer_lm import AlibiTransformerLanguageModel as LM
+
+    checkpoint = saved_in_process(tmp_path / "ckpt" / "model.pt", tiny_lm_data, *MODELS["lm"],
+                                  "--alibi-document-mask", "doc")
+    lm = LM.from_pretrained(str(checkpoint.parent), "model.pt", str(tiny_lm_data)).eval()
+    eos = lm.src_dict.eos()
+    words = torch.randint(4, 20, (6,))
+    boundary = torch.cat([words[:3], torch.tensor([eos, eos]), words[3:], torch.tensor([eos])])
+    with pytest.raises(HubArgumentError, match="prompt 1 holds </s> between its tokens.*give "
+                                               "the last document alone"):
+        lm.generate([words, boundary], beam=1, max_len_b=20)
+    line = torch.cat([words[:3], torch.tensor([eos]), words[3:]])  # one line end: no boundary
+    with pytest.raises(HubArgumentError, match="give text without </s> \\(one line\\)"):
+        lm.generate(line, beam=1, max_len_b=20)
+    ends = torch.cat([torch.tensor([eos]), words, torch.tensor([eos, eos])])
+    out = lm.generate(ends, beam=1, max_len_b=12, min_len=12)[0]["tokens"]
+    assert torch.equal(out[:6], words) and len(out) > 7  # the words, then generated tokens
