@@ -190,6 +190,10 @@ def load_pretrained(model_class, expected_name, model_name_or_path, checkpoint_f
         # the plugin's checks refuse a fork's checkpoint from deep inside fairseq's loader:
         # the message is the fix, the loader's frames would only bury it (a OneLineError, such
         # as a misspelt ALiBi option among the keyword arguments, already is one: kept as is)
+        if isinstance(refused, OneLineError) and "in --model-overrides" in str(refused):
+            # the loader's check of every load-time override: here they are the arguments
+            raise type(refused)(str(refused).replace(
+                "in --model-overrides", "among from_pretrained's keyword arguments")) from None
         if not raised_by_plugin(refused) or isinstance(refused, OneLineError):
             raise
         raise WrongCheckpointError(str(refused)) from None

@@ -12,6 +12,7 @@ import shutil
 import pytest
 import torch
 
+from fairseq_alibi.error_hints import OneLineError
 from tests.helpers.checkpoints import saved_in_process
 from tests.helpers.cli import REPO, SHARED_DATA, last_line
 from tests.helpers.corpora import write_tiny_bpe
@@ -200,6 +201,11 @@ def test_a_missing_checkpoint_and_model_overrides(tiny_lm_data, tmp_path, no_net
         with pytest.raises(HubArgumentError, match=said):
             LM.from_pretrained(str(checkpoint.parent), "model.pt", str(tiny_lm_data),
                                model_overrides=given, alibi_window_cutoff=6)
+    # a misspelt keyword is named as what it was given as
+    with pytest.raises(OneLineError, match="unknown ALiBi option 'alibi_window_cutof' among "
+                       "from_pretrained's keyword arguments \\(did you mean"):
+        LM.from_pretrained(str(checkpoint.parent), "model.pt", str(tiny_lm_data),
+                           alibi_window_cutof=6)
 
 
 def test_a_length_limit_that_leaves_no_room_after_the_prompt(tiny_lm_data, tmp_path):
