@@ -165,9 +165,15 @@ def read_model_checkpoint(path, why_masked_lm: str) -> dict:
     model_class = ARCH_MODEL_REGISTRY.get(arch) or MODEL_REGISTRY.get(arch) or object
     trained = cfg_get(cfg_get(state.get("cfg"), "task"), "_name")
     if issubclass(model_class, RobertaModel) and trained != "masked_lm":
+        # the fine-tuning run's config records where it started (--restore-file, or
+        # --finetune-from-model)
+        saved = cfg_get(state.get("cfg"), "checkpoint")
+        started = cfg_get(saved, "finetune_from_model") or cfg_get(saved, "restore_file")
+        named = (f" ({started}, which it was fine-tuned from)"
+                 if started and started != "checkpoint_last.pt" else "")
         raise ConversionError(
             f"{path} holds an encoder trained with the {trained} task: {why_masked_lm}; give "
-            "its masked_lm (pre-training) checkpoint")
+            f"its masked_lm (pre-training) checkpoint{named}")
     return state
 
 

@@ -255,7 +255,13 @@ def test_a_fine_tuned_classifier_is_refused(dictionary_folder, tmp_path):
     torch.save(state, tmp_path / "fine_tuned.pt")
     with pytest.raises(glue.GlueError, match=r"fine_tuned\.pt holds an encoder trained with the "
                        "sentence_prediction task: not a masked-LM encoder, which glue fine-tunes; "
-                       r"give its masked_lm \(pre-training\) checkpoint"):
+                       r"give its masked_lm \(pre-training\) checkpoint$"):
+        glue.read_pretrained(tmp_path / "fine_tuned.pt")
+    # the fine-tuning run recorded where it started: named
+    state["cfg"]["checkpoint"]["restore_file"] = "pretrained/checkpoint_best.pt"
+    torch.save(state, tmp_path / "fine_tuned.pt")
+    with pytest.raises(glue.GlueError, match=r"give its masked_lm \(pre-training\) checkpoint "
+                       r"\(pretrained/checkpoint_best\.pt, which it was fine-tuned from\)$"):
         glue.read_pretrained(tmp_path / "fine_tuned.pt")
 
 
