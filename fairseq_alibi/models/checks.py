@@ -240,6 +240,25 @@ NOTHING_TO_MASK = {
 PAIR_TASKS = ("translation",)
 
 
+def _has_empty_line(task_cfg) -> bool:
+    """Whether the train split of the task's data (its first shard) holds an empty line, the
+    boundary of ``doc``: a line of ``</s>`` alone, read from the index's sizes (no token is
+    read); True where there is no such split to read (an evaluation folder, other data)."""
+    import os
+
+    from fairseq.data import data_utils
+
+    data = cfg_get(task_cfg, "data", None)
+    if not isinstance(data, str) or not data:
+        return True
+    try:
+        split = data_utils.load_indexed_dataset(
+            os.path.join(data.split(os.pathsep)[0], "train"), None)
+    except Exception:  # noqa: BLE001 - a note must never stop a run
+        return True
+    return split is None or len(split.sizes) == 0 or bool((split.sizes == 1).any())
+
+
 def check_document_mask(stack, task, flag="--alibi-document-mask"):
     """A one-line error where a document mask (``stack``: the side's ``StackOptions``) would cut
     one example apart (:data:`EXAMPLE_TASKS`: both modes split ``</s> </s>``, so ``<s>`` would
@@ -269,6 +288,12 @@ def check_document_mask(stack, task, flag="--alibi-document-mask"):
         logger.warning(f"{flag} {mode} with --sample-break-mode {breaks}: "
                        f"{NOTHING_TO_MASK[mode, breaks]}; the mask changes nothing (packed "
                        "batches: --sample-break-mode none or complete)")
+    elif mode == "doc" and name not in PAIR_TASKS and not _has_empty_line(task_cfg):
+        logger.warning(f"{flag} doc: the train split of {cfg_get(task_cfg, 'data')} holds no "
+                       "empty line (an </s> right after an </s>), so no document boundary: the "
+                       "mask changes nothing; write the data with an empty line between "
+                       "documents (fairseq-alibi corpus, the wikitext and pile pipelines: "
+                       "--document-breaks), or give eos to split at every line end")
     criterion = criterion_name(task)
     if mode != "none" and cfg_get(task_cfg, "mask_prob", None) and \
             criterion != "masked_lm_documents":

@@ -193,6 +193,23 @@ def test_a_document_mask_that_cannot_do_its_work_is_a_logged_note(data, caplog):
     assert "on a masked LM" not in caplog.text
 
 
+def test_doc_on_data_without_an_empty_line_is_a_logged_note(data, tmp_path, caplog):
+    """doc's boundary is an empty line: a train split without one (written without
+    --document-breaks) has none, and the mask changes nothing; said once, naming the fix."""
+    from tests.helpers.cli import preprocess
+
+    for name, text in (("lines", "w1 w2 w3\nw4 w5\n" * 20), ("documents", "w1 w2\n\nw3\n" * 20)):
+        (tmp_path / f"{name}.txt").write_text(text)
+        preprocess("--only-source", "--srcdict", data / "dict.txt", "--trainpref",
+                   tmp_path / f"{name}.txt", "--destdir", tmp_path / name, "--workers", "1")
+        caplog.clear()
+        with caplog.at_level("WARNING"):
+            build_model("lm", tmp_path / name, "--alibi-document-mask", "doc")
+        said = f"--alibi-document-mask doc: the train split of {tmp_path / name} holds no " \
+               "empty line (an </s> right after an </s>), so no document boundary"
+        assert (said in caplog.text) == (name == "lines"), caplog.text
+
+
 def test_a_document_mask_on_sentence_prediction_is_a_one_line_error(data, tmp_path):
     """GLUE's pairs are ``<s> A </s> </s> B </s>``: either mode would hide B from ``<s>``."""
     from tests.helpers.building import build_from_command_line
