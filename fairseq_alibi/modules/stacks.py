@@ -24,6 +24,7 @@ from fairseq.models.transformer import (
     TransformerEncoder,
 )
 
+from fairseq_alibi.error_hints import OneLineError
 from fairseq_alibi.modules.alibi_transformer_layer import (
     AlibiTransformerDecoderLayer,
     AlibiTransformerEncoderLayer,
@@ -133,9 +134,30 @@ class AlibiTransformerDecoder(AlibiStack, TransformerDecoder):
         args.no_token_positional_embeddings = True  # the bias replaces them
         super().__init__(args, dictionary, embed_tokens, no_encoder_attn, **kwargs)
 
-    def extract_features_scriptable(self, prev_output_tokens, *args, **kwargs):
-        self.read_tokens(prev_output_tokens)
-        return super().extract_features_scriptable(prev_output_tokens, *args, **kwargs)
+    def extract_features_scriptable(self, prev_output_tokens, encoder_out=None,
+                                    incremental_state=None, *args, **kwargs):
+        # attention sinks are a sequence's first real tokens: a row padded on the left (a
+        # batch built by hand; fairseq's generators pad on the right) runs with its padding
+        # moved to its end, exactly as the encoder does; causal, so its real tokens never see it
+        if ("alibi" not in self._modules or not self.alibi.sinks
+                or not bool(prev_output_tokens[:, :1].eq(self.padding_idx).any())):
+            self.read_tokens(prev_output_tokens)
+            return super().extract_features_scriptable(prev_output_tokens, encoder_out,
+                                                       incremental_state, *args, **kwargs)
+        if incremental_state is not None:
+            raise OneLineError(
+                "decoding with a KV cache from rows padded on the left, with attention sinks "
+                "(--alibi-window-sinks): the sinks would be the padding; pad the prompts on "
+                "the right, as fairseq's generators do")
+        there, back = _padding_to_the_end(prev_output_tokens, self.padding_idx)
+        rolled = prev_output_tokens.gather(1, there)
+        self.read_tokens(rolled)
+        x, extra = super().extract_features_scriptable(rolled, encoder_out, None, *args,
+                                                       **kwargs)
+        extra["inner_states"] = [state.gather(0, _along(back.t(), state))
+                                 for state in extra["inner_states"]]
+        extra["attn"] = [a if a is None else a.gather(1, _along(back, a)) for a in extra["attn"]]
+        return x.gather(1, _along(back, x)), extra
 
     def build_decoder_layer(self, args, no_encoder_attn=False):
         cfg = TransformerConfig.from_namespace(args)

@@ -184,6 +184,28 @@ def test_a_model_that_parks_its_attention_on_its_first_token_needs_its_sinks(dat
     torch.testing.assert_close(steps, models["4 sinks"](x)[0], atol=1e-5, rtol=0)
 
 
+def test_a_left_padded_lm_row_keeps_its_own_first_tokens_as_sinks(data):
+    """A language model's batch padded on the left (built by hand): a short row's logits,
+    states and alignment are what it gets on its own, its sinks its own first tokens; a KV
+    cache from such rows is refused in one line (fairseq's generators pad on the right)."""
+    from fairseq_alibi.error_hints import OneLineError
+
+    model = lm(data, "--alibi-window-cutoff", str(CUTOFF), "--alibi-window-sinks", "2")[0].eval()
+    pad = model.decoder.padding_idx
+    long, short = tokens(40, 1)[0], tokens(25, 1)[0]
+    batch = torch.full((2, 40), pad)
+    batch[0], batch[1, 15:] = long, short
+    with torch.no_grad():
+        both, extra = model(batch, return_all_hiddens=True)
+        alone, alone_extra = model(short[None], return_all_hiddens=True)
+        full = model(long[None])[0][0]  # the row without padding: as it is
+    assert (both[1, 15:] - alone[0]).abs().max() < 1e-5 and (both[0] - full).abs().max() < 1e-5
+    for x, y in zip(extra["inner_states"], alone_extra["inner_states"]):
+        assert (x[15:, 1] - y[:, 0]).abs().max() < 1e-5
+    with pytest.raises(OneLineError, match="padded on the left, with attention sinks"):
+        model.decoder(batch, incremental_state={})
+
+
 def test_a_left_padded_source_keeps_its_own_first_tokens_as_sinks(data):
     """fairseq pads translation sources on the left: a short source in a batch gets the
     encoder output (and its padding mask, states and embeddings laid out as given) it gets on
