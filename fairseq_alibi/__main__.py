@@ -52,6 +52,10 @@ def run_alias(name: str, spec) -> None:
 def main(argv=None):
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] in TOOLS:
+        import fairseq_alibi
+
+        if fairseq_alibi.missing_dependency is not None:
+            raise SystemExit(f"fairseq-alibi {argv[0]}: error: {fairseq_alibi.install_line()}")
         module, function, _ = TOOLS[argv[0]]
         return getattr(importlib.import_module(module), function)(argv[1:]) or 0
     width = max(map(len, TOOLS)) + 1

@@ -279,6 +279,30 @@ def test_importing_the_package_does_not_import_transformers():
     assert out.stdout.strip().splitlines()[-1] == "[]"
 
 
+def test_without_fairseq_the_package_answers_where_it_is_and_says_what_to_install():
+    """torch and fairseq are the user's to install: without them --user-dir and --version
+    answer, a tool and the package's API are one line naming the install, not a traceback."""
+    code = ("import sys, runpy; sys.modules['fairseq'] = None\n"
+            "for argv in (['--user-dir'], ['--version'], ['windows', 'a', 'b']):\n"
+            "    sys.argv = ['fairseq-alibi', *argv]\n"
+            "    try:\n"
+            "        runpy.run_module('fairseq_alibi', run_name='__main__')\n"
+            "    except SystemExit as e:\n"
+            "        print(e.code)\n"
+            "try:\n"
+            "    from fairseq_alibi import alibi_bias\n"
+            "except ImportError as e:\n"
+            "    print(e)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO,
+                         timeout=120)
+    assert out.returncode == 0 and "Traceback" not in out.stderr, out.stderr[-2000:]
+    lines = out.stdout.strip().splitlines()
+    assert lines[:4] == [str(PACKAGE), "0", __import__("fairseq_alibi").__version__, "0"], lines
+    assert lines[4].startswith("fairseq-alibi windows: error: fairseq is not installed")
+    assert "pip install 'fairseq-alibi[fairseq]'" in lines[4]
+    assert lines[5].startswith("fairseq is not installed") and len(lines) == 6
+
+
 def test_the_converters_import_one_another_one_way():
     """convert and forks share cli/checkpoint_io.py, which imports neither (no import circle)."""
     shared = PACKAGE / "cli" / "checkpoint_io.py"
