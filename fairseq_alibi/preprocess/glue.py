@@ -152,14 +152,29 @@ def binarize_texts(outputs, encoder, workers=1):
         writer.finalize("the GLUE file has no row")
 
 
+def task_files(task, glue_dir) -> Dict[str, Path]:
+    """``{stem: path}`` of the task's tsv files in ``glue_dir``."""
+    folder = Path(glue_dir) / task.name
+    return {stem: folder / f"{stem}.tsv" for stem in task.columns}
+
+
+def missing_files(task, glue_dir) -> Optional[str]:
+    """What of the task's train and dev files ``glue_dir`` lacks, in one line, or None."""
+    files = task_files(task, glue_dir)
+    missing = [f.name for stem, f in files.items()
+               if not f.is_file() and not stem.startswith("test")]
+    if not missing:
+        return None
+    return (f"{task.name}: {Path(glue_dir) / task.name} has no {', '.join(missing)} (the GLUE "
+            f"layout is <glue-dir>/{task.name}/{{train,dev,test}}.tsv)")
+
+
 def prepare_task(task, glue_dir, destdir, encoder, workers=1, overwrite=False):
     """Binarize one task into ``destdir`` (its ``<TASK>-bin`` folder); returns row counts."""
-    folder = Path(glue_dir) / task.name
-    files = {stem: folder / f"{stem}.tsv" for stem in task.columns}
-    missing = [f.name for stem, f in files.items() if not f.is_file() and not stem.startswith("test")]
+    files = task_files(task, glue_dir)
+    missing = missing_files(task, glue_dir)
     if missing:
-        raise DataError(f"{task.name}: {folder} has no {', '.join(missing)} (the GLUE layout "
-                        f"is <glue-dir>/{task.name}/{{train,dev,test}}.tsv)")
+        raise DataError(missing)
     inputs = {}  # fairseq split -> list of columns, each a list of texts
     labels = {}
     for stem, path in files.items():
@@ -207,10 +222,23 @@ def prepare_task(task, glue_dir, destdir, encoder, workers=1, overwrite=False):
 
 def prepare(glue_dir, destdir, tasks, encoder, workers=1, overwrite=False):
     """Binarize ``tasks`` (names, or ``["ALL"]``) into ``<destdir>/<TASK>-bin``."""
-    names = list(TASKS) if list(tasks) == ["ALL"] else list(tasks)
+    names = [name for given in tasks for name in str(given).split(",") if name]  # CoLA,SST-2
+    names = list(TASKS) if names == ["ALL"] else names
     unknown = [n for n in names if n not in TASKS]
     if unknown:
         raise DataError(f"unknown GLUE task {unknown}; choose from {', '.join(TASKS)} or ALL")
+    # every task's inputs and outputs checked before any is written: no half-done folder
+    missing = [found for found in (missing_files(TASKS[n], glue_dir) for n in names) if found]
+    if missing:
+        present = [n for n in names if missing_files(TASKS[n], glue_dir) is None]
+        raise DataError("; ".join(missing) + ("; give --tasks the tasks you have: --tasks "
+                                              + " ".join(present) if present else ""))
+    taken = [str(Path(destdir) / f"{n}-bin") for n in names
+             if (Path(destdir) / f"{n}-bin").is_dir()
+             and any((Path(destdir) / f"{n}-bin").iterdir())]
+    if taken and not overwrite:
+        raise DataError(f"{', '.join(taken)} already exist(s) and is not empty; pass "
+                        "--overwrite to replace, or leave those tasks out of --tasks")
     return {name: prepare_task(TASKS[name], glue_dir, Path(destdir) / f"{name}-bin", encoder,
                                workers, overwrite)
             for name in names}
@@ -223,7 +251,8 @@ def main(argv=None):
     )
     parser.add_argument("--glue-dir", required=True, help="folder with one folder per task")
     parser.add_argument("--tasks", nargs="+", default=["ALL"],
-                        help=f"some of {' '.join(TASKS)}, or ALL (the default)")
+                        help=f"some of {' '.join(TASKS)} (spaces or commas), or ALL (the "
+                        "default)")
     parser.add_argument("--destdir", required=True, help="writes <destdir>/<TASK>-bin")
     parser.add_argument("--workers", type=int, default=1)
     parser.add_argument("--overwrite", action="store_true", help="replace existing <TASK>-bin")

@@ -594,6 +594,16 @@ def test_glue_malformed_rows(tmp_path, bpe_dir):
     rows = glue.prepare(tmp_path / "glue", tmp_path / "bin", ["QQP"], encoder)
     assert rows["QQP"]["train"] == 9 and rows["QQP"]["valid"] == 10
     assert not leftovers(tmp_path / "bin")
+    # a task missing among several (ALL on a partial folder): refused before any is written,
+    # naming the tasks there are; the comma form of --tasks too
+    with pytest.raises(DataError, match=r"RTE: .* has no train.tsv, dev.tsv .*; give --tasks the "
+                       "tasks you have: --tasks QNLI"):
+        glue.prepare(tmp_path / "glue", tmp_path / "bin2", ["QNLI,RTE"], encoder)
+    assert not (tmp_path / "bin2").exists()
+    with pytest.raises(DataError, match="QQP-bin already exist.s. and is not empty; pass "
+                       "--overwrite"):
+        glue.prepare(tmp_path / "glue", tmp_path / "bin", ["QNLI", "QQP"], encoder)
+    assert not (tmp_path / "bin" / "QNLI-bin").exists()
 
 
 @pytest.mark.slow
