@@ -168,9 +168,18 @@ def blocking_options(model_cfg, family: str) -> list:
             continue
         if given != value and str(given) != str(value) and not (given in (None, False, 0, "none")
                                                                 and value in (None, False, 0)):
-            needs = "it dropped: every head has a slope there" if value is None else value
+            needs = f"it dropped: {DROPPED.get(key, 'BLOOM and MPT have no such option')}" \
+                if value is None else value
             blocked.append(f"--{key.replace('_', '-')} {given} (needs {needs})")
     return blocked
+
+
+#: why an option the export needs dropped cannot be given (what the other layout lacks)
+DROPPED = {
+    "alibi_heads": "every head has a slope there",
+    "adaptive_softmax_cutoff": "one output layer over the whole vocabulary there",
+    "decoder_layers_to_keep": "every layer is exported",
+}
 
 
 def refuse_unless_alibi_lm(state):

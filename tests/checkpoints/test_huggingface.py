@@ -435,6 +435,12 @@ def test_bad_input_is_one_line_and_writes_nothing(tmp_path, capsys):
     (["--arch", "alibi_transformer_lm", "--alibi-learned-scales", "per_head",
       "--decoder-input-dim", 24, "--decoder-output-dim", 24],
      ["--alibi-learned-scales per_head", "--activation-fn relu"]),
+    # each option the export needs dropped says what the layout lacks, not another's reason
+    (["--arch", "alibi_transformer_lm", "--decoder-input-dim", 24, "--decoder-output-dim", 24,
+      "--adaptive-softmax-cutoff", "20,40", "--criterion", "adaptive_loss", "--ddp-backend",
+      "legacy_ddp"],
+     ["--adaptive-softmax-cutoff 20,40 (needs it dropped: one output layer over the whole "
+      "vocabulary there)"]),
 ])
 def test_export_refuses_what_bloom_does_not_compute_naming_every_option(flags, blocking,
                                                                          tmp_path, capsys):
