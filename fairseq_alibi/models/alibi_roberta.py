@@ -319,6 +319,13 @@ class AlibiRobertaEncoder(RobertaEncoder):
             saved_kind = dict(alibi_variant="none", mlm_head="roberta", clap_normalize=False,
                               zero_mask_embedding=False)
             where = f" (a stock RoBERTa checkpoint: learned position embeddings, no {kind_key})"
+        elif not any(k.startswith(f"{encoder}.") for k in state_dict) and \
+                any(k.startswith(f"{name}.layers.") for k in state_dict):
+            # a decoder's layers (stock RoBERTa's upgrade renamed decoder.* to encoder.*)
+            raise ValueError(
+                "this checkpoint holds a decoder (decoder.layers...), a language or translation "
+                "model's, not an encoder: give an alibi_roberta checkpoint (fairseq-train "
+                "resumes --save-dir's checkpoint_last.pt: give the encoder its own --save-dir)")
         else:  # no positions, no record: not ours, not stock RoBERTa's
             raise ValueError(
                 f"this checkpoint has no {kind_key}: it was not written by alibi_roberta. "

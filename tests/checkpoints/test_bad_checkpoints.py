@@ -84,6 +84,18 @@ def test_stock_roberta_checkpoint_names_the_none_variant(tiny_lm_data):
     none.load_state_dict(stock.state_dict())  # what the message says works
 
 
+def test_a_language_models_checkpoint_given_to_an_encoder_says_what_it_holds(tiny_lm_data):
+    """fairseq-train resumes --save-dir's checkpoint_last.pt whatever wrote it: an LM's
+    restored into an encoder is named as a decoder's, not sent to the fork converter."""
+    lm, _ = build_model("lm", tiny_lm_data)
+    ours, _ = build_model("encoder", tiny_lm_data)
+    with pytest.raises(ValueError) as error:
+        ours.load_state_dict(lm.state_dict())
+    message = str(error.value)
+    assert message.startswith("this checkpoint holds a decoder (decoder.layers...), a language "
+                              "or translation model's, not an encoder") and "convert" not in message
+
+
 def _as_hydra_built(model_flags, data):
     """The model as fairseq-hydra-train builds it: its options are an OmegaConf config."""
     from fairseq import options, tasks
