@@ -25,8 +25,8 @@ An uncaught :class:`OneLineError` (the plugin's refusal of bad input, whose mess
 the fix, e.g. ``from_pretrained`` given a stock checkpoint) is printed as its one line instead.
 It only reads the exception and its traceback; nothing else changes. ``fairseq-hydra-train``
 never reaches the hook (hydra prints the error itself and exits), so the shipped configs' hydra
-callback (:mod:`fairseq_alibi.hydra_support`) prints the same line when the job fails, just
-before hydra's report.
+callback (:mod:`fairseq_alibi.hydra_support`) prints the traceback and then the same line, last,
+when a single run fails (in a sweep, ``-m``, the line comes just before hydra's report).
 """
 
 import os
@@ -327,14 +327,20 @@ def hint_for(exc: BaseException) -> Optional[str]:
     return None
 
 
-def report(exc: BaseException):
-    """Print the hint for ``exc`` (if any) as one line on stderr."""
+def hint_line(exc: BaseException) -> Optional[str]:
+    """The hint for ``exc`` as the line printed (``fairseq_alibi: ...``), or None."""
     try:
         hint = hint_for(exc) if exc is not None else None
     except Exception:  # noqa: BLE001 - a hint must never hide the original error
         hint = None
-    if hint:
-        print(_PREFIX + " ".join(hint.split()), file=sys.stderr, flush=True)
+    return _PREFIX + " ".join(hint.split()) if hint else None
+
+
+def report(exc: BaseException):
+    """Print the hint for ``exc`` (if any) as one line on stderr."""
+    line = hint_line(exc)
+    if line:
+        print(line, file=sys.stderr, flush=True)
 
 
 def _excepthook(exc_type, exc, tb, _previous=sys.excepthook):

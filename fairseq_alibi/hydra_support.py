@@ -79,8 +79,11 @@ class RegisterFairseqAlibi(Callback):
     def on_job_end(self, config, job_return, **kwargs):
         """When the job failed: the package's refusal of bad input (an option combination the
         model refuses when built) ends a single run as its one line, where hydra would print a
-        traceback; any other failure, or a job of a sweep (``-m``, whose other jobs must run),
-        gets the one-line hint before hydra's report."""
+        traceback; another failure with a hint ends it with the traceback and then the hint,
+        the last line as on the command line; a job of a sweep (``-m``, whose other jobs must
+        run) gets the hint before hydra's report."""
+        import traceback
+
         from hydra.core.hydra_config import HydraConfig
         from hydra.core.utils import JobStatus
         from hydra.types import RunMode
@@ -89,10 +92,15 @@ class RegisterFairseqAlibi(Callback):
             return
         # the exception itself: reading ``return_value`` would print hydra's report twice
         failure = getattr(job_return, "_return_value", None)
-        if isinstance(failure, error_hints.OneLineError) and \
-                HydraConfig.get().mode == RunMode.RUN:
+        if HydraConfig.get().mode != RunMode.RUN or failure is None:
+            error_hints.report(failure)
+            return
+        if isinstance(failure, error_hints.OneLineError):
             raise SystemExit(_error_line(failure))
-        error_hints.report(failure)
+        hint = error_hints.hint_line(failure)
+        if hint:
+            traceback.print_exception(failure)
+            raise SystemExit(hint)
 
 
 def _error_line(refusal: Exception) -> str:
