@@ -103,9 +103,12 @@ def parse_args(argv=None):
     parser.add_argument("--run-part", default=None, help=argparse.SUPPRESS)  # a part's process
     parser.add_argument("--deadline", type=float, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    ints = lambda text: tuple(int(x) for x in text.split(",")) if text else None  # noqa: E731
-    args.lengths, args.head_dims = ints(args.lengths), ints(args.head_dims)
-    args.train_lengths = ints(args.train_lengths)
+    def ints(text, flag):
+        return tuple(tables.comma_numbers(parser, text, flag, 2)) if text else None
+
+    args.lengths, args.head_dims = ints(args.lengths, "--lengths"), ints(args.head_dims,
+                                                                            "--head-dims")
+    args.train_lengths = ints(args.train_lengths, "--train-lengths")
     args.variants = args.variants and tuple(args.variants.split(","))
     args.passes = args.passes and tables.comma_choices(parser, args.passes,
                                                        ("fwd+bwd", "forward"), "pass")

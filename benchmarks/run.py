@@ -41,6 +41,8 @@ def parse_args(argv=None):
                         "(default: a temporary directory, removed afterwards)")
     args = parser.parse_args(argv)
     args.only = tables.comma_choices(parser, args.only, ALL, "benchmark")
+    args.lengths = tables.comma_numbers(parser, args.lengths, "--lengths", 2) \
+        if args.lengths else None
     if args.rounds < 1:
         parser.error("--rounds must be at least 1")
     return args
@@ -65,8 +67,7 @@ def main(argv=None):
     if "attention" in args.only:
         from benchmarks import attention
 
-        lengths = [int(x) for x in args.lengths.split(",")] if args.lengths else None
-        shape, fwd, fb = attention.run(args.quick, args.rounds, lengths, log=log)
+        shape, fwd, fb = attention.run(args.quick, args.rounds, args.lengths, log=log)
         emit("Attention forward (" + shape + ")", fwd)
         emit("Attention forward+backward and memory (" + shape + ")", fb)
         shape, modules = attention.run_modules(args.quick, args.rounds, log=log)

@@ -40,6 +40,18 @@ def section(title: str, command: str, body: str, notes: str = "",
     return "\n".join(parts) + "\n"
 
 
+def comma_numbers(parser, text: str, flag: str, least: int = 1) -> List[int]:
+    """The whole numbers in ``text`` (``512,4096``), each at least ``least``; else
+    ``parser``'s error naming ``flag``."""
+    try:
+        numbers = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        numbers = []
+    if not numbers or min(numbers) < least:
+        parser.error(f"{flag} {text}: comma-separated whole numbers >= {least}, e.g. 512,4096")
+    return numbers
+
+
 def comma_choices(parser, text: str, choices, what: str) -> List[str]:
     """The names in ``text`` (``a,b``), each one of ``choices``; else ``parser``'s error naming
     the unknown ones and the choices."""

@@ -60,7 +60,7 @@ import sys
 import torch
 import torch.nn.functional as F
 
-from benchmarks.tables import comma_choices, machine, table
+from benchmarks.tables import comma_choices, comma_numbers, machine, table
 from benchmarks.timing import Rounds, backward_call, forward_call, mib, peak_bytes
 from fairseq_alibi.alibi import VARIANTS, get_slopes, variant_windows
 from fairseq_alibi.modules.attention import dispatch, tuning, windowed
@@ -409,9 +409,13 @@ def main(argv=None):
     command = "python -m benchmarks.windows " + " ".join(argv if argv is not None else sys.argv[1:])
     parts = [f"Command: `{command.strip()}`  \nMachine: {machine()}"]
 
+    lengths = comma_numbers(parser, args.lengths, "--lengths", 2) if args.lengths else None
+    if args.json and "thresholds" not in tables:
+        parser.error("--json writes the thresholds' records: add thresholds to --tables")
+
     def lengths_or(default):
-        if args.lengths:
-            return [int(x) for x in args.lengths.split(",") if x.strip()]
+        if lengths:
+            return lengths
         return [64, 256] if args.quick else default
 
     def variants_or(default):

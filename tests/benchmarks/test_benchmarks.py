@@ -158,6 +158,21 @@ def test_the_slope_window_benchmark_names_a_bad_table():
         windows.main(["--tables", "speed"])
 
 
+def test_a_bad_length_or_a_json_without_its_table_is_a_usage_error(capsys):
+    """Each was a traceback, a crash (SIGFPE at 0) or rows of L = 0; --json was ignored."""
+    from benchmarks import gpu, run, windows
+
+    for main, argv in ((run.parse_args, ["--lengths", "0"]), (gpu.parse_args, ["--lengths", "x"]),
+                       (windows.main, ["--tables", "cutoffs", "--lengths", "12x"]),
+                       (windows.main, ["--lengths", "-5"])):
+        with pytest.raises(SystemExit):
+            main(argv)
+        assert "comma-separated whole numbers >= 2" in capsys.readouterr().err, argv
+    with pytest.raises(SystemExit):
+        windows.main(["--quick", "--json", "x.json"])
+    assert "--json writes the thresholds' records" in capsys.readouterr().err
+
+
 def test_quick_run_of_the_document_mask_tables(tmp_path, capsys):
     """benchmarks/documents.py: the attention table (no mask and documents, with and without
     windows) and the training table (none, documents, complete_doc's useful tokens/s)."""
