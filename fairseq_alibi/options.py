@@ -73,9 +73,9 @@ def one_line_errors(check):
     def checked(*args, **kwargs):
         try:
             return check(*args, **kwargs)
-        except OneLineError:
+        except OptionError:
             raise
-        except ValueError as refused:
+        except ValueError as refused:  # a backend's one-line refusal too: an option's here
             raise OptionError(str(refused)) from None
     return checked
 
