@@ -235,8 +235,10 @@ def main(argv=None):
         "train/valid/test.txt.",
     )
     parser.add_argument("out_dir")
-    parser.add_argument("--valid-fraction", type=float, default=0.05)
-    parser.add_argument("--test-fraction", type=float, default=0.05)
+    parser.add_argument("--valid-fraction", type=float, default=0.05,
+                        help="the share of the words in valid, in (0, 0.5) (default 0.05)")
+    parser.add_argument("--test-fraction", type=float, default=0.05,
+                        help="the share of the words in test, in (0, 0.5) (default 0.05)")
     parser.add_argument(
         "--document-breaks", action="store_true",
         help="an empty line after every document (help topic, standard-library file), so "
@@ -245,6 +247,10 @@ def main(argv=None):
     parser.add_argument("--overwrite", action="store_true",
                         help="replace the files of a folder that is not empty")
     args = parser.parse_args(argv)
+    for flag, value in (("--valid-fraction", args.valid_fraction),
+                        ("--test-fraction", args.test_fraction)):
+        if not 0 < value < 0.5:
+            parser.error(f"{flag} {value:g}: a share of the words in (0, 0.5), e.g. 0.05")
     out = Path(args.out_dir)
     if out.is_dir() and any(out.iterdir()) and not args.overwrite:
         # as the other pipelines: two corpora (with and without breaks) are never confused

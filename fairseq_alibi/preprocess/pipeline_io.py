@@ -240,7 +240,9 @@ class IndexedWriter:
         """Write the index; an empty split is an error (fairseq cannot even open one)."""
         self._builder.finalize(self.prefix + ".idx")
         if not self.items:
-            raise DataError(f"nothing to write to {self.prefix}.bin: {empty_reason}")
+            # the split's name: its folder is a temporary one until the whole output is done
+            raise DataError(f"nothing to write to the {Path(self.prefix).name} split: "
+                            f"{empty_reason}")
 
 
 def save_json(path, obj):
@@ -263,6 +265,21 @@ def run_cli(main, argv=None) -> int:
     try:
         main(argv)
     except DataError as e:
+        _close_bars()  # the error is the last line, not a bar's final state after it
         print(f"error: {e}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:  # atomic_directory has removed the partial output on its way up
+        _close_bars()
+        print("interrupted: nothing written (an existing output is as it was)", file=sys.stderr)
+        return 130
     return 0
+
+
+def _close_bars():
+    """Close the progress bars still open (tqdm prints each one's last state on closing)."""
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return
+    for bar in list(getattr(tqdm, "_instances", ())):
+        bar.close()

@@ -61,9 +61,15 @@ def test_split_is_by_whole_documents_and_independent_of_order():
         assert fraction * total <= held < fraction * total + 17  # stops after crossing it
 
 
-def test_split_fractions_are_checked():
+def test_split_fractions_are_checked(tmp_path, capsys):
+    from fairseq_alibi.cli.corpus import main
+
     with pytest.raises(ValueError, match="fraction"):
         split_documents([Document("a", "x")], valid_fraction=0.0)
+    with pytest.raises(SystemExit) as exited:  # the command line: a usage error, not a traceback
+        main([str(tmp_path / "out"), "--valid-fraction", "1.5"])
+    assert exited.value.code == 2 and not (tmp_path / "out").exists()
+    assert "--valid-fraction 1.5: a share of the words in (0, 0.5)" in capsys.readouterr().err
 
 
 def test_missing_help_topics_fail_with_a_clear_message(tmp_path):

@@ -428,6 +428,31 @@ def test_pile_sigterm_leaves_nothing_behind(tmp_path, bpe_dir, launch):
     assert not (tmp_path / "out").exists() and not leftovers(tmp_path)
 
 
+def test_a_pipeline_ends_in_its_one_line_after_its_bars(capsys):
+    """An error is the last line (an open progress bar used to print its final state after
+    it), and Ctrl-C one line, exit status 130, where it was a traceback."""
+    from fairseq_alibi.preprocess import pipeline_io
+
+    def fails(argv):
+        bar = pipeline_io.progress_bar(total=10, desc="shard.jsonl", unit="line")
+        bar.update(10)
+        raise DataError("shard.jsonl:2: not valid JSON")
+
+    def interrupted(argv):
+        raise KeyboardInterrupt
+
+    handler = signal.getsignal(signal.SIGTERM)  # run_cli sets its own: this process's back
+    try:
+        assert pipeline_io.run_cli(fails) == 1
+        assert capsys.readouterr().err.strip().splitlines()[-1] == \
+            "error: shard.jsonl:2: not valid JSON"
+        assert pipeline_io.run_cli(interrupted) == 130
+        assert capsys.readouterr().err.strip() == \
+            "interrupted: nothing written (an existing output is as it was)"
+    finally:
+        signal.signal(signal.SIGTERM, handler)
+
+
 def test_existing_output_is_kept_or_replaced_whole(tmp_path):
     dest = tmp_path / "dest"
     dest.mkdir()
