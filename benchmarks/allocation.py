@@ -115,7 +115,9 @@ def parse_args(argv=None):
     passed = argv[argv.index("--") + 1:] if "--" in argv else []
     own = argv[:argv.index("--")] if "--" in argv else argv
     parser = argparse.ArgumentParser(prog="python -m benchmarks.allocation",
-                                     description=__doc__.split("\n\n")[0])
+                                     description=__doc__.split("\n\n")[0],
+                                     epilog="-- FLAGS: what follows -- is passed to each "
+                                     "benchmarks.end_to_end run (e.g. -- --corpus DATA-BIN)")
     parser.add_argument("--settings", default="default,huge_pages,glibc_keep",
                         help=f"comma-separated, the first the base: {', '.join(SETTINGS)}")
     parser.add_argument("--rounds", type=int, default=3)

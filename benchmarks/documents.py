@@ -54,6 +54,7 @@ TRAIN_TOKENS = 4096  # tokens per training batch, whatever L
 #: --precision -> fairseq-train's flag (CUDA only)
 PRECISIONS = {"fp32": [], "fp16": ["--fp16"], "bf16": ["--bf16"]}
 QUICK_DIMS = ["--decoder-layers", "1", "--decoder-embed-dim", "64",
+              "--decoder-input-dim", "64", "--decoder-output-dim", "64",
               "--decoder-ffn-embed-dim", "128", "--decoder-attention-heads", "4"]
 
 

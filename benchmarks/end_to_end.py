@@ -45,6 +45,7 @@ from benchmarks.trainer import build_trainer, write_dictionary
 DIMS = ["--decoder-layers", "2", "--decoder-embed-dim", "512", "--decoder-ffn-embed-dim",
         "2048", "--decoder-attention-heads", "8", "--share-decoder-input-output-embed"]
 QUICK_DIMS = ["--decoder-layers", "1", "--decoder-embed-dim", "64",
+              "--decoder-input-dim", "64", "--decoder-output-dim", "64",
               "--decoder-ffn-embed-dim", "128", "--decoder-attention-heads", "4",
               "--share-decoder-input-output-embed"]
 STUBBED = "attention stubbed"

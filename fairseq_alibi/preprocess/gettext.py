@@ -493,7 +493,8 @@ def main(argv=None):
                         help="keep the N most frequent tokens in the joined dictionary (the rest "
                         "is <unk>); default: every token of the training text")
     parser.add_argument("--workers", type=int, default=1)
-    parser.add_argument("--force", action="store_true", help="replace an existing --out")
+    parser.add_argument("--force", "--overwrite", action="store_true",
+                        help="replace an existing --out (--overwrite, as the other pipelines)")
     args = parser.parse_args(argv)
     stats = build(args.lang, args.out, args.locale_dir, args.n, args.per_bucket,
                   args.valid_per_bucket, args.min_per_bucket, args.seed, args.nwords, args.workers,
