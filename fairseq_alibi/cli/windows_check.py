@@ -37,8 +37,8 @@ its verdict needs:
   undecided there, it is not within (*undecided*: more ``--tokens`` may decide it). Every
   ``S`` of a cutoff is scored on the same sequences (dense's are computed once). ``(T, S)``
   passes when it is within at every length, keeps the first positions its sink heads need
-  (below) and drops keys of the sequences scored (windows as long as them change nothing: the
-  tool stops there, with no verdict).
+  (below) and drops keys of the sequences scored (windows as long as them change every score
+  by exactly 0: the tool stops there, with no verdict).
 * **the attention mass beyond each window**, per layer and head (both counted from 0) and per
   ``T``: the dense model's attention probabilities ``p[i, j]`` (its own, asked with
   ``need_head_weights`` through forward hooks, one sequence at a time) summed over the keys

@@ -150,9 +150,12 @@ class CutoffRow:
         return sinks_needed(self.heads)
 
     def drops(self, c: Candidate) -> bool:
-        """Whether ``c``'s windows drop a key of the sequences scored at some length of it:
-        where they drop none, perplexity cannot change, and being within says nothing."""
-        return any(self.kept_with(self.at(n), c.sinks) < 1 for n in c.judged)
+        """Whether ``c``'s windows drop a key of the sequences scored, at some length: by
+        its windows (``W_h`` against the length, a translation's mean one), or as any score
+        changed (a translation's longer pairs). Windows as long as the sequences change every
+        score by exactly 0, and being within then says nothing."""
+        return (any(self.kept_with(self.at(n), c.sinks) < 1 for n in c.judged)
+                or any(j.change != 0 or j.margin != 0 for j in c.judged.values()))
 
     def passes(self, c: Candidate) -> bool:
         """``c`` (one of :attr:`evaluated`) is within at every length, keeps the first
@@ -249,11 +252,11 @@ def verdict(rows: List[CutoffRow], tolerance: float, sinks: Sequence[int]) -> st
 def _drops_nothing(row: CutoffRow, c: Candidate) -> str:
     """Why ``c``, whose windows drop no key of the sequences scored, is no verdict."""
     longest = row.at(max(c.judged))
-    return (f"{c.name} drops no key of the sequences scored (windows of up to "
+    return (f"{c.name} changes no score of the sequences scored (windows of up to "
             f"{_window(row.widest)} keys, sequences of {longest:,} tokens"
             + (" on average" if longest != max(c.judged) else "")
-            + "), so perplexity cannot change there and the check cannot tell whether it is "
-            "safe: give --lengths longer than its windows")
+            + "): its windows drop no key there, and the check cannot tell whether it is safe: "
+            "give --lengths longer than its windows")
 
 
 def _change(judged: Judged) -> str:
@@ -336,9 +339,9 @@ def cutoff_table(rows: List[CutoffRow], lengths: List[int], at=lambda n: n) -> L
 
 def _status(row: CutoffRow, c: Candidate) -> str:
     """The rule's decision on ``c``; ``within, sinks short`` where its sink heads need more,
-    ``no key dropped`` where its windows drop none of the sequences scored."""
+    ``no score changed`` where its windows changed none of the sequences scored."""
     if not row.drops(c):
-        return "no key dropped"
+        return "no score changed"
     return "within, sinks short" if c.status == "within" and not row.passes(c) else c.status
 
 

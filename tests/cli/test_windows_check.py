@@ -251,15 +251,15 @@ def test_the_verdict_is_the_first_cutoff_within_tolerance_that_keeps_its_sinks()
                          "larger --cutoffs"), line
     two = [cutoff_row(8.0, 0.3, [(0, 0), (1, 2)])]
     assert "2 heads put their attention beyond their windows" in verdict(two, 0.1, [0, 4])
-    # windows as long as the sequences scored drop nothing: no change, and no verdict
+    # windows as long as the sequences scored drop nothing: every score the same, no verdict
     idle = CutoffRow(4.0, [300, None], [], [Candidate(4.0, 0, {256: judged(0.0, 0.0)}, 300)])
     assert verdict([idle], 0.1, [0]) == (
-        "not recommended: T=4 drops no key of the sequences scored (windows of up to 300 keys, "
-        "sequences of 256 tokens), so perplexity cannot change there and the check cannot tell "
-        "whether it is safe: give --lengths longer than its windows")
+        "not recommended: T=4 changes no score of the sequences scored (windows of up to 300 "
+        "keys, sequences of 256 tokens): its windows drop no key there, and the check cannot "
+        "tell whether it is safe: give --lengths longer than its windows")
     assert verdict([cutoff_row(4.0, 0.5), idle], 0.1, [0]).endswith(
-        "try larger --cutoffs; T=4 drops no key of the sequences scored (windows of up to 300 "
-        "keys, sequences of 256 tokens), so perplexity cannot change there and the check "
+        "try larger --cutoffs; T=4 changes no score of the sequences scored (windows of up to "
+        "300 keys, sequences of 256 tokens): its windows drop no key there, and the check "
         "cannot tell whether it is safe: give --lengths longer than its windows")
     # a checkpoint saved with sinks: the verdict says how many to keep, none included
     saved = CutoffRow(8.0, [8], [], [Candidate(8.0, 0, {256: judged(0.0)}, 8, saved_sinks=2)])
