@@ -767,8 +767,9 @@ def check_override_values(given: Dict[str, object], model_name: Optional[str] = 
 
 def needs_undone(given: Dict[str, object], saved: Callable[[str], object],
                  model_name: str) -> Dict[str, Tuple[object, str]]:
-    """``{name: (default, the option it needs)}`` for each option of the model ``model_name`` that is on as saved
-    (``saved(name)``) while a load-time override in ``given`` takes away what it ``needs``
+    """``{name: (default, the option it needs)}`` for each option of the model
+    ``model_name`` that is on as saved (``saved(name)``) while a load-time override in
+    ``given`` takes away what it ``needs``
     (turns that option off, or to a value it does not work with), and that ``given`` does not
     name itself: ``{'cross_alibi_eos_guard': -1}`` on a model saved with a guard layer. Left
     as saved, such an option makes the model refuse to build; reset, it is off as the
