@@ -81,7 +81,8 @@ class RegisterFairseqAlibi(Callback):
         model refuses when built) ends a single run as its one line, where hydra would print a
         traceback; another failure with a hint ends it with the traceback and then the hint,
         the last line as on the command line; a job of a sweep (``-m``, whose other jobs must
-        run) gets the hint before hydra's report."""
+        run), or a run with ``HYDRA_FULL_ERROR=1`` (hydra then raises the error itself), gets
+        the hint before hydra's report."""
         import traceback
 
         from hydra.core.hydra_config import HydraConfig
@@ -92,7 +93,8 @@ class RegisterFairseqAlibi(Callback):
             return
         # the exception itself: reading ``return_value`` would print hydra's report twice
         failure = getattr(job_return, "_return_value", None)
-        if HydraConfig.get().mode != RunMode.RUN or failure is None:
+        full = os.environ.get("HYDRA_FULL_ERROR") == "1"  # asked for: hydra raises the error
+        if HydraConfig.get().mode != RunMode.RUN or failure is None or full:
             error_hints.report(failure)
             return
         if isinstance(failure, error_hints.OneLineError):
