@@ -342,6 +342,8 @@ def test_errors(locale, tmp_path, capsys):
     assert error == f"error: {out} already exists: pass --force to replace it, or choose another --out"
     assert run_cli(gt.main, argv + ["--force"]) == 0
     assert "test4:     10 pairs" in capsys.readouterr().out and (out / "stats.json").is_file()
+    assert run_cli(gt.main, argv + ["--overwrite"]) == 0  # as the other pipelines name it
+    assert "test4:     10 pairs" in capsys.readouterr().out
 
 
 def test_help_names_the_skipped_catalogs(capsys):
