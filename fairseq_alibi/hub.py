@@ -28,6 +28,7 @@ from omegaconf import open_dict
 
 from fairseq_alibi.config_access import cfg_get, overrides_dict
 from fairseq_alibi.error_hints import OneLineError, raised_by_plugin
+from fairseq_alibi.models.override_keys import overrides_named
 
 #: ``from_pretrained`` argument -> the GPT-2 BPE file it names
 GPT2_BPE_FILES = {"gpt2_encoder_json": "encoder.json", "gpt2_vocab_bpe": "vocab.bpe"}
@@ -175,10 +176,11 @@ def load_pretrained(model_class, expected_name, model_name_or_path, checkpoint_f
         kwargs.update(local_gpt2_bpe(searched))
     checkpoint = os.path.join(model_dir, checkpoint_file)
     try:
-        loaded = hub_utils.from_pretrained(
-            model_name_or_path, checkpoint_file, data_name_or_path,
-            archive_map=model_class.hub_models(), **kwargs,
-        )
+        with overrides_named("from_pretrained's keyword arguments"):
+            loaded = hub_utils.from_pretrained(
+                model_name_or_path, checkpoint_file, data_name_or_path,
+                archive_map=model_class.hub_models(), **kwargs,
+            )
         check_model_class(loaded["models"][0], model_class, expected_name, checkpoint)
     except WrongCheckpointError:
         try:
@@ -190,10 +192,6 @@ def load_pretrained(model_class, expected_name, model_name_or_path, checkpoint_f
         # the plugin's checks refuse a fork's checkpoint from deep inside fairseq's loader:
         # the message is the fix, the loader's frames would only bury it (a OneLineError, such
         # as a misspelt ALiBi option among the keyword arguments, already is one: kept as is)
-        if isinstance(refused, OneLineError) and "in --model-overrides" in str(refused):
-            # the loader's check of every load-time override: here they are the arguments
-            raise type(refused)(str(refused).replace(
-                "in --model-overrides", "among from_pretrained's keyword arguments")) from None
         if not raised_by_plugin(refused) or isinstance(refused, OneLineError):
             raise
         raise WrongCheckpointError(str(refused)) from None
@@ -239,6 +237,7 @@ class AlibiLanguageModelHubInterface(hub_utils.GeneratorHubInterface):
         at a ``</s>`` of its prefix, so it returned the text before the first one and read
         nothing after it. With a document mask that text cannot reach what follows the last
         boundary anyway: the last document alone generates the same."""
+        from fairseq_alibi.alibi import document_starts
         from fairseq_alibi.modules.bias import AlibiBias
 
         eos = self.src_dict.eos()
@@ -250,9 +249,10 @@ class AlibiLanguageModelHubInterface(hub_utils.GeneratorHubInterface):
             if not bool((inside == eos).any()):
                 continue
             modes = {m.document_mask for m in self.models[0].modules()
-                     if isinstance(m, AlibiBias)}
-            pairs = bool(((inside[1:] == eos) & (inside[:-1] == eos)).any())
-            masked = "eos" in modes or ("doc" in modes and pairs)  # a boundary of its mask
+                     if isinstance(m, AlibiBias)} - {"none"}
+            # a boundary of the model's mask between the prompt's tokens
+            masked = any(bool(document_starts((inside == eos)[None], mode)[:, 1:].any())
+                         for mode in modes)
             raise HubArgumentError(
                 f"prompt {index} holds </s> between its tokens: fairseq's generator ends a "
                 "hypothesis at a </s> of its prompt, so the text after it would never be read; "

@@ -32,6 +32,8 @@ already refuses an unknown key of a dataclass model (``alibi_transformer_lm``), 
 models' section (``alibi_roberta``, ``alibi_transformer``) takes any key.
 """
 
+import contextlib
+import contextvars
 import functools
 import logging
 
@@ -116,10 +118,26 @@ def reset_unmet_needs(state, arg_overrides, model_name):
     undone = options.needs_undone(given, lambda name: cfg_get(model_cfg, name, None),
                                   model_name)
     for name, (default, other) in undone.items():
-        logger.warning("--model-overrides sets %s=%r, which the checkpoint's %s=%r needs "
-                       "otherwise: %s is reset to its default, %r", other, given[other], name,
+        logger.warning("the override %s=%r (%s) takes away what the checkpoint's %s=%r needs: "
+                       "%s is reset to its default, %r", other, given[other], _NAMED.get(), name,
                        cfg_get(model_cfg, name, None), name, default)
         cfg_set(model_cfg, name, default)
+
+
+#: what the load-time overrides are called in a refusal: the command lines' flag, or what the
+#: caller gave them as (:func:`overrides_named`)
+_NAMED = contextvars.ContextVar("overrides_named", default="--model-overrides")
+
+
+@contextlib.contextmanager
+def overrides_named(where: str):
+    """Within this context the overrides checked at load are named ``where`` in a refusal
+    (the hub: ``from_pretrained``'s keyword arguments)."""
+    token = _NAMED.set(where)
+    try:
+        yield
+    finally:
+        _NAMED.reset(token)
 
 
 def guard_override_keys():
@@ -132,18 +150,19 @@ def guard_override_keys():
 
     @functools.wraps(stock)
     def load_checkpoint_to_cpu(path, arg_overrides=None, *args, **kwargs):
+        where = _NAMED.get()
         try:
             state = stock(path, arg_overrides, *args, **kwargs)
         except Exception:
             # an argparse-era checkpoint's overrides are merged into its config while it is
             # read: a bad value fails there, before the model is known
             if arg_overrides:
-                options.check_override_values(given_overrides(arg_overrides))
+                options.check_override_values(given_overrides(arg_overrides), where=where)
             raise
         if arg_overrides:
             model_name = model_name_of(state)
-            check_keys(override_keys(arg_overrides), model_name)
-            options.check_override_values(given_overrides(arg_overrides), model_name)
+            check_keys(override_keys(arg_overrides), model_name, where)
+            options.check_override_values(given_overrides(arg_overrides), model_name, where)
             add_missing_options(state, arg_overrides, model_name)
             reset_unmet_needs(state, arg_overrides, model_name)
         return state

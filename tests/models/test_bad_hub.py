@@ -202,7 +202,7 @@ def test_a_missing_checkpoint_and_model_overrides(tiny_lm_data, tmp_path, no_net
             LM.from_pretrained(str(checkpoint.parent), "model.pt", str(tiny_lm_data),
                                model_overrides=given, alibi_window_cutoff=6)
     # a misspelt keyword is named as what it was given as
-    with pytest.raises(OneLineError, match="unknown ALiBi option 'alibi_window_cutof' among "
+    with pytest.raises(OneLineError, match="unknown ALiBi option 'alibi_window_cutof' in "
                        "from_pretrained's keyword arguments \\(did you mean"):
         LM.from_pretrained(str(checkpoint.parent), "model.pt", str(tiny_lm_data),
                            alibi_window_cutof=6)

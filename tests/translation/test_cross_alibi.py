@@ -761,8 +761,8 @@ def test_turning_a_saved_guard_off_at_load_is_one_key(data, tmp_path, caplog):
             [str(path)], arg_overrides={"cross_alibi_eos_guard": -1}, task=task)
     assert loaded.decoder.cross_alibi_eos_guard == -1.0
     assert loaded.decoder.cross_alibi_eos_guard_layer == "last"
-    assert "--model-overrides sets cross_alibi_eos_guard=-1, which the checkpoint's " \
-           "cross_alibi_eos_guard_layer='min' needs otherwise: cross_alibi_eos_guard_layer " \
+    assert "the override cross_alibi_eos_guard=-1 (--model-overrides) takes away what the " \
+           "checkpoint's cross_alibi_eos_guard_layer='min' needs: cross_alibi_eos_guard_layer " \
            "is reset to its default, 'last'" in caplog.text
     # given both, nothing is reset; given a guard, the saved layer stays
     caplog.clear()
