@@ -26,6 +26,12 @@ once. Each side effect, and why:
 6. **A clean exit** (:func:`~fairseq_alibi.exit_cleanup.install`): an ``atexit`` handler that
    stops fairseq's batch-prefetch threads (Python 3.11 aborts a finished run otherwise).
 
+7. **Sampling that ends at the EOS guard's floor**
+   (:func:`~fairseq_alibi.modules.cross_position.let_sampling_end_at_the_floor`): fairseq's
+   ``Sampling.step`` is wrapped so that a row whose every probability is 0 in float32 (the
+   translation EOS guard's last step, EOS alone open at its floor) samples its best candidate
+   instead of failing with ``invalid multinomial distribution``; every other row is unchanged.
+
 Not here: the hydra resolver ``fairseq_alibi.user_dir``, registered when hydra imports
 :mod:`fairseq_alibi.hydra_support` (the shipped configs' callback), never by ``import
 fairseq_alibi``.
@@ -42,6 +48,7 @@ def register():
     from fairseq_alibi import criterions, error_hints, exit_cleanup, hf_tokenizer, models  # noqa: F401
     from fairseq_alibi.models.override_keys import guard_override_keys
     from fairseq_alibi.models.stock_guards import guard_stock_architectures
+    from fairseq_alibi.modules.cross_position import let_sampling_end_at_the_floor
     from fairseq_alibi.safe_loading import allow_fairseq_checkpoints
 
     guard_stock_architectures()
@@ -49,4 +56,5 @@ def register():
     allow_fairseq_checkpoints()
     error_hints.install()
     exit_cleanup.install()
+    let_sampling_end_at_the_floor()
     _registered = True

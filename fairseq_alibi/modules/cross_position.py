@@ -437,11 +437,11 @@ def _sample_floored_rows(step_fn):
     return step
 
 
-def _let_sampling_end_at_the_floor():
+def let_sampling_end_at_the_floor():
+    """Wrap fairseq's ``Sampling.step`` (:func:`_sample_floored_rows`; idempotent): called by
+    :func:`fairseq_alibi.registration.register`, with the package's other process-wide
+    changes."""
     from fairseq.search import Sampling
 
     if not getattr(Sampling.step, "_samples_floored_rows", False):
         Sampling.step = _sample_floored_rows(Sampling.step)
-
-
-_let_sampling_end_at_the_floor()
