@@ -9,6 +9,19 @@ import tempfile
 from pathlib import Path
 
 
+def refuse_taken(dest, overwrite: bool = False, not_empty=None) -> Path:
+    """``dest`` (absolute) if :func:`atomic_directory` may write it: it does not exist, is an
+    empty folder, or ``overwrite`` is set; else ``not_empty(dest)`` (default: a
+    ``FileExistsError``), as it raises it. A tool writing several folders checks each first."""
+    dest = Path(dest).absolute()
+    if dest.exists() and not dest.is_dir():
+        raise FileExistsError(f"{dest} exists and is not a folder")
+    if dest.exists() and any(dest.iterdir()) and not overwrite:
+        raise (not_empty(dest) if not_empty else
+               FileExistsError(f"{dest} already exists and is not empty"))
+    return dest
+
+
 @contextlib.contextmanager
 def atomic_directory(dest, overwrite: bool = False, not_empty=None):
     """Yield an empty temporary folder beside ``dest`` that becomes ``dest`` on success.
@@ -18,12 +31,7 @@ def atomic_directory(dest, overwrite: bool = False, not_empty=None):
     (default: a ``FileExistsError``) is raised. On any exception, including
     ``KeyboardInterrupt`` and ``SystemExit``, the temporary folder is removed.
     """
-    dest = Path(dest).absolute()
-    if dest.exists() and not dest.is_dir():
-        raise FileExistsError(f"{dest} exists and is not a folder")
-    if dest.exists() and any(dest.iterdir()) and not overwrite:
-        raise (not_empty(dest) if not_empty else
-               FileExistsError(f"{dest} already exists and is not empty"))
+    dest = refuse_taken(dest, overwrite, not_empty)
     dest.parent.mkdir(parents=True, exist_ok=True)
     partial = Path(tempfile.mkdtemp(prefix=f".{dest.name}.partial-", dir=dest.parent))
     try:

@@ -37,6 +37,7 @@ from fairseq_alibi.preprocess.pipeline_io import (
     IndexedWriter,
     atomic_directory,
     read_batches,
+    refuse_existing,
     run_cli,
     save_json,
 )
@@ -233,12 +234,8 @@ def prepare(glue_dir, destdir, tasks, encoder, workers=1, overwrite=False):
         present = [n for n in names if missing_files(TASKS[n], glue_dir) is None]
         raise DataError("; ".join(missing) + ("; give --tasks the tasks you have: --tasks "
                                               + " ".join(present) if present else ""))
-    taken = [str(Path(destdir) / f"{n}-bin") for n in names
-             if (Path(destdir) / f"{n}-bin").is_dir()
-             and any((Path(destdir) / f"{n}-bin").iterdir())]
-    if taken and not overwrite:
-        raise DataError(f"{', '.join(taken)} already exist(s) and is not empty; pass "
-                        "--overwrite to replace, or leave those tasks out of --tasks")
+    for name in names:
+        refuse_existing(Path(destdir) / f"{name}-bin", overwrite)
     return {name: prepare_task(TASKS[name], glue_dir, Path(destdir) / f"{name}-bin", encoder,
                                workers, overwrite)
             for name in names}

@@ -45,11 +45,20 @@ def require(module: str):
         ) from e
 
 
+def _taken(path) -> DataError:
+    return DataError(f"{path} already exists and is not empty; pass --overwrite to replace it")
+
+
+def refuse_existing(dest, overwrite: bool = False):
+    """What :func:`atomic_directory` refuses, checked before any work (a pipeline writing
+    several folders checks each first)."""
+    files.refuse_taken(dest, overwrite, _taken)
+
+
 def atomic_directory(dest, overwrite: bool = False):
     """:func:`fairseq_alibi.files.atomic_directory`, refusing a non-empty ``dest`` (without
     ``overwrite``) with a :class:`DataError`. A SIGTERM (:func:`run_cli`) unwinds through it too."""
-    return files.atomic_directory(dest, overwrite, not_empty=lambda path: DataError(
-        f"{path} already exists and is not empty; pass --overwrite to replace it"))
+    return files.atomic_directory(dest, overwrite, not_empty=_taken)
 
 
 class _SilentBar:

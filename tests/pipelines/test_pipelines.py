@@ -625,7 +625,7 @@ def test_glue_malformed_rows(tmp_path, bpe_dir):
                        "tasks you have: --tasks QNLI"):
         glue.prepare(tmp_path / "glue", tmp_path / "bin2", ["QNLI,RTE"], encoder)
     assert not (tmp_path / "bin2").exists()
-    with pytest.raises(DataError, match="QQP-bin already exist.s. and is not empty; pass "
+    with pytest.raises(DataError, match="QQP-bin already exists and is not empty; pass "
                        "--overwrite"):
         glue.prepare(tmp_path / "glue", tmp_path / "bin", ["QNLI", "QQP"], encoder)
     assert not (tmp_path / "bin" / "QNLI-bin").exists()
