@@ -139,12 +139,13 @@ class AlibiTransformerDecoder(AlibiStack, TransformerDecoder):
         # attention sinks are a sequence's first real tokens: a row padded on the left (a
         # batch built by hand; fairseq's generators pad on the right) runs with its padding
         # moved to its end, exactly as the encoder does; causal, so its real tokens never see it
-        if ("alibi" not in self._modules or not self.alibi.sinks
+        # (read once a sequence: a KV cache already filled passed this check on its first step)
+        if ("alibi" not in self._modules or not self.alibi.sinks or incremental_state
                 or not bool(prev_output_tokens[:, :1].eq(self.padding_idx).any())):
             self.read_tokens(prev_output_tokens)
             return super().extract_features_scriptable(prev_output_tokens, encoder_out,
                                                        incremental_state, *args, **kwargs)
-        if incremental_state is not None:
+        if incremental_state is not None:  # its first step, the cache empty
             raise OneLineError(
                 "decoding with a KV cache from rows padded on the left, with attention sinks "
                 "(--alibi-window-sinks): the sinks would be the padding; pad the prompts on "
