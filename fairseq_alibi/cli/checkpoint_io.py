@@ -1,5 +1,6 @@
 """What every converter shares (stock and fork checkpoints, Hugging Face): reading a fairseq
-checkpoint, its model configuration of any era, one error type, atomic writes.
+checkpoint, its model configuration of any era, one error type, atomic writes; and the one
+"this checkpoint holds no language model" refusal of the tools that read one.
 
 ``convert_checkpoints``, ``forks`` and ``hf_export_import`` import this module; it imports none
 of them (no import circle).
@@ -7,6 +8,7 @@ of them (no import circle).
 
 import os
 from pathlib import Path
+from typing import Optional
 
 import torch
 
@@ -184,3 +186,36 @@ def atomic_folder(target):
         raise ConversionError(f"--out {target} is a file: give a folder to write (new or empty)")
     return atomic_directory(target, not_empty=lambda path: ConversionError(
         f"{path} exists and is not empty: choose another --out"))
+
+
+def not_a_language_model(path, needs: str, forks: bool = False) -> Optional[str]:
+    """Why checkpoint ``path`` is no language model's (a model that is not a language model: an encoder,
+    a translation model; a file that is no checkpoint), or ``None``; ``needs``: what the
+    calling tool reads (:func:`language_model_refusal`). ``forks``: also the "convert it first"
+    of an unconverted ALiBi fork's checkpoint (Press's loads as a stock ``transformer_lm``,
+    which fairseq-eval-lm would score without the fork's bias). The file is read once."""
+    try:
+        state = read_checkpoint(path)
+        if forks:
+            refuse_unconverted_fork(state, path)
+    except ConversionError as exc:
+        return str(exc) if str(exc).startswith(str(path)) else f"{path}: {exc}"
+    return language_model_refusal(path, state, needs)
+
+
+def language_model_refusal(path, state, needs: str) -> Optional[str]:
+    """Why the checkpoint ``state`` (read from ``path``) holds no language model, ending with
+    ``needs`` (what the calling tool reads, and where to give it), or ``None``."""
+    from fairseq.models import ARCH_MODEL_REGISTRY, MODEL_REGISTRY, FairseqLanguageModel
+
+    from fairseq_alibi.config_access import architecture_of
+
+    try:
+        arch = architecture_of(model_config(state))
+    except ConversionError as exc:
+        return f"{path}: {exc}"
+    model_class = ARCH_MODEL_REGISTRY.get(arch) or MODEL_REGISTRY.get(arch)
+    if model_class is None or issubclass(model_class, FairseqLanguageModel):
+        return None
+    return (f"{path} holds a model of architecture {arch} ({model_class.__name__}), not a "
+            f"language model: {needs}")

@@ -30,6 +30,7 @@ from typing import Iterator, List, Optional
 
 import torch
 
+from fairseq_alibi.cli.checkpoint_io import not_a_language_model
 from fairseq_alibi.config_access import overrides_dict
 from fairseq_alibi.error_hints import raised_by_plugin
 from fairseq_alibi.modules.streaming import stream_states, streamed_attentions
@@ -136,44 +137,6 @@ STREAMED_MODELS = ("streaming scores causal ALiBi language models (alibi_transfo
                    "one with --path")
 
 
-def not_a_language_model(path, needs: str = STREAMED_MODELS, forks: bool = False
-                         ) -> Optional[str]:
-    """Why checkpoint ``path`` cannot stream (a model that is not a language model: an encoder,
-    a translation model; a file that is no checkpoint), or ``None``; ``needs``: what the
-    calling tool reads (:func:`language_model_refusal`). ``forks``: also the "convert it first"
-    of an unconverted ALiBi fork's checkpoint (Press's loads as a stock ``transformer_lm``,
-    which fairseq-eval-lm would score without the fork's bias). The file is read once."""
-    from fairseq_alibi.cli.checkpoint_io import (ConversionError, read_checkpoint,
-                                                 refuse_unconverted_fork)
-
-    try:
-        state = read_checkpoint(path)
-        if forks:
-            refuse_unconverted_fork(state, path)
-    except ConversionError as exc:
-        return str(exc) if str(exc).startswith(str(path)) else f"{path}: {exc}"
-    return language_model_refusal(path, state, needs)
-
-
-def language_model_refusal(path, state, needs: str = STREAMED_MODELS) -> Optional[str]:
-    """Why the checkpoint ``state`` (read from ``path``) holds no language model, ending with
-    ``needs`` (what the calling tool reads, and where to give it), or ``None``."""
-    from fairseq.models import ARCH_MODEL_REGISTRY, MODEL_REGISTRY, FairseqLanguageModel
-
-    from fairseq_alibi.cli.checkpoint_io import ConversionError, model_config
-    from fairseq_alibi.config_access import architecture_of
-
-    try:
-        arch = architecture_of(model_config(state))
-    except ConversionError as exc:
-        return f"{path}: {exc}"
-    model_class = ARCH_MODEL_REGISTRY.get(arch) or MODEL_REGISTRY.get(arch)
-    if model_class is None or issubclass(model_class, FairseqLanguageModel):
-        return None
-    return (f"{path} holds a model of architecture {arch} ({model_class.__name__}), not a "
-            f"language model: {needs}")
-
-
 def load_models(cfg, task):
     """The ensemble of ``--path``, loaded as fairseq-eval-lm loads it, each checked to be a
     causal ALiBi language model."""
@@ -190,7 +153,7 @@ def load_models(cfg, task):
             suffix=cfg.checkpoint.checkpoint_suffix, task=task)
     except Exception as exc:  # a checkpoint of another kind fails deep in fairseq: name it
         for path in paths:
-            wrong = not_a_language_model(path)
+            wrong = not_a_language_model(path, STREAMED_MODELS)
             if wrong:
                 raise StreamError(wrong) from exc
         if isinstance(exc, ValueError) and raised_by_plugin(exc):
@@ -202,7 +165,8 @@ def load_models(cfg, task):
         try:
             streamed_attentions(model)
         except ValueError as exc:
-            fork = next(filter(None, (not_a_language_model(p, forks=True) for p in paths)),
+            fork = next(filter(None, (not_a_language_model(p, STREAMED_MODELS, forks=True)
+                                       for p in paths)),
                         None)
             raise StreamError(fork or f"{cfg.common_eval.path}: {exc}; score it with "
                               "fairseq-eval-lm") from None
@@ -226,7 +190,7 @@ def main(argv=None):
     logger = logging.getLogger("fairseq_cli.eval_lm")
     subset = cfg.dataset.gen_subset
     for path in cfg.common_eval.path.split(":"):  # the model's kind before its data's
-        wrong = not_a_language_model(path, forks=True)
+        wrong = not_a_language_model(path, STREAMED_MODELS, forks=True)
         if wrong:
             raise StreamError(wrong)
     task, source, target = split_as_one_block(cfg, subset)

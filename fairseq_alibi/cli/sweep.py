@@ -56,7 +56,7 @@ from typing import Callable, Dict, List, Mapping, Optional, Sequence, Union
 
 from fairseq_alibi.cli import fairseq_runs
 from fairseq_alibi.cli.fairseq_runs import console_script, thread_env
-from fairseq_alibi.cli.stream_eval_lm import not_a_language_model
+from fairseq_alibi.cli.checkpoint_io import not_a_language_model
 from fairseq_alibi.config_access import overrides_dict
 from fairseq_alibi.paths import user_dir
 from fairseq_alibi.preprocess.pipeline_io import progress_bar

@@ -53,10 +53,10 @@ def checkpoint_config(path):
 
     from fairseq_alibi.cli.checkpoint_io import (
         ConversionError,
+        language_model_refusal,
         model_config,
         read_model_checkpoint,
     )
-    from fairseq_alibi.cli.stream_eval_lm import language_model_refusal
     from fairseq_alibi.config_access import architecture_of
 
     try:  # an unconverted fork's checkpoint would be misread (a stock model) or fail deep down
