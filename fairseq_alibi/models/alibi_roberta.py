@@ -45,6 +45,7 @@ from fairseq.utils import safe_getattr, safe_hasattr
 from fairseq_alibi import options
 from fairseq_alibi.hub import load_pretrained
 from fairseq_alibi.models.checks import (
+    check_attention_heads,
     check_saved_stacks,
     check_tokens_per_sample,
     check_document_mask,
@@ -397,6 +398,7 @@ class AlibiRobertaModel(ScalesFollowPrunedLayers, RobertaModel):
             OmegaConf.set_struct(args, False)
         alibi_roberta_architecture(args)
         check_tokens_per_sample(args)
+        check_attention_heads(args, "encoder")
         stack = options.read(options.StackOptions, args, options.ENCODER)
         options.check_stacks({options.ENCODER: (stack, args.encoder_attention_heads)})
         check_document_mask(stack, task)

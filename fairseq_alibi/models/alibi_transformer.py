@@ -63,8 +63,8 @@ from fairseq_alibi.models.architectures_and_limits import (
     lift_task_length_limit,
     mirror_stock_architectures,
 )
-from fairseq_alibi.models.checks import (check_document_mask, check_saved_stacks,
-                                          reject_other_dictionary)
+from fairseq_alibi.models.checks import (check_attention_heads, check_document_mask,
+                                          check_saved_stacks, reject_other_dictionary)
 from fairseq_alibi.models.layer_pruning import ScalesFollowPrunedLayers
 from fairseq_alibi.modules.checkpoint_match import mismatch
 from fairseq_alibi.modules.cross_position import CrossPositionAttention, LongestSource
@@ -93,6 +93,7 @@ def model_options(cfg):
 def _check_options(args, task):
     """Clear errors for option values and combinations that cannot work (and ``task``'s notes
     on the document masks)."""
+    check_attention_heads(args, "encoder", "decoder")
     encoder, decoder, cross = model_options(args)
     options.check_stacks({options.TRANSLATION_ENCODER: (encoder, args.encoder_attention_heads),
                           options.TRANSLATION_DECODER: (decoder, args.decoder_attention_heads)})

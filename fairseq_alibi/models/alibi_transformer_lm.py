@@ -26,6 +26,7 @@ from fairseq.models.transformer_lm import (
 from fairseq_alibi import options
 from fairseq_alibi.hub import AlibiLanguageModelHubInterface, load_pretrained
 from fairseq_alibi.models.checks import (
+    check_attention_heads,
     check_saved_stacks,
     check_tokens_per_sample,
     check_document_mask,
@@ -137,6 +138,7 @@ class AlibiTransformerLanguageModel(ScalesFollowPrunedLayers, TransformerLanguag
     @classmethod
     def build_model(cls, args, task):
         check_tokens_per_sample(args)
+        check_attention_heads(args, "decoder")
         stack = options.read(options.StackOptions, args, options.LM)
         options.check_stacks({options.LM: (stack, args.decoder_attention_heads)})
         check_document_mask(stack, task)

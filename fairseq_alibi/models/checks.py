@@ -314,6 +314,25 @@ def check_tokens_per_sample(args):
         )
 
 
+def check_attention_heads(args, *sides: str):
+    """Clear errors for a head count the attention cannot split its width into, per layer stack
+    ``sides`` (``"encoder"``, ``"decoder"``): below 1 (the slopes are per head) or not dividing
+    the stack's embedding width (fairseq asserts it deep in the layer's construction)."""
+    for side in sides:
+        heads = safe_getattr(args, f"{side}_attention_heads", None)
+        width = safe_getattr(args, f"{side}_embed_dim", None)
+        flag = f"--{side}-attention-heads"
+        if heads is None:
+            continue
+        if isinstance(heads, bool) or not isinstance(heads, int) or heads < 1:
+            raise OptionError(f"{flag} must be a positive whole number (ALiBi gives each head "
+                              f"its slope), got {heads!r}")
+        if isinstance(width, int) and width % heads:
+            raise OptionError(
+                f"--{side}-embed-dim {width} is not divisible by {flag} {heads}: each head gets "
+                f"an equal share of the width; choose a head count that divides {width}")
+
+
 #: options of EIFY's ALiBi fork that change what a model computes, as its configs save them
 FORK_MODEL_OPTIONS = ("encoder_alibi", "decoder_alibi", "contrastive_pretraining", "zero_masking")
 #: the task option of EIFY's fork that stock tasks lack (a checkpoint saved with it, even with

@@ -10,6 +10,7 @@ user hit on first contact). Tests that run fairseq's command lines are marked ``
 import pytest
 import torch
 
+from fairseq_alibi.options import OptionError
 from tests.helpers.building import build_model
 from tests.helpers.checkpoints import saved_in_process
 from tests.helpers.cli import REPO, last_line, run_cli
@@ -36,6 +37,18 @@ def test_odd_head_count_with_one_sided_is_a_clear_error(tiny_lm_data):
     with pytest.raises(ValueError, match="even number of attention heads.*got 3"):
         build_model("encoder", tiny_lm_data, "--alibi-variant", "one_sided",
                     "--encoder-attention-heads", 3, "--encoder-embed-dim", 33)
+
+
+@pytest.mark.parametrize("model,side", [("lm", "decoder"), ("encoder", "encoder")])
+@pytest.mark.parametrize("heads,reason", [(0, "must be a positive whole number"),
+                                          (-2, "must be a positive whole number"),
+                                          (6, "embed-dim 32 is not divisible by")])
+def test_head_count_the_width_cannot_split_is_one_line(model, side, heads, reason,
+                                                      tiny_lm_data):
+    # before: a traceback from the slopes' construction or fairseq's assertion, flag unnamed
+    with pytest.raises(OptionError, match=f"{reason}.*--{side}-attention-heads|"
+                       f"--{side}-attention-heads {reason}"):
+        build_model(model, tiny_lm_data, f"--{side}-attention-heads", heads)
 
 
 # row 6: position-embedding flags
