@@ -183,16 +183,18 @@ def _zero_block_size(exc: BaseException) -> Optional[str]:
 
 
 def _not_a_language_model(exc: BaseException) -> Optional[str]:
-    """fairseq-eval-lm (the language_modeling task) given a model that is not a language
-    model (a translation model, an encoder) fails on an attribute only language models have."""
+    """The language_modeling task (fairseq-eval-lm, fairseq-interactive) given a model that is
+    not a language model (a translation model, an encoder) fails on an attribute only language
+    models have: the line names the task, whichever tool ran it."""
     if not isinstance(exc, AttributeError) or "supported_targets" not in str(exc):
         return None
     for frame in _frames(exc):
         if frame.f_code.co_name == "build_model" and "model" in frame.f_locals:
             model = type(frame.f_locals["model"]).__name__
-            return (f"--path holds a model of class {model}, not a language model: "
-                    "fairseq-eval-lm scores language models (a translation model: "
-                    "fairseq-generate --score-reference or fairseq-validate)")
+            return (f"--path holds a model of class {model}, not a language model, which "
+                    "--task language_modeling reads; a translation model is read with --task "
+                    "translation (fairseq-generate, fairseq-interactive; scored by "
+                    "fairseq-validate or fairseq-generate --score-reference)")
     return None
 
 

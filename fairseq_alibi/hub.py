@@ -93,22 +93,60 @@ def check_model_class(model, expected_class, expected_name: str, checkpoint: str
     )
 
 
-def refuse_unconverted_press_file(checkpoint: str):
-    """The Press-fork error (:func:`~fairseq_alibi.models.checks.is_unconverted_press_config`)
-    if ``checkpoint`` is an unconverted checkpoint of that fork.
-
-    Read again from the file: building the stock model drops the fork's ``max_tokens`` from the
-    loaded config. Only on the error path, memory-mapped where the file allows it.
-    """
-    from fairseq_alibi.models.checks import refuse_unconverted_press_checkpoint
-
+def _read_on_error(checkpoint: str) -> Optional[dict]:
+    """``checkpoint`` read again, only on an error path (memory-mapped where the file allows
+    it), or ``None`` where it cannot be read: then the caller's error stands."""
     if not os.path.isfile(checkpoint):
-        return
+        return None
     try:
         state = torch.load(checkpoint, map_location="cpu", mmap=zipfile.is_zipfile(checkpoint))
-    except Exception:  # noqa: BLE001 - unreadable here: the caller's error stands
+    except Exception:  # noqa: BLE001
+        return None
+    return state if isinstance(state, dict) else None
+
+
+def refuse_unconverted_press_file(checkpoint: str):
+    """The Press-fork error (:func:`~fairseq_alibi.models.checks.is_unconverted_press_config`)
+    if ``checkpoint`` is an unconverted checkpoint of that fork (read again from the file:
+    building the stock model drops the fork's ``max_tokens`` from the loaded config)."""
+    from fairseq_alibi.models.checks import refuse_unconverted_press_checkpoint
+
+    state = _read_on_error(checkpoint)
+    if state is not None:
+        refuse_unconverted_press_checkpoint(state, checkpoint)
+
+
+def refuse_failed_load(checkpoint: str, model_class, expected_name: str, data_dir: str,
+                       failure: BaseException):
+    """Why fairseq's loader failed on ``checkpoint``, where the checkpoint says it: it holds
+    another kind of model (whose task reads other files: a language model's ``dict.txt`` in a
+    translation folder), or a file its task reads is missing from ``data_dir`` (a fine-tuned
+    classifier given its pre-training data). Nothing to say: the failure stands."""
+    from fairseq.models import ARCH_MODEL_REGISTRY, MODEL_REGISTRY
+
+    from fairseq_alibi.config_access import architecture_of
+
+    state = _read_on_error(checkpoint)
+    cfg = (state or {}).get("cfg") or {}
+    model_cfg = cfg.get("model") if hasattr(cfg, "get") else None
+    model_cfg = model_cfg if model_cfg is not None else (state or {}).get("args")
+    if model_cfg is None:
         return
-    refuse_unconverted_press_checkpoint(state, checkpoint)
+    arch = architecture_of(model_cfg)
+    found = ARCH_MODEL_REGISTRY.get(arch) or MODEL_REGISTRY.get(arch)
+    if found is not None and not issubclass(found, model_class):
+        raise WrongCheckpointError(
+            f"{checkpoint} holds a {found.__name__} ({arch}), not an {expected_name} model: "
+            f"load it with {found.__name__}.from_pretrained, or give an {expected_name} "
+            "checkpoint") from None
+    missing = getattr(failure, "filename", None)
+    if isinstance(failure, FileNotFoundError) and missing:
+        task = cfg_get(cfg.get("task") if hasattr(cfg, "get") else None, "_name") or \
+            cfg_get(model_cfg, "task")
+        raise HubArgumentError(
+            f"{checkpoint} was trained with the task {task}, which reads {missing}, not in "
+            f"{data_dir}: give data_name_or_path the folder it was trained on (a fine-tuned "
+            "classifier's: its GLUE <TASK>-bin folder, with input0/ and label/)") from None
 
 
 class HubArgumentError(OneLineError):
@@ -192,9 +230,15 @@ def load_pretrained(model_class, expected_name, model_name_or_path, checkpoint_f
         # the plugin's checks refuse a fork's checkpoint from deep inside fairseq's loader:
         # the message is the fix, the loader's frames would only bury it (a OneLineError, such
         # as a misspelt ALiBi option among the keyword arguments, already is one: kept as is)
-        if not raised_by_plugin(refused) or isinstance(refused, OneLineError):
+        if isinstance(refused, OneLineError):
+            raise
+        if not raised_by_plugin(refused):
+            refuse_failed_load(checkpoint, model_class, expected_name, data_dir, refused)
             raise
         raise WrongCheckpointError(str(refused)) from None
+    except (OSError, AttributeError, KeyError) as failed:  # fairseq's, on another kind of model
+        refuse_failed_load(checkpoint, model_class, expected_name, data_dir, failed)
+        raise
     check_gpt2_bpe(loaded["args"].bpe, searched, given)
     return loaded
 

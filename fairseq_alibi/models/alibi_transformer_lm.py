@@ -26,6 +26,7 @@ from fairseq.models.transformer_lm import (
 from fairseq_alibi import options
 from fairseq_alibi.hub import AlibiLanguageModelHubInterface, load_pretrained
 from fairseq_alibi.models.checks import (
+    refuse_translation_task,
     check_attention_heads,
     check_saved_stacks,
     check_tokens_per_sample,
@@ -137,6 +138,7 @@ class AlibiTransformerLanguageModel(ScalesFollowPrunedLayers, TransformerLanguag
 
     @classmethod
     def build_model(cls, args, task):
+        refuse_translation_task(task, MODEL_NAME)
         check_tokens_per_sample(args)
         check_attention_heads(args, "decoder")
         stack = options.read(options.StackOptions, args, options.LM)

@@ -314,6 +314,19 @@ def check_tokens_per_sample(args):
         )
 
 
+def refuse_translation_task(task, model_name: str):
+    """A language model built for a task of sentence pairs (fairseq-generate or
+    fairseq-interactive of a translation folder given an LM checkpoint, or fairseq-train with
+    an LM architecture) would read no source and translate nothing, silently: refused."""
+    if hasattr(task, "src_dict") and hasattr(task, "tgt_dict"):
+        name = getattr(getattr(task, "cfg", None), "_name", None) or type(task).__name__
+        raise OptionError(
+            f"{model_name} is a language model: it reads no source sentence, and the task "
+            f"{name} reads sentence pairs. Translate with an encoder-decoder model (--arch "
+            f"alibi_transformer, or its checkpoint as --path), or use the language model "
+            f"with --task language_modeling")
+
+
 def check_attention_heads(args, *sides: str):
     """Clear errors for a head count the attention cannot split its width into, per layer stack
     ``sides`` (``"encoder"``, ``"decoder"``): below 1 (the slopes are per head) or not dividing

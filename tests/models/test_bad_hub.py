@@ -260,3 +260,26 @@ def test_a_prompt_with_an_inner_boundary_is_refused(tiny_lm_data, tmp_path):
     ends = torch.cat([torch.tensor([eos]), words, torch.tensor([eos, eos])])
     out = lm.generate(ends, beam=1, max_len_b=12, min_len=12)[0]["tokens"]
     assert torch.equal(out[:6], words) and len(out) > 7  # the words, then generated tokens
+
+
+def test_a_checkpoint_whose_task_reads_other_files_is_named(tmp_path):
+    """fairseq's loader fails on the files the checkpoint's task reads (a language model's
+    dict.txt in a translation folder): the one line says what the checkpoint holds, or which
+    of its task's files the data folder lacks (before: a bare FileNotFoundError)."""
+    from fairseq_alibi.hub import HubArgumentError, WrongCheckpointError
+    from fairseq_alibi.models.alibi_transformer import AlibiTransformerModel
+    from fairseq_alibi.models.alibi_transformer_lm import AlibiTransformerLanguageModel
+
+    saved = REPO / "tests" / "fixtures" / "saved_models"
+    pairs = tmp_path / "pairs"  # a translation folder: no dict.txt
+    pairs.mkdir()
+    for side in ("src", "tgt"):
+        shutil.copy(saved / f"dict.{side}.txt", pairs)
+    lm = saved / "lm_fixed_slopes"
+    with pytest.raises(WrongCheckpointError, match=r"holds a AlibiTransformerLanguageModel "
+                       r"\(alibi_transformer_lm\), not an alibi_transformer model"):
+        AlibiTransformerModel.from_pretrained(str(lm), "checkpoint.pt", str(pairs),
+                                              source_lang="src", target_lang="tgt")
+    with pytest.raises(HubArgumentError, match=r"trained with the task language_modeling, "
+                       r"which reads .*dict.txt, not in .*pairs: give data_name_or_path"):
+        AlibiTransformerLanguageModel.from_pretrained(str(lm), "checkpoint.pt", str(pairs))

@@ -51,6 +51,22 @@ def test_head_count_the_width_cannot_split_is_one_line(model, side, heads, reaso
         build_model(model, tiny_lm_data, f"--{side}-attention-heads", heads)
 
 
+def test_a_language_model_for_a_task_of_sentence_pairs_is_refused():
+    # before: fairseq-generate/-interactive of a translation folder with an LM checkpoint
+    # translated nothing (the LM ignores the source), exit 0
+    from fairseq import checkpoint_utils
+
+    from tests.helpers.building import setup_from_command_line
+
+    saved = REPO / "tests" / "fixtures" / "saved_models"
+    _, pairs = setup_from_command_line(saved, "--task", "translation", "--source-lang", "src",
+                                       "--target-lang", "tgt", "--arch", "transformer", "--cpu")
+    with pytest.raises(OptionError, match=r"^alibi_transformer_lm is a language model: it reads "
+                                          r"no source sentence, and the task translation"):
+        checkpoint_utils.load_model_ensemble([str(saved / "lm_fixed_slopes" / "checkpoint.pt")],
+                                             task=pairs)
+
+
 # row 6: position-embedding flags
 
 
@@ -124,4 +140,4 @@ def test_eval_lm_on_a_translation_model_is_named(alibi_user_dir):
     assert "supported_targets" in out
     assert last_line(out).startswith(
         "fairseq_alibi: --path holds a model of class AlibiTransformerModel, not a language "
-        "model: fairseq-eval-lm scores language models"), last_line(out)
+        "model, which --task language_modeling reads"), last_line(out)
