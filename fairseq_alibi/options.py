@@ -217,7 +217,7 @@ class StackOptions(FairseqDataclass):
                 "position embeddings, no bias"})
     future_slope_ratio: float = field(default=1.0, metadata={
         "help": "asymmetric only: forward slope = R x backward slope, per head",
-        "check": at_least(0),
+        "check": at_least(0), "initial_of": "learnable_future_slopes",
         "needs": Needs("variant", "it sets the forward slopes", ("asymmetric",))})
     learnable_future_slopes: bool = field(default=False, metadata={
         "help": "asymmetric only: learn the forward/backward slope ratio of every head",
@@ -229,6 +229,7 @@ class StackOptions(FairseqDataclass):
     scale_init: float = field(default=1.0, metadata={
         "help": "initial value of the learned slope scales (with none: a fixed multiplier); "
                 "must be positive, 1.0 = Press et al.'s slopes", "check": _scale_init,
+        "initial_of": "learned_scales",
         "needs": _SHAPES_THE_BIAS})
     heads: Optional[int] = field(default=None, metadata={
         "help": "partial-head ALiBi: only the first K attention heads carry the bias, with "
@@ -763,6 +764,33 @@ def check_override_values(given: Dict[str, object], model_name: Optional[str] = 
                     for name, f, kind, _ in _fields(cls, side) if name == key]
         if refusals and all(refusals):
             raise OptionError(refusals[0])
+
+
+def learned_over(given: Dict[str, object], saved: Callable[[str], object], model_name: str,
+                 where: str = "--model-overrides"):
+    """An :class:`OptionError` for a load-time override in ``given`` of an option that is only
+    the initial value of what the model saved as ``saved`` learned (declared ``initial_of``:
+    ``future_slope_ratio`` under ``learnable_future_slopes``, ``scale_init`` under learned
+    scales): the learned values load over it, so the override would change nothing, silently.
+    (``saved`` reads the config fairseq has already merged the overrides into: the learned
+    switch is as saved, the initial value is not, so any value of it is refused.)"""
+    for cls, sides in _FAMILY_DECLARATIONS.get(model_name, ()):
+        for side in sides:
+            declared = {f.name: (name, f) for name, f, _, _ in _fields(cls, side)}
+            for name, f in declared.values():
+                learner = f.metadata.get("initial_of")
+                if name not in given or learner not in declared or \
+                        declared[learner][0] in given:  # both given: the model's own checks
+                    continue
+                learned_name, learned_field = declared[learner]
+                learned = saved(learned_name)  # None: saved before the option existed
+                if learned is None or not _is_on(learned_field, learned):
+                    continue
+                raise OptionError(
+                    f"{name}={given[name]!r} in {where} changes nothing: the checkpoint learned "
+                    f"it ({learned_name}={learned!r}), and {name} is only the value that "
+                    f"learning started from: the learned values load over it. Drop it "
+                    f"(alibi_slope_scale scales every slope at load time)")
 
 
 def needs_undone(given: Dict[str, object], saved: Callable[[str], object],

@@ -105,13 +105,24 @@ def add_missing_options(state, arg_overrides, model_name):
             cfg_set(model_cfg, key, given[key])
 
 
+def _saved_model_config(state):
+    model_cfg = cfg_get(state.get("cfg") or {}, "model", None)
+    return state.get("args") if model_cfg is None else model_cfg
+
+
+def refuse_learned_over(state, arg_overrides, model_name, where):
+    """:func:`~fairseq_alibi.options.learned_over` on the checkpoint's saved options."""
+    model_cfg = _saved_model_config(state)
+    if model_cfg is not None:
+        options.learned_over(given_overrides(arg_overrides),
+                             lambda name: cfg_get(model_cfg, name, None), model_name, where)
+
+
 def reset_unmet_needs(state, arg_overrides, model_name):
     """Reset to its default each option saved on whose need an override takes away
     (:func:`~fairseq_alibi.options.needs_undone`), with a warning naming it: turning a saved
     option off is one key, not one per option that depends on it."""
-    model_cfg = cfg_get(state.get("cfg") or {}, "model", None)
-    if model_cfg is None:
-        model_cfg = state.get("args")
+    model_cfg = _saved_model_config(state)
     if model_cfg is None:
         return
     given = given_overrides(arg_overrides)
@@ -164,6 +175,7 @@ def guard_override_keys():
             check_keys(override_keys(arg_overrides), model_name, where)
             options.check_override_values(given_overrides(arg_overrides), model_name, where)
             add_missing_options(state, arg_overrides, model_name)
+            refuse_learned_over(state, arg_overrides, model_name, where)
             reset_unmet_needs(state, arg_overrides, model_name)
         return state
 

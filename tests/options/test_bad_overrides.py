@@ -136,6 +136,19 @@ def test_an_override_turning_an_option_off_resets_what_needs_it(tmp_path, caplog
     assert (cfg.alibi_window_cutoff, cfg.alibi_window_sinks) == (16, 4)
 
 
+def test_an_override_of_what_the_checkpoint_learned_is_refused():
+    # before: silently ignored, the learned ratios (scales) loading over the initial value
+    ratios = FIXTURES / "roberta_asymmetric_learnable" / "checkpoint.pt"
+    assert refusal(ratios, alibi_future_slope_ratio=2.0).startswith(
+        "alibi_future_slope_ratio=2.0 in --model-overrides changes nothing: the checkpoint "
+        "learned it (alibi_learnable_future_slopes=True)")
+    scales = FIXTURES / "lm_learned_per_layer_head" / "checkpoint.pt"
+    assert refusal(scales, alibi_scale_init=0.5).startswith(
+        "alibi_scale_init=0.5 in --model-overrides changes nothing")
+    _, cfg = load(LM, alibi_scale_init=0.5)  # fixed slopes: the documented multiplier
+    assert cfg.alibi_scale_init == 0.5
+
+
 def test_another_familys_option_is_refused():
     assert refusal(LM, encoder_alibi_heads=2) == (
         "ALiBi option 'encoder_alibi_heads' in --model-overrides is alibi_transformer's, not "
