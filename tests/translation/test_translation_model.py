@@ -232,7 +232,7 @@ def test_odd_head_count_with_one_sided_is_a_clear_error(data):
     with pytest.raises(ValueError, match="even number of attention heads.*got 3"):
         build_translation(data, "--encoder-alibi-variant", "one_sided",
                           "--encoder-attention-heads", 3, "--encoder-embed-dim", 33,
-                          "--decoder-embed-dim", 33)
+                          "--decoder-embed-dim", 33, "--decoder-attention-heads", 3)
 
 
 def test_learned_positions_with_an_alibi_side_are_a_clear_error(data):
