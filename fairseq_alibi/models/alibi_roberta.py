@@ -46,6 +46,7 @@ from fairseq_alibi import options
 from fairseq_alibi.hub import load_pretrained
 from fairseq_alibi.models.checks import (
     check_attention_heads,
+    check_saved_sizes,
     check_saved_stacks,
     check_tokens_per_sample,
     check_document_mask,
@@ -311,6 +312,8 @@ class AlibiRobertaEncoder(RobertaEncoder):
         encoder = f"{name}.sentence_encoder"
         built_kind = decode_kind(self.model_kind)
         hydra = OmegaConf.is_config(self.args)  # started by fairseq-hydra-train, not flags
+        check_saved_sizes(state_dict, self.state_dict(),
+                          {encoder: ("sentence_encoder", "encoder")}, hydra)
         if kind_key in state_dict:
             saved_kind = decode_kind(state_dict[kind_key])
             where = ""

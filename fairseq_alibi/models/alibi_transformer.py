@@ -64,7 +64,8 @@ from fairseq_alibi.models.architectures_and_limits import (
     mirror_stock_architectures,
 )
 from fairseq_alibi.models.checks import (check_attention_heads, check_document_mask,
-                                          check_saved_stacks, reject_other_dictionary)
+                                          check_saved_sizes, check_saved_stacks,
+                                          reject_other_dictionary)
 from fairseq_alibi.models.layer_pruning import ScalesFollowPrunedLayers
 from fairseq_alibi.modules.checkpoint_match import mismatch
 from fairseq_alibi.modules.cross_position import CrossPositionAttention, LongestSource
@@ -228,6 +229,8 @@ class AlibiTransformerModel(ScalesFollowPrunedLayers, TransformerModel):
             reject_other_dictionary(
                 state_dict, f"{prefix}{side}.embed_tokens.weight", module.dictionary
             )
+        check_saved_sizes(state_dict, self.state_dict(),
+                          {f"{prefix}{side}": (side, side) for side, _ in sides})
         check_saved_stacks(
             state_dict, {f"{prefix}{side}": (getattr(module, "alibi", None), SIDES[side].flag,
                                              f"--{side}-attention-heads")

@@ -28,6 +28,7 @@ from fairseq_alibi.hub import AlibiLanguageModelHubInterface, load_pretrained
 from fairseq_alibi.models.checks import (
     refuse_translation_task,
     check_attention_heads,
+    check_saved_sizes,
     check_saved_stacks,
     check_tokens_per_sample,
     check_document_mask,
@@ -177,6 +178,7 @@ class AlibiTransformerLanguageModel(ScalesFollowPrunedLayers, TransformerLanguag
         reject_position_embeddings(state_dict, decoder, MODEL_NAME)
         reject_other_dictionary(state_dict, f"{decoder}.embed_tokens.weight",
                                 self.decoder.dictionary)
+        check_saved_sizes(state_dict, self.state_dict(), {decoder: ("decoder", "decoder")})
         check_saved_stacks(state_dict, {decoder: (self.decoder.alibi, options.LM.flag,
                                                   "--decoder-attention-heads")}, MODEL_NAME)
         return super().upgrade_state_dict_named(state_dict, name)

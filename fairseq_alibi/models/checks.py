@@ -126,6 +126,52 @@ def check_saved_stacks(state_dict, stacks, model_name, stock_flag=None):
             check_stack(state_dict, f"{prefix}.alibi.", alibi, flag, heads_flag)
 
 
+#: a layer stack's size options, each read from one of its tensors: (option suffix, tensor
+#: under the stack, dimension); the layers are counted
+_SIZE_TENSORS = (("embed_dim", "layers.0.self_attn.q_proj.weight", 0),
+                 ("ffn_embed_dim", "layers.0.fc1.weight", 0),
+                 ("attention_heads", "alibi.slopes", 0))
+
+
+def _stack_sizes(state, prefix: str) -> dict:
+    layers = {key[len(prefix) + 8:].split(".", 1)[0] for key in state
+              if key.startswith(f"{prefix}.layers.")}
+    sizes = {"layers": len(layers)} if layers else {}
+    for name, key, dim in _SIZE_TENSORS:
+        tensor = state.get(f"{prefix}.{key}")
+        if tensor is not None and tensor.dim() > dim:
+            sizes[name] = tensor.shape[dim]
+    return sizes
+
+
+def check_saved_sizes(state_dict, built_state, stacks, hydra: bool = False):
+    """:func:`~fairseq_alibi.modules.checkpoint_match.mismatch` naming every size option
+    (layers, widths, heads) in which the checkpoint's stacks differ from the model being
+    built, read from their tensors: ``stacks`` maps a saved prefix (``decoder``) to ``(the
+    built model's prefix, side)`` (``side``: ``encoder`` or ``decoder``, the options' first
+    word). Otherwise the first differing tensor alone would be named, one size per retry.
+    ``hydra``: named as ``fairseq-hydra-train`` overrides (``++model.encoder_layers=2``)."""
+    differ = []
+    for saved_prefix, (built_prefix, side) in stacks.items():
+        saved, built = _stack_sizes(state_dict, saved_prefix), _stack_sizes(built_state,
+                                                                           built_prefix)
+        if saved.get("layers", 0) > built.get("layers", 0):
+            # fairseq prunes --*-layers-to-keep after this hook: fewer layers built is no
+            # mismatch yet (a real one fails in load_state_dict's unexpected keys)
+            saved.pop("layers")
+        differ += [(f"{side}_{name}", value, built[name]) for name, value in saved.items()
+                   if name in built and built[name] != value]
+    if not differ:
+        return
+
+    def named(key, value):
+        return f"++model.{key}={value}" if hydra else f"--{key.replace('_', '-')} {value}"
+
+    raise mismatch(", ".join(named(k, s) for k, s, _ in differ),
+                   ", ".join(named(k, b) for k, _, b in differ),
+                   " ".join(named(k, s) for k, s, _ in differ))
+
+
 def vocabulary_size(weights: dict) -> int:
     """Rows of the input embedding (summed over the bands of an adaptive input)."""
     if "decoder.embed_tokens.weight" in weights:

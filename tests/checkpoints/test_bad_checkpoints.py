@@ -185,7 +185,9 @@ def test_stock_checkpoint_restored_shows_the_plugin_message_last(flag, tiny_lm_d
 
 def test_checkpoint_of_another_size_names_the_size_flags(tiny_lm_data, tmp_path):
     """fairseq's trainer buries torch's ``size mismatch`` under ``please ensure that the
-    architectures match``; the hint names the flags that build the checkpoint's sizes."""
+    architectures match``; the hint names every flag that builds the checkpoint's sizes, read
+    from its tensors before they load (before: the first mismatching tensor's alone; with
+    another head count, only the heads)."""
     from fairseq.trainer import Trainer
 
     from fairseq_alibi.error_hints import hint_for
@@ -202,10 +204,33 @@ def test_checkpoint_of_another_size_names_the_size_flags(tiny_lm_data, tmp_path)
     with pytest.raises(Exception, match="please ensure that the architectures match") as failed:
         trainer.load_checkpoint(str(custom), reset_optimizer=True)
     assert hint_for(failed.value) == (
-        "the checkpoint's model has other sizes than the one being built "
-        "(encoder.sentence_encoder.embed_tokens.weight: [65, 32] in the checkpoint, [65, 48] "
-        "built): build it with the sizes it was trained with, add --encoder-embed-dim 32 "
+        "ValueError: this checkpoint was trained with --encoder-embed-dim 32, "
+        "--encoder-ffn-embed-dim 64; the model being built has --encoder-embed-dim 48, "
+        "--encoder-ffn-embed-dim 3072: build it with --encoder-embed-dim 32 "
         "--encoder-ffn-embed-dim 64")
+
+
+def test_sizes_are_named_as_the_run_was_started():
+    """Under fairseq-hydra-train the sizes are its overrides; more layers saved than built is
+    fairseq's pruning (--*-layers-to-keep), which runs after the check."""
+    import torch
+
+    from fairseq_alibi.models.checks import check_saved_sizes
+
+    def stack(layers, width, heads):
+        state = {f"encoder.layers.{i}.fc1.weight": torch.zeros(2 * width, width)
+                 for i in range(layers)}
+        state["encoder.layers.0.self_attn.q_proj.weight"] = torch.zeros(width, width)
+        state["encoder.alibi.slopes"] = torch.zeros(heads)
+        return state
+
+    with pytest.raises(ValueError, match=r"trained with \+\+model.encoder_layers=2, "
+                       r"\+\+model.encoder_embed_dim=8, .*build it with \+\+model.encoder_layers=2 "
+                       r"\+\+model.encoder_embed_dim=8 \+\+model.encoder_ffn_embed_dim=16 "
+                       r"\+\+model.encoder_attention_heads=2$"):
+        check_saved_sizes(stack(2, 8, 2), stack(4, 16, 4), {"encoder": ("encoder", "encoder")},
+                          hydra=True)
+    check_saved_sizes(stack(4, 8, 2), stack(2, 8, 2), {"encoder": ("encoder", "encoder")})
 
 
 # a file that is no checkpoint: what it is, and what to give instead
