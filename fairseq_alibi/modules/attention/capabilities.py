@@ -18,8 +18,8 @@ import torch
 #: what a bias of each ``AttentionBias`` kind is, in a refusal
 KIND_NAMES = {
     "distance": "ALiBi bias of slopes",
-    "rows": "dense bias of its own per batch row (the cross-attention position bias, "
-            "--alibi-length-scale)",
+    "rows": "dense bias of its own per batch row (what --alibi-length-scale's per-sequence "
+            "slopes make, or a translation decoder's --cross-alibi position bias)",
 }
 
 
