@@ -7,6 +7,7 @@ of them (no import circle).
 """
 
 import os
+import warnings
 from pathlib import Path
 from typing import Optional
 
@@ -75,6 +76,8 @@ def read_checkpoint(path) -> dict:
     import fairseq_alibi  # noqa: F401  (models; torch >= 2.6 loading of fairseq checkpoints)
 
     source = Path(path)
+    if source.is_dir():
+        raise ConversionError(folder_given(source))
     if not source.is_file():
         raise ConversionError(f"no checkpoint at {source}")
     repair = f"`fairseq-alibi checkpoints repair {source.parent}`"
@@ -83,8 +86,14 @@ def read_checkpoint(path) -> dict:
             f"cannot read {source}: the file is empty (0 bytes; an interrupted save?). Use an "
             f"intact copy, or restore the save directory's last good checkpoint with {repair}"
         )
+    with warnings.catch_warnings():  # torch's note on a pickle's protocol: the error says why
+        warnings.filterwarnings("ignore", message="Detected pickle protocol")
+        return _load_or_explain(source, checkpoint_utils.load_checkpoint_to_cpu, repair)
+
+
+def _load_or_explain(source: Path, load, repair: str) -> dict:
     try:
-        return checkpoint_utils.load_checkpoint_to_cpu(str(source))
+        return load(str(source))
     except Exception as e:  # noqa: BLE001 - any unreadable file gets the same advice
         what = not_a_checkpoint(source)
         if what:
@@ -100,6 +109,19 @@ def read_checkpoint(path) -> dict:
             ) from e
         raise ConversionError(
             f"cannot read {source} as a fairseq checkpoint: {reason}") from e
+
+
+def folder_given(folder: Path) -> str:
+    """What to say when a checkpoint's path is a folder: a file to give, from the ``.pt`` files
+    in it (a save directory's ``checkpoint_last.pt`` first)."""
+    found = sorted(p.name for p in folder.glob("*.pt") if p.is_file())
+    if not found:
+        return (f"{folder} is a folder, with no .pt file in it: give the checkpoint file that "
+                "fairseq-train wrote (e.g. <save-dir>/checkpoint_last.pt)")
+    first = next((n for n in ("checkpoint_last.pt", "checkpoint_best.pt") if n in found), found[0])
+    listed = ", ".join(found[:6]) + (f", ... ({len(found)} in all)" if len(found) > 6 else "")
+    return (f"{folder} is a folder: give a checkpoint file in it, e.g. {folder / first} "
+            f"(.pt files there: {listed})")
 
 
 def write_atomically(state, target: Path, flag: str = ""):

@@ -3,9 +3,11 @@
 ::
 
     fairseq-alibi convert --input X.pt --output Y.pt [--from press|eify|stock] [--dict D]
+        [--overwrite]
 
 **Forks** (:mod:`fairseq_alibi.cli.forks`, docs/migrating.md): Press's language models
-(``--from press``: they look exactly like stock sinusoidal checkpoints), EIFY's
+(``--from press``: their weights are those of a stock sinusoidal checkpoint; one marked as
+Press's by the ``max_tokens`` key of its model config is refused without it), EIFY's
 ``transformer_lm_alibi``, RoBERTa and translation models (detected from their options). Every
 weight is kept bit for bit, the ALiBi slopes are added as a buffer, the fork's options become
 this plugin's, stored by name; the converted model computes what the fork computed, and the
@@ -22,11 +24,13 @@ fairseq checkpoint: the converted model uses the same data directory (or ``dict.
 original. The optimizer state is left out (it belongs to the original parameter list); an EMA
 copy of the weights, if any, is converted like the weights.
 
-Before writing (atomically), the converted weights are loaded (``strict=True``) into the model
-built from the converted configuration, so a checkpoint that does not fit is refused here, not
-at fine-tuning time. Anything else the converter cannot turn into an ALiBi model (another model
-type, character embeddings, a fork option with no equivalent, an already converted checkpoint,
-an empty or truncated file) is a one-line error.
+An existing ``--output`` (or the ``dict.txt`` written beside it) is replaced only with
+``--overwrite`` (the package's rule for what its tools write); a missing folder is created, and
+said. Before writing (atomically), the converted weights are loaded (``strict=True``) into the
+model built from the converted configuration, so a checkpoint that does not fit is refused
+here, not at fine-tuning time. Anything else the converter cannot turn into an ALiBi model
+(another model type, character embeddings, a fork option with no equivalent, an already
+converted checkpoint, an empty or truncated file) is a one-line error.
 
 A converted stock model has never seen the bias: its perplexity right after conversion is worse
 than the original's (how much depends on how much the model leaned on positions). Fine-tune it
@@ -35,6 +39,7 @@ than the original's (how much depends on how much the model leaned on positions)
 """
 
 import argparse
+import os
 import sys
 from pathlib import Path
 from typing import Optional
@@ -53,9 +58,12 @@ from fairseq_alibi.cli.checkpoint_io import (  # noqa: F401  (ConversionError: t
     write_atomically,
 )
 from fairseq_alibi.config_access import architecture_of, cfg_get, cfg_set, plain_cfg
+from fairseq_alibi.models import checks
 from fairseq_alibi.models.checks import vocabulary_size
 
 POSITION_PREFIX = "decoder.embed_positions."
+#: what older sinusoidal checkpoints store of their positions: a buffer, no parameter
+PLACEHOLDER = POSITION_PREFIX + "_float_tensor"
 ALIBI_PREFIX = "decoder.alibi."
 ALIBI_MODEL = "alibi_transformer_lm"
 STOCK_MODEL = "transformer_lm"
@@ -148,6 +156,31 @@ def build_alibi_model(model_cfg, vocab_size: int):
     return build_model(model_cfg, PlaceholderTask(placeholder_dictionary(vocab_size)))
 
 
+def checked_model(weights: dict, model_cfg, target_arch: str, requested: Optional[str],
+                  source_arch: str):
+    """The model the converted configuration builds, with ``weights`` loaded (``strict``); a
+    failure with ``--arch`` given is blamed on it (its defaults fill what the saved config
+    leaves unset: an adaptive softmax, other sizes), not on the checkpoint."""
+    try:
+        vocab = vocabulary_size(weights)
+    except ValueError as e:
+        raise ConversionError(str(e)) from e
+    try:
+        model = build_alibi_model(model_cfg, vocab)
+        model.load_state_dict(dict(weights), strict=True, model_cfg=model_cfg)
+    except Exception as e:  # noqa: BLE001 - reported with what to do
+        reason = " ".join(str(e).split()) or type(e).__name__
+        if requested is not None:  # the fix is the checkpoint's own architecture, not the option
+            raise ConversionError(
+                f"--arch {requested} does not fit this {source_arch} checkpoint (its defaults "
+                f"over the checkpoint's configuration: {reason.split(': give ')[0]}); drop "
+                f"--arch (the default, {target_architecture(source_arch)}, builds the "
+                f"checkpoint's own model)") from None
+        raise ConversionError(f"the converted weights do not fit {target_arch} built from the "
+                              f"checkpoint's configuration: {reason}") from None
+    return model
+
+
 def convert_checkpoint(state: dict, arch: Optional[str] = None, check: bool = True,
                        source: str = "stock") -> dict:
     """Convert a loaded language-model checkpoint (``load_checkpoint_to_cpu``) in place.
@@ -169,7 +202,8 @@ def convert_checkpoint(state: dict, arch: Optional[str] = None, check: bool = Tr
     dropped_options = forks.clean_lm_config(model_cfg, source)  # e.g. 2021-era max_tokens
     original = state["model"]
     weights, dropped = convert_weights(state["model"], heads)
-    dropped_parameters = sum(state["model"][k].numel() for k in dropped)
+    # trained parameters only: the sinusoidal placeholder buffer is no position embedding
+    dropped_parameters = sum(state["model"][k].numel() for k in dropped if k != PLACEHOLDER)
     for key, value in (("_name", target_arch), ("arch", target_arch),
                        *options.model_wide_defaults().items(), ("share_decoder_layers", False)):
         if key == "arch" and not isinstance(model_cfg, argparse.Namespace):
@@ -178,18 +212,7 @@ def convert_checkpoint(state: dict, arch: Optional[str] = None, check: bool = Tr
 
     optimizer = None
     if check:
-        try:
-            vocab = vocabulary_size(weights)
-        except ValueError as e:
-            raise ConversionError(str(e)) from e
-        model = build_alibi_model(model_cfg, vocab)
-        try:
-            model.load_state_dict(dict(weights), strict=True, model_cfg=model_cfg)
-        except Exception as e:  # noqa: BLE001 - reported with what to do
-            raise ConversionError(
-                f"the converted weights do not fit {target_arch} built from the checkpoint's "
-                f"configuration: {e}"
-            ) from e
+        model = checked_model(weights, model_cfg, target_arch, arch, source_arch)
         if source != "stock":  # the same model: resuming needs the optimizer state
             optimizer = forks.matching_optimizer_state(
                 original, model, state.get("last_optimizer_state"))
@@ -251,6 +274,7 @@ def convert_state(state: dict, arch: Optional[str] = None, check: bool = True,
         return forks.convert_eify_translation(state)
     if dict_path is not None:
         raise ConversionError("--dict is for RoBERTa checkpoints (the masked-LM dictionary)")
+    explicit = source is not None
     if source is None:
         source = detected if detected and forks.uses_fork_math(state) else "stock"
     if source == "eify" and detected != "eify":
@@ -258,15 +282,64 @@ def convert_state(state: dict, arch: Optional[str] = None, check: bool = True,
             "--from eify, but this checkpoint holds none of the EIFY fork's options "
             "(decoder_alibi, encoder_alibi, ...): it is a stock or Press model"
         )
-    return convert_checkpoint(state, arch, check, source)
+    press = checks.is_unconverted_press_config(model_cfg)
+    if press and source == "stock":  # as stock: "fine-tune it", a teacher the package refuses
+        raise ConversionError(
+            f"this checkpoint was trained with Press's ALiBi fork ({checks.PRESS_MODEL_KEY} in "
+            f"its model config, which only that fork writes): convert it with --from press"
+            f"{' instead of --from stock' if explicit else ''} (it already computes ALiBi)")
+    summary = convert_checkpoint(state, arch, check, source)
+    summary["press_marker"] = press
+    return summary
+
+
+def refuse_taken_file(path: Path, flag: str, overwrite: bool):
+    """The package's rule for what a tool writes (:func:`fairseq_alibi.files.refuse_taken`, for
+    a file): an existing one is replaced only with ``--overwrite``; missing folders are made
+    (as ``atomic_directory`` makes them), and said."""
+    if path.is_dir():
+        raise ConversionError(f"{flag} {path} is a folder: give the file to write (e.g. "
+                              f"{path / 'model.pt'})")
+    if path.exists() and not overwrite:
+        raise ConversionError(f"{flag} {path} already exists; pass --overwrite to replace it")
+
+
+def _write_dictionary(summary: dict, target: Path, overwrite: bool):
+    """The trimmed ``dict.txt`` beside ``target``: checked before anything is written, written
+    after the checkpoint (atomically too). ``None`` when there is none to write."""
+    trimmed = (summary.get("dictionary") or {}).get("trimmed")
+    if trimmed is None:
+        return None
+    dict_out = target.parent / "dict.txt"
+    text = "\n".join(trimmed) + "\n"
+    if dict_out.exists() and dict_out.resolve() == Path(summary["dictionary"]["path"]).resolve():
+        raise ConversionError(
+            f"the matching dict.txt would overwrite {dict_out}, the one given to --dict: "
+            "write the converted model to another folder"
+        )
+    if (dict_out.exists() and not overwrite
+            and dict_out.read_text(encoding="utf-8", errors="replace") != text):
+        raise ConversionError(f"{dict_out} already exists (another dictionary) and the "
+                              "converted model's would replace it; pass --overwrite to replace "
+                              "it, or write the model to another folder")
+
+    def write():
+        tmp = dict_out.with_name(".dict.txt.tmp")
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, dict_out)
+        summary["dictionary"]["written"] = str(dict_out)
+
+    return write
 
 
 def convert_file(input_path, output_path, arch: Optional[str] = None, check: bool = True,
-                 source: Optional[str] = None, dict_path=None) -> dict:
-    """Read ``input_path``, convert it, write ``output_path`` atomically; return the summary."""
+                 source: Optional[str] = None, dict_path=None, overwrite: bool = False) -> dict:
+    """Read ``input_path``, convert it, write ``output_path`` atomically; return the summary.
+    An existing ``output_path`` (or ``dict.txt`` beside it) is replaced only with ``overwrite``."""
     source_path, target = Path(input_path), Path(output_path)
     if target.resolve() == source_path.resolve():
         raise ConversionError("--output must differ from --input (the original is kept)")
+    refuse_taken_file(target, "--output", overwrite)
     if dict_path is not None and not Path(dict_path).is_file():  # before anything is written
         raise ConversionError(f"--dict {dict_path}: no such file; give the dict.txt of the "
                               "model's data (its fairseq-preprocess folder)")
@@ -280,31 +353,35 @@ def convert_file(input_path, output_path, arch: Optional[str] = None, check: boo
             "from": summary.get("source", "stock"), "input": str(source_path),
             "source_arch": summary.get("source_arch"), "target_arch": summary.get("target_arch"),
         }
+    write_dictionary = _write_dictionary(summary, target, overwrite)
+    missing = next((p for p in reversed(target.parents) if not p.exists()), None)
     write_atomically(state, target, "--output")
-    trimmed = (summary.get("dictionary") or {}).get("trimmed")
-    if trimmed is not None:
-        dict_out = target.parent / "dict.txt"
-        if dict_out.exists() and dict_out.resolve() == Path(summary["dictionary"]["path"]).resolve():
-            raise ConversionError(
-                f"the matching dict.txt would overwrite {dict_out}, the one given to --dict: "
-                "write the converted model to another folder"
-            )
-        dict_out.write_text("\n".join(trimmed) + "\n", encoding="utf-8")
-        summary["dictionary"]["written"] = str(dict_out)
+    summary["created_folder"] = str(missing) if missing is not None else None
+    if write_dictionary is not None:
+        write_dictionary()
     return summary
+
+
+def _dropped_positions(summary) -> str:
+    """What the conversion dropped of the positions: trained parameters, or (sinusoidal) at
+    most the placeholder buffer older checkpoints store."""
+    if summary["positions"] == "none":
+        return "nothing (the model had no position embeddings)"
+    weights = [k for k in summary["dropped"] if k != PLACEHOLDER]
+    if weights:
+        what = f"{', '.join(weights)} ({summary['dropped_parameters']:,} parameters)"
+    elif PLACEHOLDER in summary["dropped"]:
+        what = f"no parameter (computed, not stored), only the placeholder buffer {PLACEHOLDER}"
+    else:
+        what = "no parameter (computed, not stored)"
+    fork = ", which the fork built but never added" if summary["source"] != "stock" else ""
+    return f"{summary['positions']} positions{fork}: {what}"
 
 
 def _report_lm(summary, args):
     print(f"converted {summary['source_arch']} -> {summary['target_arch']}: {args.output}")
     print(f"  kept     {summary['kept']} tensors, unchanged")
-    dropped = ", ".join(summary["dropped"]) or "no tensor (they were computed, not stored)"
-    if summary["positions"] == "none":
-        dropped = "nothing (the model had no position embeddings)"
-    if summary["source"] == "stock":
-        print(f"  dropped  {summary['positions']} positions: {dropped} "
-              f"({summary['dropped_parameters']:,} parameters)")
-    elif summary["dropped"]:
-        print(f"  dropped  {dropped} (the fork built them but never added them)")
+    print(f"  dropped  {_dropped_positions(summary)}")
     heads = summary["heads"]
     print(f"  added    decoder.alibi.slopes ({heads} head{'s' if heads != 1 else ''})")
     if summary["dropped_options"]:
@@ -322,6 +399,11 @@ def _report_lm(summary, args):
               f"--finetune-from-model {args.output} --criterion lm_distillation "
               f"--teacher-path {args.input} ...")
         return
+    if summary["source"] == "press" and not summary.get("press_marker"):
+        print(f"warning: nothing marks {args.input} as a Press checkpoint (its model config has "
+              f"no {checks.PRESS_MODEL_KEY}, which the fork writes): if a stock fairseq model "
+              f"wrote it, convert it without --from press and fine-tune it (it has never seen "
+              f"the bias)", file=sys.stderr)
     print(f"  {summary['source']} fork: the converted model computes the fork's "
           "log-probabilities; it has no length limit (no --model-overrides) and keeps the bias "
           "when decoding with a cache")
@@ -356,8 +438,11 @@ def _report_roberta(summary, args):
     print("next: AlibiRobertaModel.from_pretrained(FOLDER, CHECKPOINT, DATA, bpe='gpt2', ...)")
     print("  fine-tune (e.g. GLUE) with fairseq-hydra-train --config-dir "
           "$(python -m fairseq_alibi --user-dir)/config/glue --config-name TASK "
-          f"task.data=DATA-bin checkpoint.restore_file={args.output} "
+          f"task.data=DATA-bin {''.join(o + ' ' for o in summary.get('task_overrides', []))}"
+          f"checkpoint.restore_file={args.output} "
           f"model._name={summary['target_arch']} {' '.join(summary['overrides'])}")
+    # the GLUE configs are fairseq's GPU recipes (fp16), which a CPU-only machine refuses
+    print("  (without a GPU add common.fp16=false: the GLUE configs train in fp16)")
 
 
 def main(argv=None):
@@ -375,7 +460,8 @@ def main(argv=None):
     parser.add_argument(
         "--from", dest="source", choices=forks.SOURCES, default=None,
         help="what wrote the checkpoint: EIFY's fork is detected from its options; Press's "
-        "fork (the paper's models) cannot be told from stock sinusoidal checkpoints, name it "
+        "fork (the paper's models) must be named: its weights look like a stock sinusoidal "
+        "model's, and one whose config marks it (max_tokens) is refused without --from press "
         "(default: detected, else stock)")
     parser.add_argument("--dict", default=None, metavar="DICT_TXT",
                         help="RoBERTa: the dict.txt to use with the model; checked against its "
@@ -386,13 +472,19 @@ def main(argv=None):
                         "(default: alibi_<original arch>)")
     parser.add_argument("--no-check", action="store_true",
                         help="language models: skip loading the converted weights into the model")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace an existing --output (and the dict.txt beside it); "
+                        "without it, an existing one is refused")
     args = parser.parse_args(argv)
     try:
         summary = convert_file(args.input, args.output, args.arch, check=not args.no_check,
-                               source=args.source, dict_path=args.dict)
+                               source=args.source, dict_path=args.dict,
+                               overwrite=args.overwrite)
     except ConversionError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
+    if summary.get("created_folder"):  # a mistyped path must not go unnoticed
+        print(f"created the folder {summary['created_folder']} for --output")
     if summary["family"] == "roberta":
         _report_roberta(summary, args)
     elif summary["family"] == "transformer":

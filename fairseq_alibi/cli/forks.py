@@ -44,6 +44,9 @@ EIFY_MODEL_KEYS = (
     "encoder_alibi", "encoder_alibi_asymmetrical", "decoder_alibi", "decoder_alibi_asymmetrical",
     "contrastive_pretraining", "initial_beta", "zero_masking", "mask_prob", "l2norm_embedding",
 )
+#: the keys that mark a checkpoint as EIFY's: not ``mask_prob``, which is also stock masked_lm's
+#: task option (a stock RoBERTa's argparse-era config holds every option, the task's included)
+EIFY_MARKER_KEYS = tuple(k for k in EIFY_MODEL_KEYS if k != "mask_prob")
 #: task options only EIFY's fork writes
 EIFY_TASK_KEYS = FORK_TASK_OPTIONS
 #: EIFY architectures that stock fairseq does not have, and what they become
@@ -60,11 +63,13 @@ FOREIGN_CONFIG_KEYS = ("max_tokens", "tpu")
 def detect_fork(state) -> Optional[str]:
     """``"eify"`` when the checkpoint holds options only EIFY's fork writes, else ``None``.
 
-    Press's checkpoints cannot be told from stock sinusoidal ones (``--from press``).
+    Press's are not detected here: their weights are those of a stock sinusoidal model and only
+    the ``max_tokens`` key of their model config marks them, which ``convert`` checks against
+    ``--from`` (:func:`fairseq_alibi.models.checks.is_unconverted_press_config`).
     """
     cfg = state.get("cfg") or {}
     model_cfg, task_cfg = cfg.get("model"), cfg.get("task")
-    if any(cfg_get(model_cfg, k) is not None for k in EIFY_MODEL_KEYS):
+    if any(cfg_get(model_cfg, k) is not None for k in EIFY_MARKER_KEYS):
         return "eify"
     if any(cfg_get(task_cfg, k) is not None for k in EIFY_TASK_KEYS):
         return "eify"
@@ -215,6 +220,16 @@ def model_overrides(model_cfg, target: str, always: Sequence[str] = ()) -> list:
     return overrides
 
 
+def roberta_task_overrides(model_cfg, options) -> list:
+    """The task overrides the GLUE configs need for this model: a learned-position model was
+    built for its own ``max_positions``, which ``sentence_prediction`` sizes the model by
+    (config/glue/*.yaml: ``task.max_positions: 512``); ALiBi models have no limit to match."""
+    max_positions = cfg_get(model_cfg, "max_positions")
+    if options["alibi_variant"] != "none" or not max_positions:
+        return []
+    return [f"task.max_positions={max_positions}"]
+
+
 def _roberta_dictionary(rows: int, omits_mask: bool):
     """A placeholder dictionary as the masked_lm task builds it: ``<mask>`` last."""
     dictionary = placeholder_dictionary(rows if omits_mask else rows - 1)
@@ -334,6 +349,7 @@ def convert_eify_roberta(state: dict, dict_path=None) -> dict:
         "flags": roberta_flags(dict(options, layernorm_embedding=bool(
             cfg_get(model_cfg, "layernorm_embedding", True)))),
         "overrides": model_overrides(model_cfg, target, always=VARIANT_GROUP_KEYS),
+        "task_overrides": roberta_task_overrides(model_cfg, options),
         "kept": len(weights), "added": sorted(set(state["model"]) - set(weights)),
         "optimizer_kept": state["last_optimizer_state"] is not None, "dictionary": dictionary_note,
         "beta": float(weights["encoder.lm_head.beta"]) if "encoder.lm_head.beta" in weights

@@ -203,6 +203,103 @@ def test_conversion_of_an_argparse_era_checkpoint(written, lm_dictionary, tmp_pa
         assert torch.equal(value, expected), key
 
 
+def _main(capsys, *args):
+    """``fairseq-alibi convert`` in this process: (exit status, stdout, stderr)."""
+    from fairseq_alibi.cli.convert_checkpoints import main
+
+    code = main([str(a) for a in args])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def test_the_placeholder_buffer_is_not_reported_as_parameters(written, tmp_path, capsys):
+    state = load(written["sinusoidal"])
+    state["model"]["decoder.embed_positions._float_tensor"] = torch.zeros(1)
+    torch.save(state, tmp_path / "old.pt")
+    code, out, _ = _main(capsys, "--input", tmp_path / "old.pt", "--output", tmp_path / "new.pt")
+    assert code == 0 and "parameters)" not in out, out
+    assert ("dropped  sinusoidal positions: no parameter (computed, not stored), only the "
+            "placeholder buffer decoder.embed_positions._float_tensor") in out
+    table = load(written["learned"])["model"]["decoder.embed_positions.weight"]
+    code, out, _ = _main(capsys, "--input", written["learned"], "--output", tmp_path / "l.pt")
+    assert code == 0 and ("dropped  learned positions: decoder.embed_positions.weight "
+                          f"({table.numel():,} parameters)") in out, out
+
+
+def test_an_existing_output_is_replaced_only_with_overwrite(written, tmp_path, capsys):
+    """The package's rule (docs/configs_and_data.md): nothing existing is replaced silently."""
+    target = tmp_path / "new.pt"
+    assert _main(capsys, "--input", written["learned"], "--output", target)[0] == 0
+    target.write_bytes(b"kept")
+    code, out, err = _main(capsys, "--input", written["learned"], "--output", target)
+    assert code == 1 and err == f"error: --output {target} already exists; pass --overwrite " \
+                                "to replace it\n", err
+    assert target.read_bytes() == b"kept"
+    assert _main(capsys, "--input", written["learned"], "--output", target, "--overwrite")[0] == 0
+    assert "decoder.alibi.slopes" in load(target)["model"]
+
+
+def test_an_output_in_a_missing_folder_is_created_and_said(written, tmp_path, capsys):
+    """Missing folders are made, as the package's other tools make them (and
+    docs/workflows.md's alibi/converted.pt needs), and said; a folder as --output is refused."""
+    target = tmp_path / "nodir" / "sub" / "x.pt"
+    code, out, _ = _main(capsys, "--input", written["learned"], "--output", target)
+    assert code == 0 and target.is_file()
+    assert out.startswith(f"created the folder {tmp_path / 'nodir'} for --output\n"), out
+    code, out, _ = _main(capsys, "--input", written["learned"], "--output", tmp_path / "y.pt")
+    assert code == 0 and "created the folder" not in out
+    code, _, err = _main(capsys, "--input", written["learned"], "--output", tmp_path)
+    assert code == 1 and err == (f"error: --output {tmp_path} is a folder: give the file to "
+                                 f"write (e.g. {tmp_path / 'model.pt'})\n"), err
+
+
+def test_an_input_folder_names_the_checkpoints_in_it(written, tmp_path, capsys):
+    """A save directory given to --input: the file to give, from those there (read_checkpoint,
+    shared with the other tools)."""
+    folder = written["learned"].parent
+    code, _, err = _main(capsys, "--input", folder, "--output", tmp_path / "x.pt")
+    assert code == 1 and err == (f"error: {folder} is a folder: give a checkpoint file in it, "
+                                 f"e.g. {folder / 'checkpoint_last.pt'} (.pt files there: "
+                                 "checkpoint_last.pt)\n"), err
+    code, _, err = _main(capsys, "--input", tmp_path, "--output", tmp_path / "x.pt")
+    assert code == 1 and f"{tmp_path} is a folder, with no .pt file in it" in err
+
+
+def test_a_plain_pickle_is_one_error_line_without_torchs_warning(tmp_path, capsys):
+    import pickle
+    import warnings
+
+    (tmp_path / "pickled.pt").write_bytes(pickle.dumps([1, 2], protocol=4))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        code, _, err = _main(capsys, "--input", tmp_path / "pickled.pt", "--output",
+                             tmp_path / "z.pt")
+    assert code == 1 and len(err.strip().splitlines()) == 1 and "torch's safe loader" in err
+    assert not [w for w in caught if "pickle protocol" in str(w.message)], caught
+
+
+def test_a_stock_roberta_checkpoint_is_refused_as_the_docs_say(tiny_lm_data, tmp_path, capsys):
+    """A stock RoBERTa's argparse-era config holds masked_lm's mask_prob, the name of an EIFY
+    option too: it is no EIFY checkpoint (nothing to convert: alibi_roberta loads it)."""
+    from tests.helpers.checkpoints import saved_in_process
+    from tests.helpers.training import STOCK
+
+    path = saved_in_process(tmp_path / "roberta.pt", tiny_lm_data, *STOCK["encoder"])
+    code, out, err = _main(capsys, "--input", path, "--output", tmp_path / "x.pt")
+    assert code == 1 and not out and err == (
+        "error: this is a stock RoBERTa checkpoint (roberta_base): nothing to convert; load it "
+        "as alibi_roberta --alibi-variant none --mlm-head roberta (learned positions)\n"), err
+
+
+def test_from_press_on_a_checkpoint_nothing_marks_as_press_warns(written, tmp_path, capsys):
+    code, out, err = _main(capsys, "--input", written["learned"], "--output", tmp_path / "x.pt",
+                           "--from", "press")
+    assert code == 0 and err.startswith(
+        f"warning: nothing marks {written['learned']} as a Press checkpoint (its model config "
+        "has no max_tokens"), err
+    assert "convert it without --from press" in err
+
+
 # ------------------------------------------------------------------ the distillation criterion
 
 

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 
 from fairseq_alibi.alibi import get_slopes
 from tests.helpers.checkpoints import load
-from tests.helpers.cli import REPO, SHARED_DATA, python_module, run_cli
+from tests.helpers.cli import REPO, SHARED_DATA, run_cli
 
 FORKS = REPO.parent / "shared" / "fixtures" / "forks"
 GPT2 = SHARED_DATA / "gpt2_bpe"
@@ -546,21 +546,94 @@ def test_convert_io_mistakes_are_one_line_and_write_nothing(tmp_path, capsys):
         assert not (tmp_path / "out.pt").exists() and not list(tmp_path.rglob(".*.tmp"))
 
 
-@pytest.mark.slow
-def test_a_2021_era_stock_checkpoint_converts_and_says_when_from_press_applies(tmp_path):
-    """Press's checkpoints are stock sinusoidal ones of 2021 (``max_tokens`` in the model config)."""
-    code, out = python_module("fairseq_alibi.convert", "--input",
-                              fixture("press_lm") / "checkpoint_last.pt", "--output",
-                              tmp_path / "stock.pt")
-    assert code == 0 and "pass --from press" in out and "config   dropped max_tokens" in out
-    assert load(tmp_path / "stock.pt")["last_optimizer_state"] is None  # a stock model changes
-    code, out = python_module("fairseq_alibi.convert", "--input",
-                              fixture("press_lm") / "checkpoint_last.pt", "--output",
-                              tmp_path / "press.pt", "--from", "press")
-    assert code == 0 and "pass --from press" not in out and "press fork" in out
+def _main(capsys, *args):
+    from fairseq_alibi.cli.convert_checkpoints import main
+
+    code = main([str(a) for a in args])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def test_a_press_checkpoint_is_converted_only_with_from_press(tmp_path, capsys):
+    """Its max_tokens key marks it (models.checks.is_unconverted_press_config): as stock it
+    would be told to fine-tune, with the unconverted file as a teacher the package refuses."""
+    press = fixture("press_lm") / "checkpoint_last.pt"
+    for extra, said in (([], ""), (["--from", "stock"], " instead of --from stock")):
+        code, out, err = _main(capsys, "--input", press, "--output", tmp_path / "x.pt", *extra)
+        assert code == 1 and not out and err == (
+            "error: this checkpoint was trained with Press's ALiBi fork (max_tokens in its model "
+            f"config, which only that fork writes): convert it with --from press{said} (it "
+            "already computes ALiBi)\n"), err
+        assert not (tmp_path / "x.pt").exists()
+    code, out, err = _main(capsys, "--input", press, "--output", tmp_path / "press.pt",
+                           "--from", "press")
+    assert code == 0 and not err and "press fork" in out and "config   dropped max_tokens" in out
+    assert ("dropped  sinusoidal positions, which the fork built but never added: no parameter "
+            "(computed, not stored), only the placeholder buffer "
+            "decoder.embed_positions._float_tensor\n") in out, out
     assert load(tmp_path / "press.pt")["last_optimizer_state"] is not None  # resumable
+    # without the marker (a stock sinusoidal model, or a Press one stripped of it): the hint
+    state = load(press)
+    del state["cfg"]["model"]["max_tokens"]
+    torch.save(state, tmp_path / "unmarked.pt")
+    code, out, _ = _main(capsys, "--input", tmp_path / "unmarked.pt", "--output",
+                         tmp_path / "stock.pt")
+    assert code == 0 and "pass --from press" in out and "--teacher-path" in out
+    assert load(tmp_path / "stock.pt")["last_optimizer_state"] is None  # a stock model changes
     assert torch.equal(load(tmp_path / "stock.pt")["model"]["decoder.layers.0.fc1.weight"],
                        load(tmp_path / "press.pt")["model"]["decoder.layers.0.fc1.weight"])
+
+
+def test_an_arch_that_does_not_fit_the_checkpoint_is_blamed(tmp_path, capsys):
+    """--arch's defaults (the wiki103 adaptive softmax) fill what the saved config leaves unset:
+    the fix is dropping --arch, not changing the cutoffs."""
+    code, _, err = _main(capsys, "--input", fixture("press_lm") / "checkpoint_last.pt",
+                         "--output", tmp_path / "x.pt", "--from", "press",
+                         "--arch", "alibi_transformer_lm_wiki103")
+    assert code == 1 and len(err.strip().splitlines()) == 1, err
+    assert err.startswith("error: --arch alibi_transformer_lm_wiki103 does not fit this "
+                          "transformer_lm checkpoint"), err
+    assert err.endswith("drop --arch (the default, alibi_transformer_lm, builds the "
+                        "checkpoint's own model)\n") and "give cutoffs" not in err, err
+
+
+def test_the_printed_glue_command_sets_the_task_length_of_a_learned_position_model(
+        converted, tmp_path, capsys):
+    """config/glue/*.yaml say task.max_positions: 512, which sizes a learned-position model;
+    ALiBi models get no limit. The configs train in fp16: the line after says what CPUs need."""
+    code, out, _ = _main(capsys, "--input",
+                         fixture("eify_roberta_baseline") / "checkpoint_last.pt",
+                         "--output", tmp_path / "model.pt")
+    assert code == 0
+    line = next(x for x in out.splitlines() if "fairseq-hydra-train" in x)
+    assert " task.max_positions=64 " in line and "++model.max_positions=64" in line, line
+    assert "add common.fp16=false" in out
+    assert converted["eify_roberta_learned_clap"][1]["task_overrides"] == [
+        "task.max_positions=64"]
+    for name in ("eify_roberta_zero_clap", "eify_roberta_alibi_offset"):
+        assert converted[name][1]["task_overrides"] == [], name
+
+
+def test_an_existing_dict_txt_beside_the_output_is_replaced_only_with_overwrite(tmp_path):
+    from fairseq_alibi.cli.convert_checkpoints import ConversionError
+
+    original = (fixture("eify_roberta_zero_clap") / "data-bin" / "dict.txt").read_text()
+    longer = tmp_path / "in" / "dict.txt"
+    longer.parent.mkdir()
+    longer.write_text(original + "madeupword0004 0\nmadeupword0005 0\n")
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "dict.txt").write_text("another 1\n")
+    source = fixture("eify_roberta_zero_clap") / "checkpoint_last.pt"
+    with pytest.raises(ConversionError, match=r"out/dict.txt already exists \(another "
+                                              r"dictionary\).*pass --overwrite"):
+        convert_to(source, tmp_path / "out" / "model.pt", dict_path=longer)
+    assert not (tmp_path / "out" / "model.pt").exists()  # checked before anything is written
+    assert (tmp_path / "out" / "dict.txt").read_text() == "another 1\n"
+    convert_to(source, tmp_path / "out" / "model.pt", dict_path=longer, overwrite=True)
+    assert (tmp_path / "out" / "dict.txt").read_text() == original
+    # the same dictionary again: nothing would be lost, only the model needs --overwrite
+    (tmp_path / "out" / "model.pt").unlink()
+    convert_to(source, tmp_path / "out" / "model.pt", dict_path=longer)
 
 
 def test_the_dictionary_of_a_model_trained_without_the_last_madeupwords(tmp_path):
@@ -769,6 +842,34 @@ def test_glue_fine_tuning_with_the_shipped_hydra_recipe(name, converted, tmp_pat
         "dataset.num_workers=0", *summary["overrides"], cwd=tmp_path)
     assert re.search(r"Loaded checkpoint .*model\.pt", out), out[-3000:]
     _check_fine_tuned(name, tmp_path / "ck" / "checkpoint_last.pt", 3)
+
+
+@pytest.mark.slow
+def test_glue_fine_tuning_with_the_printed_command_of_a_learned_position_model(tmp_path, capsys):
+    """The converter's line as printed (TASK, DATA-bin filled in, the CPU note's fp16=false):
+    task.max_positions=64 in it, else sentence_prediction builds 512 learned positions."""
+    import shlex
+
+    name = "eify_roberta_baseline"
+    (tmp_path / "m").mkdir()
+    code, out, _ = _main(capsys, "--input", fixture(name) / "checkpoint_last.pt", "--output",
+                         tmp_path / "m" / "model.pt")
+    assert code == 0
+    line = next(x for x in out.splitlines() if "fairseq-hydra-train" in x)
+    command = line.split(" with ", 1)[1].replace("$(python -m fairseq_alibi --user-dir)",
+                                                 _user_dir())
+    command = command.replace("TASK", "rte").replace("DATA-bin", str(_glue_data(name, tmp_path)))
+    tool, *args = shlex.split(command)
+    out = _hydra_train_args(tool, *args, "common.fp16=false", "common.cpu=true",
+                            f"checkpoint.save_dir={tmp_path / 'ck'}", "common.log_format=simple",
+                            "optimization.max_update=2", "dataset.num_workers=0", cwd=tmp_path)
+    assert re.search(r"Loaded checkpoint .*model\.pt", out), out[-3000:]
+    _check_fine_tuned(name, tmp_path / "ck" / "checkpoint_last.pt", 2)
+
+
+def _hydra_train_args(tool, *args, cwd):
+    return run_cli(tool, *args, f"hydra.run.dir={cwd / 'run'}", cwd=cwd,
+                   env={"HYDRA_FULL_ERROR": "1"})
 
 
 @pytest.mark.slow
