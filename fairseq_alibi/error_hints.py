@@ -280,8 +280,9 @@ def _environment(exc: BaseException) -> Optional[str]:
                 "--bf16 (docs/reliability.md)")
     if isinstance(exc, AssertionError) and "not compiled with CUDA" in text:
         return ("--fp16 (or --cuda) needs a GPU: this torch runs on the CPU only; on the CPU, "
-                "train in bf16 with fairseq-hydra-train (common.bf16=true common.cpu=true) or in "
-                "float32 (drop --fp16)")
+                "train in float32 (drop --fp16; with fairseq-hydra-train, whose GLUE configs set "
+                "fp16: true, add common.fp16=false common.cpu=true) or in bf16 with "
+                "fairseq-hydra-train (common.fp16=false common.bf16=true common.cpu=true)")
     if isinstance(exc, ImportError) and "Please build Cython components" in text:
         try:
             import numpy

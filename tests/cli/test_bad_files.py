@@ -149,6 +149,7 @@ def test_what_the_machine_lacks_gets_the_fix_as_its_last_line(monkeypatch):
     assert error_hints.hint_for(elsewhere) is None
     fp16 = AssertionError("Torch not compiled with CUDA enabled")
     assert error_hints.hint_for(fp16).startswith("--fp16 (or --cuda) needs a GPU")
+    assert "add common.fp16=false" in error_hints.hint_for(fp16)  # the GLUE configs' fp16: true
     cython = ImportError("Please build Cython components with: `pip install --editable .`")
     monkeypatch.setattr(numpy, "__version__", "2.4.6")
     assert error_hints.hint_for(cython) == ("fairseq 0.12's compiled parts need numpy < 2, and "
