@@ -46,6 +46,7 @@ from fairseq_alibi import options
 from fairseq_alibi.hub import load_pretrained
 from fairseq_alibi.models.checks import (
     check_attention_heads,
+    check_global_tokens,
     check_saved_sizes,
     check_saved_stacks,
     check_tokens_per_sample,
@@ -404,6 +405,7 @@ class AlibiRobertaModel(ScalesFollowPrunedLayers, RobertaModel):
         check_attention_heads(args, "encoder")
         stack = options.read(options.StackOptions, args, options.ENCODER)
         options.check_stacks({options.ENCODER: (stack, args.encoder_attention_heads)})
+        check_global_tokens(stack, args)
         check_document_mask(stack, task)
         roberta = options.read(RobertaOptions, args)
         roberta.check(args.encoder_embed_dim)

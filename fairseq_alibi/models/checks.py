@@ -373,6 +373,17 @@ def refuse_translation_task(task, model_name: str):
             f"with --task language_modeling")
 
 
+def check_global_tokens(stack, args):
+    """A clear error for ``--alibi-global-tokens`` covering a whole training block: every
+    position would be exempt from the bias, which would vanish, silently."""
+    tokens = safe_getattr(args, "tokens_per_sample", None)
+    if stack.uses_alibi and isinstance(tokens, int) and 0 < tokens <= stack.global_tokens:
+        raise OptionError(
+            f"--alibi-global-tokens {stack.global_tokens} exempts every position of a "
+            f"--tokens-per-sample {tokens} block from the bias, which would vanish: give "
+            "fewer (1: the <s> that the classification head reads)")
+
+
 def check_attention_heads(args, *sides: str):
     """Clear errors for a head count the attention cannot split its width into, per layer stack
     ``sides`` (``"encoder"``, ``"decoder"``): below 1 (the slopes are per head) or not dividing

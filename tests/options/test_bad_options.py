@@ -67,6 +67,14 @@ def test_a_language_model_for_a_task_of_sentence_pairs_is_refused():
                                              task=pairs)
 
 
+def test_global_tokens_covering_a_whole_block_are_refused(tiny_lm_data):
+    # before: accepted, every position exempt from the bias
+    with pytest.raises(OptionError, match=r"^--alibi-global-tokens 16 exempts every position "
+                                          r"of a --tokens-per-sample 16 block"):
+        build_model("encoder", tiny_lm_data, "--alibi-global-tokens", 16)
+    build_model("encoder", tiny_lm_data, "--alibi-global-tokens", 1)
+
+
 # row 6: position-embedding flags
 
 
