@@ -20,7 +20,7 @@ from torch import Tensor
 
 from fairseq_alibi.modules.attention import attend, check_attention_backend, dense
 from fairseq_alibi.modules.attention.dispatch import (AttentionBias, CachedDocuments, CallBias,
-                                                      attend_sinks_apart)
+                                                      attend_sinks_apart, check_training)
 from fairseq_alibi.modules.attention.windowed import decoding_reach
 
 
@@ -50,6 +50,13 @@ class AlibiMultiheadAttention(MultiheadAttention):
 
     def extra_repr(self):
         return f"attention_backend={self.attention_backend}, variant={self.alibi.variant}"
+
+    def train(self, mode: bool = True):
+        """A named backend that cannot train this layer is refused here, before the first
+        training step (:func:`.dispatch.check_training`), not inside it."""
+        if mode:
+            check_training(self.attention_backend, self.alibi, self.dropout_module.p)
+        return super().train(mode)
 
     def forward(
         self,

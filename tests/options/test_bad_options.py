@@ -75,6 +75,20 @@ def test_global_tokens_covering_a_whole_block_are_refused(tiny_lm_data):
     build_model("encoder", tiny_lm_data, "--alibi-global-tokens", 1)
 
 
+def test_a_backend_that_cannot_train_the_model_is_refused_before_the_first_step(tiny_lm_data):
+    # before: refused inside fairseq's first training step, which first saved crash.pt
+    from fairseq_alibi.error_hints import OneLineError
+
+    model, _ = build_model("encoder", tiny_lm_data, "--alibi-attention", "fold",
+                           "--attention-dropout", 0.1)
+    model.eval()  # evaluation has no dropout: served
+    with pytest.raises(OneLineError, match=r"^--alibi-attention fold cannot serve training "
+                                           r"this model: fold has no attention dropout"):
+        model.train()  # what fairseq's trainer calls before each step
+    build_model("encoder", tiny_lm_data, "--alibi-attention", "fold",
+                "--attention-dropout", 0)[0].train()
+
+
 # row 6: position-embedding flags
 
 

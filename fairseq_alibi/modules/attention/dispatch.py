@@ -409,6 +409,30 @@ def check_options(name: str, variant: str, windowed: bool, sinks: int, global_to
         raise _refusal(name, "this model", capabilities.refusal(name, call), call)
 
 
+#: the limits every training step of a layer meets, whatever its batch and device
+#: (:func:`check_training`)
+_TRAINING_LIMITS = ("dropout", "scale_grad")
+
+
+def check_training(name: str, bias: CallBias, dropout_p: float):
+    """The refusal of a backend named by ``--alibi-attention`` that cannot train a layer (its
+    attention dropout ``dropout_p``, the learned scales' gradient), asked when the layer is put
+    in training mode: fairseq's trainer does that before each step, outside the step's own
+    failure handling, which would first write a ``crash.pt`` of the whole model. The device is
+    not judged here (a model is often put in training mode before it is moved): it and what
+    depends on the batch are judged per call (:func:`resolve`)."""
+    if name == "auto":
+        return
+    capabilities = REGISTRY[check_attention_backend(name)].capabilities
+    device = (capabilities.devices or ("cpu",))[0]
+    dtype = (capabilities.dtypes or (torch.float32,))[0]
+    call = Call(device, dtype, bias.variant, 1, 1, dropout_p=dropout_p, grad=True,
+                scale_grad=bias.scales_need_grad, global_tokens=bias.global_tokens,
+                windowed=bias.windowed, sinks=bias.sinks if bias.windowed else 0)
+    if capabilities.limit(call) in _TRAINING_LIMITS:
+        raise _refusal(name, "training this model", capabilities.refusal(name, call), call)
+
+
 #: the backends that read a KV cache's attention sinks apart from its rolling window, two key
 #: parts (:func:`attend_sinks_apart`); the others read them joined, which copies the cache
 SINKS_APART = {"sdpa": dense.sinks_apart, "windowed": windowed.sinks_apart}
