@@ -309,6 +309,11 @@ class OneLineError(ValueError):
         return [one_line(self)]
 
 
+class CheckpointMismatchError(OneLineError):
+    """A checkpoint the model being built cannot load (other options, sizes, dictionary, kind):
+    the message names what was saved and the flags that build the model it needs."""
+
+
 def one_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 

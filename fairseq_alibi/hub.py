@@ -27,7 +27,7 @@ from fairseq import hub_utils
 from omegaconf import open_dict
 
 from fairseq_alibi.config_access import cfg_get, overrides_dict
-from fairseq_alibi.error_hints import OneLineError, raised_by_plugin
+from fairseq_alibi.error_hints import CheckpointMismatchError, OneLineError, raised_by_plugin
 from fairseq_alibi.models.override_keys import overrides_named
 
 #: ``from_pretrained`` argument -> the GPT-2 BPE file it names
@@ -230,7 +230,8 @@ def load_pretrained(model_class, expected_name, model_name_or_path, checkpoint_f
         # the plugin's checks refuse a fork's checkpoint from deep inside fairseq's loader:
         # the message is the fix, the loader's frames would only bury it (a OneLineError, such
         # as a misspelt ALiBi option among the keyword arguments, already is one: kept as is)
-        if isinstance(refused, OneLineError):
+        if isinstance(refused, OneLineError) and \
+                not isinstance(refused, CheckpointMismatchError):
             raise
         if not raised_by_plugin(refused):
             refuse_failed_load(checkpoint, model_class, expected_name, data_dir, refused)

@@ -226,9 +226,11 @@ class AlibiTransformerModel(ScalesFollowPrunedLayers, TransformerModel):
         prefix = f"{name}." if name else ""
         sides = (("encoder", self.encoder), ("decoder", self.decoder))
         for side, module in sides:
+            which = "source" if side == "encoder" else "target"
             reject_other_dictionary(
-                state_dict, f"{prefix}{side}.embed_tokens.weight", module.dictionary
-            )
+                state_dict, f"{prefix}{side}.embed_tokens.weight", module.dictionary,
+                file_name=f"dict.<{which}-lang>.txt",
+                preprocess_flag="--srcdict" if side == "encoder" else "--tgtdict")
         check_saved_sizes(state_dict, self.state_dict(),
                           {f"{prefix}{side}": (side, side) for side, _ in sides})
         check_saved_stacks(

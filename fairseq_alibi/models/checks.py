@@ -14,6 +14,7 @@ import logging
 from fairseq.utils import safe_getattr
 
 from fairseq_alibi.config_access import architecture_of, cfg_get, criterion_name, task_name
+from fairseq_alibi.error_hints import CheckpointMismatchError
 from fairseq_alibi.modules.checkpoint_match import check_stack, mismatch
 from fairseq_alibi.options import OptionError
 
@@ -30,7 +31,7 @@ def reject_position_embeddings(state_dict, prefix, model_name, fix=None):
         if stale == [f"{prefix}.embed_positions._float_tensor"] and fix.endswith("ALiBi model"):
             # sinusoidal: the weights of Press's ALiBi fork look exactly like this
             fix += " (a checkpoint of Press's ALiBi fork: convert it with --from press)"
-        raise ValueError(
+        raise CheckpointMismatchError(
             f"this checkpoint has position embeddings ({stale[0]}): it was trained by a stock "
             f"model, not {model_name}. {fix}"
         )
@@ -42,14 +43,17 @@ def only_filler_symbols(symbols) -> bool:
     return all(symbol.startswith("madeupword") for symbol in symbols)
 
 
-def reject_other_dictionary(state_dict, key, dictionary, omits_mask=False):
+def reject_other_dictionary(state_dict, key, dictionary, omits_mask=False,
+                            file_name="dict.txt", preprocess_flag="--srcdict"):
     """A clear error for a checkpoint trained with a dictionary of another size.
 
     fairseq checkpoints hold no dictionary: the task reads ``dict.txt`` from the data directory
     it is given, and a different one only shows as a size mismatch of the embedding
     ``state_dict[key]`` (``(symbols, dim)``). A dictionary of the *same* size cannot be told
     apart from the right one. ``omits_mask``: the model has no row for ``<mask>``, the last
-    symbol (``--embedding-omits-mask``, EIFY's zero-clap checkpoints).
+    symbol (``--embedding-omits-mask``, EIFY's zero-clap checkpoints). ``file_name``,
+    ``preprocess_flag``: the dictionary's file and fairseq-preprocess's flag for it (a
+    translation side's: ``dict.<source-lang>.txt``, ``--srcdict``).
     """
     weight = state_dict.get(key)
     if dictionary is None or weight is None or weight.dim() != 2:
@@ -59,7 +63,7 @@ def reject_other_dictionary(state_dict, key, dictionary, omits_mask=False):
         return
     mask_is_last = len(dictionary) > 0 and dictionary[len(dictionary) - 1] == "<mask>"
     if not omits_mask and mask_is_last and weight.size(0) == len(dictionary) - 1:
-        raise ValueError(
+        raise CheckpointMismatchError(
             f"this checkpoint's embedding has no row for <mask> ({weight.size(0)} rows, the "
             f"dictionary {len(dictionary)} symbols with <mask> last): it is a zero-clap model "
             f"(EIFY's omit_mask); add --zero-mask-embedding --embedding-omits-mask"
@@ -68,17 +72,17 @@ def reject_other_dictionary(state_dict, key, dictionary, omits_mask=False):
     surplus = [dictionary[i] for i in range(weight.size(0) + (0 if omits_mask else 1),
                                             len(dictionary)) if dictionary[i] != "<mask>"]
     if surplus and only_filler_symbols(surplus):
-        raise ValueError(
+        raise CheckpointMismatchError(
             f"this checkpoint was trained without the last {len(surplus)} entries of the data "
             f"directory's dict.txt ({', '.join(surplus)}; EIFY's zero-clap Pile models): write the "
             f"matching dict.txt with `fairseq-alibi convert ... --dict DICT.txt` and "
             f"binarize with it (fairseq-preprocess --srcdict)"
         )
-    raise ValueError(
+    raise CheckpointMismatchError(
         f"this checkpoint was trained with a dictionary of {weight.size(0)} symbols, but the "
-        f"data directory's dict.txt has {expected}{mask_note}: give the data directory the "
-        f"model was trained with (or one binarized with its dict.txt, fairseq-preprocess "
-        f"--srcdict)"
+        f"data directory's {file_name} has {expected}{mask_note}: give the data directory the "
+        f"model was trained with (or one binarized with its {file_name}, fairseq-preprocess "
+        f"{preprocess_flag})"
     )
 
 

@@ -23,13 +23,17 @@ from typing import List, Optional, Tuple
 import torch
 
 from fairseq_alibi.alibi import variant_slopes
+from fairseq_alibi.error_hints import CheckpointMismatchError
 
 
-def mismatch(saved: str, built: str, fix: str) -> ValueError:
+def mismatch(saved: str, built: str, fix: str) -> CheckpointMismatchError:
     """The one error of every family: what the checkpoint was trained with (``saved``), what
     the model being built has (``built``), and the flags that build the right one (``fix``).
-    A plain ``ValueError``, as fairseq's tools and ``error_hints`` print it."""
-    return ValueError(
+    A :class:`~fairseq_alibi.error_hints.CheckpointMismatchError` (a ``ValueError``): an
+    uncaught one is its line alone, where fairseq's tools load the checkpoint themselves;
+    under fairseq-train's ``--restore-file``, which buries it, ``error_hints`` repeats it
+    last."""
+    return CheckpointMismatchError(
         f"this checkpoint was trained with {saved}; the model being built has {built}: "
         f"build it with {fix}")
 

@@ -175,8 +175,8 @@ def test_stock_checkpoint_restored_shows_the_plugin_message_last(flag, tiny_lm_d
                 flag, stock, expect_ok=False)
     assert "please ensure that the architectures match" in out  # fairseq's, above ours
     assert last_line(out).startswith(
-        "fairseq_alibi: ValueError: this checkpoint was trained with no ALiBi on the decoder "
-        "(no decoder.alibi.slopes")
+        "fairseq_alibi: CheckpointMismatchError: this checkpoint was trained with no ALiBi on "
+        "the decoder (no decoder.alibi.slopes")
     assert "convert" in last_line(out)
 
 
@@ -204,7 +204,7 @@ def test_checkpoint_of_another_size_names_the_size_flags(tiny_lm_data, tmp_path)
     with pytest.raises(Exception, match="please ensure that the architectures match") as failed:
         trainer.load_checkpoint(str(custom), reset_optimizer=True)
     assert hint_for(failed.value) == (
-        "ValueError: this checkpoint was trained with --encoder-embed-dim 32, "
+        "CheckpointMismatchError: this checkpoint was trained with --encoder-embed-dim 32, "
         "--encoder-ffn-embed-dim 64; the model being built has --encoder-embed-dim 48, "
         "--encoder-ffn-embed-dim 3072: build it with --encoder-embed-dim 32 "
         "--encoder-ffn-embed-dim 64")
