@@ -171,15 +171,30 @@ def _unreadable_checkpoint(exc: BaseException) -> Optional[str]:
 
 
 def _zero_block_size(exc: BaseException) -> Optional[str]:
-    if not isinstance(exc, ZeroDivisionError):
+    """fairseq's blocks of ``--tokens-per-sample`` tokens (less fairseq-eval-lm's
+    ``--context-window``) fail on a size below 1 with a bare ``ZeroDivisionError`` (0) or
+    ``negative dimensions are not allowed``."""
+    if not isinstance(exc, (ZeroDivisionError, ValueError)) or (
+            isinstance(exc, ValueError) and "negative dimensions" not in str(exc)):
         return None
+    block, window = None, 0
     for frame in _frames(exc):
-        if frame.f_code.co_name == "__init__" and frame.f_code.co_filename.endswith(
+        code = frame.f_code
+        if code.co_filename.endswith(os.path.join("fairseq_cli", "eval_lm.py")):
+            eval_lm = getattr(frame.f_locals.get("cfg"), "eval_lm", None)
+            window = getattr(eval_lm, "context_window", 0) or 0
+        if code.co_name == "__init__" and code.co_filename.endswith(
                 os.path.join("fairseq", "data", "token_block_dataset.py")):
-            if frame.f_locals.get("block_size") == 0:
-                return ("--tokens-per-sample must be at least 1 (the tokens of one block), got 0; "
-                        "ALiBi models evaluate at any length, e.g. --tokens-per-sample 512")
-    return None
+            block = frame.f_locals.get("block_size")
+    if not isinstance(block, int) or block > 0:
+        return None
+    if window > 0:  # fairseq-eval-lm scored blocks of tokens_per_sample - context_window
+        return (f"--tokens-per-sample {block + window} must be larger than --context-window "
+                f"{window}: fairseq-eval-lm scores tokens-per-sample minus context-window new "
+                f"tokens a block, e.g. --tokens-per-sample {2 * window} --context-window "
+                f"{window}")
+    return (f"--tokens-per-sample must be at least 1 (the tokens of one block), got {block}; "
+            "ALiBi models evaluate at any length, e.g. --tokens-per-sample 512")
 
 
 def _not_a_language_model(exc: BaseException) -> Optional[str]:

@@ -141,15 +141,24 @@ def test_zero_tokens_per_sample_is_a_clear_error(model, tiny_lm_data):
 
 
 @pytest.mark.slow
-def test_zero_tokens_per_sample_in_eval_lm_is_named(tiny_lm_data, alibi_user_dir, tmp_path):
-    """eval-lm builds the model from the checkpoint, which never sees the flag: fairseq divides
-    by zero splitting the data, and the last line names the flag."""
+@pytest.mark.parametrize("flags,error,line", [
+    (["--tokens-per-sample", 0], "ZeroDivisionError",
+     "--tokens-per-sample must be at least 1 (the tokens of one block), got 0"),
+    (["--tokens-per-sample", -5], "negative dimensions",
+     "--tokens-per-sample must be at least 1 (the tokens of one block), got -5"),
+    (["--tokens-per-sample", 8, "--context-window", 12], "negative dimensions",
+     "--tokens-per-sample 8 must be larger than --context-window 12"),
+])
+def test_a_block_size_below_one_in_eval_lm_is_named(flags, error, line, tiny_lm_data,
+                                                    alibi_user_dir, tmp_path):
+    """eval-lm builds the model from the checkpoint, which never sees the flag: fairseq fails
+    splitting the data (its block: --tokens-per-sample less --context-window), and the last
+    line names the flags."""
     checkpoint = saved_in_process(tmp_path / "model.pt", tiny_lm_data, *MODELS["lm"])
     out = run_cli("fairseq-eval-lm", tiny_lm_data, "--user-dir", alibi_user_dir, "--path",
-                  checkpoint, "--cpu", "--tokens-per-sample", 0, expect_ok=False)
-    assert "ZeroDivisionError" in out
-    assert last_line(out).startswith(
-        "fairseq_alibi: --tokens-per-sample must be at least 1 (the tokens of one block), got 0")
+                  checkpoint, "--cpu", *flags, expect_ok=False)
+    assert error in out
+    assert last_line(out).startswith(f"fairseq_alibi: {line}")
 
 
 @pytest.mark.slow
