@@ -23,6 +23,7 @@ stream (the stream is their definition); anything else is a one-line error.
 """
 
 import contextlib
+import glob
 import logging
 import os
 import sys
@@ -111,6 +112,13 @@ def split_tokens(data, subset: str, error=StreamError) -> int:
     empty = os.path.isfile(first_shard + ".bin") and os.path.getsize(first_shard + ".bin") == 0
     tokens = 0 if empty else split_token_count(data, subset)
     if tokens is None:
+        folder = str(data).split(os.pathsep)[0]
+        pairs = sorted(glob.glob(os.path.join(glob.escape(folder), "dict.*.txt")))
+        if pairs and not os.path.isfile(os.path.join(folder, "dict.txt")):
+            names = ", ".join(os.path.basename(p) for p in pairs)
+            raise error(f"{data} is a translation folder ({names}, splits such as "
+                        f"{subset}.SRC-TGT.SRC.bin): give the folder of a language model's "
+                        "data (fairseq-preprocess --only-source: dict.txt)")
         raise error(f"no split {subset!r} in {data}: give --gen-subset a split "
                     "that fairseq-preprocess wrote there")
     if tokens == 0:

@@ -4,6 +4,7 @@ every token all earlier ones as context), the load-time cutoff and document mask
 parser, and its one-line errors."""
 
 import functools
+from pathlib import Path
 
 import pytest
 
@@ -75,6 +76,10 @@ def test_word_probabilities_and_the_default_chunk(trained_lm_checkpoint, tiny_lm
 
 def test_bad_input_is_one_line_naming_the_fix(trained_lm_checkpoint, tiny_lm_data, tmp_path):
     stock = saved_in_process(tmp_path / "stock" / "checkpoint.pt", tiny_lm_data, *STOCK["lm"])
+    pairs = tmp_path / "pairs"  # a translation folder: a dictionary per side, no dict.txt
+    pairs.mkdir()
+    for side in ("src", "tgt"):
+        (pairs / f"dict.{side}.txt").write_text(Path(FIXTURES, f"dict.{side}.txt").read_text())
     empty_raw = tmp_path / "empty.txt"
     empty_raw.write_text("")
     preprocess("--only-source", "--srcdict", tiny_lm_data / "dict.txt", "--testpref", empty_raw,
@@ -104,6 +109,8 @@ def test_bad_input_is_one_line_naming_the_fix(trained_lm_checkpoint, tiny_lm_dat
     cases += [
         ((tmp_path / "empty", trained_lm_checkpoint), "holds no tokens: give --gen-subset"),
         ((tiny_lm_data, trained_lm_checkpoint, "--gen-subset", "valid7"), "no split 'valid7'"),
+        ((pairs, trained_lm_checkpoint), "is a translation folder (dict.src.txt, "
+         "dict.tgt.txt, "),
         ((tiny_lm_data, trained_lm_checkpoint, "--context-window", "8"),
          "drop --context-window"),
         ((tiny_lm_data, trained_lm_checkpoint, "--sample-break-mode", "eos"),
