@@ -140,7 +140,9 @@ def refuse_failed_load(checkpoint: str, model_class, expected_name: str, data_di
             f"load it with {found.__name__}.from_pretrained, or give an {expected_name} "
             "checkpoint") from None
     missing = getattr(failure, "filename", None)
-    if isinstance(failure, FileNotFoundError) and missing:
+    inside = missing and os.path.abspath(str(missing)).startswith(
+        os.path.join(os.path.abspath(data_dir), ""))  # another file (a BPE's): its own error
+    if isinstance(failure, FileNotFoundError) and inside:
         task = cfg_get(cfg.get("task") if hasattr(cfg, "get") else None, "_name") or \
             cfg_get(model_cfg, "task")
         raise HubArgumentError(
