@@ -55,7 +55,10 @@ class AlibiMultiheadAttention(MultiheadAttention):
         """A named backend that cannot train this layer is refused here, before the first
         training step (:func:`.dispatch.check_training`), not inside it."""
         if mode:
-            check_training(self.attention_backend, self.alibi, self.dropout_module.p)
+            on_cpu = self.q_proj.weight.device.type == "cpu"
+            final = on_cpu and not torch.cuda.is_available()  # nowhere else to move to
+            check_training(self.attention_backend, self.alibi, self.dropout_module.p,
+                           "cpu" if final else None)
         return super().train(mode)
 
     def forward(

@@ -215,9 +215,11 @@ def test_a_named_backend_that_cannot_serve_is_a_clear_error(monkeypatch):
     for name in ("sdpa", "naive"):  # these serve every call
         assert dispatch.resolve(name, Call("mps", torch.float16, "one_sided", 1, 8, 2, 8,
                                            True, True, 0.1, True)) == name
-    # the module raises it too, at the call that cannot be served
-    attn = AlibiMultiheadAttention(32, 4, AlibiBias(4).layer(0), attention="flex").train()
+    # the module raises it too: put in training mode where the CPU is all there is (before
+    # fairseq's first step), else at the call that cannot be served
+    attn = AlibiMultiheadAttention(32, 4, AlibiBias(4).layer(0), attention="flex")
     with pytest.raises(ValueError, match="no CPU backward"):
+        attn.train()
         attn(*(torch.randn(5, 2, 32),) * 3, need_weights=False)
 
 

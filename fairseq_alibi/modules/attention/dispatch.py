@@ -373,10 +373,11 @@ def _refusal(name: str, what: str, reason: str, call: Call) -> OneLineError:
     :class:`OneLineError` (a ``ValueError``), so that a command ends in its line alone, not in
     the traceback of the call that met it."""
     serving = [other for other in REGISTRY if serves(other, call)]
+    where = ("" if call.grad and what.startswith("training") else
+             ", e.g. at load time with --model-overrides \"{'alibi_attention': 'auto'}\"")
     return OneLineError(
         f"--alibi-attention {name} cannot serve {what}: {reason}. Use --alibi-attention auto "
-        f"(or {' or '.join(serving)}), e.g. at load time with --model-overrides "
-        "\"{'alibi_attention': 'auto'}\"")
+        f"(or {' or '.join(serving)}){where}")
 
 
 def resolve(name: str, call: Call) -> str:
@@ -409,27 +410,30 @@ def check_options(name: str, variant: str, windowed: bool, sinks: int, global_to
         raise _refusal(name, "this model", capabilities.refusal(name, call), call)
 
 
-#: the limits every training step of a layer meets, whatever its batch and device
-#: (:func:`check_training`)
+#: the limits every training step of a layer meets, whatever its batch (:func:`check_training`;
+#: with the device, where it is final)
 _TRAINING_LIMITS = ("dropout", "scale_grad")
+_DEVICE_LIMITS = ("devices", "no_backward_on")
 
 
-def check_training(name: str, bias: CallBias, dropout_p: float):
+def check_training(name: str, bias: CallBias, dropout_p: float, device: Optional[str] = None):
     """The refusal of a backend named by ``--alibi-attention`` that cannot train a layer (its
-    attention dropout ``dropout_p``, the learned scales' gradient), asked when the layer is put
-    in training mode: fairseq's trainer does that before each step, outside the step's own
-    failure handling, which would first write a ``crash.pt`` of the whole model. The device is
-    not judged here (a model is often put in training mode before it is moved): it and what
+    attention dropout ``dropout_p``, the learned scales' gradient; on ``device``, given where
+    the layer cannot move to another: a CPU with no CUDA), asked when the layer is put in
+    training mode: fairseq's trainer does that before each step, outside the step's own
+    failure handling, which would first write a ``crash.pt`` of the whole model. A device that
+    may still change (a model is often put in training mode before it is moved) and what
     depends on the batch are judged per call (:func:`resolve`)."""
     if name == "auto":
         return
     capabilities = REGISTRY[check_attention_backend(name)].capabilities
-    device = (capabilities.devices or ("cpu",))[0]
+    limits = _TRAINING_LIMITS + (_DEVICE_LIMITS if device is not None else ())
+    device = device or (capabilities.devices or ("cpu",))[0]
     dtype = (capabilities.dtypes or (torch.float32,))[0]
     call = Call(device, dtype, bias.variant, 1, 1, dropout_p=dropout_p, grad=True,
                 scale_grad=bias.scales_need_grad, global_tokens=bias.global_tokens,
                 windowed=bias.windowed, sinks=bias.sinks if bias.windowed else 0)
-    if capabilities.limit(call) in _TRAINING_LIMITS:
+    if capabilities.limit(call) in limits:
         raise _refusal(name, "training this model", capabilities.refusal(name, call), call)
 
 
