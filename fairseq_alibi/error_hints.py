@@ -201,7 +201,9 @@ def _not_a_language_model(exc: BaseException) -> Optional[str]:
     """The language_modeling task (fairseq-eval-lm, fairseq-interactive) given a model that is
     not a language model (a translation model, an encoder) fails on an attribute only language
     models have: the line names the task, whichever tool ran it."""
-    if not isinstance(exc, AttributeError) or "supported_targets" not in str(exc):
+    lacks = isinstance(exc, AttributeError) and "supported_targets" in str(exc)
+    other = isinstance(exc, ValueError) and "Unsupported language modeling target" in str(exc)
+    if not (lacks or other):  # (an encoder has the attribute, without the LM's targets)
         return None
     for frame in _frames(exc):
         if frame.f_code.co_name == "build_model" and "model" in frame.f_locals:
@@ -211,6 +213,34 @@ def _not_a_language_model(exc: BaseException) -> Optional[str]:
                     "translation (fairseq-generate, fairseq-interactive; scored by "
                     "fairseq-validate or fairseq-generate --score-reference)")
     return None
+
+
+def translation_dictionaries(folder) -> list:
+    """The per-side dictionaries (``dict.fr.txt``, ``dict.en.txt``) of a binarized folder that
+    has no ``dict.txt``: a translation folder, where a language model's task reads ``dict.txt``
+    (``[]`` for any other folder)."""
+    folder = str(folder)
+    if not os.path.isdir(folder) or os.path.isfile(os.path.join(folder, "dict.txt")):
+        return []
+    return sorted(name for name in os.listdir(folder)
+                  if name.startswith("dict.") and name.endswith(".txt"))
+
+
+def _translation_folder(exc: BaseException) -> Optional[str]:
+    """A language model's task (``fairseq-eval-lm``, or ``fairseq-validate`` of an LM
+    checkpoint, whose task it reads from the checkpoint) given a translation folder fails on
+    the ``dict.txt`` it lacks: a bare ``FileNotFoundError``."""
+    missing = getattr(exc, "filename", None) if isinstance(exc, FileNotFoundError) else None
+    if not missing or os.path.basename(str(missing)) != "dict.txt":
+        return None
+    folder = os.path.dirname(str(missing)) or "."
+    pairs = translation_dictionaries(folder)
+    if not pairs:
+        return None
+    return (f"{folder} is a translation folder ({', '.join(pairs)}), and the checkpoint's "
+            f"task reads a language model's {missing}: give a language model's data folder "
+            "(fairseq-preprocess --only-source), or a translation checkpoint with --task "
+            "translation")
 
 
 def _bad_model_overrides(exc: BaseException) -> Optional[str]:
@@ -344,7 +374,8 @@ def hint_for(exc: BaseException) -> Optional[str]:
     for found in chain:
         hint = (_unreadable_checkpoint(found) or _zero_block_size(found)
                 or _size_mismatch(found) or _not_a_language_model(found)
-                or _bad_model_overrides(found) or _environment(found))
+                or _bad_model_overrides(found) or _translation_folder(found)
+                or _environment(found))
         if hint:
             return hint
     return None

@@ -81,13 +81,18 @@ class WrongCheckpointError(OneLineError):
     """``from_pretrained`` was given a checkpoint of another model; the message is the fix."""
 
 
+def _a(name: str) -> str:
+    """``name`` with its indefinite article."""
+    return f"{'an' if name[:1].upper() in 'AEIOU' else 'a'} {name}"
+
+
 def check_model_class(model, expected_class, expected_name: str, checkpoint: str):
     """A clear error when the checkpoint built a model of another class (a stock checkpoint)."""
     if isinstance(model, expected_class):
         return
     built = type(model).__name__
     raise WrongCheckpointError(
-        f"{checkpoint} holds a {built}, not an {expected_name} model (it was trained by another "
+        f"{checkpoint} holds {_a(built)}, not an {expected_name} model (it was trained by another "
         f"architecture): load it with {built}.from_pretrained, or give an {expected_name} "
         f"checkpoint"
     )
@@ -136,7 +141,7 @@ def refuse_failed_load(checkpoint: str, model_class, expected_name: str, data_di
     found = ARCH_MODEL_REGISTRY.get(arch) or MODEL_REGISTRY.get(arch)
     if found is not None and not issubclass(found, model_class):
         raise WrongCheckpointError(
-            f"{checkpoint} holds a {found.__name__} ({arch}), not an {expected_name} model: "
+            f"{checkpoint} holds {_a(found.__name__)} ({arch}), not an {expected_name} model: "
             f"load it with {found.__name__}.from_pretrained, or give an {expected_name} "
             "checkpoint") from None
     missing = getattr(failure, "filename", None)

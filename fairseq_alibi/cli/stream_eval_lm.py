@@ -23,7 +23,6 @@ stream (the stream is their definition); anything else is a one-line error.
 """
 
 import contextlib
-import glob
 import logging
 import os
 import sys
@@ -33,7 +32,7 @@ import torch
 
 from fairseq_alibi.cli.checkpoint_io import not_a_language_model
 from fairseq_alibi.config_access import overrides_dict
-from fairseq_alibi.error_hints import raised_by_plugin
+from fairseq_alibi.error_hints import raised_by_plugin, translation_dictionaries
 from fairseq_alibi.modules.streaming import stream_states, streamed_attentions
 from fairseq_alibi.paths import user_dir
 
@@ -112,11 +111,9 @@ def split_tokens(data, subset: str, error=StreamError) -> int:
     empty = os.path.isfile(first_shard + ".bin") and os.path.getsize(first_shard + ".bin") == 0
     tokens = 0 if empty else split_token_count(data, subset)
     if tokens is None:
-        folder = str(data).split(os.pathsep)[0]
-        pairs = sorted(glob.glob(os.path.join(glob.escape(folder), "dict.*.txt")))
-        if pairs and not os.path.isfile(os.path.join(folder, "dict.txt")):
-            names = ", ".join(os.path.basename(p) for p in pairs)
-            raise error(f"{data} is a translation folder ({names}, splits such as "
+        pairs = translation_dictionaries(str(data).split(os.pathsep)[0])
+        if pairs:
+            raise error(f"{data} is a translation folder ({', '.join(pairs)}, splits such as "
                         f"{subset}.SRC-TGT.SRC.bin): give the folder of a language model's "
                         "data (fairseq-preprocess --only-source: dict.txt)")
         raise error(f"no split {subset!r} in {data}: give --gen-subset a split "

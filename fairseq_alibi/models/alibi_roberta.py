@@ -45,6 +45,7 @@ from fairseq.utils import safe_getattr, safe_hasattr
 from fairseq_alibi import options
 from fairseq_alibi.hub import load_pretrained
 from fairseq_alibi.models.checks import (
+    refuse_translation_task,
     check_attention_heads,
     check_global_tokens,
     check_saved_sizes,
@@ -401,11 +402,13 @@ class AlibiRobertaModel(ScalesFollowPrunedLayers, RobertaModel):
         if OmegaConf.is_config(args):
             OmegaConf.set_struct(args, False)
         alibi_roberta_architecture(args)
+        refuse_translation_task(task, "alibi_roberta", "an encoder: it generates no text",
+                                "--task masked_lm or sentence_prediction")
         check_tokens_per_sample(args)
         check_attention_heads(args, "encoder")
         stack = options.read(options.StackOptions, args, options.ENCODER)
         options.check_stacks({options.ENCODER: (stack, args.encoder_attention_heads)})
-        check_global_tokens(stack, args)
+        check_global_tokens(stack, args, task)
         check_document_mask(stack, task)
         roberta = options.read(RobertaOptions, args)
         roberta.check(args.encoder_embed_dim)

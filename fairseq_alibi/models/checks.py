@@ -364,28 +364,34 @@ def check_tokens_per_sample(args):
         )
 
 
-def refuse_translation_task(task, model_name: str):
-    """A language model built for a task of sentence pairs (fairseq-generate or
-    fairseq-interactive of a translation folder given an LM checkpoint, or fairseq-train with
-    an LM architecture) would read no source and translate nothing, silently: refused."""
+def refuse_translation_task(task, model_name: str, what: str = "a language model: it reads "
+                            "no source sentence", use: str = "--task language_modeling"):
+    """A language model or an encoder (``what`` it is, and the task to ``use`` it with) built
+    for a task of sentence pairs (fairseq-generate or fairseq-interactive of a translation
+    folder given its checkpoint): it would translate nothing, silently, or fail on the
+    folder's dictionaries: refused."""
     if hasattr(task, "src_dict") and hasattr(task, "tgt_dict"):
         name = getattr(getattr(task, "cfg", None), "_name", None) or type(task).__name__
         raise OptionError(
-            f"{model_name} is a language model: it reads no source sentence, and the task "
-            f"{name} reads sentence pairs. Translate with an encoder-decoder model (--arch "
-            f"alibi_transformer, or its checkpoint as --path), or use the language model "
-            f"with --task language_modeling")
+            f"{model_name} is {what}, and the task {name} reads sentence pairs. Translate with "
+            f"an encoder-decoder model (--arch alibi_transformer, or its checkpoint as --path), "
+            f"or use the {model_name} model with {use}")
 
 
-def check_global_tokens(stack, args):
-    """A clear error for ``--alibi-global-tokens`` covering a whole training block: every
-    position would be exempt from the bias, which would vanish, silently."""
+def check_global_tokens(stack, args, task):
+    """A clear error for ``--alibi-global-tokens`` covering a whole training block (the model's
+    ``--tokens-per-sample``, else the task's longest input: a GLUE task's ``--max-positions``,
+    a hydra config's ``task.tokens_per_sample``): every position would be exempt from the
+    bias, which would vanish, silently."""
     tokens = safe_getattr(args, "tokens_per_sample", None)
+    what = "--tokens-per-sample"
+    if not isinstance(tokens, int):
+        tokens, what = task.max_positions(), "the task's longest input"
     if stack.uses_alibi and isinstance(tokens, int) and 0 < tokens <= stack.global_tokens:
         raise OptionError(
-            f"--alibi-global-tokens {stack.global_tokens} exempts every position of a "
-            f"--tokens-per-sample {tokens} block from the bias, which would vanish: give "
-            "fewer (1: the <s> that the classification head reads)")
+            f"--alibi-global-tokens {stack.global_tokens} exempts every position of a block of "
+            f"{tokens} tokens ({what}) from the bias, which would vanish: give fewer (1: the "
+            "<s> that the classification head reads)")
 
 
 def check_attention_heads(args, *sides: str):

@@ -276,7 +276,7 @@ def test_a_checkpoint_whose_task_reads_other_files_is_named(tmp_path):
     for side in ("src", "tgt"):
         shutil.copy(saved / f"dict.{side}.txt", pairs)
     lm = saved / "lm_fixed_slopes"
-    with pytest.raises(WrongCheckpointError, match=r"holds a AlibiTransformerLanguageModel "
+    with pytest.raises(WrongCheckpointError, match=r"holds an AlibiTransformerLanguageModel "
                        r"\(alibi_transformer_lm\), not an alibi_transformer model"):
         AlibiTransformerModel.from_pretrained(str(lm), "checkpoint.pt", str(pairs),
                                               source_lang="src", target_lang="tgt")

@@ -65,12 +65,17 @@ def test_a_language_model_for_a_task_of_sentence_pairs_is_refused():
                                           r"no source sentence, and the task translation"):
         checkpoint_utils.load_model_ensemble([str(saved / "lm_fixed_slopes" / "checkpoint.pt")],
                                              task=pairs)
+    # an encoder's: it failed on the folder's dictionaries, naming a dict.txt the folder lacks
+    with pytest.raises(OptionError, match=r"^alibi_roberta is an encoder: it generates no "
+                                          r"text, and the task translation"):
+        checkpoint_utils.load_model_ensemble(
+            [str(saved / "roberta_one_sided_head" / "checkpoint.pt")], task=pairs)
 
 
 def test_global_tokens_covering_a_whole_block_are_refused(tiny_lm_data):
     # before: accepted, every position exempt from the bias
     with pytest.raises(OptionError, match=r"^--alibi-global-tokens 16 exempts every position "
-                                          r"of a --tokens-per-sample 16 block"):
+                                          r"of a block of 16 tokens \(--tokens-per-sample\)"):
         build_model("encoder", tiny_lm_data, "--alibi-global-tokens", 16)
     build_model("encoder", tiny_lm_data, "--alibi-global-tokens", 1)
 
@@ -87,6 +92,12 @@ def test_a_backend_that_cannot_train_the_model_is_refused_before_the_first_step(
         model.train()  # what fairseq's trainer calls before each step
     build_model("encoder", tiny_lm_data, "--alibi-attention", "fold",
                 "--attention-dropout", 0)[0].train()
+    flex, _ = build_model("encoder", tiny_lm_data, "--alibi-attention", "flex",
+                          "--attention-dropout", 0)
+    if not torch.cuda.is_available():  # the CPU is all there is: flex's backward is not
+        with pytest.raises(OneLineError, match=r"flex cannot serve training this model: flex "
+                                               r"has no CPU backward"):
+            flex.train()
 
 
 # row 6: position-embedding flags
@@ -159,6 +170,38 @@ def test_a_block_size_below_one_in_eval_lm_is_named(flags, error, line, tiny_lm_
                   checkpoint, "--cpu", *flags, expect_ok=False)
     assert error in out
     assert last_line(out).startswith(f"fairseq_alibi: {line}")
+
+
+def test_eval_lm_on_an_encoder_is_named():
+    """An encoder has supported_targets, without the LM's: fairseq's ValueError gets the hint."""
+    from fairseq_alibi.error_hints import hint_for
+
+    class AlibiRobertaModel:
+        pass
+
+    def build_model():  # as fairseq's LanguageModelingTask.build_model fails
+        model = AlibiRobertaModel()  # noqa: F841  (read from the frame by the hint)
+        raise ValueError("Unsupported language modeling target: future")
+
+    with pytest.raises(ValueError) as failed:
+        build_model()
+    assert hint_for(failed.value).startswith(
+        "--path holds a model of class AlibiRobertaModel, not a language model")
+
+
+def test_a_language_models_task_on_a_translation_folder_is_named(tmp_path):
+    """fairseq-eval-lm on a translation folder, or fairseq-validate of an LM checkpoint there
+    (its task comes from the checkpoint), fail on the dict.txt it lacks: the hint says why."""
+    from fairseq_alibi.error_hints import hint_for
+
+    for side in ("en", "fr"):
+        (tmp_path / f"dict.{side}.txt").write_text("a 1\n")
+    missing = FileNotFoundError(2, "No such file or directory", str(tmp_path / "dict.txt"))
+    assert hint_for(missing).startswith(
+        f"{tmp_path} is a translation folder (dict.en.txt, dict.fr.txt), and the checkpoint's "
+        f"task reads a language model's {tmp_path / 'dict.txt'}")
+    (tmp_path / "dict.txt").write_text("a 1\n")  # a language model's folder: no hint
+    assert hint_for(missing) is None
 
 
 @pytest.mark.slow
