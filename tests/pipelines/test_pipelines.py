@@ -109,16 +109,32 @@ def reference_bpe(bpe_dir):
     return encode
 
 
+class _InProcessPool:
+    """``multiprocessing.Pool`` as the encoder script uses it (an initializer, ``imap``), in
+    this process: a Pool forked from a test worker's threads can deadlock on a lock copied
+    while held (seen once in a full run: a pool worker waiting forever on its queue's lock)."""
+
+    def __init__(self, processes=None, initializer=None):
+        if initializer is not None:
+            initializer()
+
+    def imap(self, fn, iterable, chunksize=1):
+        return map(fn, iterable)
+
+
 def fairseq_bpe_encode(bpe_dir, src, dst):
-    """fairseq's examples/roberta/multiprocessing_bpe_encoder.py, as the RoBERTa recipes run it."""
+    """fairseq's examples/roberta/multiprocessing_bpe_encoder.py, as the RoBERTa recipes run it
+    (its encoding, with its pool in this process: :class:`_InProcessPool`)."""
     argv = sys.argv
     sys.argv = ["multiprocessing_bpe_encoder", "--encoder-json", str(bpe_dir / "encoder.json"),
                 "--vocab-bpe", str(bpe_dir / "vocab.bpe"), "--inputs", str(src),
                 "--outputs", str(dst), "--keep-empty", "--workers", "1"]
-    try:  # imported by name (not run as __main__), so that its Pool can pickle its encoder
-        importlib.import_module("fairseq.examples.roberta.multiprocessing_bpe_encoder").main()
+    script = importlib.import_module("fairseq.examples.roberta.multiprocessing_bpe_encoder")
+    pool, script.Pool = script.Pool, _InProcessPool
+    try:
+        script.main()
     finally:
-        sys.argv = argv
+        sys.argv, script.Pool = argv, pool
 
 
 def assert_same_files(ours, theirs, names):
