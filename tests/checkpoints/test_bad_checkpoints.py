@@ -155,7 +155,8 @@ def test_hydra_glue_config_without_variant_names_the_override(alibi_user_dir, tm
         "dataset.batch_size=4", "dataset.max_tokens=null", "optimization.max_update=2",
         f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path, expect_ok=False)
     lines = out.strip().splitlines()
-    hint = next(i for i, l in enumerate(lines) if l.startswith("fairseq_alibi: ValueError:"))
+    hint = next(i for i, l in enumerate(lines)
+                if l.startswith("fairseq_alibi: CheckpointMismatchError:"))
     assert lines[hint].endswith("build it with the override `variant=alibi`")
     assert "trained with `--alibi-variant offset --mlm-head roberta`" in lines[hint]
     assert "being built has `--alibi-variant offset --mlm-head clap --zero-mask-embedding`" \
