@@ -137,6 +137,21 @@ def not_a_checkpoint(path) -> Optional[str]:
     return None
 
 
+def folder_given(folder) -> str:
+    """What to say when a checkpoint's path is a folder: a file to give, from the ``.pt`` files
+    in it (a save directory's ``checkpoint_last.pt`` first)."""
+    folder = str(folder)
+    found = sorted(name for name in os.listdir(folder)
+                   if name.endswith(".pt") and os.path.isfile(os.path.join(folder, name)))
+    if not found:
+        return (f"{folder} is a folder, with no .pt file in it: give the checkpoint file that "
+                "fairseq-train wrote (e.g. <save-dir>/checkpoint_last.pt)")
+    first = next((n for n in ("checkpoint_last.pt", "checkpoint_best.pt") if n in found), found[0])
+    listed = ", ".join(found[:6]) + (f", ... ({len(found)} in all)" if len(found) > 6 else "")
+    return (f"{folder} is a folder: give a checkpoint file in it, e.g. "
+            f"{os.path.join(folder, first)} (.pt files there: {listed})")
+
+
 def _unreadable_checkpoint(exc: BaseException) -> Optional[str]:
     """The hint for an exception raised in fairseq's loader by a file that is no checkpoint
     (:func:`not_a_checkpoint`), or while torch read a damaged checkpoint."""
@@ -151,6 +166,8 @@ def _unreadable_checkpoint(exc: BaseException) -> Optional[str]:
     if path is None:
         return None
     path = str(path)
+    if os.path.isdir(path):  # a save folder given as the checkpoint: IsADirectoryError
+        return folder_given(path)
     what = not_a_checkpoint(path)
     if what:
         return what

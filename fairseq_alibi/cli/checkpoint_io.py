@@ -13,7 +13,7 @@ from typing import Optional
 
 import torch
 
-from fairseq_alibi.error_hints import not_a_checkpoint
+from fairseq_alibi.error_hints import folder_given, not_a_checkpoint
 from fairseq_alibi.files import atomic_directory
 
 
@@ -109,19 +109,6 @@ def _load_or_explain(source: Path, load, repair: str) -> dict:
             ) from e
         raise ConversionError(
             f"cannot read {source} as a fairseq checkpoint: {reason}") from e
-
-
-def folder_given(folder: Path) -> str:
-    """What to say when a checkpoint's path is a folder: a file to give, from the ``.pt`` files
-    in it (a save directory's ``checkpoint_last.pt`` first)."""
-    found = sorted(p.name for p in folder.glob("*.pt") if p.is_file())
-    if not found:
-        return (f"{folder} is a folder, with no .pt file in it: give the checkpoint file that "
-                "fairseq-train wrote (e.g. <save-dir>/checkpoint_last.pt)")
-    first = next((n for n in ("checkpoint_last.pt", "checkpoint_best.pt") if n in found), found[0])
-    listed = ", ".join(found[:6]) + (f", ... ({len(found)} in all)" if len(found) > 6 else "")
-    return (f"{folder} is a folder: give a checkpoint file in it, e.g. {folder / first} "
-            f"(.pt files there: {listed})")
 
 
 def write_atomically(state, target: Path, flag: str = ""):

@@ -125,6 +125,21 @@ def test_a_damaged_checkpoint_other_than_the_last_is_not_sent_to_repair(tmp_path
         f"(`fairseq-alibi checkpoints check {tmp_path}` lists those of its folder)")
 
 
+def test_a_folder_given_as_the_checkpoint_names_its_files(tmp_path):
+    """fairseq's loader given a save folder (--path checkpoints) fails with a bare
+    IsADirectoryError: the hint names a file in it."""
+    from fairseq import checkpoint_utils
+
+    from fairseq_alibi.error_hints import hint_for
+
+    (tmp_path / "checkpoint_last.pt").write_bytes(b"")
+    with pytest.raises(IsADirectoryError) as failed:
+        checkpoint_utils.load_checkpoint_to_cpu(str(tmp_path))
+    assert hint_for(failed.value) == (
+        f"{tmp_path} is a folder: give a checkpoint file in it, e.g. "
+        f"{tmp_path / 'checkpoint_last.pt'} (.pt files there: checkpoint_last.pt)")
+
+
 def test_what_the_machine_lacks_gets_the_fix_as_its_last_line(monkeypatch):
     """Stock fairseq failing on the machine, not on ALiBi, with a last line that misleads: the
     hint names the fix (docs/reliability.md)."""
