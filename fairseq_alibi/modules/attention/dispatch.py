@@ -368,12 +368,14 @@ def auto_backend(call: Call) -> str:
     return "sdpa"
 
 
-def _refusal(name: str, what: str, reason: str, call: Call) -> OneLineError:
+def _refusal(name: str, what: str, reason: str, call: Call,
+             at_load: bool = True) -> OneLineError:
     """The one refusal of a named backend: why, and the backends that serve ``call``; a
     :class:`OneLineError` (a ``ValueError``), so that a command ends in its line alone, not in
-    the traceback of the call that met it."""
+    the traceback of the call that met it. ``at_load``: the fix can be a load-time override
+    (not for a training run)."""
     serving = [other for other in REGISTRY if serves(other, call)]
-    where = ("" if call.grad and what.startswith("training") else
+    where = ("" if not at_load else
              ", e.g. at load time with --model-overrides \"{'alibi_attention': 'auto'}\"")
     return OneLineError(
         f"--alibi-attention {name} cannot serve {what}: {reason}. Use --alibi-attention auto "
@@ -434,7 +436,8 @@ def check_training(name: str, bias: CallBias, dropout_p: float, device: Optional
                 scale_grad=bias.scales_need_grad, global_tokens=bias.global_tokens,
                 windowed=bias.windowed, sinks=bias.sinks if bias.windowed else 0)
     if capabilities.limit(call) in limits:
-        raise _refusal(name, "training this model", capabilities.refusal(name, call), call)
+        raise _refusal(name, "training this model", capabilities.refusal(name, call), call,
+                       at_load=False)
 
 
 #: the backends that read a KV cache's attention sinks apart from its rolling window, two key
