@@ -27,14 +27,18 @@ refuses as well a ``model:`` key that starts like an ALiBi option but names none
 refuses it for ``alibi_transformer_lm``, but the legacy models' section takes any key; and a
 value an ALiBi option cannot take (``alibi_document_mask: docs``), which omegaconf would refuse
 with a traceback inside the job. An option combination the model refuses when it is built
-(sinks without windows) ends a single run as that one line too.
+(sinks without windows) ends a single run as that one line too. The refusals are phrased for
+the command line; the callback names each flag as the config key it is (``--alibi-heads`` is
+``model.alibi_heads``: :func:`hydra_names`).
 
 Composing a config without running hydra's callbacks (``hydra.compose`` in a notebook, say)
 needs ``import fairseq_alibi.hydra_support`` first, or an explicit
 ``common.user_dir=$(python -m fairseq_alibi --user-dir)``.
 """
 
+import dataclasses
 import os
+import re
 import sys
 
 from hydra.experimental.callback import Callback
@@ -74,7 +78,7 @@ class RegisterFairseqAlibi(Callback):
             check_model_config_keys(model_cfg, "the config's model")
             check_model_config_values(model_cfg, "the config's model")
         except ValueError as e:
-            raise SystemExit(_error_line(e)) from None
+            raise SystemExit(_error_line(e, config)) from None
 
     def on_job_end(self, config, job_return, **kwargs):
         """When the job failed: the package's refusal of bad input (an option combination the
@@ -98,15 +102,60 @@ class RegisterFairseqAlibi(Callback):
             error_hints.report(failure)
             return
         if isinstance(failure, error_hints.OneLineError):
-            raise SystemExit(_error_line(failure))
+            raise SystemExit(_error_line(failure, config))
         hint = error_hints.hint_line(failure)
         if hint:
             traceback.print_exception(failure)
             raise SystemExit(hint)
 
 
-def _error_line(refusal: Exception) -> str:
-    return f"{os.path.basename(sys.argv[0])}: error: {refusal}"
+def _error_line(refusal: Exception, config) -> str:
+    return f"{os.path.basename(sys.argv[0])}: error: {hydra_names(str(refusal), config)}"
+
+
+#: a command-line flag in a message: ``--alibi-window-cutoff`` (not ``x--y``, not ``++model``)
+_FLAG = re.compile(r"(?<![\w-])--([a-z][a-z0-9]*(?:-[a-z0-9]+)*)")
+#: the config groups of training a flag's name is looked up in, in this order (the model's
+#: first: most refusals name its options); not the evaluation tools' (``--model-overrides`` in a
+#: hint is a flag of fairseq-eval-lm, which hydra does not run)
+_GROUPS = ("model", "task", "criterion", "dataset", "optimization", "checkpoint", "common",
+           "distributed_training", "optimizer", "lr_scheduler")
+
+
+def hydra_names(message: str, config) -> str:
+    """``message`` with each command-line flag that is a key of the run's config written as that
+    key (``--alibi-heads`` → ``model.alibi_heads``): the refusals are phrased for the command
+    line, and a hydra user sets keys, not flags. A flag of no group (``--model-overrides`` in a
+    hint) stays as it is."""
+    def key(match):
+        name = match.group(1).replace("-", "_")
+        group = next((g for g in _GROUPS if name in _group_keys(config, g)), None)
+        return match.group(0) if group is None else f"{group}.{name}"
+    return _FLAG.sub(key, message)
+
+
+def _group_keys(config, group: str) -> set:
+    """The keys group ``group`` of ``config`` may hold: those it holds, its dataclass's fields
+    (fairseq's fixed groups; a model's, task's or criterion's registered one, by ``_name``),
+    and for the model the package's options (a legacy model's section has no dataclass)."""
+    from fairseq.criterions import CRITERION_DATACLASS_REGISTRY
+    from fairseq.dataclass.configs import FairseqConfig
+    from fairseq.models import MODEL_DATACLASS_REGISTRY
+    from fairseq.tasks import TASK_DATACLASS_REGISTRY
+
+    node = config.get(group) if hasattr(config, "get") else None
+    if not hasattr(node, "keys"):
+        return set()
+    registry = {"model": MODEL_DATACLASS_REGISTRY, "task": TASK_DATACLASS_REGISTRY,
+                "criterion": CRITERION_DATACLASS_REGISTRY}.get(group)
+    cls = (registry.get(node.get("_name")) if registry is not None
+           else {f.name: f.type for f in dataclasses.fields(FairseqConfig)}.get(group))
+    keys = set(node.keys())
+    if dataclasses.is_dataclass(cls):
+        keys |= {f.name for f in dataclasses.fields(cls)}
+    if group == "model":
+        keys |= set(options.family_option_names(model_name_of_config(node)))
+    return keys
 
 
 def check_model_config_values(model_cfg, where: str):

@@ -38,7 +38,9 @@ variants uses it). Every flag is also a hydra field, the flag's name with unders
 holds no such key, and hydra adds one only with `++`), and a checkpoint saves it; the
 options the help calls load-time or decoding options can be changed when a model is loaded
 (`--model-overrides "{'alibi_slope_scale': 0.5}"`). A value set where it does nothing (the
-`applies to` or `needs` column) is a one-line error naming the flag. A load-time override
+`applies to` or `needs` column) is a one-line error naming the flag (under
+`fairseq-hydra-train`, naming the key: `model.alibi_window_sinks needs
+model.alibi_window_cutoff`). A load-time override
 that takes away what a saved option needs resets that option to its default, with a
 warning naming it: `--model-overrides "{'alibi_window_cutoff': 0}"` evaluates a model saved
 with windows and sinks dense, and `{'cross_alibi_eos_guard': -1}` turns a saved guard off

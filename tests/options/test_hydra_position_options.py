@@ -7,7 +7,7 @@ import pytest
 from fairseq.models.transformer_lm import TransformerLanguageModel
 from fairseq.modules import LearnedPositionalEmbedding, SinusoidalPositionalEmbedding
 
-from fairseq_alibi.hydra_support import RegisterFairseqAlibi
+from fairseq_alibi.hydra_support import RegisterFairseqAlibi, hydra_names
 from fairseq_alibi.models.alibi_transformer import AlibiTransformerModel
 from fairseq_alibi.models.alibi_transformer_lm import AlibiTransformerLanguageModel
 from fairseq_alibi.modules.stacks import UNBOUNDED_POSITIONS
@@ -149,6 +149,25 @@ def test_fairseq_hydra_train_refuses_learned_positions_in_one_line(tmp_path):
     assert out.strip().splitlines()[-1] == "fairseq-hydra-train: " + LM_ERROR
     assert "Traceback" not in out
     assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+def test_refusals_reach_a_hydra_user_with_the_config_keys(translation_data, lm_data):
+    """A refusal phrased with command-line flags names the config keys a hydra user sets: a
+    value refused before the job, a combination refused as the model is built; a flag the
+    run's config has no key for (an evaluation tool's) stays a flag."""
+    with pytest.raises(SystemExit, match=r"error: model\.alibi_window_cutoff must be a finite "):
+        start_job("lm", "train_short", f"task.data={lm_data}", "++model.alibi_window_cutoff=-3")
+    cfg = start_job("translation", "iwslt14_de_en_alibi", f"task.data={translation_data}",
+                    "task.source_lang=src", "task.target_lang=tgt", *TRANSLATION_TEST_SIZES,
+                    "++model.decoder_alibi_window_sinks=2")
+    with pytest.raises(ValueError) as refused:
+        build_as_the_job(cfg)
+    assert hydra_names(str(refused.value), cfg) == (
+        "model.decoder_alibi_window_sinks needs model.decoder_alibi_window_cutoff: sinks are "
+        "the keys kept beyond the slope windows")
+    assert hydra_names("--max-tokens, --lr, --fp16, --model-overrides, --tokens-per-sample",
+                       cfg) == ("dataset.max_tokens, optimization.lr, common.fp16, "
+                                "--model-overrides, --tokens-per-sample")
 
 
 def test_translation_config_exposes_the_cross_attention_options(tmp_path):
