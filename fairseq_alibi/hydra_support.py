@@ -71,9 +71,10 @@ class RegisterFairseqAlibi(Callback):
         and runs the job anyway.
         """
         model_cfg = config.get("model") if hasattr(config, "get") else None
-        if model_cfg is None:
-            return
         try:
+            check_restore_file(config)
+            if model_cfg is None:
+                return
             refuse_position_embedding_options(model_cfg)
             check_model_config_keys(model_cfg, "the config's model")
             check_model_config_values(model_cfg, "the config's model")
@@ -156,6 +157,23 @@ def _group_keys(config, group: str) -> set:
     if group == "model":
         keys |= set(options.family_option_names(model_name_of_config(node)))
     return keys
+
+
+def check_restore_file(config):
+    """Refuse a ``checkpoint.restore_file`` that names no file. fairseq logs "No existing
+    checkpoint found" and trains from a random initialisation: a GLUE fine-tuning of a
+    misspelt pre-trained path runs to the end and collapses, exit status 0. (The default,
+    ``checkpoint_last.pt`` in ``checkpoint.save_dir``, is a resume that may rightly find
+    nothing.)"""
+    checkpoint = config.get("checkpoint") if hasattr(config, "get") else None
+    if checkpoint is None or OmegaConf.is_missing(checkpoint, "restore_file"):
+        return  # hydra refuses a missing mandatory value itself
+    restore = checkpoint.get("restore_file")
+    if restore in (None, "checkpoint_last.pt") or os.path.isfile(restore):
+        return
+    raise ValueError(f"checkpoint.restore_file={restore}: no such file (from {os.getcwd()}); "
+                     "fairseq would train from a random initialisation. Give the path of the "
+                     "checkpoint to start from")
 
 
 def check_model_config_values(model_cfg, where: str):

@@ -245,19 +245,6 @@ def test_fairseq_hydra_train_from_any_folder(family, name, extra, data, runs_roo
     assert state["cfg"].common.user_dir == user_dir()
 
 
-def test_a_refused_model_ends_the_run_in_one_line_of_config_keys(data, tmp_path):
-    """An option combination the model refuses when built ends the run as one line that names
-    the config's keys, not the command line's flags."""
-    out = run_cli("fairseq-hydra-train", "--config-dir", CONFIG / "lm", "--config-name",
-                  "wikitext103_alibi", *tiny_overrides("lm", "wikitext103_alibi", data),
-                  *DEVICE, *STEPS, "++model.alibi_window_sinks=3",
-                  f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path, expect_ok=False)
-    assert out.strip().splitlines()[-1] == (
-        "fairseq-hydra-train: error: model.alibi_window_sinks needs model.alibi_window_cutoff: "
-        "sinks are the keys kept beyond the slope windows"), out
-    assert "Traceback" not in out
-
-
 # --- what the configs claim to be ------------------------------------------------------------
 
 

@@ -287,12 +287,12 @@ def test_a_hydra_configs_misspelt_model_key_is_refused():
 def test_a_hydra_configs_bad_alibi_value_is_refused_in_one_line():
     # hydra composes these; fairseq would merge them into the model inside the job, where
     # omegaconf (a misspelt choice) or the model's build (a rule) fails with a traceback
-    with pytest.raises(SystemExit, match="unknown --alibi-document-mask 'docs'; choose one of: "
-                                         "none, eos, doc \\(in the config's model\\)"):
+    with pytest.raises(SystemExit, match="unknown model.alibi_document_mask 'docs'; choose one "
+                                         "of: none, eos, doc \\(in the config's model\\)"):
         start_job("lm", "wikitext103_alibi", "++model.alibi_document_mask=docs")
-    with pytest.raises(SystemExit, match="--alibi-window-cutoff must be a finite number"):
+    with pytest.raises(SystemExit, match="model.alibi_window_cutoff must be a finite number"):
         start_job("lm", "wikitext103_alibi", "++model.alibi_window_cutoff=-1")
-    with pytest.raises(SystemExit, match="unknown --alibi-variant 'offsett'"):
+    with pytest.raises(SystemExit, match="unknown model.alibi_variant 'offsett'"):
         start_job("mlm", "wikitext103_alibi", "model.alibi_variant=offsett")
     assert start_job("lm", "wikitext103_alibi",
                      "++model.alibi_document_mask=doc").model.alibi_document_mask == "doc"
@@ -305,8 +305,8 @@ def test_fairseq_hydra_train_ends_a_refused_combination_in_one_line(tmp_path):
                   "train_short", "++model.alibi_window_sinks=4", "common.cpu=true",
                   f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path, expect_ok=False)
     assert out.strip().splitlines()[-1] == (
-        "fairseq-hydra-train: error: --alibi-window-sinks needs --alibi-window-cutoff: sinks "
-        "are the keys kept beyond the slope windows"), out[-2000:]
+        "fairseq-hydra-train: error: model.alibi_window_sinks needs model.alibi_window_cutoff: "
+        "sinks are the keys kept beyond the slope windows"), out[-2000:]
     assert "Traceback" not in out
 
 
