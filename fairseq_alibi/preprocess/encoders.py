@@ -43,6 +43,23 @@ def _lookup_table(symbols, dictionary) -> np.ndarray:
     return np.array([dictionary.index(s) for s in symbols], dtype=np.int64)
 
 
+def _require_dict(dict_path):
+    if dict_path and not os.path.isfile(dict_path):
+        raise DataError(f"--dict {dict_path} not found: give the dict.txt to binarize with")
+
+
+def refuse_foreign_dictionary(symbols, dictionary, dict_path, kind: str, fix: str):
+    """A ``--dict`` that lacks most of the encoder's symbols is another tokenization's (a
+    word-level ``dict.txt`` given with ``--gpt2-bpe``): binarized with it, most tokens would be
+    ``<unk>`` and the run would still succeed. Half is far from both: a matching dictionary
+    has every symbol, or (built from a corpus) nearly every one."""
+    found = sum(dictionary.index(s) != dictionary.unk() for s in symbols)
+    if found < len(symbols) / 2:
+        raise DataError(
+            f"--dict {dict_path} is not a dictionary of this {kind}: it has {found} of its "
+            f"{len(symbols)} symbols, so most tokens would become <unk>; {fix}")
+
+
 def dictionary_from_counts(counts):
     """What ``fairseq-preprocess`` builds from word counts (``</s>`` counted once per line):
     specials, then words by descending count (ties in sorted order), padded to a multiple of 8."""
@@ -77,9 +94,15 @@ class Gpt2BpeEncoder:
                     f"GPT-2 BPE file not found: {f}. Point at a folder with encoder.json, "
                     "vocab.bpe (and fairseq's dict.txt), e.g. fairseq's gpt2_bpe files"
                 )
+        _require_dict(dict_path)
         self.files = (str(encoder_json), str(vocab_bpe))
         self.dict_path = str(dict_path) if dict_path else None
         self._bpe = self._table = self._dictionary = None
+
+    @property
+    def inputs(self):
+        """The files this encoder reads (a pipeline must not write over them)."""
+        return self.files + ((self.dict_path,) if self.dict_path else ())
 
     @classmethod
     def from_dir(cls, folder, dict_path=None):
@@ -108,7 +131,7 @@ class Gpt2BpeEncoder:
         if self._dictionary is None:
             Dictionary = fairseq_dictionary()
             if self.dict_path:
-                self._dictionary = Dictionary.load(self.dict_path)
+                self._dictionary = self._checked(Dictionary.load(self.dict_path))
             else:
                 d = Dictionary()
                 for i in range(len(self.bpe.encoder)):
@@ -116,6 +139,17 @@ class Gpt2BpeEncoder:
                 d.pad_to_multiple_(8)
                 self._dictionary = d
         return self._dictionary
+
+    def _checked(self, dictionary):
+        """``dictionary`` (the ``--dict``), refused when it is another tokenization's."""
+        folder_dict = Path(self.files[0]).parent / "dict.txt"
+        right = (f"{folder_dict} (fairseq's GPT-2 dict.txt)" if folder_dict.is_file()
+                 else "fairseq's GPT-2 dict.txt")
+        refuse_foreign_dictionary(
+            [str(i) for i in range(len(self.bpe.encoder))], dictionary, self.dict_path,
+            "GPT-2 BPE", "a GPT-2 BPE dict.txt lists the BPE ids (0, 1, ...) as symbols: give "
+            f"--dict {right}, or the dict.txt of the data the model was pretrained on")
+        return dictionary
 
     def ids(self, text: str):
         """The BPE ids of the stripped text (what multiprocessing_bpe_encoder writes)."""
@@ -143,9 +177,15 @@ class SentencePieceEncoder:
     def __init__(self, model_path, dict_path=None):
         if not os.path.isfile(model_path):
             raise DataError(f"sentencepiece model not found: {model_path}")
+        _require_dict(dict_path)
         self.model_path = str(model_path)
         self.dict_path = str(dict_path) if dict_path else None
         self._sp = self._table = self._dictionary = None
+
+    @property
+    def inputs(self):
+        """The files this encoder reads (a pipeline must not write over them)."""
+        return (self.model_path,) + ((self.dict_path,) if self.dict_path else ())
 
     def __getstate__(self):
         return {"model_path": self.model_path, "dict_path": self.dict_path,
@@ -162,7 +202,13 @@ class SentencePieceEncoder:
     def dictionary(self):
         if self._dictionary is None:
             if self.dict_path:
-                self._dictionary = fairseq_dictionary().load(self.dict_path)
+                d = fairseq_dictionary().load(self.dict_path)
+                refuse_foreign_dictionary(
+                    [self.sp.id_to_piece(i) for i in range(self.sp.get_piece_size())], d,
+                    self.dict_path, f"sentencepiece model ({self.model_path})",
+                    "give --dict the dict.txt written beside this model (or none: it is then "
+                    "derived from the model)")
+                self._dictionary = d
             else:
                 self._dictionary = sentencepiece_dictionary(self.sp)
         return self._dictionary
@@ -250,10 +296,14 @@ def encoder_from_args(args, required=True):
         chosen.append("train_sentencepiece")
     if len(chosen) > 1:
         raise DataError(f"choose one tokenization, got {', '.join('--' + c.replace('_', '-') for c in chosen)}")
+    encoder = None
     if args.gpt2_bpe:
-        return Gpt2BpeEncoder.from_dir(args.gpt2_bpe, args.dict)
-    if args.sentencepiece:
-        return SentencePieceEncoder(args.sentencepiece, args.dict)
+        encoder = Gpt2BpeEncoder.from_dir(args.gpt2_bpe, args.dict)
+    elif args.sentencepiece:
+        encoder = SentencePieceEncoder(args.sentencepiece, args.dict)
+    if encoder is not None:
+        encoder.dictionary  # loaded (and a --dict of another tokenization refused) before any work
+        return encoder
     if required and not chosen:
         raise DataError("choose a tokenization: --gpt2-bpe DIR or --sentencepiece MODEL")
     return None

@@ -73,7 +73,9 @@ import struct
 from collections import Counter, defaultdict
 from pathlib import Path
 
-from fairseq_alibi.preprocess.pipeline_io import DataError, atomic_directory, run_cli, save_json
+from fairseq_alibi.preprocess.pipeline_io import (
+    DataError, atomic_directory, refuse_existing, run_cli, save_json,
+)
 from fairseq_alibi.preprocess.parallel import prepare
 
 logger = logging.getLogger("fairseq_alibi.preprocess.gettext")
@@ -401,11 +403,13 @@ def build(lang, out, locale_dirs=None, n=16, per_bucket=200, valid_per_bucket=No
     if n < 2:
         raise DataError(f"--N {n}: the training length must be at least 2 tokens")
     out = Path(out)
-    if out.exists() and not force:
+    if out.is_dir() and not force:  # a file is refused below, once the catalogs are known
         raise DataError(f"{out} already exists: pass --force to replace it, or choose another --out")
     locale_dirs = [str(d) for d in locale_dirs] if locale_dirs else \
         [d for d in SYSTEM_LOCALE_DIRS if Path(d).is_dir()]
     catalogs, name_lists = find_catalogs(lang, locale_dirs)
+    inputs = catalogs + name_lists  # --force must not delete the catalogs it reads
+    refuse_existing(out, force, inputs)
     pairs, stats = read_pairs(catalogs)
     tokenized = [(tokenize(s), tokenize(t)) for s, t in pairs]
     splits = split_by_length(tokenized, n, per_bucket, valid_per_bucket, seed, skip_per_bucket)
@@ -440,7 +444,7 @@ def build(lang, out, locale_dirs=None, n=16, per_bucket=200, valid_per_bucket=No
     })
     stats["splits"]["test"] = sum(stats["splits"][name] for name in tests)
 
-    with atomic_directory(out, overwrite=force) as tmp:
+    with atomic_directory(out, force, inputs) as tmp:
         for name in ["train"] + tests:
             write_text(tmp, name, lang, splits[name])
         written = (("test", tests), ("valid", valids)) if valid_per_bucket else (("test", tests),)

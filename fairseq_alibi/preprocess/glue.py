@@ -35,6 +35,7 @@ from fairseq_alibi.preprocess.encoders import (
 from fairseq_alibi.preprocess.pipeline_io import (
     DataError,
     IndexedWriter,
+    add_output_arguments,
     atomic_directory,
     read_batches,
     refuse_existing,
@@ -142,8 +143,9 @@ def _encode_texts(job):
 
 def binarize_texts(outputs, encoder, workers=1):
     """``[(prefix, texts), ...]``: each list of texts into ``<prefix>.{bin,idx}``, one sample
-    per text, all encoded by one pool of workers."""
-    writers = [IndexedWriter(prefix, len(encoder.dictionary)) for prefix, _ in outputs]
+    per text, all encoded by one pool of workers; returns the writers (their counts)."""
+    unk = encoder.dictionary.unk()
+    writers = [IndexedWriter(prefix, len(encoder.dictionary), unk) for prefix, _ in outputs]
     jobs = ((i, texts[k: k + 1000]) for i, (_, texts) in enumerate(outputs)
             for k in range(0, len(texts), 1000))
     for i, encoded in ordered_map(_encode_texts, jobs, workers, {"encoder": encoder}):
@@ -151,6 +153,7 @@ def binarize_texts(outputs, encoder, workers=1):
             writers[i].add(ids)
     for writer in writers:
         writer.finalize("the GLUE file has no row")
+    return writers
 
 
 def task_files(task, glue_dir) -> Dict[str, Path]:
@@ -168,6 +171,11 @@ def missing_files(task, glue_dir) -> Optional[str]:
         return None
     return (f"{task.name}: {Path(glue_dir) / task.name} has no {', '.join(missing)} (the GLUE "
             f"layout is <glue-dir>/{task.name}/{{train,dev,test}}.tsv)")
+
+
+def task_inputs(task, glue_dir, encoder):
+    """What binarizing ``task`` reads: its tsv files and the encoder's files."""
+    return [*task_files(task, glue_dir).values(), *encoder.inputs]
 
 
 def prepare_task(task, glue_dir, destdir, encoder, workers=1, overwrite=False):
@@ -197,13 +205,18 @@ def prepare_task(task, glue_dir, destdir, encoder, workers=1, overwrite=False):
         if not inputs[split][0]:
             raise DataError(f"{task.name} {path.name} has no rows")
 
-    with atomic_directory(destdir, overwrite) as out:
+    with atomic_directory(destdir, overwrite, task_inputs(task, glue_dir, encoder)) as out:
         for k in range(len(task.inputs)):
             (out / f"input{k}").mkdir()
             encoder.dictionary.save(str(out / f"input{k}" / "dict.txt"))
-        binarize_texts([(out / f"input{k}" / split, columns[k])
-                        for split, columns in inputs.items() for k in range(len(columns))],
-                       encoder, workers)
+        outputs = [(split, out / f"input{k}" / split, columns[k])
+                   for split, columns in inputs.items() for k in range(len(columns))]
+        writers = binarize_texts([(prefix, texts) for _, prefix, texts in outputs], encoder,
+                                 workers)
+        tokens, unk = Counter(), Counter()  # per split, every input column together
+        for (split, _, _), writer in zip(outputs, writers):
+            tokens[split] += writer.tokens
+            unk[split] += writer.unk
         (out / "label").mkdir()
         if task.regression:
             for split, values in labels.items():
@@ -217,25 +230,29 @@ def prepare_task(task, glue_dir, destdir, encoder, workers=1, overwrite=False):
                            label_encoder)
         rows = {split: len(columns[0]) for split, columns in inputs.items()}
         save_json(out / "stats.json", {"task": task.name, "rows": rows,
+                                        "tokens": dict(tokens), "unk": dict(unk),
                                         "source": {s: str(p) for s, p in files.items()}})
     return rows
 
 
-def prepare(glue_dir, destdir, tasks, encoder, workers=1, overwrite=False):
-    """Binarize ``tasks`` (names, or ``["ALL"]``) into ``<destdir>/<TASK>-bin``."""
+def prepare(glue_dir, destdir, tasks, encoder, workers=1, overwrite=False,
+            skip_existing=False):
+    """Binarize ``tasks`` (names, or ``["ALL"]``) into ``<destdir>/<TASK>-bin``; returns the
+    row counts of each task built (``skip_existing`` leaves an existing one as it is)."""
     names = [name for given in tasks for name in str(given).split(",") if name]  # CoLA,SST-2
     names = list(TASKS) if names == ["ALL"] else names
     unknown = [n for n in names if n not in TASKS]
     if unknown:
         raise DataError(f"unknown GLUE task {unknown}; choose from {', '.join(TASKS)} or ALL")
-    # every task's inputs and outputs checked before any is written: no half-done folder
+    # every task's outputs and inputs checked before any is written: no half-done folder
+    names = [name for name in names if not refuse_existing(
+        Path(destdir) / f"{name}-bin", overwrite, task_inputs(TASKS[name], glue_dir, encoder),
+        skip_existing)]
     missing = [found for found in (missing_files(TASKS[n], glue_dir) for n in names) if found]
     if missing:
         present = [n for n in names if missing_files(TASKS[n], glue_dir) is None]
         raise DataError("; ".join(missing) + ("; give --tasks the tasks you have: --tasks "
                                               + " ".join(present) if present else ""))
-    for name in names:
-        refuse_existing(Path(destdir) / f"{name}-bin", overwrite)
     return {name: prepare_task(TASKS[name], glue_dir, Path(destdir) / f"{name}-bin", encoder,
                                workers, overwrite)
             for name in names}
@@ -252,14 +269,16 @@ def main(argv=None):
                         "default)")
     parser.add_argument("--destdir", required=True, help="writes <destdir>/<TASK>-bin")
     parser.add_argument("--workers", type=int, default=1)
-    parser.add_argument("--overwrite", action="store_true", help="replace existing <TASK>-bin")
+    add_output_arguments(parser, "an existing <TASK>-bin")
     add_encoder_arguments(parser)
     args = parser.parse_args(argv)
     encoder = encoder_from_args(args)
-    for task, rows in prepare(args.glue_dir, args.destdir, args.tasks, encoder, args.workers,
-                              args.overwrite).items():
+    built = prepare(args.glue_dir, args.destdir, args.tasks, encoder, args.workers,
+                    args.overwrite, args.skip_existing)
+    for task, rows in built.items():
         print(f"{task}: " + ", ".join(f"{split} {n}" for split, n in rows.items()))
-    print(f"wrote {args.destdir}")
+    if built:
+        print(f"wrote {args.destdir}")
 
 
 if __name__ == "__main__":

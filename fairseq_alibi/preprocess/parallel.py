@@ -25,7 +25,8 @@ import re
 from pathlib import Path
 
 from fairseq_alibi.preprocess.pipeline_io import (
-    DataError, atomic_directory, not_utf8, run_cli, save_json,
+    DataError, add_output_arguments, atomic_directory, not_utf8, refuse_existing, run_cli,
+    save_json,
 )
 
 logger = logging.getLogger("fairseq_alibi.preprocess.parallel")
@@ -80,10 +81,13 @@ def check_pair(prefix, source_lang: str, target_lang: str) -> int:
 
 def prepare(destdir, source_lang, target_lang, trainpref, validpref=None, testpref=None,
             joined_dictionary=False, srcdict=None, tgtdict=None, workers=1, overwrite=False,
-            nwords=None):
-    """Check then binarize with ``fairseq-preprocess``; returns ``{split: pairs}``.
+            nwords=None, skip_existing=False, sources=None):
+    """Check then binarize with ``fairseq-preprocess``; returns ``{split: pairs}`` (None when
+    ``skip_existing`` left an existing ``destdir`` as it was).
 
     ``testpref`` may be a list of prefixes: they become the splits ``test``, ``test1``, ...
+    ``sources``: what ``pairs.json`` records as each split's files (default: the prefixes; a
+    caller binarizing text from a temporary folder names where that text will be).
     """
     if source_lang == target_lang:
         raise DataError(f"--source-lang and --target-lang are both {source_lang!r}: give the "
@@ -97,6 +101,10 @@ def prepare(destdir, source_lang, target_lang, trainpref, validpref=None, testpr
     # several test prefixes become fairseq's splits test, test1, test2, ... (one --testpref A,B,C)
     prefixes.update({f"test{k or ''}": p for k, p in enumerate(tests)})
     prefixes = {split: p for split, p in prefixes.items() if p}
+    inputs = [f"{p}.{lang}" for p in prefixes.values() for lang in (source_lang, target_lang)]
+    inputs += [d for d in (srcdict, tgtdict) if d]
+    if refuse_existing(destdir, overwrite, inputs, skip_existing):
+        return None
     pairs = {split: check_pair(p, source_lang, target_lang) for split, p in prefixes.items()}
     for split, n in pairs.items():
         logger.info(f"{split}: {n} sentence pairs ({prefixes[split]}.{{{source_lang},{target_lang}}})")
@@ -104,7 +112,7 @@ def prepare(destdir, source_lang, target_lang, trainpref, validpref=None, testpr
     from fairseq import options
     from fairseq_cli import preprocess
 
-    with atomic_directory(destdir, overwrite) as out:
+    with atomic_directory(destdir, overwrite, inputs) as out:
         argv = ["--source-lang", source_lang, "--target-lang", target_lang,
                 "--destdir", str(out), "--workers", str(workers)]
         for split in ("train", "valid"):
@@ -121,9 +129,9 @@ def prepare(destdir, source_lang, target_lang, trainpref, validpref=None, testpr
         if nwords:  # the most frequent words; the others become <unk>
             argv += ["--nwordssrc", str(nwords), "--nwordstgt", str(nwords)]
         preprocess.main(options.get_preprocessing_parser().parse_args(argv))
+        sources = sources or {split: str(p) for split, p in prefixes.items()}
         save_json(out / "pairs.json", {"source_lang": source_lang, "target_lang": target_lang,
-                                       "pairs": pairs,
-                                       "files": {s: str(p) for s, p in prefixes.items()}})
+                                       "pairs": pairs, "files": sources})
     return pairs
 
 
@@ -187,8 +195,14 @@ def split_restoration_corpus(text_file, out_dir, valid_fraction=0.05, test_fract
                              seed=1, source_lang="src", target_lang="tgt"):
     """Restoration pairs of every sentence of ``text_file``, shuffled into train/valid/test
     text files ``out_dir/{split}.{lang}``; returns ``{split: prefix}``."""
-    with open(text_file, encoding="utf-8") as f:
-        sentences = list(sentences_of(f))
+    if not Path(text_file).is_file():
+        raise DataError(f"--restoration-from {text_file}: no such file; give a tokenized text "
+                        "file (e.g. WikiText's wiki.train.tokens)")
+    try:
+        with open(text_file, encoding="utf-8") as f:
+            sentences = list(sentences_of(f))
+    except UnicodeDecodeError as e:
+        raise not_utf8(text_file) from e
     if len(sentences) < 3:
         raise DataError(f"{text_file} has {len(sentences)} sentences: too few to split")
     random.Random(seed).shuffle(sentences)
@@ -202,6 +216,28 @@ def split_restoration_corpus(text_file, out_dir, valid_fraction=0.05, test_fract
         prefixes[split] = out_dir / split
         write_restoration_corpus(part, prefixes[split], source_lang, target_lang)
     return prefixes
+
+
+def prepare_restoration(text_file, destdir, source_lang="src", target_lang="tgt",
+                        overwrite=False, skip_existing=False, **options):
+    """Punctuation-and-case restoration pairs of ``text_file`` (:func:`split_restoration_corpus`),
+    kept in ``DESTDIR.text/`` and binarized into ``destdir`` (``options``: :func:`prepare`'s);
+    returns ``{split: pairs}``, or None when ``skip_existing`` left ``destdir`` as it was.
+
+    The two folders are one output: both are checked before anything is written, and the text
+    is written to a temporary folder that becomes ``DESTDIR.text`` only once the binaries are
+    in place, so a refused or failed run changes neither."""
+    destdir = Path(destdir).absolute()
+    text_dir = Path(f"{destdir}.text")
+    if refuse_existing(destdir, overwrite, [text_file], skip_existing):
+        return None
+    refuse_existing(text_dir, overwrite, [text_file])
+    with atomic_directory(text_dir, overwrite, [text_file]) as partial:
+        prefixes = split_restoration_corpus(text_file, partial, source_lang=source_lang,
+                                            target_lang=target_lang)
+        return prepare(destdir, source_lang, target_lang, prefixes["train"], prefixes["valid"],
+                       prefixes["test"], overwrite=overwrite,
+                       sources={split: str(text_dir / split) for split in prefixes}, **options)
 
 
 def main(argv=None):
@@ -230,24 +266,25 @@ def main(argv=None):
                         help="keep the N most frequent words of each dictionary (the rest is "
                         "<unk>); default: every word of the training text")
     parser.add_argument("--workers", type=int, default=1)
-    parser.add_argument("--overwrite", action="store_true", help="replace a non-empty --destdir")
+    add_output_arguments(parser, "a non-empty --destdir (and DESTDIR.text/)")
     args = parser.parse_args(argv)
+    options = dict(joined_dictionary=args.joined_dictionary, srcdict=args.srcdict,
+                   tgtdict=args.tgtdict, workers=args.workers, nwords=args.nwords)
     if args.restoration_from:
         if args.trainpref or args.validpref or args.testpref:
             raise DataError("--restoration-from makes the train/valid/test files itself: drop "
                             "--trainpref/--validpref/--testpref")
-        src, tgt = args.source_lang or "src", args.target_lang or "tgt"
-        text_dir = Path(f"{Path(args.destdir).absolute()}.text")
-        prefixes = split_restoration_corpus(args.restoration_from, text_dir,
-                                            source_lang=src, target_lang=tgt)
-        args.trainpref, args.validpref, args.testpref = (
-            prefixes["train"], prefixes["valid"], prefixes["test"])
-        args.source_lang, args.target_lang = src, tgt
-    if not (args.source_lang and args.target_lang and args.trainpref):
+        pairs = prepare_restoration(args.restoration_from, args.destdir,
+                                    args.source_lang or "src", args.target_lang or "tgt",
+                                    args.overwrite, args.skip_existing, **options)
+    elif not (args.source_lang and args.target_lang and args.trainpref):
         raise DataError("give --source-lang, --target-lang and --trainpref (or --restoration-from)")
-    pairs = prepare(args.destdir, args.source_lang, args.target_lang, args.trainpref,
-                    args.validpref, args.testpref, args.joined_dictionary, args.srcdict,
-                    args.tgtdict, args.workers, args.overwrite, args.nwords)
+    else:
+        pairs = prepare(args.destdir, args.source_lang, args.target_lang, args.trainpref,
+                        args.validpref, args.testpref, overwrite=args.overwrite,
+                        skip_existing=args.skip_existing, **options)
+    if pairs is None:
+        return
     for split, n in pairs.items():
         print(f"{split}: {n} sentence pairs")
     print(f"wrote {args.destdir}")

@@ -49,8 +49,10 @@ from fairseq_alibi.preprocess.encoders import (
 from fairseq_alibi.preprocess.pipeline_io import (
     DataError,
     IndexedWriter,
+    add_output_arguments,
     atomic_directory,
     read_batches,
+    refuse_existing,
     run_cli,
     save_json,
 )
@@ -185,7 +187,7 @@ def binarize_documents(paths, encoder, prefix, stats, workers=1, subsets=None, p
                        document_breaks=False):
     """Encode the documents of ``paths`` into ``<prefix>.{bin,idx}``, counting into ``stats``;
     with ``document_breaks`` an empty line (a lone ``</s>``) after each."""
-    writer = IndexedWriter(prefix, len(encoder.dictionary))
+    writer = IndexedWriter(prefix, len(encoder.dictionary), unk=encoder.dictionary.unk())
     empty_line = np.array([encoder.dictionary.eos()], dtype=np.int64)
     state = {"encoder": encoder, "limit": stats.limit, "policy": policy, "subsets": subsets}
 
@@ -201,6 +203,7 @@ def binarize_documents(paths, encoder, prefix, stats, workers=1, subsets=None, p
                 writer.add(empty_line)
         stats.add(lengths, counts)
         seen.update(counts)
+    stats.counts["unk"] += writer.unk  # a tokenization and dictionary that match have none
     writer.finalize(
         f"no document left in {', '.join(map(str, paths))}: {seen['filtered']} not in "
         f"--subsets, {seen['empty']} empty, {seen['dropped']} longer than "
@@ -225,10 +228,15 @@ def sample_lines(paths, documents, subsets=None):
 
 def prepare(destdir, train, valid=(), test=(), encoder=None, train_sentencepiece_vocab=None,
             sentencepiece_sample=100_000, subsets=None, tokens_per_sample=None,
-            long_docs="drop", workers=1, overwrite=False, document_breaks=False):
-    """Binarize Pile-format shards into ``destdir``; returns ``{split: SplitStats}``.
+            long_docs="drop", workers=1, overwrite=False, document_breaks=False,
+            skip_existing=False):
+    """Binarize Pile-format shards into ``destdir``; returns ``{split: SplitStats}`` (None when
+    ``skip_existing`` left an existing ``destdir`` as it was).
 
     ``document_breaks``: an empty line after every document (module docstring)."""
+    inputs = [*train, *valid, *test, *(encoder.inputs if encoder is not None else ())]
+    if refuse_existing(destdir, overwrite, inputs, skip_existing):
+        return None
     for path in [*train, *valid, *test]:
         if not Path(path).exists() or Path(path).is_dir():  # a pipe is fine: it is streamed
             raise DataError(f"input shard not found: {path}")
@@ -248,7 +256,7 @@ def prepare(destdir, train, valid=(), test=(), encoder=None, train_sentencepiece
     outputs = [(("train" + (str(i) if i else "")), [p]) for i, p in enumerate(train)]
     outputs += [(split, list(paths)) for split, paths in (("valid", valid), ("test", test)) if paths]
 
-    with atomic_directory(destdir, overwrite) as out:
+    with atomic_directory(destdir, overwrite, inputs) as out:
         if train_sentencepiece_vocab:
             model = train_sentencepiece(
                 sample_lines(train, sentencepiece_sample, subsets), out / "spm",
@@ -303,15 +311,17 @@ def main(argv=None):
     parser.add_argument("--sentencepiece-sample", type=int, default=100_000, metavar="DOCS",
                         help="train sentencepiece on the first DOCS documents of --train")
     parser.add_argument("--workers", type=int, default=1)
-    parser.add_argument("--overwrite", action="store_true", help="replace a non-empty --destdir")
+    add_output_arguments(parser)
     add_encoder_arguments(parser, sentencepiece_training=True)
     args = parser.parse_args(argv)
     encoder = encoder_from_args(args, required=not args.train_sentencepiece)
     stats = prepare(
         args.destdir, args.train, args.valid, args.test, encoder, args.train_sentencepiece,
         args.sentencepiece_sample, args.subsets, args.tokens_per_sample, args.long_docs,
-        args.workers, args.overwrite, args.document_breaks,
+        args.workers, args.overwrite, args.document_breaks, args.skip_existing,
     )
+    if stats is None:
+        return
     for split, s in stats.items():
         print(s.report(split, args.long_docs))
     print(f"wrote {args.destdir}")

@@ -49,16 +49,37 @@ def _taken(path) -> DataError:
     return DataError(f"{path} already exists and is not empty; pass --overwrite to replace it")
 
 
-def refuse_existing(dest, overwrite: bool = False):
-    """What :func:`atomic_directory` refuses, checked before any work (a pipeline writing
-    several folders checks each first)."""
-    files.refuse_taken(dest, overwrite, _taken)
+def refuse_existing(dest, overwrite: bool = False, inputs=(), skip_existing: bool = False):
+    """What :func:`atomic_directory` refuses, checked before any work: every destination of a
+    run is checked before anything is written, so that a refused run writes nothing.
+
+    ``inputs``: the files the run reads (a destination that is, holds or lies inside one is
+    refused: ``--overwrite`` would delete it). With ``skip_existing`` a non-empty ``dest`` is
+    no error: True is returned (and said in one line), and the caller leaves it as it is."""
+    dest = files.refuse_taken(dest, True, None, inputs, DataError)  # a file; an input at stake
+    if skip_existing and not overwrite and dest.is_dir() and any(dest.iterdir()):
+        print(f"skipped {dest}: it already exists (--overwrite rebuilds it)", flush=True)
+        return True
+    files.refuse_taken(dest, overwrite, _taken, inputs, DataError)
+    return False
 
 
-def atomic_directory(dest, overwrite: bool = False):
+def add_output_arguments(parser, what="a non-empty --destdir"):
+    """``--overwrite`` and ``--skip-existing``, one or the other, as every pipeline spells them."""
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument("--overwrite", action="store_true",
+                       help=f"replace {what} (only once the new output is complete)")
+    group.add_argument("--skip-existing", action="store_true",
+                       help="leave an output that already exists as it is (said in one line) and "
+                       "build the missing ones, so that a re-run adds what is new")
+    return group
+
+
+def atomic_directory(dest, overwrite: bool = False, inputs=()):
     """:func:`fairseq_alibi.files.atomic_directory`, refusing a non-empty ``dest`` (without
-    ``overwrite``) with a :class:`DataError`. A SIGTERM (:func:`run_cli`) unwinds through it too."""
-    return files.atomic_directory(dest, overwrite, not_empty=_taken)
+    ``overwrite``), a file, or a destination clashing with ``inputs`` with a
+    :class:`DataError`. A SIGTERM (:func:`run_cli`) unwinds through it too."""
+    return files.atomic_directory(dest, overwrite, _taken, inputs, DataError)
 
 
 class _SilentBar:
@@ -228,7 +249,7 @@ def read_batches(path, batch_lines: int = 1000, desc=None, newline=None):
 class IndexedWriter:
     """Writes ``<prefix>.bin``/``<prefix>.idx`` as ``fairseq-preprocess`` does (mmap format)."""
 
-    def __init__(self, prefix, vocab_size: int):
+    def __init__(self, prefix, vocab_size: int, unk=None):
         from fairseq.data import indexed_dataset
 
         self.prefix = str(prefix)
@@ -237,13 +258,18 @@ class IndexedWriter:
         )
         self.items = 0
         self.tokens = 0
+        self._unk = unk  # the dictionary's <unk> index, counted in ``unk`` (None: not counted)
+        self.unk = 0
 
     def add(self, ids: np.ndarray):
         import torch
 
-        self._builder.add_item(torch.from_numpy(np.asarray(ids, dtype=np.int64)))
+        ids = np.asarray(ids, dtype=np.int64)
+        self._builder.add_item(torch.from_numpy(ids))
         self.items += 1
         self.tokens += len(ids)
+        if self._unk is not None:
+            self.unk += int((ids == self._unk).sum())
 
     def finalize(self, empty_reason="no input"):
         """Write the index; an empty split is an error (fairseq cannot even open one)."""

@@ -47,9 +47,11 @@ from fairseq_alibi.preprocess.encoders import (
 from fairseq_alibi.preprocess.pipeline_io import (
     DataError,
     IndexedWriter,
+    add_output_arguments,
     atomic_directory,
     progress_bar,
     read_batches,
+    refuse_existing,
     run_cli,
     save_json,
 )
@@ -205,33 +207,37 @@ def binarize_lines(path, encoder, prefix, workers=1, document_breaks=False):
     counts the samples that are a lone ``</s>`` (where ``complete_doc`` splits).
     """
     dictionary = encoder.dictionary
-    writer = IndexedWriter(prefix, len(dictionary))
-    unk = empty = 0
+    writer = IndexedWriter(prefix, len(dictionary), unk=dictionary.unk())
+    empty = 0
     for encoded in ordered_map(
         _encode_lines, _line_batches(path, document_breaks), workers, {"encoder": encoder},
     ):
         for ids in encoded:
             writer.add(ids)
-            unk += int((ids == dictionary.unk()).sum())
             empty += len(ids) == 1
     writer.finalize(f"{path} is empty")
     logger.info(
         f"{Path(path).name}: {writer.items} lines ({empty} empty), {writer.tokens} tokens, "
-        f"{100 * unk / max(writer.tokens, 1):.2f}% {dictionary.unk_word} (WikiText's own, "
-        "and words the dictionary lacks)"
+        f"{100 * writer.unk / max(writer.tokens, 1):.2f}% {dictionary.unk_word} (WikiText's "
+        "own, and words the dictionary lacks)"
     )
-    return {"lines": writer.items, "tokens": writer.tokens, "unk": unk, "empty_lines": empty}
+    return {"lines": writer.items, "tokens": writer.tokens, "unk": writer.unk,
+            "empty_lines": empty}
 
 
 def prepare(text_dir, destdir, encoder=None, raw=False, fetch=False, urls=None, workers=1,
-            overwrite=False, document_breaks=False):
-    """Binarize WikiText's three splits into ``destdir``; returns per-split counts.
+            overwrite=False, document_breaks=False, skip_existing=False):
+    """Binarize WikiText's three splits into ``destdir``; returns per-split counts (None when
+    ``skip_existing`` left an existing ``destdir`` as it was, before any download).
 
     ``encoder`` None is word level with a dictionary built from the training split; otherwise
     a :mod:`fairseq_alibi.preprocess.encoders` encoder with its own dictionary.
     ``document_breaks``: one empty line between articles and none inside (module docstring).
     """
     files = text_files(text_dir, raw)
+    inputs = [*files.values(), *(encoder.inputs if encoder is not None else ())]
+    if refuse_existing(destdir, overwrite, inputs, skip_existing):
+        return None
     missing = [p.name for p in files.values() if not p.is_file()]
     if missing and fetch:
         download(text_dir, raw, urls)
@@ -240,7 +246,7 @@ def prepare(text_dir, destdir, encoder=None, raw=False, fetch=False, urls=None, 
             f"{text_dir} has no {', '.join(missing)}: pass --download to fetch WikiText-103, or "
             f"--text-dir a folder with wiki.{{train,valid,test}}.{'raw' if raw else 'tokens'}"
         )
-    with atomic_directory(destdir, overwrite) as out:
+    with atomic_directory(destdir, overwrite, inputs) as out:
         if encoder is None:
             encoder = WordEncoder(build_word_dictionary(files["train"], workers))
         encoder.dictionary.save(str(out / "dict.txt"))
@@ -273,12 +279,14 @@ def main(argv=None):
         "doc split at articles; without it the files are binarized as they are (byte-identical "
         "to fairseq-preprocess, the published token stream) and those split at every heading")
     parser.add_argument("--workers", type=int, default=1)
-    parser.add_argument("--overwrite", action="store_true", help="replace a non-empty --destdir")
+    add_output_arguments(parser)
     add_encoder_arguments(parser)
     args = parser.parse_args(argv)
     encoder = encoder_from_args(args, required=False)
     stats = prepare(args.text_dir, args.destdir, encoder, args.raw, args.download, args.url,
-                    args.workers, args.overwrite, args.document_breaks)
+                    args.workers, args.overwrite, args.document_breaks, args.skip_existing)
+    if stats is None:
+        return
     for split, s in stats.items():
         print(f"{split}: {s['lines']} lines ({s['empty_lines']} empty), {s['tokens']} tokens, "
               f"{s['unk']} <unk>")

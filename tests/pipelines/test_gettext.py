@@ -346,6 +346,30 @@ def test_errors(locale, tmp_path, capsys):
     assert "test4:     10 pairs" in capsys.readouterr().out
 
 
+def test_out_never_deletes_a_catalog_and_a_file_is_one_line(locale, tmp_path, capsys):
+    """``--out`` the catalogs' folder with ``--force`` deleted the catalogs the run had read; a
+    file as ``--out`` with ``--force`` was a FileExistsError traceback."""
+    argv = ["--lang", "fr", "--locale-dir", str(locale), "--N", "4", "--per-bucket", "10",
+            "--valid-per-bucket", "5", "--min-per-bucket", "3"]
+    catalogs = sorted(locale.rglob("*.mo"))
+    before = [p.read_bytes() for p in catalogs]
+    for out in (locale, locale / "fr" / "LC_MESSAGES", catalogs[0]):
+        assert run_cli(gt.main, argv + ["--out", str(out), "--force"]) == 1
+        error = capsys.readouterr().err.strip().splitlines()[-1]
+        assert error.startswith(f"error: the destination {out} ") and \
+            "the input" in error and error.endswith("write the output somewhere else (a new "
+                                                    "or empty folder outside the inputs)")
+    assert [p.read_bytes() for p in catalogs] == before
+    plain = tmp_path / "notes.txt"
+    plain.write_text("not a folder")
+    for force in ([], ["--force"]):
+        assert run_cli(gt.main, argv + ["--out", str(plain)] + force) == 1
+        err = capsys.readouterr().err
+        assert "Traceback" not in err and err.strip().splitlines()[-1] == \
+            f"error: {plain} exists and is not a folder: give the destination a new or empty folder"
+    assert plain.read_text() == "not a folder"
+
+
 def test_help_names_the_skipped_catalogs(capsys):
     with pytest.raises(SystemExit):
         gt.main(["--help"])
