@@ -41,6 +41,10 @@ import fairseq_alibi  # noqa: F401  (fairseq checkpoints under torch.load(weight
 from fairseq_alibi.error_hints import not_a_checkpoint
 
 
+#: what a checkpoint that torch cannot read is, as fairseq's commands say it (error_hints.py)
+DAMAGED = "truncated or corrupt"
+
+
 class CheckpointError(Exception):
     """Nothing intact to restore from; the message names the folder and what to do."""
 
@@ -77,13 +81,15 @@ def inspect_checkpoint(path) -> CheckpointFile:
             with zipfile.ZipFile(path) as archive:
                 bad = archive.testzip()
             if bad is not None:
-                found.error = f"record {bad} does not match its CRC-32"
+                found.error = f"{DAMAGED}: record {bad} does not match its CRC-32"
                 return found
         state = torch.load(path, map_location="cpu", mmap=zipfile.is_zipfile(path))
     except Exception as e:  # truncated archive, unreadable pickle, ...
-        first_sentence = " ".join(str(e).split()).split(". ")[0]
-        found.error = (not_a_checkpoint(path) or first_sentence[:200]
-                       or f"truncated or corrupt: {type(e).__name__}")
+        first_sentence = " ".join(str(e).split()).split(". ")[0][:200]
+        # a file that is no checkpoint says what it is; any other failure is damage, however
+        # torch words it (it depends on where the file was cut)
+        found.error = (not_a_checkpoint(path)
+                       or f"{DAMAGED}: {first_sentence or type(e).__name__}")
         return found
     if not isinstance(state, dict) or "model" not in state:
         found.error = not_a_checkpoint(path) or "not a fairseq checkpoint (no 'model' entry)"

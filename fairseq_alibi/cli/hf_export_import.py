@@ -540,6 +540,12 @@ def read_hf_folder(folder):
     only), or a one-line error."""
     folder = Path(folder)
     config_path = folder / "config.json"
+    if not folder.is_dir():  # a typo, or a file of the folder given in its place
+        raise ConversionError(
+            f"{folder} is a file: give the folder that holds it (the model's config.json, "
+            "weights and tokenizer.json)" if folder.exists() else
+            f"no folder {folder}: give the local folder of a Hugging Face BLOOM or MPT model "
+            "(config.json, weights, tokenizer.json; a hub model is downloaded first)")
     if not config_path.is_file():
         raise ConversionError(f"no config.json in {folder}: not a Hugging Face model folder")
     config = read_json(config_path, "download the model's config.json again")
@@ -664,12 +670,40 @@ def row_order(config, tokenizer, rows: int):
             row = row[0]
         if row is None or row in chosen.values() or not 0 <= row < rows:
             if not spare:
-                raise ConversionError(f"the model has no row for fairseq's {name} (no spare "
-                                      "embedding row beyond the tokenizer's vocabulary)")
+                raise ConversionError(no_row_for(name, row, chosen, tokenizer, rows))
             row = spare.pop(0)
         chosen[name] = row
     head = [chosen[s] for s in SPECIALS]
     return head + [r for r in range(rows) if r not in set(head)]
+
+
+CONFIG_KEYS = {"<s>": "bos_token_id", "<pad>": "pad_token_id", "</s>": "eos_token_id"}
+PAD_TOKENS = ("<pad>", "[PAD]", "<|pad|>", "<|padding|>")
+
+
+def no_row_for(name, row, chosen, tokenizer, rows) -> str:
+    """Why fairseq's special ``name`` gets no row (``row``: the one the model names, None, out
+    of range or taken by another special; the tokenizer has a token for every row, so none is
+    spare), and what to set: a row of a token that text never encodes to."""
+    key = CONFIG_KEYS.get(name)
+    what = f"config.json's {key}" if key else "the tokenizer's unk_token"
+    taken = next((other for other, r in chosen.items() if r == row), None)
+    if row is None:
+        why = f"config.json sets no {key}" if key else "the tokenizer has no unk_token"
+    elif taken:
+        why = f"{what} {row} is also fairseq's {taken}"
+    else:
+        why = f"{what} {row} is not a row of the model's {rows}"
+    why += (f", and the tokenizer has a token for every one of the model's {rows} embedding "
+            f"rows, leaving none for fairseq's {name}: ")
+    if not key:
+        return why + ("name a token that text never encodes to (an unused special token) as "
+                      "\"unk_token\" of \"model\" in tokenizer.json")
+    pads = [(t, tokenizer.token_to_id(t)) for t in PAD_TOKENS] if name == "<pad>" else []
+    pad = next(((t, i) for t, i in pads if i is not None and i not in chosen.values()), None)
+    example = f", e.g. the tokenizer's padding token {pad[0]} ({pad[1]})" if pad else ""
+    return why + (f"set {key} in config.json to the id of a token that text never encodes "
+                  f"to{example}")
 
 
 def import_folder(folder, out):

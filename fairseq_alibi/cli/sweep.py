@@ -37,7 +37,9 @@ Command line::
 
 Outputs in ``out_dir``: ``extrapolation.csv`` (one row per point), ``extrapolation.md`` (one
 table per mode, models as rows, lengths as columns), ``extrapolation.png`` (perplexity against
-evaluation length, one panel per mode) and ``logs/`` (the output of every run).
+evaluation length, one panel per mode) and ``logs/`` (the output of every run). The command
+line refuses an ``--out`` that is not empty; ``--overwrite`` replaces an earlier sweep's results
+and logs there.
 """
 
 import argparse
@@ -46,6 +48,7 @@ import logging
 import math
 import os
 import re
+import shutil
 import sys
 import threading
 import time
@@ -56,8 +59,9 @@ from typing import Callable, Dict, List, Mapping, Optional, Sequence, Union
 
 from fairseq_alibi.cli import fairseq_runs
 from fairseq_alibi.cli.fairseq_runs import console_script, thread_env
-from fairseq_alibi.cli.checkpoint_io import not_a_language_model
-from fairseq_alibi.config_access import overrides_dict
+from fairseq_alibi.cli.checkpoint_io import model_config, not_a_language_model, read_checkpoint
+from fairseq_alibi.config_access import cfg_get, overrides_dict
+from fairseq_alibi.files import refuse_taken
 from fairseq_alibi.paths import user_dir
 from fairseq_alibi.preprocess.pipeline_io import progress_bar
 
@@ -82,20 +86,27 @@ def position_overrides(length: int) -> dict:
     return {"max_target_positions": int(length), "tokens_per_sample": int(length)}
 
 
-def slope_interpolation(train_length: int) -> Callable[[int], dict]:
+def slope_interpolation(train_length: int, trained_scale: float = 1.0) -> Callable[[int], dict]:
     """Load-time overrides scaling an ALiBi model's slopes by ``L_train / N`` beyond ``L_train``.
 
     At evaluation length ``N > L_train`` every slope is multiplied by ``L_train / N`` (the bias
     at distance ``N`` then equals the trained one at ``L_train``); up to ``L_train`` the model
-    is evaluated as trained. Use as ``SweepModel(path, overrides=slope_interpolation(L))``.
+    is evaluated as trained. An override replaces the saved ``alibi_slope_scale``, so a model
+    trained with one (``trained_scale``: :func:`trained_slope_scale`) gets that times
+    ``L_train / N``. Use as ``SweepModel(path, overrides=slope_interpolation(L, s))``.
     """
     if not train_length > 0:
         raise ValueError(f"slope interpolation needs the training length, got {train_length}")
 
     def overrides(length: int) -> dict:
-        return {"alibi_slope_scale": min(1.0, train_length / length)}
+        return {"alibi_slope_scale": trained_scale * min(1.0, train_length / length)}
 
     return overrides
+
+
+def trained_slope_scale(path) -> float:
+    """The ``alibi_slope_scale`` checkpoint ``path`` was saved with (1.0 where none)."""
+    return float(cfg_get(model_config(read_checkpoint(path)), "alibi_slope_scale", None) or 1.0)
 
 
 @dataclass(frozen=True)
@@ -303,6 +314,7 @@ def run_sweep(
     threads: Optional[int] = None,
     progress: bool = True,
     title: Optional[str] = None,
+    overwrite: Optional[bool] = None,
 ) -> SweepResult:
     """Evaluate every model at every length in every mode; write CSV, Markdown and PNG.
 
@@ -311,7 +323,8 @@ def run_sweep(
     ``["--max-tokens", "4096"]``; load-time overrides belong in ``SweepModel.overrides``).
     ``jobs`` runs are in flight at once, each with ``threads`` OpenMP threads (default: the
     environment's ``OMP_NUM_THREADS``, else the CPU count divided by ``jobs``).
-    ``train_length`` marks the training length in the table and plot.
+    ``train_length`` marks the training length in the table and plot. ``overwrite``: see
+    :func:`output_folder` (the default writes into ``out_dir`` as it is).
 
     Points whose token count differs from the split's are kept with ``perplexity=None`` and a
     ``refused`` reason, shown as such in every output; call :meth:`SweepResult.check` to turn
@@ -339,9 +352,8 @@ def run_sweep(
     if not Path(str(data).split(os.pathsep)[0]).is_dir():
         raise FileNotFoundError(f"binarized data folder not found: {data}")
 
-    out = Path(out_dir)
+    out = output_folder(out_dir, overwrite)
     log_dir = out / "logs"
-    log_dir.mkdir(parents=True, exist_ok=True)
     expected = split_token_count(data, gen_subset)
     if expected == 0:
         raise SweepError(f"the {gen_subset} split of {data} holds no tokens")
@@ -389,6 +401,34 @@ def run_sweep(
 # ---------------------------------------------------------------------------------------------
 # outputs
 
+STEM = "extrapolation"
+#: what a sweep writes in its folder: write_outputs' files and the runs' logs
+SWEEP_OUTPUTS = ("logs", *(f"{STEM}.{ext}" for ext in ("csv", "md", "png")))
+
+
+def output_folder(out_dir, overwrite: Optional[bool] = None) -> Path:
+    """``out_dir`` made ready for a sweep (with ``logs/``), or a :class:`SweepError` naming the
+    fix: when it is a file, or (``overwrite`` False) a folder that is not empty. ``overwrite``
+    True removes an earlier sweep's results and logs first, so that none of them mix with the
+    new ones (nothing else in the folder is touched); None writes into the folder as it is (a
+    caller's own folder, as the quickstart's)."""
+    out = Path(out_dir)
+    try:  # None or True: only a file in the way is refused
+        refuse_taken(out, overwrite is not False, not_empty=lambda _: SweepError(
+            f"--out {out} already exists and is not empty; pass --overwrite to replace the "
+            "results of the sweep there, or give a new folder"))
+    except FileExistsError as e:  # a file at --out (or above it): files.py says which
+        raise SweepError(f"--out {e}") from None
+    if overwrite:
+        for target in (out / name for name in SWEEP_OUTPUTS):
+            if target.is_dir() and not target.is_symlink():
+                shutil.rmtree(target)
+            elif target.exists() or target.is_symlink():
+                target.unlink()
+    (out / "logs").mkdir(parents=True, exist_ok=True)
+    return out
+
+
 CSV_FIELDS = [f for f in SweepPoint.__dataclass_fields__]
 
 
@@ -427,7 +467,7 @@ def format_markdown(result: SweepResult, title: Optional[str] = None) -> str:
     return "\n".join(lines)
 
 
-def write_outputs(result: SweepResult, title: Optional[str] = None, stem: str = "extrapolation"):
+def write_outputs(result: SweepResult, title: Optional[str] = None, stem: str = STEM):
     """Write ``<stem>.csv``, ``<stem>.md`` and ``<stem>.png`` into ``result.out_dir``."""
     out = result.out_dir
     out.mkdir(parents=True, exist_ok=True)
@@ -574,7 +614,7 @@ def _with_fixed(per_length, fixed: dict, parser):
     return overrides
 
 
-def main(argv=None):
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="fairseq-alibi sweep",
         description="Perplexity of fairseq language models at several evaluation lengths, "
@@ -588,7 +628,10 @@ def main(argv=None):
     parser.add_argument("--data", required=True, help="binarized data folder (fairseq-preprocess)")
     parser.add_argument("--lengths", required=True, type=_lengths,
                         help="comma-separated evaluation lengths, e.g. 512,1024,2048,3072")
-    parser.add_argument("--out", required=True, help="folder for the CSV, Markdown, PNG, logs")
+    parser.add_argument("--out", required=True,
+                        help="folder for the CSV, Markdown, PNG, logs (new or empty)")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace the results and logs of an earlier sweep in --out")
     parser.add_argument("--modes", default=",".join(MODES),
                         help=f"comma-separated, from {', '.join(MODES)} (default: both)")
     parser.add_argument("--stride", type=_at_least(1), default=None,
@@ -610,6 +653,11 @@ def main(argv=None):
     parser.add_argument("--model-overrides", type=_overrides, default={}, metavar="DICT",
                         help="load-time overrides of every run, e.g. \"{'alibi_window_cutoff': "
                         "8}\" (merged with the per-length ones of the options above)")
+    return parser
+
+
+def main(argv=None):
+    parser = _parser()
     args, extra = parser.parse_known_args(argv)
 
     if args.slope_interpolation and (args.train_length is None or args.sinusoidal_overrides):
@@ -621,6 +669,9 @@ def main(argv=None):
     if "sliding" in modes and args.stride is not None and args.stride >= min(args.lengths):
         parser.error(f"argument --stride: must be below the shortest length "
                      f"({min(args.lengths)}), got {args.stride}")
+    if not Path(str(args.data).split(os.pathsep)[0]).is_dir():
+        parser.error(f"argument --data: no folder {args.data}: give the --destdir of "
+                     "fairseq-preprocess")
     fixed = args.model_overrides
     overrides = position_overrides if args.sinusoidal_overrides else None
     models = {}
@@ -634,14 +685,15 @@ def main(argv=None):
         models[name] = SweepModel(path, overrides=_with_fixed(overrides, fixed, parser))
         if args.slope_interpolation:
             models[f"{name}, slopes x L/N"] = SweepModel(
-                path, overrides=_with_fixed(slope_interpolation(args.train_length), fixed,
-                                            parser))
+                path, overrides=_with_fixed(
+                    slope_interpolation(args.train_length, trained_slope_scale(path)), fixed,
+                    parser))
     try:
         result = run_sweep(
             models, args.data, args.lengths, args.out, modes=modes,
             extra_eval_args=extra, stride=args.stride, gen_subset=args.gen_subset,
             train_length=args.train_length, jobs=args.jobs, threads=args.threads,
-            progress=not args.no_progress, title=args.title,
+            progress=not args.no_progress, title=args.title, overwrite=args.overwrite,
         )
     except SweepError as exc:
         print(f"fairseq-alibi sweep: error: {exc}", file=sys.stderr)

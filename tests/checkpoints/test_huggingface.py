@@ -699,6 +699,29 @@ def test_damaged_files_and_a_file_as_out_are_one_line_and_write_nothing(tmp_path
     assert ckpt.read_bytes() == before and not list(ckpt.parent.glob(".checkpoint.pt*"))
 
 
+def test_import_names_the_fix_for_no_pad_row_and_for_no_such_folder(tmp_path, capsys):
+    """BloomConfig() saves "pad_token_id": null; with a tokenizer of every row, fairseq's <pad>
+    has no row: the error says which config.json key to set, and to what. A folder that is not
+    there is said so (it had been "no config.json in ...")."""
+    folder = tmp_path / "hf"
+    tiny_hf_folder(folder, "bloom", 4, vocab=48, produced=48)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "pad_token_id": None}))
+    capsys.readouterr()
+    runs = [(folder, "config.json sets no pad_token_id"),
+            (folder, "set pad_token_id in config.json to the id of a token that text never "
+                     "encodes to, e.g. the tokenizer's padding token <pad> (3)"),
+            (tmp_path / "nofolder", f"no folder {tmp_path / 'nofolder'}: give the local folder"),
+            (folder / "config.json", "is a file: give the folder that holds it")]
+    for given, message in runs:
+        assert hf.import_main([str(given), "--out", str(tmp_path / "fs")]) == 1
+        err = capsys.readouterr().err.strip()
+        assert message in err and len(err.splitlines()) == 1, err
+        assert not (tmp_path / "fs").exists()
+    (folder / "config.json").write_text(json.dumps({**config, "pad_token_id": 3}))  # the fix
+    assert hf.import_main([str(folder), "--out", str(tmp_path / "fs")]) == 0
+
+
 def test_import_refuses_a_tokenizer_bigger_than_the_model_naming_both_sizes(tmp_path, capsys):
     tiny_hf_folder(tmp_path / "hf", "mpt", 4, vocab=48, produced=60)
     capsys.readouterr()

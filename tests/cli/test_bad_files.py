@@ -1,6 +1,7 @@
 """Empty, missing or corrupt files (docs/reliability.md, catalogue of bad inputs): an empty
 training split, a save dir with no checkpoint yet, a 0-byte checkpoint, a Pile shard line that is
-not JSON; each a clear error naming the fix, and nothing on disk overwritten.
+not JSON, a sweep's --out that holds results or is a file; each a clear error naming the fix, and
+nothing on disk overwritten.
 
 Backed elsewhere, not repeated here: truncated or corrupt checkpoint files and failed saves
 (test_resume), damaged files given to convert (test_forks), the Pile pipeline's other errors
@@ -110,6 +111,21 @@ def test_check_reports_a_zero_byte_checkpoint(tmp_path, capsys):
     assert f"fairseq-alibi checkpoints repair {tmp_path}" in out
 
 
+def test_check_says_truncated_or_corrupt_wherever_the_file_was_cut(trained_lm_checkpoint,
+                                                                  tmp_path, capsys):
+    """torch words a cut file by where it was cut ("failed finding central directory",
+    "[Errno 22] Invalid argument"); check classifies every cut the same, as fairseq's commands
+    do ("truncated or corrupt")."""
+    from fairseq_alibi.cli.checkpoints import main
+
+    whole = trained_lm_checkpoint.read_bytes()
+    for tenths in range(1, 10):
+        (tmp_path / "checkpoint_last.pt").write_bytes(whole[:len(whole) * tenths // 10])
+        assert main(["check", str(tmp_path)]) == 1
+        first = capsys.readouterr().out.splitlines()[0]
+        assert first.startswith("checkpoint_last.pt: DAMAGED (truncated or corrupt: "), first
+
+
 def test_a_damaged_checkpoint_other_than_the_last_is_not_sent_to_repair(tmp_path):
     """repair restores checkpoint_last.pt only: for another file (an averaged one, a named
     --path) the hint says to give an intact checkpoint."""
@@ -180,3 +196,43 @@ def test_what_the_machine_lacks_gets_the_fix_as_its_last_line(monkeypatch):
         f"imports ({installed}): give --user-dir {installed} (what python -m fairseq_alibi "
         "--user-dir prints outside the other copy's folder), or install that copy (pip install "
         "-e its checkout)")
+
+
+# ---------------------------------------------------------------- outputs
+
+
+def test_a_second_sweep_into_the_same_folder_needs_overwrite_and_then_replaces_it(
+        trained_lm_checkpoint, tiny_lm_data, tmp_path, capsys):
+    """A sweep into a folder holding another's results had replaced its CSV silently, its logs
+    left mixed with the new ones; a file as --out had been a NotADirectoryError traceback."""
+    from fairseq_alibi.cli.sweep import main
+
+    out = tmp_path / "sweep"
+    common = ["--path", f"alibi={trained_lm_checkpoint}", "--data", str(tiny_lm_data),
+              "--modes", "nonoverlapping", "--cpu", "--threads", "1", "--no-progress"]
+    assert main([*common, "--lengths", "8,16", "--out", str(out)]) == 0
+    first = snapshot(out)
+
+    def logs():
+        return sorted(p.name for p in (out / "logs").iterdir())
+
+    assert logs() == ["alibi_nonoverlapping_16.log", "alibi_nonoverlapping_8.log"]
+    capsys.readouterr()
+    (tmp_path / "file").write_text("mine")
+    for taken, said in ((out, f"--out {out} already exists and is not empty; pass --overwrite"),
+                        (tmp_path / "file", f"--out {tmp_path / 'file'} exists and is not a folder")):
+        assert main([*common, "--lengths", "4", "--out", str(taken)]) == 1
+        err = capsys.readouterr().err.strip()
+        assert said in err and len(err.splitlines()) == 1, err
+    assert snapshot(out) == first and len(logs()) == 2 and snapshot(tmp_path)["file"] == b"mine"
+
+    assert main([*common, "--lengths", "4", "--out", str(out), "--overwrite"]) == 0
+    assert logs() == ["alibi_nonoverlapping_4.log"]  # the earlier sweep's are gone
+    lengths = [line.split(",")[2] for line in
+               (out / "extrapolation.csv").read_text().splitlines()[1:]]
+    assert lengths == ["4"]
+    with pytest.raises(SystemExit) as refused:
+        main([*common[:2], "--data", str(tmp_path / "nodata"), *common[4:], "--lengths", "4",
+              "--out", str(tmp_path / "new")])
+    assert refused.value.code == 2
+    assert "argument --data: no folder" in capsys.readouterr().err.strip().splitlines()[-1]

@@ -137,21 +137,27 @@ def test_override_reaches_the_loaded_model_not_the_checkpoint(trained, tiny_lm_d
 
 @pytest.mark.slow
 def test_sweep_measures_slope_interpolation(trained, tiny_lm_data, tmp_path):
-    """``python -m fairseq_alibi.sweep --slope-interpolation``: a second row, slopes x L/N."""
+    """``python -m fairseq_alibi.sweep --slope-interpolation``: a second row, slopes x L/N, of
+    the slope scale the model was saved with (an override replaces it)."""
     import csv
 
+    state = torch.load(trained, map_location="cpu")
+    state["cfg"]["model"]["alibi_slope_scale"] = 0.5  # as if trained with --alibi-slope-scale 0.5
+    saved = tmp_path / "scaled.pt"
+    torch.save(state, saved)
+    out = tmp_path / "sweep"
     proc = subprocess.run(
-        [sys.executable, "-m", "fairseq_alibi.sweep", "--path", f"ALiBi={trained}",
-         "--data", str(tiny_lm_data), "--lengths", f"{L},{4 * L}", "--out", str(tmp_path),
+        [sys.executable, "-m", "fairseq_alibi.sweep", "--path", f"ALiBi={saved}",
+         "--data", str(tiny_lm_data), "--lengths", f"{L},{4 * L}", "--out", str(out),
          "--modes", "nonoverlapping", "--train-length", str(L), "--slope-interpolation",
          "--jobs", "2", "--threads", "1", "--no-progress", "--cpu"],
         capture_output=True, text=True, env=dict(os.environ, OMP_NUM_THREADS="1"))
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    with open(tmp_path / "extrapolation.csv") as f:
+    with open(out / "extrapolation.csv") as f:
         ppl = {(r["model"], int(r["length"])): float(r["perplexity"]) for r in csv.DictReader(f)}
     interpolated = "ALiBi, slopes x L/N"
-    assert ppl[("ALiBi", L)] == ppl[(interpolated, L)]  # scale 1 at the trained length
+    assert ppl[("ALiBi", L)] == ppl[(interpolated, L)]  # as saved at the trained length
     assert ppl[("ALiBi", 4 * L)] != ppl[(interpolated, 4 * L)]
-    log = (tmp_path / "logs" / f"ALiBi_slopes_x_L_N_nonoverlapping_{4 * L}.log").read_text()
-    assert "'alibi_slope_scale': 0.25" in log
-    assert interpolated in (tmp_path / "extrapolation.md").read_text()
+    log = (out / "logs" / f"ALiBi_slopes_x_L_N_nonoverlapping_{4 * L}.log").read_text()
+    assert "'alibi_slope_scale': 0.125" in log  # 0.5 x L/4L
+    assert interpolated in (out / "extrapolation.md").read_text()
