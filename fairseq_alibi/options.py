@@ -83,14 +83,14 @@ def one_line_errors(check):
 def positive(value):
     """The ``check`` of an option that must be a positive number."""
     if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
-        return f"must be positive, got {value!r}"
+        return f"must be a positive finite number, got {value!r}"
     return None
 
 
 def _scale_init(value):
     if positive(value):
-        return ("must be a positive number (it multiplies every ALiBi slope; 1.0 = Press et "
-                f"al.'s slopes), got {value!r}")
+        return ("must be a positive finite number (it multiplies every ALiBi slope; 1.0 = "
+                f"Press et al.'s slopes), got {value!r}")
     return None
 
 
@@ -272,7 +272,8 @@ class StackOptions(FairseqDataclass):
         "model_wide": True})
     slope_scale: float = field(default=1.0, metadata={
         "help": "multiply every ALiBi slope by this at run time (slope interpolation: "
-                "L_train / L_eval); a load-time override, 1.0 = as trained",
+                "L_train / L_eval); saved with the model, and a load-time override replaces "
+                "the saved value (it does not multiply it)",
         "model_wide": True, "check": positive})
 
     def check_values(self, side: Side, num_heads: int):

@@ -40,6 +40,7 @@ import logging
 from fairseq_alibi import options
 from fairseq_alibi.config_access import cfg_get, cfg_set
 from fairseq_alibi.error_hints import OneLineError
+from fairseq_alibi.modules.checkpoint_match import loading_with_overrides
 
 logger = logging.getLogger(__name__)
 
@@ -181,3 +182,12 @@ def guard_override_keys():
 
     load_checkpoint_to_cpu._checks_override_keys = True
     checkpoint_utils.load_checkpoint_to_cpu = load_checkpoint_to_cpu
+    ensemble = checkpoint_utils.load_model_ensemble_and_task
+
+    @functools.wraps(ensemble)
+    def load_model_ensemble_and_task(filenames, arg_overrides=None, *args, **kwargs):
+        # the build that follows the load: a mismatch an override causes names the override
+        with loading_with_overrides(override_keys(arg_overrides or {}), _NAMED.get()):
+            return ensemble(filenames, arg_overrides, *args, **kwargs)
+
+    checkpoint_utils.load_model_ensemble_and_task = load_model_ensemble_and_task

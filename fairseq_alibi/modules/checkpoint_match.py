@@ -17,8 +17,11 @@ What they cannot tell apart (``causal``/``symmetric``/``offset`` share Press's s
 set by hand) loads as saved.
 """
 
+import contextlib
+import contextvars
+import re
 from dataclasses import dataclass
-from typing import List, Optional, Tuple
+from typing import Iterable, List, Optional, Tuple
 
 import torch
 
@@ -26,13 +29,39 @@ from fairseq_alibi.alibi import variant_slopes
 from fairseq_alibi.error_hints import CheckpointMismatchError
 
 
+#: the load-time override keys of the checkpoint being loaded, and what they are called
+#: (``--model-overrides``; the hub's keyword arguments): :func:`loading_with_overrides`
+_OVERRIDDEN: contextvars.ContextVar = contextvars.ContextVar("overridden", default=((), ""))
+
+
+@contextlib.contextmanager
+def loading_with_overrides(keys: Iterable[str], where: str):
+    """Within this context a model is built for a checkpoint loaded with the load-time
+    overrides ``keys`` (named ``where``): a :func:`mismatch` that one of them causes says to
+    drop it, where the flags that build the model are no option of the loading tool."""
+    token = _OVERRIDDEN.set((tuple(keys), where))
+    try:
+        yield
+    finally:
+        _OVERRIDDEN.reset(token)
+
+
 def mismatch(saved: str, built: str, fix: str) -> CheckpointMismatchError:
     """The one error of every family: what the checkpoint was trained with (``saved``), what
-    the model being built has (``built``), and the flags that build the right one (``fix``).
+    the model being built has (``built``), and the flags that build the right one (``fix``);
+    or, where a load-time override builds the other model, the override to drop.
     A :class:`~fairseq_alibi.error_hints.CheckpointMismatchError` (a ``ValueError``): an
     uncaught one is its line alone, where fairseq's tools load the checkpoint themselves;
     under fairseq-train's ``--restore-file``, which buries it, ``error_hints`` repeats it
     last."""
+    keys, where = _OVERRIDDEN.get()
+    given = [k for k in keys if re.search(
+        "--" + re.escape(k.replace("_", "-")) + r"(?![\w-])", f"{saved} {built}")]
+    if given:
+        return CheckpointMismatchError(
+            f"this checkpoint was trained with {saved}; {', '.join(given)} in {where} builds "
+            f"{built}: drop {'it' if len(given) == 1 else 'them'} from {where} (the "
+            f"checkpoint's weights hold what it was trained with)")
     return CheckpointMismatchError(
         f"this checkpoint was trained with {saved}; the model being built has {built}: "
         f"build it with {fix}")

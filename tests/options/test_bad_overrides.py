@@ -149,6 +149,15 @@ def test_an_override_of_what_the_checkpoint_learned_is_refused():
     assert cfg.alibi_scale_init == 0.5
 
 
+def test_an_override_the_checkpoints_weights_contradict_is_named_to_drop():
+    """The mismatch an override causes names the override, not the training flag that builds
+    the model (which fairseq-eval-lm or the hub do not take)."""
+    assert refusal(LM, alibi_heads=2) == (
+        "this checkpoint was trained with a bias on every head (no --alibi-heads) "
+        "(decoder.alibi.slopes); alibi_heads in --model-overrides builds --alibi-heads 2: drop "
+        "it from --model-overrides (the checkpoint's weights hold what it was trained with)")
+
+
 def test_another_familys_option_is_refused():
     assert refusal(LM, encoder_alibi_heads=2) == (
         "ALiBi option 'encoder_alibi_heads' in --model-overrides is alibi_transformer's, not "
@@ -183,6 +192,8 @@ def test_a_bad_override_value_is_one_line_naming_the_flag(era, argparse_era_lm):
 
         ({"alibi_window_sinks": -2}, "--alibi-window-sinks must be >= 0, got -2 (in "
          "--model-overrides)"),
+        ({"alibi_slope_scale": float("inf")}, "--alibi-slope-scale must be a positive finite "
+         "number, got inf (in --model-overrides)"),
         # valid alone, refused with the model's other options when it is built
         ({"alibi_window_sinks": 4}, "--alibi-window-sinks needs --alibi-window-cutoff: sinks "
          "are the keys kept beyond the slope windows"),

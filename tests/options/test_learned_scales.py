@@ -175,9 +175,9 @@ def lm_data(tmp_path_factory):
 
 @pytest.mark.parametrize("init", [0, -1, float("nan")])
 def test_non_positive_initial_scale_is_a_clear_error(init):
-    with pytest.raises(ValueError, match="--alibi-scale-init must be a positive number"):
+    with pytest.raises(ValueError, match="--alibi-scale-init must be a positive finite number"):
         AlibiBias(HEADS, variant="causal", learned_scales="per_head", scale_init=init)
-    with pytest.raises(ValueError, match="--alibi-scale-init must be a positive number"):
+    with pytest.raises(ValueError, match="--alibi-scale-init must be a positive finite number"):
         AlibiBias(HEADS, variant="offset", scale_init=init)  # a fixed scale is checked too
 
 
@@ -185,10 +185,10 @@ def test_every_family_names_its_scale_init_flag(lm_data, tmp_path):
     """The flag reaches the check above in every model family, named as the user typed it
     (one bad value: the values themselves are the test above's)."""
     init = 0
-    with pytest.raises(ValueError, match="--alibi-scale-init must be a positive number"):
+    with pytest.raises(ValueError, match="--alibi-scale-init must be a positive finite number"):
         build_model("lm", lm_data, "--alibi-learned-scales", "per_head",
                     "--alibi-scale-init", init)
-    with pytest.raises(ValueError, match="--alibi-scale-init must be a positive number"):
+    with pytest.raises(ValueError, match="--alibi-scale-init must be a positive finite number"):
         build_model("encoder", lm_data, "--alibi-scale-init", init)
     pair = write_translation_dictionaries(tmp_path / "pair")
     for side in ("encoder", "decoder"):

@@ -598,7 +598,7 @@ def test_shape_training_differs_from_stock_and_grows_the_table(data):
     (["--cross-alibi", "ratio"], "needs --cross-alibi-ratio R"),
     (["--cross-alibi", "pointer", "--cross-alibi-ratio", 1.2],
      "--cross-alibi-ratio needs --cross-alibi ratio, not pointer"),
-    (["--cross-alibi", "ratio", "--cross-alibi-ratio", 0], "must be positive"),
+    (["--cross-alibi", "ratio", "--cross-alibi-ratio", 0], "must be a positive finite number"),
     (["--cross-attention-length-scale", 1], "0 \\(off\\) or a reference source length above 1"),
     (["--cross-attention-length-scale", -3], "0 \\(off\\) or a reference"),
     (["--cross-alibi-eos-guard", 2], "needs --cross-alibi pointer"),
@@ -608,7 +608,7 @@ def test_shape_training_differs_from_stock_and_grows_the_table(data):
     (["--cross-alibi", "pointer", "--cross-alibi-eos-guard-layer", "min"],
      "--cross-alibi-eos-guard-layer needs --cross-alibi-eos-guard: it chooses"),
     (["--cross-alibi-slope-scale", 16], "needs --cross-alibi pointer or ratio, not none"),
-    (["--cross-alibi", "pointer", "--cross-alibi-slope-scale", 0], "must be positive"),
+    (["--cross-alibi", "pointer", "--cross-alibi-slope-scale", 0], "must be a positive finite"),
     (["--cross-alibi-inference-slope-scale", 48], "not none: .* outside training"),
     (["--cross-alibi", "pointer", "--cross-alibi-inference-slope-scale", -1],
      "must be 0 \\(off\\) or positive"),
@@ -724,9 +724,9 @@ def test_the_cross_alibi_heads_are_checked_against_the_checkpoint(data, tmp_path
 
     path, _, task = write_checkpoint(data, tmp_path, "--arch", "alibi_transformer", *POINTER,
                                      "--cross-alibi-heads", 2)
-    with pytest.raises(ValueError, match="trained with --cross-alibi-heads 2 .*has "
-                                         "--cross-alibi-heads 3: build it with "
-                                         "--cross-alibi-heads 2$"):
+    with pytest.raises(ValueError, match="trained with --cross-alibi-heads 2 .*; "
+                                         "cross_alibi_heads in --model-overrides builds "
+                                         "--cross-alibi-heads 3: drop it from --model-overrides"):
         checkpoint_utils.load_model_ensemble([str(path)], arg_overrides={"cross_alibi_heads": 3},
                                              task=task)
 
