@@ -29,6 +29,7 @@ from omegaconf import open_dict
 from fairseq_alibi.config_access import cfg_get, overrides_dict
 from fairseq_alibi.error_hints import CheckpointMismatchError, OneLineError, raised_by_plugin
 from fairseq_alibi.models.override_keys import overrides_named
+from fairseq_alibi.options import keyword_names
 
 #: ``from_pretrained`` argument -> the GPT-2 BPE file it names
 GPT2_BPE_FILES = {"gpt2_encoder_json": "encoder.json", "gpt2_vocab_bpe": "vocab.bpe"}
@@ -239,11 +240,11 @@ def load_pretrained(model_class, expected_name, model_name_or_path, checkpoint_f
         # as a misspelt ALiBi option among the keyword arguments, already is one: kept as is)
         if isinstance(refused, OneLineError) and \
                 not isinstance(refused, CheckpointMismatchError):
-            raise
+            raise type(refused)(keyword_names(str(refused))) from None  # named as given
         if not raised_by_plugin(refused):
             refuse_failed_load(checkpoint, model_class, expected_name, data_dir, refused)
             raise
-        raise WrongCheckpointError(str(refused)) from None
+        raise WrongCheckpointError(keyword_names(str(refused))) from None
     except (OSError, AttributeError, KeyError) as failed:  # fairseq's, on another kind of model
         refuse_failed_load(checkpoint, model_class, expected_name, data_dir, failed)
         raise

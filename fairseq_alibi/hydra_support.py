@@ -38,7 +38,6 @@ needs ``import fairseq_alibi.hydra_support`` first, or an explicit
 
 import dataclasses
 import os
-import re
 import sys
 
 from hydra.experimental.callback import Callback
@@ -114,8 +113,6 @@ def _error_line(refusal: Exception, config) -> str:
     return f"{os.path.basename(sys.argv[0])}: error: {hydra_names(str(refusal), config)}"
 
 
-#: a command-line flag in a message: ``--alibi-window-cutoff`` (not ``x--y``, not ``++model``)
-_FLAG = re.compile(r"(?<![\w-])--([a-z][a-z0-9]*(?:-[a-z0-9]+)*)")
 #: the config groups of training a flag's name is looked up in, in this order (the model's
 #: first: most refusals name its options); not the evaluation tools' (``--model-overrides`` in a
 #: hint is a flag of fairseq-eval-lm, which hydra does not run)
@@ -128,11 +125,10 @@ def hydra_names(message: str, config) -> str:
     key (``--alibi-heads`` → ``model.alibi_heads``): the refusals are phrased for the command
     line, and a hydra user sets keys, not flags. A flag of no group (``--model-overrides`` in a
     hint) stays as it is."""
-    def key(match):
-        name = match.group(1).replace("-", "_")
+    def key(name):
         group = next((g for g in _GROUPS if name in _group_keys(config, g)), None)
-        return match.group(0) if group is None else f"{group}.{name}"
-    return _FLAG.sub(key, message)
+        return None if group is None else f"{group}.{name}"
+    return options.renamed_flags(message, key)
 
 
 def _group_keys(config, group: str) -> set:

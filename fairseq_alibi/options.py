@@ -38,6 +38,7 @@ import difflib
 import functools
 import logging
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Callable, Dict, Iterable, Optional, Tuple
 
@@ -63,6 +64,26 @@ CROSS_BIASED = tuple(m for m in CROSS_ALIBI_MODES if m != "none")
 class OptionError(OneLineError):
     """A value or combination of the package's options that cannot work: the message names the
     flag and the fix, and an uncaught one is printed as that line alone (no traceback)."""
+
+
+#: a command-line flag in a message: ``--alibi-window-cutoff`` (not ``x--y``, not ``++model``)
+_FLAG = re.compile(r"(?<![\w-])--([a-z][a-z0-9]*(?:-[a-z0-9]+)*)")
+
+
+def renamed_flags(message: str, rename: Callable[[str], Optional[str]]) -> str:
+    """``message`` with each command-line flag ``--a-b`` written as ``rename("a_b")`` where
+    that gives a name: the refusals are phrased for the command line, and hydra's configs
+    and the hub take keys (:func:`keyword_names`, ``hydra_support.hydra_names``)."""
+    def one(match):
+        name = rename(match.group(1).replace("-", "_"))
+        return match.group(0) if name is None else name
+    return _FLAG.sub(one, message)
+
+
+def keyword_names(message: str) -> str:
+    """``message`` with the flags of the package's options written as the keyword arguments
+    that set them (``--alibi-window-sinks`` → ``alibi_window_sinks``): the hub's form."""
+    return renamed_flags(message, lambda name: name if is_our_key(name) else None)
 
 
 def one_line_errors(check):

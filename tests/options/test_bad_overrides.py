@@ -235,6 +235,12 @@ def test_the_hubs_keyword_arguments_are_checked():
             str(LM.parent), LM.name, str(FIXTURES), alibi_slope_scal=0.5)
     assert type(refused.value) is OneLineError
     assert str(refused.value).startswith("unknown ALiBi option 'alibi_slope_scal'")
+    # a refusal phrased for the command line names the keyword argument, as it was given
+    with pytest.raises(options.OptionError) as refused:
+        AlibiTransformerLanguageModel.from_pretrained(
+            str(LM.parent), LM.name, str(FIXTURES), alibi_window_sinks=4)
+    assert str(refused.value) == ("alibi_window_sinks needs alibi_window_cutoff: sinks are the "
+                                  "keys kept beyond the slope windows")
 
 
 def test_a_stock_model_refuses_the_packages_keys_it_would_ignore():
