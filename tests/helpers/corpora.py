@@ -62,6 +62,16 @@ def write_wikitext(folder, seed=0, paragraphs=(60, 12, 12)):
     return folder
 
 
+def write_wikitext_raw(tokens, folder):
+    """The raw layout (``wiki.<split>.raw``, what the GPT-2 pipeline reads) of the WikiText
+    folder ``tokens`` (:func:`write_wikitext`), the same text."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    for f in Path(tokens).iterdir():
+        (folder / f.name.replace(".tokens", ".raw")).write_bytes(f.read_bytes())
+    return folder
+
+
 def pile_documents(n, seed=0, max_sentences=12):
     """Documents of a few lines each (paragraphs), spread over three Pile subsets."""
     rng = random.Random(seed)

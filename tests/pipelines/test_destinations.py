@@ -270,10 +270,7 @@ def test_example_scripts_rerun_to_add_an_output(tmp_path, bpe):
     output; it used to stop at the first one, which existed ("pass --overwrite", a flag the
     scripts could not pass). OVERWRITE=1 rebuilds; a flag given to a script is refused."""
     text = corpora.write_wikitext(tmp_path / "wt")
-    raw = tmp_path / "wt_raw"
-    raw.mkdir()
-    for f in text.iterdir():
-        (raw / f.name.replace(".tokens", ".raw")).write_bytes(f.read_bytes())
+    raw = corpora.write_wikitext_raw(text, tmp_path / "wt_raw")
     out = tmp_path / "out"
     bins = out / "data-bin"
     assert _run_script("wikitext103", out, WIKITEXT=text).returncode == 0

@@ -651,10 +651,7 @@ def test_glue_malformed_rows(tmp_path, bpe_dir):
 def test_example_scripts(tmp_path, bpe_dir):
     """examples/*/prepare.sh, the thin wrappers, on local inputs in the real layouts."""
     text = corpora.write_wikitext(tmp_path / "wikitext-103")
-    raw = tmp_path / "wikitext-103-raw"
-    raw.mkdir()
-    for f in text.iterdir():
-        (raw / f.name.replace(".tokens", ".raw")).write_bytes(f.read_bytes())
+    raw = corpora.write_wikitext_raw(text, tmp_path / "wikitext-103-raw")
     pile_dir = tmp_path / "pile"
     (pile_dir / "train").mkdir(parents=True)
     corpora.write_pile_shard(pile_dir / "train" / "00.jsonl.zst", corpora.pile_documents(20))
