@@ -9,7 +9,7 @@ of them (no import circle).
 import os
 import warnings
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Tuple
 
 import torch
 
@@ -203,13 +203,20 @@ def not_a_language_model(path, needs: str, forks: bool = False) -> Optional[str]
     calling tool reads (:func:`language_model_refusal`). ``forks``: also the "convert it first"
     of an unconverted ALiBi fork's checkpoint (Press's loads as a stock ``transformer_lm``,
     which fairseq-eval-lm would score without the fork's bias). The file is read once."""
+    return read_language_model(path, needs, forks)[1]
+
+
+def read_language_model(path, needs: str, forks: bool = False) -> Tuple[Optional[dict],
+                                                                         Optional[str]]:
+    """``(state, None)`` for a language model's checkpoint ``path``, else ``(state or None,
+    why not)``: :func:`not_a_language_model` for a caller that reads the state too."""
     try:
         state = read_checkpoint(path)
         if forks:
             refuse_unconverted_fork(state, path)
     except ConversionError as exc:
-        return str(exc) if str(exc).startswith(str(path)) else f"{path}: {exc}"
-    return language_model_refusal(path, state, needs)
+        return None, str(exc) if str(exc).startswith(str(path)) else f"{path}: {exc}"
+    return state, language_model_refusal(path, state, needs)
 
 
 def language_model_refusal(path, state, needs: str) -> Optional[str]:

@@ -59,7 +59,7 @@ from typing import Callable, Dict, List, Mapping, Optional, Sequence, Union
 
 from fairseq_alibi.cli import fairseq_runs
 from fairseq_alibi.cli.fairseq_runs import console_script, thread_env
-from fairseq_alibi.cli.checkpoint_io import model_config, not_a_language_model, read_checkpoint
+from fairseq_alibi.cli.checkpoint_io import model_config, read_language_model
 from fairseq_alibi.config_access import cfg_get, overrides_dict
 from fairseq_alibi.files import refuse_taken
 from fairseq_alibi.paths import user_dir
@@ -104,9 +104,9 @@ def slope_interpolation(train_length: int, trained_scale: float = 1.0) -> Callab
     return overrides
 
 
-def trained_slope_scale(path) -> float:
-    """The ``alibi_slope_scale`` checkpoint ``path`` was saved with (1.0 where none)."""
-    return float(cfg_get(model_config(read_checkpoint(path)), "alibi_slope_scale", None) or 1.0)
+def trained_slope_scale(state) -> float:
+    """The ``alibi_slope_scale`` a checkpoint's ``state`` was saved with (1.0 where none)."""
+    return float(cfg_get(model_config(state), "alibi_slope_scale", None) or 1.0)
 
 
 @dataclass(frozen=True)
@@ -679,15 +679,16 @@ def main(argv=None):
         name, path = _parse_path(spec)
         if name in models:
             raise SystemExit(f"two checkpoints named {name!r}: give them names with NAME=CKPT")
-        refused = not_a_language_model(path, SWEPT_MODELS, forks=True)
+        state, refused = read_language_model(path, SWEPT_MODELS, forks=True)
         if refused:
             parser.error(f"--path {refused}")
+        scale = trained_slope_scale(state)
+        del state  # the runs load it themselves
         models[name] = SweepModel(path, overrides=_with_fixed(overrides, fixed, parser))
         if args.slope_interpolation:
             models[f"{name}, slopes x L/N"] = SweepModel(
-                path, overrides=_with_fixed(
-                    slope_interpolation(args.train_length, trained_slope_scale(path)), fixed,
-                    parser))
+                path, overrides=_with_fixed(slope_interpolation(args.train_length, scale),
+                                            fixed, parser))
     try:
         result = run_sweep(
             models, args.data, args.lengths, args.out, modes=modes,
