@@ -24,9 +24,11 @@ transformers, tokenizers and safetensors are imported here only (``pip install
 
 import argparse
 import json
+import logging
 import math
 import shutil
 import sys
+import warnings
 from pathlib import Path
 
 import torch
@@ -745,7 +747,10 @@ def import_folder(folder, out):
                 *flags]
         parsed = options.parse_args_and_arch(options.get_training_parser(),
                                              [str(a) for a in argv])
-        cfg = convert_namespace_to_omegaconf(parsed)
+        with warnings.catch_warnings():  # hydra's notes on fairseq's own config: not the user's
+            warnings.simplefilter("ignore", UserWarning)
+            logging.getLogger("hydra").setLevel(logging.INFO)
+            cfg = convert_namespace_to_omegaconf(parsed)
         model = tasks.setup_task(cfg.task).build_model(cfg.model)
         cfg.task.data = str(out.resolve())  # where dict.txt will be
         target = model.state_dict()
