@@ -94,7 +94,7 @@ from fairseq_alibi.cli.windows_inputs import (DEFAULT_MULTIPLE, ENCODER, KIND_NA
                                               TRANSLATION, SUPPORTED, WindowsInputError,
                                               checkpoint_config, read_sequences)
 from fairseq_alibi.cli.windows_report import (BLOCK, MIN_BLOCKS, Z, Candidate, CutoffRow,
-                                              HeadRow, Judged, judge, plot,
+                                              WINDOWED_ATTENTION, HeadRow, Judged, judge, plot,
                                               recommended, summary_lines, verdict, write_csvs,
                                               write_report, write_table)
 
@@ -238,15 +238,20 @@ def mass_length(lengths: Sequence[int]) -> int:
     return min(min(lengths), MASS_LENGTH)
 
 
-def saved_windows(cfg, kind: str) -> Tuple[float, int]:
-    """``(T, S)``: the largest cutoff and sinks the checkpoint was saved with (``(0, 0)``:
-    dense), over the sides a cutoff sets."""
+def saved_windows(cfg, kind: str) -> Tuple[float, int, str]:
+    """``(T, S, attention)``: the largest cutoff and sinks the checkpoint was saved with
+    (``(0, 0)``: dense), over the sides a cutoff sets, and its ``--alibi-attention`` where that
+    backend cannot drop keys (``fold``: a cutoff at load would be refused; ``""`` otherwise)."""
     from fairseq_alibi.config_access import cfg_get
+    from fairseq_alibi.modules.attention.dispatch import REGISTRY
 
     model = cfg_get(cfg, "model")
     sides = window_sides(cfg, kind)
+    attention = str(cfg_get(model, "alibi_attention", "auto") or "auto")
     return (max(float(cfg_get(model, f"{side}_window_cutoff", 0) or 0) for side in sides),
-            max(int(cfg_get(model, f"{side}_window_sinks", 0) or 0) for side in sides))
+            max(int(cfg_get(model, f"{side}_window_sinks", 0) or 0) for side in sides),
+            attention if attention in REGISTRY and not REGISTRY[attention].capabilities.windows
+            else "")
 
 
 def load_model(path, task, overrides: Dict[str, float], device):
@@ -504,28 +509,32 @@ def window_sides(cfg, kind: str) -> Tuple[str, ...]:
                  if str(cfg_get(model, f"{side}_alibi_variant", "none")) != "none")
 
 
-def window_overrides(sides: Sequence[str], cutoff: float, sinks: int = 0) -> Dict[str, float]:
-    """The load-time overrides of ``cutoff`` and ``sinks`` on every side of ``sides``."""
-    found = {}
+def window_overrides(sides: Sequence[str], cutoff: float, sinks: int = 0,
+                     attention: str = "") -> Dict[str, object]:
+    """The load-time overrides of ``cutoff`` and ``sinks`` on every side of ``sides`` (and of
+    ``--alibi-attention`` by ``attention``, where the saved one cannot drop keys)."""
+    found = {"alibi_attention": attention} if attention and cutoff else {}
     for side in sides:
         found.update({f"{side}_window_cutoff": cutoff, f"{side}_window_sinks": sinks})
     return found
 
 
 def measure(args, cfg, reader, task, lengths: List[int], tokens: int, bar,
-            kind: str = LM, saved_sinks: int = 0) -> tuple:
+            kind: str = LM, saved: Tuple[float, int, str] = (0.0, 0, "")) -> tuple:
     """The attention mass (the dense model hooked, :class:`MassMeter`, on its own sample), then
     the cutoffs in increasing order until one passes (within at every length, keeping what the
     sink heads at its ``T`` need): each without sinks, and where that fails with each ``S > 0``
     of ``--sinks`` in increasing order, on the same sequences of ``reader``, until one drops
-    no key of them (a larger ``T`` or more sinks would drop none either); returns ``(meter,
-    heads, sample, candidates)``."""
+    no key of them (a larger ``T`` or more sinks would drop none either), each with the
+    ``--alibi-attention`` :data:`WINDOWED_ATTENTION` where the saved one (``saved``,
+    :func:`saved_windows`) cannot drop keys; returns ``(meter, heads, sample, candidates)``."""
     import torch
 
     from fairseq_alibi.modules.attention.windowed import decoding_reach
 
     device = torch.device("cuda" if torch.cuda.is_available() and not args.cpu else "cpu")
     sides = window_sides(cfg, kind)
+    attention = WINDOWED_ATTENTION if saved[2] else ""
     dense = load_model(args.checkpoint, task, {}, device)
     attentions = alibi_attentions(dense, args.checkpoint, kind)
     if saved_cutoff(dense):  # saved with windows: dense is the cutoff off
@@ -543,7 +552,8 @@ def measure(args, cfg, reader, task, lengths: List[int], tokens: int, bar,
     candidates = []
     for t in args.cutoffs:
         for s in [0] + [s for s in args.sinks if s]:
-            model = load_model(args.checkpoint, task, window_overrides(sides, t, s), device)
+            model = load_model(args.checkpoint, task, window_overrides(sides, t, s, attention),
+                               device)
             decoder = set(model.decoder.modules()) if kind != ENCODER else set()
             reaches = [decoding_reach(m.alibi) for m in
                        alibi_attentions(model, args.checkpoint, kind) if m in decoder]
@@ -552,7 +562,7 @@ def measure(args, cfg, reader, task, lengths: List[int], tokens: int, bar,
             del model
             cache = None if not reaches or None in reaches else max(reaches) + s
             candidates.append(Candidate(t, s, judged, cache, decodes=kind != ENCODER,
-                                        sides=sides, saved_sinks=saved_sinks))
+                                        sides=sides, saved_sinks=saved[1], attention=attention))
             row = cutoff_row(meter, heads, t, candidates, reader.kept_length)
             if row.passes(candidates[-1]) or not row.drops(candidates[-1]):
                 return meter, heads, sample, candidates  # the verdict, or nothing more to learn
@@ -605,7 +615,8 @@ def bleu_lines(args, task, sample: "Sample", chosen, out: Path) -> List[str]:
     count = min(args.bleu, len(pairs))
     found = {"dense": translations(sample.dense, task, pairs, count, BEAM, device)}
     model = load_model(args.checkpoint, task,
-                       window_overrides(chosen.sides, chosen.cutoff, chosen.sinks), device)
+                       window_overrides(chosen.sides, chosen.cutoff, chosen.sinks,
+                                        chosen.attention), device)
     found["windowed"] = translations(model, task, pairs, count, BEAM, device)
     del model
     # as fairseq-generate scores: an <unk> in a reference matches no hypothesis's
@@ -667,7 +678,7 @@ def run(args, command: str) -> str:
     bar = progress_bar(total=passes, desc="windows", unit="pass", enabled=passes > LONG_RUN)
     try:
         meter, heads, sample, candidates = measure(args, cfg, reader, task, lengths, tokens,
-                                                   bar, kind, saved[1])
+                                                   bar, kind, saved)
     finally:
         bar.close()
     rows = cutoff_rows(meter, heads, candidates, reader.kept_length)

@@ -20,6 +20,9 @@ from fairseq_alibi.cli.windows_inputs import Pairs
 Z = 2.0
 BLOCK = 256
 MIN_BLOCKS = 16
+#: the --alibi-attention a cutoff is measured and recommended with where the saved one cannot
+#: drop keys (``fold``): the verdict is on perplexity, which no backend changes
+WINDOWED_ATTENTION = "auto"
 
 @dataclass
 class Judged:
@@ -66,6 +69,8 @@ class Candidate:
     sides: Tuple[str, ...] = ("alibi",)  # the window options' prefixes (window_sides)
     #: the sinks the checkpoint was saved with: a load-time cutoff alone would keep them
     saved_sinks: int = 0
+    #: the --alibi-attention it runs with where the saved one cannot drop keys ("": as saved)
+    attention: str = ""
 
     @property
     def cache_keys(self) -> str:
@@ -91,7 +96,8 @@ class Candidate:
         flags = " ".join(f"--{side.replace('_', '-')}-window-cutoff {self.cutoff:g}"
                          for side in self.sides)
         named = self.sinks or self.saved_sinks != self.sinks
-        return flags + (f" {sinks_flag(self.sides, self.sinks)}" if named else "")
+        return (flags + (f" {sinks_flag(self.sides, self.sinks)}" if named else "")
+                + (f" --alibi-attention {self.attention}" if self.attention else ""))
 
 
 def sinks_flag(sides: Sequence[str], sinks) -> str:
@@ -384,24 +390,30 @@ def sink_lines(rows: List[CutoffRow], sinks: Sequence[int]) -> List[str]:
 
 
 def summary_lines(args, lengths, tokens: int, sample, rows, heads, mass: Tuple[int, int],
-                  saved: Tuple[float, int] = (0.0, 0), most=None) -> List[str]:
+                  saved: Tuple[float, int, str] = (0.0, 0, ""), most=None) -> List[str]:
     """The report's lines: what was read (``sample``, the tool's ``Sample``; ``mass``: the
-    attention mass's sequences and their length; ``saved``: the cutoff and sinks the checkpoint
-    was saved with), dense's perplexity, the cutoffs' table, the heads' table (the ``most``
-    heads with the most mass beyond; all if ``None``)."""
+    attention mass's sequences and their length; ``saved``: the cutoff, sinks and a backend
+    that cannot drop keys the checkpoint was saved with), dense's perplexity, the cutoffs'
+    table, the heads' table (the ``most`` heads with the most mass beyond; all if ``None``)."""
     scored = sample.scored
     pairs = isinstance(sample.reader, Pairs)
     unit = "source tokens" if pairs else "tokens"
     as_saved = Candidate(saved[0], saved[1], {}, None, sides=sides_of(rows))
     saved_line = ([f"CKPT saved with {as_saved.flags}: dense here is the model with its cutoff "
                    "off", ""] if saved[0] else [])
+    if saved[2]:
+        saved_line += [f"CKPT saved with --alibi-attention {saved[2]}, which cannot drop keys: "
+                       f"each cutoff is measured, and recommended, with --alibi-attention "
+                       f"{WINDOWED_ATTENTION} "
+                       "(the same perplexity, computed by a backend that can)", ""]
     masses, mass_length = mass
     nll = {n: sum(float(x.sum()) for x in sample.dense_nll[n]) for n in lengths}
     dense = ", ".join(f"L={n} {math.exp(nll[n] / scored[n]):.3f} ({scored[n]:,} tokens)"
                       for n in lengths if scored[n])
     with_sinks = sinks_lines(rows)
     return [f"{args.checkpoint} on {args.data} ({args.gen_subset}, {sample.reader.total:,} "
-            f"{unit}): at most {tokens:,} {unit} per cutoff at "
+            f"{unit}): at most {tokens:,} {unit} per cutoff, in whole sequences (at least "
+            "one), at "
             + ", ".join(f"L={n} ({len(sample.starts[n])} × {n})" for n in lengths)
             + f", start offsets seed {args.seed}; attention mass on {masses} × "
             f"{mass_length} tokens; layers and heads count from 0"

@@ -146,7 +146,8 @@ def test_the_verdict_follows_the_printed_perplexity_change(trained_lm_checkpoint
     lines = out.splitlines()
     # the training length 16 times 16: one sequence of 256 tokens (--tokens 256); the
     # attention mass on the sequences of the shortest length, 1,024 tokens of them
-    assert "at most 256 tokens per cutoff at L=256 (1 × 256)" in lines[0], lines[0]
+    assert ("at most 256 tokens per cutoff, in whole sequences (at least one), at L=256 "
+            "(1 × 256)") in lines[0], lines[0]
     assert "attention mass on 4 × 256 tokens" in lines[0], lines[0]
     cutoffs = rows_of(out_dir / "windows_cutoffs.csv")
     assert sorted({float(r["cutoff"]) for r in cutoffs}) == [1.0, 4.0, 16.0]
@@ -415,6 +416,35 @@ def test_bad_input_is_one_line_naming_the_argument(trained_lm_checkpoint, tiny_l
 
 
 @pytest.mark.slow
+def test_a_model_saved_with_a_backend_that_cannot_drop_keys_is_checked_with_one_that_can(
+        trained_lm_checkpoint, tiny_lm_data, tmp_path, capsys):
+    """Saved with ``--alibi-attention fold``, a cutoff at load is refused; the tool measures
+    each cutoff with ``auto`` (the same perplexity as the model saved with ``auto``), says so,
+    and names it in the verdict, which then loads."""
+    state = load(trained_lm_checkpoint)
+    state["cfg"]["model"]["alibi_attention"] = "fold"
+    torch.save(state, tmp_path / "fold.pt")
+    found = {}
+    for name, path in (("auto", trained_lm_checkpoint), ("fold", tmp_path / "fold.pt")):
+        code, out, err = windows(capsys, path, tiny_lm_data, "--tokens", 64, "--cutoffs", 8,
+                                 "--sinks", 0, "--out", tmp_path / name)
+        assert code == 0, err[-3000:]
+        found[name] = out.splitlines()
+    assert found["fold"][-1] == found["auto"][-1] + " --alibi-attention auto", found["fold"][-1]
+    assert "CKPT saved with --alibi-attention fold, which cannot drop keys" in "\n".join(
+        found["fold"])
+    auto, fold = (rows_of(tmp_path / name / "windows_cutoffs.csv") for name in ("auto", "fold"))
+    assert [r["status"] for r in auto] == [r["status"] for r in fold]  # dense: fold's rounding
+    assert [float(r["ppl_L256"]) for r in fold] == pytest.approx(
+        [float(r["ppl_L256"]) for r in auto], rel=1e-6)
+    flags = found["fold"][-1].split(": ", 1)[1].split()
+    overrides = {flag[2:].replace("-", "_"): value for flag, value in zip(flags[::2], flags[1::2])}
+    load_model(tmp_path / "fold.pt", read_stream(checkpoint_config(tmp_path / "fold.pt")[0],
+                                                 tiny_lm_data, "valid")[0],
+               {k: float(v) if k.endswith("cutoff") else v for k, v in overrides.items()},
+               torch.device("cpu"))
+
+
 def test_the_command_line(trained_lm_checkpoint, tiny_lm_data, tmp_path):
     """``python -m fairseq_alibi windows``: the verdict is the last line of stdout, and a bad
     input exits with status 2 and its one line, no traceback."""
