@@ -348,6 +348,15 @@ def test_wikitext103_mlm_mirrors_fairseq_roberta_base_yaml():
     assert ours == theirs
 
 
+@pytest.mark.parametrize("family,name", [c for c in primary_configs() if c[0] != "glue"])
+def test_the_criterion_can_be_switched_by_an_override(family, name):
+    """``criterion._name=masked_lm_documents`` (the document masks' criterion), as the model's
+    and task's keys are switched; a plain ``criterion: masked_lm`` could not be overridden."""
+    switched = "masked_lm_documents" if family == "mlm" else "cross_entropy"
+    cfg = compose(CONFIG / family, name, [f"criterion._name={switched}"])
+    assert cfg.criterion._name == switched
+
+
 def test_glue_configs_are_fairseqs_finetuning_yamls():
     """Every task's yaml holds fairseq's values; composed (STS-B: regression), they survive."""
     if not (FAIRSEQ_ROBERTA / "finetuning").is_dir():
