@@ -189,9 +189,9 @@ def _unreadable_checkpoint(exc: BaseException) -> Optional[str]:
 
 def _zero_block_size(exc: BaseException) -> Optional[str]:
     """fairseq's blocks of ``--tokens-per-sample`` tokens (less fairseq-eval-lm's
-    ``--context-window``) fail on a size below 1 with a bare ``ZeroDivisionError`` (0) or
-    ``negative dimensions are not allowed``."""
-    if not isinstance(exc, (ZeroDivisionError, ValueError)) or (
+    ``--context-window``) fail on a size below 1 with a bare ``ZeroDivisionError`` (0),
+    ``negative dimensions are not allowed`` or, on a split of few tokens, ``IndexError``."""
+    if not isinstance(exc, (ZeroDivisionError, ValueError, IndexError)) or (
             isinstance(exc, ValueError) and "negative dimensions" not in str(exc)):
         return None
     block, window = None, 0

@@ -172,6 +172,21 @@ def test_a_block_size_below_one_in_eval_lm_is_named(flags, error, line, tiny_lm_
     assert last_line(out).startswith(f"fairseq_alibi: {line}")
 
 
+def test_a_block_size_below_minus_the_splits_tokens_is_named_too():
+    """Below minus the split's tokens fairseq's blocks fail with a bare IndexError (an empty
+    list of slices), not the ValueError above: the same line."""
+    import numpy as np
+    from fairseq.data import TokenBlockDataset
+
+    from fairseq_alibi.error_hints import hint_for
+
+    with pytest.raises(IndexError) as failed:
+        TokenBlockDataset([torch.tensor([5, 6, 2])] * 2, np.array([3, 3]), -368, pad=1, eos=2,
+                          break_mode="none")
+    assert hint_for(failed.value).startswith(
+        "--tokens-per-sample must be at least 1 (the tokens of one block), got -368")
+
+
 def test_eval_lm_on_an_encoder_is_named():
     """An encoder has supported_targets, without the LM's: fairseq's ValueError gets the hint."""
     from fairseq_alibi.error_hints import hint_for
