@@ -151,7 +151,12 @@ def main(argv=None):
     refused = run([sys.executable, "-m", "fairseq_alibi", "export-hf", teacher, "--dict",
                    data / "dict.txt", "--bpe", "sentencepiece", "--sentencepiece-model",
                    sp_model, "--out", out / "hf_teacher"], out / "logs" / "export_teacher.log")
-    refusal = refused.stderr.strip().splitlines()[-1]
+    # fairseq_runs.run gives stdout and stderr together, in stdout
+    refusal = next((line for line in reversed(refused.stdout.splitlines())
+                    if line.startswith("error: ")), None)
+    if refused.returncode == 0 or refusal is None:
+        raise SystemExit(f"{out / 'logs' / 'export_teacher.log'}: export-hf did not refuse the "
+                         "teacher (an alibi_transformer_lm, not BLOOM)")
     student, t_student = train(out, "student", data, ud, args.L, updates,
                                ["--arch", "alibi_bloom", "--criterion", "lm_distillation",
                                 "--teacher-path", teacher, "--distill-alpha", 0.5,
