@@ -144,6 +144,8 @@ def main(argv=None):
         updates = {"teacher": args.teacher_updates, "converted": 0}.get(key, N)
         rows.append([name, updates, f"{at_l:.2f}", f"{at_4l:.2f}"])
     tokens = result.points[0].tokens
+    vocabulary = (f"the {len((data / 'dict.txt').read_text().splitlines()):,} entries of "
+                  f"--data's dict.txt" if args.data else f"{size['vocab']} sentencepiece pieces")
     command = "python -m experiments.distill_demo " + " ".join(
         argv if argv is not None else sys.argv[1:])
     report = "\n".join([
@@ -156,7 +158,7 @@ def main(argv=None):
         table(["model", "updates", f"ppl at L={L}", f"ppl at 4L={4 * L}"], rows),
         "",
         f"{size['layers']} layers, {size['dim']} dims, {size['heads']} heads, "
-        f"{size['max_tokens']} tokens per update, {size['vocab']} sentencepiece pieces; "
+        f"{size['max_tokens']} tokens per update, {vocabulary}; "
         f"recovery peak lr {args.recovery_lr or size['lr']:g}; distillation alpha={args.alpha}, "
         f"T={args.temperature}. Perplexity per token on the "
         f"{tokens:,} test tokens, non-overlapping blocks of L and 4L. Wall time: teacher "
