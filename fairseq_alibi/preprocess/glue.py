@@ -170,7 +170,7 @@ def missing_files(task, glue_dir) -> Optional[str]:
     if not missing:
         return None
     return (f"{task.name}: {Path(glue_dir) / task.name} has no {', '.join(missing)} (the GLUE "
-            f"layout is <glue-dir>/{task.name}/{{train,dev,test}}.tsv)")
+            f"layout is <glue-dir>/{task.name}/{{{','.join(task.columns)}}}.tsv)")
 
 
 def task_inputs(task, glue_dir, encoder):

@@ -626,6 +626,9 @@ def test_glue_malformed_rows(tmp_path, bpe_dir):
     shutil.rmtree(tmp_path / "glue" / "RTE")
     with pytest.raises(DataError, match=r"RTE: .* has no train.tsv, dev.tsv"):
         glue.prepare(tmp_path / "glue", tmp_path / "bin", ["RTE"], encoder)
+    # the layout named is the task's own files (MNLI: dev_matched, dev_mismatched)
+    assert "MNLI/{train,dev_matched,dev_mismatched,test_matched,test_mismatched}.tsv" in \
+        glue.missing_files(glue.TASKS["MNLI"], tmp_path / "nowhere")
 
     # QQP's train and dev: rows with a wrong column count are dropped, as fairseq's script does
     qqp = tmp_path / "glue" / "QQP" / "train.tsv"
