@@ -171,6 +171,7 @@ def test_config_trains_two_updates(family, name, data, runs_root):
     cfg = state["cfg"]
     assert state["optimizer_history"][-1]["num_updates"] == 2
     assert cfg.common.user_dir == user_dir()  # found with no path in the config
+    assert cfg.dataset.update_epoch_batch_itr  # a resume in a later epoch is exact
     # every model option of the yaml is one the model has (a typo would be silently kept)
     yaml_model = OmegaConf.load(CONFIG / family / f"{name}.yaml").get("model") or {}
     unknown = set(yaml_model) - known_model_options(cfg.model) - {"_name"}
@@ -329,10 +330,11 @@ def test_pile_mlm_recipes_are_the_studys():
 
 def comparable(cfg, skip_model=True):
     """A composed config as plain data, without what ours adds on purpose (the plugin block,
-    where checkpoints go) and, unless asked, the model."""
+    where checkpoints go, each epoch's own batches) and, unless asked, the model."""
     plain = OmegaConf.to_container(cfg, resolve=False)
     plain["common"].pop("user_dir")
     plain["checkpoint"].pop("save_dir")
+    plain["dataset"].pop("update_epoch_batch_itr")
     if skip_model:
         plain.pop("model")
     return plain

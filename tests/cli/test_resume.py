@@ -76,6 +76,25 @@ def test_stop_and_resume_equals_straight_run(model, straight, tmp_path, tiny_lm_
         assert_identical(load(tmp_path / name), load(straight_dir / name))
 
 
+def test_a_resume_in_a_later_epoch_is_exact_with_update_epoch_batch_itr(tmp_path, tiny_lm_data,
+                                                                         alibi_user_dir):
+    """fairseq-fixed 0.12.3 makes a run's batches from ``--seed`` plus the epoch it starts in and
+    keeps them for every epoch: resumed in epoch 2, a run's batches are not the uninterrupted
+    run's (stock). With ``--update-epoch-batch-itr True`` every epoch makes its own in both, and
+    the resume is exact: the recipe docs/reliability.md gives."""
+    flags = ["--dropout", 0.1, "--update-epoch-batch-itr", "True"]
+    straight = train("lm", tiny_lm_data, alibi_user_dir, tmp_path / "straight", *flags,
+                     "--max-epoch", 2)
+    resumed = tmp_path / "resumed"
+    first = train("lm", tiny_lm_data, alibi_user_dir, resumed, *flags, "--max-epoch", 1)
+    second = train("lm", tiny_lm_data, alibi_user_dir, resumed, *flags, "--max-epoch", 2)
+    assert loaded_at(second) == logged_losses(first)[-1][0]  # resumed at the end of epoch 1
+    assert "(epoch 2 @" in second
+    assert logged_losses(first) + logged_losses(second) == logged_losses(straight)
+    assert_identical(load(resumed / "checkpoint_last.pt"),
+                     load(tmp_path / "straight" / "checkpoint_last.pt"))
+
+
 def test_sigkill_mid_training_resumes_from_the_last_checkpoint(
         straight, tmp_path, tiny_lm_data, alibi_user_dir):
     model = "lm"  # the machinery under test is fairseq's, the same for both models
