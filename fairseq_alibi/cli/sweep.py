@@ -599,9 +599,9 @@ def _overrides(text: str) -> dict:
     return value
 
 
-def _with_fixed(per_length, fixed: dict, parser):
+def _with_fixed(per_length, fixed: dict, parser, lengths: Sequence[int]):
     """``per_length`` overrides (``length -> dict``, or ``None``) with ``fixed`` ones added; a
-    key both set is the parser's error."""
+    key both set at any of ``lengths`` is the parser's error, before any run."""
     if not fixed:
         return per_length
 
@@ -611,6 +611,8 @@ def _with_fixed(per_length, fixed: dict, parser):
         if both:
             parser.error(f"--model-overrides sets {both[0]}, which the sweep sets per length")
         return {**fixed, **own}
+    for length in lengths:
+        overrides(length)
     return overrides
 
 
@@ -684,11 +686,12 @@ def main(argv=None):
             parser.error(f"--path {refused}")
         scale = trained_slope_scale(state)
         del state  # the runs load it themselves
-        models[name] = SweepModel(path, overrides=_with_fixed(overrides, fixed, parser))
+        models[name] = SweepModel(path, overrides=_with_fixed(overrides, fixed, parser,
+                                                              args.lengths))
         if args.slope_interpolation:
             models[f"{name}, slopes x L/N"] = SweepModel(
                 path, overrides=_with_fixed(slope_interpolation(args.train_length, scale),
-                                            fixed, parser))
+                                            fixed, parser, args.lengths))
     try:
         result = run_sweep(
             models, args.data, args.lengths, args.out, modes=modes,

@@ -145,6 +145,27 @@ def test_sweep_bad_lengths_are_argparse_errors(lengths, reason, tmp_path, capsys
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize("flags,key", [
+    (["--slope-interpolation", "--train-length", "16"], "alibi_slope_scale"),
+    (["--sinusoidal-overrides"], "tokens_per_sample"),
+])
+def test_sweep_overrides_of_what_it_sets_per_length_are_refused_before_any_run(
+        flags, key, tiny_lm_data, tmp_path, capsys):
+    """Refused at parsing, not once the first length's run has been evaluated and its log
+    written into --out (which then asked a corrected rerun for --overwrite)."""
+    from fairseq_alibi.cli.sweep import main
+
+    path = saved_in_process(tmp_path / "model.pt", tiny_lm_data, *MODELS["lm"])
+    with pytest.raises(SystemExit) as exit_:
+        main(["--path", str(path), "--data", str(tiny_lm_data), "--out", str(tmp_path / "out"),
+              "--lengths", "16,32", "--model-overrides", f"{{'{key}': 7}}", *flags])
+    assert exit_.value.code == 2
+    assert last_line(capsys.readouterr().err) == (
+        f"fairseq-alibi sweep: error: --model-overrides sets {key}, which the sweep sets per "
+        "length")
+    assert not (tmp_path / "out").exists()
+
+
 @pytest.mark.parametrize("model", ["lm", "encoder"])
 def test_zero_tokens_per_sample_is_a_clear_error(model, tiny_lm_data):
     with pytest.raises(ValueError, match=r"^--tokens-per-sample must be at least 1 .* got 0;"):
