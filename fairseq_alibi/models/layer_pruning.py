@@ -15,6 +15,8 @@ from typing import Dict, List, Optional
 
 from omegaconf import DictConfig
 
+from fairseq_alibi.error_hints import CheckpointMismatchError
+
 
 def kept_layers(model_cfg, side: str) -> Optional[List[int]]:
     """The layers of ``side`` ("encoder" or "decoder") that ``prune_state_dict`` keeps, in the
@@ -48,7 +50,7 @@ def prune_scales(state_dict, model_cfg, scales_keys: Dict[str, str]):
         rows = saved.size(0)
         outside = [layer for layer in kept if not 0 <= layer < rows]
         if outside:
-            raise ValueError(
+            raise CheckpointMismatchError(
                 f"--{side}-layers-to-keep {getattr(model_cfg, f'{side}_layers_to_keep')} names "
                 f"layer {outside[0]}, but this checkpoint's per-layer ALiBi slope scales ({key}) "
                 f"are those of {rows} layers: keep layers among 0 to {rows - 1}"
