@@ -36,7 +36,7 @@ from pathlib import Path
 import torch
 
 from benchmarks.subprocesses import REPO
-from benchmarks.tables import comma_choices, machine, table
+from benchmarks.tables import comma_choices, command_line, machine, table
 from fairseq_alibi.cli.fairseq_runs import thread_env
 
 #: what each setting sets in the child's environment (every other variable named here unset)
@@ -140,7 +140,8 @@ def main(argv=None):
     args, passed = parse_args(argv)
     torch.set_num_threads(args.threads)  # the machine line reports the children's threads
     found = measure(args.settings, args.rounds, passed, args.threads)
-    print("\n".join([f"Machine: {machine()}", "", "## CPU memory allocation, end to end", "",
+    print("\n".join([command_line("benchmarks.allocation", argv), f"Machine: {machine()}", "",
+                     "## CPU memory allocation, end to end", "",
                      f"benchmarks.end_to_end {' '.join(passed)} --rounds 1, one process per "
                      f"setting and round, {args.rounds} alternating round(s), median",
                      "", report(found, args.settings)]))

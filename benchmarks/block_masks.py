@@ -21,11 +21,14 @@ from types import SimpleNamespace
 import torch
 
 from benchmarks.packing import EOS, document_lengths, packed_rows
-from benchmarks.tables import machine, table
+from benchmarks.tables import command_line, fill_unset, machine, table
 from benchmarks.timing import Rounds, mib, peak_bytes
 from fairseq_alibi.alibi import document_ids, get_slopes, variant_windows
 from fairseq_alibi.modules.attention import flex
 
+#: what a flag not given is, in a full run and with ``--quick`` (a flag given wins over both)
+PRESETS = {"full": dict(lengths="4096,8192", doc_lengths="256,2048", rounds=3),
+           "quick": dict(lengths="512", doc_lengths="32,128", rounds=1)}
 HEADS = 8
 
 
@@ -84,14 +87,16 @@ def run(lengths, cutoff, sinks, doc_lengths, rounds, log=print):
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(prog="python -m benchmarks.block_masks",
                                      description=__doc__.split("\n\n")[0])
-    parser.add_argument("--lengths", default="4096,8192")
+    parser.add_argument("--lengths", help="default 4096,8192; --quick: 512")
     parser.add_argument("--cutoff", type=float, default=8.0)
     parser.add_argument("--sinks", type=int, default=4)
-    parser.add_argument("--doc-lengths", default="256,2048")
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--doc-lengths", help="default 256,2048; --quick: 32,128")
+    parser.add_argument("--rounds", type=int, help="default 3; --quick: 1")
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--quick", action="store_true", help="one short length, one round")
+    parser.add_argument("--quick", action="store_true", help="one short length, one round (a "
+                        "flag given beside it wins)")
     args = parser.parse_args(argv)
+    fill_unset(args, PRESETS["quick" if args.quick else "full"])
     try:
         args.lengths = [int(x) for x in args.lengths.split(",")]
         args.doc_lengths = tuple(int(x) for x in args.doc_lengths.split(","))
@@ -102,8 +107,6 @@ def parse_args(argv=None):
                      "0 < LOW <= HIGH")
     if args.cutoff <= 0 or args.sinks < 0 or min(args.lengths) < 1:
         parser.error("--cutoff must be positive, --sinks at least 0, --lengths at least 1")
-    if args.quick:
-        args.lengths, args.rounds, args.doc_lengths = [512], 1, (32, 128)
     return args
 
 
@@ -115,7 +118,8 @@ def main(argv=None):
     warnings.filterwarnings("ignore", message=".*flex_attention.*")
     body, check, same = run(args.lengths, args.cutoff, args.sinks, args.doc_lengths,
                             args.rounds, log=lambda line: print(line, file=sys.stderr))
-    print("\n".join([f"Machine: {machine()}", "", body, "", check]))
+    print("\n".join([command_line("benchmarks.block_masks", argv), f"Machine: {machine()}", "",
+                     body, "", check]))
     return 0 if same else 1
 
 

@@ -74,7 +74,7 @@ from typing import Dict, List
 import torch
 
 from benchmarks.decoding import build
-from benchmarks.tables import machine, table
+from benchmarks.tables import command_line, machine, table
 from benchmarks.timing import Rounds, forward_call
 from fairseq_alibi.modules.alibi_multihead_attention import AlibiMultiheadAttention
 from fairseq_alibi.modules.attention.windowed import decoding_reach
@@ -489,8 +489,6 @@ def main(argv=None):
     if args.cutoff is not None and not 0 < args.cutoff < float("inf"):
         parser.error("--cutoff must be a positive finite number of nats")
     torch.set_num_threads(args.threads)
-    command = "python -m benchmarks.decoding_windows " + " ".join(
-        argv if argv is not None else sys.argv[1:])
     log = lambda line: print(line, file=sys.stderr)  # noqa: E731
     dims = dims_of(parser, args)
     cutoff = args.cutoff or (0.5 if args.smoke and not (args.attention_steps or args.beam_search)
@@ -531,7 +529,8 @@ def main(argv=None):
             body = sinks_cost(cutoff, args.sinks, tokens, segment, dims)
         else:
             shape, body = long_generation(args, cutoff, tokens, segment, dims, log)
-    print(f"Command: `{command.strip()}`  \nMachine: {machine()}  \n{shape}\n\n{body}")
+    print(f"{command_line('benchmarks.decoding_windows', argv)}\nMachine: {machine()}  \n"
+          f"{shape}\n\n{body}")
     return body
 
 

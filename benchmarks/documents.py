@@ -41,12 +41,16 @@ import torch
 
 from benchmarks.packing import (EOS, WIKITEXT, corpus_argument, describe, document_lengths,
                                 padded_documents, packed_rows, training_sample)
-from benchmarks.tables import comma_choices, machine, table
+from benchmarks.tables import comma_choices, command_line, fill_unset, machine, table
 from benchmarks.timing import Rounds, backward_call, forward_call
 from fairseq_alibi.modules.attention import dispatch
 from fairseq_alibi.modules.bias import AlibiBias
 
 TABLES = ("attention", "training")
+#: what a flag not given is, in a full run and with ``--quick`` (a flag given wins over both)
+PRESETS = {"full": dict(lengths="4096,8192", doc_lengths="256,2048", train_lengths="512,4096",
+                        rounds=3),
+           "quick": dict(lengths="512", doc_lengths="32,128", train_lengths="128", rounds=1)}
 TRAIN_DIMS = ["--decoder-layers", "2", "--decoder-embed-dim", "512",
               "--decoder-ffn-embed-dim", "2048", "--decoder-attention-heads", "8",
               "--share-decoder-input-output-embed"]
@@ -167,12 +171,12 @@ def parse_args(argv=None):
     parser = argparse.ArgumentParser(prog="python -m benchmarks.documents",
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("--tables", default=",".join(TABLES))
-    parser.add_argument("--lengths", default="4096,8192")
-    parser.add_argument("--doc-lengths", default="256,2048")
-    parser.add_argument("--train-lengths", default="512,4096")
+    parser.add_argument("--lengths", help="default 4096,8192; --quick: 512")
+    parser.add_argument("--doc-lengths", help="default 256,2048; --quick: 32,128")
+    parser.add_argument("--train-lengths", help="default 512,4096; --quick: 128")
     parser.add_argument("--corpus", type=corpus_argument, default="uniform")
     parser.add_argument("--cutoff", type=float, default=8.0)
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, help="default 3; --quick: 1")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                         help="where the training table's steps run")
@@ -181,8 +185,10 @@ def parse_args(argv=None):
     parser.add_argument("--work", default="outputs/benchmarks/documents")
     parser.add_argument("--json", default=None)
     parser.add_argument("--quick", action="store_true",
-                        help="small lengths, one round (a smoke run)")
+                        help="small lengths, one round (a smoke run; a flag given beside it "
+                        "wins)")
     args = parser.parse_args(argv)
+    fill_unset(args, PRESETS["quick" if args.quick else "full"])
     args.tables = comma_choices(parser, args.tables, TABLES, "--tables")
     try:
         args.lengths = [int(x) for x in args.lengths.split(",")]
@@ -200,16 +206,14 @@ def parse_args(argv=None):
         parser.error("--device cuda: no CUDA device here")
     if args.corpus == "wikitext2" and not (WIKITEXT / "wiki.test.tokens").exists():
         parser.error(f"--corpus wikitext2 needs {WIKITEXT / 'wiki.test.tokens'}")
-    if args.quick:
-        args.lengths, args.train_lengths, args.rounds = [512], [128], 1  # a small model
-        args.doc_lengths = (32, 128)
     return args
 
 
 def main(argv=None):
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
-    report, record = [f"Machine: {machine()}", ""], {"args": vars(args)}
+    report = [command_line("benchmarks.documents", argv), f"Machine: {machine()}", ""]
+    record = {"args": vars(args)}
     if "attention" in args.tables:
         shape, body, record["attention"] = attention_table(
             args.lengths, args.doc_lengths, args.cutoff, args.corpus, args.rounds)

@@ -39,7 +39,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.tables import machine, table
+from benchmarks.tables import command_line, machine, table
 from benchmarks.timing import Rounds
 
 DEFAULT_CHECKPOINT = "outputs/quickstart/checkpoints/alibi/checkpoint_last.pt"
@@ -260,9 +260,8 @@ def main(argv=None):
     shape, body, summary = run(checkpoint, data, args.length, args.cutoff, args.rounds,
                                args.max_tokens or args.length,
                                log=lambda line: print(line, file=sys.stderr))
-    command = "python -m benchmarks.eval_lm_profile " + " ".join(
-        argv if argv is not None else sys.argv[1:])
-    print(f"Command: `{command.strip()}`  \nMachine: {machine()}  \n{shape}\n\n{body}\n\n"
+    print(f"{command_line('benchmarks.eval_lm_profile', argv)}\nMachine: {machine()}  \n"
+          f"{shape}\n\n{body}\n\n"
           f"Scorer tokens/s with T={args.cutoff:g}: {summary['speedup']:.2f}× dense (paired "
           f"rounds). The attention backend is {summary['backend_share_dense']:.0%} of the dense "
           f"scorer's time ({summary['backend_speedup']:.2f}× faster with the cutoff); with the "
@@ -279,8 +278,11 @@ def smoke_model(work: Path, threads: int):
     data = work / "bin"
     if not (data / "test.bin").is_file():
         binarize(write_corpus(str(work / "raw"), 100, 600), str(data), threads)
-    dims = ["--decoder-layers", "1", "--decoder-embed-dim", "32",
-            "--decoder-ffn-embed-dim", "64", "--decoder-attention-heads", "4"]
+    # the input and output dims too: stock transformer_lm defaults them to 512, and the package
+    # warns about that mismatch
+    dims = ["--decoder-layers", "1", "--decoder-embed-dim", "32", "--decoder-input-dim", "32",
+            "--decoder-output-dim", "32", "--decoder-ffn-embed-dim", "64",
+            "--decoder-attention-heads", "4"]
     checkpoint = work / "alibi.pt"
     if not checkpoint.is_file():
         train_checkpoint(str(data), "alibi_transformer_lm", 16, dims, str(checkpoint), 1)

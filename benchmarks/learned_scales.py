@@ -16,7 +16,7 @@ import sys
 
 import torch
 
-from benchmarks.tables import machine, table, today
+from benchmarks.tables import command_line, machine, table, today
 from benchmarks.timing import peak_bytes
 from fairseq_alibi.modules.bias import AlibiBias
 from fairseq_alibi.modules.alibi_multihead_attention import AlibiMultiheadAttention
@@ -83,9 +83,7 @@ def main(argv=None):
         base = found["fixed slopes, auto"]
         for label, peak in found.items():
             rows.append([variant, label, f"{peak / 2**20:.1f}", f"{peak / base:.2f}x"])
-    command = "python -m benchmarks.learned_scales " + " ".join(
-        argv if argv is not None else sys.argv[1:])
-    print(f"Command: `{command}`  ")
+    print(command_line("benchmarks.learned_scales", argv))
     print(f"Machine: {machine()}  ")
     print(f"Date: {today()}")
     print()

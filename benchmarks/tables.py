@@ -2,6 +2,8 @@
 machine and the date of their figures; and their comma-separated choice flags."""
 
 import datetime
+import shlex
+import sys
 from typing import List, Optional
 
 
@@ -14,6 +16,24 @@ def machine() -> str:
 
 def today() -> str:
     return datetime.date.today().isoformat()
+
+
+def command_line(module: str, argv=None) -> str:
+    """The ``Command:`` line a benchmark prints above its figures, so that a pasted output keeps
+    its command: ``python -m MODULE ARGS`` (this process's arguments unless ``argv`` is given),
+    each argument quoted as a shell reads it back."""
+    args = sys.argv[1:] if argv is None else argv
+    return f"Command: `{' '.join(['python -m', module, *map(shlex.quote, args)])}`  "
+
+
+def fill_unset(args, preset: dict):
+    """Give each flag of ``preset`` (``{dest: value}``) that was not given (``None``) its
+    preset value: ``--quick`` and the full run's defaults, where a flag given beside
+    ``--quick`` wins over its preset."""
+    for name, value in preset.items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
+    return args
 
 
 def table(headers: List[str], rows: List[List[str]]) -> str:

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.tables import comma_choices, machine, table
+from benchmarks.tables import comma_choices, command_line, fill_unset, machine, table
 from benchmarks.timing import Rounds, backward_call, forward_call
 from fairseq_alibi.alibi import VARIANTS, variant_slopes, variant_windows
 from fairseq_alibi.modules.attention import windowed
@@ -124,14 +124,19 @@ def compare(found, rounds=3, heads=8, head_dim=64, batch=1, log=print):
     return rows
 
 
-def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def parse_args(argv=None):
+    """The flags, ``lengths``, ``documents`` and ``variants`` as lists; ``--quick`` fills only
+    what is not given (a flag given wins over its preset)."""
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.windowed_revision",
+                                     description=__doc__.split("\n\n")[0])
     parser.add_argument("--against", required=True, help="the git revision to compare with")
-    parser.add_argument("--lengths", default="4096,8192", help="comma-separated lengths")
+    parser.add_argument("--lengths", default=None,
+                        help="comma-separated lengths (default 4096,8192; --quick: 256)")
     parser.add_argument("--variants", default="causal,symmetric",
                         help="comma-separated variants")
     parser.add_argument("--cutoff", type=float, default=8.0, help="the window cutoff T, nats")
-    parser.add_argument("--rounds", type=int, default=3, help="interleaved timing rounds")
+    parser.add_argument("--rounds", type=int, default=None,
+                        help="interleaved timing rounds (default 3; --quick: 1)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
     parser.add_argument("--documents", default="",
                         help="comma-separated document lengths: also a causal row of them with "
@@ -140,11 +145,13 @@ def main(argv=None):
                         help="attention sinks of the windowed calls (0: none, and not passed)")
     parser.add_argument("--batch", type=int, default=1,
                         help="sequences a call (a row of documents stays one)")
-    parser.add_argument("--quick", action="store_true", help="a smoke run: short, small")
+    parser.add_argument("--quick", action="store_true", help="a smoke run: L = 256, D = 16, one "
+                        "round (a flag given beside it wins)")
     args = parser.parse_args(argv)
+    fill_unset(args, dict(lengths="256", rounds=1) if args.quick
+               else dict(lengths="4096,8192", rounds=3))
     if not (args.cutoff > 0 and math.isfinite(args.cutoff)):
         parser.error("--cutoff must be a positive number of nats")
-    torch.set_num_threads(args.threads)
     try:
         lengths = [int(x) for x in args.lengths.split(",") if x.strip()]
     except ValueError:
@@ -161,22 +168,24 @@ def main(argv=None):
         parser.error("--rounds, --threads and --batch must be at least 1")
     if args.sinks < 0:
         parser.error(f"--sinks must be 0 or more positions, got {args.sinks}")
-    variants = comma_choices(parser, args.variants, VARIANTS, "variant")
-    heads, head_dim, rounds = 8, 64, args.rounds
-    if args.quick:
-        lengths, head_dim, rounds = [256], 16, 1
-        documents = [100, 156] if documents else []
+    args.variants = comma_choices(parser, args.variants, VARIANTS, "variant")
+    args.lengths, args.documents = lengths, documents
+    return args
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    torch.set_num_threads(args.threads)
+    heads, head_dim = 8, (16 if args.quick else 64)
     with tempfile.TemporaryDirectory() as folder:
         then = load_revision(args.against, Path(folder))
-        rows = compare(cases(then, lengths, variants, args.cutoff, heads, documents,
-                             args.sinks), rounds,
+        rows = compare(cases(then, args.lengths, args.variants, args.cutoff, heads,
+                             args.documents, args.sinks), args.rounds,
                        heads, head_dim, args.batch,
                        log=lambda line: print(line, file=sys.stderr))
-    command = "python -m benchmarks.windowed_revision " + " ".join(
-        argv if argv is not None else sys.argv[1:])
-    text = (f"Command: `{command.strip()}`  \nMachine: {machine()}  \n"
+    text = (f"{command_line('benchmarks.windowed_revision', argv)}\nMachine: {machine()}  \n"
             f"B={args.batch}, H={heads}, D={head_dim}, float32, cutoff T={args.cutoff:g}, "
-            f"{args.sinks} sink(s), {rounds} interleaved round(s), median\n\n"
+            f"{args.sinks} sink(s), {args.rounds} interleaved round(s), median\n\n"
             + table(["case", "L", "pass", f"{args.against} s", "now s",
                      f"{args.against} ÷ now", "max |Δ|"], rows))
     print(text)

@@ -60,7 +60,8 @@ import sys
 import torch
 import torch.nn.functional as F
 
-from benchmarks.tables import comma_choices, comma_numbers, machine, table
+from benchmarks.tables import (comma_choices, comma_numbers, command_line, fill_unset, machine,
+                              table)
 from benchmarks.timing import Rounds, backward_call, forward_call, mib, peak_bytes
 from fairseq_alibi.alibi import VARIANTS, get_slopes, variant_windows
 from fairseq_alibi.modules.attention import dispatch, tuning, windowed
@@ -297,7 +298,7 @@ def _least_absolute(columns, target, rounds=100):
     return found.tolist()
 
 
-def fit_cost(records, log=print):
+def fit_cost(records):
     """``(constants, Markdown table, check line)``: ``tuning.WINDOWED_COST`` re-fitted to the
     ``thresholds`` records (``--json`` files) of the variants the cost model decides on (not
     :data:`dispatch.ONE_WAY_VARIANTS`): per variant, length and cutoff the slower pass's
@@ -342,7 +343,6 @@ def fit_cost(records, log=print):
              f"{len(picked)} of {len(cells)} cells to windowed{slowest}; {missed} cell(s) "
              f"measured below {limit:g} would stay on sdpa; fitted with the chunk settings "
              f"WINDOWED_COST_FITTED_WITH = {settings}")
-    log(check)
     return tuple(new), body, check
 
 
@@ -357,7 +357,8 @@ def _keys(parser, text: str, flag: str):
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true",
-                        help="a smoke run: short lengths, small heads, one round, two cutoffs")
+                        help="a smoke run: short lengths, small heads, one round, two cutoffs "
+                             "(a flag given beside it wins)")
     parser.add_argument("--tables", default="targets,cutoffs",
                         help=f"comma-separated, of {', '.join(TABLES)} (default targets,cutoffs)")
     parser.add_argument("--lengths", default=None,
@@ -374,15 +375,18 @@ def _parser() -> argparse.ArgumentParser:
                         help="the attention sinks S of the sinks table")
     parser.add_argument("--passes", default="forward,fwd+bwd",
                         help="comma-separated passes of the thresholds table")
-    parser.add_argument("--rounds", type=int, default=3, help="interleaved timing rounds")
+    parser.add_argument("--rounds", type=int, default=None,
+                        help="interleaved timing rounds (default 3; --quick: 1)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
     parser.add_argument("--batch", type=int, default=1, help="sequences per call")
     parser.add_argument("--head-dim", type=int, default=None,
                         help="head size D (default 64; --quick: 16)")
-    parser.add_argument("--windows", default="16,64,256,1024,2048",
-                        help="comma-separated windows W of the chunks table")
-    parser.add_argument("--chunks", default="32,64,128,256,512",
-                        help="comma-separated chunk sizes of the chunks table")
+    parser.add_argument("--windows", default=None,
+                        help="comma-separated windows W of the chunks table (default "
+                             "16,64,256,1024,2048; --quick: 16,64)")
+    parser.add_argument("--chunks", default=None,
+                        help="comma-separated chunk sizes of the chunks table (default "
+                             "32,64,128,256,512; --quick: 32,64)")
     parser.add_argument("--json", default=None, help="write the thresholds' records to this file")
     parser.add_argument("--fit", default=None, metavar="FILES",
                         help="comma-separated --json files of thresholds runs: re-fit "
@@ -393,6 +397,8 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv=None):
     parser = _parser()
     args = parser.parse_args(argv)
+    fill_unset(args, dict(rounds=1, windows="16,64", chunks="32,64") if args.quick
+               else dict(rounds=3, windows="16,64,256,1024,2048", chunks="32,64,128,256,512"))
     torch.set_num_threads(args.threads)
     tables = comma_choices(parser, args.tables, TABLES, "table")
     passes = comma_choices(parser, args.passes, PASSES, "pass")
@@ -400,14 +406,13 @@ def main(argv=None):
                else [2.0, 8.0] if args.quick else list(CUTOFFS))
     if any(not c > 0 for c in cutoffs) or args.cutoff <= 0:
         parser.error("--cutoff/--cutoffs: each cutoff must be a positive number of nats")
-    head_dim, rounds = (16, 1) if args.quick else (64, args.rounds)
+    head_dim, rounds = (16 if args.quick else 64), args.rounds
     if args.head_dim is not None:
         if args.head_dim < 1:
             parser.error(f"--head-dim must be a positive number of dims, got {args.head_dim}")
         head_dim = args.head_dim
     log = lambda line: print(line, file=sys.stderr)  # noqa: E731
-    command = "python -m benchmarks.windows " + " ".join(argv if argv is not None else sys.argv[1:])
-    parts = [f"Command: `{command.strip()}`  \nMachine: {machine()}"]
+    parts = [f"{command_line('benchmarks.windows', argv)}\nMachine: {machine()}"]
 
     lengths = comma_numbers(parser, args.lengths, "--lengths", 2) if args.lengths else None
     if args.json and "thresholds" not in tables:
@@ -431,7 +436,7 @@ def main(argv=None):
             except (OSError, ValueError) as error:
                 parser.error(f"--fit: cannot read {name}: {error}")
         try:
-            constants, body, check = fit_cost(records, log)
+            constants, body, check = fit_cost(records)
         except ValueError as error:
             parser.error(f"--fit: {error}")
         text = "\n\n".join(parts + [f"WINDOWED_COST re-fitted: {constants}",
@@ -462,8 +467,8 @@ def main(argv=None):
     if "chunks" in tables:
         shape, body = chunks_table(
             lengths_or([8192]), variants_or(["causal", "symmetric"]),
-            [16, 64] if args.quick else _keys(parser, args.windows, "--windows"),
-            [32, 64] if args.quick else _keys(parser, args.chunks, "--chunks"), rounds,
+            _keys(parser, args.windows, "--windows"), _keys(parser, args.chunks, "--chunks"),
+            rounds,
             args.batch, head_dim=head_dim, log=log)
         parts.append(f"Chunk sizes: {shape}\n\n{body}")
     text = "\n\n".join(parts)

@@ -140,6 +140,8 @@ def test_the_cost_fit_recovers_the_constants_the_timings_follow(tmp_path, capsys
     path = tmp_path / "records.json"
     path.write_text(json.dumps(records))
     text = windows.main(["--fit", str(path)])
+    printed = capsys.readouterr()
+    assert (printed.out + printed.err).count("Check:") == 1  # once, not logged too
     constants = ast.literal_eval(text.split("WINDOWED_COST re-fitted: ", 1)[1].splitlines()[0])
     assert constants == pytest.approx(truth, abs=0.011)
     assert constants != tuning.WINDOWED_COST  # read, not copied
@@ -183,6 +185,7 @@ def test_quick_run_of_the_document_mask_tables(tmp_path, capsys):
     records = tmp_path / "documents.json"
     assert documents.main(["--quick", "--work", str(tmp_path), "--json", str(records)]) == 0
     text = capsys.readouterr().out
+    assert "Command: `python -m benchmarks.documents --quick --work" in text
     assert "| 512 |" in text and "| fwd+bwd |" in text and "| 128 |" in text
     found = json.loads(records.read_text())
     assert {r["pass"] for r in found["attention"]} == {"forward", "fwd+bwd"}
@@ -221,6 +224,7 @@ def test_quick_run_of_the_block_mask_table(capsys):
         pytest.skip("this torch has no flex_attention")
     assert block_masks.main(["--quick"]) == 0
     text = capsys.readouterr().out
+    assert text.startswith("Command: `python -m benchmarks.block_masks --quick`")
     assert "| windows | 512 |" in text and "| documents | 512 |" in text
     assert "Check: both read the same blocks" in text
     with pytest.raises(SystemExit):
@@ -239,7 +243,10 @@ def test_quick_run_of_the_end_to_end_table(tmp_path, capsys):
     assert end_to_end.main(["--quick", "--sinks", "2", "--work", str(tmp_path),
                             "--json", str(records)]) == 0
     text = capsys.readouterr().out
-    assert "| documents + windows + 2 sinks |" in text and "the attention is" in text
+    assert "Command: `python -m benchmarks.end_to_end --quick --sinks 2" in text
+    # a share or, below the timing noise, that there is none to say
+    assert "training: the attention" in text and "scoring: the attention" in text
+    assert "| documents + windows + 2 sinks |" in text
     assert "time with sinks ÷ without: training windows + 2 sinks" in text
     found = json.loads(records.read_text())
     for part in ("training", "scoring"):
@@ -272,6 +279,7 @@ def test_quick_run_of_the_allocation_table(tmp_path, capsys, monkeypatch):
     assert allocation.main(["--quick", "--settings", "default,huge_pages", "--json",
                             str(records)]) == 0
     text = capsys.readouterr().out
+    assert "Command: `python -m benchmarks.allocation --quick --settings" in text
     assert "| scoring | documents + windows |" in text and "×) |" in text
     assert "| peak memory |" in text
     found = json.loads(records.read_text())["rounds"]
