@@ -294,6 +294,17 @@ def _options(model_cfg) -> dict:
         return {}
 
 
+def _trainer_loading(exc: BaseException) -> Optional[dict]:
+    """The locals of fairseq's ``Trainer.load_checkpoint`` on ``exc``'s traceback (a resume,
+    ``--restore-file``, ``--finetune-from-model``), or None."""
+    for frame in _frames(exc):
+        code = frame.f_code
+        if code.co_name == "load_checkpoint" and code.co_filename.endswith(
+                os.path.join("fairseq", "trainer.py")):
+            return frame.f_locals
+    return None
+
+
 def _size_mismatch(exc: BaseException) -> Optional[str]:
     """The hint for a checkpoint of another size restored by fairseq's trainer: the first
     mismatching weight, and the size options of the checkpoint that differ from the model's."""
@@ -301,28 +312,44 @@ def _size_mismatch(exc: BaseException) -> Optional[str]:
     if found is None:
         return None
     name, saved_shape, built_shape = found.groups()
-    flags = []
-    for frame in _frames(exc):
-        code = frame.f_code
-        if code.co_name == "load_checkpoint" and code.co_filename.endswith(
-                os.path.join("fairseq", "trainer.py")):
-            state, trainer = frame.f_locals.get("state"), frame.f_locals.get("self")
-            try:
-                saved = _options(state["cfg"]["model"])
-                built = _options(trainer.cfg.model)
-            except Exception:  # noqa: BLE001
-                break
-            for key, value in saved.items():
-                if _SIZE_OPTIONS.search(key) and isinstance(value, int) and \
-                        not isinstance(value, bool) and built.get(key) != value:
-                    flags.append(f"--{key.replace('_', '-')} {value}")
-            break
+    flags, loading = [], _trainer_loading(exc) or {}
+    try:
+        saved = _options(loading["state"]["cfg"]["model"])
+        built = _options(loading["self"].cfg.model)
+    except Exception:  # noqa: BLE001 - a hint must never fail
+        saved = built = {}
+    for key, value in saved.items():
+        if _SIZE_OPTIONS.search(key) and isinstance(value, int) and \
+                not isinstance(value, bool) and built.get(key) != value:
+            flags.append(f"--{key.replace('_', '-')} {value}")
     what = (f"the checkpoint's model has other sizes than the one being built ({name}: "
             f"[{saved_shape}] in the checkpoint, [{built_shape}] built)")
     if flags:
         return f"{what}: build it with the sizes it was trained with, add {' '.join(flags)}"
     return (f"{what}: give the size flags it was trained with (--encoder-layers, "
             "--encoder-embed-dim, --encoder-ffn-embed-dim, --encoder-attention-heads, ...)")
+
+
+def _optimizer_mismatch(exc: BaseException) -> Optional[str]:
+    """A resume whose model has other parameters than the checkpoint's optimizer state (a learned
+    ALiBi parameter added, e.g. ``--alibi-learned-scales`` on a run trained without): the model
+    loads (a new parameter starts at its initial value), then torch's optimizer fails with a
+    bare ``ValueError`` about its parameter group."""
+    if not isinstance(exc, ValueError) or "doesn't match the size of optimizer's group" not in \
+            str(exc):
+        return None
+    loading = _trainer_loading(exc) or {}
+    try:
+        count = sum(len(g["params"]) for g in loading["last_optim_state"]["param_groups"])
+        built = [n for n, p in loading["self"].model.named_parameters() if p.requires_grad]
+    except Exception:  # noqa: BLE001 - a hint must never fail
+        return None
+    alibi = [n for n in built if ".alibi." in n or n.startswith("alibi.")]
+    learned = f" (its learned ALiBi parameters: {', '.join(alibi[:3])})" if alibi else ""
+    return (f"the checkpoint's optimizer state holds {count} parameters and the model being "
+            f"built has {len(built)}{learned}: resume with the options the run was trained "
+            "with, or start a new phase from the checkpoint with --reset-optimizer (or "
+            "--finetune-from-model CKPT into a new --save-dir)")
 
 
 def _in_fairseq(exc: BaseException, name: str) -> bool:
@@ -392,7 +419,7 @@ def hint_for(exc: BaseException) -> Optional[str]:
         hint = (_unreadable_checkpoint(found) or _zero_block_size(found)
                 or _size_mismatch(found) or _not_a_language_model(found)
                 or _bad_model_overrides(found) or _translation_folder(found)
-                or _environment(found))
+                or _optimizer_mismatch(found) or _environment(found))
         if hint:
             return hint
     return None

@@ -414,6 +414,21 @@ def test_save_and_resume_bit_for_bit(model, flags, tmp_path, tiny_lm_data, alibi
     assert saved["alibi_learned_scales"] == flags[1]
 
 
+@pytest.mark.slow
+def test_resuming_with_scales_added_names_reset_optimizer(tmp_path, tiny_lm_data,
+                                                          alibi_user_dir):
+    """The model loads (the new scales start at their initial value), then torch's optimizer
+    refuses its state with a bare ValueError: the last line says why and the fix, which trains."""
+    train("lm", tiny_lm_data, alibi_user_dir, tmp_path, "--max-update", 2)
+    added = ["--alibi-learned-scales", "per_head", "--max-update", 4]
+    out = train("lm", tiny_lm_data, alibi_user_dir, tmp_path, *added, expect_ok=False)
+    assert out.strip().splitlines()[-1].startswith(
+        "fairseq_alibi: the checkpoint's optimizer state holds "), out[-2000:]
+    assert "(its learned ALiBi parameters: decoder.alibi.scales)" in out
+    assert "Loaded checkpoint" in train("lm", tiny_lm_data, alibi_user_dir, tmp_path, *added,
+                                        "--reset-optimizer")
+
+
 def test_per_layer_scales_train_in_the_memory_of_fixed_slopes():
     """benchmarks/learned_scales.py's claim, at a small size: with ``auto``, per-layer-and-head
     scales peak as fixed slopes folded (to a few bytes), far below the dense mask's per-layer weights."""
