@@ -55,6 +55,8 @@ class CheckpointFile:
     error: Optional[str] = None  # None: intact
     epoch: Optional[int] = None
     num_updates: Optional[int] = None
+    val_loss: Optional[float] = None  # the validation loss it was saved after (fairseq's)
+    best: Optional[float] = None  # the best validation loss of the run so far
 
     @property
     def intact(self) -> bool:
@@ -96,8 +98,9 @@ def inspect_checkpoint(path) -> CheckpointFile:
         return found
     history = state.get("optimizer_history") or [{}]
     found.num_updates = int(history[-1].get("num_updates", 0))
-    iterator = (state.get("extra_state") or {}).get("train_iterator") or {}
-    found.epoch = iterator.get("epoch")
+    extra = state.get("extra_state") or {}
+    found.epoch = (extra.get("train_iterator") or {}).get("epoch")
+    found.val_loss, found.best = extra.get("val_loss"), extra.get("best")
     return found
 
 
@@ -119,13 +122,16 @@ def _no_checkpoint_yet(save_dir: Path, suffix: str) -> bool:
 
 
 def newest_intact(save_dir, suffix: str = "", exclude=()) -> Optional[CheckpointFile]:
-    """The intact checkpoint with the most updates (the latest written among equals)."""
+    """The intact checkpoint with the most updates (among equals a numbered one, which the
+    copies ``checkpoint_best``/``checkpoint_last`` were made from, then the latest written)."""
     candidates = [inspect_checkpoint(p) for p in saved_checkpoints(save_dir, suffix)
                   if p.name not in exclude]
     intact = [c for c in candidates if c.intact]
     if not intact:
         return None
-    return max(intact, key=lambda c: (c.num_updates, c.path.stat().st_mtime))
+    copies = ("checkpoint_best", "checkpoint_last")
+    return max(intact, key=lambda c: (c.num_updates, not c.path.name.startswith(copies),
+                                      c.path.stat().st_mtime))
 
 
 def _free_name(path: Path, ending: str) -> Path:
@@ -168,19 +174,54 @@ def repair(save_dir, suffix: str = "") -> str:
     last = save_dir / _last_name(suffix)
     state = inspect_checkpoint(last)
     if state.intact:
-        return f"nothing to do: {state.describe()}"
+        return f"nothing to do: {state.describe()}" + _repair_best(save_dir, suffix)
     source = newest_intact(save_dir, suffix, exclude={last.name})
     if source is None:
         raise CheckpointError(
             f"no intact checkpoint in {save_dir} to restore {last.name} from "
             f"({state.error}); training from it would start from scratch"
         )
-    tmp = last.with_name(last.name + ".tmp")
-    shutil.copyfile(source.path, tmp)
-    kept = _replace_keeping(last, _fsynced(tmp), ".corrupt")
-    moved = f"; the damaged file is kept as {kept.name}" if kept else ""
     return (f"restored {last.name} from {source.path.name} "
-            f"(epoch {source.epoch} @ {source.num_updates} updates){moved}")
+            f"(epoch {source.epoch} @ {source.num_updates} updates)"
+            f"{_restore(last, source.path)}{_repair_best(save_dir, suffix)}")
+
+
+def _restore(target: Path, source: Path) -> str:
+    """Copy ``source`` over the damaged ``target`` (kept as ``.corrupt``); what was kept."""
+    tmp = target.with_name(target.name + ".tmp")
+    try:
+        shutil.copyfile(source, tmp)
+        _fsynced(tmp)
+    except OSError as exc:  # a full disk, most often: the run that damaged the file met it too
+        tmp.unlink(missing_ok=True)
+        raise CheckpointError(
+            f"could not write {tmp.name} in {target.parent} ({exc.strerror or exc}): restoring "
+            f"{target.name} copies {source.name} ({source.stat().st_size / 2**20:,.1f} MiB); "
+            f"free that much there and run repair again, or resume from it with --restore-file "
+            f"{source}") from None
+    kept = _replace_keeping(target, tmp, ".corrupt")
+    return f"; the damaged file is kept as {kept.name}" if kept else ""
+
+
+def _repair_best(save_dir: Path, suffix: str) -> str:
+    """``checkpoint_best`` damaged by the same interrupted copy: restored from the intact
+    checkpoint saved after the run's best validation loss (each checkpoint records both), or
+    said to wait for fairseq's next better validation; ``""`` when it is intact or absent."""
+    best = save_dir / f"checkpoint_best{suffix}.pt"
+    found = inspect_checkpoint(best)
+    if found.intact or found.error == "missing":
+        return ""
+    others = [inspect_checkpoint(p) for p in saved_checkpoints(save_dir, suffix)
+              if p.name != best.name]
+    intact = [c for c in others if c.intact]
+    recorded = max(intact, key=lambda c: c.num_updates).best if intact else None
+    source = next((c for c in sorted(intact, key=lambda c: -c.num_updates)
+                   if recorded is not None and c.val_loss == recorded), None)
+    if source is None:
+        return (f"; {best.name} is {found.error} and no intact checkpoint holds its validation "
+                "loss: fairseq writes it again at the next better validation")
+    return (f"; restored {best.name} from {source.path.name} (validation loss "
+            f"{source.val_loss:.4g}){_restore(best, source.path)}")
 
 
 def set_world_size(save_dir, world_size: int, suffix: str = "") -> str:
@@ -252,6 +293,11 @@ def check(save_dir, suffix: str = ""):
     if not last.intact:
         lines.append(f"checkpoint_last is unusable: run `fairseq-alibi checkpoints "
                      f"repair {save_dir}` before restarting")
+    best = next((c for c in others if c.path.name == f"checkpoint_best{suffix}.pt"), None)
+    if best is not None and not best.intact:
+        lines.append(f"checkpoint_best is unusable (resuming does not read it): `fairseq-alibi "
+                     f"checkpoints repair {save_dir}` restores it from the checkpoint saved "
+                     "after the best validation")
     return last.intact, lines
 
 

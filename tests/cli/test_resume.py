@@ -22,7 +22,7 @@ import torch
 
 from fairseq_alibi.cli.checkpoints import check, inspect_checkpoint, repair
 from tests.helpers.checkpoints import load, train_loss
-from tests.helpers.cli import BIN, child_env, python_module
+from tests.helpers.cli import BIN, child_env, python_module, run_cli
 from tests.helpers.training import loaded_at, logged_losses, train, train_args
 
 #: end to end through fairseq's real command lines
@@ -155,6 +155,42 @@ def test_interrupted_copy_to_checkpoint_last_is_repaired(straight, tmp_path):
     assert (tmp_path / "checkpoint_last.pt.corrupt").read_bytes() == damaged  # nothing deleted
     assert load_checkpoint_to_cpu(str(last))["optimizer_history"][-1]["num_updates"] == 20
     assert repair(tmp_path).startswith("nothing to do") and check(tmp_path)[0]
+
+
+def test_a_damaged_best_is_restored_and_a_full_disk_is_one_line(tmp_path, tiny_lm_data,
+                                                                 alibi_user_dir, monkeypatch):
+    """A kill during the copy to checkpoint_best.pt (resuming does not read it, so check passes)
+    is restored from the checkpoint saved after the best validation; a repair that cannot write
+    (a full disk) says so in one line and leaves no .tmp behind."""
+    import fairseq_alibi.cli.checkpoints as checkpoints
+
+    validated = [a for a in train_args("lm", tiny_lm_data, alibi_user_dir, tmp_path,
+                                       *SAVE_EVERY, "--max-update", 20)
+                 if a != "--disable-validation"]
+    run_cli("fairseq-train", *validated)
+    best = tmp_path / "checkpoint_best.pt"
+    os.truncate(best, 100)
+    ok, report = check(tmp_path)
+    assert ok and "checkpoint_best is unusable" in report[-1]
+    saved = [inspect_checkpoint(p) for p in tmp_path.glob("checkpoint_1_*.pt")]
+    source = min(saved, key=lambda c: (c.val_loss, -c.num_updates))
+    assert repair(tmp_path).startswith(
+        f"nothing to do: checkpoint_last.pt: intact (epoch 1 @ 20 updates); restored "
+        f"checkpoint_best.pt from {source.path.name}")
+    assert best.read_bytes() == source.path.read_bytes()
+
+    last = tmp_path / "checkpoint_last.pt"
+    os.truncate(last, 100)
+
+    def full(*_):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(checkpoints.shutil, "copyfile", full)
+    with pytest.raises(checkpoints.CheckpointError, match=r"^could not write "
+                       r"checkpoint_last.pt.tmp in .* \(No space left on device\): restoring "
+                       r"checkpoint_last.pt copies checkpoint_1_20.pt"):
+        repair(tmp_path)
+    assert not list(tmp_path.glob("*.tmp")) and last.stat().st_size == 100
 
 
 def test_a_flipped_byte_that_torch_load_accepts_is_reported(straight, tmp_path):
