@@ -372,10 +372,20 @@ def reach_section(out: Path, found: dict, names: List[str]) -> List[str]:
     return lines
 
 
-def cost_section(out: Path, names: List[str], skipped: Dict[str, str]) -> List[str]:
-    """What did not run and why, and the CPU time of every kind of piece."""
+def cost_section(out: Path, names: List[str], skipped: Dict[str, str],
+                 found: dict) -> List[str]:
+    """What did not run and why (a configuration's GLUE or long-input pieces with no result
+    too), and the CPU time of every kind of piece."""
     spent = cpu_time(out)
     partial = {n: CONFIGS[n].note for n in names if CONFIGS[n].note}
+    for n in names:
+        missing = [(what, step) for what, step, planned in (
+            ("GLUE", "glue", CONFIGS[n].glue),
+            ("inputs longer than pretraining", "long", CONFIGS[n].long))
+            if planned and n not in found[step]]
+        if missing:
+            partial[n] = (f"{' and '.join(w for w, _ in missing)}: no result in this folder "
+                          f"(`--configs {n} --steps {','.join(s for _, s in missing)}`)")
     lines = ["### Not run", ""] + [f"- `{n}`: {why}" for n, why in skipped.items()]
     lines += [f"- `{n}`: {why}" for n, why in partial.items()] + [""]
     lines += ["### CPU time", "",
@@ -392,7 +402,7 @@ def report(out: Path, names: List[str], skipped: Dict[str, str], s: Settings, ar
     data = load_json(out / "data" / "ready.json") or {}
     lines = (header(s, command, data) + mlm_section(out, found, names, s)
              + glue_section(out, found, names, s) + long_section(out, found, names, s, data)
-             + reach_section(out, found, names) + cost_section(out, names, skipped))
+             + reach_section(out, found, names) + cost_section(out, names, skipped, found))
     plot(out, found, names, s)
     text = "\n".join(lines)
     (out / "encoder_study.md").write_text(text)

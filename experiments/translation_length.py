@@ -28,7 +28,8 @@ cores ÷ J); ``--device cuda`` drops ``--cpu`` (fp32 still, as on the CPU, so th
 compare). A run whose checkpoint and command are already in ``OUT/runs`` is not trained again
 (an interrupted grid picks up where it stopped). ``--from-logs`` scores the ``fairseq-generate``
 logs in ``OUT/runs`` again without training. ``--smoke``: toy sizes on the embedded corpus, one
-seed, the configurations this checkout has; under two minutes.
+seed, the configurations this checkout has; under two minutes (with ``--select``, which trains
+every configuration of the selection and its confirmation, tens of minutes).
 
 Writes ``OUT/results.{md,csv,json,png}`` (per configuration and bucket, and the wall and CPU
 time of every run and in total) and prints the tables.
@@ -231,7 +232,8 @@ def parse(argv):
     parser.add_argument("--from-logs", action="store_true",
                         help="score the fairseq-generate logs in OUT/runs again, no training")
     parser.add_argument("--smoke", action="store_true",
-                        help="toy sizes on the embedded corpus, one seed (under two minutes)")
+                        help="toy sizes on the embedded corpus, one seed (under two minutes; "
+                        "with --select, which trains the whole selection, tens of minutes)")
     parser.add_argument("--jobs", type=int, default=1, help="runs at once (subprocesses)")
     parser.add_argument("--threads", type=int, default=None,
                         help="threads per run (default: the cores / --jobs)")

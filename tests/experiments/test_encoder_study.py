@@ -101,6 +101,18 @@ def _criterion_perplexity(checkpoint, data, length, seed):
 @pytest.mark.slow
 @pytest.mark.skipif(not (SHARED_DATA / "glue" / "SST-2").is_dir()
                     or not (SHARED_DATA / "wikitext-2").is_dir(), reason="needs ../shared/data")
+def test_a_configuration_without_its_glue_or_long_results_is_said_not_run(tmp_path):
+    """The published report listed partial_heads and combination in its masked-LM table and
+    said nothing of their missing GLUE and long-input rows."""
+    from experiments.encoder_study_report import cost_section
+
+    found = {"glue": {"offset": {}}, "long": {"offset": {}}}
+    lines = cost_section(tmp_path, ["offset", "partial_heads"], {}, found)
+    assert "- `partial_heads`: GLUE and inputs longer than pretraining: no result in this " \
+           "folder (`--configs partial_heads --steps glue,long`)" in lines
+    assert not any(line.startswith("- `offset`") for line in lines)
+
+
 def test_smoke_runs_every_step_and_resumes(tmp_path):
     out = tmp_path / "study"
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
