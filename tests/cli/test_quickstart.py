@@ -37,8 +37,10 @@ ROWS = ["ALiBi", "Sinusoidal"]
 WINDOW_ROWS = ["ALiBi T=2"]
 #: perplexity at every smoke length, measured 2026-11-26 at --seed 1 and seeds 2, 3 (the same on
 #: 2 threads): ALiBi 134.3-134.8 (122.0-122.5, 128.6-128.9), Sinusoidal 138.2-138.4
-#: (138.3-138.7, 139.8-140.3); each range adds the seeds' spread on each side
-SMOKE_PERPLEXITY = {"ALiBi": (109, 148), "Sinusoidal": (136, 142.5)}
+#: (138.3-138.7, 139.8-140.3); each range adds the seeds' spread on each side. The corpus is
+#: Python's own documentation, so another Python 3.11 gives another one: on 3.11.2's (a system
+#: Python, 2026-11-30) Sinusoidal was 135.4 at --seed 1, hence its lower bound
+SMOKE_PERPLEXITY = {"ALiBi": (109, 148), "Sinusoidal": (130, 142.5)}
 
 
 def _python(*args, env=None):
@@ -158,7 +160,8 @@ def test_refusal_reasons():
 def test_sweep_refuses_a_sinusoidal_model_beyond_its_length(smoke, tmp_path):
     """Without overrides stock eval-lm drops every full 32-token sample of a model trained at 16.
 
-    (Only the last, shorter block of the split passes its length filter.)
+    (Only the last, shorter block of the split may pass its length filter: whether it does
+    depends on the split's length, i.e. on the Python whose documentation is the corpus.)
     """
     out, _ = smoke
     sinusoidal = str(out / "checkpoints" / "sinusoidal" / "checkpoint_last.pt")
@@ -167,14 +170,14 @@ def test_sweep_refuses_a_sinusoidal_model_beyond_its_length(smoke, tmp_path):
                    "--modes", "nonoverlapping", "--out", str(tmp_path), "--no-progress", "--cpu")
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "| Sinusoidal |" in proc.stdout and "| refused |" in proc.stdout
-    assert "samples longer than the model's maximum positions were dropped" in proc.stdout
+    assert "longer than the model's maximum positions" in proc.stdout
     with open(tmp_path / "extrapolation.csv") as f:
         rows = {int(r["length"]): r for r in csv.DictReader(f)}
     expected = int(rows[16]["expected_tokens"])
     assert rows[16]["refused"] == "" and int(rows[16]["tokens"]) == expected
     assert math.isfinite(float(rows[16]["perplexity"]))
     assert int(rows[32]["tokens"]) < expected and rows[32]["perplexity"] == ""
-    assert "dropped" in rows[32]["refused"]
+    assert "longer than the model's maximum positions" in rows[32]["refused"]
 
     # with the load-time overrides the same length is measured on every token, here with
     # the sliding window (16 tokens of context, 16 scored per window)
