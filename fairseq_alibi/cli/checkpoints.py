@@ -33,7 +33,7 @@ import sys
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import List, Optional
+from typing import Dict, List, Optional
 
 import torch
 
@@ -121,12 +121,21 @@ def _no_checkpoint_yet(save_dir: Path, suffix: str) -> bool:
     return not save_dir.exists() or not saved_checkpoints(save_dir, suffix)
 
 
-def newest_intact(save_dir, suffix: str = "", exclude=()) -> Optional[CheckpointFile]:
-    """The intact checkpoint with the most updates (among equals a numbered one, which the
-    copies ``checkpoint_best``/``checkpoint_last`` were made from, then the latest written)."""
-    candidates = [inspect_checkpoint(p) for p in saved_checkpoints(save_dir, suffix)
-                  if p.name not in exclude]
-    intact = [c for c in candidates if c.intact]
+def inspect_all(save_dir, suffix: str = "") -> Dict[str, CheckpointFile]:
+    """Every ``checkpoint*{suffix}.pt`` of ``save_dir`` inspected once, by file name (each
+    inspection loads the file: a repair reads them once, whatever it restores)."""
+    return {p.name: inspect_checkpoint(p) for p in saved_checkpoints(save_dir, suffix)}
+
+
+def _inspected(found: Dict[str, CheckpointFile], path: Path) -> CheckpointFile:
+    return found.get(path.name) or inspect_checkpoint(path)  # absent: "missing"
+
+
+def newest_intact(found: Dict[str, CheckpointFile], exclude=()) -> Optional[CheckpointFile]:
+    """The intact checkpoint of ``found`` (:func:`inspect_all`) with the most updates (among
+    equals a numbered one, which the copies ``checkpoint_best``/``checkpoint_last`` were made
+    from, then the latest written)."""
+    intact = [c for name, c in found.items() if name not in exclude and c.intact]
     if not intact:
         return None
     copies = ("checkpoint_best", "checkpoint_last")
@@ -171,11 +180,11 @@ def repair(save_dir, suffix: str = "") -> str:
     save_dir = Path(save_dir)
     if _no_checkpoint_yet(save_dir, suffix):  # a job script runs this before the first save
         return f"nothing to repair: no checkpoint in {save_dir} yet"
-    last = save_dir / _last_name(suffix)
-    state = inspect_checkpoint(last)
+    last, found = save_dir / _last_name(suffix), inspect_all(save_dir, suffix)
+    state = _inspected(found, last)
     if state.intact:
-        return f"nothing to do: {state.describe()}" + _repair_best(save_dir, suffix)
-    source = newest_intact(save_dir, suffix, exclude={last.name})
+        return f"nothing to do: {state.describe()}" + _repair_best(save_dir, suffix, found)
+    source = newest_intact(found, exclude={last.name})
     if source is None:
         raise CheckpointError(
             f"no intact checkpoint in {save_dir} to restore {last.name} from "
@@ -183,7 +192,7 @@ def repair(save_dir, suffix: str = "") -> str:
         )
     return (f"restored {last.name} from {source.path.name} "
             f"(epoch {source.epoch} @ {source.num_updates} updates)"
-            f"{_restore(last, source.path)}{_repair_best(save_dir, suffix)}")
+            f"{_restore(last, source.path)}{_repair_best(save_dir, suffix, found)}")
 
 
 def _restore(target: Path, source: Path) -> str:
@@ -203,25 +212,24 @@ def _restore(target: Path, source: Path) -> str:
     return f"; the damaged file is kept as {kept.name}" if kept else ""
 
 
-def _repair_best(save_dir: Path, suffix: str) -> str:
+def _repair_best(save_dir: Path, suffix: str, found: Dict[str, CheckpointFile]) -> str:
     """``checkpoint_best`` damaged by the same interrupted copy: restored from the intact
     checkpoint saved after the run's best validation loss (each checkpoint records both), or
-    said to wait for fairseq's next better validation; ``""`` when it is intact or absent."""
-    best = save_dir / f"checkpoint_best{suffix}.pt"
-    found = inspect_checkpoint(best)
-    if found.intact or found.error == "missing":
+    said to wait for fairseq's next better validation; ``""`` when it is intact or absent.
+    ``found``: the folder's checkpoints as inspected before a repair of ``checkpoint_last``
+    (which copies an intact one of them, so that what they record is unchanged)."""
+    best = _inspected(found, save_dir / f"checkpoint_best{suffix}.pt")
+    if best.intact or best.error == "missing":
         return ""
-    others = [inspect_checkpoint(p) for p in saved_checkpoints(save_dir, suffix)
-              if p.name != best.name]
-    intact = [c for c in others if c.intact]
+    intact = [c for name, c in found.items() if name != best.path.name and c.intact]
     recorded = max(intact, key=lambda c: c.num_updates).best if intact else None
     source = next((c for c in sorted(intact, key=lambda c: -c.num_updates)
                    if recorded is not None and c.val_loss == recorded), None)
     if source is None:
-        return (f"; {best.name} is {found.error} and no intact checkpoint holds its validation "
-                "loss: fairseq writes it again at the next better validation")
-    return (f"; restored {best.name} from {source.path.name} (validation loss "
-            f"{source.val_loss:.4g}){_restore(best, source.path)}")
+        return (f"; {best.path.name} is {best.error} and no intact checkpoint holds its "
+                "validation loss: fairseq writes it again at the next better validation")
+    return (f"; restored {best.path.name} from {source.path.name} (validation loss "
+            f"{source.val_loss:.4g}){_restore(best.path, source.path)}")
 
 
 def set_world_size(save_dir, world_size: int, suffix: str = "") -> str:
@@ -283,9 +291,9 @@ def check(save_dir, suffix: str = ""):
     save_dir = Path(save_dir)
     if _no_checkpoint_yet(save_dir, suffix):
         return True, [f"no checkpoint yet in {save_dir}"]
-    last = inspect_checkpoint(save_dir / _last_name(suffix))
-    others = [inspect_checkpoint(p) for p in saved_checkpoints(save_dir, suffix)
-              if p.name != last.path.name]
+    found = inspect_all(save_dir, suffix)
+    last = _inspected(found, save_dir / _last_name(suffix))
+    others = [c for name, c in found.items() if name != last.path.name]
     others.sort(key=lambda c: (c.intact, c.num_updates or 0), reverse=True)
     lines = [c.describe() for c in [last] + others]
     lines += [f"{p.name}: left by an interrupted save, safe to delete"

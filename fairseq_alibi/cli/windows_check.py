@@ -238,20 +238,27 @@ def mass_length(lengths: Sequence[int]) -> int:
     return min(min(lengths), MASS_LENGTH)
 
 
-def saved_windows(cfg, kind: str) -> Tuple[float, int, str]:
+def saved_windows(cfg, kind: str, sinks: int = 0) -> Tuple[float, int, str]:
     """``(T, S, attention)``: the largest cutoff and sinks the checkpoint was saved with
     (``(0, 0)``: dense), over the sides a cutoff sets, and its ``--alibi-attention`` where that
-    backend cannot drop keys (``fold``: a cutoff at load would be refused; ``""`` otherwise)."""
+    backend cannot serve a cutoff with ``sinks`` sinks (``fold``: a cutoff at load would be
+    refused, :func:`~fairseq_alibi.modules.attention.dispatch.check_options`; ``""``
+    otherwise)."""
     from fairseq_alibi.config_access import cfg_get
-    from fairseq_alibi.modules.attention.dispatch import REGISTRY
+    from fairseq_alibi.modules.attention.dispatch import check_options
 
     model = cfg_get(cfg, "model")
     sides = window_sides(cfg, kind)
     attention = str(cfg_get(model, "alibi_attention", "auto") or "auto")
+    try:
+        for side in sides:
+            check_options(attention, str(cfg_get(model, f"{side}_variant")), True, sinks, 0)
+    except ValueError:
+        refused = attention
+    else:
+        refused = ""
     return (max(float(cfg_get(model, f"{side}_window_cutoff", 0) or 0) for side in sides),
-            max(int(cfg_get(model, f"{side}_window_sinks", 0) or 0) for side in sides),
-            attention if attention in REGISTRY and not REGISTRY[attention].capabilities.windows
-            else "")
+            max(int(cfg_get(model, f"{side}_window_sinks", 0) or 0) for side in sides), refused)
 
 
 def load_model(path, task, overrides: Dict[str, float], device):
@@ -670,7 +677,7 @@ def run(args, command: str) -> str:
                                   least_tokens=BLOCK * MIN_BLOCKS)
     lengths = resolve_lengths(args, cfg, reader)
     tokens = min(args.tokens or DEFAULT_TOKENS, reader.total)
-    saved = saved_windows(cfg, kind)
+    saved = saved_windows(cfg, kind, max(args.sinks))
     # at most: the mass's passes, dense's and every (T, S)'s at every length
     tried = len(args.cutoffs) * len({0, *args.sinks})
     passes = (len(reader.starts(mass_length(lengths), MASS_TOKENS, args.seed))
