@@ -305,6 +305,30 @@ def _trainer_loading(exc: BaseException) -> Optional[dict]:
     return None
 
 
+def _architecture_mismatch(exc: BaseException) -> Optional[str]:
+    """A checkpoint restored by fairseq's trainer into an architecture of another model (an
+    ``alibi_roberta`` checkpoint given ``--arch roberta_base``, or the reverse): no size flag
+    fixes that, the architecture does."""
+    loading = _trainer_loading(exc)
+    if loading is None or not isinstance(exc, RuntimeError):
+        return None
+    from fairseq.models import ARCH_MODEL_REGISTRY
+
+    try:
+        saved = _options(loading["state"]["cfg"]["model"])
+        built = _options(loading["self"].cfg.model)
+    except Exception:  # noqa: BLE001 - a hint must never fail
+        return None
+    saved_arch, built_arch = (o.get("_name") or o.get("arch") for o in (saved, built))
+    models = [ARCH_MODEL_REGISTRY.get(str(a)) for a in (saved_arch, built_arch)]
+    if None in models or models[0] is models[1]:
+        return None
+    return (f"the checkpoint is a --arch {saved_arch} model ({models[0].__name__}) and the "
+            f"model being built is --arch {built_arch} ({models[1].__name__}): their weights "
+            f"differ in kind, not in size; build it with --arch {saved_arch} (or another "
+            f"architecture of {models[0].__name__}) and the options it was trained with")
+
+
 def _size_mismatch(exc: BaseException) -> Optional[str]:
     """The hint for a checkpoint of another size restored by fairseq's trainer: the first
     mismatching weight, and the size options of the checkpoint that differ from the model's."""
@@ -417,7 +441,7 @@ def hint_for(exc: BaseException) -> Optional[str]:
             return one_line(cause)
     for found in chain:
         hint = (_unreadable_checkpoint(found) or _zero_block_size(found)
-                or _size_mismatch(found) or _not_a_language_model(found)
+                or _architecture_mismatch(found) or _size_mismatch(found) or _not_a_language_model(found)
                 or _bad_model_overrides(found) or _translation_folder(found)
                 or _optimizer_mismatch(found) or _environment(found))
         if hint:

@@ -210,6 +210,8 @@ def check_checkpoint_files(model_class, model_name_or_path, checkpoint_file: str
 def load_pretrained(model_class, expected_name, model_name_or_path, checkpoint_file,
                     data_name_or_path, **kwargs) -> dict:
     """``hub_utils.from_pretrained`` for an ALiBi model class, offline; see the module doc."""
+    where = "from_pretrained's keyword arguments" + (" or model_overrides"
+                                                     if "model_overrides" in kwargs else "")
     kwargs = with_model_overrides(kwargs)
     model_dir = str(model_name_or_path)
     data_dir = str(data_name_or_path)
@@ -222,7 +224,7 @@ def load_pretrained(model_class, expected_name, model_name_or_path, checkpoint_f
         kwargs.update(local_gpt2_bpe(searched))
     checkpoint = os.path.join(model_dir, checkpoint_file)
     try:
-        with overrides_named("from_pretrained's keyword arguments"):
+        with overrides_named(where):
             loaded = hub_utils.from_pretrained(
                 model_name_or_path, checkpoint_file, data_name_or_path,
                 archive_map=model_class.hub_models(), **kwargs,

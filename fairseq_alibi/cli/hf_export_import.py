@@ -30,6 +30,7 @@ import shutil
 import sys
 import warnings
 from pathlib import Path
+from typing import Optional
 
 import torch
 
@@ -147,7 +148,13 @@ def zero_biases(family, layers):
 
 
 def _option(model_cfg, key):
+    """``key`` as saved; an ALiBi option the checkpoint lacks (saved before it existed, or by
+    ``fairseq-alibi convert``) as its declared default, which is how the model loads it."""
     value = cfg_get(model_cfg, key)
+    if value is None and key.startswith("alibi_"):
+        from fairseq_alibi import options
+
+        value = options.default_of(key[len("alibi_"):], options.LM)
     return str(value) if hasattr(value, "name") else value  # enums saved by hydra
 
 
@@ -660,10 +667,8 @@ def row_order(config, tokenizer, rows: int):
     """The HF row of each fairseq row: fairseq's ``<s> <pad> </s> <unk>`` first (the model's
     bos/pad/eos/unk rows, or rows the tokenizer never produces), then the rest in order."""
     produced = tokenizer.get_vocab_size(with_added_tokens=True)
-    unk = json.loads(tokenizer.to_str())["model"].get("unk_token")
     wanted = {"</s>": config.get("eos_token_id"), "<s>": config.get("bos_token_id"),
-              "<pad>": config.get("pad_token_id"),
-              "<unk>": tokenizer.token_to_id(unk) if unk else None}
+              "<pad>": config.get("pad_token_id"), "<unk>": unk_row(tokenizer)}
     spare = [r for r in range(rows - 1, produced - 1, -1)]
     chosen = {}
     for name in ("</s>", "<s>", "<pad>", "<unk>"):
@@ -677,6 +682,14 @@ def row_order(config, tokenizer, rows: int):
         chosen[name] = row
     head = [chosen[s] for s in SPECIALS]
     return head + [r for r in range(rows) if r not in set(head)]
+
+
+def unk_row(tokenizer) -> Optional[int]:
+    """The id the tokenizer gives an unknown piece: its model's ``unk_token`` (BPE, WordPiece,
+    WordLevel) or ``unk_id`` (Unigram, a sentencepiece model's); ``None`` without one."""
+    model = json.loads(tokenizer.to_str())["model"]
+    unk = model.get("unk_token")
+    return tokenizer.token_to_id(unk) if unk else model.get("unk_id")
 
 
 CONFIG_KEYS = {"<s>": "bos_token_id", "<pad>": "pad_token_id", "</s>": "eos_token_id"}
@@ -700,12 +713,35 @@ def no_row_for(name, row, chosen, tokenizer, rows) -> str:
             f"rows, leaving none for fairseq's {name}: ")
     if not key:
         return why + ("name a token that text never encodes to (an unused special token) as "
-                      "\"unk_token\" of \"model\" in tokenizer.json")
+                      "\"unk_token\" of \"model\" in tokenizer.json (its id as \"unk_id\" for "
+                      "a Unigram model)")
     pads = [(t, tokenizer.token_to_id(t)) for t in PAD_TOKENS] if name == "<pad>" else []
     pad = next(((t, i) for t, i in pads if i is not None and i not in chosen.values()), None)
     example = f", e.g. the tokenizer's padding token {pad[0]} ({pad[1]})" if pad else ""
     return why + (f"set {key} in config.json to the id of a token that text never encodes "
                   f"to{example}")
+
+
+def check_tied_head(head: Optional[torch.Tensor], embeddings: torch.Tensor):
+    """A saved ``lm_head.weight`` must be the input embeddings (the config ties them: fairseq
+    shares one matrix); a folder re-saved with another output layer is refused."""
+    if head is not None and (head.shape != embeddings.shape
+                             or not torch.equal(head.float(), embeddings)):
+        raise ConversionError(
+            "lm_head.weight differs from the input embeddings that config.json ties to it "
+            "(tie_word_embeddings): the model computes its output with another matrix than "
+            "the one imported; untied output embeddings are not imported")
+
+
+def check_shapes(weights, target, source):
+    """Each tensor's shape against the model that config.json builds, naming the first that
+    differs by its name in the folder (``source``)."""
+    for name, tensor in weights.items():
+        if tensor.shape != target[name].shape:
+            raise ConversionError(
+                f"{source.get(name, name)} has shape {list(tensor.shape)} where config.json's "
+                f"sizes give {list(target[name].shape)} (fairseq's {name}): the weights and "
+                "config.json are not of one model")
 
 
 def import_folder(folder, out):
@@ -725,13 +761,15 @@ def import_folder(folder, out):
                               "for this model; add the model's tokenizer.json")
     fix = f"put the model's own tokenizer.json in {folder}"
     tokenizer = read_tokenizer(tokenizer_file, fix)
-    fs_weights = {}
+    fs_weights, source = {}, {}
     try:
         for hf_name, fs_names, how in layout(kind, layers):
             for name, tensor in zip(fs_names, split(hf_weights.pop(hf_name), how, heads)):
-                fs_weights[name] = tensor.float().clone()
+                fs_weights[name], source[name] = tensor.float().clone(), hf_name
     except KeyError as e:
         raise ConversionError(f"the weights lack {e.args[0]}: not a complete {kind} model") from e
+    check_tied_head(hf_weights.pop("lm_head.weight", None),
+                    fs_weights["decoder.embed_tokens.weight"])
     embed_rows = fs_weights["decoder.embed_tokens.weight"].shape[0]
     check_tokenizer_fits(tokenizer, embed_rows, str(tokenizer_file), fix)
     rows = row_order(config, tokenizer, embed_rows)
@@ -760,9 +798,10 @@ def import_folder(folder, out):
         for name in ("decoder.alibi.slopes", "decoder.version"):  # computed, not learned
             fs_weights[name] = target[name]
         missing = set(target) - set(fs_weights)
-        if missing or hf_weights.keys() - {"lm_head.weight"}:
+        if missing or hf_weights:
             raise ConversionError(f"the {kind} weights do not fit (missing {sorted(missing)[:3]}, "
                                   f"left over {sorted(hf_weights)[:3]})")
+        check_shapes(fs_weights, target, source)
         model.load_state_dict(fs_weights, strict=True)
         from omegaconf import OmegaConf
 

@@ -49,15 +49,20 @@ def _require_dict(dict_path):
 
 
 def refuse_foreign_dictionary(symbols, dictionary, dict_path, kind: str, fix: str):
-    """A ``--dict`` that lacks most of the encoder's symbols is another tokenization's (a
-    word-level ``dict.txt`` given with ``--gpt2-bpe``): binarized with it, most tokens would be
-    ``<unk>`` and the run would still succeed. Half is far from both: a matching dictionary
-    has every symbol, or (built from a corpus) nearly every one."""
-    found = sum(dictionary.index(s) != dictionary.unk() for s in symbols)
-    if found < len(symbols) / 2:
+    """A ``--dict`` whose entries are mostly not the encoder's symbols is another
+    tokenization's (a word-level ``dict.txt`` given with ``--gpt2-bpe``): binarized with it,
+    most tokens would be ``<unk>`` and the run would still succeed. Judged by the dictionary's
+    own entries, so that a dictionary of a part of the symbols (built from a small corpus, as
+    a model was pretrained with) is accepted, its ``<unk>`` counted in ``stats.json``."""
+    known = set(symbols)
+    entries = [w for w in dictionary.symbols[dictionary.nspecial:]
+               if not w.startswith("madeupword")]
+    foreign = [w for w in entries if w not in known]
+    if len(foreign) > len(entries) / 2:
         raise DataError(
-            f"--dict {dict_path} is not a dictionary of this {kind}: it has {found} of its "
-            f"{len(symbols)} symbols, so most tokens would become <unk>; {fix}")
+            f"--dict {dict_path} is not a dictionary of this {kind}: {len(foreign)} of its "
+            f"{len(entries)} entries are not symbols of it (e.g. {', '.join(foreign[:3])}), so "
+            f"most tokens would become <unk>; {fix}")
 
 
 def dictionary_from_counts(counts):

@@ -184,13 +184,23 @@ def test_stock_checkpoint_restored_shows_the_plugin_message_last(flag, tiny_lm_d
 # a custom-size encoder fine-tuned with the architecture's default sizes
 
 
+def restore_failure(data, checkpoint, *flags) -> Exception:
+    """What fairseq's trainer raises restoring ``checkpoint`` into the model ``flags`` build."""
+    from fairseq.trainer import Trainer
+
+    cfg, task = setup_from_command_line(data, "--cpu", *flags)
+    model = task.build_model(cfg.model)
+    trainer = Trainer(cfg, task, model, task.build_criterion(cfg.criterion))
+    with pytest.raises(Exception, match="please ensure that the architectures match") as failed:
+        trainer.load_checkpoint(str(checkpoint), reset_optimizer=True)
+    return failed.value
+
+
 def test_checkpoint_of_another_size_names_the_size_flags(tiny_lm_data, tmp_path):
     """fairseq's trainer buries torch's ``size mismatch`` under ``please ensure that the
     architectures match``; the hint names every flag that builds the checkpoint's sizes, read
     from its tensors before they load (before: the first mismatching tensor's alone; with
     another head count, only the heads)."""
-    from fairseq.trainer import Trainer
-
     from fairseq_alibi.error_hints import hint_for
 
     encoder = ["--task", "masked_lm", "--criterion", "masked_lm", "--arch", "alibi_roberta_base",
@@ -198,17 +208,34 @@ def test_checkpoint_of_another_size_names_the_size_flags(tiny_lm_data, tmp_path)
                "--encoder-layers", 2, "--encoder-attention-heads", 4]
     custom = saved_in_process(tmp_path / "custom" / "model.pt", tiny_lm_data, *encoder,
                               "--encoder-embed-dim", 32, "--encoder-ffn-embed-dim", 64)
-    cfg, task = setup_from_command_line(tiny_lm_data, "--cpu", *encoder,
-                                        "--encoder-embed-dim", 48)  # FFN: the default 3072
-    model = task.build_model(cfg.model)
-    trainer = Trainer(cfg, task, model, task.build_criterion(cfg.criterion))
-    with pytest.raises(Exception, match="please ensure that the architectures match") as failed:
-        trainer.load_checkpoint(str(custom), reset_optimizer=True)
-    assert hint_for(failed.value) == (
+    failed = restore_failure(tiny_lm_data, custom, *encoder,
+                             "--encoder-embed-dim", 48)  # FFN: the default 3072
+    assert hint_for(failed) == (
         "CheckpointMismatchError: this checkpoint was trained with --encoder-embed-dim 32, "
         "--encoder-ffn-embed-dim 64; the model being built has --encoder-embed-dim 48, "
         "--encoder-ffn-embed-dim 3072: build it with --encoder-embed-dim 32 "
         "--encoder-ffn-embed-dim 64")
+
+
+def test_checkpoint_of_another_model_names_its_architecture(tiny_lm_data, tmp_path):
+    """An alibi_roberta checkpoint restored into stock roberta_base (even of the same sizes):
+    the hint names the checkpoint's architecture, where the size hint sent the user round in
+    circles (the sizes were right: alibi_roberta's own weights differ in kind)."""
+    from fairseq_alibi.error_hints import hint_for
+
+    common = ["--task", "masked_lm", "--criterion", "masked_lm", "--tokens-per-sample", 16,
+              "--optimizer", "adam", "--lr", 1e-3, "--encoder-layers", 2,
+              "--encoder-attention-heads", 4, "--encoder-embed-dim", 32,
+              "--encoder-ffn-embed-dim", 64]
+    saved = saved_in_process(tmp_path / "alibi" / "model.pt", tiny_lm_data, *common,
+                             "--arch", "alibi_roberta")
+    failed = restore_failure(tiny_lm_data, saved, *common, "--arch", "roberta_base",
+                             "--max-positions", 16)
+    assert hint_for(failed) == (
+        "the checkpoint is a --arch alibi_roberta model (AlibiRobertaModel) and the model being "
+        "built is --arch roberta_base (RobertaModel): their weights differ in kind, not in "
+        "size; build it with --arch alibi_roberta (or another architecture of "
+        "AlibiRobertaModel) and the options it was trained with")
 
 
 def test_sizes_are_named_as_the_run_was_started():

@@ -57,11 +57,12 @@ def wikitext_lines(n, skip=0):
 # a fairseq alibi_bloom checkpoint written by fairseq's Trainer, with the GPT-2 dictionary
 
 
-def write_fairseq_checkpoint(folder, heads, arch="alibi_bloom", extra=(), seed=0):
+def write_fairseq_checkpoint(folder, heads, arch="alibi_bloom", extra=(), seed=0,
+                             dictionary=GPT2 / "dict.txt"):
     from fairseq.trainer import Trainer
 
     folder.mkdir(parents=True, exist_ok=True)
-    shutil.copy(GPT2 / "dict.txt", folder / "dict.txt")
+    shutil.copy(dictionary, folder / "dict.txt")
     cfg, task = setup_from_command_line(
         folder, "--task", "language_modeling", "--arch", arch, "--decoder-layers", 2,
         "--decoder-embed-dim", 24, "--decoder-attention-heads", heads,
@@ -169,6 +170,45 @@ def test_export_then_import_gives_back_every_weight_bit_for_bit(exported, tmp_pa
 
 
 @needs_shared
+def test_a_sentencepiece_export_imports_back_bit_for_bit(tmp_path):
+    """A Unigram tokenizer names its unknown piece by id (``unk_id``), not by token: the
+    import finds fairseq's <unk> there, and every row stays where it was."""
+    pytest.importorskip("sentencepiece")
+    from fairseq_alibi.preprocess.encoders import SentencePieceEncoder, train_sentencepiece
+
+    model = train_sentencepiece(wikitext_lines(500), tmp_path / "sp", 300, num_threads=1)
+    SentencePieceEncoder(model).dictionary.save(str(tmp_path / "sp.dict.txt"))
+    ckpt = write_fairseq_checkpoint(tmp_path / "fs", 4, dictionary=tmp_path / "sp.dict.txt")
+    assert hf.export_main([str(ckpt), "--dict", str(ckpt.parent / "dict.txt"), "--bpe",
+                           "sentencepiece", "--sentencepiece-model", str(model), "--out",
+                           str(tmp_path / "hf")]) == 0
+    assert hf.import_main([str(tmp_path / "hf"), "--out", str(tmp_path / "back")]) == 0
+    original = torch.load(ckpt, weights_only=False)["model"]
+    back = torch.load(tmp_path / "back" / "checkpoint.pt", weights_only=False)
+    assert back["extra_state"]["huggingface"]["rows"] == list(range(len(
+        original["decoder.embed_tokens.weight"])))
+    assert all(torch.equal(original[k], back["model"][k]) for k in original)
+
+
+@needs_shared
+def test_a_checkpoint_saved_before_an_option_existed_exports(tmp_path):
+    """A checkpoint without the learned scales' keys (saved before them, or converted from a
+    fork) loads with their defaults, and exports as such, not refused for a value ``None``."""
+    ckpt = write_fairseq_checkpoint(tmp_path / "fs", 4)
+    state = torch.load(ckpt, weights_only=False)
+    for key in ("alibi_learned_scales", "alibi_scale_init", "alibi_slope_scale"):
+        del state["cfg"]["model"][key]
+    torch.save(state, ckpt)
+    assert export(ckpt, tmp_path / "hf") == 0
+    lm, model = fairseq_lm(ckpt.parent), hf_model(tmp_path / "hf")
+    tokens = torch.tensor([fairseq_ids(" ".join(wikitext_lines(2)), lm.task.dictionary)])
+    with torch.no_grad():
+        ours = token_log_probs(lm.models[0](tokens)[0], tokens)
+        theirs = token_log_probs(model(tokens).logits, tokens)
+    assert (ours - theirs).abs().max().item() < 1e-5
+
+
+@needs_shared
 def test_exported_log_probabilities_equal_fairseq_on_wikitext(exported):
     ckpt, folder = exported
     lm, model = fairseq_lm(ckpt.parent), hf_model(folder)
@@ -196,7 +236,6 @@ def test_exported_log_probabilities_equal_fairseq_on_wikitext(exported):
     assert (ours - theirs)[real].abs().max().item() < 1e-5
 
 
-@needs_shared
 @needs_shared
 def test_a_scaled_embedding_is_folded_into_the_export(tmp_path):
     """Without --no-scale-embedding: the table is multiplied by sqrt(d) and, the output layer
@@ -423,6 +462,23 @@ def test_bad_input_is_one_line_and_writes_nothing(tmp_path, capsys):
     weights = truncated / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
     cases["truncated"] = ([str(truncated)], "truncated or damaged")
+    from safetensors.torch import load_file, save_file
+
+    for name, change, message in (
+            ("another head", lambda w: w.update({"lm_head.weight": w["transformer.word_embeddings"
+                                                                     ".weight"] + 1}),
+             "lm_head.weight differs from the input embeddings"),
+            ("a wrong shape", lambda w: w.update({"transformer.h.1.mlp.dense_4h_to_h.weight":
+                                                  w["transformer.h.1.mlp.dense_4h_to_h.weight"]
+                                                  [:, :8].contiguous()}),
+             "transformer.h.1.mlp.dense_4h_to_h.weight has shape [16, 8] where config.json's "
+             "sizes give [16, 64]")):
+        folder = tmp_path / name.replace(" ", "_")
+        tiny_hf_folder(folder, "bloom", 4)
+        weights = load_file(str(folder / "model.safetensors"))
+        change(weights)
+        save_file(weights, str(folder / "model.safetensors"), metadata={"format": "pt"})
+        cases[name] = ([str(folder)], message)
     capsys.readouterr()  # what saving the folders printed
     for name, (argv, message) in cases.items():
         out = tmp_path / f"out_{name.replace(' ', '_')}"

@@ -206,6 +206,10 @@ def test_a_missing_checkpoint_and_model_overrides(tiny_lm_data, tmp_path, no_net
                        "from_pretrained's keyword arguments \\(did you mean"):
         LM.from_pretrained(str(checkpoint.parent), "model.pt", str(tiny_lm_data),
                            alibi_window_cutof=6)
+    with pytest.raises(OneLineError, match="unknown ALiBi option 'alibi_window_cutof' in "
+                       "from_pretrained's keyword arguments or model_overrides"):
+        LM.from_pretrained(str(checkpoint.parent), "model.pt", str(tiny_lm_data),
+                           model_overrides="{'alibi_window_cutof': 6}")
 
 
 def test_a_length_limit_that_leaves_no_room_after_the_prompt(tiny_lm_data, tmp_path):
