@@ -209,7 +209,7 @@ def chosen_configs(parser, args):
 def parse(argv):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--corpus", choices=("restoration", "gettext"), default=None,
-                        help="default restoration; with --select, gettext")
+                        help="default restoration; with --select (not --smoke), gettext")
     parser.add_argument("--select", action="store_true",
                         help="the selection procedure of experiments/translation_selection.py: "
                              "settings chosen on the validation buckets at two sizes, the test "

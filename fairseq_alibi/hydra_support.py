@@ -156,20 +156,18 @@ def _group_keys(config, group: str) -> set:
 
 
 def check_restore_file(config):
-    """Refuse a ``checkpoint.restore_file`` that names no file. fairseq logs "No existing
-    checkpoint found" and trains from a random initialisation: a GLUE fine-tuning of a
-    misspelt pre-trained path runs to the end and collapses, exit status 0. (The default,
-    ``checkpoint_last.pt`` in ``checkpoint.save_dir``, is a resume that may rightly find
-    nothing.)"""
+    """Refuse a ``checkpoint.restore_file`` that names no file before the job starts
+    (:mod:`fairseq_alibi.restore_guard`)."""
+    from fairseq_alibi.restore_guard import restore_file_refusal
+
     checkpoint = config.get("checkpoint") if hasattr(config, "get") else None
     if checkpoint is None or OmegaConf.is_missing(checkpoint, "restore_file"):
         return  # hydra refuses a missing mandatory value itself
-    restore = checkpoint.get("restore_file")
-    if restore in (None, "checkpoint_last.pt") or os.path.isfile(restore):
-        return
-    raise ValueError(f"checkpoint.restore_file={restore}: no such file (from {os.getcwd()}); "
-                     "fairseq would train from a random initialisation. Give the path of the "
-                     "checkpoint to start from")
+    refusal = restore_file_refusal(checkpoint.get("restore_file"),
+                                   checkpoint.get("checkpoint_suffix") or "",
+                                   named="checkpoint.restore_file=")
+    if refusal is not None:
+        raise ValueError(refusal)
 
 
 def check_model_config_values(model_cfg, where: str):

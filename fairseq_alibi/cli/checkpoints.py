@@ -63,9 +63,18 @@ class CheckpointFile:
         return self.error is None
 
     def describe(self) -> str:
+        if self.error == "missing":
+            return f"{self.path.name}: missing"
         if not self.intact:
             return f"{self.path.name}: DAMAGED ({self.error})"
         return f"{self.path.name}: intact (epoch {self.epoch} @ {self.num_updates} updates)"
+
+    @property
+    def numbered(self) -> bool:
+        """A file of one save (``checkpoint3.pt``, ``checkpoint_3_60.pt``), not one of its
+        copies (``checkpoint_last``, ``checkpoint_best``, ``checkpoint.best_loss_…``)."""
+        return not self.path.name.startswith(("checkpoint_best", "checkpoint_last",
+                                              "checkpoint."))
 
 
 def inspect_checkpoint(path) -> CheckpointFile:
@@ -99,15 +108,43 @@ def inspect_checkpoint(path) -> CheckpointFile:
     history = state.get("optimizer_history") or [{}]
     found.num_updates = int(history[-1].get("num_updates", 0))
     extra = state.get("extra_state") or {}
-    found.epoch = (extra.get("train_iterator") or {}).get("epoch")
+    position = extra.get("train_iterator") or {}
+    found.epoch = position.get("epoch")
+    if found.epoch and found.epoch > 1 and not position.get("iterations_in_epoch"):
+        found.epoch -= 1  # saved at the end of an epoch: fairseq records the next one to run
     found.val_loss, found.best = extra.get("val_loss"), extra.get("best")
     return found
 
 
+#: the names fairseq gives a run's checkpoints (``checkpoint_utils.save_checkpoint``), before
+#: the ``--checkpoint-suffix``: epoch, update, best, last, and ``--keep-best-checkpoints``'
+#: ``checkpoint.best_<metric>_<value>``
+_NAMES = r"checkpoint(\d+|_\d+_\d+|_best|_last|\.best_\w+?_-?\d+(?:\.\d*)?)"
+
+
 def saved_checkpoints(save_dir, suffix: str = "") -> List[Path]:
-    """The ``checkpoint*{suffix}.pt`` files fairseq wrote in ``save_dir`` (no ``.tmp``)."""
-    pattern = re.compile(r"checkpoint.*" + re.escape(suffix) + r"\.pt")
+    """The checkpoints fairseq wrote in ``save_dir`` with ``--checkpoint-suffix suffix`` (not
+    those of another suffix, nor ``.tmp`` files)."""
+    pattern = re.compile(_NAMES + re.escape(suffix) + r"\.pt")
     return sorted(p for p in Path(save_dir).iterdir() if pattern.fullmatch(p.name))
+
+
+def other_suffixes(save_dir: Path, suffix: str) -> List[str]:
+    """The ``--checkpoint-suffix`` values of the checkpoints in ``save_dir`` other than
+    ``suffix``'s (a forgotten suffix reads as a folder without checkpoints)."""
+    pattern = re.compile(_NAMES + r"([^\d.].*)\.pt")  # not a digit: those are the names
+    found = {m.group(2) for p in save_dir.iterdir() for m in [pattern.fullmatch(p.name)] if m}
+    return sorted(found - {suffix})
+
+
+def _no_checkpoint_note(save_dir: Path, suffix: str) -> str:
+    others = other_suffixes(save_dir, suffix) if save_dir.is_dir() else []
+    flag = f" --checkpoint-suffix {suffix}" if suffix else ""
+    note = f"no checkpoint{' of' + flag if flag else ''} in {save_dir} yet"
+    if others:
+        note += (f" (it holds checkpoints of --checkpoint-suffix {', '.join(others)}: give "
+                 "the run's suffix)")
+    return note
 
 
 def _last_name(suffix: str) -> str:
@@ -138,9 +175,19 @@ def newest_intact(found: Dict[str, CheckpointFile], exclude=()) -> Optional[Chec
     intact = [c for name, c in found.items() if name not in exclude and c.intact]
     if not intact:
         return None
-    copies = ("checkpoint_best", "checkpoint_last")
-    return max(intact, key=lambda c: (c.num_updates, not c.path.name.startswith(copies),
-                                      c.path.stat().st_mtime))
+    return max(intact, key=lambda c: (c.num_updates, c.numbered, c.path.stat().st_mtime))
+
+
+def newer_than_last(found: Dict[str, CheckpointFile], last: CheckpointFile) -> str:
+    """A note when an intact checkpoint has more updates than an intact ``checkpoint_last``,
+    which fairseq-train resumes from; ``""`` otherwise."""
+    newest = newest_intact(found, exclude={last.path.name})
+    if not last.intact or newest is None or newest.num_updates <= last.num_updates:
+        return ""
+    return (f"note: {newest.path.name} ({newest.num_updates} updates) is newer than "
+            f"{last.path.name} ({last.num_updates}), which fairseq-train resumes from (a run "
+            f"with --no-last-checkpoints does not update it; after a rollback that is "
+            f"right): to go on from the newest, resume with --restore-file {newest.path}")
 
 
 def _free_name(path: Path, ending: str) -> Path:
@@ -179,20 +226,24 @@ def repair(save_dir, suffix: str = "") -> str:
     """
     save_dir = Path(save_dir)
     if _no_checkpoint_yet(save_dir, suffix):  # a job script runs this before the first save
-        return f"nothing to repair: no checkpoint in {save_dir} yet"
+        return f"nothing to repair: {_no_checkpoint_note(save_dir, suffix)}"
     last, found = save_dir / _last_name(suffix), inspect_all(save_dir, suffix)
     state = _inspected(found, last)
     if state.intact:
-        return f"nothing to do: {state.describe()}" + _repair_best(save_dir, suffix, found)
+        newer = newer_than_last(found, state)
+        return (f"nothing to do: {state.describe()}" + _repair_best(save_dir, suffix, found)
+                + (f"; {newer}" if newer else ""))
     source = newest_intact(found, exclude={last.name})
     if source is None:
         raise CheckpointError(
             f"no intact checkpoint in {save_dir} to restore {last.name} from "
             f"({state.error}); training from it would start from scratch"
         )
+    unsaved = ("; a run with --no-last-checkpoints does not update it: resume such a run with "
+               f"--restore-file {source.path} instead" if state.error == "missing" else "")
     return (f"restored {last.name} from {source.path.name} "
             f"(epoch {source.epoch} @ {source.num_updates} updates)"
-            f"{_restore(last, source.path)}{_repair_best(save_dir, suffix, found)}")
+            f"{_restore(last, source.path)}{_repair_best(save_dir, suffix, found)}{unsaved}")
 
 
 def _restore(target: Path, source: Path) -> str:
@@ -246,6 +297,8 @@ def set_world_size(save_dir, world_size: int, suffix: str = "") -> str:
     """
     if not isinstance(world_size, int) or world_size < 1:
         raise CheckpointError(f"the world size must be a positive whole number, got {world_size!r}")
+    if _no_checkpoint_yet(Path(save_dir), suffix):
+        return f"nothing to do: {_no_checkpoint_note(Path(save_dir), suffix)}"
     last = Path(save_dir) / _last_name(suffix)
     found = inspect_checkpoint(last)
     if not found.intact:
@@ -290,7 +343,7 @@ def check(save_dir, suffix: str = ""):
     """``(ok, lines)``: ``ok`` when ``checkpoint_last{suffix}.pt`` is intact; a line per file."""
     save_dir = Path(save_dir)
     if _no_checkpoint_yet(save_dir, suffix):
-        return True, [f"no checkpoint yet in {save_dir}"]
+        return True, [_no_checkpoint_note(save_dir, suffix)]
     found = inspect_all(save_dir, suffix)
     last = _inspected(found, save_dir / _last_name(suffix))
     others = [c for name, c in found.items() if name != last.path.name]
@@ -298,9 +351,17 @@ def check(save_dir, suffix: str = ""):
     lines = [c.describe() for c in [last] + others]
     lines += [f"{p.name}: left by an interrupted save, safe to delete"
               for p in sorted(save_dir.glob("checkpoint*.pt.tmp"))]
-    if not last.intact:
+    newest = newest_intact(found, exclude={last.path.name})
+    if last.error == "missing" and newest is not None:
+        lines.append(f"no {last.path.name}: fairseq-train would start from scratch (a run with "
+                     f"--no-last-checkpoints writes none); resume with --restore-file "
+                     f"{newest.path}, or run `fairseq-alibi checkpoints repair {save_dir}` to "
+                     "copy it there")
+    elif not last.intact:
         lines.append(f"checkpoint_last is unusable: run `fairseq-alibi checkpoints "
                      f"repair {save_dir}` before restarting")
+    elif newer_than_last(found, last):
+        lines.append(newer_than_last(found, last))
     best = next((c for c in others if c.path.name == f"checkpoint_best{suffix}.pt"), None)
     if best is not None and not best.intact:
         lines.append(f"checkpoint_best is unusable (resuming does not read it): `fairseq-alibi "

@@ -9,6 +9,7 @@ Backed elsewhere, not repeated here: truncated or corrupt checkpoint files and f
 first contact). Tests that run fairseq's command lines are marked ``slow``.
 """
 
+import os
 import shutil
 
 import pytest
@@ -75,8 +76,87 @@ def test_repair_and_check_before_the_first_save(fresh, tmp_path, capsys):
     assert capsys.readouterr().out.strip() == f"nothing to repair: no checkpoint in {save_dir} yet"
     assert main(["check", str(save_dir)]) == 0
     out = capsys.readouterr().out.strip()
-    assert out == f"no checkpoint yet in {save_dir}" and "DAMAGED" not in out
+    assert out == f"no checkpoint in {save_dir} yet" and "DAMAGED" not in out
     assert not save_dir.exists() or not any(save_dir.iterdir())  # nothing written
+
+
+def fake_checkpoint(path, updates, epoch, iterations=0):
+    """What ``checkpoints`` reads of a fairseq checkpoint: its updates and its position."""
+    import torch
+
+    torch.save({"model": {}, "optimizer_history": [{"num_updates": updates}],
+                "extra_state": {"train_iterator": {"epoch": epoch,
+                                                   "iterations_in_epoch": iterations}}}, path)
+
+
+def test_folders_of_no_last_checkpoints_and_of_another_suffix(tmp_path, capsys):
+    """``--no-last-checkpoints``: ``check`` said ``DAMAGED (missing)``, and a later run never
+    updated the ``checkpoint_last.pt`` that ``repair`` made, which every restart resumed from
+    silently; a forgotten ``--checkpoint-suffix``: another suffix's files were read as the
+    run's (``repair`` made ``checkpoint_last.pt`` of one); epochs as fairseq's log says them."""
+    from fairseq_alibi.cli.checkpoints import main
+
+    run = tmp_path / "no_last"
+    run.mkdir()
+    fake_checkpoint(run / "checkpoint_1_10.pt", 10, 1, 10)
+    fake_checkpoint(run / "checkpoint1.pt", 24, 2)  # the end of epoch 1: fairseq records 2
+    assert main(["check", str(run)]) == 1
+    out = capsys.readouterr().out.strip().splitlines()
+    assert out[:3] == ["checkpoint_last.pt: missing", "checkpoint1.pt: intact (epoch 1 @ 24 "
+                       "updates)", "checkpoint_1_10.pt: intact (epoch 1 @ 10 updates)"]
+    assert out[-1].startswith(f"no checkpoint_last.pt: fairseq-train would start from scratch "
+                              f"(a run with --no-last-checkpoints writes none); resume with "
+                              f"--restore-file {run / 'checkpoint1.pt'}")
+    assert main(["repair", str(run)]) == 0
+    assert capsys.readouterr().out.strip().endswith(
+        f"a run with --no-last-checkpoints does not update it: resume such a run with "
+        f"--restore-file {run / 'checkpoint1.pt'} instead")
+    fake_checkpoint(run / "checkpoint_2_30.pt", 30, 2, 6)  # the next run's, last not updated
+    assert main(["repair", str(run)]) == 0
+    assert capsys.readouterr().out.strip().endswith(
+        f"note: checkpoint_2_30.pt (30 updates) is newer than checkpoint_last.pt (24), which "
+        f"fairseq-train resumes from (a run with --no-last-checkpoints does not update it; "
+        f"after a rollback that is right): to go on from the newest, resume with "
+        f"--restore-file {run / 'checkpoint_2_30.pt'}")
+    assert main(["check", str(run)]) == 0
+    assert capsys.readouterr().out.strip().splitlines()[-1].startswith(
+        "note: checkpoint_2_30.pt (30 updates) is newer")
+
+    other = tmp_path / "suffixed"
+    other.mkdir()
+    fake_checkpoint(other / "checkpoint_last_x.pt", 10, 1, 10)
+    fake_checkpoint(other / "checkpoint.best_loss_9.1230_x.pt", 10, 1, 10)
+    for command in ("check", "repair"):
+        assert main([command, str(other)]) == 0
+        assert capsys.readouterr().out.strip().endswith(
+            f"no checkpoint in {other} yet (it holds checkpoints of --checkpoint-suffix _x: "
+            "give the run's suffix)")
+    assert sorted(p.name for p in other.iterdir()) == [
+        "checkpoint.best_loss_9.1230_x.pt", "checkpoint_last_x.pt"]
+    assert main(["check", str(other), "--checkpoint-suffix", "_x"]) == 0
+    capsys.readouterr()
+
+
+@pytest.mark.slow
+def test_a_restore_file_that_names_no_file_stops_fairseq_train(tiny_lm_data, alibi_user_dir,
+                                                               tmp_path):
+    """Stock fairseq logged "No existing checkpoint found", trained a random initialisation to
+    the end and exited 0; with a suffix, the file fairseq reads is named."""
+    missing = tmp_path / "pretrained" / "model.pt"
+    out = train("lm", tiny_lm_data, alibi_user_dir, tmp_path / "save", "--max-update", 2,
+                "--restore-file", missing, expect_ok=False)
+    assert last_line(out) == (
+        f"OneLineError: --restore-file {missing}: no such file (from {os.getcwd()}); fairseq "
+        "would train from a random initialisation. Give the path of the checkpoint to start "
+        "from")
+    assert not (tmp_path / "save").exists() or not any((tmp_path / "save").iterdir())
+    from fairseq_alibi.restore_guard import restore_file_refusal
+
+    missing.parent.mkdir()
+    missing.touch()
+    assert restore_file_refusal(str(missing)) is None
+    assert f"(read as {missing.parent / 'model_x.pt'}, with --checkpoint-suffix _x)" in \
+        restore_file_refusal(str(missing), "_x")
 
 
 # row 10: a 0-byte checkpoint

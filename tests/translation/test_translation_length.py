@@ -333,8 +333,7 @@ def test_select_smoke_chooses_on_validation_reads_the_test_once_and_confirms(tmp
     final setting and alibi trained again without a second test split, disjoint from
     everything the selection read, decoded on it once."""
     corpus = "gettext" if GETTEXT else "restoration"
-    out, docs = tmp_path / "select", tmp_path / "docs"
-    docs.mkdir()
+    out, docs = tmp_path / "select", tmp_path / "docs" / "figures"  # made by the run
     proc = subprocess.run([sys.executable, "-m", "experiments.translation_length", "--select",
                            "--smoke", "--corpus", corpus, "--out", str(out), "--jobs", "1",
                            "--docs", str(docs)],
