@@ -1,13 +1,18 @@
-"""A ``--restore-file`` (``checkpoint.restore_file``) that names no file is refused before
-training starts: stock fairseq logs "No existing checkpoint found" and trains from a random
-initialisation to the end, exit status 0, so a misspelt pre-trained model gives a collapsed
-fine-tuning that looks like a result. The default, ``checkpoint_last.pt`` in the save dir, is
-a resume that may rightly find nothing, and passes.
+"""What ``fairseq-train`` would restore wrongly without a word, refused before training:
+
+* a ``--restore-file`` (``checkpoint.restore_file``) that names no file: stock fairseq logs "No
+  existing checkpoint found" and trains from a random initialisation to the end, exit status 0,
+  so a misspelt pre-trained model gives a collapsed fine-tuning that looks like a result (the
+  default, ``checkpoint_last.pt`` in the save dir, is a resume that may rightly find nothing);
+* a checkpoint saved mid-epoch by another number of workers: fairseq counts the position in
+  the epoch in batches of one worker, so the run would train on other batches than the one it
+  continues (repeating or skipping data); ``fairseq-alibi checkpoints set-world-size`` rewrites
+  the position, ``--reset-dataloader`` starts the epoch over.
 """
 
 import functools
 import os
-from typing import Optional
+from typing import Optional, Tuple
 
 #: fairseq's default ``--restore-file``: the save dir's ``checkpoint_last{suffix}.pt``
 DEFAULT_RESTORE_FILE = "checkpoint_last.pt"
@@ -27,9 +32,69 @@ def restore_file_refusal(restore: Optional[str], suffix: str = "",
             "from a random initialisation. Give the path of the checkpoint to start from")
 
 
+def _restored_path(cfg, suffix: str) -> str:
+    """The file fairseq's ``load_checkpoint`` reads (its own rule)."""
+    if cfg.restore_file == DEFAULT_RESTORE_FILE:
+        return os.path.join(cfg.save_dir, f"checkpoint_last{suffix}.pt")
+    return cfg.restore_file.replace(".pt", f"{suffix}.pt") if suffix else cfg.restore_file
+
+
+def saved_workers(state) -> Tuple[int, int]:
+    """``(data-parallel workers, model-parallel size)`` a checkpoint's ``state`` was saved by
+    (its config; an argparse-era checkpoint's ``args``)."""
+    if state.get("cfg") is not None:
+        workers = state["cfg"]["distributed_training"]["distributed_world_size"]
+        parallel = state["cfg"]["common"].get("model_parallel_size", 1)
+    else:
+        workers = state["args"].distributed_world_size
+        parallel = getattr(state["args"], "model_parallel_size", 1)
+    return int(workers), int(parallel or 1)
+
+
+def _saved_position(path: str):
+    """``(workers, batches into the epoch, epoch)`` the checkpoint at ``path`` was saved at, or
+    None where it cannot say (unreadable: fairseq's own load reports that; model-parallel)."""
+    import torch
+
+    try:
+        state = torch.load(path, map_location="cpu", mmap=True)  # the tensors are not read
+        position = state["extra_state"]["train_iterator"]
+        workers, parallel = saved_workers(state)
+    except Exception:  # noqa: BLE001 - a guard never replaces fairseq's own error
+        return None
+    if parallel != 1:
+        return None
+    return workers, int(position.get("iterations_in_epoch", 0) or 0), position.get("epoch")
+
+
+def world_size_refusal(cfg, trainer, suffix: str) -> Optional[str]:
+    """Why the checkpoint this run resumes from would put it at another batch of the epoch
+    (saved mid-epoch by another number of workers), or None."""
+    workers = getattr(trainer, "data_parallel_world_size", None)
+    if workers is None or getattr(cfg, "reset_dataloader", False):
+        return None
+    path = _restored_path(cfg, suffix)
+    saved = _saved_position(path) if os.path.isfile(path) else None
+    if saved is None or not saved[1] or saved[0] == workers:
+        return None
+    if cfg.restore_file == DEFAULT_RESTORE_FILE:
+        fix = (f"run `fairseq-alibi checkpoints set-world-size {cfg.save_dir} {workers}"
+               f"{f' --checkpoint-suffix {suffix}' if suffix else ''}` first, which rewrites "
+               "the position (docs/reliability.md), or pass --reset-dataloader to start the "
+               "epoch over")
+    else:
+        fix = ("copy it to checkpoint_last.pt in an empty --save-dir and run `fairseq-alibi "
+               f"checkpoints set-world-size DIR {workers}` there, or pass --reset-dataloader to "
+               "start the epoch over")
+    return (f"{path} was saved {saved[1]} batches into epoch {saved[2]} by {saved[0]} "
+            f"worker(s), and this run has {workers}: fairseq counts that position in batches of "
+            f"one worker, so the run would train on other batches than the one it continues; "
+            f"{fix}")
+
+
 def guard_restore_file():
     """Wrap ``fairseq.checkpoint_utils.load_checkpoint`` (what ``fairseq-train`` calls to
-    resume or start from ``--restore-file``) to refuse a file that is not there (idempotent)."""
+    resume or start from ``--restore-file``) to refuse what the module doc lists (idempotent)."""
     from fairseq import checkpoint_utils
 
     from fairseq_alibi.error_hints import OneLineError
@@ -40,8 +105,9 @@ def guard_restore_file():
 
     @functools.wraps(stock)
     def load_checkpoint(cfg, trainer, **kwargs):
-        refusal = restore_file_refusal(getattr(cfg, "restore_file", None),
-                                       getattr(trainer, "checkpoint_suffix", "") or "")
+        suffix = getattr(trainer, "checkpoint_suffix", "") or ""
+        refusal = (restore_file_refusal(getattr(cfg, "restore_file", None), suffix)
+                   or world_size_refusal(cfg, trainer, suffix))
         if refusal is not None:
             raise OneLineError(refusal)
         return stock(cfg, trainer, **kwargs)

@@ -39,6 +39,7 @@ import torch
 
 import fairseq_alibi  # noqa: F401  (fairseq checkpoints under torch.load(weights_only): registration.py)
 from fairseq_alibi.error_hints import not_a_checkpoint
+from fairseq_alibi.restore_guard import saved_workers
 
 
 #: what a checkpoint that torch cannot read is, as fairseq's commands say it (error_hints.py)
@@ -305,14 +306,7 @@ def set_world_size(save_dir, world_size: int, suffix: str = "") -> str:
         raise CheckpointError(f"{last} is {found.error}: run `fairseq-alibi checkpoints "
                               f"repair {save_dir}` first")
     state = torch.load(last, map_location="cpu")
-    if state.get("cfg") is not None:
-        distributed = state["cfg"]["distributed_training"]
-        old = int(distributed["distributed_world_size"])
-        model_parallel = int(state["cfg"]["common"].get("model_parallel_size", 1))
-    else:  # argparse-era checkpoint
-        distributed = None
-        old = int(state["args"].distributed_world_size)
-        model_parallel = int(getattr(state["args"], "model_parallel_size", 1))
+    old, model_parallel = saved_workers(state)
     if model_parallel != 1:
         raise CheckpointError(f"{last.name} is one part of a model-parallel run "
                               f"(--model-parallel-size {model_parallel}); this only moves "
@@ -328,9 +322,9 @@ def set_world_size(save_dir, world_size: int, suffix: str = "") -> str:
             f"of an epoch, or pass --reset-dataloader to fairseq-train (the epoch starts over)"
         )
     position["iterations_in_epoch"] = used // world_size
-    if distributed is not None:
-        distributed["distributed_world_size"] = world_size
-    else:
+    if state.get("cfg") is not None:
+        state["cfg"]["distributed_training"]["distributed_world_size"] = world_size
+    else:  # argparse-era checkpoint
         state["args"].distributed_world_size = world_size
     tmp = last.with_name(last.name + ".tmp")
     torch.save(state, tmp)

@@ -16,7 +16,7 @@ import torch
 
 from fairseq_alibi.cli.checkpoints import set_world_size
 from tests.helpers.checkpoints import load, max_weight_difference, train_loss
-from tests.helpers.cli import BIN, child_env, python_module
+from tests.helpers.cli import BIN, child_env, last_line, python_module
 from tests.helpers.training import loaded_at, logged_losses, train, train_args, train_distributed
 
 #: end to end through fairseq's real command lines
@@ -79,7 +79,16 @@ def test_lm_two_workers_train_like_one_process_with_the_same_global_batch(single
 def test_lm_distributed_checkpoint_resumes_in_one_process(single_lm, distributed_lm, tmp_path,
                                                           tiny_lm_data, alibi_user_dir):
     shutil.copy(distributed_lm[0] / "checkpoint_1_4.pt", tmp_path / "checkpoint_last.pt")
-    # saved mid-epoch by 2 workers: its position in the epoch is counted in batches of one
+    # saved mid-epoch by 2 workers: its position in the epoch is counted in batches of one;
+    # resumed as it is, one process would train on other batches (it did, silently)
+    refused = train("lm", tiny_lm_data, alibi_user_dir, tmp_path, *SAVE_EVERY, "--update-freq",
+                    WORLD, "--max-update", 8, expect_ok=False)
+    assert last_line(refused) == (
+        f"OneLineError: {tmp_path / 'checkpoint_last.pt'} was saved 4 batches into epoch 1 by 2 "
+        "worker(s), and this run has 1: fairseq counts that position in batches of one worker, "
+        "so the run would train on other batches than the one it continues; run `fairseq-alibi "
+        f"checkpoints set-world-size {tmp_path} 1` first, which rewrites the position "
+        "(docs/reliability.md), or pass --reset-dataloader to start the epoch over")
     assert "batch 8 of epoch 1 (saved by 2)" in set_world_size(tmp_path, 1)
     out = train("lm", tiny_lm_data, alibi_user_dir, tmp_path, *SAVE_EVERY,
                 "--update-freq", WORLD, "--max-update", 8)
