@@ -157,8 +157,8 @@ def _group_keys(config, group: str) -> set:
 
 def check_restore_file(config):
     """Refuse a ``checkpoint.restore_file`` that names no file before the job starts
-    (:mod:`fairseq_alibi.restore_guard`)."""
-    from fairseq_alibi.restore_guard import restore_file_refusal
+    (:mod:`fairseq_alibi.train_guards`)."""
+    from fairseq_alibi.train_guards import restore_file_refusal
 
     checkpoint = config.get("checkpoint") if hasattr(config, "get") else None
     if checkpoint is None or OmegaConf.is_missing(checkpoint, "restore_file"):

@@ -32,11 +32,12 @@ once. Each side effect, and why:
    translation EOS guard's last step, EOS alone open at its floor) samples its best candidate
    instead of failing with ``invalid multinomial distribution``; every other row is unchanged.
 
-8. **A ``--restore-file`` that names no file refused**
-   (:func:`~fairseq_alibi.restore_guard.guard_restore_file`): fairseq's
-   ``checkpoint_utils.load_checkpoint`` is wrapped so that ``fairseq-train`` stops with one line
-   instead of training a random initialisation to the end (exit status 0); the default,
-   ``checkpoint_last.pt``, passes.
+8. **What ``fairseq-train`` would start wrongly without a word, refused**
+   (:func:`~fairseq_alibi.train_guards.guard_training_start`): fairseq's
+   ``checkpoint_utils.load_checkpoint``, which every worker calls before training, is wrapped
+   so that a ``--restore-file`` that names no file (stock trains a random initialisation to the
+   end, exit status 0), a checkpoint saved mid-epoch by another number of workers, and workers
+   given different ALiBi options each stop the run with one line.
 
 Not here: the hydra resolver ``fairseq_alibi.user_dir``, registered when hydra imports
 :mod:`fairseq_alibi.hydra_support` (the shipped configs' callback), never by ``import
@@ -55,7 +56,7 @@ def register():
     from fairseq_alibi.models.override_keys import guard_override_keys
     from fairseq_alibi.models.stock_guards import guard_stock_architectures
     from fairseq_alibi.modules.cross_position import let_sampling_end_at_the_floor
-    from fairseq_alibi.restore_guard import guard_restore_file
+    from fairseq_alibi.train_guards import guard_training_start
     from fairseq_alibi.safe_loading import allow_fairseq_checkpoints
 
     guard_stock_architectures()
@@ -64,5 +65,5 @@ def register():
     error_hints.install()
     exit_cleanup.install()
     let_sampling_end_at_the_floor()
-    guard_restore_file()
+    guard_training_start()
     _registered = True

@@ -39,7 +39,7 @@ import torch
 
 import fairseq_alibi  # noqa: F401  (fairseq checkpoints under torch.load(weights_only): registration.py)
 from fairseq_alibi.error_hints import not_a_checkpoint
-from fairseq_alibi.restore_guard import saved_workers
+from fairseq_alibi.train_guards import saved_workers
 
 
 #: what a checkpoint that torch cannot read is, as fairseq's commands say it (error_hints.py)

@@ -150,7 +150,7 @@ def test_a_restore_file_that_names_no_file_stops_fairseq_train(tiny_lm_data, ali
         "would train from a random initialisation. Give the path of the checkpoint to start "
         "from")
     assert not (tmp_path / "save").exists() or not any((tmp_path / "save").iterdir())
-    from fairseq_alibi.restore_guard import restore_file_refusal
+    from fairseq_alibi.train_guards import restore_file_refusal
 
     missing.parent.mkdir()
     missing.touch()

@@ -110,6 +110,20 @@ def test_lm_single_process_checkpoint_resumes_under_torchrun(single_lm, tmp_path
                          load(single_lm[0] / "checkpoint_last.pt"))
 
 
+def test_workers_given_different_alibi_options_are_refused(tmp_path, tiny_lm_data,
+                                                         alibi_user_dir):
+    """Hand-started workers with different ALiBi flags trained one model averaged from
+    different computations, silently; now each worker stops before training, in one line."""
+    results = train_distributed("lm", tiny_lm_data, alibi_user_dir, tmp_path, "--max-update", 2,
+                                rank_extra={1: ["--alibi-window-cutoff", 8]}, expect_ok=False)
+    for status, out in results:
+        assert status != 0 and last_line(out).endswith(  # torch prefixes "[rankN]: "
+            "OneLineError: worker 1 has --alibi-window-cutoff 8.0, worker 0 0.0: the workers "
+            "would train one model that none of them describes; give every worker the same "
+            "options"), out[-3000:]
+    assert not list(tmp_path.glob("checkpoint*.pt"))
+
+
 def test_encoder_two_workers_train_like_one_process(tmp_path, tiny_lm_data, alibi_user_dir):
     from fairseq import checkpoint_utils
 

@@ -61,12 +61,15 @@ def distributed_flags(world_size, rank, port, ddp_backend="legacy_ddp"):
 
 
 def train_distributed(model, data, user_dir, save_dir, *extra, world_size=2,
-                      ddp_backend="legacy_ddp", timeout=600):
-    """``world_size`` fairseq-train workers on this machine; returns rank 0's output."""
+                      ddp_backend="legacy_ddp", timeout=600, rank_extra=None, expect_ok=True):
+    """``world_size`` fairseq-train workers on this machine (``rank_extra``: ``{rank: flags}``
+    one worker adds); returns rank 0's output (every worker's, ``[(status, output)]``, with
+    ``expect_ok=False``)."""
     port = free_port()
     procs = []
     for rank in range(world_size):
         args = train_args(model, data, user_dir, save_dir, *extra,
+                          *(rank_extra or {}).get(rank, ()),
                           *distributed_flags(world_size, rank, port, ddp_backend))
         procs.append(subprocess.Popen(
             [str(BIN / "fairseq-train")] + [str(a) for a in args], env=child_env(),
@@ -80,6 +83,8 @@ def train_distributed(model, data, user_dir, save_dir, *extra, world_size=2,
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
+    if not expect_ok:
+        return [(proc.returncode, out) for proc, out in zip(procs, outputs)]
     for rank, (proc, out) in enumerate(zip(procs, outputs)):
         assert proc.returncode == 0, f"worker {rank} failed ({proc.returncode}):\n{out[-5000:]}"
     return outputs[0]

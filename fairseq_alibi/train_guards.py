@@ -7,7 +7,9 @@
 * a checkpoint saved mid-epoch by another number of workers: fairseq counts the position in
   the epoch in batches of one worker, so the run would train on other batches than the one it
   continues (repeating or skipping data); ``fairseq-alibi checkpoints set-world-size`` rewrites
-  the position, ``--reset-dataloader`` starts the epoch over.
+  the position, ``--reset-dataloader`` starts the epoch over;
+* workers started with different ALiBi options (the CPU recipe starts each rank by hand):
+  their gradients are averaged into one model that none of them describes.
 """
 
 import functools
@@ -92,7 +94,32 @@ def world_size_refusal(cfg, trainer, suffix: str) -> Optional[str]:
             f"{fix}")
 
 
-def guard_restore_file():
+def rank_options_refusal(trainer) -> Optional[str]:
+    """Why the workers of this run cannot train one model: the first of the package's model
+    options on which a worker differs from the first (every worker calls this, as each calls
+    ``load_checkpoint``), or None."""
+    if (getattr(trainer, "data_parallel_world_size", 1) or 1) <= 1:
+        return None
+    import torch.distributed as dist
+
+    from fairseq_alibi.config_access import plain_cfg
+    from fairseq_alibi.options import is_our_key
+
+    mine = {k: repr(v) for k, v in plain_cfg(trainer.cfg.model).items() if is_our_key(k)}
+    every = [None] * trainer.data_parallel_world_size
+    dist.all_gather_object(every, mine, group=trainer.data_parallel_process_group)
+    for rank, theirs in enumerate(every):
+        differ = sorted(k for k in set(theirs) | set(every[0])
+                        if theirs.get(k) != every[0].get(k))
+        if differ:
+            key = differ[0]
+            return (f"worker {rank} has --{key.replace('_', '-')} {theirs.get(key, 'unset')}, "
+                    f"worker 0 {every[0].get(key, 'unset')}: the workers would train one model "
+                    "that none of them describes; give every worker the same options")
+    return None
+
+
+def guard_training_start():
     """Wrap ``fairseq.checkpoint_utils.load_checkpoint`` (what ``fairseq-train`` calls to
     resume or start from ``--restore-file``) to refuse what the module doc lists (idempotent)."""
     from fairseq import checkpoint_utils
@@ -106,7 +133,8 @@ def guard_restore_file():
     @functools.wraps(stock)
     def load_checkpoint(cfg, trainer, **kwargs):
         suffix = getattr(trainer, "checkpoint_suffix", "") or ""
-        refusal = (restore_file_refusal(getattr(cfg, "restore_file", None), suffix)
+        refusal = (rank_options_refusal(trainer)
+                   or restore_file_refusal(getattr(cfg, "restore_file", None), suffix)
                    or world_size_refusal(cfg, trainer, suffix))
         if refusal is not None:
             raise OneLineError(refusal)
