@@ -18,6 +18,7 @@ Stock ``from_pretrained`` (``fairseq.hub_utils``) has four surprises for ALiBi c
   own (:class:`AlibiLanguageModelHubInterface`).
 """
 
+import logging
 import os
 import zipfile
 from typing import Dict, Iterable, Optional
@@ -30,6 +31,8 @@ from fairseq_alibi.config_access import cfg_get, overrides_dict
 from fairseq_alibi.error_hints import CheckpointMismatchError, OneLineError, raised_by_plugin
 from fairseq_alibi.models.override_keys import overrides_named
 from fairseq_alibi.options import keyword_names
+
+logger = logging.getLogger(__name__)
 
 #: ``from_pretrained`` argument -> the GPT-2 BPE file it names
 GPT2_BPE_FILES = {"gpt2_encoder_json": "encoder.json", "gpt2_vocab_bpe": "vocab.bpe"}
@@ -251,7 +254,29 @@ def load_pretrained(model_class, expected_name, model_name_or_path, checkpoint_f
         refuse_failed_load(checkpoint, model_class, expected_name, data_dir, failed)
         raise
     check_gpt2_bpe(loaded["args"].bpe, searched, given)
+    warn_unencoded_pieces(loaded)
     return loaded
+
+
+#: sentencepiece's mark of a word's start; a dictionary of mostly such symbols is of pieces
+PIECE_START = "\u2581"
+
+
+def warn_unencoded_pieces(loaded):
+    """Warn when the dictionary holds sentencepiece pieces and no BPE is given: ``encode``
+    would split text at spaces, and nearly every word would be ``<unk>`` (the pipelines
+    binarize with sentencepiece themselves, so the checkpoint names no BPE)."""
+    if cfg_get(loaded["args"], "bpe") is not None:
+        return
+    task = loaded["task"]
+    dictionary = getattr(task, "source_dictionary", None) or task.target_dictionary
+    words = dictionary.symbols[dictionary.nspecial:]
+    if sum(w.startswith(PIECE_START) for w in words) > len(words) / 4:
+        logger.warning(
+            "this model's dictionary holds sentencepiece pieces and no BPE was given: encode() "
+            "would split text at spaces and read most words as <unk>; pass bpe='sentencepiece', "
+            "sentencepiece_model='.../spm.model' (the model the data was encoded with) to "
+            "from_pretrained")
 
 
 class AlibiLanguageModelHubInterface(hub_utils.GeneratorHubInterface):

@@ -212,6 +212,26 @@ def test_a_missing_checkpoint_and_model_overrides(tiny_lm_data, tmp_path, no_net
                            model_overrides="{'alibi_window_cutof': 6}")
 
 
+def test_a_dictionary_of_sentencepiece_pieces_without_a_bpe_is_warned(tiny_lm_data, tmp_path,
+                                                                     caplog):
+    """The pipelines binarize with sentencepiece themselves, so such a checkpoint names no BPE:
+    from_pretrained without one read text word by word, nearly all <unk>, without a word."""
+    from fairseq_alibi.models.alibi_transformer_lm import AlibiTransformerLanguageModel as LM
+
+    data = tmp_path / "pieces"
+    data.mkdir()
+    words = [w for w in (tiny_lm_data / "dict.txt").read_text().split() if not w.isdigit()]
+    (data / "dict.txt").write_text("".join(f"\u2581{w} 1\n" for w in words))
+    checkpoint = saved_in_process(tmp_path / "ckpt" / "model.pt", data, *MODELS["lm"])
+    with caplog.at_level("WARNING", logger="fairseq_alibi.hub"):
+        LM.from_pretrained(str(checkpoint.parent), "model.pt", str(data))
+    assert "pass bpe='sentencepiece', sentencepiece_model=" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="fairseq_alibi.hub"):  # words: nothing to say
+        LM.from_pretrained(str(checkpoint.parent), "model.pt", str(tiny_lm_data))
+    assert "sentencepiece" not in caplog.text
+
+
 def test_a_length_limit_that_leaves_no_room_after_the_prompt(tiny_lm_data, tmp_path):
     """For a language model max_len_b counts the prompt: stock fairseq returned the prompt cut
     to max_len_b tokens, generating nothing; one line saying so, and max_len_b = P + N
