@@ -20,16 +20,37 @@ from typing import Optional, Tuple
 DEFAULT_RESTORE_FILE = "checkpoint_last.pt"
 
 
+def suffix_flag(suffix: str) -> str:
+    """`` --checkpoint-suffix=S`` as a command line takes it (``=``: a suffix may start with
+    ``-``, as fairseq's ``-shard0``), ``""`` without one."""
+    return f" --checkpoint-suffix={suffix}" if suffix else ""
+
+
+def restore_file_argument(path, suffix: str) -> str:
+    """What to give ``--restore-file`` for the file ``path`` of a run with ``suffix`` (fairseq
+    adds the suffix before ``.pt`` itself)."""
+    path = str(path)
+    ending = f"{suffix}.pt"
+    return path[:-len(ending)] + ".pt" if suffix and path.endswith(ending) else path
+
+
+def _is_file(path: str) -> bool:
+    """As fairseq's trainer asks (its ``PathManager``: a path of another file system too)."""
+    from fairseq.file_io import PathManager
+
+    return PathManager.isfile(path)
+
+
 def restore_file_refusal(restore: Optional[str], suffix: str = "",
                          named: str = "--restore-file ") -> Optional[str]:
     """Why ``restore`` cannot be restored from (``named``: how the user gave it), or None.
     fairseq reads ``restore`` with ``--checkpoint-suffix`` before its ``.pt``."""
-    if restore in (None, DEFAULT_RESTORE_FILE):
-        return None
+    if restore is None or os.path.basename(restore) == DEFAULT_RESTORE_FILE:
+        return None  # a resume, by name or by path, which a first launch rightly misses
     path = restore.replace(".pt", f"{suffix}.pt") if suffix else restore
-    if os.path.isfile(path):
+    if _is_file(path):
         return None
-    read = f" (read as {path}, with --checkpoint-suffix {suffix})" if path != restore else ""
+    read = f" (read as {path}, with{suffix_flag(suffix)})" if path != restore else ""
     return (f"{named}{restore}: no such file{read} (from {os.getcwd()}); fairseq would train "
             "from a random initialisation. Give the path of the checkpoint to start from")
 
@@ -76,18 +97,19 @@ def world_size_refusal(cfg, trainer, suffix: str) -> Optional[str]:
     if workers is None or getattr(cfg, "reset_dataloader", False):
         return None
     path = _restored_path(cfg, suffix)
-    saved = _saved_position(path) if os.path.isfile(path) else None
+    saved = _saved_position(path) if os.path.isfile(path) else None  # local files only
     if saved is None or not saved[1] or saved[0] == workers:
         return None
-    if cfg.restore_file == DEFAULT_RESTORE_FILE:
+    last = f"checkpoint_last{suffix}.pt"
+    if os.path.abspath(path) == os.path.abspath(os.path.join(cfg.save_dir, last)):
         fix = (f"run `fairseq-alibi checkpoints set-world-size {cfg.save_dir} {workers}"
-               f"{f' --checkpoint-suffix {suffix}' if suffix else ''}` first, which rewrites "
-               "the position (docs/reliability.md), or pass --reset-dataloader to start the "
-               "epoch over")
+               f"{suffix_flag(suffix)}` first, which rewrites the position "
+               "(docs/reliability.md), or pass --reset-dataloader to start the epoch over")
     else:
-        fix = ("copy it to checkpoint_last.pt in an empty --save-dir and run `fairseq-alibi "
-               f"checkpoints set-world-size DIR {workers}` there, or pass --reset-dataloader to "
-               "start the epoch over")
+        fix = ("pass --reset-dataloader to start the epoch over, or copy it as "
+               f"{cfg.save_dir}/{last}, run `fairseq-alibi checkpoints set-world-size "
+               f"{cfg.save_dir} {workers}{suffix_flag(suffix)}` and resume without "
+               "--restore-file")
     return (f"{path} was saved {saved[1]} batches into epoch {saved[2]} by {saved[0]} "
             f"worker(s), and this run has {workers}: fairseq counts that position in batches of "
             f"one worker, so the run would train on other batches than the one it continues; "
@@ -105,7 +127,8 @@ def rank_options_refusal(trainer) -> Optional[str]:
     from fairseq_alibi.config_access import plain_cfg
     from fairseq_alibi.options import is_our_key
 
-    mine = {k: repr(v) for k, v in plain_cfg(trainer.cfg.model).items() if is_our_key(k)}
+    mine = {k: repr(v) for k, v in plain_cfg(trainer.cfg.model).items()
+            if is_our_key(k) and k != "alibi_attention"}  # that picks a kernel, not a model
     every = [None] * trainer.data_parallel_world_size
     dist.all_gather_object(every, mine, group=trainer.data_parallel_process_group)
     for rank, theirs in enumerate(every):

@@ -39,7 +39,7 @@ import torch
 
 import fairseq_alibi  # noqa: F401  (fairseq checkpoints under torch.load(weights_only): registration.py)
 from fairseq_alibi.error_hints import not_a_checkpoint
-from fairseq_alibi.train_guards import saved_workers
+from fairseq_alibi.train_guards import restore_file_argument, saved_workers, suffix_flag
 
 
 #: what a checkpoint that torch cannot read is, as fairseq's commands say it (error_hints.py)
@@ -140,11 +140,11 @@ def other_suffixes(save_dir: Path, suffix: str) -> List[str]:
 
 def _no_checkpoint_note(save_dir: Path, suffix: str) -> str:
     others = other_suffixes(save_dir, suffix) if save_dir.is_dir() else []
-    flag = f" --checkpoint-suffix {suffix}" if suffix else ""
+    flag = suffix_flag(suffix)
     note = f"no checkpoint{' of' + flag if flag else ''} in {save_dir} yet"
     if others:
-        note += (f" (it holds checkpoints of --checkpoint-suffix {', '.join(others)}: give "
-                 "the run's suffix)")
+        note += (f" (it holds checkpoints of {', '.join(suffix_flag(o)[1:] for o in others)}: "
+                 "give the run's suffix)")
     return note
 
 
@@ -179,7 +179,8 @@ def newest_intact(found: Dict[str, CheckpointFile], exclude=()) -> Optional[Chec
     return max(intact, key=lambda c: (c.num_updates, c.numbered, c.path.stat().st_mtime))
 
 
-def newer_than_last(found: Dict[str, CheckpointFile], last: CheckpointFile) -> str:
+def newer_than_last(found: Dict[str, CheckpointFile], last: CheckpointFile,
+                    suffix: str = "") -> str:
     """A note when an intact checkpoint has more updates than an intact ``checkpoint_last``,
     which fairseq-train resumes from; ``""`` otherwise."""
     newest = newest_intact(found, exclude={last.path.name})
@@ -188,7 +189,8 @@ def newer_than_last(found: Dict[str, CheckpointFile], last: CheckpointFile) -> s
     return (f"note: {newest.path.name} ({newest.num_updates} updates) is newer than "
             f"{last.path.name} ({last.num_updates}), which fairseq-train resumes from (a run "
             f"with --no-last-checkpoints does not update it; after a rollback that is "
-            f"right): to go on from the newest, resume with --restore-file {newest.path}")
+            f"right): to go on from the newest, resume with --restore-file "
+            f"{restore_file_argument(newest.path, suffix)}")
 
 
 def _free_name(path: Path, ending: str) -> Path:
@@ -231,7 +233,7 @@ def repair(save_dir, suffix: str = "") -> str:
     last, found = save_dir / _last_name(suffix), inspect_all(save_dir, suffix)
     state = _inspected(found, last)
     if state.intact:
-        newer = newer_than_last(found, state)
+        newer = newer_than_last(found, state, suffix)
         return (f"nothing to do: {state.describe()}" + _repair_best(save_dir, suffix, found)
                 + (f"; {newer}" if newer else ""))
     source = newest_intact(found, exclude={last.name})
@@ -241,13 +243,15 @@ def repair(save_dir, suffix: str = "") -> str:
             f"({state.error}); training from it would start from scratch"
         )
     unsaved = ("; a run with --no-last-checkpoints does not update it: resume such a run with "
-               f"--restore-file {source.path} instead" if state.error == "missing" else "")
+               f"--restore-file {restore_file_argument(source.path, suffix)} instead"
+               if state.error == "missing" else "")
     return (f"restored {last.name} from {source.path.name} "
             f"(epoch {source.epoch} @ {source.num_updates} updates)"
-            f"{_restore(last, source.path)}{_repair_best(save_dir, suffix, found)}{unsaved}")
+            f"{_restore(last, source.path, suffix)}{_repair_best(save_dir, suffix, found)}"
+            f"{unsaved}")
 
 
-def _restore(target: Path, source: Path) -> str:
+def _restore(target: Path, source: Path, suffix: str) -> str:
     """Copy ``source`` over the damaged ``target`` (kept as ``.corrupt``); what was kept."""
     tmp = target.with_name(target.name + ".tmp")
     try:
@@ -259,7 +263,7 @@ def _restore(target: Path, source: Path) -> str:
             f"could not write {tmp.name} in {target.parent} ({exc.strerror or exc}): restoring "
             f"{target.name} copies {source.name} ({source.stat().st_size / 2**20:,.1f} MiB); "
             f"free that much there and run repair again, or resume from it with --restore-file "
-            f"{source}") from None
+            f"{restore_file_argument(source, suffix)}") from None
     kept = _replace_keeping(target, tmp, ".corrupt")
     return f"; the damaged file is kept as {kept.name}" if kept else ""
 
@@ -281,7 +285,7 @@ def _repair_best(save_dir: Path, suffix: str, found: Dict[str, CheckpointFile]) 
         return (f"; {best.path.name} is {best.error} and no intact checkpoint holds its "
                 "validation loss: fairseq writes it again at the next better validation")
     return (f"; restored {best.path.name} from {source.path.name} (validation loss "
-            f"{source.val_loss:.4g}){_restore(best.path, source.path)}")
+            f"{source.val_loss:.4g}){_restore(best.path, source.path, suffix)}")
 
 
 def set_world_size(save_dir, world_size: int, suffix: str = "") -> str:
@@ -304,7 +308,7 @@ def set_world_size(save_dir, world_size: int, suffix: str = "") -> str:
     found = inspect_checkpoint(last)
     if not found.intact:
         raise CheckpointError(f"{last} is {found.error}: run `fairseq-alibi checkpoints "
-                              f"repair {save_dir}` first")
+                              f"repair {save_dir}{suffix_flag(suffix)}` first")
     state = torch.load(last, map_location="cpu")
     old, model_parallel = saved_workers(state)
     if model_parallel != 1:
@@ -349,17 +353,19 @@ def check(save_dir, suffix: str = ""):
     if last.error == "missing" and newest is not None:
         lines.append(f"no {last.path.name}: fairseq-train would start from scratch (a run with "
                      f"--no-last-checkpoints writes none); resume with --restore-file "
-                     f"{newest.path}, or run `fairseq-alibi checkpoints repair {save_dir}` to "
+                     f"{restore_file_argument(newest.path, suffix)}, or run `fairseq-alibi "
+                     f"checkpoints repair {save_dir}{suffix_flag(suffix)}` to "
                      "copy it there")
     elif not last.intact:
         lines.append(f"checkpoint_last is unusable: run `fairseq-alibi checkpoints "
-                     f"repair {save_dir}` before restarting")
-    elif newer_than_last(found, last):
-        lines.append(newer_than_last(found, last))
+                     f"repair {save_dir}{suffix_flag(suffix)}` before restarting")
+    elif newer_than_last(found, last, suffix):
+        lines.append(newer_than_last(found, last, suffix))
     best = next((c for c in others if c.path.name == f"checkpoint_best{suffix}.pt"), None)
     if best is not None and not best.intact:
         lines.append(f"checkpoint_best is unusable (resuming does not read it): `fairseq-alibi "
-                     f"checkpoints repair {save_dir}` restores it from the checkpoint saved "
+                     f"checkpoints repair {save_dir}{suffix_flag(suffix)}` restores it from "
+                     "the checkpoint saved "
                      "after the best validation")
     return last.intact, lines
 

@@ -48,21 +48,29 @@ def _require_dict(dict_path):
         raise DataError(f"--dict {dict_path} not found: give the dict.txt to binarize with")
 
 
-def refuse_foreign_dictionary(symbols, dictionary, dict_path, kind: str, fix: str):
-    """A ``--dict`` whose entries are mostly not the encoder's symbols is another
-    tokenization's (a word-level ``dict.txt`` given with ``--gpt2-bpe``): binarized with it,
-    most tokens would be ``<unk>`` and the run would still succeed. Judged by the dictionary's
-    own entries, so that a dictionary of a part of the symbols (built from a small corpus, as
-    a model was pretrained with) is accepted, its ``<unk>`` counted in ``stats.json``."""
+def refuse_foreign_dictionary(symbols, dictionary, dict_path, kind: str, fix: str,
+                              part_allowed: bool = False):
+    """A ``--dict`` of another tokenization (a word-level ``dict.txt`` given with
+    ``--gpt2-bpe``): binarized with it, most tokens would be ``<unk>`` and the run would still
+    succeed. Refused when it has no entries or its entries are mostly not the encoder's
+    symbols, and, unless ``part_allowed``, when it lacks half of the encoder's symbols.
+    ``part_allowed``: a dictionary of a part of the symbols is one built from a corpus (a GPT-2
+    BPE ``dict.txt``, as a model was pretrained with), its ``<unk>`` counted in ``stats.json``;
+    a sentencepiece model's own dictionary has every piece."""
     known = set(symbols)
     entries = [w for w in dictionary.symbols[dictionary.nspecial:]
                if not w.startswith("madeupword")]
     foreign = [w for w in entries if w not in known]
-    if len(foreign) > len(entries) / 2:
-        raise DataError(
-            f"--dict {dict_path} is not a dictionary of this {kind}: {len(foreign)} of its "
-            f"{len(entries)} entries are not symbols of it (e.g. {', '.join(foreign[:3])}), so "
-            f"most tokens would become <unk>; {fix}")
+    found = len(entries) - len(foreign)
+    if not entries or len(foreign) > len(entries) / 2:
+        why = (f"{len(foreign)} of its {len(entries)} entries are not symbols of it (e.g. "
+               f"{', '.join(foreign[:3])})" if entries else "it has no entries")
+    elif not part_allowed and found < len(known) / 2:
+        why = f"it has {found} of its {len(known)} symbols"
+    else:
+        return
+    raise DataError(f"--dict {dict_path} is not a dictionary of this {kind}: {why}, so most "
+                    f"tokens would become <unk>; {fix}")
 
 
 def dictionary_from_counts(counts):
@@ -153,7 +161,8 @@ class Gpt2BpeEncoder:
         refuse_foreign_dictionary(
             [str(i) for i in range(len(self.bpe.encoder))], dictionary, self.dict_path,
             "GPT-2 BPE", "a GPT-2 BPE dict.txt lists the BPE ids (0, 1, ...) as symbols: give "
-            f"--dict {right}, or the dict.txt of the data the model was pretrained on")
+            f"--dict {right}, or the dict.txt of the data the model was pretrained on",
+            part_allowed=True)
         return dictionary
 
     def ids(self, text: str):

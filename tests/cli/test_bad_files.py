@@ -129,12 +129,20 @@ def test_folders_of_no_last_checkpoints_and_of_another_suffix(tmp_path, capsys):
     for command in ("check", "repair"):
         assert main([command, str(other)]) == 0
         assert capsys.readouterr().out.strip().endswith(
-            f"no checkpoint in {other} yet (it holds checkpoints of --checkpoint-suffix _x: "
+            f"no checkpoint in {other} yet (it holds checkpoints of --checkpoint-suffix=_x: "
             "give the run's suffix)")
     assert sorted(p.name for p in other.iterdir()) == [
         "checkpoint.best_loss_9.1230_x.pt", "checkpoint_last_x.pt"]
     assert main(["check", str(other), "--checkpoint-suffix", "_x"]) == 0
     capsys.readouterr()
+    # the fixes named for a suffixed run: the suffix given to repair, not to --restore-file
+    (other / "checkpoint_last_x.pt").rename(other / "checkpoint_1_10_x.pt")
+    assert main(["check", str(other), "--checkpoint-suffix=_x"]) == 1
+    assert capsys.readouterr().out.strip().splitlines()[-1] == (
+        f"no checkpoint_last_x.pt: fairseq-train would start from scratch (a run with "
+        f"--no-last-checkpoints writes none); resume with --restore-file "
+        f"{other / 'checkpoint_1_10.pt'}, or run `fairseq-alibi checkpoints repair {other} "
+        "--checkpoint-suffix=_x` to copy it there")
 
 
 @pytest.mark.slow
@@ -155,7 +163,9 @@ def test_a_restore_file_that_names_no_file_stops_fairseq_train(tiny_lm_data, ali
     missing.parent.mkdir()
     missing.touch()
     assert restore_file_refusal(str(missing)) is None
-    assert f"(read as {missing.parent / 'model_x.pt'}, with --checkpoint-suffix _x)" in \
+    # a resume named by its path: a first launch rightly finds nothing
+    assert restore_file_refusal(str(tmp_path / "save" / "checkpoint_last.pt"), "_x") is None
+    assert f"(read as {missing.parent / 'model_x.pt'}, with --checkpoint-suffix=_x)" in \
         restore_file_refusal(str(missing), "_x")
 
 

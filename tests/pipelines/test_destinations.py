@@ -371,6 +371,15 @@ def test_a_sentencepiece_dictionary_of_another_model_is_refused(tmp_path):
                        ".*; give --dict the dict.txt written beside this model"):
         SentencePieceEncoder(model, words).dictionary
     assert len(SentencePieceEncoder(model).dictionary) > 0
+    # a smaller model's pieces (each of them this model's too), and an empty file
+    own = SentencePieceEncoder(model).dictionary
+    (tmp_path / "other.txt").write_text("".join(f"{own[i]} 1\n" for i in range(
+        own.nspecial, own.nspecial + 10)))
+    with pytest.raises(DataError, match=r"it has 10 of its 40 symbols"):
+        SentencePieceEncoder(model, tmp_path / "other.txt").dictionary
+    (tmp_path / "empty.txt").write_text("")
+    with pytest.raises(DataError, match="it has no entries"):
+        SentencePieceEncoder(model, tmp_path / "empty.txt").dictionary
 
 
 @pytest.mark.skipif(not SHARED_DATA.is_dir(), reason="no ../shared/data")
