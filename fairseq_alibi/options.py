@@ -218,6 +218,9 @@ FAMILIES = (("alibi_transformer_lm", LM), ("alibi_roberta", ENCODER),
             ("alibi_transformer decoder", TRANSLATION_DECODER))
 
 _SHAPES_THE_BIAS = Needs("variant", "it shapes the ALiBi bias", BIASED)
+#: one_sided splits its heads by direction (its own refusal, StackOptions.check_values)
+_PARTIAL_HEADS = Needs("variant", "it shapes the ALiBi bias",
+                       tuple(v for v in BIASED if v != "one_sided"))
 #: a cutoff windows a side's own self-attention bias: a side whose only position signal is the
 #: cross-attention's (a stock decoder under --cross-alibi) has nothing it could window
 _WINDOWS_THE_BIAS = Needs("variant", "it shapes the ALiBi bias of this side's self-attention "
@@ -255,7 +258,7 @@ class StackOptions(FairseqDataclass):
     heads: Optional[int] = field(default=None, metadata={
         "help": "partial-head ALiBi: only the first K attention heads carry the bias, with "
                 "Press's slopes of K heads; the others have none (default: every head)",
-        "check": at_least(1), "needs": _SHAPES_THE_BIAS})
+        "check": at_least(1), "needs": _PARTIAL_HEADS})
     global_tokens: int = field(default=0, metadata={
         "help": "the first N positions (<s>, read by the classification head) are exempt from "
                 "the bias as queries and as keys, and from one_sided's direction masks; 0 = "
@@ -332,9 +335,11 @@ class StackOptions(FairseqDataclass):
                 ("global-tokens", self.global_tokens, "they are the first positions of a row"),
                 ("length-scale", self.length_scale, "it reads the real length of a row")):
             if value:
+                key = f"{flag[2:].replace('-', '_')}_document_mask"
                 raise ValueError(f"{flag}-document-mask {self.document_mask} cannot be combined "
                                  f"with {flag}-{name} {value}: {why}, not of each document; "
-                                 f"drop one of them")
+                                 f"drop one of them (a model saved with the mask: "
+                                 f"--model-overrides \"{{'{key}': 'none'}}\" drops it at load)")
 
     def check_model_wide(self):
         for f in option_fields(StackOptions):

@@ -35,6 +35,9 @@ class BiasCache:
 
     def __init__(self):
         self.factors_serial = 0  # never reset: a number no earlier factors had
+        # never reset: counts the forward passes of a stack with learned parameters, which an
+        # optimizer changes between passes without a version (fairseq's steps write p.data)
+        self.pass_serial = 0
         self.clear()
 
     def clear(self):
@@ -45,7 +48,7 @@ class BiasCache:
 
     def windows_of(self, key, row, compute):
         """The slope windows of scale row ``row``, computed once while ``key`` (what every
-        row's windows depend on: slope scale, cutoff, the learned parameters' versions) holds:
+        row's windows depend on: slope scale, cutoff, the learned parameters' state) holds:
         once per forward pass, not per layer call."""
         if self.windows_key != key:
             self.windows_key, self.windows = key, {}
@@ -168,6 +171,8 @@ class AlibiBias(torch.nn.Module):
         """Before a forward pass of the stack: where its ``tokens`` ``(B, N)`` hold ``</s>``
         (``eos``), from which each call's documents are found (:meth:`documents_of`); nothing
         without a document mask."""
+        if self._learned():
+            self.cache.pass_serial += 1
         if self.document_mask != "none":
             self.cache.eos = tokens.eq(eos)
 
@@ -235,6 +240,13 @@ class AlibiBias(torch.nn.Module):
         return [p for p in (self.scales, self.future_slope_ratio)
                 if isinstance(p, torch.nn.Parameter)]
 
+    def _learned_state(self) -> tuple:
+        """What says the learned parameters are unchanged: their versions (an in-place
+        change through autograd) and the forward pass (:meth:`read_tokens`: an optimizer step
+        writes ``p.data``, which no version counts)."""
+        learned = self._learned()
+        return (tuple(p._version for p in learned), self.cache.pass_serial if learned else 0)
+
     def slopes_of(self, layer: Optional[int] = None) -> Tuple[Tensor, Optional[Tensor]]:
         """``(slopes, future_slopes)``, float32 ``(H,)``: ``slope_scale·s[layer]·m`` and
         ``ratio·`` that (``None`` but for ``asymmetric``), with the gradients of ``s``/ratio."""
@@ -286,26 +298,25 @@ class AlibiBias(torch.nn.Module):
     def memoised(self, tag, query_len: int, key_len: int, dtype, layer: Optional[int], build):
         """``build()``, kept in the cache under ``tag`` and what the bias of ``layer`` depends
         on (its scale row, the sizes, dtype, device, slope scale, the learned parameters'
-        versions), so that the layers of one pass that share a scale row build it once; with a
+        state, :meth:`_learned_state`), so that the layers of one pass that share a scale row build it once; with a
         gradient to carry, built per call and never kept."""
         learned = self._learned()
         if torch.is_grad_enabled() and any(p.requires_grad for p in learned):
             return build()
         row = None if self.scales is None else scale_row(self.scales, layer)
         key = (tag, row, query_len, key_len, dtype, self.slopes.device, self.slope_scale,
-               self.window_cutoff, self.window_sinks, tuple(p._version for p in learned))
+               self.window_cutoff, self.window_sinks, self._learned_state())
         return self.cache.get(key, build)
 
     def windows_of(self, layer: Optional[int] = None):
         """``(back, ahead)``: the slope windows of layer ``layer``
         (:func:`~fairseq_alibi.alibi.variant_windows` of its detached slopes and
         ``window_cutoff``), computed once per scale row while the slopes stay the same (the
-        learned parameters' versions are in the key); ``None`` when the cutoff is off."""
+        learned parameters' state is in the key, :meth:`_learned_state`); ``None`` when the cutoff is off."""
         if not self.window_cutoff:
             return None
         row = None if self.scales is None else scale_row(self.scales, layer)
-        key = (self.slope_scale, self.window_cutoff, self.slopes.device,
-               tuple(p._version for p in self._learned()))
+        key = (self.slope_scale, self.window_cutoff, self.slopes.device, self._learned_state())
 
         def compute():
             with torch.no_grad():

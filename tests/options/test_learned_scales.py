@@ -238,6 +238,30 @@ def test_every_family_learns_its_scales_per_layer(lm_data, tmp_path):
     assert any(n.endswith("alibi.scales") for n, _ in lm.named_parameters())
 
 
+@pytest.mark.parametrize("attention", ["auto", "windowed"])
+def test_the_bias_and_windows_follow_scales_an_optimizer_changes(lm_data, attention):
+    """fairseq's optimizers write ``p.data``, which no version counts: the bias of an eval pass
+    and the slope windows were kept from before the step (validation scored the first
+    validation's bias, and windows never followed the scales in a run that was not resumed)."""
+    lm, _ = build_model("lm", lm_data, "--alibi-learned-scales", "per_head",
+                        "--alibi-window-cutoff", 2, "--alibi-attention", attention)
+    fresh, _ = build_model("lm", lm_data, "--alibi-learned-scales", "per_head",
+                           "--alibi-window-cutoff", 2, "--alibi-attention", attention)
+    tokens = torch.randint(4, 40, (2, 40), generator=torch.Generator().manual_seed(0))
+    lm.eval(), fresh.eval()
+    fresh.load_state_dict(lm.state_dict())
+    with torch.no_grad():
+        before = lm(tokens)[0]
+        torch.optim.SGD(lm.parameters(), lr=0.0).step()  # a step that changes nothing
+        lm.decoder.alibi.scales.data.mul_(torch.tensor([[0.25, 1.0, 4.0, 0.5]]))  # as Adam does
+        fresh.load_state_dict(lm.state_dict())
+        after, expected = lm(tokens)[0], fresh(tokens)[0]
+    assert not torch.equal(before, after)
+    assert torch.equal(after, expected)
+    assert lm.decoder.alibi.windows_of(0) == fresh.decoder.alibi.windows_of(0)
+
+
+# ------------------------------------------------------------------ checkpoints
 # ------------------------------------------------------------------ checkpoints
 
 
