@@ -442,7 +442,8 @@ def hint_for(exc: BaseException) -> Optional[str]:
             return one_line(cause)
     for found in chain:
         hint = (_unreadable_checkpoint(found) or _zero_block_size(found)
-                or _architecture_mismatch(found) or _size_mismatch(found) or _not_a_language_model(found)
+                or _architecture_mismatch(found) or _size_mismatch(found)
+                or _not_a_language_model(found)
                 or _bad_model_overrides(found) or _translation_folder(found)
                 or _optimizer_mismatch(found) or _environment(found))
         if hint:

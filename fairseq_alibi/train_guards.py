@@ -26,6 +26,17 @@ def suffix_flag(suffix: str) -> str:
     return f" --checkpoint-suffix={suffix}" if suffix else ""
 
 
+def last_checkpoint_name(suffix: str = "") -> str:
+    """The file a run with ``--checkpoint-suffix suffix`` resumes from, in its save dir."""
+    return f"checkpoint_last{suffix}.pt"
+
+
+def read_as(restore: str, suffix: str) -> str:
+    """The file fairseq reads for ``--restore-file restore`` (it adds the suffix before
+    ``.pt``)."""
+    return restore.replace(".pt", f"{suffix}.pt") if suffix else restore
+
+
 def restore_file_argument(path, suffix: str) -> str:
     """What to give ``--restore-file`` for the file ``path`` of a run with ``suffix`` (fairseq
     adds the suffix before ``.pt`` itself)."""
@@ -47,7 +58,7 @@ def restore_file_refusal(restore: Optional[str], suffix: str = "",
     fairseq reads ``restore`` with ``--checkpoint-suffix`` before its ``.pt``."""
     if restore is None or os.path.basename(restore) == DEFAULT_RESTORE_FILE:
         return None  # a resume, by name or by path, which a first launch rightly misses
-    path = restore.replace(".pt", f"{suffix}.pt") if suffix else restore
+    path = read_as(restore, suffix)
     if _is_file(path):
         return None
     read = f" (read as {path}, with{suffix_flag(suffix)})" if path != restore else ""
@@ -58,8 +69,8 @@ def restore_file_refusal(restore: Optional[str], suffix: str = "",
 def _restored_path(cfg, suffix: str) -> str:
     """The file fairseq's ``load_checkpoint`` reads (its own rule)."""
     if cfg.restore_file == DEFAULT_RESTORE_FILE:
-        return os.path.join(cfg.save_dir, f"checkpoint_last{suffix}.pt")
-    return cfg.restore_file.replace(".pt", f"{suffix}.pt") if suffix else cfg.restore_file
+        return os.path.join(cfg.save_dir, last_checkpoint_name(suffix))
+    return read_as(cfg.restore_file, suffix)
 
 
 def saved_workers(state) -> Tuple[int, int]:
@@ -100,7 +111,7 @@ def world_size_refusal(cfg, trainer, suffix: str) -> Optional[str]:
     saved = _saved_position(path) if os.path.isfile(path) else None  # local files only
     if saved is None or not saved[1] or saved[0] == workers:
         return None
-    last = f"checkpoint_last{suffix}.pt"
+    last = last_checkpoint_name(suffix)
     if os.path.abspath(path) == os.path.abspath(os.path.join(cfg.save_dir, last)):
         fix = (f"run `fairseq-alibi checkpoints set-world-size {cfg.save_dir} {workers}"
                f"{suffix_flag(suffix)}` first, which rewrites the position "
@@ -150,7 +161,7 @@ def guard_training_start():
     from fairseq_alibi.error_hints import OneLineError
 
     stock = checkpoint_utils.load_checkpoint
-    if getattr(stock, "_checks_restore_file", False):
+    if getattr(stock, "_guards_training_start", False):
         return
 
     @functools.wraps(stock)
@@ -163,5 +174,5 @@ def guard_training_start():
             raise OneLineError(refusal)
         return stock(cfg, trainer, **kwargs)
 
-    load_checkpoint._checks_restore_file = True
+    load_checkpoint._guards_training_start = True
     checkpoint_utils.load_checkpoint = load_checkpoint

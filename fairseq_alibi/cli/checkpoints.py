@@ -39,7 +39,8 @@ import torch
 
 import fairseq_alibi  # noqa: F401  (fairseq checkpoints under torch.load(weights_only): registration.py)
 from fairseq_alibi.error_hints import not_a_checkpoint
-from fairseq_alibi.train_guards import restore_file_argument, saved_workers, suffix_flag
+from fairseq_alibi.train_guards import (last_checkpoint_name, restore_file_argument,
+                                         saved_workers, suffix_flag)
 
 
 #: what a checkpoint that torch cannot read is, as fairseq's commands say it (error_hints.py)
@@ -148,10 +149,6 @@ def _no_checkpoint_note(save_dir: Path, suffix: str) -> str:
     return note
 
 
-def _last_name(suffix: str) -> str:
-    return f"checkpoint_last{suffix}.pt"
-
-
 def _no_checkpoint_yet(save_dir: Path, suffix: str) -> bool:
     """A run that has not saved yet: no folder (fairseq-train makes it) or no checkpoint in it."""
     if save_dir.exists() and not save_dir.is_dir():
@@ -230,7 +227,7 @@ def repair(save_dir, suffix: str = "") -> str:
     save_dir = Path(save_dir)
     if _no_checkpoint_yet(save_dir, suffix):  # a job script runs this before the first save
         return f"nothing to repair: {_no_checkpoint_note(save_dir, suffix)}"
-    last, found = save_dir / _last_name(suffix), inspect_all(save_dir, suffix)
+    last, found = save_dir / last_checkpoint_name(suffix), inspect_all(save_dir, suffix)
     state = _inspected(found, last)
     if state.intact:
         newer = newer_than_last(found, state, suffix)
@@ -304,7 +301,7 @@ def set_world_size(save_dir, world_size: int, suffix: str = "") -> str:
         raise CheckpointError(f"the world size must be a positive whole number, got {world_size!r}")
     if _no_checkpoint_yet(Path(save_dir), suffix):
         return f"nothing to do: {_no_checkpoint_note(Path(save_dir), suffix)}"
-    last = Path(save_dir) / _last_name(suffix)
+    last = Path(save_dir) / last_checkpoint_name(suffix)
     found = inspect_checkpoint(last)
     if not found.intact:
         raise CheckpointError(f"{last} is {found.error}: run `fairseq-alibi checkpoints "
@@ -343,7 +340,7 @@ def check(save_dir, suffix: str = ""):
     if _no_checkpoint_yet(save_dir, suffix):
         return True, [_no_checkpoint_note(save_dir, suffix)]
     found = inspect_all(save_dir, suffix)
-    last = _inspected(found, save_dir / _last_name(suffix))
+    last = _inspected(found, save_dir / last_checkpoint_name(suffix))
     others = [c for name, c in found.items() if name != last.path.name]
     others.sort(key=lambda c: (c.intact, c.num_updates or 0), reverse=True)
     lines = [c.describe() for c in [last] + others]
@@ -359,8 +356,8 @@ def check(save_dir, suffix: str = ""):
     elif not last.intact:
         lines.append(f"checkpoint_last is unusable: run `fairseq-alibi checkpoints "
                      f"repair {save_dir}{suffix_flag(suffix)}` before restarting")
-    elif newer_than_last(found, last, suffix):
-        lines.append(newer_than_last(found, last, suffix))
+    else:
+        lines += [line for line in [newer_than_last(found, last, suffix)] if line]
     best = next((c for c in others if c.path.name == f"checkpoint_best{suffix}.pt"), None)
     if best is not None and not best.intact:
         lines.append(f"checkpoint_best is unusable (resuming does not read it): `fairseq-alibi "

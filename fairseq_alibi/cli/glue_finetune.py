@@ -797,7 +797,8 @@ def main(argv=None):
         f"Model: `--arch {pretrained.arch} {' '.join(pretrained.flags)}`  ",
         "Inputs: " + (f"cut to {max_length} tokens (longer segment first)" if max_length
                       else "whole") + "; "
-        f"recipe: Adam (0.9, 0.98), lr {args.lr or 'per task'}, {args.epochs} epoch{'s' if args.epochs != 1 else ''}, "
+        f"recipe: Adam (0.9, 0.98), lr {args.lr or 'per task'}, {args.epochs} "
+        f"epoch{'s' if args.epochs != 1 else ''}, "
         f"{args.warmup_ratio:.0%} warm-up then linear decay, best epoch by the dev metric  ",
         f"Seeds: {', '.join(map(str, args.seeds))}; metrics × 100",
     ]

@@ -298,8 +298,8 @@ class AlibiBias(torch.nn.Module):
     def memoised(self, tag, query_len: int, key_len: int, dtype, layer: Optional[int], build):
         """``build()``, kept in the cache under ``tag`` and what the bias of ``layer`` depends
         on (its scale row, the sizes, dtype, device, slope scale, the learned parameters'
-        state, :meth:`_learned_state`), so that the layers of one pass that share a scale row build it once; with a
-        gradient to carry, built per call and never kept."""
+        state, :meth:`_learned_state`), so that the layers of one pass that share a scale row
+        build it once; with a gradient to carry, built per call and never kept."""
         learned = self._learned()
         if torch.is_grad_enabled() and any(p.requires_grad for p in learned):
             return build()
@@ -312,7 +312,8 @@ class AlibiBias(torch.nn.Module):
         """``(back, ahead)``: the slope windows of layer ``layer``
         (:func:`~fairseq_alibi.alibi.variant_windows` of its detached slopes and
         ``window_cutoff``), computed once per scale row while the slopes stay the same (the
-        learned parameters' state is in the key, :meth:`_learned_state`); ``None`` when the cutoff is off."""
+        learned parameters' state is in the key, :meth:`_learned_state`); ``None`` when the
+        cutoff is off."""
         if not self.window_cutoff:
             return None
         row = None if self.scales is None else scale_row(self.scales, layer)

@@ -325,8 +325,8 @@ def test_a_dictionary_of_another_tokenization_is_refused(tmp_path, bpe):
     argv = ["--glue-dir", tmp_path / "glue", "--tasks", "CoLA", "--gpt2-bpe", bpe,
             "--destdir", tmp_path / "g"]
     with pytest.raises(DataError, match=rf"^--dict {words} is not a dictionary of this GPT-2 "
-                       rf"BPE: \d+ of its \d+ entries are not symbols of it \(e.g. .*\), so most tokens "
-                       rf"would become <unk>;"
+                       rf"BPE: \d+ of its \d+ entries are not symbols of it \(e.g. .*\), so "
+                       rf"most tokens would become <unk>;"
                        rf" .* give --dict {bpe / 'dict.txt'} \(fairseq's GPT-2 dict.txt\)"):
         glue.main([str(a) for a in argv + ["--dict", words]])
     assert not (tmp_path / "g").exists()
@@ -367,7 +367,8 @@ def test_a_sentencepiece_dictionary_of_another_model_is_refused(tmp_path):
                                 num_threads=1)
     words = word_dictionary(tmp_path / "words.txt", text)
     with pytest.raises(DataError, match=rf"--dict {words} is not a dictionary of this "
-                       r"sentencepiece model \(.*spm\.model\): \d+ of its \d+ entries are not symbols "
+                       r"sentencepiece model \(.*spm\.model\): \d+ of its \d+ entries are "
+                       r"not symbols "
                        ".*; give --dict the dict.txt written beside this model"):
         SentencePieceEncoder(model, words).dictionary
     assert len(SentencePieceEncoder(model).dictionary) > 0
