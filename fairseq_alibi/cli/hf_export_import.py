@@ -663,6 +663,25 @@ def import_options(config) -> tuple:
     return kind, layers, heads, flags
 
 
+def import_notes(config) -> list:
+    """What an imported MPT computes otherwise than the code it was trained with, where
+    transformers (whose computation the import reproduces) ignores a setting: one line each."""
+    if config["model_type"] != "mpt":
+        return []
+    notes, scale = [], config.get("logit_scale")
+    if scale is not None:
+        notes.append(f"note: config.json has logit_scale {scale!r}: MPT's own code multiplies "
+                     "the logits by it, transformers does not, nor does this import (it "
+                     "computes what transformers computes); its probabilities are the "
+                     "original's only where that scale is 1")
+    if (config.get("attn_config") or {}).get("attn_uses_sequence_id"):
+        notes.append("note: this MPT was trained with attn_uses_sequence_id (packed sequences "
+                     "attend within themselves); scoring one text is unchanged; to train on "
+                     "packed text likewise, add --alibi-document-mask eos (its </s> opens the "
+                     "next document, where MPT's ends the one before: docs/documents.md)")
+    return notes
+
+
 def row_order(config, tokenizer, rows: int):
     """The HF row of each fairseq row: fairseq's ``<s> <pad> </s> <unk>`` first (the model's
     bos/pad/eos/unk rows, or rows the tokenizer never produces), then the rest in order."""
@@ -819,7 +838,8 @@ def import_folder(folder, out):
                  "extra_state": {EXTRA_KEY: layout_record}}
         write_atomically(state, tmp / "checkpoint.pt")
     return {"family": kind, "layers": layers, "heads": heads, "rows": len(rows),
-            "specials": dict(zip(SPECIALS, rows[:4])), "out": str(out)}
+            "specials": dict(zip(SPECIALS, rows[:4])), "out": str(out),
+            "notes": import_notes(config)}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -860,8 +880,9 @@ def import_main(argv=None):
     args = parser.parse_args(argv)
     return run_reporting(
         lambda: import_folder(args.folder, args.out),
-        lambda s: f"imported {s['family']} ({s['layers']} layers, {s['heads']} heads, "
-                  f"{s['rows']} rows; fairseq specials from rows {s['specials']}) to {s['out']}")
+        lambda s: "".join(note + "\n" for note in s["notes"])
+        + f"imported {s['family']} ({s['layers']} layers, {s['heads']} heads, "
+          f"{s['rows']} rows; fairseq specials from rows {s['specials']}) to {s['out']}")
 
 
 def run_reporting(convert, summary_line) -> int:

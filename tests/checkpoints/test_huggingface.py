@@ -440,6 +440,28 @@ def test_imported_specials_land_on_fairseq_rows_0_to_3(tmp_path):
 # bad input: one line, nothing written
 
 
+def test_mpt_settings_transformers_ignores_are_noted_and_the_import_is_transformers(
+        tmp_path, capsys):
+    tiny_hf_folder(tmp_path / "plain", "mpt", 4)
+    config = json.loads((tmp_path / "plain" / "config.json").read_text())
+    config["logit_scale"] = "inv_sqrt_d_model"
+    config["attn_config"]["attn_uses_sequence_id"] = True
+    (tmp_path / "noted").mkdir()
+    for name in ("model.safetensors", "tokenizer.json"):
+        (tmp_path / "noted" / name).write_bytes((tmp_path / "plain" / name).read_bytes())
+    (tmp_path / "noted" / "config.json").write_text(json.dumps(config))
+    capsys.readouterr()
+    for name in ("plain", "noted"):
+        assert hf.import_main([str(tmp_path / name), "--out", str(tmp_path / f"{name}_fs")]) == 0
+    out = capsys.readouterr().out.splitlines()
+    notes = [line for line in out if line.startswith("note:")]
+    assert len(notes) == 2 and "logit_scale 'inv_sqrt_d_model'" in notes[0]
+    assert "--alibi-document-mask eos" in notes[1]
+    plain, noted = (torch.load(tmp_path / f"{name}_fs" / "checkpoint.pt", weights_only=False)
+                    ["model"] for name in ("plain", "noted"))
+    assert all(torch.equal(plain[k], noted[k]) for k in plain)  # what transformers computes
+
+
 def test_bad_input_is_one_line_and_writes_nothing(tmp_path, capsys):
     import fairseq_alibi  # noqa: F401
 
