@@ -1,9 +1,10 @@
 """What ``fairseq-train`` would restore wrongly without a word, refused before training:
 
-* a ``--restore-file`` (``checkpoint.restore_file``) that names no file: stock fairseq logs "No
-  existing checkpoint found" and trains from a random initialisation to the end, exit status 0,
-  so a misspelt pre-trained model gives a collapsed fine-tuning that looks like a result (the
-  default, ``checkpoint_last.pt`` in the save dir, is a resume that may rightly find nothing);
+* a ``--restore-file`` (``checkpoint.restore_file``) that names no file, or a first launch's
+  ``--continue-once`` file: stock fairseq logs "No existing checkpoint found" and trains from a
+  random initialisation to the end, exit status 0, so a misspelt pre-trained model gives a
+  collapsed fine-tuning that looks like a result (the default, ``checkpoint_last.pt`` in the
+  save dir, is a resume that may rightly find nothing);
 * a checkpoint saved mid-epoch by another number of workers: fairseq counts the position in
   the epoch in batches of one worker, so the run would train on other batches than the one it
   continues (repeating or skipping data); ``fairseq-alibi checkpoints set-world-size`` rewrites
@@ -62,14 +63,37 @@ def restore_file_refusal(restore: Optional[str], suffix: str = "",
     if _is_file(path):
         return None
     read = f" (read as {path}, with{suffix_flag(suffix)})" if path != restore else ""
-    return (f"{named}{restore}: no such file{read} (from {os.getcwd()}); fairseq would train "
-            "from a random initialisation. Give the path of the checkpoint to start from")
+    return _no_such_file(f"{named}{restore}", read)
+
+
+def _no_such_file(given: str, read: str = "") -> str:
+    return (f"{given}: no such file{read} (from {os.getcwd()}); fairseq would train from a "
+            "random initialisation. Give the path of the checkpoint to start from")
+
+
+def _continued_once(cfg, suffix: str) -> Optional[str]:
+    """``--continue-once``'s file where fairseq reads it: a first launch (no last checkpoint)
+    without a ``--restore-file`` of its own; None otherwise."""
+    once = getattr(cfg, "continue_once", None)
+    if once is None or cfg.restore_file != DEFAULT_RESTORE_FILE:
+        return None
+    return None if _is_file(os.path.join(cfg.save_dir, last_checkpoint_name(suffix))) else once
+
+
+def continue_once_refusal(cfg, suffix: str) -> Optional[str]:
+    """Why the ``--continue-once`` file a first launch starts from cannot be read, or None."""
+    once = _continued_once(cfg, suffix)
+    if once is None or _is_file(once):
+        return None
+    return _no_such_file(f"--continue-once {once}")
 
 
 def _restored_path(cfg, suffix: str) -> str:
     """The file fairseq's ``load_checkpoint`` reads (its own rule)."""
     if cfg.restore_file == DEFAULT_RESTORE_FILE:
-        return os.path.join(cfg.save_dir, last_checkpoint_name(suffix))
+        once = _continued_once(cfg, suffix)
+        return once if once is not None else os.path.join(cfg.save_dir,
+                                                          last_checkpoint_name(suffix))
     return read_as(cfg.restore_file, suffix)
 
 
@@ -169,6 +193,7 @@ def guard_training_start():
         suffix = getattr(trainer, "checkpoint_suffix", "") or ""
         refusal = (rank_options_refusal(trainer)
                    or restore_file_refusal(getattr(cfg, "restore_file", None), suffix)
+                   or continue_once_refusal(cfg, suffix)
                    or world_size_refusal(cfg, trainer, suffix))
         if refusal is not None:
             raise OneLineError(refusal)
