@@ -365,7 +365,8 @@ def test_fairseq_eval_lm_refuses_a_misspelt_override(trained_lm_checkpoint, tiny
             ("{'alibi_attention': 'flash'}",
              "OneLineError: --alibi-attention flash cannot serve this call: flash runs on CUDA "
              "only. Use --alibi-attention auto (or fold or sdpa or flex or naive or windowed), "
-             "e.g. at load time with --model-overrides \"{'alibi_attention': 'auto'}\""),
+             "e.g. at load time with --model-overrides \"{'alibi_attention': 'auto'}\" (the "
+             "hub: from_pretrained(..., alibi_attention='auto'))"),
             # not a dict: fairseq's eval of the text fails bare; the hint says what it takes
             ("alibi_window_cutoff=8",
              "fairseq_alibi: --model-overrides takes a Python dict of option names, e.g. "

@@ -376,7 +376,8 @@ def _refusal(name: str, what: str, reason: str, call: Call,
     (not for a training run)."""
     serving = [other for other in REGISTRY if serves(other, call)]
     where = ("" if not at_load else
-             ", e.g. at load time with --model-overrides \"{'alibi_attention': 'auto'}\"")
+             ", e.g. at load time with --model-overrides \"{'alibi_attention': 'auto'}\" (the "
+             "hub: from_pretrained(..., alibi_attention='auto'))")
     return OneLineError(
         f"--alibi-attention {name} cannot serve {what}: {reason}. Use --alibi-attention auto "
         f"(or {' or '.join(serving)}){where}")
