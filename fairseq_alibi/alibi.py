@@ -120,6 +120,12 @@ def mask_value(dtype: torch.dtype) -> float:
     return torch.finfo(dtype).min / 2
 
 
+def masked_with(bias: torch.Tensor, masked: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``bias`` with :func:`mask_value` of ``dtype`` where ``masked`` (broadcast): one pass
+    (``torch.where``), where ``masked_fill`` copies the bias and then fills it."""
+    return torch.where(masked, mask_value(dtype), bias)
+
+
 def alibi_bias(slopes, query_len, key_len, variant="causal", future_slopes=None,
                dtype=torch.float32, global_tokens: int = 0) -> torch.Tensor:
     """The ALiBi bias, shape ``(H, query_len, key_len)``, to add to the attention logits.
@@ -163,7 +169,7 @@ def alibi_bias(slopes, query_len, key_len, variant="causal", future_slopes=None,
             masked = masked & ~exempt
     bias = bias.to(dtype)
     if masked is not None:  # filled after the cast: the mask value is the target dtype's
-        bias = bias.masked_fill(masked, mask_value(dtype))
+        bias = masked_with(bias, masked, dtype)
     return bias
 
 
@@ -317,7 +323,7 @@ def alibi_bias_between(slopes, query_positions, key_positions, variant="causal",
             beyond = beyond & (pos_k >= sinks)[..., None, :].view(rel.shape[:-2] + (1, -1))
         masked = masked | beyond
     bias = bias.expand(rel.shape[:-3] + (len(heads),) + rel.shape[-2:]).to(dtype)
-    return bias.masked_fill(masked, mask_value(dtype))  # the target dtype's mask value
+    return masked_with(bias, masked, dtype)  # the target dtype's mask value
 
 
 def windowed_alibi_bias(slopes, query_len, key_len, variant="causal", future_slopes=None,
@@ -433,4 +439,4 @@ def document_alibi_bias(slopes, documents: torch.Tensor, offsets: torch.Tensor, 
     queries = offsets[:, offsets.size(1) - query_len:]
     bias = alibi_bias_between(slopes, queries, offsets, variant, future_slopes, dtype,
                               windows=windows, sinks=sinks)
-    return bias.masked_fill(document_mask(documents, query_len), mask_value(dtype))
+    return masked_with(bias, document_mask(documents, query_len), dtype)

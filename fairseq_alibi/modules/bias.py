@@ -35,9 +35,9 @@ class BiasCache:
 
     def __init__(self):
         self.factors_serial = 0  # never reset: a number no earlier factors had
-        # never reset: counts the forward passes of a stack with learned parameters, which an
-        # optimizer changes between passes without a version (fairseq's steps write p.data)
-        self.pass_serial = 0
+        # the values of a stack's learned parameters as its last forward pass read them: an
+        # optimizer changes them between passes without a version (fairseq's steps write p.data)
+        self.learned_values = ()
         self.clear()
 
     def clear(self):
@@ -171,8 +171,10 @@ class AlibiBias(torch.nn.Module):
         """Before a forward pass of the stack: where its ``tokens`` ``(B, N)`` hold ``</s>``
         (``eos``), from which each call's documents are found (:meth:`documents_of`); nothing
         without a document mask."""
-        if self._learned():
-            self.cache.pass_serial += 1
+        learned = self._learned()
+        if learned:  # a few numbers (one sync per pass on a GPU)
+            self.cache.learned_values = tuple(
+                torch.cat([p.detach().reshape(-1) for p in learned]).tolist())
         if self.document_mask != "none":
             self.cache.eos = tokens.eq(eos)
 
@@ -242,10 +244,11 @@ class AlibiBias(torch.nn.Module):
 
     def _learned_state(self) -> tuple:
         """What says the learned parameters are unchanged: their versions (an in-place
-        change through autograd) and the forward pass (:meth:`read_tokens`: an optimizer step
-        writes ``p.data``, which no version counts)."""
+        change through autograd) and their values when the forward pass began
+        (:meth:`read_tokens`: an optimizer step writes ``p.data``, which no version counts).
+        Values, not the pass: a scoring run's passes share what they memoise."""
         learned = self._learned()
-        return (tuple(p._version for p in learned), self.cache.pass_serial if learned else 0)
+        return (tuple(p._version for p in learned), self.cache.learned_values if learned else ())
 
     def slopes_of(self, layer: Optional[int] = None) -> Tuple[Tensor, Optional[Tensor]]:
         """``(slopes, future_slopes)``, float32 ``(H,)``: ``slope_scale·s[layer]·m`` and
@@ -388,6 +391,12 @@ class LayerBias:
     @property
     def scales_need_grad(self) -> bool:
         return self.stack.scales_need_grad
+
+    @property
+    def per_layer(self) -> bool:
+        """Whether this layer's slopes are its own (learned scales with a row per layer)."""
+        scales = self.stack.scales
+        return scales is not None and scales.size(0) > 1
 
     def head_slopes(self) -> Tuple[Tensor, Optional[Tensor]]:
         return self.stack.slopes_of(self.index)

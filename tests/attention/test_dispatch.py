@@ -46,6 +46,10 @@ POLICY = [
     (Call(variant="causal", query_len=512, key_len=512, **CPU32), "sdpa"),
     (Call(variant="causal", query_len=639, key_len=639, **CPU32), "sdpa"),
     (Call(variant="causal", query_len=640, key_len=640, **CPU32), "fold"),
+    # a bias of each layer's own (learned scales, a row per layer): sdpa would build it per
+    # call; the bidirectional variants' two merged passes stay slower (docs/learned_scales.md)
+    (Call(variant="causal", query_len=256, key_len=256, per_layer=True, **CPU32), "fold"),
+    (Call(variant="offset", query_len=512, key_len=512, per_layer=True, **CPU32), "sdpa"),
     (Call(variant="one_sided", query_len=1024, key_len=1024, **CPU32), "fold"),
     (Call(variant="causal", query_len=1024, key_len=1024, grad=True, **CPU32), "fold"),
     (Call(variant="causal", query_len=1024, key_len=1024, dtype=torch.float64, device="cpu",

@@ -231,6 +231,19 @@ def test_quick_run_of_the_block_mask_table(capsys):
         block_masks.main(["--sinks", "-1"])
 
 
+def test_quick_run_of_the_learned_scales_scoring_table(capsys):
+    """benchmarks/learned_scales.py --scoring: the same weights with fixed slopes and learned
+    scales of 1.0, scored side by side."""
+    from benchmarks import learned_scales
+
+    assert learned_scales.main(["--scoring", "--lengths", "64", "--rounds", "1"]) == 0
+    text = capsys.readouterr().out
+    assert text.startswith("Command: `python -m benchmarks.learned_scales --scoring")
+    assert "| 64 | auto |" in text and "| 64 | windowed, cutoff 8 |" in text
+    with pytest.raises(SystemExit):
+        learned_scales.main(["--scoring", "--lengths", "0"])
+
+
 def test_quick_run_of_the_end_to_end_table(tmp_path, capsys):
     """benchmarks/end_to_end.py: training and scoring in the four settings, the windowed two
     with sinks (their cost), and with the attention stubbed out (its share), every figure a

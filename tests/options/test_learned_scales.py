@@ -259,6 +259,13 @@ def test_the_bias_and_windows_follow_scales_an_optimizer_changes(lm_data, attent
     assert not torch.equal(before, after)
     assert torch.equal(after, expected)
     assert lm.decoder.alibi.windows_of(0) == fresh.decoder.alibi.windows_of(0)
+    # unchanged scales: a scoring run's passes share what they memoise (not rebuilt per pass)
+    cache = lm.decoder.alibi.cache
+    kept = (cache.bias, cache.windows)
+    with torch.no_grad():
+        assert torch.equal(lm(tokens)[0], after)
+    assert cache.bias is kept[0] and cache.windows is kept[1]
+    assert attention == "windowed" or kept[0] is not None  # auto reads a dense bias here
 
 
 # ------------------------------------------------------------------ checkpoints
@@ -267,11 +274,13 @@ def test_the_bias_and_windows_follow_scales_an_optimizer_changes(lm_data, attent
 
 def test_checkpoint_without_scales_loads_as_fixed_slopes(lm_data):
     torch.manual_seed(0)
-    fixed, task = build_model("lm", lm_data)
+    # one backend for both (auto takes fold for a bias per layer): the same function bit for bit
+    fixed, task = build_model("lm", lm_data, "--alibi-attention", "sdpa")
     old = fixed.state_dict()
     assert not any("scales" in k for k in old)
     torch.manual_seed(1)
-    learned, _ = build_model("lm", lm_data, "--alibi-learned-scales", "per_layer_head")
+    learned, _ = build_model("lm", lm_data, "--alibi-learned-scales", "per_layer_head",
+                             "--alibi-attention", "sdpa")
     learned.load_state_dict(dict(old))
     assert torch.all(learned.decoder.alibi.scales == 1.0)
     assert learned.decoder.alibi.scales.requires_grad  # it learns them from here on

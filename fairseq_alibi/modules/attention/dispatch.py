@@ -61,6 +61,9 @@ class CallBias(Protocol):
     # the windows; a KV cache's positions dropped after its sinks (0: keys at 0 … S-1)
     sinks: int
     dropped: int
+    # optional (absent: False): a dense bias of this layer's own (learned scales with a row
+    # per layer), built per layer call where the layers of a pass otherwise share one
+    per_layer: bool
     # --alibi-document-mask: ``ids`` (B, S) per key, ``crossing``, ``layout()`` (the split's
     # .documents.Layout, once per forward pass); None without (modules/bias.py's Documents)
     documents: Optional[object]
@@ -199,6 +202,7 @@ class Call(NamedTuple):
     sink_cache: bool = False  # CallBias.dropped: a KV cache that dropped keys after its sinks
     documents: bool = False  # CallBias.documents cross: keys of other documents are masked
     head_dim: int = 64  # D, the size of a head's queries and keys
+    per_layer: bool = False  # CallBias.per_layer: a dense bias is built per layer call
 
 
 #: the variants whose windows look one way: ``windowed`` runs each of their head groups as the
@@ -331,9 +335,11 @@ def auto_backend(call: Call) -> str:
        the blocks they hide; the documents are masked there, not split).
     2. ``fold`` where it serves (CPU, float32/64, no KV cache, no dropout, no extra attn_mask)
        and either the variant is ``causal``/``one_sided`` with :data:`.tuning.FOLD_MIN_LENGTH`
-       keys or more, or the dense mask would exceed :data:`.tuning.DENSE_MASK_BUDGET`, or
-       learned slope scales need their gradient (a dense mask that needs a gradient makes
-       ``sdpa`` keep a ``(B, H, T, S)`` tensor per layer: docs/learned_scales.md).
+       keys or more or a bias of the layer's own (``call.per_layer``: ``sdpa`` would build
+       its dense mask per layer call), or the dense mask would exceed
+       :data:`.tuning.DENSE_MASK_BUDGET`, or learned slope scales need their gradient (a
+       dense mask that needs a gradient makes ``sdpa`` keep a ``(B, H, T, S)`` tensor per
+       layer: docs/learned_scales.md).
     3. ``sdpa`` otherwise (it serves every call: decoding steps, dropout, half precision, ...).
 
     With slope windows (``call.windowed``): ``windowed`` for a whole sequence of a one-way
@@ -363,7 +369,7 @@ def auto_backend(call: Call) -> str:
         if _dense_mask_bytes(call) > tuning.DENSE_MASK_BUDGET or call.scale_grad:
             return "fold"
         if (call.variant not in fold.MERGED_VARIANTS
-                and call.key_len >= tuning.FOLD_MIN_LENGTH):
+                and (call.key_len >= tuning.FOLD_MIN_LENGTH or call.per_layer)):
             return "fold"
     return "sdpa"
 
@@ -509,4 +515,5 @@ def call_of(q, k, v, alibi, key_padding_mask=None, attn_mask=None, dropout_p=0.0
         sinks=getattr(alibi, "sinks", 0) if windowed else 0,
         sink_cache=bool(getattr(alibi, "dropped", 0)),
         documents=getattr(alibi, "documents", None) is not None, head_dim=q.size(-1),
+        per_layer=getattr(alibi, "per_layer", False),
     )
