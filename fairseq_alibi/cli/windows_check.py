@@ -193,6 +193,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--seed", type=int, default=1, help="seed of the start offsets")
     parser.add_argument("--out", default=DEFAULT_OUT, help=f"report folder (default: "
                         f"{DEFAULT_OUT}); files of other names there are left alone")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace an earlier report in --out")
     parser.add_argument("--bleu", type=_value(int, "a number of sentence pairs >= 1",
                                               lambda v: v >= 1), metavar="N",
                         help=f"a translation model's: also translate the split's first N "
@@ -672,6 +674,9 @@ def run(args, command: str) -> str:
     out = Path(args.out)
     if out.exists() and not out.is_dir():  # before the work, not after it
         raise WindowsInputError(f"--out {out} is a file: give a folder for the report")
+    if (out / "windows.md").exists() and not args.overwrite:
+        raise WindowsInputError(f"--out {out} holds an earlier report (windows.md): give "
+                                "another --out, or pass --overwrite to replace it")
     args.sinks_given, args.sinks = bool(args.sinks), args.sinks or list(DEFAULT_SINKS)
     task, reader = read_sequences(cfg, args.data, args.gen_subset, kind, args.seed,
                                   least_tokens=BLOCK * MIN_BLOCKS)

@@ -413,6 +413,14 @@ def test_bad_input_is_one_line_naming_the_argument(trained_lm_checkpoint, tiny_l
                            tmp_path / "a-file")
     assert code == 2 and err.strip().endswith(f"--out {tmp_path / 'a-file'} is a file: give a "
                                               "folder for the report"), err[-2000:]
+    (tmp_path / "earlier").mkdir()  # another model's report is not replaced without a word
+    (tmp_path / "earlier" / "windows.md").write_text("an earlier report")
+    code, _, err = windows(capsys, trained_lm_checkpoint, tiny_lm_data, "--out",
+                           tmp_path / "earlier")
+    assert code == 2 and err.strip().endswith(
+        f"--out {tmp_path / 'earlier'} holds an earlier report (windows.md): give another "
+        "--out, or pass --overwrite to replace it"), err[-2000:]
+    assert (tmp_path / "earlier" / "windows.md").read_text() == "an earlier report"
 
 
 @pytest.mark.slow
