@@ -92,18 +92,26 @@ def target_architecture(source_arch: str, requested: Optional[str] = None) -> st
     return target
 
 
-def check_convertible(model_cfg):
-    """Raise :class:`ConversionError` unless this is a stock ``transformer_lm`` we can convert."""
-    from fairseq.models import ARCH_MODEL_INV_REGISTRY, ARCH_MODEL_REGISTRY
+def refuse_converted_lm(model_cfg):
+    """Raise :class:`ConversionError` for an ALiBi language model (converted or trained here),
+    whatever ``--from`` says it is."""
+    from fairseq.models import ARCH_MODEL_INV_REGISTRY
 
     import fairseq_alibi  # noqa: F401
 
     arch = architecture_of(model_cfg)
-    alibi_archs = set(ARCH_MODEL_INV_REGISTRY[ALIBI_MODEL]) | {ALIBI_MODEL}
-    if arch in alibi_archs:
+    if arch in set(ARCH_MODEL_INV_REGISTRY[ALIBI_MODEL]) | {ALIBI_MODEL}:
         raise ConversionError(
             f"this is already an ALiBi language model ({arch}): nothing to convert; load it as it is"
         )
+
+
+def check_convertible(model_cfg):
+    """Raise :class:`ConversionError` unless this is a stock ``transformer_lm`` we can convert."""
+    from fairseq.models import ARCH_MODEL_INV_REGISTRY, ARCH_MODEL_REGISTRY
+
+    refuse_converted_lm(model_cfg)
+    arch = architecture_of(model_cfg)
     stock_archs = (set(ARCH_MODEL_INV_REGISTRY[STOCK_MODEL]) | {STOCK_MODEL}
                    | set(forks.EIFY_ARCHITECTURES))
     if arch not in stock_archs:
@@ -246,6 +254,12 @@ def convert_state(state: dict, arch: Optional[str] = None, check: bool = True,
     """Convert any supported checkpoint in place: stock or Press/EIFY fork LMs, EIFY RoBERTa
     (and EIFY translation models); ``source`` None: detected where the checkpoint says."""
     model_cfg = model_config(state)
+    cfg = state.get("cfg")
+    if cfg is not None and not hasattr(cfg.get("task"), "get"):
+        # the forks keep options there too (EIFY's omit_mask): a conversion would drop them
+        raise ConversionError(
+            "the checkpoint's config has no task section (cfg['task']), which fairseq-train "
+            "always writes: the file was edited or damaged; give the file fairseq-train wrote")
     detected = forks.detect_fork(state)
     if source is not None and source not in forks.SOURCES:
         raise ConversionError(f"unknown --from {source!r}; choose one of: {', '.join(forks.SOURCES)}")
@@ -278,6 +292,7 @@ def convert_state(state: dict, arch: Optional[str] = None, check: bool = True,
     if source is None:
         source = detected if detected and forks.uses_fork_math(state) else "stock"
     if source == "eify" and detected != "eify":
+        refuse_converted_lm(model_cfg)
         raise ConversionError(
             "--from eify, but this checkpoint holds none of the EIFY fork's options "
             "(decoder_alibi, encoder_alibi, ...): it is a stock or Press model"

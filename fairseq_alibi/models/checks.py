@@ -14,7 +14,7 @@ import logging
 from fairseq.utils import safe_getattr
 
 from fairseq_alibi.config_access import architecture_of, cfg_get, criterion_name, task_name
-from fairseq_alibi.error_hints import CheckpointMismatchError
+from fairseq_alibi.error_hints import CheckpointMismatchError, OneLineError
 from fairseq_alibi.modules.checkpoint_match import check_stack, mismatch
 from fairseq_alibi.options import OptionError
 
@@ -431,6 +431,18 @@ def unconverted_fork_error(cfg, arch) -> ValueError:
         f"convert --input CHECKPOINT --output CONVERTED.pt` (docs/migrating.md), "
         f"then load the converted file"
     )
+
+
+def fork_architecture_error(cfg, arch) -> ValueError:
+    """The refusal of EIFY's own architecture name: a checkpoint with the fork's options is
+    converted first; without them it may as well be a new run given the fork's ``--arch``."""
+    if any(cfg_get(cfg, k) for k in FORK_MODEL_OPTIONS):
+        return unconverted_fork_error(cfg, arch)
+    return OneLineError(
+        f"--arch {arch} is the architecture of EIFY's ALiBi fork, which stock fairseq does not "
+        f"have: train a new model with --arch alibi_transformer_lm (the fork's options: "
+        f"docs/migrating.md); a checkpoint of that fork is converted first with `fairseq-alibi "
+        f"convert --input CHECKPOINT --output CONVERTED.pt`")
 
 
 #: what only Press's ALiBi fork writes into a ``transformer_lm`` model config: its decoder sizes

@@ -14,6 +14,7 @@ from fairseq_alibi.config_access import cfg_get
 from fairseq_alibi.models.checks import (
     FORK_ARCHITECTURES,
     FORK_MODEL_OPTIONS,
+    fork_architecture_error,
     is_unconverted_press_config,
     unconverted_fork_error,
     unconverted_press_error,
@@ -75,6 +76,6 @@ def guard_stock_architectures():
                 continue
 
             def fork_architecture(cfg, _arch=arch):
-                raise unconverted_fork_error(cfg, _arch)
+                raise fork_architecture_error(cfg, _arch)
 
             register_model_architecture(model, arch)(fork_architecture)

@@ -546,6 +546,34 @@ def test_convert_io_mistakes_are_one_line_and_write_nothing(tmp_path, capsys):
         assert not (tmp_path / "out.pt").exists() and not list(tmp_path.rglob(".*.tmp"))
 
 
+def test_fork_leftovers_are_named_for_what_they_are(tmp_path, capsys):
+    """The fork's --arch in a new run; --from eify on a file already converted; a fork file
+    whose task config is gone (where the fork keeps omit_mask): one line each, nothing
+    written."""
+    from argparse import Namespace
+
+    from fairseq.models import ARCH_CONFIG_REGISTRY
+
+    from fairseq_alibi.error_hints import OneLineError
+
+    with pytest.raises(OneLineError, match=r"^--arch transformer_lm_alibi is the architecture of "
+                                           r"EIFY's ALiBi fork.*--arch alibi_transformer_lm"):
+        ARCH_CONFIG_REGISTRY["transformer_lm_alibi"](Namespace())
+    converted = tmp_path / "lm.pt"
+    assert _main(capsys, "--input", fixture("eify_lm_alibi") / "checkpoint_last.pt",
+                 "--output", converted)[0] == 0
+    state = load(fixture("eify_roberta_zero_clap") / "checkpoint_last.pt")
+    del state["cfg"]["task"]
+    torch.save(state, tmp_path / "no_task.pt")
+    for source, extra, message in (
+            (converted, ["--from", "eify"], "this is already an ALiBi language model "
+             "(alibi_transformer_lm): nothing to convert"),
+            (tmp_path / "no_task.pt", [], "the checkpoint's config has no task section")):
+        code, out, err = _main(capsys, "--input", source, "--output", tmp_path / "x.pt", *extra)
+        assert code == 1 and message in err and len(err.strip().splitlines()) == 1, err
+        assert not (tmp_path / "x.pt").exists()
+
+
 def _main(capsys, *args):
     from fairseq_alibi.cli.convert_checkpoints import main
 
