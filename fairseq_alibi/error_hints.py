@@ -260,6 +260,12 @@ def _translation_folder(exc: BaseException) -> Optional[str]:
             "translation")
 
 
+def overrides_not_a_dict(given, where: str = "--model-overrides") -> str:
+    """The line for load-time overrides ``given`` (as the user wrote them) that are no dict."""
+    return (f"{where} takes a Python dict of option names, e.g. "
+            f"\"{{'alibi_window_cutoff': 8}}\" (quoted for the shell), got {given}")
+
+
 def _bad_model_overrides(exc: BaseException) -> Optional[str]:
     """fairseq's commands ``eval`` the text of ``--model-overrides``: one that is not a Python
     dict fails there with a bare ``SyntaxError`` or ``NameError``."""
@@ -269,8 +275,7 @@ def _bad_model_overrides(exc: BaseException) -> Optional[str]:
         overrides = getattr(getattr(frame.f_locals.get("cfg"), "common_eval", None),
                             "model_overrides", None)
         if overrides is not None and os.sep + "fairseq_cli" + os.sep in frame.f_code.co_filename:
-            return (f"--model-overrides takes a Python dict of option names, e.g. "
-                    f"\"{{'alibi_window_cutoff': 8}}\" (quoted for the shell), got {overrides}")
+            return overrides_not_a_dict(overrides)
     return None
 
 

@@ -487,7 +487,7 @@ def finetune_command(name: str, data: dict, pretrained: Pretrained, restore: str
     """Stock ``fairseq-train`` with fairseq's GLUE recipe for one task and seed."""
     recipe = RECIPES[name]
     lr = args.lr if args.lr is not None else recipe.lr
-    batch = args.batch_size or recipe.batch_size
+    batch = args.batch_size if args.batch_size is not None else recipe.batch_size
     total = train_updates(data["inputs"]["train"], batch, args.epochs)
     warmup = max(1, round(args.warmup_ratio * total))
     # learned positions: exactly the checkpoint's count; ALiBi: any limit (nothing is longer)
@@ -691,6 +691,10 @@ def parse_args(argv=None):
     args.seeds = parse_seeds(parser, args.seeds)
     if args.epochs < 1 or args.threads < 1 or not 0 <= args.warmup_ratio < 1:
         parser.error("--epochs and --threads must be at least 1, --warmup-ratio in [0, 1)")
+    if args.lr is not None and not 0 < args.lr < math.inf:
+        parser.error(f"--lr must be a positive number, got {args.lr}")
+    if args.batch_size is not None and args.batch_size < 1:
+        parser.error(f"--batch-size must be at least 1, got {args.batch_size}")
     if args.max_length is not None and args.max_length != "none":
         if not args.max_length.isdigit() or int(args.max_length) < 3:
             parser.error(f"--max-length takes a number of tokens (at least 3) or 'none', got "

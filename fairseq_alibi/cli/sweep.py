@@ -680,7 +680,8 @@ def main(argv=None):
     for spec in args.path:
         name, path = _parse_path(spec)
         if name in models:
-            raise SystemExit(f"two checkpoints named {name!r}: give them names with NAME=CKPT")
+            parser.error(f"--path: two checkpoints named {name!r}: give them names with "
+                         "NAME=CKPT")
         state, refused = read_language_model(path, SWEPT_MODELS, forks=True)
         if refused:
             parser.error(f"--path {refused}")

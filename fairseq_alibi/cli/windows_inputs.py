@@ -120,6 +120,12 @@ def read_pairs(cfg, data, subset: str):
     except FileNotFoundError as exc:
         raise WindowsInputError(f"DATA {data}: {exc}; give the folder fairseq-preprocess wrote "
                                 "for this translation model (its dict.<lang>.txt)") from None
+    except Exception as exc:  # noqa: BLE001 - fairseq says a folder of no pair with a bare one
+        if "Could not infer language pair" not in str(exc):
+            raise
+        raise WindowsInputError(f"DATA {data}: no translation data there (no "
+                                "dict.<src>.txt and dict.<tgt>.txt); give the folder "
+                                "fairseq-preprocess wrote for this translation model") from None
     try:
         task.load_dataset(subset)
     except FileNotFoundError as exc:

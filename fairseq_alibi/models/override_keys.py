@@ -39,7 +39,7 @@ import logging
 
 from fairseq_alibi import options
 from fairseq_alibi.config_access import cfg_get, cfg_set
-from fairseq_alibi.error_hints import OneLineError
+from fairseq_alibi.error_hints import OneLineError, overrides_not_a_dict
 from fairseq_alibi.modules.checkpoint_match import loading_with_overrides
 
 logger = logging.getLogger(__name__)
@@ -186,6 +186,8 @@ def guard_override_keys():
 
     @functools.wraps(ensemble)
     def load_model_ensemble_and_task(filenames, arg_overrides=None, *args, **kwargs):
+        if arg_overrides is not None and not isinstance(arg_overrides, dict):
+            raise OneLineError(overrides_not_a_dict(arg_overrides, _NAMED.get()))
         # the build that follows the load: a mismatch an override causes names the override
         with loading_with_overrides(override_keys(arg_overrides or {}), _NAMED.get()):
             return ensemble(filenames, arg_overrides, *args, **kwargs)

@@ -245,6 +245,22 @@ def test_one_line_errors(dictionary_folder, tmp_path):
                    "--out", str(tmp_path / "out"), "--max-length", "none"])
 
 
+@pytest.mark.parametrize("flag, value, message", [
+    ("--lr", "-1", "--lr must be a positive number, got -1.0"),
+    ("--lr", "nan", "--lr must be a positive number, got nan"),
+    ("--batch-size", "0", "--batch-size must be at least 1, got 0"),
+    ("--batch-size", "-4", "--batch-size must be at least 1, got -4"),
+])
+def test_a_bad_learning_rate_or_batch_size_is_refused_before_any_run(flag, value, message,
+                                                                      tmp_path, capsys):
+    """Not trained to the end with gradient ascent, nor failed inside the first run."""
+    with pytest.raises(SystemExit):
+        glue.main(["--checkpoint", "x.pt", "--data", str(tmp_path), "--out",
+                   str(tmp_path / "out"), flag, value])
+    assert capsys.readouterr().err.strip().endswith(message)
+    assert not (tmp_path / "out").exists()
+
+
 def test_a_fine_tuned_classifier_is_refused(dictionary_folder, tmp_path):
     """A sentence_prediction checkpoint is no masked-LM encoder: refused before fairseq-train."""
     import torch

@@ -17,9 +17,9 @@ import pytest
 import torch
 
 from fairseq_alibi.cli.windows_check import load_model, main
-from fairseq_alibi.cli.windows_inputs import (Masking, Pairs, checkpoint_config,
-                                              masked_token_nll, pair_nll, read_pairs,
-                                              read_stream, sample_starts, token_nll)
+from fairseq_alibi.cli.windows_inputs import (Masking, Pairs, WindowsInputError,
+                                              checkpoint_config, masked_token_nll, pair_nll,
+                                              read_pairs, read_stream, sample_starts, token_nll)
 from fairseq_alibi.cli.windows_report import (Candidate, CutoffRow, HeadRow, Judged, judge,
                                               kept_share, kept_share_two_way, verdict)
 from tests.helpers.checkpoints import load, saved_in_process
@@ -691,6 +691,16 @@ def test_a_translation_models_windows_are_judged_on_its_targets(translation_data
     (row,) = rows_of(tmp_path / "pairs" / "windows_cutoffs.csv")
     assert int(row["tokens_L1"]) == sum(target.numel() for _, target in pairs)
     assert "L=1 (60 × 1)" in out
+    # a language model's folder for a translation model saved without its languages (fairseq
+    # infers them from the folder): the tool's line, not fairseq's bare exception
+    (tmp_path / "lm").mkdir()
+    (tmp_path / "lm" / "dict.txt").write_text("a 1\n")
+    cfg.task.source_lang = cfg.task.target_lang = None
+    with pytest.raises(WindowsInputError, match=re.escape(
+            f"DATA {tmp_path / 'lm'}: no translation data there (no dict.<src>.txt and "
+            "dict.<tgt>.txt); give the folder fairseq-preprocess wrote for this translation "
+            "model")):
+        read_pairs(cfg, tmp_path / "lm", "valid")
 
 
 def test_bleu_with_and_without_the_recommended_cutoff_is_fairseq_generates(translation_data,

@@ -166,6 +166,19 @@ def test_sweep_overrides_of_what_it_sets_per_length_are_refused_before_any_run(
     assert not (tmp_path / "out").exists()
 
 
+def test_sweep_two_checkpoints_of_one_name_are_an_argparse_error(tiny_lm_data, tmp_path,
+                                                                capsys):
+    from fairseq_alibi.cli.sweep import main
+
+    path = saved_in_process(tmp_path / "model.pt", tiny_lm_data, *MODELS["lm"])
+    with pytest.raises(SystemExit) as exit_:
+        main(["--path", f"a={path}", "--path", f"a={path}", "--data", str(tiny_lm_data),
+              "--out", str(tmp_path / "out"), "--lengths", "16"])
+    assert exit_.value.code == 2 and last_line(capsys.readouterr().err) == (
+        "fairseq-alibi sweep: error: --path: two checkpoints named 'a': give them names with "
+        "NAME=CKPT")
+
+
 @pytest.mark.parametrize("model", ["lm", "encoder"])
 def test_zero_tokens_per_sample_is_a_clear_error(model, tiny_lm_data):
     with pytest.raises(ValueError, match=r"^--tokens-per-sample must be at least 1 .* got 0;"):

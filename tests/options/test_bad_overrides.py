@@ -370,7 +370,11 @@ def test_fairseq_eval_lm_refuses_a_misspelt_override(trained_lm_checkpoint, tiny
             # not a dict: fairseq's eval of the text fails bare; the hint says what it takes
             ("alibi_window_cutoff=8",
              "fairseq_alibi: --model-overrides takes a Python dict of option names, e.g. "
-             "\"{'alibi_window_cutoff': 8}\" (quoted for the shell), got alibi_window_cutoff=8")):
+             "\"{'alibi_window_cutoff': 8}\" (quoted for the shell), got alibi_window_cutoff=8"),
+            # another Python value: the same, where the package reads it (its one line)
+            ("[1, 2]",
+             "OneLineError: --model-overrides takes a Python dict of option names, e.g. "
+             "\"{'alibi_window_cutoff': 8}\" (quoted for the shell), got [1, 2]")):
         out = run_cli("fairseq-eval-lm", tiny_lm_data, "--user-dir", alibi_user_dir, "--path",
                       trained_lm_checkpoint, "--cpu", "--max-tokens", "4096", "--num-workers",
                       "0", "--model-overrides", overrides, expect_ok=False)
