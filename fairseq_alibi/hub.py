@@ -20,6 +20,7 @@ Stock ``from_pretrained`` (``fairseq.hub_utils``) has four surprises for ALiBi c
 
 import logging
 import os
+import pickle
 import zipfile
 from typing import Dict, Iterable, Optional
 
@@ -28,7 +29,8 @@ from fairseq import hub_utils
 from omegaconf import open_dict
 
 from fairseq_alibi.config_access import cfg_get, overrides_dict
-from fairseq_alibi.error_hints import CheckpointMismatchError, OneLineError, raised_by_plugin
+from fairseq_alibi.error_hints import (CheckpointMismatchError, OneLineError, hint_for,
+                                       raised_by_plugin)
 from fairseq_alibi.models.override_keys import overrides_named
 from fairseq_alibi.options import keyword_names
 
@@ -250,8 +252,12 @@ def load_pretrained(model_class, expected_name, model_name_or_path, checkpoint_f
             refuse_failed_load(checkpoint, model_class, expected_name, data_dir, refused)
             raise
         raise WrongCheckpointError(keyword_names(str(refused))) from None
-    except (OSError, AttributeError, KeyError) as failed:  # fairseq's, on another kind of model
+    except (OSError, AttributeError, KeyError, EOFError, RuntimeError,
+            pickle.UnpicklingError) as failed:  # fairseq's, on another kind of model or file
         refuse_failed_load(checkpoint, model_class, expected_name, data_dir, failed)
+        hint = hint_for(failed)  # an empty, truncated or foreign file: what the hook would say
+        if hint is not None:
+            raise HubArgumentError(hint) from None
         raise
     check_gpt2_bpe(loaded["args"].bpe, searched, given)
     warn_unencoded_pieces(loaded)

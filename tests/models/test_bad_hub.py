@@ -192,6 +192,15 @@ def test_a_missing_checkpoint_and_model_overrides(tiny_lm_data, tmp_path, no_net
     with pytest.raises(HubArgumentError, match=r"no data folder .*nodata: from_pretrained's "
                        "third argument"):
         LM.from_pretrained(str(checkpoint.parent), "model.pt", str(tmp_path / "nodata"))
+    # an empty, truncated or text file: the line the command lines print, raised (a notebook's
+    # try/except saw a bare EOFError, torch's zip error or KeyError)
+    (checkpoint.parent / "empty.pt").write_bytes(b"")
+    (checkpoint.parent / "cut.pt").write_bytes(checkpoint.read_bytes()[:3000])
+    (checkpoint.parent / "text.pt").write_text("hello\n")
+    for name, said in (("empty.pt", "is empty (0 bytes)"), ("cut.pt", "truncated or corrupt"),
+                       ("text.pt", "it is a text file, not a torch file")):
+        with pytest.raises(HubArgumentError, match=re.escape(said)):
+            LM.from_pretrained(str(checkpoint.parent), name, str(tiny_lm_data))
     for given in ("{'alibi_window_cutoff': 8}", {"alibi_window_cutoff": 8}):
         lm = LM.from_pretrained(str(checkpoint.parent), "model.pt", str(tiny_lm_data),
                                 model_overrides=given)
