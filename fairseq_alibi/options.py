@@ -27,7 +27,10 @@ Adding a field to :class:`StackOptions` adds the option to every family and side
   ``fixed_first_tokens``);
 * ``off``: the values that leave the option off (default: the field's default);
 * ``model_wide``: declared once per model under ``alibi_`` and shared by its stacks (the
-  attention backend, the run-time slope scale).
+  attention backend, the run-time slope scale);
+* ``trained_only``: what the weights learned with and cannot show (no tensor records it), so a
+  load-time override of another value than the checkpoint's is refused
+  (:func:`trained_over`): the model would compute what it never learned, without a word.
 
 What involves a context (the head count, the model's stock options) is a short rule in the
 declaration's ``check``, stated once.
@@ -238,7 +241,7 @@ class StackOptions(FairseqDataclass):
         "help": "ALiBi bias of the self-attention: offset (future keys -m(j-i-0.5)), "
                 "symmetric -m|i-j|, one_sided (half the heads look back, half ahead), "
                 "asymmetric (forward slope = ratio x backward), causal -m(i-j); none = stock "
-                "position embeddings, no bias"})
+                "position embeddings, no bias", "trained_only": True})
     future_slope_ratio: float = field(default=1.0, metadata={
         "help": "asymmetric only: forward slope = R x backward slope, per head",
         "check": at_least(0), "initial_of": "learnable_future_slopes",
@@ -263,7 +266,7 @@ class StackOptions(FairseqDataclass):
         "help": "the first N positions (<s>, read by the classification head) are exempt from "
                 "the bias as queries and as keys, and from one_sided's direction masks; 0 = "
                 "none", "check": at_least(0), "needs": _SHAPES_THE_BIAS,
-        "side": "fixed_first_tokens"})
+        "side": "fixed_first_tokens", "trained_only": True})
     length_scale: int = field(default=0, metadata={
         "help": "evaluation beyond the training length N: a sequence of n > N real tokens "
                 "uses every slope x log n / log N (each sequence its own n; a per-sequence "
@@ -818,6 +821,27 @@ def learned_over(given: Dict[str, object], saved: Callable[[str], object], model
                     f"it ({learned_name}={learned!r}), and {name} is only the value that "
                     f"learning started from: the learned values load over it. Drop it "
                     f"(alibi_slope_scale scales every slope at load time)")
+
+
+def trained_over(given: Dict[str, object], saved: Callable[[str], object], model_name: str,
+                 where: str = "--model-overrides"):
+    """An :class:`OptionError` for a load-time override in ``given`` of an option declared
+    ``trained_only`` to another value than the checkpoint's (``saved``: its config before the
+    overrides; ``None``: saved before the option existed, i.e. its default)."""
+    for cls, sides in _FAMILY_DECLARATIONS.get(model_name, ()):
+        for side in sides:
+            for name, f, kind, default in _fields(cls, side):
+                if name not in given or not f.metadata.get("trained_only"):
+                    continue
+                value = saved(name)
+                was = default if value is None else value
+                wanted = _override_typed(_base_type(kind), given[name])
+                if str(wanted) != str(was):
+                    flag = "--" + name.replace("_", "-")
+                    raise OptionError(
+                        f"this checkpoint was trained with {flag} {was}; {name} in {where} "
+                        f"builds {flag} {wanted}: drop it from {where} (the weights learned "
+                        f"with {was}, which they do not record)")
 
 
 def needs_undone(given: Dict[str, object], saved: Callable[[str], object],

@@ -119,6 +119,19 @@ def refuse_learned_over(state, arg_overrides, model_name, where):
                              lambda name: cfg_get(model_cfg, name, None), model_name, where)
 
 
+def refuse_trained_over(path, load, arg_overrides, model_name, where):
+    """:func:`~fairseq_alibi.options.trained_over` on the checkpoint's options as saved, read
+    again without the overrides (``load``: fairseq's reader) only where one is asked about."""
+    saved = {}
+
+    def saved_value(name):
+        if "cfg" not in saved:
+            saved["cfg"] = _saved_model_config(load(path, None))
+        return cfg_get(saved["cfg"], name, None)
+
+    options.trained_over(given_overrides(arg_overrides), saved_value, model_name, where)
+
+
 def reset_unmet_needs(state, arg_overrides, model_name):
     """Reset to its default each option saved on whose need an override takes away
     (:func:`~fairseq_alibi.options.needs_undone`), with a warning naming it: turning a saved
@@ -177,6 +190,7 @@ def guard_override_keys():
             options.check_override_values(given_overrides(arg_overrides), model_name, where)
             add_missing_options(state, arg_overrides, model_name)
             refuse_learned_over(state, arg_overrides, model_name, where)
+            refuse_trained_over(path, stock, arg_overrides, model_name, where)
             reset_unmet_needs(state, arg_overrides, model_name)
         return state
 

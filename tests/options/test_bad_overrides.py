@@ -158,6 +158,17 @@ def test_an_override_the_checkpoints_weights_contradict_is_named_to_drop():
         "it from --model-overrides (the checkpoint's weights hold what it was trained with)")
 
 
+def test_an_override_of_what_the_weights_learned_with_but_do_not_record_is_refused():
+    """Global tokens change what the encoder computes and no tensor records them: another
+    value at load computed what the weights never learned, silently; the saved one loads."""
+    assert refusal(ROBERTA, load_checkpoint_heads=True, alibi_global_tokens=1) == (
+        "this checkpoint was trained with --alibi-global-tokens 0; alibi_global_tokens in "
+        "--model-overrides builds --alibi-global-tokens 1: drop it from --model-overrides (the "
+        "weights learned with 0, which they do not record)")
+    _, cfg = load(ROBERTA, load_checkpoint_heads=True, alibi_global_tokens=0)
+    assert cfg.alibi_global_tokens == 0
+
+
 def test_another_familys_option_is_refused():
     assert refusal(LM, encoder_alibi_heads=2) == (
         "ALiBi option 'encoder_alibi_heads' in --model-overrides is alibi_transformer's, not "
