@@ -97,7 +97,7 @@ def scoring_cases(length, folder):
             trainer, task = build_trainer(folder, "alibi_transformer_lm", length, SCORED_DIMS,
                                           [*flags, "--alibi-learned-scales", scales])
             models[scales] = trainer.model.eval()
-            models[scales].load_state_dict(models["none"].state_dict(), strict=False)
+            models[scales].load_state_dict(models["none"].state_dict())
         tokens = random_batch(task, 1, length, seed=0)["net_input"]["src_tokens"]
         for scales, model in models.items():
             cases[(label, scales)] = forward_call(model, tokens)

@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 
 from fairseq_alibi.alibi import (VARIANTS, alibi_bias, document_alibi_bias, document_ids,
-                                 document_offsets, document_starts, length_factors, mask_value,
+                                 document_offsets, document_starts, length_factors, masked_with,
                                  variant_slopes, variant_windows, windowed_alibi_bias)
 from fairseq_alibi.modules.attention import documents as documents_split
 from fairseq_alibi.modules.attention.dispatch import CachedDocuments
@@ -35,8 +35,9 @@ class BiasCache:
 
     def __init__(self):
         self.factors_serial = 0  # never reset: a number no earlier factors had
-        # the values of a stack's learned parameters as its last forward pass read them: an
-        # optimizer changes them between passes without a version (fairseq's steps write p.data)
+        # the values of a stack's learned parameters as its last forward pass read them (None:
+        # not yet read in this pass): an optimizer changes them between passes without a
+        # version (fairseq's steps write p.data)
         self.learned_values = ()
         self.clear()
 
@@ -99,7 +100,7 @@ class BiasCache:
             if back is not None:  # masked after the cast, as windowed_alibi_bias does
                 reach = torch.tensor([float("inf") if w is None else w for w in back],
                                      device=m.device)
-                rows = rows.masked_fill(distances[None, :] > reach[:, None], mask_value(dtype))
+                rows = masked_with(rows, distances[None, :] > reach[:, None], dtype)
             self.rows, self.rows_key = rows, key
         return rows[:, None, rows.size(1) - key_len:]
 
@@ -171,10 +172,8 @@ class AlibiBias(torch.nn.Module):
         """Before a forward pass of the stack: where its ``tokens`` ``(B, N)`` hold ``</s>``
         (``eos``), from which each call's documents are found (:meth:`documents_of`); nothing
         without a document mask."""
-        learned = self._learned()
-        if learned:  # a few numbers (one sync per pass on a GPU)
-            self.cache.learned_values = tuple(
-                torch.cat([p.detach().reshape(-1) for p in learned]).tolist())
+        if self._learned():  # read when first asked this pass (:meth:`_learned_state`)
+            self.cache.learned_values = None
         if self.document_mask != "none":
             self.cache.eos = tokens.eq(eos)
 
@@ -244,11 +243,16 @@ class AlibiBias(torch.nn.Module):
 
     def _learned_state(self) -> tuple:
         """What says the learned parameters are unchanged: their versions (an in-place
-        change through autograd) and their values when the forward pass began
-        (:meth:`read_tokens`: an optimizer step writes ``p.data``, which no version counts).
-        Values, not the pass: a scoring run's passes share what they memoise."""
+        change through autograd) and their values, read once per forward pass where first
+        asked (:meth:`read_tokens`: an optimizer step writes ``p.data``, which no version
+        counts). Values, not the pass: a scoring run's passes share what they memoise."""
         learned = self._learned()
-        return (tuple(p._version for p in learned), self.cache.learned_values if learned else ())
+        if not learned:
+            return (), ()
+        if self.cache.learned_values is None:  # a few numbers; a GPU syncs once, where asked
+            self.cache.learned_values = tuple(
+                torch.cat([p.detach().reshape(-1) for p in learned]).tolist())
+        return tuple(p._version for p in learned), self.cache.learned_values
 
     def slopes_of(self, layer: Optional[int] = None) -> Tuple[Tensor, Optional[Tensor]]:
         """``(slopes, future_slopes)``, float32 ``(H,)``: ``slope_scale·s[layer]·m`` and

@@ -48,8 +48,10 @@ POLICY = [
     (Call(variant="causal", query_len=640, key_len=640, **CPU32), "fold"),
     # a bias of each layer's own (learned scales, a row per layer): sdpa would build it per
     # call; the bidirectional variants' two merged passes stay slower (docs/learned_scales.md)
+    (Call(variant="causal", query_len=128, key_len=128, per_layer=True, **CPU32), "sdpa"),
     (Call(variant="causal", query_len=256, key_len=256, per_layer=True, **CPU32), "fold"),
     (Call(variant="offset", query_len=512, key_len=512, per_layer=True, **CPU32), "sdpa"),
+    (Call(variant="offset", query_len=1024, key_len=1024, per_layer=True, **CPU32), "fold"),
     (Call(variant="one_sided", query_len=1024, key_len=1024, **CPU32), "fold"),
     (Call(variant="causal", query_len=1024, key_len=1024, grad=True, **CPU32), "fold"),
     (Call(variant="causal", query_len=1024, key_len=1024, dtype=torch.float64, device="cpu",
@@ -136,6 +138,8 @@ def test_auto_takes_compiled_flex_for_long_causal_sequences_on_cuda(call, flash_
 
 def test_policy_thresholds_are_the_documented_ones():
     assert tuning.FOLD_MIN_LENGTH == 640 and tuning.DENSE_MASK_BUDGET == 64 * MIB
+    assert (tuning.FOLD_PER_LAYER_MIN_LENGTH, tuning.FOLD_PER_LAYER_MERGED_MIN_LENGTH) == (
+        256, 1024)
     assert tuning.FLEX_MIN_LENGTH == 4096 and tuning.FLEX_MASKS_MIN_LENGTH == 2048
     assert tuning.FLEX_DOCUMENTS_MIN_LENGTH == 1024 and tuning.FLEX_MASKS_OTHERS_MIN_LENGTH == 4096
 

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from fairseq_alibi.alibi import document_mask, mask_value
+from fairseq_alibi.alibi import document_mask, mask_value, masked_with
 from fairseq_alibi.modules.attention.capabilities import Capabilities
 
 
@@ -35,17 +35,16 @@ def dense_mask(alibi, bsz, tgt_len, src_len, dtype, key_padding_mask, attn_mask)
         mask = mask.unsqueeze(0)
     documents = getattr(alibi, "documents", None)
     if documents is not None and documents.crossing:
-        mask = mask.masked_fill(document_mask(documents.ids, tgt_len), mask_value(dtype))
+        mask = masked_with(mask, document_mask(documents.ids, tgt_len), dtype)
     if attn_mask is not None:  # fairseq's (tgt, src) mask: bool (True = masked) or float
         if attn_mask.dtype == torch.bool:
-            mask = mask.masked_fill(attn_mask, mask_value(dtype))
+            mask = masked_with(mask, attn_mask, dtype)
         else:
             mask = mask + attn_mask.to(dtype).clamp(min=mask_value(dtype))
     if key_padding_mask is not None:
         # a (B, H, tgt, src) tensor only for batches that hold padding, as fairseq does too
-        mask = mask.masked_fill(
-            key_padding_mask.view(bsz, 1, 1, src_len).to(torch.bool), mask_value(dtype)
-        )
+        mask = masked_with(mask, key_padding_mask.view(bsz, 1, 1, src_len).to(torch.bool),
+                           dtype)
     return mask
 
 

@@ -335,8 +335,10 @@ def auto_backend(call: Call) -> str:
        the blocks they hide; the documents are masked there, not split).
     2. ``fold`` where it serves (CPU, float32/64, no KV cache, no dropout, no extra attn_mask)
        and either the variant is ``causal``/``one_sided`` with :data:`.tuning.FOLD_MIN_LENGTH`
-       keys or more or a bias of the layer's own (``call.per_layer``: ``sdpa`` would build
-       its dense mask per layer call), or the dense mask would exceed
+       keys or more, or the layer has a bias of its own (``call.per_layer``: ``sdpa`` would
+       build its dense mask per layer call) and :data:`.tuning.FOLD_PER_LAYER_MIN_LENGTH` keys
+       (:data:`.tuning.FOLD_PER_LAYER_MERGED_MIN_LENGTH` for the bidirectional variants), or
+       the dense mask would exceed
        :data:`.tuning.DENSE_MASK_BUDGET`, or learned slope scales need their gradient (a
        dense mask that needs a gradient makes ``sdpa`` keep a ``(B, H, T, S)`` tensor per
        layer: docs/learned_scales.md).
@@ -368,8 +370,11 @@ def auto_backend(call: Call) -> str:
     if serves("fold", call):
         if _dense_mask_bytes(call) > tuning.DENSE_MASK_BUDGET or call.scale_grad:
             return "fold"
-        if (call.variant not in fold.MERGED_VARIANTS
-                and (call.key_len >= tuning.FOLD_MIN_LENGTH or call.per_layer)):
+        merged = call.variant in fold.MERGED_VARIANTS
+        if not merged and call.key_len >= tuning.FOLD_MIN_LENGTH:
+            return "fold"
+        if call.per_layer and call.key_len >= (tuning.FOLD_PER_LAYER_MERGED_MIN_LENGTH if merged
+                                               else tuning.FOLD_PER_LAYER_MIN_LENGTH):
             return "fold"
     return "sdpa"
 

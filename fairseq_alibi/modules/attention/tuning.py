@@ -38,6 +38,15 @@ module imports nothing of the package: it is data.
 #: with windows")
 FOLD_MIN_LENGTH = 640
 
+#: the same where each layer has a dense bias of its own (learned scales with a row per layer,
+#: which ``sdpa`` builds per layer call): causal and one_sided attention folds from this many
+#: keys on (inference, 4 layers of 8 heads × 32, CPU, 1 thread: fold ÷ sdpa about 2 at 32-64
+#: keys, 1.2-1.3 at 128, below 1 from 256), the bidirectional variants' two merged passes from
+#: :data:`FOLD_PER_LAYER_MERGED_MIN_LENGTH` (slower at 256-512 keys, faster at 1,024-1,280).
+#: Read by ``dispatch.auto_backend``. docs/learned_scales.md, "Scoring speed"
+FOLD_PER_LAYER_MIN_LENGTH = 256
+FOLD_PER_LAYER_MERGED_MIN_LENGTH = 1024
+
 #: on CUDA, from this many keys on, causal attention over whole sequences in fp16/bf16 is faster
 #: with compiled ``flex`` than with ``sdpa``'s dense float bias (H100, bf16, forward+backward:
 #: flex ÷ sdpa 1.19-1.31 at D=64 and 1.24-1.38 at D=128 for 4096-8192 keys, 1.01-1.08 / 0.70 at

@@ -43,7 +43,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from fairseq_alibi.alibi import alibi_bias_between, mask_value, variant_windows
+from fairseq_alibi.alibi import alibi_bias_between, mask_value, masked_with, variant_windows
 from fairseq_alibi.modules.attention import dense, fold, tuning
 from fairseq_alibi.modules.attention.capabilities import Capabilities
 
@@ -500,7 +500,7 @@ def _prefix_queries(q, k, v, visible, slopes, future_slopes, variant, windows, g
     bias = alibi_bias_between(slopes, torch.arange(first, first + g), torch.arange(S), variant,
                               future_slopes, q.dtype, global_tokens, windows=windows,
                               sinks=sinks)
-    bias = bias[None].masked_fill(~visible[:, None, None, :S], mask_value(q.dtype))
+    bias = masked_with(bias[None], ~visible[:, None, None, :S], q.dtype)
     return F.scaled_dot_product_attention(q[:, :, :g], k[:, :, :S], v[:, :, :S], attn_mask=bias,
                                           scale=scale)
 
