@@ -141,10 +141,11 @@ def world_size_refusal(cfg, trainer, suffix: str) -> Optional[str]:
                f"{suffix_flag(suffix)}` first, which rewrites the position "
                "(docs/reliability.md), or pass --reset-dataloader to start the epoch over")
     else:
+        given = ("--continue-once" if cfg.restore_file == DEFAULT_RESTORE_FILE
+                 else "--restore-file")
         fix = ("pass --reset-dataloader to start the epoch over, or copy it as "
                f"{cfg.save_dir}/{last}, run `fairseq-alibi checkpoints set-world-size "
-               f"{cfg.save_dir} {workers}{suffix_flag(suffix)}` and resume without "
-               "--restore-file")
+               f"{cfg.save_dir} {workers}{suffix_flag(suffix)}` and resume without {given}")
     return (f"{path} was saved {saved[1]} batches into epoch {saved[2]} by {saved[0]} "
             f"worker(s), and this run has {workers}: fairseq counts that position in batches of "
             f"one worker, so the run would train on other batches than the one it continues; "

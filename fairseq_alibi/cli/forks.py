@@ -34,7 +34,7 @@ from fairseq_alibi.cli.checkpoint_io import (
     placeholder_dictionary,
 )
 from fairseq_alibi.config_access import architecture_of, cfg_get, cfg_set, plain_cfg
-from fairseq_alibi.models.checks import FORK_TASK_OPTIONS
+from fairseq_alibi.models.checks import FORK_ARCHITECTURES, FORK_TASK_OPTIONS
 from fairseq_alibi.options import model_wide_defaults
 
 SOURCES = ("stock", "press", "eify")
@@ -50,7 +50,7 @@ EIFY_MARKER_KEYS = tuple(k for k in EIFY_MODEL_KEYS if k != "mask_prob")
 #: task options only EIFY's fork writes
 EIFY_TASK_KEYS = FORK_TASK_OPTIONS
 #: EIFY architectures that stock fairseq does not have, and what they become
-EIFY_ARCHITECTURES = {"transformer_lm_alibi": "alibi_transformer_lm"}
+EIFY_ARCHITECTURES = {arch: target for arch, (_, target) in FORK_ARCHITECTURES.items()}
 #: RoBERTa architectures and their ALiBi counterparts (the sizes are in the saved config anyway)
 ROBERTA_ARCHITECTURES = {
     "roberta": "alibi_roberta", "roberta_base": "alibi_roberta_base",

@@ -669,7 +669,7 @@ def import_notes(config) -> list:
     if config["model_type"] != "mpt":
         return []
     notes, scale = [], config.get("logit_scale")
-    if scale is not None:
+    if scale is not None and scale != 1:  # 1: the same logits
         notes.append(f"note: config.json has logit_scale {scale!r}: MPT's own code multiplies "
                      "the logits by it, transformers does not, nor does this import (it "
                      "computes what transformers computes); its probabilities are the "

@@ -418,8 +418,9 @@ FORK_MODEL_OPTIONS = ("encoder_alibi", "decoder_alibi", "contrastive_pretraining
 #: the task option of EIFY's fork that stock tasks lack (a checkpoint saved with it, even with
 #: every option above off, fails in fairseq's task setup)
 FORK_TASK_OPTIONS = ("omit_mask",)
-#: the fork's architecture names that stock fairseq lacks (its causal ALiBi LM)
-FORK_ARCHITECTURES = {"transformer_lm": ("transformer_lm_alibi",)}
+#: the fork's architecture names that stock fairseq lacks (its causal ALiBi LM): the stock
+#: model each is registered under, and the package's architecture it converts to
+FORK_ARCHITECTURES = {"transformer_lm_alibi": ("transformer_lm", "alibi_transformer_lm")}
 
 
 def unconverted_fork_error(cfg, arch) -> ValueError:
@@ -440,8 +441,8 @@ def fork_architecture_error(cfg, arch) -> ValueError:
         return unconverted_fork_error(cfg, arch)
     return OneLineError(
         f"--arch {arch} is the architecture of EIFY's ALiBi fork, which stock fairseq does not "
-        f"have: train a new model with --arch alibi_transformer_lm (the fork's options: "
-        f"docs/migrating.md); a checkpoint of that fork is converted first with `fairseq-alibi "
+        f"have: train a new model with --arch {FORK_ARCHITECTURES[arch][1]} (the fork's "
+        f"options: docs/migrating.md); a checkpoint of that fork is converted first with `fairseq-alibi "
         f"convert --input CHECKPOINT --output CONVERTED.pt`")
 
 

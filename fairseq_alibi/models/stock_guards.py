@@ -70,12 +70,11 @@ def guard_stock_architectures():
             guarded.refuses_unconverted_forks = True
             guarded.__doc__, guarded.__name__ = original.__doc__, original.__name__
             ARCH_CONFIG_REGISTRY[arch] = guarded
-    for model, archs in FORK_ARCHITECTURES.items():
-        for arch in archs:
-            if arch in ARCH_CONFIG_REGISTRY:
-                continue
+    for arch, (model, _) in FORK_ARCHITECTURES.items():
+        if arch in ARCH_CONFIG_REGISTRY:
+            continue
 
-            def fork_architecture(cfg, _arch=arch):
-                raise fork_architecture_error(cfg, _arch)
+        def fork_architecture(cfg, _arch=arch):
+            raise fork_architecture_error(cfg, _arch)
 
-            register_model_architecture(model, arch)(fork_architecture)
+        register_model_architecture(model, arch)(fork_architecture)

@@ -167,12 +167,16 @@ def test_a_restore_file_that_names_no_file_stops_fairseq_train(tiny_lm_data, ali
     assert restore_file_refusal(str(tmp_path / "save" / "checkpoint_last.pt"), "_x") is None
     assert f"(read as {missing.parent / 'model_x.pt'}, with --checkpoint-suffix=_x)" in \
         restore_file_refusal(str(missing), "_x")
-    # --continue-once: read at a first launch only, as it is given
+
+
+def test_continue_once_is_checked_where_fairseq_reads_it(tmp_path):
+    """--continue-once: read at a first launch only, as it is given; the guards before
+    training refuse it missing and read it for the worker count."""
     from types import SimpleNamespace
 
-    from fairseq_alibi.train_guards import continue_once_refusal
+    from fairseq_alibi.train_guards import _restored_path, continue_once_refusal
 
-    save = tmp_path / "first"
+    save = tmp_path / "save"
     save.mkdir()
     cfg = SimpleNamespace(restore_file="checkpoint_last.pt", save_dir=str(save),
                           continue_once=str(tmp_path / "gone.pt"))
@@ -180,11 +184,14 @@ def test_a_restore_file_that_names_no_file_stops_fairseq_train(tiny_lm_data, ali
         f"--continue-once {tmp_path / 'gone.pt'}: no such file (from {os.getcwd()}); fairseq "
         "would train from a random initialisation. Give the path of the checkpoint to start "
         "from")
-    cfg.continue_once = str(missing)
+    (tmp_path / "pretrained.pt").touch()
+    cfg.continue_once = str(tmp_path / "pretrained.pt")
     assert continue_once_refusal(cfg, "") is None
+    assert _restored_path(cfg, "") == str(tmp_path / "pretrained.pt")
     cfg.continue_once = str(tmp_path / "gone.pt")
     (save / "checkpoint_last_x.pt").touch()  # a later launch resumes from its own
     assert continue_once_refusal(cfg, "_x") is None
+    assert _restored_path(cfg, "_x") == str(save / "checkpoint_last_x.pt")
 
 
 # row 10: a 0-byte checkpoint
