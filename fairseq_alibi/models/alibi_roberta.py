@@ -52,6 +52,7 @@ from fairseq_alibi.models.checks import (
     check_saved_stacks,
     check_tokens_per_sample,
     check_document_mask,
+    refuse_fork_flags,
     reject_other_dictionary,
 )
 from fairseq_alibi.models.architectures_and_limits import lift_task_length_limit
@@ -396,6 +397,7 @@ class AlibiRobertaModel(ScalesFollowPrunedLayers, RobertaModel):
                                  "learned-clap and zero-clap models); stock RoBERTa has one")
         options.add_args(parser, options.StackOptions, options.ENCODER)
         options.add_args(parser, RobertaOptions, None)
+        refuse_fork_flags(parser, "alibi_roberta")
 
     @classmethod
     def build_model(cls, args, task):

@@ -65,7 +65,7 @@ from fairseq_alibi.models.architectures_and_limits import (
 )
 from fairseq_alibi.models.checks import (check_attention_heads, check_document_mask,
                                           check_saved_sizes, check_saved_stacks,
-                                          reject_other_dictionary)
+                                          refuse_fork_flags, reject_other_dictionary)
 from fairseq_alibi.models.layer_pruning import ScalesFollowPrunedLayers
 from fairseq_alibi.modules.checkpoint_match import mismatch
 from fairseq_alibi.modules.cross_position import CrossPositionAttention, LongestSource
@@ -160,6 +160,7 @@ class AlibiTransformerModel(ScalesFollowPrunedLayers, TransformerModel):
         TransformerModel.add_args(parser)
         options.add_args(parser, options.StackOptions, *SIDES.values())
         options.add_args(parser, options.CrossOptions, None)
+        refuse_fork_flags(parser, MODEL_NAME)
 
     @classmethod
     def build_model(cls, args, task):

@@ -32,6 +32,7 @@ from fairseq_alibi.models.checks import (
     check_saved_stacks,
     check_tokens_per_sample,
     check_document_mask,
+    refuse_fork_flags,
     refuse_position_embedding_flags,
     reject_other_dictionary,
     reject_position_embeddings,
@@ -128,6 +129,7 @@ class AlibiTransformerLanguageModel(ScalesFollowPrunedLayers, TransformerLanguag
     def add_args(cls, parser):
         super().add_args(parser)
         refuse_position_embedding_flags(parser, MODEL_NAME)
+        refuse_fork_flags(parser, MODEL_NAME)
 
     @classmethod
     def from_pretrained(cls, model_name_or_path, checkpoint_file="model.pt",

@@ -238,6 +238,41 @@ def refuse_position_embedding_flags(parser, model_name, flags=None):
         )
 
 
+#: EIFY's fork's command-line flags, by the model that replaces the fork's, and what to give
+#: instead (docs/migrating.md): each is a one-line error naming it (:func:`refuse_fork_flags`)
+FORK_FLAGS = {
+    "alibi_transformer_lm": {"--decoder-alibi": "alibi_transformer_lm is ALiBi already, drop "
+                                                 "it"},
+    "alibi_roberta": {
+        "--encoder-alibi": "give --alibi-variant symmetric (with the fork's "
+                           "--encoder-alibi-asymmetrical: --alibi-variant offset)",
+        "--encoder-alibi-asymmetrical": "give --alibi-variant offset",
+        "--contrastive-pretraining": "give --mlm-head clap",
+        "--zero-masking": "give --zero-mask-embedding (with the fork's --omit-mask: "
+                          "--embedding-omits-mask too)",
+        "--omit-mask": "give --embedding-omits-mask with --zero-mask-embedding",
+    },
+    "alibi_transformer": {
+        "--encoder-alibi": "give --encoder-alibi-variant symmetric (with the fork's "
+                           "--encoder-alibi-asymmetrical: --encoder-alibi-variant offset)",
+        "--encoder-alibi-asymmetrical": "give --encoder-alibi-variant offset",
+        "--decoder-alibi": "give --decoder-alibi-variant causal",
+    },
+}
+
+
+def refuse_fork_flags(parser, model_name):
+    """Make the EIFY fork's flags (:data:`FORK_FLAGS`) a one-line error naming what replaces
+    each on ``model_name``'s parser, where argparse would only say "unrecognized arguments"
+    (a flag another part of fairseq declares is left to it)."""
+    taken = {flag for action in parser._actions for flag in action.option_strings}
+    for flag, fix in FORK_FLAGS.get(model_name, {}).items():
+        if flag not in taken:
+            parser.add_argument(flag, action=_RefusedFlag, help=argparse.SUPPRESS,
+                                reason=f"a flag of EIFY's ALiBi fork; {fix} "
+                                       "(docs/migrating.md)")
+
+
 def refuse_position_embedding_options(model_cfg):
     """The hydra counterpart of :func:`refuse_position_embedding_flags`: a one-line error when
     the model config of a training run (``model:`` of a ``fairseq-hydra-train`` config, with its

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from fairseq_alibi.options import OptionError
-from tests.helpers.building import build_model
+from tests.helpers.building import build_model, training_config
 from tests.helpers.checkpoints import saved_in_process
 from tests.helpers.cli import REPO, last_line, run_cli
 from tests.helpers.training import MODELS
@@ -110,6 +110,20 @@ def test_position_embedding_flag_is_refused(tiny_lm_data, capsys):
     assert error.endswith("error: argument --decoder-learned-pos: alibi_transformer_lm has no "
                           "position embeddings (the ALiBi bias replaces them); drop "
                           "--decoder-learned-pos, or train a stock model for learned positions")
+
+
+@pytest.mark.parametrize("model, flag, fix", [
+    (MODELS["lm"], "--decoder-alibi", "alibi_transformer_lm is ALiBi already, drop it"),
+    (MODELS["encoder"], "--encoder-alibi-asymmetrical", "give --alibi-variant offset"),
+    (["--task", "translation", "--arch", "alibi_transformer"], "--decoder-alibi",
+     "give --decoder-alibi-variant causal"),
+])
+def test_the_forks_flags_name_what_replaces_them(model, flag, fix, tiny_lm_data, capsys):
+    """Not argparse's bare "unrecognized arguments" for a fork user's old command line."""
+    with pytest.raises(SystemExit):
+        training_config([tiny_lm_data, *model, flag])
+    assert last_line(capsys.readouterr().err).endswith(
+        f"error: argument {flag}: a flag of EIFY's ALiBi fork; {fix} (docs/migrating.md)")
 
 
 def test_saved_learned_pos_field_still_loads(tiny_lm_data, tmp_path):

@@ -30,7 +30,8 @@ def test_every_flag_of_the_page_is_a_flag_of_its_model(model):
         gen_parser_from_dataclass(parser, cls.__dataclass())
     else:
         cls.add_args(parser)
-    accepted = {flag for action in parser._actions for flag in action.option_strings}
+    accepted = {flag for action in parser._actions for flag in action.option_strings
+                if action.help != argparse.SUPPRESS}  # hidden: a refusal (the forks' flags)
     sides = [side for family, side in options.FAMILIES if family.split()[0] == model]
     listed = {options.flag_of(f, side.prefix) for side in sides
               for f in options.option_fields(options.StackOptions)
