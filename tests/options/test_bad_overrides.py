@@ -312,6 +312,24 @@ def test_a_hydra_configs_misspelt_model_key_is_refused():
     assert cfg.model.alibi_variant == "offset"
 
 
+def test_a_hydra_config_with_the_forks_keys_is_refused_naming_what_replaces_them():
+    """A fork user's config: the legacy model's section took EIFY's keys and ignored them, so
+    a zero-clap config trained a plain offset encoder with RoBERTa's head, without a word."""
+    for family, name, key, fix in (
+            ("mlm", "wikitext103_alibi", "+model.contrastive_pretraining=true",
+             "give model.mlm_head clap"),
+            ("mlm", "wikitext103_alibi", "+task.omit_mask=true", "give "
+             "model.embedding_omits_mask with model.zero_mask_embedding"),
+            ("translation", "iwslt14_de_en_alibi", "+model.decoder_alibi=true",
+             "give model.decoder_alibi_variant causal")):
+        with pytest.raises(SystemExit) as refused:
+            start_job(family, name, key)
+        group, field = key[1:].split("=")[0].split(".")
+        assert str(refused.value).endswith(
+            f"error: {group}.{field} is a key of EIFY's ALiBi fork, which this model would "
+            f"ignore; {fix} (docs/migrating.md)"), str(refused.value)
+
+
 def test_a_hydra_configs_bad_alibi_value_is_refused_in_one_line():
     # hydra composes these; fairseq would merge them into the model inside the job, where
     # omegaconf (a misspelt choice) or the model's build (a rule) fails with a traceback
