@@ -21,7 +21,6 @@ Stock ``from_pretrained`` (``fairseq.hub_utils``) has four surprises for ALiBi c
 import logging
 import os
 import pickle
-import zipfile
 from typing import Dict, Iterable, Optional
 
 import torch
@@ -33,6 +32,7 @@ from fairseq_alibi.error_hints import (CheckpointMismatchError, OneLineError, hi
                                        raised_by_plugin)
 from fairseq_alibi.models.override_keys import overrides_named
 from fairseq_alibi.options import keyword_names
+from fairseq_alibi.safe_loading import read_mapped
 
 logger = logging.getLogger(__name__)
 
@@ -105,15 +105,9 @@ def check_model_class(model, expected_class, expected_name: str, checkpoint: str
 
 
 def _read_on_error(checkpoint: str) -> Optional[dict]:
-    """``checkpoint`` read again, only on an error path (memory-mapped where the file allows
-    it), or ``None`` where it cannot be read: then the caller's error stands."""
-    if not os.path.isfile(checkpoint):
-        return None
-    try:
-        state = torch.load(checkpoint, map_location="cpu", mmap=zipfile.is_zipfile(checkpoint))
-    except Exception:  # noqa: BLE001
-        return None
-    return state if isinstance(state, dict) else None
+    """``checkpoint`` read again, only on an error path, or ``None`` where it cannot be read:
+    then the caller's error stands (:func:`~fairseq_alibi.safe_loading.read_mapped`)."""
+    return read_mapped(checkpoint) if os.path.isfile(checkpoint) else None
 
 
 def refuse_unconverted_press_file(checkpoint: str):

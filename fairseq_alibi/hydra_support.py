@@ -45,8 +45,9 @@ from omegaconf import OmegaConf
 
 import fairseq_alibi  # noqa: F401  (registers the models, so fairseq fills their defaults)
 from fairseq_alibi import error_hints, options
-from fairseq_alibi.models.checks import FORK_FLAGS, refuse_position_embedding_options
-from fairseq_alibi.models.override_keys import check_model_config_keys, model_name_of_config
+from fairseq_alibi.models.checks import refuse_position_embedding_options
+from fairseq_alibi.models.override_keys import (check_model_config_keys, model_name_of_config,
+                                                refuse_fork_keys)
 from fairseq_alibi.paths import user_dir
 
 #: the resolver the shipped configs use for ``common.user_dir``
@@ -75,8 +76,10 @@ class RegisterFairseqAlibi(Callback):
             if model_cfg is None:
                 return
             refuse_position_embedding_options(model_cfg)
-            refuse_fork_keys(config, model_cfg)
             check_model_config_keys(model_cfg, "the config's model")
+            task_cfg = config.get("task")  # the fork's omit_mask is a task key
+            refuse_fork_keys(list(task_cfg.keys()) if hasattr(task_cfg, "keys") else [],
+                             model_name_of_config(model_cfg), "the config's task")
             check_model_config_values(model_cfg, "the config's model")
         except ValueError as e:
             raise SystemExit(_error_line(e, config)) from None
@@ -154,21 +157,6 @@ def _group_keys(config, group: str) -> set:
     if group == "model":
         keys |= set(options.family_option_names(model_name_of_config(node)))
     return keys
-
-
-def refuse_fork_keys(config, model_cfg):
-    """Refuse a key of EIFY's fork in the config's model or task (a fork user's config): the
-    package's models would ignore it and train what the config did not ask for; the line names
-    what replaces it (:data:`~fairseq_alibi.models.checks.FORK_FLAGS`; the error line names
-    the flags by their keys)."""
-    fixes = FORK_FLAGS.get(model_name_of_config(model_cfg), {})
-    for group in ("model", "task"):
-        section = config.get(group)
-        for key in (section.keys() if hasattr(section, "keys") else ()):
-            fix = fixes.get("--" + str(key).replace("_", "-"))
-            if fix is not None:
-                raise ValueError(f"{group}.{key} is a key of EIFY's ALiBi fork, which this "
-                                 f"model would ignore; {fix} (docs/migrating.md)")
 
 
 def check_restore_file(config):

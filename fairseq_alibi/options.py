@@ -28,9 +28,10 @@ Adding a field to :class:`StackOptions` adds the option to every family and side
 * ``off``: the values that leave the option off (default: the field's default);
 * ``model_wide``: declared once per model under ``alibi_`` and shared by its stacks (the
   attention backend, the run-time slope scale);
-* ``trained_only``: what the weights learned with and cannot show (no tensor records it), so a
-  load-time override of another value than the checkpoint's is refused
-  (:func:`trained_over`): the model would compute what it never learned, without a word.
+* ``trained_only``: what the weights learned with, which a load-time override must not change
+  (:func:`trained_over`: refused at another value than the checkpoint's), where not every
+  change shows in the tensors (offset and symmetric share Press's slopes; global tokens
+  leave no trace): the model would compute what it never learned, without a word.
 
 What involves a context (the head count, the model's stock options) is a short rule in the
 declaration's ``check``, stated once.
@@ -837,11 +838,11 @@ def trained_over(given: Dict[str, object], saved: Callable[[str], object], model
                 was = default if value is None else value
                 wanted = _override_typed(_base_type(kind), given[name])
                 if str(wanted) != str(was):
-                    flag = "--" + name.replace("_", "-")
+                    flag = flag_of(f, side.prefix if side else "")
                     raise OptionError(
                         f"this checkpoint was trained with {flag} {was}; {name} in {where} "
                         f"builds {flag} {wanted}: drop it from {where} (the weights learned "
-                        f"with {was}, which they do not record)")
+                        "what it was trained with)")
 
 
 def needs_undone(given: Dict[str, object], saved: Callable[[str], object],

@@ -9,6 +9,7 @@ harmless classes found in fairseq checkpoints are added to its allow-list
 """
 
 import argparse
+from typing import Optional
 
 import numpy as np
 import torch
@@ -68,3 +69,16 @@ def allow_fairseq_checkpoints():
     add = getattr(torch.serialization, "add_safe_globals", None)
     if add is not None:  # torch < 2.4 loads everything anyway
         add(SAFE_CHECKPOINT_GLOBALS)
+
+
+def read_mapped(path) -> Optional[dict]:
+    """The checkpoint at ``path`` read for what it says (its config, position, ...): with the
+    safe loader, memory-mapped where the file is a zip archive (the tensors are not read); None
+    where it cannot be read or is no dict, so that the caller's own error stands."""
+    import zipfile
+
+    try:
+        state = torch.load(path, map_location="cpu", mmap=zipfile.is_zipfile(path))
+    except Exception:  # noqa: BLE001 - a reader of what a file says never replaces the error
+        return None
+    return state if isinstance(state, dict) else None

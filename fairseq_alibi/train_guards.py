@@ -112,10 +112,10 @@ def saved_workers(state) -> Tuple[int, int]:
 def _saved_position(path: str):
     """``(workers, batches into the epoch, epoch)`` the checkpoint at ``path`` was saved at, or
     None where it cannot say (unreadable: fairseq's own load reports that; model-parallel)."""
-    import torch
+    from fairseq_alibi.safe_loading import read_mapped
 
+    state = read_mapped(path)
     try:
-        state = torch.load(path, map_location="cpu", mmap=True)  # the tensors are not read
         position = state["extra_state"]["train_iterator"]
         workers, parallel = saved_workers(state)
     except Exception:  # noqa: BLE001 - a guard never replaces fairseq's own error

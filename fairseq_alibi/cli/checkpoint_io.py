@@ -143,7 +143,8 @@ def refuse_unconverted_fork(state, path):
     if model_cfg is None:
         return
     arch = architecture_of(model_cfg)
-    if arch in checks.FORK_ARCHITECTURES or any(cfg_get(model_cfg, k) for k in checks.FORK_MODEL_OPTIONS):
+    if arch in checks.FORK_ARCHITECTURES or any(cfg_get(model_cfg, k)
+                                                for k in checks.FORK_MODEL_OPTIONS):
         raise ConversionError(f"{path}: {checks.unconverted_fork_error(model_cfg, arch)}")
     task_cfg = cfg_get(state.get("cfg"), "task")
     found = [k for k in checks.FORK_TASK_OPTIONS if cfg_get(task_cfg, k) is not None]

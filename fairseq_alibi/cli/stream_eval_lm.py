@@ -32,7 +32,8 @@ import torch
 
 from fairseq_alibi.cli.checkpoint_io import not_a_language_model
 from fairseq_alibi.config_access import overrides_dict
-from fairseq_alibi.error_hints import raised_by_plugin, translation_dictionaries
+from fairseq_alibi.error_hints import (overrides_not_a_dict, raised_by_plugin,
+                                       translation_dictionaries)
 from fairseq_alibi.modules.streaming import stream_states, streamed_attentions
 from fairseq_alibi.paths import user_dir
 
@@ -150,8 +151,7 @@ def load_models(cfg, task):
     paths = cfg.common_eval.path.split(":")
     overrides = overrides_dict(cfg.common_eval.model_overrides)  # read, never run
     if overrides is None:
-        raise StreamError(f"--model-overrides {cfg.common_eval.model_overrides}: not a Python "
-                          "dict of option names, e.g. \"{'alibi_window_cutoff': 8}\"")
+        raise StreamError(overrides_not_a_dict(cfg.common_eval.model_overrides))
     try:
         models, _, task = checkpoint_utils.load_model_ensemble_and_task(
             paths, arg_overrides=overrides,

@@ -124,7 +124,8 @@ def read_pairs(cfg, data, subset: str):
         if "Could not infer language pair" not in str(exc):
             raise
         raise WindowsInputError(f"DATA {data}: no translation data there (no "
-                                "dict.<src>.txt and dict.<tgt>.txt); give the folder "
+                                "<split>.<src>-<tgt>.* files, from which fairseq finds the "
+                                "languages of a model saved without them); give the folder "
                                 "fairseq-preprocess wrote for this translation model") from None
     try:
         task.load_dataset(subset)

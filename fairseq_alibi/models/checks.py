@@ -477,8 +477,8 @@ def fork_architecture_error(cfg, arch) -> ValueError:
     return OneLineError(
         f"--arch {arch} is the architecture of EIFY's ALiBi fork, which stock fairseq does not "
         f"have: train a new model with --arch {FORK_ARCHITECTURES[arch][1]} (the fork's "
-        f"options: docs/migrating.md); a checkpoint of that fork is converted first with `fairseq-alibi "
-        f"convert --input CHECKPOINT --output CONVERTED.pt`")
+        f"options: docs/migrating.md); a checkpoint of that fork is converted first with "
+        f"`fairseq-alibi convert --input CHECKPOINT --output CONVERTED.pt`")
 
 
 #: what only Press's ALiBi fork writes into a ``transformer_lm`` model config: its decoder sizes

@@ -34,12 +34,15 @@ models' section (``alibi_roberta``, ``alibi_transformer``) takes any key.
 
 import contextlib
 import contextvars
+from collections.abc import Mapping
 import functools
 import logging
 
 from fairseq_alibi import options
 from fairseq_alibi.config_access import cfg_get, cfg_set
 from fairseq_alibi.error_hints import OneLineError, overrides_not_a_dict
+from fairseq_alibi.models.checks import FORK_FLAGS
+from fairseq_alibi.safe_loading import read_mapped
 from fairseq_alibi.modules.checkpoint_match import loading_with_overrides
 
 logger = logging.getLogger(__name__)
@@ -62,9 +65,22 @@ def model_name_of(state) -> str:
     return None if model_cfg is None else model_name_of_config(model_cfg)
 
 
+def refuse_fork_keys(keys, model_name, where: str):
+    """A key of EIFY's fork among ``keys`` (``where``: the overrides, or a config's section),
+    which the model ``model_name`` would ignore, refused naming what replaces it
+    (:data:`~fairseq_alibi.models.checks.FORK_FLAGS`)."""
+    fixes = FORK_FLAGS.get(model_name, {})
+    for key in keys:
+        fix = fixes.get("--" + str(key).replace("_", "-"))
+        if fix is not None:
+            raise OneLineError(f"{key} in {where} is an option of EIFY's ALiBi fork, which this "
+                               f"model would ignore; {fix} (docs/migrating.md)")
+
+
 def check_keys(keys, model_name, where: str = "--model-overrides"):
     """:func:`~fairseq_alibi.options.check_override_keys`, refusing as a :class:`OneLineError`
-    (printed as its one line, without the traceback)."""
+    (printed as its one line, without the traceback), and :func:`refuse_fork_keys`."""
+    refuse_fork_keys(keys, model_name, where)
     try:
         options.check_override_keys(keys, model_name, where)
     except ValueError as e:
@@ -119,17 +135,28 @@ def refuse_learned_over(state, arg_overrides, model_name, where):
                              lambda name: cfg_get(model_cfg, name, None), model_name, where)
 
 
-def refuse_trained_over(path, load, arg_overrides, model_name, where):
-    """:func:`~fairseq_alibi.options.trained_over` on the checkpoint's options as saved, read
-    again without the overrides (``load``: fairseq's reader) only where one is asked about."""
+def refuse_trained_over(path, arg_overrides, model_name, where):
+    """:func:`~fairseq_alibi.options.trained_over` on the checkpoint's options as saved (fairseq
+    has merged the overrides into the loaded config), read again from the file, memory-mapped,
+    only where one is asked about."""
     saved = {}
 
     def saved_value(name):
         if "cfg" not in saved:
-            saved["cfg"] = _saved_model_config(load(path, None))
+            state = read_mapped(path)
+            if state is None:  # not a local file the safe loader reads: nothing to compare
+                raise _Unread
+            saved["cfg"] = _saved_model_config(state)
         return cfg_get(saved["cfg"], name, None)
 
-    options.trained_over(given_overrides(arg_overrides), saved_value, model_name, where)
+    try:
+        options.trained_over(given_overrides(arg_overrides), saved_value, model_name, where)
+    except _Unread:
+        pass
+
+
+class _Unread(Exception):
+    """The checkpoint's saved options cannot be read again (:func:`refuse_trained_over`)."""
 
 
 def reset_unmet_needs(state, arg_overrides, model_name):
@@ -190,7 +217,7 @@ def guard_override_keys():
             options.check_override_values(given_overrides(arg_overrides), model_name, where)
             add_missing_options(state, arg_overrides, model_name)
             refuse_learned_over(state, arg_overrides, model_name, where)
-            refuse_trained_over(path, stock, arg_overrides, model_name, where)
+            refuse_trained_over(path, arg_overrides, model_name, where)
             reset_unmet_needs(state, arg_overrides, model_name)
         return state
 
@@ -200,7 +227,7 @@ def guard_override_keys():
 
     @functools.wraps(ensemble)
     def load_model_ensemble_and_task(filenames, arg_overrides=None, *args, **kwargs):
-        if arg_overrides is not None and not isinstance(arg_overrides, dict):
+        if arg_overrides is not None and not isinstance(arg_overrides, Mapping):
             raise OneLineError(overrides_not_a_dict(arg_overrides, _NAMED.get()))
         # the build that follows the load: a mismatch an override causes names the override
         with loading_with_overrides(override_keys(arg_overrides or {}), _NAMED.get()):

@@ -460,6 +460,8 @@ def test_mpt_settings_transformers_ignores_are_noted_and_the_import_is_transform
     plain, noted = (torch.load(tmp_path / f"{name}_fs" / "checkpoint.pt", weights_only=False)
                     ["model"] for name in ("plain", "noted"))
     assert all(torch.equal(plain[k], noted[k]) for k in plain)  # what transformers computes
+    for same in (1, 1.0):  # the same logits: no note
+        assert hf.import_notes({"model_type": "mpt", "logit_scale": same}) == []
 
 
 def test_bad_input_is_one_line_and_writes_nothing(tmp_path, capsys):

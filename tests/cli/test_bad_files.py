@@ -188,6 +188,19 @@ def test_continue_once_is_checked_where_fairseq_reads_it(tmp_path):
     cfg.continue_once = str(tmp_path / "pretrained.pt")
     assert continue_once_refusal(cfg, "") is None
     assert _restored_path(cfg, "") == str(tmp_path / "pretrained.pt")
+    # saved mid-epoch by two workers, continued by one: the line names the flag that gave it
+    import torch
+
+    from fairseq_alibi.train_guards import world_size_refusal
+
+    torch.save({"cfg": {"distributed_training": {"distributed_world_size": 2}, "common": {}},
+                "extra_state": {"train_iterator": {"iterations_in_epoch": 5, "epoch": 1}}},
+               tmp_path / "pretrained.pt")
+    cfg.reset_dataloader = False
+    refused = world_size_refusal(cfg, SimpleNamespace(data_parallel_world_size=1), "")
+    assert refused.startswith(f"{tmp_path / 'pretrained.pt'} was saved 5 batches into epoch 1 "
+                              "by 2 worker(s), and this run has 1")
+    assert refused.endswith("and resume without --continue-once")
     cfg.continue_once = str(tmp_path / "gone.pt")
     (save / "checkpoint_last_x.pt").touch()  # a later launch resumes from its own
     assert continue_once_refusal(cfg, "_x") is None

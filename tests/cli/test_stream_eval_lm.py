@@ -120,7 +120,8 @@ def test_bad_input_is_one_line_naming_the_fix(trained_lm_checkpoint, tiny_lm_dat
         ((tiny_lm_data, trained_lm_checkpoint, "--model-overrides",
           "{'alibi_window_cutof': 8}"), "did you mean 'alibi_window_cutoff'"),
         ((tiny_lm_data, trained_lm_checkpoint, "--model-overrides", "alibi_window_cutoff=8"),
-         "--model-overrides alibi_window_cutoff=8: not a Python dict of option names"),
+         "--model-overrides takes a Python dict of option names, e.g. \"{'alibi_window_cutoff': "
+         "8}\" (quoted for the shell), got alibi_window_cutoff=8"),
     ]
     for args, message in cases:
         out = stream(*args, expect_ok=False)

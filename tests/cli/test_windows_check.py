@@ -697,9 +697,9 @@ def test_a_translation_models_windows_are_judged_on_its_targets(translation_data
     (tmp_path / "lm" / "dict.txt").write_text("a 1\n")
     cfg.task.source_lang = cfg.task.target_lang = None
     with pytest.raises(WindowsInputError, match=re.escape(
-            f"DATA {tmp_path / 'lm'}: no translation data there (no dict.<src>.txt and "
-            "dict.<tgt>.txt); give the folder fairseq-preprocess wrote for this translation "
-            "model")):
+            f"DATA {tmp_path / 'lm'}: no translation data there (no <split>.<src>-<tgt>.* "
+            "files, from which fairseq finds the languages of a model saved without them); "
+            "give the folder fairseq-preprocess wrote for this translation model")):
         read_pairs(cfg, tmp_path / "lm", "valid")
 
 

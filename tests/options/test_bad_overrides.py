@@ -158,15 +158,34 @@ def test_an_override_the_checkpoints_weights_contradict_is_named_to_drop():
         "it from --model-overrides (the checkpoint's weights hold what it was trained with)")
 
 
-def test_an_override_of_what_the_weights_learned_with_but_do_not_record_is_refused():
-    """Global tokens change what the encoder computes and no tensor records them: another
-    value at load computed what the weights never learned, silently; the saved one loads."""
-    assert refusal(ROBERTA, load_checkpoint_heads=True, alibi_global_tokens=1) == (
-        "this checkpoint was trained with --alibi-global-tokens 0; alibi_global_tokens in "
-        "--model-overrides builds --alibi-global-tokens 1: drop it from --model-overrides (the "
-        "weights learned with 0, which they do not record)")
-    _, cfg = load(ROBERTA, load_checkpoint_heads=True, alibi_global_tokens=0)
-    assert cfg.alibi_global_tokens == 0
+@pytest.mark.parametrize("path, extra, key, saved, given", [
+    # no tensor records global tokens (saved before the option existed: its default, 0)
+    (ROBERTA, {"load_checkpoint_heads": True}, "alibi_global_tokens", 0, 1),
+    # offset and symmetric share Press's slopes: the encoder side loaded the other, silently
+    (TRANSLATION, {}, "encoder_alibi_variant", "offset", "symmetric"),
+    (TRANSLATION, {}, "decoder_alibi_variant", "causal", "none"),
+])
+def test_an_override_of_what_the_weights_learned_with_is_refused(path, extra, key, saved,
+                                                                 given):
+    """Another value at load computed what the weights never learned; the saved one loads."""
+    flag = "--" + key.replace("_", "-")
+    assert refusal(path, **extra, **{key: given}) == (
+        f"this checkpoint was trained with {flag} {saved}; {key} in --model-overrides builds "
+        f"{flag} {given}: drop it from --model-overrides (the weights learned what it was "
+        "trained with)")
+    _, cfg = load(path, **extra, **{key: saved})
+    assert str(getattr(cfg, key)) == str(saved)
+
+
+def test_overrides_of_any_mapping_load():
+    """A script's OmegaConf node of overrides is a mapping as a dict is (the refusal of a value
+    that is no dict, e.g. "[1, 2]", is for other Python values only)."""
+    from omegaconf import OmegaConf
+
+    models, cfg, _ = checkpoint_utils.load_model_ensemble_and_task(
+        [str(LM)], arg_overrides=OmegaConf.create({"data": str(FIXTURES),
+                                                   "alibi_window_cutoff": 8.0}))
+    assert cfg.model.alibi_window_cutoff == 8.0
 
 
 def test_another_familys_option_is_refused():
@@ -326,8 +345,13 @@ def test_a_hydra_config_with_the_forks_keys_is_refused_naming_what_replaces_them
             start_job(family, name, key)
         group, field = key[1:].split("=")[0].split(".")
         assert str(refused.value).endswith(
-            f"error: {group}.{field} is a key of EIFY's ALiBi fork, which this model would "
-            f"ignore; {fix} (docs/migrating.md)"), str(refused.value)
+            f"error: {field} in the config's {group} is an option of EIFY's ALiBi fork, which "
+            f"this model would ignore; {fix} (docs/migrating.md)"), str(refused.value)
+    # a load-time override alike (the hub, --model-overrides)
+    assert refusal(ROBERTA, load_checkpoint_heads=True, zero_masking=True) == (
+        "zero_masking in --model-overrides is an option of EIFY's ALiBi fork, which this model "
+        "would ignore; give --zero-mask-embedding (with the fork's --omit-mask: "
+        "--embedding-omits-mask too) (docs/migrating.md)")
 
 
 def test_a_hydra_configs_bad_alibi_value_is_refused_in_one_line():

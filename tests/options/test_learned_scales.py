@@ -266,6 +266,16 @@ def test_the_bias_and_windows_follow_scales_an_optimizer_changes(lm_data, attent
         assert torch.equal(lm(tokens)[0], after)
     assert cache.bias is kept[0] and cache.windows is kept[1]
     assert attention == "windowed" or kept[0] is not None  # auto reads a dense bias here
+    # a training pass reads the values only where asked: with windows, once; else never (no
+    # sync of a GPU each step for a memo that a bias with a gradient does not use)
+    lm.train()
+    lm(tokens)[0].sum().backward()
+    assert cache.learned_values is not None
+    unwindowed, _ = build_model("lm", lm_data, "--alibi-learned-scales", "per_head",
+                                "--alibi-attention", attention)
+    unwindowed.train()
+    unwindowed(tokens)[0].sum().backward()
+    assert unwindowed.decoder.alibi.cache.learned_values is None
 
 
 # ------------------------------------------------------------------ checkpoints
