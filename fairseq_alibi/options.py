@@ -253,7 +253,8 @@ class StackOptions(FairseqDataclass):
     learned_scales: ChoiceEnum(SCALE_MODES) = field(default="none", metadata={
         "help": "learn a multiplier of the ALiBi slopes (data2vec 2.0's learned alibi scale): "
                 "none (fixed slopes), shared (one), per_head, per_layer, per_layer_head; saved "
-                "with the model (docs/learned_scales.md)", "needs": _SHAPES_THE_BIAS})
+                "with the model (docs/learned_scales.md)", "needs": _SHAPES_THE_BIAS,
+        "trained_only": True})
     scale_init: float = field(default=1.0, metadata={
         "help": "initial value of the learned slope scales (with none: a fixed multiplier); "
                 "must be positive, 1.0 = Press et al.'s slopes", "check": _scale_init,

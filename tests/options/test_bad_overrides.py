@@ -164,6 +164,8 @@ def test_an_override_the_checkpoints_weights_contradict_is_named_to_drop():
     # offset and symmetric share Press's slopes: the encoder side loaded the other, silently
     (TRANSLATION, {}, "encoder_alibi_variant", "offset", "symmetric"),
     (TRANSLATION, {}, "decoder_alibi_variant", "causal", "none"),
+    # scales of 1.0 on fixed slopes: the same function, but no model that was trained
+    (LM, {}, "alibi_learned_scales", "none", "per_head"),
 ])
 def test_an_override_of_what_the_weights_learned_with_is_refused(path, extra, key, saved,
                                                                  given):
