@@ -393,7 +393,7 @@ def check_tokens_per_sample(args):
     """A clear error for ``--tokens-per-sample`` below 1, which fairseq divides by later."""
     value = safe_getattr(args, "tokens_per_sample", None)
     if isinstance(value, int) and value < 1:
-        raise ValueError(
+        raise OptionError(  # its one line, without the traceback
             f"--tokens-per-sample must be at least 1 (the tokens in one training block), got "
             f"{value}; ALiBi models train at any length, e.g. --tokens-per-sample 512"
         )
