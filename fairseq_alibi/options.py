@@ -825,11 +825,11 @@ def learned_over(given: Dict[str, object], saved: Callable[[str], object], model
                     f"(alibi_slope_scale scales every slope at load time)")
 
 
-def trained_over(given: Dict[str, object], saved: Callable[[str], object], model_name: str,
-                 where: str = "--model-overrides"):
-    """An :class:`OptionError` for a load-time override in ``given`` of an option declared
-    ``trained_only`` to another value than the checkpoint's (``saved``: its config before the
-    overrides; ``None``: saved before the option existed, i.e. its default)."""
+def trained_change(given: Dict[str, object], saved: Callable[[str], object],
+                   model_name: str) -> Optional[Tuple[str, str, object, object]]:
+    """``(flag, name, saved value, given value)`` of the first option declared
+    ``trained_only`` that ``given`` sets to another value than the checkpoint's (``saved``;
+    ``None``: saved before the option existed, i.e. its default), or None."""
     for cls, sides in _FAMILY_DECLARATIONS.get(model_name, ()):
         for side in sides:
             for name, f, kind, default in _fields(cls, side):
@@ -839,11 +839,21 @@ def trained_over(given: Dict[str, object], saved: Callable[[str], object], model
                 was = default if value is None else value
                 wanted = _override_typed(_base_type(kind), given[name])
                 if str(wanted) != str(was):
-                    flag = flag_of(f, side.prefix if side else "")
-                    raise OptionError(
-                        f"this checkpoint was trained with {flag} {was}; {name} in {where} "
-                        f"builds {flag} {wanted}: drop it from {where} (the weights learned "
-                        "what it was trained with)")
+                    return flag_of(f, side.prefix if side else ""), name, was, wanted
+    return None
+
+
+def trained_over(given: Dict[str, object], saved: Callable[[str], object], model_name: str,
+                 where: str = "--model-overrides"):
+    """An :class:`OptionError` for a load-time override in ``given`` of a trained option to
+    another value than the checkpoint's (:func:`trained_change`; ``saved``: its config before
+    the overrides)."""
+    change = trained_change(given, saved, model_name)
+    if change is not None:
+        flag, name, was, wanted = change
+        raise OptionError(
+            f"this checkpoint was trained with {flag} {was}; {name} in {where} builds {flag} "
+            f"{wanted}: drop it from {where} (the weights learned what it was trained with)")
 
 
 def needs_undone(given: Dict[str, object], saved: Callable[[str], object],

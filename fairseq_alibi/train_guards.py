@@ -10,7 +10,10 @@
   continues (repeating or skipping data); ``fairseq-alibi checkpoints set-world-size`` rewrites
   the position, ``--reset-dataloader`` starts the epoch over;
 * workers started with different ALiBi options (the CPU recipe starts each rank by hand):
-  their gradients are averaged into one model that none of them describes.
+  their gradients are averaged into one model that none of them describes;
+* a resume of the run in the save dir with another value of an option the weights learned
+  with (the variant, global tokens, learned scales: ``trained_only``): the run would go on
+  training its model as another one.
 """
 
 import functools
@@ -152,6 +155,34 @@ def world_size_refusal(cfg, trainer, suffix: str) -> Optional[str]:
             f"{fix}")
 
 
+def resumed_options_refusal(cfg, trainer, suffix: str) -> Optional[str]:
+    """Why resuming the run in the save dir would continue its model as another: an option the
+    weights learned with (declared ``trained_only``) changed since its last checkpoint, or
+    None (a start from another run's file, ``--restore-file``, may change them)."""
+    if cfg.restore_file != DEFAULT_RESTORE_FILE:
+        return None
+    path = os.path.join(cfg.save_dir, last_checkpoint_name(suffix))
+    from fairseq_alibi.safe_loading import read_mapped
+
+    state = read_mapped(path) if os.path.isfile(path) else None  # local files only
+    if state is None:
+        return None
+    from fairseq_alibi import options
+    from fairseq_alibi.config_access import cfg_get, plain_cfg
+    from fairseq_alibi.models.override_keys import model_name_of_config
+
+    saved = state["cfg"]["model"] if state.get("cfg") is not None else state.get("args")
+    given = {k: v for k, v in plain_cfg(trainer.cfg.model).items() if options.is_our_key(k)}
+    change = options.trained_change(given, lambda name: cfg_get(saved, name, None),
+                                    model_name_of_config(trainer.cfg.model))
+    if change is None:
+        return None
+    flag, _, was, wanted = change
+    return (f"{path} was trained with {flag} {was}, and this run has {flag} {wanted}: resuming "
+            f"would continue that model as another; resume with {flag} {was}, or give another "
+            f"--save-dir and start this run from it with --finetune-from-model {path}")
+
+
 def rank_options_refusal(trainer) -> Optional[str]:
     """Why the workers of this run cannot train one model: the first of the package's model
     options on which a worker differs from the first (every worker calls this, as each calls
@@ -195,6 +226,7 @@ def guard_training_start():
         refusal = (rank_options_refusal(trainer)
                    or restore_file_refusal(getattr(cfg, "restore_file", None), suffix)
                    or continue_once_refusal(cfg, suffix)
+                   or resumed_options_refusal(cfg, trainer, suffix)
                    or world_size_refusal(cfg, trainer, suffix))
         if refusal is not None:
             raise OneLineError(refusal)

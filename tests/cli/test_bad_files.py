@@ -207,6 +207,37 @@ def test_continue_once_is_checked_where_fairseq_reads_it(tmp_path):
     assert _restored_path(cfg, "_x") == str(save / "checkpoint_last_x.pt")
 
 
+def test_a_resume_with_another_trained_option_is_refused(tmp_path):
+    """The run in the save dir resumed with other learned scales (or variant, global tokens)
+    went on training its model as another one, without a word; the same options resume, and
+    a start from another run's file (--restore-file) may change them."""
+    from types import SimpleNamespace
+
+    import torch
+    from omegaconf import OmegaConf
+
+    from fairseq_alibi.train_guards import resumed_options_refusal
+
+    torch.save({"cfg": {"model": {"_name": "alibi_transformer_lm",
+                                  "alibi_learned_scales": "none"}}},
+               tmp_path / "checkpoint_last.pt")
+    cfg = SimpleNamespace(restore_file="checkpoint_last.pt", save_dir=str(tmp_path))
+
+    def run(scales):
+        return SimpleNamespace(cfg=SimpleNamespace(model=OmegaConf.create(
+            {"_name": "alibi_transformer_lm", "alibi_learned_scales": scales})))
+
+    last = tmp_path / "checkpoint_last.pt"
+    assert resumed_options_refusal(cfg, run("per_head"), "") == (
+        f"{last} was trained with --alibi-learned-scales none, and this run has "
+        "--alibi-learned-scales per_head: resuming would continue that model as another; resume "
+        "with --alibi-learned-scales none, or give another --save-dir and start this run from "
+        f"it with --finetune-from-model {last}")
+    assert resumed_options_refusal(cfg, run("none"), "") is None
+    cfg.restore_file = str(last)
+    assert resumed_options_refusal(cfg, run("per_head"), "") is None
+
+
 # row 10: a 0-byte checkpoint
 
 
