@@ -44,9 +44,9 @@ model.alibi_window_cutoff`). A load-time override
 that takes away what a saved option needs resets that option to its default, with a
 warning naming it: `--model-overrides "{'alibi_window_cutoff': 0}"` evaluates a model saved
 with windows and sinks dense, and `{'cross_alibi_eos_guard': -1}` turns a saved guard off
-whatever layer it read. An override of what the weights learned with is refused where it
-would change the model: the heads and learned scales, which the tensors show, and the variant
-and `--alibi-global-tokens`, at another value than the checkpoint's.
+whatever layer it read. An override of what the weights learned with is refused: the heads,
+which the tensors show, and the variant, `--alibi-global-tokens` and the learned scales, at
+another value than the checkpoint's.
 """
 
 

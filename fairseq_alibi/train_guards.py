@@ -11,9 +11,9 @@
   the position, ``--reset-dataloader`` starts the epoch over;
 * workers started with different ALiBi options (the CPU recipe starts each rank by hand):
   their gradients are averaged into one model that none of them describes;
-* a resume of the run in the save dir with another value of an option the weights learned
-  with (the variant, global tokens, learned scales: ``trained_only``): the run would go on
-  training its model as another one.
+* the training of a checkpoint continued (its optimizer state kept) with another value of an
+  option the weights learned with (the variant, global tokens, learned scales:
+  ``trained_only``): the run would go on training its model as another one.
 """
 
 import functools
@@ -156,31 +156,33 @@ def world_size_refusal(cfg, trainer, suffix: str) -> Optional[str]:
 
 
 def resumed_options_refusal(cfg, trainer, suffix: str) -> Optional[str]:
-    """Why resuming the run in the save dir would continue its model as another: an option the
-    weights learned with (declared ``trained_only``) changed since its last checkpoint, or
-    None (a start from another run's file, ``--restore-file``, may change them)."""
-    if cfg.restore_file != DEFAULT_RESTORE_FILE:
-        return None
-    path = os.path.join(cfg.save_dir, last_checkpoint_name(suffix))
-    from fairseq_alibi.safe_loading import read_mapped
-
-    state = read_mapped(path) if os.path.isfile(path) else None  # local files only
-    if state is None:
+    """Why the run would continue the training of a checkpoint (its optimizer state kept: a
+    resume, ``--restore-file`` or ``--continue-once`` without ``--reset-optimizer``) whose
+    model learned with another value of an option the weights learned with (declared
+    ``trained_only``), or None: a new phase (``--reset-optimizer``, fairseq's
+    ``--finetune-from-model``) may change them."""
+    path = _restored_path(cfg, suffix)
+    if getattr(cfg, "reset_optimizer", False) or not os.path.isfile(path):  # local files only
         return None
     from fairseq_alibi import options
     from fairseq_alibi.config_access import cfg_get, plain_cfg
     from fairseq_alibi.models.override_keys import model_name_of_config
+    from fairseq_alibi.safe_loading import read_mapped
 
-    saved = state["cfg"]["model"] if state.get("cfg") is not None else state.get("args")
+    state = read_mapped(path) or {}
+    saved = cfg_get(state.get("cfg") or {}, "model", None) or state.get("args")
+    name = model_name_of_config(trainer.cfg.model)
+    if saved is None or model_name_of_config(saved) != name:  # fairseq's own error, if any
+        return None
     given = {k: v for k, v in plain_cfg(trainer.cfg.model).items() if options.is_our_key(k)}
-    change = options.trained_change(given, lambda name: cfg_get(saved, name, None),
-                                    model_name_of_config(trainer.cfg.model))
+    change = options.trained_change(given, lambda key: cfg_get(saved, key, None), name)
     if change is None:
         return None
     flag, _, was, wanted = change
-    return (f"{path} was trained with {flag} {was}, and this run has {flag} {wanted}: resuming "
-            f"would continue that model as another; resume with {flag} {was}, or give another "
-            f"--save-dir and start this run from it with --finetune-from-model {path}")
+    return (f"{path} was trained with {flag} {was}, and this run has {flag} {wanted}: it would "
+            f"go on training that model as another one; give {flag} {was}, or start a new "
+            "phase with --reset-optimizer (or --finetune-from-model, in another --save-dir), "
+            "where the checkpoint's weights fit the new options")
 
 
 def rank_options_refusal(trainer) -> Optional[str]:

@@ -244,11 +244,14 @@ def declared_options(model_class) -> Dict[str, List[argparse.Action]]:
     checkout: the model flags a ``fairseq-train`` command may pass (``action.option_strings``;
     a switch and its opposite, e.g. ``--layernorm-embedding`` and ``--no-layernorm-embedding``,
     share a ``dest``)."""
+    from fairseq_alibi.models.checks import is_refused_flag
+
     parser = argparse.ArgumentParser(add_help=False)
     model_class.add_args(parser)
     found: Dict[str, List[argparse.Action]] = {}
     for action in parser._actions:
-        found.setdefault(action.dest, []).append(action)
+        if not is_refused_flag(action):  # a fork's or a stock flag the model refuses
+            found.setdefault(action.dest, []).append(action)
     return found
 
 

@@ -34,7 +34,7 @@ from fairseq_alibi.cli.checkpoint_io import (
     placeholder_dictionary,
 )
 from fairseq_alibi.config_access import architecture_of, cfg_get, cfg_set, plain_cfg
-from fairseq_alibi.models.checks import FORK_ARCHITECTURES, FORK_TASK_OPTIONS
+from fairseq_alibi.models.checks import FORK_ARCHITECTURES, FORK_TASK_OPTIONS, is_refused_flag
 from fairseq_alibi.options import model_wide_defaults
 
 SOURCES = ("stock", "press", "eify")
@@ -205,7 +205,7 @@ def model_overrides(model_cfg, target: str, always: Sequence[str] = ()) -> list:
     defaults = vars(defaults)
     parser = argparse.ArgumentParser(add_help=False)
     ARCH_MODEL_REGISTRY[target].add_args(parser)
-    options = set(defaults) | {a.dest for a in parser._actions}
+    options = set(defaults) | {a.dest for a in parser._actions if not is_refused_flag(a)}
     skip = {"_name", "arch", *model_wide_defaults(), "max_source_positions",
             # training choices, not the model's shape: fine-tuning recipes set their own
             "dropout", "attention_dropout", "activation_dropout", "pooler_dropout",
@@ -323,7 +323,8 @@ def convert_eify_roberta(state: dict, dict_path=None) -> dict:
         raise ConversionError(f"no token embedding ({key}): is this a RoBERTa checkpoint?")
     rows = int(weights[key].shape[0])
 
-    for name in EIFY_MODEL_KEYS:
+    # (an argparse-era config is one Namespace of every argument: the task's keys too)
+    for name in (*EIFY_MODEL_KEYS, *EIFY_TASK_KEYS):
         if cfg_get(model_cfg, name) is not None:
             _delete(model_cfg, name)
     for name, value in options.items():

@@ -201,6 +201,12 @@ class _RefusedFlag(argparse.Action):
         parser.error(f"argument {option_string}: {self.reason}")
 
 
+def is_refused_flag(action: argparse.Action) -> bool:
+    """Whether a parser's ``action`` is a refusal (:class:`_RefusedFlag`), no option of the
+    model: what reads a model's flags from its parser skips it."""
+    return isinstance(action, _RefusedFlag)
+
+
 #: the stock options asking for position embeddings, by the ALiBi model that builds none:
 #: option -> the option choosing that side's variant (None: that side is always ALiBi; the
 #: variant's ``none`` builds stock positions). Refused where a run is started: the command line
@@ -238,38 +244,42 @@ def refuse_position_embedding_flags(parser, model_name, flags=None):
         )
 
 
-#: EIFY's fork's command-line flags, by the model that replaces the fork's, and what to give
-#: instead (docs/migrating.md): each is a one-line error naming it (:func:`refuse_fork_flags`)
+#: EIFY's fork's options (as flags), by the model that replaces the fork's, and their
+#: counterparts here (docs/migrating.md): each is refused in one line naming it, as a flag
+#: (:func:`refuse_fork_flags`), a config's key or a load-time override
+#: (``override_keys.refuse_fork_keys``)
 FORK_FLAGS = {
-    "alibi_transformer_lm": {"--decoder-alibi": "alibi_transformer_lm is ALiBi already, drop "
-                                                 "it"},
+    "alibi_transformer_lm": {"--decoder-alibi": "none: alibi_transformer_lm is ALiBi already"},
     "alibi_roberta": {
-        "--encoder-alibi": "give --alibi-variant symmetric (with the fork's "
+        "--encoder-alibi": "--alibi-variant symmetric (with the fork's "
                            "--encoder-alibi-asymmetrical: --alibi-variant offset)",
-        "--encoder-alibi-asymmetrical": "give --alibi-variant offset",
-        "--contrastive-pretraining": "give --mlm-head clap",
-        "--zero-masking": "give --zero-mask-embedding (with the fork's --omit-mask: "
+        "--encoder-alibi-asymmetrical": "--alibi-variant offset",
+        "--contrastive-pretraining": "--mlm-head clap",
+        "--initial-beta": "--clap-initial-beta",
+        "--l2norm-embedding": "--clap-no-normalize where the fork's is false",
+        "--zero-masking": "--zero-mask-embedding (with the fork's --omit-mask: "
                           "--embedding-omits-mask too)",
-        "--omit-mask": "give --embedding-omits-mask with --zero-mask-embedding",
+        "--omit-mask": "--embedding-omits-mask, with --zero-mask-embedding",
     },
     "alibi_transformer": {
-        "--encoder-alibi": "give --encoder-alibi-variant symmetric (with the fork's "
+        "--encoder-alibi": "--encoder-alibi-variant symmetric (with the fork's "
                            "--encoder-alibi-asymmetrical: --encoder-alibi-variant offset)",
-        "--encoder-alibi-asymmetrical": "give --encoder-alibi-variant offset",
-        "--decoder-alibi": "give --decoder-alibi-variant causal",
+        "--encoder-alibi-asymmetrical": "--encoder-alibi-variant offset",
+        "--decoder-alibi": "--decoder-alibi-variant causal",
     },
 }
 
 
 def refuse_fork_flags(parser, model_name):
-    """Make the EIFY fork's flags (:data:`FORK_FLAGS`) a one-line error naming what replaces
-    each on ``model_name``'s parser, where argparse would only say "unrecognized arguments"
-    (a flag another part of fairseq declares is left to it)."""
+    """Make the EIFY fork's model flags (:data:`FORK_FLAGS`; not its task's, which a task may
+    declare after the model's) a one-line error naming their counterparts on ``model_name``'s
+    parser, where argparse would only say "unrecognized arguments" (a flag another part of
+    fairseq declared first is left to it)."""
     taken = {flag for action in parser._actions for flag in action.option_strings}
-    for flag, fix in FORK_FLAGS.get(model_name, {}).items():
-        if flag not in taken:
+    for flag, counterpart in FORK_FLAGS.get(model_name, {}).items():
+        if flag not in taken and flag[2:].replace("-", "_") not in FORK_TASK_OPTIONS:
             parser.add_argument(flag, action=_RefusedFlag, help=argparse.SUPPRESS,
-                                reason=f"a flag of EIFY's ALiBi fork; {fix} "
+                                reason=f"a flag of EIFY's ALiBi fork; here: {counterpart} "
                                        "(docs/migrating.md)")
 
 

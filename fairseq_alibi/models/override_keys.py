@@ -67,14 +67,15 @@ def model_name_of(state) -> str:
 
 def refuse_fork_keys(keys, model_name, where: str):
     """A key of EIFY's fork among ``keys`` (``where``: the overrides, or a config's section),
-    which the model ``model_name`` would ignore, refused naming what replaces it
+    which the model ``model_name`` would ignore, refused naming its counterpart here
     (:data:`~fairseq_alibi.models.checks.FORK_FLAGS`)."""
-    fixes = FORK_FLAGS.get(model_name, {})
+    counterparts = FORK_FLAGS.get(model_name, {})
     for key in keys:
-        fix = fixes.get("--" + str(key).replace("_", "-"))
-        if fix is not None:
+        counterpart = counterparts.get("--" + str(key).replace("_", "-"))
+        if counterpart is not None:
             raise OneLineError(f"{key} in {where} is an option of EIFY's ALiBi fork, which this "
-                               f"model would ignore; {fix} (docs/migrating.md)")
+                               f"model would ignore: drop it (here: {counterpart}; "
+                               "docs/migrating.md)")
 
 
 def check_keys(keys, model_name, where: str = "--model-overrides"):

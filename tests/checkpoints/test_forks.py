@@ -574,6 +574,25 @@ def test_fork_leftovers_are_named_for_what_they_are(tmp_path, capsys):
         assert not (tmp_path / "x.pt").exists()
 
 
+def test_an_argparse_era_fork_encoders_task_keys_leave_its_flags(tmp_path):
+    """fairseq-train of the argparse era saved one Namespace of every argument, the fork's task
+    key omit_mask among the model's: the converted model's resume overrides and the flags glue
+    gives fairseq-train name only the package's options (a fork key there is refused)."""
+    import argparse
+
+    from fairseq_alibi.cli.forks import convert_eify_roberta
+    from fairseq_alibi.cli.glue_finetune import flags_of
+
+    state = load(fixture("eify_roberta_zero_clap") / "checkpoint_last.pt")
+    model = dict(state["cfg"]["model"], arch="roberta", omit_mask=True, mask_prob=0.0)
+    state["cfg"]["model"] = argparse.Namespace(**model)
+    summary = convert_eify_roberta(state)
+    assert "++model.embedding_omits_mask=true" in summary["overrides"]
+    assert not any("omit_mask" in o for o in summary["overrides"])
+    flags = flags_of(vars(state["cfg"]["model"]), summary["target_arch"])
+    assert "--embedding-omits-mask" in flags and "--omit-mask" not in flags
+
+
 def _main(capsys, *args):
     from fairseq_alibi.cli.convert_checkpoints import main
 

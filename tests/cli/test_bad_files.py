@@ -208,9 +208,9 @@ def test_continue_once_is_checked_where_fairseq_reads_it(tmp_path):
 
 
 def test_a_resume_with_another_trained_option_is_refused(tmp_path):
-    """The run in the save dir resumed with other learned scales (or variant, global tokens)
-    went on training its model as another one, without a word; the same options resume, and
-    a start from another run's file (--restore-file) may change them."""
+    """A checkpoint's training continued (a resume, --restore-file) with other learned scales
+    (or variant, global tokens) went on training its model as another one, without a word;
+    the same options continue, and a new phase (--reset-optimizer) may change them."""
     from types import SimpleNamespace
 
     import torch
@@ -221,20 +221,24 @@ def test_a_resume_with_another_trained_option_is_refused(tmp_path):
     torch.save({"cfg": {"model": {"_name": "alibi_transformer_lm",
                                   "alibi_learned_scales": "none"}}},
                tmp_path / "checkpoint_last.pt")
-    cfg = SimpleNamespace(restore_file="checkpoint_last.pt", save_dir=str(tmp_path))
+    cfg = SimpleNamespace(restore_file="checkpoint_last.pt", save_dir=str(tmp_path),
+                          reset_optimizer=False)
 
     def run(scales):
         return SimpleNamespace(cfg=SimpleNamespace(model=OmegaConf.create(
             {"_name": "alibi_transformer_lm", "alibi_learned_scales": scales})))
 
     last = tmp_path / "checkpoint_last.pt"
-    assert resumed_options_refusal(cfg, run("per_head"), "") == (
-        f"{last} was trained with --alibi-learned-scales none, and this run has "
-        "--alibi-learned-scales per_head: resuming would continue that model as another; resume "
-        "with --alibi-learned-scales none, or give another --save-dir and start this run from "
-        f"it with --finetune-from-model {last}")
+    refusal = (f"{last} was trained with --alibi-learned-scales none, and this run has "
+               "--alibi-learned-scales per_head: it would go on training that model as another "
+               "one; give --alibi-learned-scales none, or start a new phase with "
+               "--reset-optimizer (or --finetune-from-model, in another --save-dir), where the "
+               "checkpoint's weights fit the new options")
+    assert resumed_options_refusal(cfg, run("per_head"), "") == refusal
     assert resumed_options_refusal(cfg, run("none"), "") is None
-    cfg.restore_file = str(last)
+    cfg.restore_file = str(last)  # named: the same continuation
+    assert resumed_options_refusal(cfg, run("per_head"), "") == refusal
+    cfg.reset_optimizer = True
     assert resumed_options_refusal(cfg, run("per_head"), "") is None
 
 

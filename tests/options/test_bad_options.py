@@ -113,17 +113,17 @@ def test_position_embedding_flag_is_refused(tiny_lm_data, capsys):
 
 
 @pytest.mark.parametrize("model, flag, fix", [
-    (MODELS["lm"], "--decoder-alibi", "alibi_transformer_lm is ALiBi already, drop it"),
-    (MODELS["encoder"], "--encoder-alibi-asymmetrical", "give --alibi-variant offset"),
+    (MODELS["lm"], "--decoder-alibi", "none: alibi_transformer_lm is ALiBi already"),
+    (MODELS["encoder"], "--encoder-alibi-asymmetrical", "--alibi-variant offset"),
     (["--task", "translation", "--arch", "alibi_transformer"], "--decoder-alibi",
-     "give --decoder-alibi-variant causal"),
+     "--decoder-alibi-variant causal"),
 ])
 def test_the_forks_flags_name_what_replaces_them(model, flag, fix, tiny_lm_data, capsys):
     """Not argparse's bare "unrecognized arguments" for a fork user's old command line."""
     with pytest.raises(SystemExit):
         training_config([tiny_lm_data, *model, flag])
     assert last_line(capsys.readouterr().err).endswith(
-        f"error: argument {flag}: a flag of EIFY's ALiBi fork; {fix} (docs/migrating.md)")
+        f"error: argument {flag}: a flag of EIFY's ALiBi fork; here: {fix} (docs/migrating.md)")
 
 
 def test_saved_learned_pos_field_still_loads(tiny_lm_data, tmp_path):

@@ -338,22 +338,24 @@ def test_a_hydra_config_with_the_forks_keys_is_refused_naming_what_replaces_them
     a zero-clap config trained a plain offset encoder with RoBERTa's head, without a word."""
     for family, name, key, fix in (
             ("mlm", "wikitext103_alibi", "+model.contrastive_pretraining=true",
-             "give model.mlm_head clap"),
-            ("mlm", "wikitext103_alibi", "+task.omit_mask=true", "give "
-             "model.embedding_omits_mask with model.zero_mask_embedding"),
+             "model.mlm_head clap"),
+            ("mlm", "wikitext103_alibi", "+model.initial_beta=2.0", "model.clap_initial_beta"),
+            ("mlm", "wikitext103_alibi", "+task.omit_mask=true",
+             "model.embedding_omits_mask, with model.zero_mask_embedding"),
             ("translation", "iwslt14_de_en_alibi", "+model.decoder_alibi=true",
-             "give model.decoder_alibi_variant causal")):
+             "model.decoder_alibi_variant causal")):
         with pytest.raises(SystemExit) as refused:
             start_job(family, name, key)
         group, field = key[1:].split("=")[0].split(".")
         assert str(refused.value).endswith(
             f"error: {field} in the config's {group} is an option of EIFY's ALiBi fork, which "
-            f"this model would ignore; {fix} (docs/migrating.md)"), str(refused.value)
+            f"this model would ignore: drop it (here: {fix}; docs/migrating.md)"), \
+            str(refused.value)
     # a load-time override alike (the hub, --model-overrides)
     assert refusal(ROBERTA, load_checkpoint_heads=True, zero_masking=True) == (
         "zero_masking in --model-overrides is an option of EIFY's ALiBi fork, which this model "
-        "would ignore; give --zero-mask-embedding (with the fork's --omit-mask: "
-        "--embedding-omits-mask too) (docs/migrating.md)")
+        "would ignore: drop it (here: --zero-mask-embedding (with the fork's --omit-mask: "
+        "--embedding-omits-mask too); docs/migrating.md)")
 
 
 def test_a_hydra_configs_bad_alibi_value_is_refused_in_one_line():

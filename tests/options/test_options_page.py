@@ -6,6 +6,7 @@ import argparse
 import pytest
 
 from fairseq_alibi import options
+from fairseq_alibi.models.checks import is_refused_flag
 from fairseq_alibi.options_page import PAGE, options_page
 from tests.helpers.cli import REPO
 
@@ -31,7 +32,7 @@ def test_every_flag_of_the_page_is_a_flag_of_its_model(model):
     else:
         cls.add_args(parser)
     accepted = {flag for action in parser._actions for flag in action.option_strings
-                if action.help != argparse.SUPPRESS}  # hidden: a refusal (the forks' flags)
+                if not is_refused_flag(action)}  # the forks' flags, refused
     sides = [side for family, side in options.FAMILIES if family.split()[0] == model]
     listed = {options.flag_of(f, side.prefix) for side in sides
               for f in options.option_fields(options.StackOptions)
