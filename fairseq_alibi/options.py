@@ -825,6 +825,12 @@ def learned_over(given: Dict[str, object], saved: Callable[[str], object], model
                     f"(alibi_slope_scale scales every slope at load time)")
 
 
+def trained_only_names(model_name: str) -> set:
+    """The names of the model's options declared ``trained_only``."""
+    return {name for cls, sides in _FAMILY_DECLARATIONS.get(model_name, ()) for side in sides
+            for name, f, _, _ in _fields(cls, side) if f.metadata.get("trained_only")}
+
+
 def trained_change(given: Dict[str, object], saved: Callable[[str], object],
                    model_name: str) -> Optional[Tuple[str, str, object, object]]:
     """``(flag, name, saved value, given value)`` of the first option declared

@@ -112,12 +112,19 @@ def saved_workers(state) -> Tuple[int, int]:
     return int(workers), int(parallel or 1)
 
 
-def _saved_position(path: str):
-    """``(workers, batches into the epoch, epoch)`` the checkpoint at ``path`` was saved at, or
-    None where it cannot say (unreadable: fairseq's own load reports that; model-parallel)."""
+def _restored(cfg, suffix: str) -> Tuple[str, Optional[dict]]:
+    """``(path, state)``: the file fairseq's ``load_checkpoint`` reads, read once for the
+    guards, memory-mapped (``None``: no local file the safe loader reads, which fairseq's own
+    load reports)."""
     from fairseq_alibi.safe_loading import read_mapped
 
-    state = read_mapped(path)
+    path = _restored_path(cfg, suffix)
+    return path, (read_mapped(path) if os.path.isfile(path) else None)
+
+
+def _saved_position(state: Optional[dict]):
+    """``(workers, batches into the epoch, epoch)`` a checkpoint's ``state`` was saved at, or
+    None where it cannot say (unread; model-parallel)."""
     try:
         position = state["extra_state"]["train_iterator"]
         workers, parallel = saved_workers(state)
@@ -128,14 +135,15 @@ def _saved_position(path: str):
     return workers, int(position.get("iterations_in_epoch", 0) or 0), position.get("epoch")
 
 
-def world_size_refusal(cfg, trainer, suffix: str) -> Optional[str]:
+def world_size_refusal(cfg, trainer, suffix: str, restored=None) -> Optional[str]:
     """Why the checkpoint this run resumes from would put it at another batch of the epoch
-    (saved mid-epoch by another number of workers), or None."""
+    (saved mid-epoch by another number of workers), or None (``restored``: :func:`_restored`,
+    read here if not given)."""
     workers = getattr(trainer, "data_parallel_world_size", None)
     if workers is None or getattr(cfg, "reset_dataloader", False):
         return None
-    path = _restored_path(cfg, suffix)
-    saved = _saved_position(path) if os.path.isfile(path) else None  # local files only
+    path, state = restored or _restored(cfg, suffix)
+    saved = _saved_position(state)
     if saved is None or not saved[1] or saved[0] == workers:
         return None
     last = last_checkpoint_name(suffix)
@@ -155,22 +163,22 @@ def world_size_refusal(cfg, trainer, suffix: str) -> Optional[str]:
             f"{fix}")
 
 
-def resumed_options_refusal(cfg, trainer, suffix: str) -> Optional[str]:
+def resumed_options_refusal(cfg, trainer, suffix: str, restored=None) -> Optional[str]:
     """Why the run would continue the training of a checkpoint (its optimizer state kept: a
     resume, ``--restore-file`` or ``--continue-once`` without ``--reset-optimizer``) whose
     model learned with another value of an option the weights learned with (declared
     ``trained_only``), or None: a new phase (``--reset-optimizer``, fairseq's
-    ``--finetune-from-model``) may change them."""
-    path = _restored_path(cfg, suffix)
-    if getattr(cfg, "reset_optimizer", False) or not os.path.isfile(path):  # local files only
+    ``--finetune-from-model``) may change them (``restored``: as :func:`world_size_refusal`)."""
+    if getattr(cfg, "reset_optimizer", False):
+        return None
+    path, state = restored or _restored(cfg, suffix)
+    if state is None:
         return None
     from fairseq_alibi import options
     from fairseq_alibi.config_access import cfg_get, plain_cfg
-    from fairseq_alibi.models.override_keys import model_name_of_config
-    from fairseq_alibi.safe_loading import read_mapped
+    from fairseq_alibi.models.override_keys import model_name_of_config, saved_model_config
 
-    state = read_mapped(path) or {}
-    saved = cfg_get(state.get("cfg") or {}, "model", None) or state.get("args")
+    saved = saved_model_config(state)
     name = model_name_of_config(trainer.cfg.model)
     if saved is None or model_name_of_config(saved) != name:  # fairseq's own error, if any
         return None
@@ -227,9 +235,11 @@ def guard_training_start():
         suffix = getattr(trainer, "checkpoint_suffix", "") or ""
         refusal = (rank_options_refusal(trainer)
                    or restore_file_refusal(getattr(cfg, "restore_file", None), suffix)
-                   or continue_once_refusal(cfg, suffix)
-                   or resumed_options_refusal(cfg, trainer, suffix)
-                   or world_size_refusal(cfg, trainer, suffix))
+                   or continue_once_refusal(cfg, suffix))
+        if refusal is None:  # the file fairseq restores, read once for both
+            restored = _restored(cfg, suffix)
+            refusal = (resumed_options_refusal(cfg, trainer, suffix, restored)
+                       or world_size_refusal(cfg, trainer, suffix, restored))
         if refusal is not None:
             raise OneLineError(refusal)
         return stock(cfg, trainer, **kwargs)

@@ -123,14 +123,15 @@ def add_missing_options(state, arg_overrides, model_name):
             cfg_set(model_cfg, key, given[key])
 
 
-def _saved_model_config(state):
+def saved_model_config(state):
+    """A loaded checkpoint's model config: ``cfg.model``, or an argparse-era ``args``."""
     model_cfg = cfg_get(state.get("cfg") or {}, "model", None)
     return state.get("args") if model_cfg is None else model_cfg
 
 
 def refuse_learned_over(state, arg_overrides, model_name, where):
     """:func:`~fairseq_alibi.options.learned_over` on the checkpoint's saved options."""
-    model_cfg = _saved_model_config(state)
+    model_cfg = saved_model_config(state)
     if model_cfg is not None:
         options.learned_over(given_overrides(arg_overrides),
                              lambda name: cfg_get(model_cfg, name, None), model_name, where)
@@ -139,32 +140,21 @@ def refuse_learned_over(state, arg_overrides, model_name, where):
 def refuse_trained_over(path, arg_overrides, model_name, where):
     """:func:`~fairseq_alibi.options.trained_over` on the checkpoint's options as saved (fairseq
     has merged the overrides into the loaded config), read again from the file, memory-mapped,
-    only where one is asked about."""
-    saved = {}
-
-    def saved_value(name):
-        if "cfg" not in saved:
-            state = read_mapped(path)
-            if state is None:  # not a local file the safe loader reads: nothing to compare
-                raise _Unread
-            saved["cfg"] = _saved_model_config(state)
-        return cfg_get(saved["cfg"], name, None)
-
-    try:
-        options.trained_over(given_overrides(arg_overrides), saved_value, model_name, where)
-    except _Unread:
-        pass
-
-
-class _Unread(Exception):
-    """The checkpoint's saved options cannot be read again (:func:`refuse_trained_over`)."""
+    only where such an option is overridden (a file the safe loader cannot read: unchecked)."""
+    given = given_overrides(arg_overrides)
+    if not options.trained_only_names(model_name) & set(given):
+        return
+    state = read_mapped(path)
+    if state is not None:
+        saved = saved_model_config(state)
+        options.trained_over(given, lambda name: cfg_get(saved, name, None), model_name, where)
 
 
 def reset_unmet_needs(state, arg_overrides, model_name):
     """Reset to its default each option saved on whose need an override takes away
     (:func:`~fairseq_alibi.options.needs_undone`), with a warning naming it: turning a saved
     option off is one key, not one per option that depends on it."""
-    model_cfg = _saved_model_config(state)
+    model_cfg = saved_model_config(state)
     if model_cfg is None:
         return
     given = given_overrides(arg_overrides)
