@@ -13,7 +13,10 @@
   their gradients are averaged into one model that none of them describes;
 * the training of a checkpoint continued (its optimizer state kept) with another value of an
   option the weights learned with (the variant, global tokens, learned scales:
-  ``trained_only``): the run would go on training its model as another one.
+  ``trained_only``): the run would go on training its model as another one;
+* an ``--alibi-attention`` backend that cannot train the model on the device it trains on
+  (``flash`` or ``flex`` on a CPU): each layer refuses it when put in training mode, but that
+  is after the training data loaded; here it is before.
 """
 
 import functools
@@ -219,6 +222,17 @@ def rank_options_refusal(trainer) -> Optional[str]:
     return None
 
 
+def backend_refusal(trainer) -> None:
+    """Raise the refusal of an ``--alibi-attention`` backend that cannot train a layer of the
+    trainer's model on the device it trains on (:meth:`check_trainable` of each layer)."""
+    device = getattr(getattr(trainer, "device", None), "type", None)
+    model = trainer.get_model() if hasattr(trainer, "get_model") else None
+    for module in () if model is None else model.modules():
+        check = getattr(module, "check_trainable", None)
+        if check is not None:
+            check(device)
+
+
 def guard_training_start():
     """Wrap ``fairseq.checkpoint_utils.load_checkpoint`` (what ``fairseq-train`` calls to
     resume or start from ``--restore-file``) to refuse what the module doc lists (idempotent)."""
@@ -233,6 +247,7 @@ def guard_training_start():
     @functools.wraps(stock)
     def load_checkpoint(cfg, trainer, **kwargs):
         suffix = getattr(trainer, "checkpoint_suffix", "") or ""
+        backend_refusal(trainer)
         refusal = (rank_options_refusal(trainer)
                    or restore_file_refusal(getattr(cfg, "restore_file", None), suffix)
                    or continue_once_refusal(cfg, suffix))

@@ -57,9 +57,13 @@ class AlibiMultiheadAttention(MultiheadAttention):
         if mode:
             on_cpu = self.q_proj.weight.device.type == "cpu"
             final = on_cpu and not torch.cuda.is_available()  # nowhere else to move to
-            check_training(self.attention_backend, self.alibi, self.dropout_module.p,
-                           "cpu" if final else None)
+            self.check_trainable("cpu" if final else None)
         return super().train(mode)
+
+    def check_trainable(self, device: Optional[str] = None):
+        """Refuse a named backend that cannot train this layer (on ``device``, where that is
+        the device it trains on): :func:`.dispatch.check_training`."""
+        check_training(self.attention_backend, self.alibi, self.dropout_module.p, device)
 
     def forward(
         self,

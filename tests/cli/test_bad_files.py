@@ -169,6 +169,19 @@ def test_a_restore_file_that_names_no_file_stops_fairseq_train(tiny_lm_data, ali
         restore_file_refusal(str(missing), "_x")
 
 
+@pytest.mark.slow
+def test_a_backend_that_cannot_train_on_the_cpu_stops_fairseq_train_before_its_data_loads(
+        tiny_lm_data, alibi_user_dir, tmp_path):
+    """``--alibi-attention flex`` (no CPU backward) was refused at the first step, after the
+    training data loaded; the guard refuses it before (fairseq logs each split it loads)."""
+    out = train("lm", tiny_lm_data, alibi_user_dir, tmp_path / "save", "--max-update", 2,
+                "--alibi-attention", "flex", expect_ok=False)
+    assert last_line(out).startswith(
+        "OneLineError: --alibi-attention flex cannot serve training this model: flex has no "
+        "CPU backward")
+    assert f"from: {tiny_lm_data}/train" not in out, out
+
+
 def test_continue_once_is_checked_where_fairseq_reads_it(tmp_path):
     """--continue-once: read at a first launch only, as it is given; the guards before
     training refuse it missing and read it for the worker count."""
