@@ -253,6 +253,17 @@ def run_time_only(model_cfg) -> dict:
     return found
 
 
+#: the key of an exported ``config.json`` that records the run-time options the export left
+#: out (:func:`run_time_only`, ``{key: value}``), which an import of the folder names
+RUN_TIME_KEY = "fairseq_alibi_run_time_options"
+
+
+def recorded_run_time_options(found: dict) -> dict:
+    """``found`` (:func:`run_time_only`) as JSON values: numbers as they are, others as
+    their names (a document mask's)."""
+    return {k: v if isinstance(v, (bool, int, float)) else str(v) for k, v in found.items()}
+
+
 def run_time_note(found: dict) -> str:
     """The line that says what the export of a model with ``found`` (:func:`run_time_only`)
     computes: the model with them off, which ``--model-overrides`` gives here too."""
@@ -334,13 +345,18 @@ def export_checkpoint(ckpt, dict_path, out, bpe="gpt2", bpe_files=None):
     else:
         config = hf_config(family, model_cfg, vocab, dictionary)
     tokenizer = export_tokenizer(bpe, files, dictionary, ckpt_dir)
+    found = run_time_only(model_cfg)
+    if found:  # transformers keeps a key it does not know, and writes it back
+        setattr(config, RUN_TIME_KEY, recorded_run_time_options(found))
+    elif hasattr(config, RUN_TIME_KEY):  # an earlier export's record, of options now off
+        delattr(config, RUN_TIME_KEY)
     with atomic_folder(out) as tmp:
         config.architectures = [type_name(family)]
         config.save_pretrained(tmp)
         save_file(hf_weights, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         write_tokenizer(tmp, tokenizer, dictionary if not imported else None)
     return {"family": family, "tensors": len(hf_weights), "vocab": vocab, "layers": layers,
-            "heads": heads, "out": str(out), "run_time_only": run_time_only(model_cfg)}
+            "heads": heads, "out": str(out), "run_time_only": found}
 
 
 def imported_layout(state, bpe, files, ckpt_dir):
@@ -663,12 +679,26 @@ def import_options(config) -> tuple:
     return kind, layers, heads, flags
 
 
+def exported_without_note(recorded: dict) -> str:
+    """The line that says an imported folder was exported from a fairseq model with
+    run-time options BLOOM and MPT have no counterpart of (``recorded``,
+    :data:`RUN_TIME_KEY`), and how to load the import as that model."""
+    flags = ", ".join(f"--{k.replace('_', '-')} {v}" for k, v in recorded.items())
+    overrides = ", ".join(f"'{k}': {v!r}" for k, v in recorded.items())
+    return (f"note: config.json records that this model was exported from one run with {flags}, "
+            "which the export computes without (as does this import); to compute that model, "
+            f"load the import with --model-overrides \"{{{overrides}}}\" (load-time options: "
+            "the weights are the same)")
+
+
 def import_notes(config) -> list:
-    """What an imported MPT computes otherwise than the code it was trained with, where
-    transformers (whose computation the import reproduces) ignores a setting: one line each."""
+    """What an import computes otherwise than the model it came from, one line each: a
+    fairseq model's run-time options its export left out (:data:`RUN_TIME_KEY`), and where
+    transformers (whose computation the import reproduces) ignores a setting of an MPT."""
+    notes = [] if not config.get(RUN_TIME_KEY) else [exported_without_note(config[RUN_TIME_KEY])]
     if config["model_type"] != "mpt":
-        return []
-    notes, scale = [], config.get("logit_scale")
+        return notes
+    scale = config.get("logit_scale")
     if scale is not None and scale != 1:  # 1: the same logits
         notes.append(f"note: config.json has logit_scale {scale!r}: MPT's own code multiplies "
                      "the logits by it, transformers does not, nor does this import (it "

@@ -289,6 +289,28 @@ def test_run_time_options_are_noted_and_the_export_is_the_model_without_them(tmp
         ours_saved = token_log_probs(saved.models[0](tokens)[0], tokens)
     assert (ours_off - theirs).abs().max().item() < 1e-5
     assert (ours_saved - theirs).abs().max().item() > 1e-3
+    # config.json records them; the import says so and names the override that gives them back
+    recorded = {"alibi_document_mask": "doc", "alibi_window_cutoff": 2.0,
+                "alibi_window_sinks": 1}
+    assert json.loads((tmp_path / "hf" / "config.json").read_text())[hf.RUN_TIME_KEY] == recorded
+    assert hf.import_main([str(tmp_path / "hf"), "--out", str(tmp_path / "back")]) == 0
+    note = capsys.readouterr().out.splitlines()[0]
+    assert note.startswith("note: config.json records that this model was exported from one "
+                           "run with --alibi-document-mask doc, --alibi-window-cutoff 2.0, "
+                           "--alibi-window-sinks 1,"), note
+    assert note.endswith(f" --model-overrides \"{recorded}\" (load-time options: the "
+                         "weights are the same)"), note
+    back = AlibiTransformerLanguageModel.from_pretrained(
+        str(tmp_path / "back"), "checkpoint.pt", data_name_or_path=str(tmp_path / "back"),
+        **recorded).eval()
+    with torch.no_grad():
+        ours_back = token_log_probs(back.models[0](tokens)[0], tokens)
+    assert (ours_back - ours_saved).abs().max().item() < 1e-5
+    # an export of the import with the options off records none
+    assert hf.export_main([str(tmp_path / "back" / "checkpoint.pt"), "--dict",
+                           str(tmp_path / "back" / "dict.txt"), "--bpe", "hf_tokenizer",
+                           "--out", str(tmp_path / "hf2")]) == 0
+    assert hf.RUN_TIME_KEY not in json.loads((tmp_path / "hf2" / "config.json").read_text())
 
 
 @needs_shared
