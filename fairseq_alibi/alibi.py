@@ -136,41 +136,12 @@ def alibi_bias(slopes, query_len, key_len, variant="causal", future_slopes=None,
     exempt (the module's docstring). Computed in float32 on ``slopes.device``, returned in
     ``dtype``; masked keys hold :func:`mask_value` of ``dtype``.
     """
-    num_heads, device = slopes.shape[0], slopes.device
-    check_variant(variant, num_heads)
     if query_len > key_len:
         raise ValueError(f"query_len ({query_len}) cannot exceed key_len ({key_len})")
-    if variant == "asymmetric" and future_slopes is None:
-        raise ValueError("the asymmetric ALiBi variant needs future_slopes")
-    m = slopes.float()[:, None, None]
-    # distance i - j, exact in float32 up to 2^24 positions
-    pos_q = torch.arange(key_len - query_len, key_len, device=device, dtype=torch.float32)
-    rel = pos_q[:, None] - torch.arange(key_len, device=device, dtype=torch.float32)[None, :]
-    past, future = rel.clamp(min=0), (-rel).clamp(min=0)
-    masked = None
-    if variant == "causal":
-        bias, masked = -m * past, (rel < 0).expand(num_heads, -1, -1)
-    elif variant == "symmetric":
-        bias = -m * rel.abs()
-    elif variant == "offset":
-        bias = -m * (past + (future - 0.5).clamp(min=0))
-    elif variant == "asymmetric":
-        bias = -m * past - future_slopes.float()[:, None, None] * future
-    else:  # one_sided: heads h >= H/2 look ahead
-        bias = -m * rel.abs()
-        looks_ahead = torch.arange(num_heads, device=device) >= num_heads // 2
-        masked = torch.where(looks_ahead[:, None, None], rel > 0, rel < 0)
-    bias = bias.expand(num_heads, -1, -1)
-    if global_tokens > 0:
-        keys = torch.arange(key_len, device=device)
-        exempt = (pos_q[:, None] < global_tokens) | (keys < global_tokens)[None, :]
-        bias = bias.masked_fill(exempt, 0.0)
-        if masked is not None and variant != "causal":  # causality is not a distance bias
-            masked = masked & ~exempt
-    bias = bias.to(dtype)
-    if masked is not None:  # filled after the cast: the mask value is the target dtype's
-        bias = masked_with(bias, masked, dtype)
-    return bias
+    device = slopes.device
+    return alibi_bias_between(slopes, torch.arange(key_len - query_len, key_len, device=device),
+                              torch.arange(key_len, device=device), variant, future_slopes,
+                              dtype, global_tokens)
 
 
 # ---------------------------------------------------------------- slope windows
@@ -295,7 +266,7 @@ def alibi_bias_between(slopes, query_positions, key_positions, variant="causal",
     if rows:
         rel = rel[:, None]
     past, future = rel.clamp(min=0), (-rel).clamp(min=0)
-    masked = torch.zeros((), dtype=torch.bool, device=device)
+    masked = None  # nothing masked: no pass of masked_with
     if variant == "causal":
         bias, masked = -m * past, rel < 0
     elif variant == "symmetric":
@@ -312,7 +283,7 @@ def alibi_bias_between(slopes, query_positions, key_positions, variant="causal",
     if global_tokens > 0:
         exempt = (pos_q[:, None] < global_tokens) | (pos_k < global_tokens)[None, :]
         bias = bias.masked_fill(exempt, 0.0)
-        if variant != "causal":  # causality is not a distance bias
+        if masked is not None and variant != "causal":  # causality is not a distance bias
             masked = masked & ~exempt
     if windows is not None:
         back, ahead = (torch.tensor([math.inf if w is None else w for w in side],
@@ -321,9 +292,10 @@ def alibi_bias_between(slopes, query_positions, key_positions, variant="causal",
         beyond = ((rel > back) | (-rel > ahead)) & ~exempt
         if sinks > 0:
             beyond = beyond & (pos_k >= sinks)[..., None, :].view(rel.shape[:-2] + (1, -1))
-        masked = masked | beyond
+        masked = beyond if masked is None else masked | beyond
     bias = bias.expand(rel.shape[:-3] + (len(heads),) + rel.shape[-2:]).to(dtype)
-    return masked_with(bias, masked, dtype)  # the target dtype's mask value
+    # filled after the cast: the mask value is the target dtype's
+    return bias if masked is None else masked_with(bias, masked, dtype)
 
 
 def windowed_alibi_bias(slopes, query_len, key_len, variant="causal", future_slopes=None,

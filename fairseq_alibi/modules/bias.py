@@ -15,9 +15,10 @@ from typing import Dict, Optional, Tuple
 import torch
 from torch import Tensor
 
-from fairseq_alibi.alibi import (VARIANTS, alibi_bias, document_alibi_bias, document_ids,
-                                 document_offsets, document_starts, length_factors, masked_with,
-                                 variant_slopes, variant_windows, windowed_alibi_bias)
+from fairseq_alibi.alibi import (VARIANTS, alibi_bias, alibi_bias_between, document_alibi_bias,
+                                 document_ids, document_offsets, document_starts,
+                                 length_factors, variant_slopes, variant_windows,
+                                 windowed_alibi_bias)
 from fairseq_alibi.modules.attention import documents as documents_split
 from fairseq_alibi.modules.attention.dispatch import CachedDocuments
 from fairseq_alibi.modules.checkpoint_match import check_stack
@@ -94,13 +95,9 @@ class BiasCache:
         if rows is None or self.rows_key != key or rows.size(1) < key_len:
             m = slopes()
             size = 1 << max(10, (key_len - 1).bit_length())
-            distances = torch.arange(size - 1, -1, -1, dtype=torch.float32, device=m.device)
-            # float32, then cast: exactly the values of alibi_bias
-            rows = ((-m)[:, None] * distances).to(dtype)
-            if back is not None:  # masked after the cast, as windowed_alibi_bias does
-                reach = torch.tensor([float("inf") if w is None else w for w in back],
-                                     device=m.device)
-                rows = masked_with(rows, distances[None, :] > reach[:, None], dtype)
+            windows = None if back is None else (back, [0] * len(back))
+            rows = alibi_bias_between(m, [size - 1], torch.arange(size, device=m.device),
+                                      dtype=dtype, windows=windows)[:, 0]
             self.rows, self.rows_key = rows, key
         return rows[:, None, rows.size(1) - key_len:]
 
@@ -296,10 +293,10 @@ class AlibiBias(torch.nn.Module):
         if not dropped and (not bounded or key_len - 1 <= min(bounded)):
             return row
         m = self.slopes_of()[0]
-        distances = torch.arange(key_len - 1 + dropped, key_len - 1 + dropped - sinks, -1,
-                                 dtype=torch.float32, device=m.device)
         row = row.clone()
-        row[:, 0, :sinks] = ((-m)[:, None] * distances).to(row.dtype)
+        row[:, :, :sinks] = alibi_bias_between(m, [key_len - 1 + dropped],
+                                               torch.arange(sinks, device=m.device),
+                                               dtype=row.dtype)
         return row
 
     def memoised(self, tag, query_len: int, key_len: int, dtype, layer: Optional[int], build):
