@@ -56,11 +56,17 @@ def distillation_terms(student_logits, teacher_logits, target, temperature, igno
     return ce, kl.masked_fill(~keep, 0.0)
 
 
+def combined(ce, kl, alpha, temperature):
+    """The loss of the terms :func:`distillation_terms` gives: ``α·ce + (1-α)·T²·kl`` (see
+    module), per token or summed alike."""
+    return alpha * ce + (1.0 - alpha) * temperature**2 * kl
+
+
 def distillation_loss(student_logits, teacher_logits, target, alpha, temperature, ignore_index):
-    """``(loss, ce, kl)`` summed over tokens: ``loss = α·ce + (1-α)·T²·kl`` (see module)."""
+    """``(loss, ce, kl)`` summed over tokens (:func:`combined`)."""
     ce, kl = distillation_terms(student_logits, teacher_logits, target, temperature, ignore_index)
     ce, kl = ce.sum(), kl.sum()
-    return alpha * ce + (1.0 - alpha) * temperature**2 * kl, ce, kl
+    return combined(ce, kl, alpha, temperature), ce, kl
 
 
 @dataclass
@@ -164,7 +170,7 @@ class LmDistillationCriterion(FairseqCriterion):
             None if teacher_logits is None else teacher_logits.reshape(-1, vocab),
             target.reshape(-1), self.temperature, self.padding_idx,
         )
-        per_token = self.alpha * ce + (1.0 - self.alpha) * self.temperature**2 * kl
+        per_token = combined(ce, kl, self.alpha, self.temperature)
         loss = per_token.sum() if reduce else per_token
         sample_size = sample["target"].size(0) if self.sentence_avg else sample["ntokens"]
         logging_output = {

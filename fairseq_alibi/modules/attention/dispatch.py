@@ -359,7 +359,7 @@ def auto_backend(call: Call) -> str:
     :data:`.tuning.WINDOWED_STEP_MIN_SKIPPED`, else ``sdpa``.
 
     On the CPU ``flex`` is never chosen: it was slower than these in every case measured but
-    one_sided inference (up to 10 %), has no CPU backward and compiles per shape.
+    one_sided inference (docs/benchmarks.md), has no CPU backward and compiles per shape.
     """
     if call.device == "cuda" and serves("flash", call):  # it refuses windows and documents
         return "flash"

@@ -190,8 +190,8 @@ def _heads_per_chunk(q: Tensor, dim: int) -> int:
 
 def padded_head_dim(head_dim: int, columns: int) -> int:
     """The head size of ``head_dim`` plus ``columns`` extra columns as the kernel is given it:
-    the smallest multiple of 4 that fits (the kernel's time for D = 64 grows to 1.10x at
-    65-68, 1.13x at 72, 1.21x at 80: CPU, float32, L = 2048)."""
+    the smallest multiple of 4 that fits (the kernel is slower at other sizes:
+    docs/benchmarks.md, "How fold adds ALiBi with no bias tensor")."""
     return -(-(head_dim + columns) // 4) * 4
 
 

@@ -33,9 +33,9 @@ module imports nothing of the package: it is data.
 #: from this many keys on, causal and one_sided attention is faster folded than with the dense
 #: mask on the CPU (the fused kernel only skips masked blocks of long sequences); the
 #: bidirectional variants, folded as two merged passes, were slower than the mask at every
-#: length measured. Read by ``dispatch.auto_backend`` (without windows: ``fold``; with windows,
-#: one-way variants: ``windowed``). docs/benchmarks.md, "Attention forward" (and "auto's choice
-#: with windows")
+#: length measured. Read by ``dispatch.auto_backend`` for calls without windows (with windows,
+#: the one-way variants' threshold is :data:`ONE_WAY_WINDOWED_MIN_LENGTH`). docs/benchmarks.md,
+#: "Attention forward"
 FOLD_MIN_LENGTH = 640
 
 #: the same where each layer has a dense bias of its own (learned scales with a row per layer,
@@ -167,7 +167,9 @@ FEW_QUERIES = MIN_CHUNK
 #: a fold kernel call's augmented tensors stay under max(this, an eighth of q): calls over fewer
 #: heads at long lengths keep the copies (4 in forward, 8 in backward) near the size of q (the
 #: fold's peak within 10 % of the unbiased attention's). Read by ``fold._heads_per_chunk``.
-#: docs/benchmarks.md, "Attention forward+backward and memory"
+#: docs/benchmarks.md, "Attention forward+backward and memory". ``windowed``'s backward computes
+#: the shared bias's gradient a few chunks at a time under the same budget
+#: (``windowed._Chunks._bias_grad``)
 CHUNK_BYTES = 4 * 2**20
 
 # --- document masks (documents.py) -------------------------------------------------------------

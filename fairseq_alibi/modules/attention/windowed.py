@@ -58,8 +58,9 @@ CAPABILITIES = Capabilities(
 
 
 def chunk_size(back: int, ahead: int) -> int:
-    """Queries per chunk for a window ``back + ahead``: a quarter of it (rounded up to a power
-    of two), within :data:`.tuning.MIN_CHUNK` … :data:`.tuning.MAX_CHUNK`."""
+    """Queries per chunk for a window ``back + ahead``: ``1 /`` :data:`.tuning.CHUNK_FRACTION`
+    of it (rounded up to a power of two first), within :data:`.tuning.MIN_CHUNK` …
+    :data:`.tuning.MAX_CHUNK`."""
     span = max(1, back + ahead)
     part = (1 << (span - 1).bit_length()) // tuning.CHUNK_FRACTION
     return max(tuning.MIN_CHUNK, min(tuning.MAX_CHUNK, part))
@@ -331,7 +332,8 @@ class _Chunks:
         dbias = (torch.zeros(bias.shape[1:], dtype=torch.float32, device=bias.device)
                  if slopes_grad else None)
         # by pieces of c keys of every chunk, each a key block per chunk (the kernel's backward
-        # over a chunk's R keys at once was 1.3x slower): the pieces' rows do not overlap
+        # over a chunk's R keys at once was slower: docs/benchmarks.md, "How fold adds ALiBi
+        # with no bias tensor"): the pieces' rows do not overlap
         pieces = [(j, bias[..., j:j + c].contiguous()) for j in range(0, R, c)]
         for b in range(B):
             g_, q_, o_, l_, k_, v_ = self.views(b, go, self.q, oo, ll)
@@ -391,7 +393,8 @@ def _prefix_logits(q, k, m, prefix, global_tokens, back, visible, scale):
 
 def _exp(x: Tensor) -> Tensor:
     """``exp`` of ``x <= 0`` with the values that vanish anyway (``< e^-80``: padding, hidden
-    keys) raised to that: the CPU's exp of large negative numbers is ~20× slower."""
+    keys) raised to that: the CPU's exp of large negative numbers is much slower
+    (docs/benchmarks.md, "How fold adds ALiBi with no bias tensor")."""
     return x.clamp_(min=-80.0).exp_()
 
 
