@@ -52,6 +52,10 @@ import torch
 #: the variants of :func:`alibi_bias`; ``none`` (learned positions, no bias) is a model option
 VARIANTS = ("causal", "symmetric", "one_sided", "offset", "asymmetric")
 
+#: the variants each of whose heads reads one direction only (``causal``: back; ``one_sided``:
+#: half of the heads back, half ahead); the others read both
+ONE_WAY_VARIANTS = ("causal", "one_sided")
+
 #: the variants an encoder may use (``none`` = stock learned position embeddings, no ALiBi)
 ENCODER_VARIANTS = ("symmetric", "one_sided", "offset", "asymmetric", "none")
 

@@ -34,6 +34,7 @@ from typing import Callable, NamedTuple, Optional, Protocol, Tuple
 import torch
 from torch import Tensor
 
+from fairseq_alibi.alibi import ONE_WAY_VARIANTS
 from fairseq_alibi.error_hints import OneLineError
 from fairseq_alibi.modules.attention import (dense, documents, flash, flex, fold, tuning,
                                              windowed)
@@ -205,12 +206,11 @@ class Call(NamedTuple):
     per_layer: bool = False  # CallBias.per_layer: a dense bias is built per layer call
 
 
-#: the variants whose windows look one way: ``windowed`` runs each of their head groups as the
-#: fold (a window that drops no key) or as chunks, never slower than ``sdpa`` or the fold over
-#: every key from :data:`.tuning.ONE_WAY_WINDOWED_MIN_LENGTH` keys on, so ``auto`` takes it
-#: there (below, ``sdpa``'s memoised windowed bias, which costs what its dense one does):
-#: docs/benchmarks.md, "auto's choice with windows"
-ONE_WAY_VARIANTS = ("causal", "one_sided")
+# The variants whose windows look one way (alibi.ONE_WAY_VARIANTS): ``windowed`` runs each of
+# their head groups as the fold (a window that drops no key) or as chunks, never slower than
+# ``sdpa`` or the fold over every key from tuning.ONE_WAY_WINDOWED_MIN_LENGTH keys on, so
+# ``auto`` takes it there (below, ``sdpa``'s memoised windowed bias, which costs what its dense
+# one does): docs/benchmarks.md, "auto's choice with windows"
 
 
 def windowed_keys(windows, variant: str, length: int, itemsize: int = 4,
@@ -241,8 +241,8 @@ def windowed_cost(windows, variant: str, length: int, itemsize: int = 4,
         α₁ · k₁ + α₂ · k₂ + α₃ · k₃ + β · 1000 / S
 
     ``β/S``: the chunks' fixed costs. ``auto`` consults it for the calls it does not send to
-    ``windowed`` by length (:data:`ONE_WAY_VARIANTS`): the bidirectional variants, and global
-    tokens. Constants :data:`.tuning.WINDOWED_COST` (re-fitted from timings by ``python -m
+    ``windowed`` by length (:data:`~fairseq_alibi.alibi.ONE_WAY_VARIANTS`): the bidirectional
+    variants, and global tokens. Constants :data:`.tuning.WINDOWED_COST` (re-fitted from timings by ``python -m
     benchmarks.windows --fit``)."""
     *per_key, fixed = tuning.WINDOWED_COST
     keys = windowed_keys(windows, variant, length, itemsize, global_tokens, sinks)
@@ -345,7 +345,7 @@ def auto_backend(call: Call) -> str:
     3. ``sdpa`` otherwise (it serves every call: decoding steps, dropout, half precision, ...).
 
     With slope windows (``call.windowed``): ``windowed`` for a whole sequence of a one-way
-    variant (:data:`ONE_WAY_VARIANTS`, no global tokens) from
+    variant (:data:`~fairseq_alibi.alibi.ONE_WAY_VARIANTS`, no global tokens) from
     :data:`.tuning.ONE_WAY_WINDOWED_MIN_LENGTH` keys on, and of the others from
     :data:`.tuning.WINDOWED_MIN_LENGTH` keys on where
     :func:`windowed_cost` (the call's windows, ``call.windows``) is at most

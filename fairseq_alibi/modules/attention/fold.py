@@ -40,7 +40,7 @@ from typing import List, Optional
 import torch
 from torch import Tensor
 
-from fairseq_alibi.alibi import mask_value
+from fairseq_alibi.alibi import ONE_WAY_VARIANTS, VARIANTS, mask_value
 from fairseq_alibi.modules.attention import tuning
 from fairseq_alibi.modules.attention.capabilities import Capabilities
 
@@ -111,7 +111,7 @@ FOLD_DTYPES = (torch.float32, torch.float64)
 
 
 #: the variants computed as two merged passes over every head (about twice a causal call)
-MERGED_VARIANTS = ("symmetric", "offset", "asymmetric")
+MERGED_VARIANTS = tuple(v for v in VARIANTS if v not in ONE_WAY_VARIANTS)
 
 
 def available() -> bool:

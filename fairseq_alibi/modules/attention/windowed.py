@@ -43,7 +43,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from fairseq_alibi.alibi import alibi_bias_between, mask_value, masked_with, variant_windows
+from fairseq_alibi.alibi import (ONE_WAY_VARIANTS, alibi_bias_between, mask_value, masked_with,
+                                 variant_windows)
 from fairseq_alibi.modules.attention import dense, fold, tuning
 from fairseq_alibi.modules.attention.capabilities import Capabilities
 
@@ -134,7 +135,7 @@ class Group:
     def keys(self, variant: str, length: int) -> float:
         """About how many keys each query reads, on average over a sequence of ``length``."""
         if self.kind == "fold":
-            return length / 2 if variant in ("causal", "one_sided") else length
+            return length / 2 if variant in ONE_WAY_VARIANTS else length
         return self.back + self.size + self.ahead + self.sinks
 
 
