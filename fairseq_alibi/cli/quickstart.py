@@ -337,8 +337,70 @@ def parse_args(argv=None):
     return args
 
 
-# long: the main job's steps in the order they run (corpus, train both models, evaluate, report)
+def _log(msg):
+    print(f"[quickstart] {msg}", flush=True)
+
+
+def _data(args, out: Path, size: dict, env, timings: dict, run: dict) -> Path:
+    """The binarized folder to train on: ``--data``, or the embedded corpus built into
+    ``out/data`` (its manifest into ``run``, its time into ``timings``)."""
+    if args.data:
+        data = Path(args.data).resolve()
+        if not (data / "dict.txt").is_file():
+            raise SystemExit(f"--data {data}: no dict.txt there; give a folder written by "
+                             "fairseq-preprocess (with train and test splits)")
+        _log(f"data: {data}")
+        return data
+    _log("building the corpus from Python's own documentation and binarizing it ...")
+    t = time.time()
+    data, manifest = prepare_embedded_data(
+        out / "data", size["vocab"], env, args.seed,
+        test_fraction=SMOKE_TEST_FRACTION if args.smoke else 0.05,
+    )
+    timings["data_s"] = round(time.time() - t, 1)
+    timings["data_cpu_s"] = round(cpu_seconds(), 1)
+    run["corpus"] = manifest
+    words = {s: manifest["splits"][s]["words"] for s in SPLITS}
+    _log(f"corpus: {sum(words.values()):,} words ({words['train']:,} train, "
+         f"{words['valid']:,} valid, {words['test']:,} test), sha256 "
+         f"{manifest['sha256'][:12]}, {size['vocab']} sentencepiece pieces -> {data}")
+    return data
+
+
+def _report(args, out: Path, result, run: dict, timings: dict) -> int:
+    """Print the tables and the verdict, write ``run.json`` and the report's summary; the exit
+    status (1 where a run of the sweep failed)."""
+    summary = verdict(result, run["settings"]["L"])
+    counts = sorted({p.tokens for p in result.points})
+    speeds = window_speed_table(result, args.window_cutoff) if args.window_cutoff else ""
+    print()
+    print(result.markdown())
+    if speeds:
+        print(speeds)
+    for line in summary:
+        print(line)
+    print(f"Every run scored the same {', '.join(f'{c:,}' for c in counts)} test tokens."
+          if len(counts) == 1 else f"Tokens evaluated differ between runs: {counts}")
+    run.update(summary=summary, machine_at_end=machine())
+    (out / "run.json").write_text(json.dumps(run, indent=2) + "\n")
+    with open(result.files["markdown"], "a") as f:
+        f.write("\n" + (speeds + "\n" if speeds else "") + "\n".join(summary) + "\n")
+    print()
+    _log(f"done in {timings['total_s']:.0f} s ({timings['cpu_s']:.0f} CPU-seconds). "
+         f"Outputs in {out}:")
+    for kind, path in result.files.items():
+        _log(f"  {kind:<8} {path}")
+    _log(f"  logs     {out / 'logs'}, settings and timings in {out / 'run.json'}")
+    try:
+        result.check()
+    except SweepError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def main(argv=None):
+    """The main job: the corpus, both models trained, evaluated at L … 8L, the report."""
     args = parse_args(argv)
     if not args.data:  # before any work: the corpus is encoded with it
         try:
@@ -364,41 +426,18 @@ def main(argv=None):
     progress = not args.no_progress
     timings, run = {}, {"command": " ".join(["fairseq-alibi quickstart"]
                                             + (argv if argv is not None else sys.argv[1:]))}
+    data = _data(args, out, size, env, timings, run)
 
-    def log(msg):
-        print(f"[quickstart] {msg}", flush=True)
-
-    if args.data:
-        data = Path(args.data).resolve()
-        if not (data / "dict.txt").is_file():
-            raise SystemExit(f"--data {data}: no dict.txt there; give a folder written by "
-                             "fairseq-preprocess (with train and test splits)")
-        log(f"data: {data}")
-    else:
-        log("building the corpus from Python's own documentation and binarizing it ...")
-        t = time.time()
-        data, manifest = prepare_embedded_data(
-            out / "data", size["vocab"], env, args.seed,
-            test_fraction=SMOKE_TEST_FRACTION if args.smoke else 0.05,
-        )
-        timings["data_s"] = round(time.time() - t, 1)
-        timings["data_cpu_s"] = round(cpu_seconds(), 1)
-        run["corpus"] = manifest
-        words = {s: manifest["splits"][s]["words"] for s in SPLITS}
-        log(f"corpus: {sum(words.values()):,} words ({words['train']:,} train, "
-            f"{words['valid']:,} valid, {words['test']:,} test), sha256 "
-            f"{manifest['sha256'][:12]}, {size['vocab']} sentencepiece pieces -> {data}")
-
-    log(f"training {' and '.join(MODELS)} at L={L}: {size['layers']} layers, dim {size['dim']}, "
-        f"{size['heads']} heads, {max_update} updates of {size['max_tokens']} tokens "
-        f"({jobs} at once, {threads} thread(s) each, {'CPU' if cpu else 'GPU'})")
+    _log(f"training {' and '.join(MODELS)} at L={L}: {size['layers']} layers, dim "
+         f"{size['dim']}, {size['heads']} heads, {max_update} updates of {size['max_tokens']} "
+         f"tokens ({jobs} at once, {threads} thread(s) each, {'CPU' if cpu else 'GPU'})")
     t = time.time()
     checkpoints = train_models(MODELS, data, out, size, L, max_update, args.seed, cpu, env,
                                jobs, progress)
     timings["train_s"] = round(time.time() - t, 1)
     timings["train_cpu_s"] = round(cpu_seconds() - timings.get("data_cpu_s", 0.0), 1)
 
-    log(f"evaluating at {', '.join(map(str, lengths))} tokens with fairseq-eval-lm ...")
+    _log(f"evaluating at {', '.join(map(str, lengths))} tokens with fairseq-eval-lm ...")
     t = time.time()
     sweep_models = {
         "ALiBi": SweepModel(str(checkpoints["ALiBi"])),
@@ -416,41 +455,14 @@ def main(argv=None):
     timings["cpu_s"] = round(cpu_seconds(), 1)  # all processes: what an idle machine needs
     timings["eval_cpu_s"] = round(timings["cpu_s"] - timings["train_cpu_s"]
                                   - timings.get("data_cpu_s", 0.0), 1)
-
-    summary = verdict(result, L)
-    counts = sorted({p.tokens for p in result.points})
-    speeds = window_speed_table(result, args.window_cutoff) if args.window_cutoff else ""
-    print()
-    print(result.markdown())
-    if speeds:
-        print(speeds)
-    for line in summary:
-        print(line)
-    print(f"Every run scored the same {', '.join(f'{c:,}' for c in counts)} test tokens."
-          if len(counts) == 1 else f"Tokens evaluated differ between runs: {counts}")
     run.update(
         settings=dict(size, L=L, lengths=lengths, size="smoke" if args.smoke else args.size,
                       max_update=max_update, seed=args.seed, jobs=jobs, threads=threads,
                       device="cpu" if cpu else "cuda", window_cutoffs=args.window_cutoff),
         data=str(data), checkpoints={k: str(v) for k, v in checkpoints.items()},
-        timings=timings, summary=summary,
-        machine_at_start=machine_at_start, machine_at_end=machine(),
+        timings=timings, machine_at_start=machine_at_start,
     )
-    (out / "run.json").write_text(json.dumps(run, indent=2) + "\n")
-    with open(result.files["markdown"], "a") as f:
-        f.write("\n" + (speeds + "\n" if speeds else "") + "\n".join(summary) + "\n")
-    print()
-    log(f"done in {timings['total_s']:.0f} s ({timings['cpu_s']:.0f} CPU-seconds). "
-        f"Outputs in {out}:")
-    for kind, path in result.files.items():
-        log(f"  {kind:<8} {path}")
-    log(f"  logs     {out / 'logs'}, settings and timings in {out / 'run.json'}")
-    try:
-        result.check()
-    except SweepError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
-    return 0
+    return _report(args, out, result, run, timings)
 
 
 if __name__ == "__main__":

@@ -103,103 +103,80 @@ def write_pile_shard(path, documents, extra_lines=(), frames=1):
     return path
 
 
-def write_glue(root, seed=0, rows=24):
-    """Every GLUE task in the download script's layout; returns what each split should hold.
-
-    The result maps task -> fairseq split -> ``{"inputs": [[...], ...], "labels": [...]}``.
-    """
-    rng = random.Random(seed)
-    root = Path(root)
-    expected = {}
-
-    def task_files(task, files):
-        folder = root / task
-        folder.mkdir(parents=True, exist_ok=True)
-        for name, (header, lines) in files.items():
-            text = (header + "\n" if header is not None else "") + "".join(l + "\n" for l in lines)
-            (folder / f"{name}.tsv").write_text(text, encoding="utf-8")
-
-    def s():
-        return sentence(rng)
-
-    # CoLA: source, label, original label (often empty), sentence; train/dev have no header
-    cola = {}
-    files = {}
+def _glue_single(s, rng, rows, make_row, header, labelled=None):
+    """A single-sentence task's train/dev (``make_row(x, y)``, ``header`` or None; their
+    sentences ``labelled()``, else ``s()``) and test (sentences ``s()``)."""
+    expected, files = {}, {}
     for name, split in (("train", "train"), ("dev", "valid")):
-        data = [(s(), rng.choice("01")) for _ in range(rows)]
-        files[name] = (None, [f"gj04\t{y}\t{'*' if y == '0' else ''}\t{x}" for x, y in data])
-        cola[split] = {"inputs": [[x for x, _ in data]], "labels": [y for _, y in data]}
+        data = [((labelled or s)(), rng.choice("01")) for _ in range(rows)]
+        files[name] = (header, [make_row(x, y) for x, y in data])
+        expected[split] = {"inputs": [[x for x, _ in data]], "labels": [y for _, y in data]}
     test = [s() for _ in range(rows // 2)]
     files["test"] = ("index\tsentence", [f"{i}\t{x}" for i, x in enumerate(test)])
-    cola["test"] = {"inputs": [test], "labels": None}
-    task_files("CoLA", files)
-    expected["CoLA"] = cola
+    expected["test"] = {"inputs": [test], "labels": None}
+    return files, expected
 
-    # SST-2: sentence (with GLUE's trailing space), label
-    sst, files = {}, {}
-    for name, split in (("train", "train"), ("dev", "valid")):
-        data = [(s() + " ", rng.choice("01")) for _ in range(rows)]
-        files[name] = ("sentence\tlabel", [f"{x}\t{y}" for x, y in data])
-        sst[split] = {"inputs": [[x for x, _ in data]], "labels": [y for _, y in data]}
-    test = [s() for _ in range(rows // 2)]
-    files["test"] = ("index\tsentence", [f"{i}\t{x}" for i, x in enumerate(test)])
-    sst["test"] = {"inputs": [test], "labels": None}
-    task_files("SST-2", files)
-    expected["SST-2"] = sst
 
-    # MRPC: Quality, #1 ID, #2 ID, #1 String, #2 String (test: index first)
-    mrpc, files = {}, {}
+def _pairs(data):
+    return {"inputs": [[row[0] for row in data], [row[1] for row in data]],
+            "labels": [row[2] for row in data] if data and len(data[0]) > 2 else None}
+
+
+def _glue_mrpc(s, rng, rows):
+    # Quality, #1 ID, #2 ID, #1 String, #2 String (test: index first)
+    expected, files = {}, {}
     head = "#1 ID\t#2 ID\t#1 String\t#2 String"
     for name, split in (("train", "train"), ("dev", "valid")):
         data = [(s(), s(), rng.choice("01")) for _ in range(rows)]
         files[name] = ("Quality\t" + head, [f"{y}\t{100 + i}\t{200 + i}\t{a}\t{b}"
                                             for i, (a, b, y) in enumerate(data)])
-        mrpc[split] = {"inputs": [[a for a, _, _ in data], [b for _, b, _ in data]],
-                       "labels": [y for _, _, y in data]}
+        expected[split] = _pairs(data)
     data = [(s(), s()) for _ in range(rows // 2)]
     files["test"] = ("index\t" + head, [f"{i}\t1\t2\t{a}\t{b}" for i, (a, b) in enumerate(data)])
-    mrpc["test"] = {"inputs": [[a for a, _ in data], [b for _, b in data]], "labels": None}
-    task_files("MRPC", files)
-    expected["MRPC"] = mrpc
+    expected["test"] = _pairs(data)
+    return files, expected
 
-    # STS-B: 7 metadata columns, sentence1, sentence2, score (test: no score)
-    sts, files = {}, {}
+
+def _glue_stsb(s, rng, rows):
+    # 7 metadata columns, sentence1, sentence2, score (test: no score)
+    expected, files = {}, {}
     meta = "index\tgenre\tfilename\tyear\told_index\tsource1\tsource2\tsentence1\tsentence2"
     for name, split in (("train", "train"), ("dev", "valid")):
         data = [(s(), s(), rng.choice(["0.000", "1.500", "3.800", "4.750", "5.000"]))
                 for _ in range(rows)]
         files[name] = (meta + "\tscore", [f"{i}\tmain\tMSRvid\t2012\t{i:04d}\tnone\tnone\t"
                                           f"{a}\t{b}\t{y}" for i, (a, b, y) in enumerate(data)])
-        sts[split] = {"inputs": [[a for a, _, _ in data], [b for _, b, _ in data]],
-                      "labels": [float(y) / 5.0 for _, _, y in data]}
+        expected[split] = _pairs([(a, b, float(y) / 5.0) for a, b, y in data])
     data = [(s(), s()) for _ in range(rows // 2)]
     files["test"] = (meta, [f"{i}\tmain\tMSRvid\t2012\t{i:04d}\tnone\tnone\t{a}\t{b}"
                             for i, (a, b) in enumerate(data)])
-    sts["test"] = {"inputs": [[a for a, _ in data], [b for _, b in data]], "labels": None}
-    task_files("STS-B", files)
-    expected["STS-B"] = sts
+    expected["test"] = _pairs(data)
+    return files, expected
 
-    # QQP: id, qid1, qid2, question1, question2, is_duplicate (test: id, q1, q2)
-    qqp, files = {}, {}
+
+def _glue_qqp(s, rng, rows):
+    # id, qid1, qid2, question1, question2, is_duplicate (test: id, q1, q2)
+    expected, files = {}, {}
     for name, split in (("train", "train"), ("dev", "valid")):
         data = [(s(), s(), rng.choice("01")) for _ in range(rows)]
         files[name] = ("id\tqid1\tqid2\tquestion1\tquestion2\tis_duplicate",
                        [f"{i}\t{2 * i}\t{2 * i + 1}\t{a}\t{b}\t{y}"
                         for i, (a, b, y) in enumerate(data)])
-        qqp[split] = {"inputs": [[a for a, _, _ in data], [b for _, b, _ in data]],
-                      "labels": [y for _, _, y in data]}
+        expected[split] = _pairs(data)
     data = [(s(), s()) for _ in range(rows // 2)]
-    files["test"] = ("id\tquestion1\tquestion2", [f"{i}\t{a}\t{b}" for i, (a, b) in enumerate(data)])
-    qqp["test"] = {"inputs": [[a for a, _ in data], [b for _, b in data]], "labels": None}
-    task_files("QQP", files)
-    expected["QQP"] = qqp
+    files["test"] = ("id\tquestion1\tquestion2",
+                     [f"{i}\t{a}\t{b}" for i, (a, b) in enumerate(data)])
+    expected["test"] = _pairs(data)
+    return files, expected
 
-    # MNLI: 8 metadata/parse columns, sentence1, sentence2, then label1 (+ label2-5 in dev)
-    # and gold_label last; label1 disagrees with gold_label now and then
+
+def _glue_mnli(s, rng, rows):
+    # 8 metadata/parse columns, sentence1, sentence2, then label1 (+ label2-5 in dev) and
+    # gold_label last; label1 disagrees with gold_label now and then
     nli = ("contradiction", "entailment", "neutral")
     lead = ("index\tpromptID\tpairID\tgenre\tsentence1_binary_parse\tsentence2_binary_parse\t"
             "sentence1_parse\tsentence2_parse\tsentence1\tsentence2")
-    mnli, files = {}, {}
+    expected, files = {}, {}
     for name, split, votes in (("train", "train", 1), ("dev_matched", "valid", 5),
                                ("dev_mismatched", "valid1", 5)):
         data = [(s(), s(), rng.choice(nli), rng.choice(nli)) for _ in range(rows)]
@@ -208,27 +185,60 @@ def write_glue(root, seed=0, rows=24):
                        [f"{i}\t{i}\t{i}n\tfiction\t( x )\t( y )\t(ROOT x)\t(ROOT y)\t{a}\t{b}\t"
                         + "\t".join([first] + [gold] * (votes - 1)) + f"\t{gold}"
                         for i, (a, b, first, gold) in enumerate(data)])
-        mnli[split] = {"inputs": [[a for a, _, _, _ in data], [b for _, b, _, _ in data]],
-                       "labels": [g for _, _, _, g in data]}
+        expected[split] = _pairs([(a, b, gold) for a, b, _, gold in data])
     for name, split in (("test_matched", "test"), ("test_mismatched", "test1")):
         data = [(s(), s()) for _ in range(rows // 2)]
         files[name] = (lead, [f"{i}\t{i}\t{i}n\tfiction\t( x )\t( y )\t(ROOT x)\t(ROOT y)\t{a}\t{b}"
                               for i, (a, b) in enumerate(data)])
-        mnli[split] = {"inputs": [[a for a, _ in data], [b for _, b in data]], "labels": None}
-    task_files("MNLI", files)
-    expected["MNLI"] = mnli
+        expected[split] = _pairs(data)
+    return files, expected
 
+
+def _glue_entailment(s, rng, rows, header):
     # QNLI and RTE: index, two texts, label (test: no label)
-    for task, header in (("QNLI", "index\tquestion\tsentence"), ("RTE", "index\tsentence1\tsentence2")):
-        out, files = {}, {}
-        for name, split in (("train", "train"), ("dev", "valid")):
-            data = [(s(), s(), rng.choice(("entailment", "not_entailment"))) for _ in range(rows)]
-            files[name] = (header + "\tlabel", [f"{i}\t{a}\t{b}\t{y}" for i, (a, b, y) in enumerate(data)])
-            out[split] = {"inputs": [[a for a, _, _ in data], [b for _, b, _ in data]],
-                          "labels": [y for _, _, y in data]}
-        data = [(s(), s()) for _ in range(rows // 2)]
-        files["test"] = (header, [f"{i}\t{a}\t{b}" for i, (a, b) in enumerate(data)])
-        out["test"] = {"inputs": [[a for a, _ in data], [b for _, b in data]], "labels": None}
-        task_files(task, files)
-        expected[task] = out
+    expected, files = {}, {}
+    for name, split in (("train", "train"), ("dev", "valid")):
+        data = [(s(), s(), rng.choice(("entailment", "not_entailment"))) for _ in range(rows)]
+        files[name] = (header + "\tlabel",
+                       [f"{i}\t{a}\t{b}\t{y}" for i, (a, b, y) in enumerate(data)])
+        expected[split] = _pairs(data)
+    data = [(s(), s()) for _ in range(rows // 2)]
+    files["test"] = (header, [f"{i}\t{a}\t{b}" for i, (a, b) in enumerate(data)])
+    expected["test"] = _pairs(data)
+    return files, expected
+
+
+def write_glue(root, seed=0, rows=24):
+    """Every GLUE task in the download script's layout; returns what each split should hold.
+
+    The result maps task -> fairseq split -> ``{"inputs": [[...], ...], "labels": [...]}``.
+    """
+    rng = random.Random(seed)
+    root = Path(root)
+
+    def s():
+        return sentence(rng)
+
+    tasks = {  # in this order: they draw from one generator
+        # CoLA: source, label, original label (often empty), sentence; train/dev: no header
+        "CoLA": lambda: _glue_single(s, rng, rows, lambda x, y: f"gj04\t{y}\t"
+                                     f"{'*' if y == '0' else ''}\t{x}", None),
+        # SST-2: sentence (with GLUE's trailing space), label
+        "SST-2": lambda: _glue_single(s, rng, rows, lambda x, y: f"{x}\t{y}",
+                                      "sentence\tlabel", labelled=lambda: s() + " "),
+        "MRPC": lambda: _glue_mrpc(s, rng, rows),
+        "STS-B": lambda: _glue_stsb(s, rng, rows),
+        "QQP": lambda: _glue_qqp(s, rng, rows),
+        "MNLI": lambda: _glue_mnli(s, rng, rows),
+        "QNLI": lambda: _glue_entailment(s, rng, rows, "index\tquestion\tsentence"),
+        "RTE": lambda: _glue_entailment(s, rng, rows, "index\tsentence1\tsentence2"),
+    }
+    expected = {}
+    for task, make in tasks.items():
+        files, expected[task] = make()
+        folder = root / task
+        folder.mkdir(parents=True, exist_ok=True)
+        for name, (header, lines) in files.items():
+            text = (header + "\n" if header is not None else "") + "".join(l + "\n" for l in lines)
+            (folder / f"{name}.tsv").write_text(text, encoding="utf-8")
     return expected
