@@ -290,7 +290,8 @@ def cut_pair(a: int, b: Optional[int], budget: int):
 def truncated_copy(name: str, folder: Path, out: Path, budget: int) -> Dict[str, int]:
     """``folder`` with every input cut to ``budget`` tokens (see :func:`cut_pair`; each segment
     keeps its final ``</s>``) written to ``out``; returns the inputs cut per split."""
-    from fairseq_alibi.preprocess.pipeline_io import IndexedWriter, atomic_directory
+    from fairseq_alibi.files import atomic_directory  # its own folder: replaced whole
+    from fairseq_alibi.preprocess.pipeline_io import IndexedWriter
 
     pair = RECIPES[name].pair
     if budget < (6 if pair else 3):

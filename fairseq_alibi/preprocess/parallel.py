@@ -19,6 +19,7 @@ task whose output length tracks the input length (see docs/translation.md).
 """
 
 import argparse
+import functools
 import logging
 import random
 import re
@@ -231,8 +232,10 @@ def prepare_restoration(text_file, destdir, source_lang="src", target_lang="tgt"
     text_dir = Path(f"{destdir}.text")
     if refuse_existing(destdir, overwrite, [text_file], skip_existing):
         return None
-    refuse_existing(text_dir, overwrite, [text_file])
-    with atomic_directory(text_dir, overwrite, [text_file]) as partial:
+    # its text files only: {train,valid,test}.{src,tgt} (no mark of its own)
+    own = functools.partial(re.fullmatch, r"(train|valid|test)\.[^/]+")
+    refuse_existing(text_dir, overwrite, [text_file], own=own)
+    with atomic_directory(text_dir, overwrite, [text_file], own=own) as partial:
         prefixes = split_restoration_corpus(text_file, partial, source_lang=source_lang,
                                             target_lang=target_lang)
         return prepare(destdir, source_lang, target_lang, prefixes["train"], prefixes["valid"],

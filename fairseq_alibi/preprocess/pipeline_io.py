@@ -22,6 +22,7 @@ import signal
 import stat
 import sys
 from pathlib import Path
+from typing import Optional
 
 import numpy as np
 
@@ -49,17 +50,59 @@ def _taken(path) -> DataError:
     return DataError(f"{path} already exists and is not empty; pass --overwrite to replace it")
 
 
-def refuse_existing(dest, overwrite: bool = False, inputs=(), skip_existing: bool = False):
+#: the files a pipeline writes into its output folder, which appears whole or not at all
+#: (:func:`atomic_directory`): a folder with none of them is no complete output of a pipeline
+#: (``pairs.json``: the parallel-text pipeline's; the others write ``stats.json``)
+OUTPUT_MARKS = ("stats.json", "pairs.json")
+
+
+def _not_an_output(dest: Path, own=None) -> Optional[str]:
+    """Why ``dest``, a non-empty folder, is no complete output of a pipeline (it holds none of
+    :data:`OUTPUT_MARKS`, or the current folder; ``own(name)``: whether an entry is one this
+    output consists of, for a folder with no mark of its own), naming a few of its entries;
+    else None."""
+    cwd = Path.cwd().resolve()
+    if dest.resolve() in (cwd, *cwd.parents):
+        return "holds the current folder"
+    entries = sorted(p.name + ("/" if p.is_dir() else "") for p in dest.iterdir())
+    if any((dest / mark).is_file() for mark in OUTPUT_MARKS) or (
+            own is not None and all(own(name) for name in entries)):
+        return None
+    shown = ", ".join(entries[:4]) + (", ..." if len(entries) > 4 else "")
+    return f"is no pipeline's output (no {' or '.join(OUTPUT_MARKS)}; it holds {shown})"
+
+
+def _refuse_replacing(dest: Path, own=None) -> None:
+    """``--overwrite`` replaces the whole folder: refused for one that is no pipeline's output,
+    whose other files it would delete."""
+    why = _not_an_output(dest, own) if dest.is_dir() and any(dest.iterdir()) else None
+    if why:
+        raise DataError(f"{dest} {why}: --overwrite would replace the whole folder, deleting "
+                        "what else it holds; give --destdir a new or empty folder (or a "
+                        "pipeline's output)")
+
+
+def refuse_existing(dest, overwrite: bool = False, inputs=(), skip_existing: bool = False,
+                    own=None):
     """What :func:`atomic_directory` refuses, checked before any work: every destination of a
     run is checked before anything is written, so that a refused run writes nothing.
 
     ``inputs``: the files the run reads (a destination that is, holds or lies inside one is
     refused: ``--overwrite`` would delete it). With ``skip_existing`` a non-empty ``dest`` is
-    no error: True is returned (and said in one line), and the caller leaves it as it is."""
+    no error: True is returned (and said in one line), and the caller leaves it as it is.
+    Either way a non-empty folder that is no pipeline's output is refused (``own``: see
+    :func:`_not_an_output`): replaced, its other files would be lost; kept, it may be half
+    written."""
     dest = files.refuse_taken(dest, True, None, inputs, DataError)  # a file; an input at stake
     if skip_existing and not overwrite and dest.is_dir() and any(dest.iterdir()):
+        why = _not_an_output(dest, own)
+        if why:  # left by another tool or a crashed run: not what a re-run should keep
+            raise DataError(f"{dest} {why}: --skip-existing keeps only a pipeline's complete "
+                            "output; remove the folder or give another --destdir")
         print(f"skipped {dest}: it already exists (--overwrite rebuilds it)", flush=True)
         return True
+    if overwrite:
+        _refuse_replacing(dest, own)
     files.refuse_taken(dest, overwrite, _taken, inputs, DataError)
     return False
 
@@ -75,10 +118,14 @@ def add_output_arguments(parser, what="a non-empty --destdir"):
     return group
 
 
-def atomic_directory(dest, overwrite: bool = False, inputs=()):
+def atomic_directory(dest, overwrite: bool = False, inputs=(), own=None):
     """:func:`fairseq_alibi.files.atomic_directory`, refusing a non-empty ``dest`` (without
     ``overwrite``), a file, or a destination clashing with ``inputs`` with a
-    :class:`DataError`. A SIGTERM (:func:`run_cli`) unwinds through it too."""
+    :class:`DataError`, and with ``overwrite`` a folder that is no pipeline's output (whose
+    other files the replacement would delete). A SIGTERM (:func:`run_cli`) unwinds through it
+    too."""
+    if overwrite:
+        _refuse_replacing(Path(dest).absolute(), own)
     return files.atomic_directory(dest, overwrite, _taken, inputs, DataError)
 
 

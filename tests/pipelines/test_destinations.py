@@ -247,6 +247,12 @@ def test_skip_existing_builds_only_what_is_missing(tmp_path, capsys, bpe):
     # WikiText: skipped before the download it would need
     (tmp_path / "w").mkdir()
     (tmp_path / "w" / "dict.txt").write_text("built before\n")
+    # a folder no pipeline completed (no stats.json: another tool's, a crashed run's) is not
+    # kept as if it were an output
+    with pytest.raises(DataError, match=r"w is no pipeline's output \(no stats.json or "
+                                        r"pairs.json; it holds dict.txt\): --skip-existing"):
+        wikitext.prepare(tmp_path / "absent", tmp_path / "w", fetch=True, skip_existing=True)
+    (tmp_path / "w" / "stats.json").write_text("{}\n")
     assert wikitext.prepare(tmp_path / "absent", tmp_path / "w", fetch=True, urls=["file:///no"],
                             skip_existing=True) is None
     assert not (tmp_path / "absent").exists()

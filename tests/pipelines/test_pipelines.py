@@ -469,18 +469,32 @@ def test_a_pipeline_ends_in_its_one_line_after_its_bars(capsys):
         signal.signal(signal.SIGTERM, handler)
 
 
-def test_existing_output_is_kept_or_replaced_whole(tmp_path):
+def test_existing_output_is_kept_or_replaced_whole(tmp_path, monkeypatch):
     dest = tmp_path / "dest"
     dest.mkdir()
     (dest / "old.txt").write_text("old")
     with pytest.raises(DataError, match="not empty; pass --overwrite"):
         with atomic_directory(dest):
             pass
+    # --overwrite replaces the whole folder: not one that no pipeline wrote (it deleted a
+    # user's notes and checkpoints kept beside the data), nor the current folder
+    with pytest.raises(DataError, match=r"dest is no pipeline's output \(no stats.json or "
+                                        r"pairs.json; it holds old.txt\): --overwrite would "
+                                        r"replace the whole folder, deleting what else"):
+        with atomic_directory(dest, overwrite=True):
+            pass
+    (dest / "stats.json").write_text("{}")
+    monkeypatch.chdir(dest)
+    with pytest.raises(DataError, match="dest holds the current folder: --overwrite"):
+        with atomic_directory(dest, overwrite=True):
+            pass
+    monkeypatch.chdir(tmp_path)
     with pytest.raises(KeyboardInterrupt):
         with atomic_directory(dest, overwrite=True) as tmp:
             (tmp / "new.txt").write_text("half")
             raise KeyboardInterrupt
-    assert sorted(p.name for p in dest.iterdir()) == ["old.txt"] and not leftovers(tmp_path)
+    assert sorted(p.name for p in dest.iterdir()) == ["old.txt", "stats.json"]
+    assert not leftovers(tmp_path)
     with atomic_directory(dest, overwrite=True) as tmp:
         (tmp / "new.txt").write_text("new")
     assert sorted(p.name for p in dest.iterdir()) == ["new.txt"] and not leftovers(tmp_path)
