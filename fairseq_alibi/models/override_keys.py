@@ -59,9 +59,7 @@ def model_name_of_config(model_cfg) -> str:
 
 def model_name_of(state) -> str:
     """The registered model name of a loaded checkpoint (``None`` if it names none)."""
-    model_cfg = cfg_get(state.get("cfg") or {}, "model", None)
-    if model_cfg is None:
-        model_cfg = state.get("args")
+    model_cfg = saved_model_config(state)
     return None if model_cfg is None else model_name_of_config(model_cfg)
 
 
