@@ -58,7 +58,7 @@ from fairseq_alibi.cli.fairseq_runs import (
     parse_seeds,
     thread_env,
 )
-from fairseq_alibi.config_access import plain_cfg
+from fairseq_alibi.config_access import architecture_of, plain_cfg
 from fairseq_alibi.error_hints import OneLineError
 from fairseq_alibi.paths import user_dir
 
@@ -188,7 +188,7 @@ def read_pretrained(path) -> Pretrained:
         raise GlueError(str(e)) from None
     cfg = state.get("cfg") or {}
     model, task = plain_cfg(cfg.get("model")), plain_cfg(cfg.get("task"))
-    arch = model.get("arch") or model.get("_name")
+    arch = architecture_of(model)
     kind = ARCH_MODEL_REGISTRY.get(arch).__name__ if arch in ARCH_MODEL_REGISTRY else None
     if kind not in ("AlibiRobertaModel", "RobertaModel"):
         raise GlueError(
