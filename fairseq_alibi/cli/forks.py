@@ -35,7 +35,7 @@ from fairseq_alibi.cli.checkpoint_io import (
 )
 from fairseq_alibi.config_access import architecture_of, cfg_get, cfg_set, plain_cfg
 from fairseq_alibi.models.checks import FORK_ARCHITECTURES, FORK_TASK_OPTIONS, is_refused_flag
-from fairseq_alibi.options import model_wide_defaults
+from fairseq_alibi.options import default_of, model_wide_defaults
 
 SOURCES = ("stock", "press", "eify")
 
@@ -157,6 +157,14 @@ def _delete(cfg, key):
 
 # ----------------------------------------------------------------------------- RoBERTa (EIFY)
 
+def _unused_by_forks(prefix: str) -> dict:
+    """The declared defaults of the options a fork has no counterpart of: the asymmetric
+    variant's future slopes (a fork's variant is never asymmetric) and the model-wide ones."""
+    return {**{prefix + name: default_of(name)
+               for name in ("future_slope_ratio", "learnable_future_slopes")},
+            **model_wide_defaults()}
+
+
 def roberta_options(model_cfg, task_cfg) -> dict:
     """This plugin's ``alibi_roberta`` options for an EIFY RoBERTa configuration (by name)."""
     get = lambda k, d=None: cfg_get(model_cfg, k, d)  # noqa: E731
@@ -176,10 +184,7 @@ def roberta_options(model_cfg, task_cfg) -> dict:
         raise unsupported("encoder_alibi_asymmetrical", True, "without encoder_alibi")
     return dict(
         alibi_variant=("offset" if asym else "symmetric") if alibi else "none",
-        alibi_future_slope_ratio=1.0,
-        alibi_learnable_future_slopes=False,
-        alibi_attention="auto",
-        alibi_slope_scale=1.0,
+        **_unused_by_forks("alibi_"),
         mlm_head="clap" if clap else "roberta",
         clap_initial_beta=float(get("initial_beta", 1.0)) if clap else 1.0,
         clap_no_normalize=clap and not l2norm,
@@ -412,10 +417,7 @@ def translation_options(model_cfg) -> dict:
         # the fork's decoder bias is -m|i-j| under the causal mask, whatever
         # decoder_alibi_asymmetrical says (it only shifts the masked future keys)
         decoder_alibi_variant="causal" if decoder else "none",
-        encoder_alibi_future_slope_ratio=1.0,
-        encoder_alibi_learnable_future_slopes=False,
-        alibi_attention="auto",
-        alibi_slope_scale=1.0,
+        **_unused_by_forks("encoder_alibi_"),
     )
 
 

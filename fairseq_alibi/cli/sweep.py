@@ -105,8 +105,11 @@ def slope_interpolation(train_length: int, trained_scale: float = 1.0) -> Callab
 
 
 def trained_slope_scale(state) -> float:
-    """The ``alibi_slope_scale`` a checkpoint's ``state`` was saved with (1.0 where none)."""
-    return float(cfg_get(model_config(state), "alibi_slope_scale", None) or 1.0)
+    """The ``alibi_slope_scale`` a checkpoint's ``state`` was saved with (the declared default
+    where none)."""
+    from fairseq_alibi.options import default_of
+
+    return float(cfg_get(model_config(state), "alibi_slope_scale") or default_of("slope_scale"))
 
 
 @dataclass(frozen=True)

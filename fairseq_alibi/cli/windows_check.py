@@ -248,10 +248,11 @@ def saved_windows(cfg, kind: str, sinks: int = 0) -> Tuple[float, int, str]:
     otherwise)."""
     from fairseq_alibi.config_access import cfg_get
     from fairseq_alibi.modules.attention.dispatch import check_options
+    from fairseq_alibi.options import default_of
 
     model = cfg_get(cfg, "model")
     sides = window_sides(cfg, kind)
-    attention = str(cfg_get(model, "alibi_attention", "auto") or "auto")
+    attention = str(cfg_get(model, "alibi_attention") or default_of("attention"))
     try:
         for side in sides:
             check_options(attention, str(cfg_get(model, f"{side}_variant")), True, sinks, 0)
@@ -259,8 +260,10 @@ def saved_windows(cfg, kind: str, sinks: int = 0) -> Tuple[float, int, str]:
         refused = attention
     else:
         refused = ""
-    return (max(float(cfg_get(model, f"{side}_window_cutoff", 0) or 0) for side in sides),
-            max(int(cfg_get(model, f"{side}_window_sinks", 0) or 0) for side in sides), refused)
+    no_cutoff, no_sinks = default_of("window_cutoff"), default_of("window_sinks")
+    return (max(float(cfg_get(model, f"{side}_window_cutoff") or no_cutoff) for side in sides),
+            max(int(cfg_get(model, f"{side}_window_sinks") or no_sinks) for side in sides),
+            refused)
 
 
 def load_model(path, task, overrides: Dict[str, float], device):
