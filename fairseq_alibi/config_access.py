@@ -33,6 +33,12 @@ def architecture_of(model_cfg):
     return cfg_get(model_cfg, "_name") or cfg_get(model_cfg, "arch")
 
 
+def flag_of_key(key: str) -> str:
+    """The command-line flag of the config key ``key``, as fairseq's argparse spells it
+    (``alibi_window_cutoff``: ``--alibi-window-cutoff``)."""
+    return "--" + key.replace("_", "-")
+
+
 def task_name(task):
     """The name a task was registered under (its config's ``_name``, or ``task`` for
     argparse)."""

@@ -50,7 +50,7 @@ from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 
 from fairseq_alibi.alibi import (DOCUMENT_MASKS, ENCODER_VARIANTS, SCALE_MODES, VARIANTS,
                                  check_variant, check_window_cutoff)
-from fairseq_alibi.config_access import cfg_get, cfg_set
+from fairseq_alibi.config_access import cfg_get, cfg_set, flag_of_key
 from fairseq_alibi.cross_alibi import CROSS_ALIBI_MODES
 from fairseq_alibi.error_hints import OneLineError
 from fairseq_alibi.modules.attention.dispatch import ATTENTION_BACKENDS, check_options
@@ -187,7 +187,7 @@ class Side:
 
     @property
     def flag(self) -> str:
-        return "--" + self.prefix.rstrip("_").replace("_", "-")
+        return flag_of_key(self.prefix.rstrip("_"))
 
     def variants_for(self, f: dataclasses.Field) -> Tuple[str, ...]:
         """This side's variants in which the :class:`StackOptions` field ``f`` does something."""
@@ -493,7 +493,7 @@ def flag_of(f: dataclasses.Field, prefix: str = "") -> str:
     """The flag of the field ``f`` as a side with ``prefix`` declares it."""
     if f.metadata.get("model_wide"):
         prefix = MODEL_WIDE_PREFIX
-    return "--" + (prefix + f.name).replace("_", "-")
+    return flag_of_key(prefix + f.name)
 
 
 def _is_on(f: dataclasses.Field, value) -> bool:

@@ -204,7 +204,7 @@ def rank_options_refusal(trainer) -> Optional[str]:
         return None
     import torch.distributed as dist
 
-    from fairseq_alibi.config_access import plain_cfg
+    from fairseq_alibi.config_access import flag_of_key, plain_cfg
     from fairseq_alibi.options import is_our_key
 
     mine = {k: repr(v) for k, v in plain_cfg(trainer.cfg.model).items()
@@ -216,7 +216,7 @@ def rank_options_refusal(trainer) -> Optional[str]:
                         if theirs.get(k) != every[0].get(k))
         if differ:
             key = differ[0]
-            return (f"worker {rank} has --{key.replace('_', '-')} {theirs.get(key, 'unset')}, "
+            return (f"worker {rank} has {flag_of_key(key)} {theirs.get(key, 'unset')}, "
                     f"worker 0 {every[0].get(key, 'unset')}: the workers would train one model "
                     "that none of them describes; give every worker the same options")
     return None

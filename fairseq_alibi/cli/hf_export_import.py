@@ -41,7 +41,7 @@ from fairseq_alibi.cli.checkpoint_io import (
     read_checkpoint,
     write_atomically,
 )
-from fairseq_alibi.config_access import architecture_of, cfg_get
+from fairseq_alibi.config_access import architecture_of, cfg_get, flag_of_key
 
 FAMILIES = ("bloom", "mpt")
 SPECIALS = ("<s>", "<pad>", "</s>", "<unk>")  # fairseq's rows 0-3
@@ -179,7 +179,7 @@ def blocking_options(model_cfg, family: str) -> list:
                                                                 and value in (None, False, 0)):
             needs = f"it dropped: {DROPPED.get(key, 'BLOOM and MPT have no such option')}" \
                 if value is None else value
-            blocked.append(f"--{key.replace('_', '-')} {given} (needs {needs})")
+            blocked.append(f"{flag_of_key(key)} {given} (needs {needs})")
     return blocked
 
 
@@ -267,7 +267,7 @@ def recorded_run_time_options(found: dict) -> dict:
 def run_time_note(found: dict) -> str:
     """The line that says what the export of a model with ``found`` (:func:`run_time_only`)
     computes: the model with them off, which ``--model-overrides`` gives here too."""
-    flags = ", ".join(f"--{k.replace('_', '-')} {v}" for k, v in found.items())
+    flags = ", ".join(f"{flag_of_key(k)} {v}" for k, v in found.items())
     off = ", ".join(f"'{k}': {_off(k)!r}" for k in found)
     return (f"note: BLOOM and MPT have no {flags}: the export computes this model without "
             f"{'it' if len(found) == 1 else 'them'} (every key of the input, across documents), "
@@ -683,7 +683,7 @@ def exported_without_note(recorded: dict) -> str:
     """The line that says an imported folder was exported from a fairseq model with
     run-time options BLOOM and MPT have no counterpart of (``recorded``,
     :data:`RUN_TIME_KEY`), and how to load the import as that model."""
-    flags = ", ".join(f"--{k.replace('_', '-')} {v}" for k, v in recorded.items())
+    flags = ", ".join(f"{flag_of_key(k)} {v}" for k, v in recorded.items())
     overrides = ", ".join(f"'{k}': {v!r}" for k, v in recorded.items())
     return (f"note: config.json records that this model was exported from one run with {flags}, "
             "which the export computes without (as does this import); to compute that model, "

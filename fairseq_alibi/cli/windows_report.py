@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from fairseq_alibi.cli.windows_inputs import Pairs
+from fairseq_alibi.config_access import flag_of_key
 
 #: the stopping rule: |Δ| ± Z σ against the tolerance; σ from blocks of BLOCK tokens (or fewer
 #: tokens, so that there are at least MIN_BLOCKS blocks)
@@ -93,7 +94,7 @@ class Candidate:
     def flags(self) -> str:
         """The options that run it: ``--alibi-window-cutoff T [--alibi-window-sinks S]`` (a
         translation model's: each side's, ``--encoder-alibi-window-cutoff T ...``)."""
-        flags = " ".join(f"--{side.replace('_', '-')}-window-cutoff {self.cutoff:g}"
+        flags = " ".join(f"{flag_of_key(side + '_window_cutoff')} {self.cutoff:g}"
                          for side in self.sides)
         named = self.sinks or self.saved_sinks != self.sinks
         return (flags + (f" {sinks_flag(self.sides, self.sinks)}" if named else "")
@@ -102,7 +103,7 @@ class Candidate:
 
 def sinks_flag(sides: Sequence[str], sinks) -> str:
     """``--alibi-window-sinks S`` (each of ``sides``' flags, :func:`window_sides`)."""
-    return " ".join(f"--{side.replace('_', '-')}-window-sinks {sinks}" for side in sides)
+    return " ".join(f"{flag_of_key(side + '_window_sinks')} {sinks}" for side in sides)
 
 
 def sides_of(rows) -> Tuple[str, ...]:

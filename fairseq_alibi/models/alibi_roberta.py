@@ -43,6 +43,7 @@ from fairseq.modules.transformer_sentence_encoder import init_bert_params
 from fairseq.utils import safe_getattr, safe_hasattr
 
 from fairseq_alibi import options
+from fairseq_alibi.config_access import flag_of_key
 from fairseq_alibi.hub import load_pretrained
 from fairseq_alibi.models.checks import (
     refuse_translation_task,
@@ -183,7 +184,7 @@ def roberta_flags(values: dict) -> str:
     flags = [f"--alibi-variant {values['alibi_variant']}", f"--mlm-head {values['mlm_head']}"]
     for name in ("clap_no_normalize", "zero_mask_embedding", "embedding_omits_mask"):
         if values.get(name):
-            flags.append("--" + name.replace("_", "-"))
+            flags.append(flag_of_key(name))
     if values.get("embedding_padding_idx", "pad") != "pad":
         flags.append(f"--embedding-padding-idx {values['embedding_padding_idx']}")
     if values.get("layernorm_embedding") is False:

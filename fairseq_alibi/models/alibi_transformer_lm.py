@@ -24,6 +24,7 @@ from fairseq.models.transformer_lm import (
 )
 
 from fairseq_alibi import options
+from fairseq_alibi.config_access import flag_of_key
 from fairseq_alibi.hub import AlibiLanguageModelHubInterface, load_pretrained
 from fairseq_alibi.models.checks import (
     refuse_translation_task,
@@ -83,10 +84,10 @@ def check_adaptive_cutoffs(args, task):
         value = getattr(args, name, None)
         cutoffs = eval_str_list(value, type=int) if value is not None else []
         if cutoffs and max(cutoffs) > words:
-            flags = [(n, "--" + n.replace("_", "-")) for n, _ in found]
+            flags = [(n, flag_of_key(n)) for n, _ in found]
             example = f"{words // 4},{words // 2}"
             raise options.OptionError(
-                f"--{name.replace('_', '-')} {value} reaches past the dictionary's {words:,} "
+                f"{flag_of_key(name)} {value} reaches past the dictionary's {words:,} "
                 f"words: give cutoffs below it, e.g. "
                 f"{' '.join(f'{flag} {example}' for _, flag in flags)} (fairseq-hydra-train: "
                 f"{' '.join(repr(f'++model.{n}={example!r}') for n, _ in flags)}), or an "

@@ -13,7 +13,8 @@ import logging
 
 from fairseq.utils import safe_getattr
 
-from fairseq_alibi.config_access import architecture_of, cfg_get, criterion_name, task_name
+from fairseq_alibi.config_access import (architecture_of, cfg_get, criterion_name, flag_of_key,
+                                         task_name)
 from fairseq_alibi.error_hints import CheckpointMismatchError, OneLineError
 from fairseq_alibi.modules.checkpoint_match import check_stack, mismatch
 from fairseq_alibi.options import OptionError
@@ -169,7 +170,7 @@ def check_saved_sizes(state_dict, built_state, stacks, hydra: bool = False):
         return
 
     def named(key, value):
-        return f"++model.{key}={value}" if hydra else f"--{key.replace('_', '-')} {value}"
+        return f"++model.{key}={value}" if hydra else f"{flag_of_key(key)} {value}"
 
     raise mismatch(", ".join(named(k, s) for k, s, _ in differ),
                    ", ".join(named(k, b) for k, _, b in differ),
@@ -229,8 +230,7 @@ def refuse_position_embedding_flags(parser, model_name, flags=None):
     the command line is refused here (see :data:`POSITION_EMBEDDING_OPTIONS` for saved ones).
     """
     if flags is None:
-        flags = tuple("--" + option.replace("_", "-")
-                      for option in POSITION_EMBEDDING_OPTIONS[model_name])
+        flags = tuple(flag_of_key(option) for option in POSITION_EMBEDDING_OPTIONS[model_name])
     for action in list(parser._actions):
         given = [flag for flag in flags if flag in action.option_strings]
         if not given:

@@ -39,7 +39,7 @@ import functools
 import logging
 
 from fairseq_alibi import options
-from fairseq_alibi.config_access import cfg_get, cfg_set
+from fairseq_alibi.config_access import cfg_get, cfg_set, flag_of_key
 from fairseq_alibi.error_hints import OneLineError, overrides_not_a_dict
 from fairseq_alibi.models.checks import FORK_FLAGS
 from fairseq_alibi.safe_loading import read_mapped
@@ -69,7 +69,7 @@ def refuse_fork_keys(keys, model_name, where: str):
     (:data:`~fairseq_alibi.models.checks.FORK_FLAGS`)."""
     counterparts = FORK_FLAGS.get(model_name, {})
     for key in keys:
-        counterpart = counterparts.get("--" + str(key).replace("_", "-"))
+        counterpart = counterparts.get(flag_of_key(str(key)))
         if counterpart is not None:
             raise OneLineError(f"{key} in {where} is an option of EIFY's ALiBi fork, which this "
                                f"model would ignore: drop it (here: {counterpart}; "

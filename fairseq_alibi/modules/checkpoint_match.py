@@ -26,6 +26,7 @@ from typing import Iterable, List, Optional, Tuple
 import torch
 
 from fairseq_alibi.alibi import variant_slopes
+from fairseq_alibi.config_access import flag_of_key
 from fairseq_alibi.error_hints import CheckpointMismatchError
 
 
@@ -56,7 +57,7 @@ def mismatch(saved: str, built: str, fix: str) -> CheckpointMismatchError:
     last."""
     keys, where = _OVERRIDDEN.get()
     given = [k for k in keys if re.search(
-        "--" + re.escape(k.replace("_", "-")) + r"(?![\w-])", f"{saved} {built}")]
+        re.escape(flag_of_key(k)) + r"(?![\w-])", f"{saved} {built}")]
     if given:
         return CheckpointMismatchError(
             f"this checkpoint was trained with {saved}; {', '.join(given)} in {where} builds "
