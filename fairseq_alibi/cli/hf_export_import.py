@@ -147,14 +147,20 @@ def zero_biases(family, layers):
 # which fairseq configurations are BLOOM or MPT
 
 
+def _default(key: str):
+    """The declared default of the LM option ``alibi_<name>`` (``key``): what a configuration
+    that lacks it means, and the value that leaves a run-time option off."""
+    from fairseq_alibi import options
+
+    return options.default_of(key[len("alibi_"):], options.LM)
+
+
 def _option(model_cfg, key):
     """``key`` as saved; an ALiBi option the checkpoint lacks (saved before it existed, or by
     ``fairseq-alibi convert``) as its declared default, which is how the model loads it."""
     value = cfg_get(model_cfg, key)
     if value is None and key.startswith("alibi_"):
-        from fairseq_alibi import options
-
-        value = options.default_of(key[len("alibi_"):], options.LM)
+        value = _default(key)
     return str(value) if hasattr(value, "name") else value  # enums saved by hydra
 
 
@@ -235,19 +241,12 @@ def export_family(model_cfg, weights) -> str:
 RUN_TIME_ONLY = ("document_mask", "window_cutoff", "window_sinks")
 
 
-def _off(key: str):
-    """The value that leaves the option ``alibi_<key>`` off: its declared default."""
-    from fairseq_alibi import options
-
-    return options.default_of(key[len("alibi_"):], options.LM)
-
-
 def run_time_only(model_cfg) -> dict:
     """The options of ``model_cfg`` that are on and that the exported model cannot carry
     (:data:`RUN_TIME_ONLY`): ``{key: value}``."""
     found = {}
     for key in (f"alibi_{name}" for name in RUN_TIME_ONLY):
-        value, off = _option(model_cfg, key), _off(key)
+        value, off = _option(model_cfg, key), _default(key)
         if value is not None and value != off and str(value) != str(off):
             found[key] = value
     return found
@@ -268,7 +267,7 @@ def run_time_note(found: dict) -> str:
     """The line that says what the export of a model with ``found`` (:func:`run_time_only`)
     computes: the model with them off, which ``--model-overrides`` gives here too."""
     flags = ", ".join(f"{flag_of_key(k)} {v}" for k, v in found.items())
-    off = ", ".join(f"'{k}': {_off(k)!r}" for k in found)
+    off = ", ".join(f"'{k}': {_default(k)!r}" for k in found)
     return (f"note: BLOOM and MPT have no {flags}: the export computes this model without "
             f"{'it' if len(found) == 1 else 'them'} (every key of the input, across documents), "
             f"as it computes here loaded with --model-overrides \"{{{off}}}\" (they are "
