@@ -13,6 +13,7 @@ The worker processes that encode between reading and writing are
 :mod:`fairseq_alibi.preprocess.process_pool`.
 """
 
+import contextlib
 import io
 import json
 import logging
@@ -118,6 +119,12 @@ def add_output_arguments(parser, what="a non-empty --destdir"):
     return group
 
 
+#: the outputs this process completed (:func:`atomic_directory`), which an interrupted run of
+#: several (GLUE's tasks) names: they are written, the rest is not
+COMPLETED = []
+
+
+@contextlib.contextmanager
 def atomic_directory(dest, overwrite: bool = False, inputs=(), own=None):
     """:func:`fairseq_alibi.files.atomic_directory`, refusing a non-empty ``dest`` (without
     ``overwrite``), a file, or a destination clashing with ``inputs`` with a
@@ -126,7 +133,9 @@ def atomic_directory(dest, overwrite: bool = False, inputs=(), own=None):
     too."""
     if overwrite:
         _refuse_replacing(Path(dest).absolute(), own)
-    return files.atomic_directory(dest, overwrite, _taken, inputs, DataError)
+    with files.atomic_directory(dest, overwrite, _taken, inputs, DataError) as partial:
+        yield partial
+    COMPLETED.append(Path(dest))
 
 
 class _SilentBar:
@@ -344,6 +353,7 @@ def run_cli(main, argv=None) -> int:
         level=logging.INFO, stream=sys.stderr,
     )
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    COMPLETED.clear()  # this run's
     try:
         main(argv)
     except DataError as e:
@@ -352,7 +362,9 @@ def run_cli(main, argv=None) -> int:
         return 1
     except KeyboardInterrupt:  # atomic_directory has removed the partial output on its way up
         _close_bars()
-        print("interrupted: nothing written (an existing output is as it was)", file=sys.stderr)
+        done = (f"wrote {', '.join(map(str, COMPLETED))}, nothing else" if COMPLETED
+                else "nothing written")
+        print(f"interrupted: {done} (an existing output is as it was)", file=sys.stderr)
         return 130
     return 0
 

@@ -85,8 +85,21 @@ def download(text_dir, raw=False, urls=None):
     text_dir = Path(text_dir)
     wanted = {p.name: p for p in text_files(text_dir, raw).values()}
     urls = urls or URLS["raw" if raw else "tokens"]
-    failures = []
+    made = not text_dir.exists()  # removed again if nothing comes of it
     text_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        _fetch(text_dir, wanted, urls)
+    except BaseException:
+        if made and not any(text_dir.iterdir()):
+            text_dir.rmdir()
+        raise
+    logger.info(f"extracted {', '.join(sorted(wanted))} into {text_dir}")
+
+
+def _fetch(text_dir: Path, wanted: dict, urls) -> None:
+    """:func:`download`'s work: the first of ``urls`` that answers, extracted into
+    ``text_dir`` (each of ``wanted`` whole or not at all)."""
+    failures = []
     with tempfile.TemporaryDirectory(prefix=".download-", dir=text_dir) as tmp:
         archive = Path(tmp) / "wikitext.zip"
         source = None
@@ -106,8 +119,8 @@ def download(text_dir, raw=False, urls=None):
         else:
             raise DataError(
                 "could not download WikiText:\n  " + "\n  ".join(failures)
-                + f"\nDownload and unzip it yourself, then pass --text-dir with the files "
-                f"{', '.join(sorted(wanted))}"
+                + f"\nDownload and unzip it yourself, then pass --text-dir (prepare.sh: "
+                f"WIKITEXT=) a folder with the files {', '.join(sorted(wanted))}"
             )
         try:
             with zipfile.ZipFile(archive) as z:
@@ -122,7 +135,6 @@ def download(text_dir, raw=False, urls=None):
                     part.rename(wanted[name])  # each file appears whole or not at all
         except zipfile.BadZipFile as e:
             raise DataError(f"{source} is not a zip archive ({e})") from e
-    logger.info(f"extracted {', '.join(sorted(wanted))} into {text_dir}")
 
 
 #: an article's heading line: `` = Title = `` (one ``=`` a side; `` = = Section = = `` is not)
@@ -239,6 +251,12 @@ def prepare(text_dir, destdir, encoder=None, raw=False, fetch=False, urls=None, 
     if refuse_existing(destdir, overwrite, inputs, skip_existing):
         return None
     missing = [p.name for p in files.values() if not p.is_file()]
+    present = [p.name for p in files.values() if p.is_file()]
+    if missing and fetch and present:  # the download brings all three: it would replace these
+        raise DataError(
+            f"{text_dir} has {', '.join(present)} but no {', '.join(missing)}: --download "
+            "fetches all three splits of WikiText-103 and would replace yours; give a folder "
+            "with all three, or an empty one to download into")
     if missing and fetch:
         download(text_dir, raw, urls)
     elif missing:

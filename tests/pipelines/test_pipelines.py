@@ -192,11 +192,21 @@ def test_wikitext_download(tmp_path):
         assert (tmp_path / "fetched" / f.name).read_bytes() == f.read_bytes()
     assert stats["valid"]["lines"] == len((text / "wiki.valid.tokens").read_text().splitlines())
 
-    with pytest.raises(DataError, match="could not download WikiText(.|\n)*missing.zip(.|\n)*--text-dir"):
+    with pytest.raises(DataError, match="could not download WikiText(.|\n)*missing.zip(.|\n)*"
+                                        "--text-dir \\(prepare.sh: WIKITEXT=\\)"):
         wikitext.prepare(tmp_path / "elsewhere", tmp_path / "bin2", fetch=True, urls=[dead])
+    assert not (tmp_path / "elsewhere").exists()  # the folder it made for the download
     with pytest.raises(DataError, match=r"has no wiki.train.tokens.*--download"):
         wikitext.prepare(tmp_path / "elsewhere", tmp_path / "bin2")
     assert not (tmp_path / "bin2").exists() and not leftovers(tmp_path)
+    # a folder of the user's own splits, one missing: the download would replace the others
+    (tmp_path / "fetched" / "wiki.test.tokens").unlink()
+    mine = (tmp_path / "fetched" / "wiki.train.tokens").read_bytes()
+    with pytest.raises(DataError, match=r"has wiki.train.tokens, wiki.valid.tokens but no "
+                                        r"wiki.test.tokens: --download fetches all three"):
+        wikitext.prepare(tmp_path / "fetched", tmp_path / "bin2", fetch=True,
+                         urls=[archive.as_uri()])
+    assert (tmp_path / "fetched" / "wiki.train.tokens").read_bytes() == mine
 
 
 # --- The Pile -------------------------------------------------------------------------------
@@ -444,7 +454,7 @@ def test_pile_sigterm_leaves_nothing_behind(tmp_path, bpe_dir, launch):
     assert not (tmp_path / "out").exists() and not leftovers(tmp_path)
 
 
-def test_a_pipeline_ends_in_its_one_line_after_its_bars(capsys):
+def test_a_pipeline_ends_in_its_one_line_after_its_bars(capsys, tmp_path):
     """An error is the last line (an open progress bar used to print its final state after
     it), and Ctrl-C one line, exit status 130, where it was a traceback."""
     from fairseq_alibi.preprocess import pipeline_io
@@ -465,6 +475,18 @@ def test_a_pipeline_ends_in_its_one_line_after_its_bars(capsys):
         assert pipeline_io.run_cli(interrupted) == 130
         assert capsys.readouterr().err.strip() == \
             "interrupted: nothing written (an existing output is as it was)"
+
+        def second_task_interrupted(argv):  # GLUE's tasks: the first one is complete
+            for task in ("CoLA-bin", "SST-2-bin"):
+                with atomic_directory(tmp_path / task) as out:
+                    (out / "stats.json").write_text("{}")
+                    if task == "SST-2-bin":
+                        raise KeyboardInterrupt
+        assert pipeline_io.run_cli(second_task_interrupted) == 130
+        assert capsys.readouterr().err.strip() == (
+            f"interrupted: wrote {tmp_path / 'CoLA-bin'}, nothing else (an existing output is "
+            "as it was)")
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["CoLA-bin"]
     finally:
         signal.signal(signal.SIGTERM, handler)
 
