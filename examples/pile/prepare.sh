@@ -28,6 +28,10 @@ case "${OVERWRITE:-0}" in
   1) EXISTING=(--overwrite) ;;
   *) echo "OVERWRITE=$OVERWRITE: set OVERWRITE=1 to rebuild existing outputs, or leave it unset" >&2; exit 2 ;;
 esac
+case "${ONLY:-}" in
+  ""|mlm|lm) ;;
+  *) echo "ONLY=$ONLY: set ONLY=mlm or ONLY=lm to write one of the two datasets, or leave it unset for both" >&2; exit 2 ;;
+esac
 : "${PILE:?set PILE to the folder with train/*.jsonl.zst, val.jsonl.zst, test.jsonl.zst}"
 : "${GPT2_BPE:?set GPT2_BPE to the folder with encoder.json, vocab.bpe and dict.txt}"
 

@@ -294,6 +294,8 @@ def test_example_scripts_rerun_to_add_an_output(tmp_path, bpe):
     pile_dir = tmp_path / "pile"
     (pile_dir / "train").mkdir(parents=True)
     corpora.write_pile_shard(pile_dir / "train" / "00.jsonl", corpora.pile_documents(10))
+    proc = _run_script("pile", out, PILE=pile_dir, GPT2_BPE=bpe, ONLY="foo")  # did nothing, 0
+    assert proc.returncode == 2 and proc.stderr.startswith("ONLY=foo: set ONLY=mlm or ONLY=lm")
     assert _run_script("pile", out, PILE=pile_dir, GPT2_BPE=bpe, ONLY="mlm").returncode == 0
     proc = _run_script("pile", out, PILE=pile_dir, GPT2_BPE=bpe)
     assert proc.returncode == 0 and f"skipped {bins / 'pile-mlm'}" in proc.stdout
