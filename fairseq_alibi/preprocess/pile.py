@@ -12,7 +12,8 @@ processes. Output, in ``--destdir``:
   length histogram that is also printed.
 
 Each document is one line of the binarized text: its BPE tokens (newlines included, so its blank
-lines too: never an empty line inside it) and ``</s>``. ``--subsets`` keeps only documents whose
+lines too: never an empty line inside it; the whitespace at its start and end is stripped, as
+fairseq's ``multiprocessing_bpe_encoder`` strips each line) and ``</s>``. ``--subsets`` keeps only documents whose
 ``meta.pile_set_name`` is listed.
 
 Documents. By default documents follow one another (one ``</s>`` each, so
@@ -201,6 +202,8 @@ def binarize_documents(paths, encoder, prefix, stats, workers=1, subsets=None, p
             writer.add(ids)
             if document_breaks:
                 writer.add(empty_line)
+        if document_breaks:  # the break's </s> is a token of the split too, as WikiText's
+            counts["tokens"] += len(documents)
         stats.add(lengths, counts)
         seen.update(counts)
     stats.counts["unk"] += writer.unk  # a tokenization and dictionary that match have none

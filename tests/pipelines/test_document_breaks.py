@@ -168,7 +168,11 @@ def test_pile_document_breaks_an_empty_line_after_every_document(tmp_path):
         samples = [breaks[i].tolist() for i in range(len(breaks))]
         assert samples[0::2] == docs and samples[1::2] == [[eos]] * len(docs)
         assert all(d.count(eos) == 1 for d in docs)  # a document's blank lines are no </s>
-    assert json.loads((tmp_path / "breaks" / "stats.json").read_text())["document_breaks"]
+    saved = json.loads((tmp_path / "breaks" / "stats.json").read_text())
+    assert saved["document_breaks"]
+    loaded = [dataset(tmp_path / "breaks" / name) for name in ("train", "train1")]
+    written_tokens = sum(int(d.sizes.sum()) for d in loaded)  # (sizes: a view of d's mmap)
+    assert saved["splits"]["train"]["counts"]["tokens"] == written_tokens  # breaks counted
 
     # train + train1, loaded as one split: every document found, blocks never mix two
     combined = dataset(tmp_path / "breaks" / "train", combine=True)
