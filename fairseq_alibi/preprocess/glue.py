@@ -251,8 +251,9 @@ def prepare(glue_dir, destdir, tasks, encoder, workers=1, overwrite=False,
     missing = [found for found in (missing_files(TASKS[n], glue_dir) for n in names) if found]
     if missing:
         present = [n for n in names if missing_files(TASKS[n], glue_dir) is None]
-        raise DataError("; ".join(missing) + ("; give --tasks the tasks you have: --tasks "
-                                              + " ".join(present) if present else ""))
+        raise DataError("; ".join(missing) + (
+            "; give --tasks the tasks you have: --tasks " + " ".join(present)
+            + " (examples/glue/prepare.sh: those names after OUT)" if present else ""))
     return {name: prepare_task(TASKS[name], glue_dir, Path(destdir) / f"{name}-bin", encoder,
                                workers, overwrite)
             for name in names}
