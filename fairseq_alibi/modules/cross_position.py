@@ -31,7 +31,6 @@ from torch import Tensor
 
 from fairseq_alibi.alibi import get_slopes, mask_value
 from fairseq_alibi.cross_alibi import (
-    CROSS_ALIBI_MODES,
     bias_of_offsets,
     cross_alibi_bias,
     length_scale,
@@ -63,17 +62,8 @@ def build_cross_attention(embed_dim, cfg, cross: CrossOptions, attention: str,
     dropout), ``attention`` the model's ``--alibi-attention``."""
     if cross is None or not cross.uses_cross_position:
         return None
-    heads = cfg.decoder.attention_heads
     return CrossPositionAttention(
-        embed_dim, heads,
-        mode=cross.cross_alibi,
-        biased_heads=cross.cross_alibi_heads or default_cross_heads(heads),
-        slope_scale=cross.cross_alibi_slope_scale,
-        inference_slope_scale=cross.cross_alibi_inference_slope_scale,
-        inference_longer_than=cross.cross_alibi_inference_longer_than,
-        ratio=cross.cross_alibi_ratio,
-        length_reference=cross.cross_attention_length_scale,
-        attention=attention,
+        embed_dim, cfg.decoder.attention_heads, cross, attention,
         kdim=cfg.encoder.embed_dim, vdim=cfg.encoder.embed_dim,
         dropout=cfg.attention_dropout, q_noise=quant_noise, qn_block_size=qn_block_size,
     )
@@ -139,32 +129,33 @@ class RowBias:
 class CrossPositionAttention(MultiheadAttention):
     """Encoder-decoder attention ``softmax(f_b·QKᵀ/√d + bias + padding)·V``.
 
-    ``mode``: ``none``, ``pointer`` or ``ratio``; ``biased_heads`` ``K``: how many heads (the
-    first) get the bias, with slopes ``slope_scale·get_slopes(K)`` in training and
-    ``inference_slope_scale·get_slopes(K)`` outside it (0: ``slope_scale``), for the rows
-    whose real source length exceeds ``inference_longer_than`` (0: every row; ``None``: the
-    model's record of its longest training source, :meth:`use_longest_source`); ``ratio``: ``r``
-    for ``ratio``;
-    ``length_reference``: ``N`` of the length scale ``f_b = log S_b / log N`` (0: ``f_b = 1``);
+    ``cross``, the model's :class:`~fairseq_alibi.options.CrossOptions` (validated where they
+    are declared): the mode ``cross_alibi`` (``none``, ``pointer`` or ``ratio``); how many
+    heads ``K`` (the first) get the bias, ``cross_alibi_heads`` (0: half of them), with slopes
+    ``slope_scale·get_slopes(K)`` in training and ``inference_slope_scale·get_slopes(K)``
+    outside it (0: ``slope_scale``), for the rows whose real source length exceeds
+    ``inference_longer_than`` (0: every row; ``None``: the model's record of its longest
+    training source, :meth:`use_longest_source`); ``r`` of ``ratio``; ``N`` of the length
+    scale ``f_b = log S_b / log N`` (``cross_attention_length_scale``, 0: ``f_b = 1``).
     ``attention``: ``--alibi-attention`` (``naive`` runs the explicit reference; any other
     choice leaves it to ``auto``, which gives a per-row bias to ``sdpa``).
     """
 
-    def __init__(self, embed_dim, num_heads, mode="none", biased_heads=1, ratio=None,
-                 length_reference=0.0, attention="auto", slope_scale=1.0,
-                 inference_slope_scale=0.0, inference_longer_than=0, **kwargs):
+    def __init__(self, embed_dim, num_heads, cross: CrossOptions, attention="auto", **kwargs):
         super().__init__(embed_dim, num_heads, encoder_decoder_attention=True, **kwargs)
-        if mode not in CROSS_ALIBI_MODES:
-            raise ValueError(f"unknown --cross-alibi {mode!r}; choose one of: "
-                             f"{', '.join(CROSS_ALIBI_MODES)}")
-        self.mode, self.length_reference = mode, float(length_reference)
-        self.biased_heads = int(biased_heads) if mode != "none" else 0
+        mode = str(cross.cross_alibi)
+        self.mode = mode
+        self.length_reference = float(cross.cross_attention_length_scale)
+        self.biased_heads = (int(cross.cross_alibi_heads or default_cross_heads(num_heads))
+                             if mode != "none" else 0)
+        ratio = cross.cross_alibi_ratio
         self.ratio = None if ratio is None else float(ratio)
-        self.slope_scale = float(slope_scale)
-        self.inference_slope_scale = float(inference_slope_scale) or self.slope_scale
+        self.slope_scale = float(cross.cross_alibi_slope_scale)
+        self.inference_slope_scale = (float(cross.cross_alibi_inference_slope_scale)
+                                      or self.slope_scale)
         # None: the longest source the decoder recorded in training (use_longest_source)
-        self.inference_longer_than = None if inference_longer_than is None \
-            else int(inference_longer_than)
+        longer = cross.cross_alibi_inference_longer_than
+        self.inference_longer_than = None if longer is None else int(longer)
         object.__setattr__(self, "longest_source", None)  # the model's, not saved here
         self.attention_backend = attention
         if self.biased_heads:
