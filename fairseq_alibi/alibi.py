@@ -130,6 +130,22 @@ def masked_with(bias: torch.Tensor, masked: torch.Tensor, dtype: torch.dtype) ->
     return torch.where(masked, mask_value(dtype), bias)
 
 
+def distance_bias(slopes, distances, dtype=torch.float32, back=None) -> torch.Tensor:
+    """``(H, len(distances))``: the look-back bias ``-m_h·d`` of keys at distances ``d >= 0``
+    behind the query (the row of :func:`alibi_bias` for a query and the keys before it, every
+    variant but ``one_sided``'s look-ahead heads), computed in float32 and cast, as
+    :func:`alibi_bias`; with ``back`` (per head, ``None`` = unbounded) a distance beyond its
+    head's window holds :func:`mask_value`. For a decoding step's row, rebuilt per step where
+    :func:`alibi_bias_between` costs several times more."""
+    m = slopes.float()
+    d = torch.as_tensor(distances, dtype=torch.float32, device=m.device)
+    bias = ((-m)[:, None] * d).to(dtype)
+    if back is not None:  # masked after the cast, as windowed_alibi_bias does
+        reach = torch.tensor([math.inf if w is None else w for w in back], device=m.device)
+        bias = masked_with(bias, d[None, :] > reach[:, None], dtype)
+    return bias
+
+
 def alibi_bias(slopes, query_len, key_len, variant="causal", future_slopes=None,
                dtype=torch.float32, global_tokens: int = 0) -> torch.Tensor:
     """The ALiBi bias, shape ``(H, query_len, key_len)``, to add to the attention logits.

@@ -15,8 +15,8 @@
   option the weights learned with (the variant, global tokens, learned scales:
   ``trained_only``): the run would go on training its model as another one;
 * an ``--alibi-attention`` backend that cannot train the model on the device it trains on
-  (``flash`` or ``flex`` on a CPU): each layer refuses it when put in training mode, but that
-  is after the training data loaded; here it is before.
+  (``flash`` or ``flex`` on a CPU, ``fold`` or ``windowed`` on CUDA): each layer refuses it
+  when put in training mode, but that is after the training data loaded; here it is before.
 """
 
 import functools

@@ -694,7 +694,8 @@ def import_notes(config) -> list:
     """What an import computes otherwise than the model it came from, one line each: a
     fairseq model's run-time options its export left out (:data:`RUN_TIME_KEY`), and where
     transformers (whose computation the import reproduces) ignores a setting of an MPT."""
-    notes = [] if not config.get(RUN_TIME_KEY) else [exported_without_note(config[RUN_TIME_KEY])]
+    recorded = config.get(RUN_TIME_KEY)  # a mapping, as export-hf writes it; else no record
+    notes = [exported_without_note(recorded)] if isinstance(recorded, dict) and recorded else []
     if config["model_type"] != "mpt":
         return notes
     scale = config.get("logit_scale")

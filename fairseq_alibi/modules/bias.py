@@ -15,7 +15,7 @@ from typing import Dict, Optional, Tuple
 import torch
 from torch import Tensor
 
-from fairseq_alibi.alibi import (VARIANTS, alibi_bias, alibi_bias_between, document_alibi_bias,
+from fairseq_alibi.alibi import (VARIANTS, alibi_bias, distance_bias, document_alibi_bias,
                                  document_ids, document_offsets, document_starts,
                                  length_factors, variant_slopes, variant_windows,
                                  windowed_alibi_bias)
@@ -95,9 +95,8 @@ class BiasCache:
         if rows is None or self.rows_key != key or rows.size(1) < key_len:
             m = slopes()
             size = 1 << max(10, (key_len - 1).bit_length())
-            windows = None if back is None else (back, [0] * len(back))
-            rows = alibi_bias_between(m, [size - 1], torch.arange(size, device=m.device),
-                                      dtype=dtype, windows=windows)[:, 0]
+            distances = torch.arange(size - 1, -1, -1, device=m.device)
+            rows = distance_bias(m, distances, dtype, back)
             self.rows, self.rows_key = rows, key
         return rows[:, None, rows.size(1) - key_len:]
 
@@ -293,10 +292,10 @@ class AlibiBias(torch.nn.Module):
         if not dropped and (not bounded or key_len - 1 <= min(bounded)):
             return row
         m = self.slopes_of()[0]
+        distances = torch.arange(key_len - 1 + dropped, key_len - 1 + dropped - sinks, -1,
+                                 device=m.device)
         row = row.clone()
-        row[:, :, :sinks] = alibi_bias_between(m, [key_len - 1 + dropped],
-                                               torch.arange(sinks, device=m.device),
-                                               dtype=row.dtype)
+        row[:, 0, :sinks] = distance_bias(m, distances, row.dtype)
         return row
 
     def memoised(self, tag, query_len: int, key_len: int, dtype, layer: Optional[int], build):

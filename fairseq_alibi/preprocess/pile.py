@@ -13,8 +13,8 @@ processes. Output, in ``--destdir``:
 
 Each document is one line of the binarized text: its BPE tokens (newlines included, so its blank
 lines too: never an empty line inside it; the whitespace at its start and end is stripped, as
-fairseq's ``multiprocessing_bpe_encoder`` strips each line) and ``</s>``. ``--subsets`` keeps only documents whose
-``meta.pile_set_name`` is listed.
+fairseq's ``multiprocessing_bpe_encoder`` strips each line) and ``</s>``. ``--subsets`` keeps
+only documents whose ``meta.pile_set_name`` is listed.
 
 Documents. By default documents follow one another (one ``</s>`` each, so
 ``--alibi-document-mask eos`` already splits at documents). With ``--document-breaks`` an empty

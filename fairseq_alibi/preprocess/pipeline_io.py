@@ -59,12 +59,8 @@ OUTPUT_MARKS = ("stats.json", "pairs.json")
 
 def _not_an_output(dest: Path, own=None) -> Optional[str]:
     """Why ``dest``, a non-empty folder, is no complete output of a pipeline (it holds none of
-    :data:`OUTPUT_MARKS`, or the current folder; ``own(name)``: whether an entry is one this
-    output consists of, for a folder with no mark of its own), naming a few of its entries;
-    else None."""
-    cwd = Path.cwd().resolve()
-    if dest.resolve() in (cwd, *cwd.parents):
-        return "holds the current folder"
+    :data:`OUTPUT_MARKS`; ``own(name)``: whether an entry is one this output consists of, for a
+    folder with no mark of its own), naming a few of its entries; else None."""
     entries = sorted(p.name + ("/" if p.is_dir() else "") for p in dest.iterdir())
     if any((dest / mark).is_file() for mark in OUTPUT_MARKS) or (
             own is not None and all(own(name) for name in entries)):
@@ -76,7 +72,11 @@ def _not_an_output(dest: Path, own=None) -> Optional[str]:
 def _refuse_replacing(dest: Path, own=None) -> None:
     """``--overwrite`` replaces the whole folder: refused for one that is no pipeline's output,
     whose other files it would delete."""
-    why = _not_an_output(dest, own) if dest.is_dir() and any(dest.iterdir()) else None
+    cwd = Path.cwd().resolve()
+    if dest.is_dir() and dest.resolve() in (cwd, *cwd.parents):
+        why = "holds the current folder"
+    else:
+        why = _not_an_output(dest, own) if dest.is_dir() and any(dest.iterdir()) else None
     if why:
         raise DataError(f"{dest} {why}: --overwrite would replace the whole folder, deleting "
                         "what else it holds; give --destdir a new or empty folder (or a "
@@ -99,7 +99,9 @@ def refuse_existing(dest, overwrite: bool = False, inputs=(), skip_existing: boo
         why = _not_an_output(dest, own)
         if why:  # left by another tool or a crashed run: not what a re-run should keep
             raise DataError(f"{dest} {why}: --skip-existing keeps only a pipeline's complete "
-                            "output; remove the folder or give another --destdir")
+                            "output; if it is a complete dataset (e.g. fairseq-preprocess's), "
+                            "train on it as it is and leave it out of this run, else give "
+                            "another --destdir")
         print(f"skipped {dest}: it already exists (--overwrite rebuilds it)", flush=True)
         return True
     if overwrite:

@@ -128,13 +128,20 @@ def _fetch(text_dir: Path, wanted: dict, urls) -> None:
                 missing = sorted(set(wanted) - set(members))
                 if missing:
                     raise DataError(f"{source} holds no {', '.join(missing)}")
-                for name, member in members.items():
-                    part = Path(tmp) / name
-                    with z.open(member) as src, open(part, "wb") as dst:
+                for name, member in members.items():  # all extracted before any is moved
+                    with z.open(member) as src, open(Path(tmp) / name, "wb") as dst:
                         shutil.copyfileobj(src, dst, 1 << 20)
-                    part.rename(wanted[name])  # each file appears whole or not at all
         except zipfile.BadZipFile as e:
             raise DataError(f"{source} is not a zip archive ({e})") from e
+        moved = []
+        try:  # the three splits appear together or not at all
+            for name, path in wanted.items():
+                (Path(tmp) / name).rename(path)
+                moved.append(path)
+        except BaseException:
+            for path in moved:
+                path.unlink(missing_ok=True)
+            raise
 
 
 #: an article's heading line: `` = Title = `` (one ``=`` a side; `` = = Section = = `` is not)

@@ -207,6 +207,23 @@ def test_wikitext_download(tmp_path):
         wikitext.prepare(tmp_path / "fetched", tmp_path / "bin2", fetch=True,
                          urls=[archive.as_uri()])
     assert (tmp_path / "fetched" / "wiki.train.tokens").read_bytes() == mine
+    # a download interrupted between two splits leaves none of them (the next run is no
+    # "folder of the user's own splits")
+    copy, calls = shutil.copyfileobj, []
+
+    def interrupted(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return copy(*args, **kwargs)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(wikitext.shutil, "copyfileobj", interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            wikitext.prepare(tmp_path / "again", tmp_path / "bin3", fetch=True,
+                             urls=[archive.as_uri()])
+    assert not (tmp_path / "again").exists()
+    assert wikitext.prepare(tmp_path / "again", tmp_path / "bin3", fetch=True,
+                            urls=[archive.as_uri()])["valid"]["lines"] > 0
 
 
 # --- The Pile -------------------------------------------------------------------------------

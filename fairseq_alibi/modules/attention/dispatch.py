@@ -242,8 +242,8 @@ def windowed_cost(windows, variant: str, length: int, itemsize: int = 4,
 
     ``β/S``: the chunks' fixed costs. ``auto`` consults it for the calls it does not send to
     ``windowed`` by length (:data:`~fairseq_alibi.alibi.ONE_WAY_VARIANTS`): the bidirectional
-    variants, and global tokens. Constants :data:`.tuning.WINDOWED_COST` (re-fitted from timings by ``python -m
-    benchmarks.windows --fit``)."""
+    variants, and global tokens. Constants :data:`.tuning.WINDOWED_COST` (re-fitted from
+    timings by ``python -m benchmarks.windows --fit``)."""
     *per_key, fixed = tuning.WINDOWED_COST
     keys = windowed_keys(windows, variant, length, itemsize, global_tokens, sinks)
     return sum(a * k for a, k in zip(per_key, keys)) + fixed * 1000 / length
