@@ -1,6 +1,6 @@
 """Document masks: what attending each document as its own sequence costs or saves, side by side.
 
-    python -m benchmarks.documents [--quick] [--tables attention,training]
+    python -m benchmarks.documents [--quick] [--tables attention,training,granules]
         [--lengths 4096,8192] [--doc-lengths 256,2048] [--cutoff 8]
         [--train-lengths 512,4096] [--corpus uniform|wikitext2|DIR] [--rounds 3] [--threads 1]
         [--device cpu|cuda] [--precision fp32|fp16|bf16] [--json FILE]
@@ -30,6 +30,9 @@ document, as packing makes it). Every table times its cases in interleaved paire
   ``--device cuda --precision bf16`` (or ``fp16``) times the same steps on a GPU, where
   ``auto`` masks the documents in compiled ``flex``'s block plan from 1,024 keys (the first
   rounds compile it: ``--rounds`` 5 or more).
+* ``granules``: the documents case of ``attention`` (no windows) with each value of
+  ``tuning.GRANULE_BITS`` (how finely a document's length is rounded up to its bucket's),
+  forward and forward+backward, each ÷ the package's value, in the same rounds.
 """
 
 import argparse
@@ -46,7 +49,7 @@ from benchmarks.timing import Rounds, backward_call, forward_call
 from fairseq_alibi.modules.attention import dispatch
 from fairseq_alibi.modules.bias import AlibiBias
 
-TABLES = ("attention", "training")
+TABLES = ("attention", "training", "granules")
 #: what a flag not given is, in a full run and with ``--quick`` (a flag given wins over both)
 PRESETS = {"full": dict(lengths="4096,8192", doc_lengths="256,2048", train_lengths="512,4096",
                         rounds=3),
@@ -104,6 +107,52 @@ def attention_table(lengths, doc_lengths, cutoff, corpus, rounds, log=print):
              f"{rounds} interleaved round(s), median")
     headers = (["L", "documents in the row", "pass"] + [f"{n} s" for n in found]
                + ["no mask ÷ documents", f"the same, T={cutoff:g}"])
+    return shape, table(headers, rows), records
+
+
+#: the values of ``tuning.GRANULE_BITS`` the ``granules`` table compares (the package's first)
+GRANULES = (3, 1, 2, 4, 5)
+
+
+def granule_table(lengths, doc_lengths, corpus, rounds, log=print):
+    """``(shape line, Markdown table, rows as dicts)``: the documents case of
+    :func:`attention_cases` (no windows) with each of :data:`GRANULES` as
+    ``tuning.GRANULE_BITS`` (a bucket's length rounded to ``2^(floor(log2 l) - bits)``: more
+    bits, less padding, more buckets), forward and forward+backward, each ÷ the package's."""
+    from fairseq_alibi.modules.attention import tuning
+
+    kept, rows, records = tuning.GRANULE_BITS, [], []
+    try:
+        for L in lengths:
+            tokens, pieces = packed_rows(1, L, document_lengths(corpus, *doc_lengths, seed=L))
+            documents = attention_cases(tokens, 0.0)["documents"]
+            q, k, v = (torch.randn(L, 1, 8, 64).permute(1, 2, 0, 3) for _ in range(3))
+            grad = torch.randn(1, 8, L, 64)
+            leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+
+            def with_bits(bits, call):
+                def run():
+                    tuning.GRANULE_BITS = bits
+                    return call()
+                return run
+
+            for passes, make in (("forward", lambda f: forward_call(f, q, k, v)),
+                                 ("fwd+bwd", lambda f: backward_call(f, leaves, grad))):
+                timed = Rounds({bits: with_bits(bits, make(documents)) for bits in GRANULES},
+                               rounds)
+                ratios = [timed.ratio(bits, GRANULES[0]) for bits in GRANULES]
+                rows.append([L, len(pieces), passes, f"{timed.median(GRANULES[0]):.3f}"]
+                            + [f"{r:.2f}" for r in ratios[1:]])
+                records.append({"L": L, "documents": pieces, "pass": passes,
+                                "ratios": dict(zip(GRANULES, ratios))})
+                log(f"[documents] granules L={L} {passes}: "
+                    + ", ".join(f"{b}: {r:.2f}" for b, r in zip(GRANULES, ratios)))
+    finally:
+        tuning.GRANULE_BITS = kept
+    shape = (f"B=1, H=8, D=64, float32, causal, documents: {describe(corpus, doc_lengths)}; "
+             f"{rounds} interleaved round(s), median of paired ratios")
+    headers = (["L", "documents in the row", "pass", f"GRANULE_BITS = {GRANULES[0]} s"]
+               + [f"{b} ÷ {GRANULES[0]}" for b in GRANULES[1:]])
     return shape, table(headers, rows), records
 
 
@@ -170,7 +219,8 @@ def statistics_ratio(timed, samples) -> float:
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(prog="python -m benchmarks.documents",
                                      description=__doc__.split("\n\n")[0])
-    parser.add_argument("--tables", default=",".join(TABLES))
+    parser.add_argument("--tables", default="attention,training",
+                        help=f"some of {','.join(TABLES)} (default attention,training)")
     parser.add_argument("--lengths", help="default 4096,8192; --quick: 512")
     parser.add_argument("--doc-lengths", help="default 256,2048; --quick: 32,128")
     parser.add_argument("--train-lengths", help="default 512,4096; --quick: 128")
@@ -218,6 +268,11 @@ def main(argv=None):
         shape, body, record["attention"] = attention_table(
             args.lengths, args.doc_lengths, args.cutoff, args.corpus, args.rounds)
         report += ["## Attention with document masks", "", shape, "", body, ""]
+    if "granules" in args.tables:
+        shape, body, record["granules"] = granule_table(
+            args.lengths, args.doc_lengths, args.corpus, args.rounds)
+        report += ["## Bucket lengths of the document split (tuning.GRANULE_BITS)", "", shape,
+                   "", body, ""]
     if "training" in args.tables:
         small = dict(dims=QUICK_DIMS, batch_tokens=512) if args.quick else {}
         shape, body, record["training"] = training_table(

@@ -192,6 +192,13 @@ def test_quick_run_of_the_document_mask_tables(tmp_path, capsys):
     assert sum(found["attention"][0]["documents"]) == 512  # the row's pieces fill it
     training = found["training"][0]
     assert set(training["useful_tokens_per_second"]) == {"none", "documents", "complete_doc"}
+    from fairseq_alibi.modules.attention import tuning
+
+    kept = tuning.GRANULE_BITS
+    assert documents.main(["--quick", "--tables", "granules", "--json", str(records)]) == 0
+    granules = json.loads(records.read_text())["granules"]
+    assert [set(r["ratios"]) for r in granules] == [{"1", "2", "3", "4", "5"}] * 2
+    assert all(r["ratios"]["3"] == 1.0 for r in granules) and tuning.GRANULE_BITS == kept
     with pytest.raises(SystemExit):
         documents.main(["--doc-lengths", "9,3"])
     with pytest.raises(SystemExit):  # half precision trains on a GPU only
