@@ -714,8 +714,64 @@ def devices_for(args) -> List[Optional[int]]:
     return list(range(count)) if count else [None]
 
 
-# long: the tool's steps in the order they run (read, fine-tune every task and seed, score, report)
+def _max_length(args, pretrained) -> Optional[int]:
+    """The tokens an input keeps (``None``: whole), from ``--max-length`` and the checkpoint."""
+    if args.max_length == "none":
+        if pretrained.learned_positions:
+            raise GlueError(
+                f"--max-length none: this checkpoint has learned positions "
+                f"({pretrained.learned_positions}), which stop there; give --max-length "
+                f"{pretrained.learned_positions} or less (ALiBi models can keep inputs whole)")
+        return None
+    max_length = int(args.max_length or pretrained.pretraining_length or 512)
+    if pretrained.learned_positions and max_length > pretrained.learned_positions:
+        raise GlueError(
+            f"--max-length {max_length}: this checkpoint learned "
+            f"{pretrained.learned_positions} positions; give at most that")
+    return max_length
+
+
+def _mnli_source(args, tasks) -> Optional[str]:
+    """The checkpoint ``--from-mnli`` names (``None``: none, or this grid's best MNLI run)."""
+    if args.from_mnli == "auto" and "MNLI" not in tasks:
+        raise GlueError("--from-mnli without a checkpoint starts RTE, MRPC and STS-B from this "
+                        "grid's MNLI runs: add MNLI to --tasks (its MNLI-bin in --data), or give "
+                        "--from-mnli MNLI_CHECKPOINT")
+    if args.from_mnli in (None, "auto"):
+        return None
+    source = str(Path(args.from_mnli).resolve())
+    if not Path(source).is_file():
+        raise GlueError(f"--from-mnli {args.from_mnli}: no such checkpoint")
+    return source
+
+
+def _keep_settings(out: Path, settings: dict) -> None:
+    """Write ``out/settings.json``; refuse an ``out`` holding runs of other settings."""
+    kept = out / "settings.json"
+    if kept.is_file() and json.loads(kept.read_text()) != settings:
+        before = json.loads(kept.read_text())
+        changed = [k for k in settings if before.get(k) != settings[k]]
+        raise GlueError(f"{out} holds runs made with other settings ({', '.join(changed)}); "
+                        "give another --out, or the same settings to finish that grid")
+    kept.write_text(json.dumps(settings, indent=2) + "\n")
+
+
+def _report_header(command, pretrained, args, max_length) -> List[str]:
+    return [
+        f"GLUE dev, fine-tuned from `{pretrained.path}`", "",
+        f"Command: `{command}`  ",
+        f"Model: `--arch {pretrained.arch} {' '.join(pretrained.flags)}`  ",
+        "Inputs: " + (f"cut to {max_length} tokens (longer segment first)" if max_length
+                      else "whole") + "; "
+        f"recipe: Adam (0.9, 0.98), lr {args.lr or 'per task'}, {args.epochs} "
+        f"epoch{'s' if args.epochs != 1 else ''}, "
+        f"{args.warmup_ratio:.0%} warm-up then linear decay, best epoch by the dev metric  ",
+        f"Seeds: {', '.join(map(str, args.seeds))}; metrics × 100",
+    ]
+
+
 def main(argv=None):
+    """Read the checkpoint and the tasks, fine-tune every task and seed, score, report."""
     args = parse_args(argv)
     command = "fairseq-alibi glue " + " ".join(argv if argv is not None else sys.argv[1:])
     out = Path(args.out).resolve()
@@ -723,28 +779,8 @@ def main(argv=None):
     started, cpu_start = time.time(), cpu_seconds()
     pretrained = read_pretrained(args.checkpoint)
     tasks = find_tasks(Path(args.data).resolve(), args.tasks)
-    if args.max_length == "none":
-        max_length = None
-        if pretrained.learned_positions:
-            raise GlueError(
-                f"--max-length none: this checkpoint has learned positions "
-                f"({pretrained.learned_positions}), which stop there; give --max-length "
-                f"{pretrained.learned_positions} or less (ALiBi models can keep inputs whole)")
-    else:
-        max_length = int(args.max_length or pretrained.pretraining_length or 512)
-        if pretrained.learned_positions and max_length > pretrained.learned_positions:
-            raise GlueError(
-                f"--max-length {max_length}: this checkpoint learned "
-                f"{pretrained.learned_positions} positions; give at most that")
-    mnli_source = None
-    if args.from_mnli == "auto" and "MNLI" not in tasks:
-        raise GlueError("--from-mnli without a checkpoint starts RTE, MRPC and STS-B from this "
-                        "grid's MNLI runs: add MNLI to --tasks (its MNLI-bin in --data), or give "
-                        "--from-mnli MNLI_CHECKPOINT")
-    if args.from_mnli not in (None, "auto"):
-        mnli_source = str(Path(args.from_mnli).resolve())
-        if not Path(mnli_source).is_file():
-            raise GlueError(f"--from-mnli {args.from_mnli}: no such checkpoint")
+    max_length = _max_length(args, pretrained)
+    mnli_source = _mnli_source(args, tasks)
     out.mkdir(parents=True, exist_ok=True)
     devices = devices_for(args)
     args.device = "cpu" if devices == [None] else "cuda"
@@ -754,13 +790,7 @@ def main(argv=None):
                 "batch_size": args.batch_size, "epochs": args.epochs,
                 "warmup_ratio": args.warmup_ratio, "from_mnli": args.from_mnli,
                 "fairseq_args": args.fairseq_args}
-    kept = out / "settings.json"
-    if kept.is_file() and json.loads(kept.read_text()) != settings:
-        before = json.loads(kept.read_text())
-        changed = [k for k in settings if before.get(k) != settings[k]]
-        raise GlueError(f"{out} holds runs made with other settings ({', '.join(changed)}); "
-                        "give another --out, or the same settings to finish that grid")
-    kept.write_text(json.dumps(settings, indent=2) + "\n")
+    _keep_settings(out, settings)
     log(f"{pretrained.path}: --arch {pretrained.arch} {' '.join(pretrained.flags)}")
 
     data = {}
@@ -796,17 +826,7 @@ def main(argv=None):
     record = {"command": command, "settings": settings, "data": data, "machine": machine(),
               "wall_seconds": round(time.time() - started, 1),
               "cpu_seconds": round(cpu_seconds() - cpu_start, 1)}
-    header = [
-        f"GLUE dev, fine-tuned from `{pretrained.path}`", "",
-        f"Command: `{command}`  ",
-        f"Model: `--arch {pretrained.arch} {' '.join(pretrained.flags)}`  ",
-        "Inputs: " + (f"cut to {max_length} tokens (longer segment first)" if max_length
-                      else "whole") + "; "
-        f"recipe: Adam (0.9, 0.98), lr {args.lr or 'per task'}, {args.epochs} "
-        f"epoch{'s' if args.epochs != 1 else ''}, "
-        f"{args.warmup_ratio:.0%} warm-up then linear decay, best epoch by the dev metric  ",
-        f"Seeds: {', '.join(map(str, args.seeds))}; metrics × 100",
-    ]
+    header = _report_header(command, pretrained, args, max_length)
     write_reports(out, record, results, summary, header)
     print(markdown(summary, results, header))
     log(f"tables in {out}/glue.md, glue.csv, glue.json")
