@@ -214,6 +214,17 @@ def _zero_block_size(exc: BaseException) -> Optional[str]:
             "ALiBi models evaluate at any length, e.g. --tokens-per-sample 512")
 
 
+def _sample_over_max_tokens(exc: BaseException) -> Optional[str]:
+    """fairseq's batching asserts that no sample is longer than ``--max-tokens`` (a block of
+    ``--tokens-per-sample`` tokens, in fairseq-eval-lm and training alike)."""
+    found = re.search(r"Sentences lengths should not exceed max_tokens=(\d+)", str(exc))
+    if not isinstance(exc, AssertionError) or found is None:
+        return None
+    return (f"--max-tokens {found.group(1)} is smaller than one sample (a block of "
+            "--tokens-per-sample tokens): fairseq batches whole samples; give --max-tokens at "
+            "least --tokens-per-sample")
+
+
 def _not_a_language_model(exc: BaseException) -> Optional[str]:
     """The language_modeling task (fairseq-eval-lm, fairseq-interactive) given a model that is
     not a language model (a translation model, an encoder) fails on an attribute only language
@@ -447,6 +458,7 @@ def hint_for(exc: BaseException) -> Optional[str]:
             return one_line(cause)
     for found in chain:
         hint = (_unreadable_checkpoint(found) or _zero_block_size(found)
+                or _sample_over_max_tokens(found)
                 or _architecture_mismatch(found) or _size_mismatch(found)
                 or _not_a_language_model(found)
                 or _bad_model_overrides(found) or _translation_folder(found)

@@ -207,12 +207,14 @@ def test_zero_tokens_per_sample_is_a_clear_error(model, tiny_lm_data):
      "--tokens-per-sample must be at least 1 (the tokens of one block), got -5"),
     (["--tokens-per-sample", 8, "--context-window", 12], "negative dimensions",
      "--tokens-per-sample 8 must be larger than --context-window 12"),
+    (["--tokens-per-sample", 64, "--max-tokens", 32], "should not exceed max_tokens=32",
+     "--max-tokens 32 is smaller than one sample (a block of --tokens-per-sample tokens)"),
 ])
 def test_a_block_size_below_one_in_eval_lm_is_named(flags, error, line, tiny_lm_data,
                                                     alibi_user_dir, tmp_path):
     """eval-lm builds the model from the checkpoint, which never sees the flag: fairseq fails
-    splitting the data (its block: --tokens-per-sample less --context-window), and the last
-    line names the flags."""
+    splitting the data (its block: --tokens-per-sample less --context-window) or batching a
+    block longer than --max-tokens, and the last line names the flags."""
     checkpoint = saved_in_process(tmp_path / "model.pt", tiny_lm_data, *MODELS["lm"])
     out = run_cli("fairseq-eval-lm", tiny_lm_data, "--user-dir", alibi_user_dir, "--path",
                   checkpoint, "--cpu", *flags, expect_ok=False)
