@@ -34,6 +34,7 @@ models' section (``alibi_roberta``, ``alibi_transformer``) takes any key.
 
 import contextlib
 import contextvars
+import difflib
 from collections.abc import Mapping
 import functools
 import logging
@@ -106,6 +107,28 @@ def given_overrides(arg_overrides) -> dict:
     own."""
     nested = arg_overrides.get("model")
     return {**arg_overrides, **(nested if isinstance(nested, dict) else {})}
+
+
+def warn_unknown_keys(state, arg_overrides, where: str) -> None:
+    """Warn of an override key that names no option of any section of a hydra-era
+    checkpoint's config but is close to one (``dropuot``: ``dropout``): fairseq drops it
+    without a word. Only a warning: a key of no section may still be a loader's own (the
+    hub's); an argparse-era ``Namespace`` took every key, so there is nothing to compare."""
+    cfg = state.get("cfg")
+    if cfg is None or not hasattr(cfg, "keys"):
+        return
+    known = set(cfg.keys())
+    for group in cfg.keys():
+        section = cfg_get(cfg, group, None)
+        if hasattr(section, "keys"):
+            known.update(section.keys())
+    for key in override_keys(arg_overrides):
+        if not isinstance(key, str) or key in known or options.is_our_key(key):
+            continue
+        close = difflib.get_close_matches(key, sorted(known), n=1, cutoff=0.8)
+        if close:
+            logger.warning(f"{key!r} in {where} is no option of this checkpoint's config: "
+                           f"fairseq ignores it (did you mean {close[0]!r}?)")
 
 
 def add_missing_options(state, arg_overrides, model_name):
@@ -203,6 +226,7 @@ def guard_override_keys():
         if arg_overrides:
             model_name = model_name_of(state)
             check_keys(override_keys(arg_overrides), model_name, where)
+            warn_unknown_keys(state, arg_overrides, where)
             options.check_override_values(given_overrides(arg_overrides), model_name, where)
             add_missing_options(state, arg_overrides, model_name)
             refuse_learned_over(state, arg_overrides, model_name, where)

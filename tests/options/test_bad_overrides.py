@@ -101,11 +101,15 @@ def test_a_correct_override_still_changes_the_output(era, argparse_era_lm):
     assert not torch.allclose(lm_output(model), lm_output(scaled), atol=1e-4)
 
 
-def test_other_keys_pass_untouched():
+def test_other_keys_pass_untouched(caplog):
     _, cfg = load(LM, dropout=0.25)
     assert cfg.dropout == 0.25
     _, cfg = load(LM, not_an_option_of_anyone=1)  # stock: dropped, no error
     assert "not_an_option_of_anyone" not in cfg
+    assert "no option of this checkpoint's config" not in caplog.text  # nothing close to it
+    _, cfg = load(LM, dropuot=0.5)  # misspelt: dropped too, but said
+    assert cfg.dropout != 0.5 and "'dropuot' in --model-overrides is no option of this " \
+        "checkpoint's config: fairseq ignores it (did you mean 'dropout'?)" in caplog.text
     _, cfg = load(ROBERTA, load_checkpoint_heads=True, pooler_dropout=0.5)
     assert cfg.pooler_dropout == 0.5
 
