@@ -237,12 +237,6 @@ def parse_eval_output(text: str):
     return int(tokens[-1].replace(",", "")), float(loss[-1][0])
 
 
-def printed_perplexity(text: str) -> float:
-    """The perplexity ``fairseq-eval-lm`` printed (its last ``Perplexity:``): what its log
-    says, where ``2 ** loss`` of the printed, rounded loss can differ in the last digit."""
-    return float(_LOSS.findall(text)[-1][1])
-
-
 def split_token_count(data: str, subset: str = "test") -> Optional[int]:
     """Tokens (end-of-line tokens included) of a binarized split; None if unreadable."""
     from fairseq.data import data_utils
@@ -291,8 +285,7 @@ def _run_point(name, model, data, length, mode, stride, gen_subset, extra, env, 
         model=name, mode=mode, length=length,
         context_window=context_window(length, mode, stride), tokens=tokens,
         expected_tokens=expected, loss_base2=None if why else loss,
-        perplexity=None if why else printed_perplexity(output), seconds=round(seconds, 2),
-        log=str(log),
+        perplexity=None if why else 2.0 ** loss, seconds=round(seconds, 2), log=str(log),
         refused=why,
     )
 

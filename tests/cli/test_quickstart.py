@@ -84,8 +84,7 @@ def test_quickstart_writes_table_csv_and_plot(smoke):
         ppl = float(r["perplexity"])
         low, high = SMOKE_PERPLEXITY[r["model"]]
         assert low < ppl < high
-        # the printed perplexity; 2 ** the printed loss agrees to that print's rounding
-        assert ppl == pytest.approx(2 ** float(r["loss_base2"]), rel=1e-4)
+        assert ppl == pytest.approx(2 ** float(r["loss_base2"]))
         assert r["context_window"] == "0"
         assert os.path.isfile(r["log"])
 
@@ -144,12 +143,8 @@ def test_parse_eval_output_reads_the_real_log(smoke):
     out, _ = smoke
     with open(out / "extrapolation.csv") as f:
         row = next(csv.DictReader(f))
-    log = open(row["log"]).read()
-    tokens, loss = parse_eval_output(log)
+    tokens, loss = parse_eval_output(open(row["log"]).read())
     assert tokens == int(row["tokens"]) and loss == float(row["loss_base2"])
-    # the table's perplexity is the one the log prints (2 ** the rounded loss could differ)
-    printed = log.rsplit("Perplexity: ", 1)[1].split()[0]
-    assert row["perplexity"] == printed or float(row["perplexity"]) == float(printed)
     with pytest.raises(SweepError, match="Evaluated N tokens"):
         parse_eval_output("Traceback (most recent call last): ...")
 
