@@ -65,8 +65,10 @@ QUICK_DIMS = ["--decoder-layers", "1", "--decoder-embed-dim", "64",
               "--decoder-ffn-embed-dim", "128", "--decoder-attention-heads", "4"]
 
 
-def attention_cases(tokens, cutoff: float, heads=8, head_dim=64):
-    """``{case: f(q, k, v)}``: ``auto`` with and without the document mask and windows."""
+def attention_cases(tokens, cutoff: float, heads=8, head_dim=64, split_now=False):
+    """``{case: f(q, k, v)}``: ``auto`` with and without the document mask and windows
+    (``split_now``: the documents' layout, which the call keeps, cut now under the tuning's
+    settings, its buckets' lengths as the case's ``layout_lengths``)."""
     B, L = tokens.shape
     scale = head_dim ** -0.5
     found = {}
@@ -75,8 +77,13 @@ def attention_cases(tokens, cutoff: float, heads=8, head_dim=64):
             bias = AlibiBias(heads, variant="causal", window_cutoff=t, document_mask=mode)
             bias.read_tokens(tokens, EOS)
             call = bias.layer(0).for_call(None, B, L, L, False)
-            found[name + label] = (lambda q, k, v, call=call:
-                                   dispatch.attend("auto", q, k, v, call, scale=scale))
+
+            def case(q, k, v, call=call):
+                return dispatch.attend("auto", q, k, v, call, scale=scale)
+            documents = getattr(call, "documents", None)
+            if split_now and documents is not None:
+                case.layout_lengths = sorted(b.length for b in documents.layout().buckets)
+            found[name + label] = case
     return found
 
 
@@ -125,26 +132,22 @@ def granule_table(lengths, doc_lengths, corpus, rounds, log=print):
     try:
         for L in lengths:
             tokens, pieces = packed_rows(1, L, document_lengths(corpus, *doc_lengths, seed=L))
-            documents = attention_cases(tokens, 0.0)["documents"]
             q, k, v = (torch.randn(L, 1, 8, 64).permute(1, 2, 0, 3) for _ in range(3))
             grad = torch.randn(1, 8, L, 64)
             leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
-
-            def with_bits(bits, call):
-                def run():
-                    tuning.GRANULE_BITS = bits
-                    return call()
-                return run
-
+            cases, buckets = {}, {}
+            for bits in GRANULES:  # each call cuts its row once, under its own setting
+                tuning.GRANULE_BITS = bits
+                cases[bits] = attention_cases(tokens, 0.0, split_now=True)["documents"]
+                buckets[bits] = cases[bits].layout_lengths
             for passes, make in (("forward", lambda f: forward_call(f, q, k, v)),
                                  ("fwd+bwd", lambda f: backward_call(f, leaves, grad))):
-                timed = Rounds({bits: with_bits(bits, make(documents)) for bits in GRANULES},
-                               rounds)
+                timed = Rounds({bits: make(cases[bits]) for bits in GRANULES}, rounds)
                 ratios = [timed.ratio(bits, GRANULES[0]) for bits in GRANULES]
                 rows.append([L, len(pieces), passes, f"{timed.median(GRANULES[0]):.3f}"]
                             + [f"{r:.2f}" for r in ratios[1:]])
                 records.append({"L": L, "documents": pieces, "pass": passes,
-                                "ratios": dict(zip(GRANULES, ratios))})
+                                "ratios": dict(zip(GRANULES, ratios)), "buckets": buckets})
                 log(f"[documents] granules L={L} {passes}: "
                     + ", ".join(f"{b}: {r:.2f}" for b, r in zip(GRANULES, ratios)))
     finally:

@@ -215,14 +215,14 @@ def _zero_block_size(exc: BaseException) -> Optional[str]:
 
 
 def _sample_over_max_tokens(exc: BaseException) -> Optional[str]:
-    """fairseq's batching asserts that no sample is longer than ``--max-tokens`` (a block of
-    ``--tokens-per-sample`` tokens, in fairseq-eval-lm and training alike)."""
+    """fairseq's batching asserts that no sample is longer than ``--max-tokens`` (a language
+    model's block of ``--tokens-per-sample`` tokens, a sentence or pair of the other tasks)."""
     found = re.search(r"Sentences lengths should not exceed max_tokens=(\d+)", str(exc))
     if not isinstance(exc, AssertionError) or found is None:
         return None
-    return (f"--max-tokens {found.group(1)} is smaller than one sample (a block of "
-            "--tokens-per-sample tokens): fairseq batches whole samples; give --max-tokens at "
-            "least --tokens-per-sample")
+    return (f"--max-tokens {found.group(1)} is smaller than a sample (a language model's: a "
+            "block of --tokens-per-sample tokens; a translation's or a classifier's: its "
+            "longest input): fairseq batches whole samples; raise --max-tokens")
 
 
 def _not_a_language_model(exc: BaseException) -> Optional[str]:

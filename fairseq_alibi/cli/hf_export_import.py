@@ -694,8 +694,12 @@ def import_notes(config) -> list:
     """What an import computes otherwise than the model it came from, one line each: a
     fairseq model's run-time options its export left out (:data:`RUN_TIME_KEY`), and where
     transformers (whose computation the import reproduces) ignores a setting of an MPT."""
-    recorded = config.get(RUN_TIME_KEY)  # a mapping, as export-hf writes it; else no record
+    recorded = config.get(RUN_TIME_KEY)  # a mapping, as export-hf writes it
     notes = [exported_without_note(recorded)] if isinstance(recorded, dict) and recorded else []
+    if recorded is not None and not isinstance(recorded, dict):
+        notes.append(f"note: config.json's {RUN_TIME_KEY} is not a mapping of options "
+                     f"({type(recorded).__name__}): the options it was exported without are "
+                     "unknown")
     if config["model_type"] != "mpt":
         return notes
     scale = config.get("logit_scale")

@@ -462,6 +462,10 @@ def format_markdown(result: SweepResult, title: Optional[str] = None) -> str:
                        if p.mode == mode}
             note += "; stride " + ", ".join(f"{s} at N={n}" for n, s in sorted(strides.items()))
         lines += ["", note + ".", ""]
+    # fairseq-eval-lm prints the loss to 4 decimals and the perplexity to 2: 2 ** loss is the
+    # finer figure below a perplexity of about 144, and may differ from the log's last digit
+    lines += ["Perplexity: 2 ** the base-2 loss fairseq-eval-lm printed (4 decimals), as in "
+              "the csv; it can differ in the last digit from the perplexity its log prints.", ""]
     refused = result.refused
     if refused:
         lines += ["Refused points (no perplexity reported):", ""]

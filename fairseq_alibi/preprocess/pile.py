@@ -140,8 +140,8 @@ class SplitStats:
         if self.limit:
             longer = self.counts["longer"]
             lines.append(
-                f"  over {self.limit} tokens (so over L = {self.limit + 1} with <s>): {longer} documents "
-                f"({100 * longer / max(total, 1):.2f}%), {policy}: "
+                f"  over {self.limit} tokens (so over L = {self.limit + 1} with <s>): {longer} "
+                f"documents ({100 * longer / max(total, 1):.2f}%), {policy}: "
                 f"{self.counts['dropped']} dropped, {self.counts['truncated']} truncated"
             )
         for what in ("filtered", "empty"):
@@ -257,7 +257,8 @@ def prepare(destdir, train, valid=(), test=(), encoder=None, train_sentencepiece
             logger.warning(f"not a Pile subset name: {unknown}; known: {', '.join(PILE_SETS)}")
     limit = tokens_per_sample - 1 if tokens_per_sample else None
     outputs = [(("train" + (str(i) if i else "")), [p]) for i, p in enumerate(train)]
-    outputs += [(split, list(paths)) for split, paths in (("valid", valid), ("test", test)) if paths]
+    outputs += [(split, list(paths)) for split, paths in (("valid", valid), ("test", test))
+                if paths]
 
     with atomic_directory(destdir, overwrite, inputs) as out:
         if train_sentencepiece_vocab:

@@ -74,9 +74,9 @@ def _refuse_replacing(dest: Path, own=None) -> None:
     whose other files it would delete."""
     cwd = Path.cwd().resolve()
     if dest.is_dir() and dest.resolve() in (cwd, *cwd.parents):
-        why = "holds the current folder"
-    else:
-        why = _not_an_output(dest, own) if dest.is_dir() and any(dest.iterdir()) else None
+        raise DataError(f"{dest} is or holds the current folder: --overwrite replaces the "
+                        "whole folder; give --destdir another folder (or run from outside it)")
+    why = _not_an_output(dest, own) if dest.is_dir() and any(dest.iterdir()) else None
     if why:
         raise DataError(f"{dest} {why}: --overwrite would replace the whole folder, deleting "
                         "what else it holds; give --destdir a new or empty folder (or a "

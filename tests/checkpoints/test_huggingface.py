@@ -836,3 +836,12 @@ def test_import_refuses_a_tokenizer_bigger_than_the_model_naming_both_sizes(tmp_
     err = capsys.readouterr().err.strip()
     assert "has 60 ids, the model 48 embedding rows" in err and "do not match" in err, err
     assert len(err.splitlines()) == 1 and not (tmp_path / "fs").exists()
+
+
+def test_a_run_time_record_that_is_not_a_mapping_is_said():
+    """A config.json whose record of the options left out is damaged (not a mapping) gets a
+    note saying they are unknown, not silence or a traceback."""
+    assert hf.import_notes({"model_type": "bloom", hf.RUN_TIME_KEY: ["alibi_window_cutoff"]}) \
+        == [f"note: config.json's {hf.RUN_TIME_KEY} is not a mapping of options (list): the "
+            "options it was exported without are unknown"]
+    assert hf.import_notes({"model_type": "bloom"}) == []

@@ -89,6 +89,7 @@ def test_quickstart_writes_table_csv_and_plot(smoke):
         assert os.path.isfile(r["log"])
 
     table, speeds = (out / "extrapolation.md").read_text().split("fairseq-eval-lm tokens/s")
+    assert "Perplexity: 2 ** the base-2 loss fairseq-eval-lm printed (4 decimals)" in table
     by_row = {}
     for line in table.splitlines():
         cells = [c.strip() for c in line.strip().strip("|").split("|")]

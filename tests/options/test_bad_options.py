@@ -208,7 +208,8 @@ def test_zero_tokens_per_sample_is_a_clear_error(model, tiny_lm_data):
     (["--tokens-per-sample", 8, "--context-window", 12], "negative dimensions",
      "--tokens-per-sample 8 must be larger than --context-window 12"),
     (["--tokens-per-sample", 64, "--max-tokens", 32], "should not exceed max_tokens=32",
-     "--max-tokens 32 is smaller than one sample (a block of --tokens-per-sample tokens)"),
+     "--max-tokens 32 is smaller than a sample (a language model's: a block of "
+     "--tokens-per-sample tokens;"),
 ])
 def test_a_block_size_below_one_in_eval_lm_is_named(flags, error, line, tiny_lm_data,
                                                     alibi_user_dir, tmp_path):

@@ -524,7 +524,8 @@ def test_existing_output_is_kept_or_replaced_whole(tmp_path, monkeypatch):
             pass
     (dest / "stats.json").write_text("{}")
     monkeypatch.chdir(dest)
-    with pytest.raises(DataError, match="dest holds the current folder: --overwrite"):
+    with pytest.raises(DataError, match="dest is or holds the current folder: --overwrite "
+                                        "replaces the whole folder; give --destdir another"):
         with atomic_directory(dest, overwrite=True):
             pass
     monkeypatch.chdir(tmp_path)
