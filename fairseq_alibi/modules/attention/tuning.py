@@ -177,8 +177,9 @@ CHUNK_BYTES = 4 * 2**20
 #: a bucket's length is a document's ``l`` rounded up to a multiple of
 #: ``2^(floor(log2 l) - GRANULE_BITS)`` (at most 1/8 more) or of :data:`MIN_GRANULE`: few
 #: distinct shapes (few backend calls) for little padding. Read by ``documents.bucket_length``.
-#: 1-5 bits timed alike within the noise (rows of 3-14 documents, 4,096-8,192 keys):
-#: docs/benchmarks.md, "Document masks" (``python -m benchmarks.documents --tables granules``)
+#: 1 and 2 bits were 1.05-1.29x slower (their padding), 4 and 5 within about 5 % (rows of
+#: 3-14 documents, 4,096-8,192 keys): docs/benchmarks.md, "Document masks" (``python -m
+#: benchmarks.documents --tables granules``)
 GRANULE_BITS = 3
 
 #: the smallest granule of a bucket's length (see :data:`GRANULE_BITS`). Read by
