@@ -110,10 +110,11 @@ def given_overrides(arg_overrides) -> dict:
 
 
 def warn_unknown_keys(state, arg_overrides, where: str) -> None:
-    """Warn of an override key that names no option of any section of a hydra-era
-    checkpoint's config but is close to one (``dropuot``: ``dropout``): fairseq drops it
-    without a word. Only a warning: a key of no section may still be a loader's own (the
-    hub's); an argparse-era ``Namespace`` took every key, so there is nothing to compare."""
+    """Warn of an override key that names no option of any section of a checkpoint's config
+    but is close to one (``dropuot``: ``dropout``): fairseq drops it without a word. Only a
+    warning: a key of no section may still be a loader's own (the hub's). An argparse-era
+    checkpoint's model ``Namespace`` takes every key while it loads, so its keys are found
+    there and nothing is said."""
     cfg = state.get("cfg")
     if cfg is None or not hasattr(cfg, "keys"):
         return
