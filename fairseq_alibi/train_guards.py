@@ -166,6 +166,15 @@ def world_size_refusal(cfg, trainer, suffix: str, restored=None) -> Optional[str
             f"{fix}")
 
 
+def package_options(trainer) -> dict:
+    """The package's options of the trainer's model, ``{key: value}`` (what the guards compare
+    with the checkpoint's and between the workers)."""
+    from fairseq_alibi.config_access import plain_cfg
+    from fairseq_alibi.options import is_our_key
+
+    return {k: v for k, v in plain_cfg(trainer.cfg.model).items() if is_our_key(k)}
+
+
 def resumed_options_refusal(cfg, trainer, suffix: str, restored=None) -> Optional[str]:
     """Why the run would continue the training of a checkpoint (its optimizer state kept: a
     resume, ``--restore-file`` or ``--continue-once`` without ``--reset-optimizer``) whose
@@ -178,15 +187,14 @@ def resumed_options_refusal(cfg, trainer, suffix: str, restored=None) -> Optiona
     if state is None:
         return None
     from fairseq_alibi import options
-    from fairseq_alibi.config_access import cfg_get, plain_cfg
+    from fairseq_alibi.config_access import cfg_get
     from fairseq_alibi.models.override_keys import model_name_of_config, saved_model_config
 
     saved = saved_model_config(state)
     name = model_name_of_config(trainer.cfg.model)
     if saved is None or model_name_of_config(saved) != name:  # fairseq's own error, if any
         return None
-    given = {k: v for k, v in plain_cfg(trainer.cfg.model).items() if options.is_our_key(k)}
-    change = options.trained_change(given, lambda key: cfg_get(saved, key, None), name)
+    change = options.trained_change(package_options(trainer), lambda key: cfg_get(saved, key, None), name)
     if change is None:
         return None
     flag, _, was, wanted = change
@@ -204,11 +212,10 @@ def rank_options_refusal(trainer) -> Optional[str]:
         return None
     import torch.distributed as dist
 
-    from fairseq_alibi.config_access import flag_of_key, plain_cfg
-    from fairseq_alibi.options import is_our_key
+    from fairseq_alibi.config_access import flag_of_key
 
-    mine = {k: repr(v) for k, v in plain_cfg(trainer.cfg.model).items()
-            if is_our_key(k) and k != "alibi_attention"}  # that picks a kernel, not a model
+    mine = {k: repr(v) for k, v in package_options(trainer).items()
+            if k != "alibi_attention"}  # that picks a kernel, not a model
     every = [None] * trainer.data_parallel_world_size
     dist.all_gather_object(every, mine, group=trainer.data_parallel_process_group)
     for rank, theirs in enumerate(every):
