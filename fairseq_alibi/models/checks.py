@@ -9,6 +9,7 @@ options differ from the model's is refused in one style, naming the flag to fix
 """
 
 import argparse
+import functools
 import logging
 
 from fairseq.utils import safe_getattr
@@ -271,16 +272,41 @@ FORK_FLAGS = {
 
 
 def refuse_fork_flags(parser, model_name):
-    """Make the EIFY fork's model flags (:data:`FORK_FLAGS`; not its task's, which a task may
-    declare after the model's) a one-line error naming their counterparts on ``model_name``'s
-    parser, where argparse would only say "unrecognized arguments" (a flag another part of
-    fairseq declared first is left to it)."""
+    """Make the EIFY fork's flags (:data:`FORK_FLAGS`) a one-line error naming their
+    counterparts on ``model_name``'s parser, where argparse would only say "unrecognized
+    arguments" (a flag another part of fairseq declared first is left to it, and so is the
+    fork's task flag where a registered task declares it: tasks add their flags after the
+    model's, and a second declaration would be argparse's conflict)."""
     taken = {flag for action in parser._actions for flag in action.option_strings}
     for flag, counterpart in FORK_FLAGS.get(model_name, {}).items():
-        if flag not in taken and flag[2:].replace("-", "_") not in FORK_TASK_OPTIONS:
+        option = flag[2:].replace("-", "_")
+        if flag not in taken and not (option in FORK_TASK_OPTIONS and _task_declares(option)):
             parser.add_argument(flag, action=_RefusedFlag, help=argparse.SUPPRESS,
                                 reason=f"a flag of EIFY's ALiBi fork; here: {counterpart} "
                                        "(docs/migrating.md)")
+
+
+@functools.lru_cache(maxsize=None)
+def _task_declares(option: str) -> bool:
+    """Whether a registered task (stock or a ``--user-dir``'s) declares ``option``: a field of
+    its dataclass, or a flag its legacy ``add_args`` adds to a scratch parser."""
+    from fairseq.tasks import TASK_DATACLASS_REGISTRY, TASK_REGISTRY
+
+    if any(option in getattr(dc, "__dataclass_fields__", {})
+           for dc in TASK_DATACLASS_REGISTRY.values()):
+        return True
+    flag = flag_of_key(option)
+    for name, task in TASK_REGISTRY.items():
+        if name in TASK_DATACLASS_REGISTRY:
+            continue
+        scratch = argparse.ArgumentParser(add_help=False, conflict_handler="resolve")
+        try:
+            task.add_args(scratch)
+        except Exception:  # a task whose flags cannot be read here: assume it might declare it
+            return True
+        if flag in scratch._option_string_actions:
+            return True
+    return False
 
 
 def refuse_position_embedding_options(model_cfg):

@@ -115,6 +115,8 @@ def test_position_embedding_flag_is_refused(tiny_lm_data, capsys):
 @pytest.mark.parametrize("model, flag, fix", [
     (MODELS["lm"], "--decoder-alibi", "none: alibi_transformer_lm is ALiBi already"),
     (MODELS["encoder"], "--encoder-alibi-asymmetrical", "--alibi-variant offset"),
+    # the fork's task flag: stock masked_lm does not declare it
+    (MODELS["encoder"], "--omit-mask", "--embedding-omits-mask, with --zero-mask-embedding"),
     (["--task", "translation", "--arch", "alibi_transformer"], "--decoder-alibi",
      "--decoder-alibi-variant causal"),
 ])
@@ -124,6 +126,32 @@ def test_the_forks_flags_name_what_replaces_them(model, flag, fix, tiny_lm_data,
         training_config([tiny_lm_data, *model, flag])
     assert last_line(capsys.readouterr().err).endswith(
         f"error: argument {flag}: a flag of EIFY's ALiBi fork; here: {fix} (docs/migrating.md)")
+
+
+def test_a_task_declaring_the_forks_task_flag_keeps_it(monkeypatch):
+    """Where a registered task declares ``--omit-mask`` (it adds its flags after the model's),
+    the model leaves the flag to it rather than make argparse's conflict."""
+    import argparse
+    from dataclasses import dataclass
+
+    from fairseq import tasks
+
+    from fairseq_alibi.models import checks
+
+    @dataclass
+    class ForkTaskConfig:
+        omit_mask: bool = False
+
+    monkeypatch.setitem(tasks.TASK_DATACLASS_REGISTRY, "fork_masked_lm", ForkTaskConfig)
+    checks._task_declares.cache_clear()
+    try:
+        parser = argparse.ArgumentParser()
+        checks.refuse_fork_flags(parser, "alibi_roberta")
+        parser.add_argument("--omit-mask", action="store_true")  # the task's own, no conflict
+        assert parser.parse_args(["--omit-mask"]).omit_mask
+        assert "--zero-masking" in parser._option_string_actions  # the model's flags still are
+    finally:
+        checks._task_declares.cache_clear()
 
 
 def test_saved_learned_pos_field_still_loads(tiny_lm_data, tmp_path):
