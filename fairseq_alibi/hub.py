@@ -19,6 +19,7 @@ Stock ``from_pretrained`` (``fairseq.hub_utils``) has four surprises for ALiBi c
 """
 
 import logging
+import numbers
 import os
 import pickle
 from typing import Dict, Iterable, Optional
@@ -291,14 +292,22 @@ class AlibiLanguageModelHubInterface(hub_utils.GeneratorHubInterface):
         """fairseq's ``generate``, refusing a length limit that leaves no room after a prompt:
         for a language model ``max_len_a·P + max_len_b`` counts the prompt's ``P`` tokens,
         and stock fairseq returns the prompt cut to that many tokens, generating nothing
-        (``score`` generates nothing: ``score_reference``)."""
+        (``score`` generates nothing: ``score_reference``); also a ``beam`` below 1 (stock: a
+        reshape error deep in the search) and, for ``score``, an empty sentence."""
         from fairseq.models import FairseqLanguageModel
 
+        beam = args[0] if args else kwargs.get("beam", 1)
+        if isinstance(beam, bool) or not isinstance(beam, numbers.Integral) or beam < 1:
+            raise HubArgumentError(f"beam={beam!r}: the number of hypotheses kept at each step "
+                                   "is a whole number, at least 1 (1: greedy)")
         # a translation's limit counts target tokens (the translation hub is this class too)
-        if kwargs.get("score_reference") or not isinstance(self.models[0], FairseqLanguageModel):
+        if not isinstance(self.models[0], FairseqLanguageModel):
             return super().generate(tokenized_sentences, *args, **kwargs)
         prompts = ([tokenized_sentences] if torch.is_tensor(tokenized_sentences)
                    and tokenized_sentences.dim() == 1 else tokenized_sentences)
+        if kwargs.get("score_reference"):
+            self._refuse_empty(prompts)
+            return super().generate(tokenized_sentences, *args, **kwargs)
         self._refuse_inner_boundaries(prompts)
         longest = max((len(t) for t in prompts), default=0)
         get = lambda k: kwargs.get(k, cfg_get(self.cfg.generation, k))  # noqa: E731
@@ -310,6 +319,16 @@ class AlibiLanguageModelHubInterface(hub_utils.GeneratorHubInterface):
                 f"the prompt cut to {int(limit)} tokens); to generate N tokens give "
                 f"max_len_b={longest} + N")
         return super().generate(tokenized_sentences, *args, **kwargs)
+
+    def _refuse_empty(self, sentences):
+        """A sentence with no token but ``</s>`` is refused by ``score``: the language-model
+        task scores the tokens before the final ``</s>``, none here, and their mean was NaN."""
+        eos = self.src_dict.eos()
+        for index, sentence in enumerate(sentences):
+            if not bool((sentence != eos).any()):
+                raise HubArgumentError(
+                    f"sentence {index} is empty: it has no token to score (its mean log-"
+                    "probability would be NaN); drop it, or give text of at least one token")
 
     def _refuse_inner_boundaries(self, prompts):
         """A prompt holding ``</s>`` between its tokens is refused: fairseq's language-model

@@ -9,6 +9,7 @@ Tests that run a separate Python process are marked ``slow``.
 import re
 import shutil
 
+import numpy
 import pytest
 import torch
 
@@ -256,6 +257,34 @@ def test_a_length_limit_that_leaves_no_room_after_the_prompt(tiny_lm_data, tmp_p
         lm.generate([prompt, prompt[:5]], beam=1, max_len_b=10)
     out = lm.generate(prompt, beam=1, max_len_b=12 + 3, min_len=15)
     assert len(out[0]["tokens"]) == 12 + 3 + 1  # the prompt, 3 tokens and </s>
+
+
+def test_an_empty_sentence_is_refused_by_score(tiny_lm_data, tmp_path):
+    """``score("")`` has no token to score: stock fairseq returned a NaN mean; one line naming
+    the sentence instead, and the others still score."""
+    from fairseq_alibi.hub import HubArgumentError
+    from fairseq_alibi.models.alibi_transformer_lm import AlibiTransformerLanguageModel as LM
+
+    checkpoint = saved_in_process(tmp_path / "ckpt" / "model.pt", tiny_lm_data, *MODELS["lm"])
+    lm = LM.from_pretrained(str(checkpoint.parent), "model.pt", str(tiny_lm_data)).eval()
+    word = lm.src_dict[5]
+    with pytest.raises(HubArgumentError, match="sentence 1 is empty: it has no token to score"):
+        lm.score([word, " "])
+    scored = lm.score(f"{word} {word}")
+    assert len(scored["positional_scores"]) == 2 and torch.isfinite(scored["score"])
+
+
+@pytest.mark.parametrize("beam", [0, -1, 2.5])
+def test_a_beam_below_one_is_refused(beam, tiny_lm_data, tmp_path):
+    """Stock fairseq failed with a reshape error deep in the search (``beam=0``)."""
+    from fairseq_alibi.hub import HubArgumentError
+    from fairseq_alibi.models.alibi_transformer_lm import AlibiTransformerLanguageModel as LM
+
+    checkpoint = saved_in_process(tmp_path / "ckpt" / "model.pt", tiny_lm_data, *MODELS["lm"])
+    lm = LM.from_pretrained(str(checkpoint.parent), "model.pt", str(tiny_lm_data)).eval()
+    with pytest.raises(HubArgumentError, match=f"beam={beam}: .* at least 1"):
+        lm.sample(lm.src_dict[5], beam=beam, max_len_b=4)
+    assert lm.generate(torch.tensor([5, 6]), numpy.int64(2), max_len_b=4)[0]["tokens"].numel()
 
 
 def test_a_translation_source_longer_than_max_len_b_is_translated():
