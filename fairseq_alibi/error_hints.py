@@ -225,6 +225,23 @@ def _sample_over_max_tokens(exc: BaseException) -> Optional[str]:
             "longest input): fairseq batches whole samples; raise --max-tokens")
 
 
+def _option_of_another_task(exc: BaseException) -> Optional[str]:
+    """A model option that is a task's (``model.tokens_per_sample: ${task.tokens_per_sample}``,
+    a language model's) under a task that lacks it (``sentence_prediction``): omegaconf's
+    ``InterpolationKeyError`` under a 30-frame traceback, before any model code runs."""
+    found = re.match(r"Interpolation key 'task\.(\w+)' not found", str(exc))
+    key = getattr(exc, "full_key", None)
+    if type(exc).__name__ != "InterpolationKeyError" or found is None or not key:
+        return None
+    line = (f"the model's option {key} is the task's {found.group(1)}, which this --task does "
+            "not declare: the architecture belongs with another task")
+    if found.group(1) == "tokens_per_sample":
+        line += ("; it is a language model (--task language_modeling); to fine-tune a "
+                 "classifier with --task sentence_prediction, take an encoder (--arch "
+                 "alibi_roberta_base, or fairseq's roberta_*)")
+    return line
+
+
 def _not_a_language_model(exc: BaseException) -> Optional[str]:
     """The language_modeling task (fairseq-eval-lm, fairseq-interactive) given a model that is
     not a language model (a translation model, an encoder) fails on an attribute only language
@@ -460,7 +477,7 @@ def hint_for(exc: BaseException) -> Optional[str]:
         hint = (_unreadable_checkpoint(found) or _zero_block_size(found)
                 or _sample_over_max_tokens(found)
                 or _architecture_mismatch(found) or _size_mismatch(found)
-                or _not_a_language_model(found)
+                or _not_a_language_model(found) or _option_of_another_task(found)
                 or _bad_model_overrides(found) or _translation_folder(found)
                 or _optimizer_mismatch(found) or _environment(found))
         if hint:

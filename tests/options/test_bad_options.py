@@ -283,6 +283,25 @@ def test_eval_lm_on_an_encoder_is_named():
         "--path holds a model of class AlibiRobertaModel, not a language model")
 
 
+def test_a_language_model_under_sentence_prediction_is_named(tiny_lm_data):
+    """A causal LM architecture given --task sentence_prediction: its tokens_per_sample is the
+    task's, which that task lacks; omegaconf's InterpolationKeyError gets a line naming the
+    language model's task and the encoders a classifier is fine-tuned from."""
+    from omegaconf.errors import InterpolationKeyError
+
+    from fairseq_alibi.error_hints import hint_for
+
+    with pytest.raises(InterpolationKeyError) as failed:
+        training_config([tiny_lm_data, "--task", "sentence_prediction", "--num-classes", "2",
+                         "--criterion", "sentence_prediction", "--arch", "alibi_transformer_lm"])
+    assert hint_for(failed.value) == (
+        "the model's option model.tokens_per_sample is the task's tokens_per_sample, which this "
+        "--task does not declare: the architecture belongs with another task; it is a language "
+        "model (--task language_modeling); to fine-tune a classifier with --task "
+        "sentence_prediction, take an encoder (--arch alibi_roberta_base, or fairseq's "
+        "roberta_*)")
+
+
 def test_a_language_models_task_on_a_translation_folder_is_named(tmp_path):
     """fairseq-eval-lm on a translation folder, or fairseq-validate of an LM checkpoint there
     (its task comes from the checkpoint), fail on the dict.txt it lacks: the hint says why."""
