@@ -242,6 +242,18 @@ def _option_of_another_task(exc: BaseException) -> Optional[str]:
     return line
 
 
+def _no_task(exc: BaseException) -> Optional[str]:
+    """A command whose parser has no default task (``fairseq-validate``) given no ``--task``:
+    fairseq's parser looks the task up as ``None``, a bare ``KeyError: None``."""
+    if not (isinstance(exc, KeyError) and exc.args == (None,)):
+        return None
+    if not any(f.f_code.co_name == "parse_args_and_arch" for f in _frames(exc)):
+        return None
+    return ("no --task given, and this command has no default: give the task the checkpoint "
+            "was trained with, e.g. --task language_modeling (a translation model: --task "
+            "translation; an encoder: --task masked_lm or sentence_prediction)")
+
+
 def _not_a_language_model(exc: BaseException) -> Optional[str]:
     """The language_modeling task (fairseq-eval-lm, fairseq-interactive) given a model that is
     not a language model (a translation model, an encoder) fails on an attribute only language
@@ -478,6 +490,7 @@ def hint_for(exc: BaseException) -> Optional[str]:
                 or _sample_over_max_tokens(found)
                 or _architecture_mismatch(found) or _size_mismatch(found)
                 or _not_a_language_model(found) or _option_of_another_task(found)
+                or _no_task(found)
                 or _bad_model_overrides(found) or _translation_folder(found)
                 or _optimizer_mismatch(found) or _environment(found))
         if hint:

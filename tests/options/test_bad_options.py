@@ -302,6 +302,22 @@ def test_a_language_model_under_sentence_prediction_is_named(tiny_lm_data):
         "roberta_*)")
 
 
+def test_a_command_without_its_task_is_named(tiny_lm_data):
+    """fairseq-validate's parser has no default task: without --task fairseq looks up
+    ``None`` (``KeyError: None``); the hint asks for the checkpoint's task."""
+    from fairseq import options
+
+    from fairseq_alibi.error_hints import hint_for
+
+    with pytest.raises(KeyError) as failed:
+        options.parse_args_and_arch(options.get_validation_parser(),
+                                    [str(tiny_lm_data), "--path", "x.pt"])
+    assert hint_for(failed.value).startswith(
+        "no --task given, and this command has no default: give the task the checkpoint was "
+        "trained with, e.g. --task language_modeling")
+    assert hint_for(KeyError(None)) is None  # a KeyError elsewhere gets no such line
+
+
 def test_a_language_models_task_on_a_translation_folder_is_named(tmp_path):
     """fairseq-eval-lm on a translation folder, or fairseq-validate of an LM checkpoint there
     (its task comes from the checkpoint), fail on the dict.txt it lacks: the hint says why."""
