@@ -254,6 +254,22 @@ def _no_task(exc: BaseException) -> Optional[str]:
             "translation; an encoder: --task masked_lm or sentence_prediction)")
 
 
+def _padded_batch_in_eval_lm(exc: BaseException) -> Optional[str]:
+    """``fairseq-eval-lm --pad-to-fixed-bsz``: the last batch is filled with dummy rows, whose
+    ids its scoring loop reads as samples' (``IndexError``)."""
+    if not isinstance(exc, IndexError):
+        return None
+    for frame in _frames(exc):
+        cfg = frame.f_locals.get("cfg") if frame.f_code.co_name == "main" else None
+        if cfg is not None and frame.f_code.co_filename.endswith("eval_lm.py"):
+            task = getattr(cfg, "task", None)  # a language_modeling task option
+            if task is not None and getattr(task, "pad_to_fixed_bsz", False):
+                return ("--pad-to-fixed-bsz fills the last batch with dummy rows, which "
+                        "fairseq-eval-lm scores as samples: drop it (a perplexity does not "
+                        "depend on the batch size)")
+    return None
+
+
 def _not_a_language_model(exc: BaseException) -> Optional[str]:
     """The language_modeling task (fairseq-eval-lm, fairseq-interactive) given a model that is
     not a language model (a translation model, an encoder) fails on an attribute only language
@@ -490,7 +506,7 @@ def hint_for(exc: BaseException) -> Optional[str]:
                 or _sample_over_max_tokens(found)
                 or _architecture_mismatch(found) or _size_mismatch(found)
                 or _not_a_language_model(found) or _option_of_another_task(found)
-                or _no_task(found)
+                or _no_task(found) or _padded_batch_in_eval_lm(found)
                 or _bad_model_overrides(found) or _translation_folder(found)
                 or _optimizer_mismatch(found) or _environment(found))
         if hint:

@@ -238,12 +238,15 @@ def test_zero_tokens_per_sample_is_a_clear_error(model, tiny_lm_data):
     (["--tokens-per-sample", 64, "--max-tokens", 32], "should not exceed max_tokens=32",
      "--max-tokens 32 is smaller than a sample (a language model's: a block of "
      "--tokens-per-sample tokens;"),
+    (["--pad-to-fixed-bsz", "--batch-size", 7, "--tokens-per-sample", 16], "IndexError",
+     "--pad-to-fixed-bsz fills the last batch with dummy rows, which fairseq-eval-lm scores"),
 ])
 def test_a_block_size_below_one_in_eval_lm_is_named(flags, error, line, tiny_lm_data,
                                                     alibi_user_dir, tmp_path):
     """eval-lm builds the model from the checkpoint, which never sees the flag: fairseq fails
-    splitting the data (its block: --tokens-per-sample less --context-window) or batching a
-    block longer than --max-tokens, and the last line names the flags."""
+    splitting the data (its block: --tokens-per-sample less --context-window), batching a
+    block longer than --max-tokens or scoring the dummy rows of --pad-to-fixed-bsz, and the
+    last line names the flags."""
     checkpoint = saved_in_process(tmp_path / "model.pt", tiny_lm_data, *MODELS["lm"])
     out = run_cli("fairseq-eval-lm", tiny_lm_data, "--user-dir", alibi_user_dir, "--path",
                   checkpoint, "--cpu", *flags, expect_ok=False)
