@@ -16,7 +16,10 @@
   ``trained_only``): the run would go on training its model as another one;
 * an ``--alibi-attention`` backend that cannot train the model on the device it trains on
   (``flash`` or ``flex`` on a CPU, ``fold`` or ``windowed`` on CUDA): each layer refuses it
-  when put in training mode, but that is after the training data loaded; here it is before.
+  when put in training mode, but that is after the training data loaded; here it is before;
+* ``--keep-best-checkpoints`` with a ``--checkpoint-suffix`` holding ``_``: fairseq reads each
+  kept file's score after the last ``_`` of its name, so its second save fails, an epoch or
+  interval of training after the start.
 """
 
 import functools
@@ -75,6 +78,17 @@ def restore_file_refusal(restore: Optional[str], suffix: str = "",
 def _no_such_file(given: str, read: str = "") -> str:
     return (f"{given}: no such file{read} (from {os.getcwd()}); fairseq would train from a "
             "random initialisation. Give the path of the checkpoint to start from")
+
+
+def kept_best_refusal(cfg, suffix: str) -> Optional[str]:
+    """Why ``--keep-best-checkpoints`` cannot work with the run's ``suffix``, or None."""
+    kept = getattr(cfg, "keep_best_checkpoints", 0) or 0
+    if kept <= 0 or "_" not in suffix:
+        return None
+    return (f"--keep-best-checkpoints {kept} with{suffix_flag(suffix)}: fairseq reads each kept "
+            "checkpoint's score after the last '_' of its file name, so its second save would "
+            f"fail; give a suffix without '_' (e.g. --checkpoint-suffix={suffix.replace('_', '-')})"
+            " or drop --keep-best-checkpoints")
 
 
 def _continued_once(cfg, suffix: str) -> Optional[str]:
@@ -257,7 +271,7 @@ def guard_training_start():
         backend_refusal(trainer)
         refusal = (rank_options_refusal(trainer)
                    or restore_file_refusal(getattr(cfg, "restore_file", None), suffix)
-                   or continue_once_refusal(cfg, suffix))
+                   or continue_once_refusal(cfg, suffix) or kept_best_refusal(cfg, suffix))
         if refusal is None:  # the file fairseq restores, read once for both
             restored = _restored(cfg, suffix)
             refusal = (resumed_options_refusal(cfg, trainer, suffix, restored)

@@ -182,6 +182,25 @@ def test_a_backend_that_cannot_train_on_the_cpu_stops_fairseq_train_before_its_d
     assert f"from: {tiny_lm_data}/train" not in out, out
 
 
+@pytest.mark.slow
+def test_kept_best_checkpoints_with_an_underscore_suffix_stops_before_training(
+        tiny_lm_data, alibi_user_dir, tmp_path):
+    """fairseq parses a kept checkpoint's score after the last '_' of its name: with
+    ``--checkpoint-suffix _x`` its second save failed (``could not convert string to float:
+    'x.pt'``) an epoch into training; refused before, and a suffix without '_' trains."""
+    flags = ("--max-epoch", 2, "--keep-best-checkpoints", 1)
+    out = train("lm", tiny_lm_data, alibi_user_dir, tmp_path / "save", *flags,
+                "--checkpoint-suffix", "_x", expect_ok=False)
+    assert last_line(out) == (
+        "OneLineError: --keep-best-checkpoints 1 with --checkpoint-suffix=_x: fairseq reads "
+        "each kept checkpoint's score after the last '_' of its file name, so its second save "
+        "would fail; give a suffix without '_' (e.g. --checkpoint-suffix=-x) or drop "
+        "--keep-best-checkpoints")
+    train("lm", tiny_lm_data, alibi_user_dir, tmp_path / "save", *flags,
+          "--checkpoint-suffix=-x")
+    assert (tmp_path / "save" / "checkpoint2-x.pt").is_file()
+
+
 def test_continue_once_is_checked_where_fairseq_reads_it(tmp_path):
     """--continue-once: read at a first launch only, as it is given; the guards before
     training refuse it missing and read it for the worker count."""
