@@ -51,6 +51,7 @@ from fairseq_alibi.models.checks import (
     check_global_tokens,
     check_saved_sizes,
     check_saved_stacks,
+    check_shared_layers,
     check_tokens_per_sample,
     check_document_mask,
     refuse_fork_flags,
@@ -318,6 +319,8 @@ class AlibiRobertaEncoder(RobertaEncoder):
         hydra = OmegaConf.is_config(self.args)  # started by fairseq-hydra-train, not flags
         check_saved_sizes(state_dict, self.state_dict(),
                           {encoder: ("sentence_encoder", "encoder")}, hydra)
+        check_shared_layers(state_dict, encoder, self.sentence_encoder.layers,
+                            "--share-encoder-layers")
         if kind_key in state_dict:
             saved_kind = decode_kind(state_dict[kind_key])
             where = ""

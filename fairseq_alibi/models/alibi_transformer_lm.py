@@ -31,6 +31,7 @@ from fairseq_alibi.models.checks import (
     check_attention_heads,
     check_saved_sizes,
     check_saved_stacks,
+    check_shared_layers,
     check_tokens_per_sample,
     check_document_mask,
     refuse_fork_flags,
@@ -184,6 +185,7 @@ class AlibiTransformerLanguageModel(ScalesFollowPrunedLayers, TransformerLanguag
         check_saved_sizes(state_dict, self.state_dict(), {decoder: ("decoder", "decoder")})
         check_saved_stacks(state_dict, {decoder: (self.decoder.alibi, options.LM.flag,
                                                   "--decoder-attention-heads")}, MODEL_NAME)
+        check_shared_layers(state_dict, decoder, self.decoder.layers, "--share-decoder-layers")
         return super().upgrade_state_dict_named(state_dict, name)
 
 

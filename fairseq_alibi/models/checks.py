@@ -12,6 +12,7 @@ import argparse
 import functools
 import logging
 
+import torch
 from fairseq.utils import safe_getattr
 
 from fairseq_alibi.config_access import (architecture_of, cfg_get, criterion_name, flag_of_key,
@@ -148,6 +149,27 @@ def _stack_sizes(state, prefix: str) -> dict:
         if tensor is not None and tensor.dim() > dim:
             sizes[name] = tensor.shape[dim]
     return sizes
+
+
+def check_shared_layers(state_dict, stack: str, layers, flag: str):
+    """A model whose ``layers`` share the first one's parameters (``flag``, e.g.
+    ``--share-decoder-layers``) loading a checkpoint whose layers have their own: each layer's
+    copy would land in the one shared tensor, the last one kept, silently. One line instead
+    (a shared checkpoint loads into an unshared model as it is: its layers are equal)."""
+    if len(layers) < 2 or next(layers[1].parameters(), None) is not next(
+            layers[0].parameters(), None):
+        return
+    first = f"{stack}.layers.0."
+    for key, value in state_dict.items():
+        layer, _, rest = key[len(f"{stack}.layers."):].partition(".")
+        if not key.startswith(f"{stack}.layers.") or layer == "0":
+            continue
+        twin = state_dict.get(first + rest)
+        if twin is not None and twin.shape == value.shape and not torch.equal(twin, value):
+            raise mismatch(
+                f"layers of their own ({key} differs from layer 0's)",
+                f"{flag} (one layer's parameters for every layer: only the last layer's would "
+                "be kept)", f"no {flag}")
 
 
 def check_saved_sizes(state_dict, built_state, stacks, hydra: bool = False):

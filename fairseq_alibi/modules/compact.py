@@ -71,7 +71,7 @@ def describe_parameters(model: nn.Module, num_layers: int, shared: bool, embeddi
                         model_dim: int) -> str:
     """One line for the training log: parameters, layer sharing, embedding factorisation."""
     text = f"{type(model).__name__}: {parameter_count(model):,} parameters"
-    if shared:
+    if shared and num_layers > 1:  # (pruned to one layer, nothing is shared)
         text += f", 1 layer's parameters shared by {num_layers} layers"
     if embedding_dim != model_dim:
         text += f", factorised embedding {embedding_dim} -> {model_dim}"

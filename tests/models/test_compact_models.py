@@ -115,6 +115,26 @@ def test_shared_layers_hold_one_set_of_parameters(dict_dir):
         assert torch.equal(layers[i].fc1.weight, layers[0].fc1.weight)
 
 
+@pytest.mark.parametrize("family", ["lm", "encoder"])
+def test_unshared_layers_are_not_loaded_into_shared_ones(family, dict_dir):
+    """Each layer's copy would land in the one shared tensor, the last one kept, silently
+    (``--model-overrides "{'share_decoder_layers': True}"``, ``--finetune-from-model`` with
+    the flag): one line instead. A shared checkpoint loads into either model as it is."""
+    from fairseq_alibi.error_hints import CheckpointMismatchError
+
+    flags, flag = (LM_DIMS, "--share-decoder-layers") if family == "lm" else (
+        ["--task", "masked_lm", "--arch", "alibi_roberta", "--encoder-layers", N,
+         "--encoder-embed-dim", H, "--encoder-ffn-embed-dim", F,
+         "--encoder-attention-heads", HEADS], "--share-encoder-layers")
+    own, _ = build_from_command_line(dict_dir, *flags)
+    shared, _ = build_from_command_line(dict_dir, *flags, flag)
+    with pytest.raises(CheckpointMismatchError, match=rf"trained with layers of their own .*; "
+                       rf"the model being built has {flag} .*: build it with no {flag}"):
+        shared.load_state_dict(own.state_dict())
+    own.load_state_dict(shared.state_dict())
+    shared.load_state_dict(shared.state_dict())
+
+
 def test_shared_layers_decode_incrementally_like_the_full_forward(dict_dir):
     """Each use of the shared layer keeps its own KV cache while generating."""
     torch.manual_seed(0)
