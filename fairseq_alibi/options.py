@@ -826,20 +826,39 @@ def learned_over(given: Dict[str, object], saved: Callable[[str], object], model
 
 
 def trained_only_names(model_name: str) -> set:
-    """The names of the model's options declared ``trained_only``."""
+    """The names of the model's options declared ``trained_only``, and of those that are the
+    initial value of a learned one (``initial_of``), trained as they are where it is off."""
     return {name for cls, sides in _FAMILY_DECLARATIONS.get(model_name, ()) for side in sides
-            for name, f, _, _ in _fields(cls, side) if f.metadata.get("trained_only")}
+            for name, f, _, _ in _fields(cls, side)
+            if f.metadata.get("trained_only") or f.metadata.get("initial_of")}
+
+
+def _trained_as_is(f, declared, saved: Callable[[str], object]) -> bool:
+    """Whether the option of field ``f`` is what the weights were trained with: declared
+    ``trained_only``, or the initial value of a learned option saved off (``scale_init``
+    without learned scales: a fixed multiplier of the slopes)."""
+    if f.metadata.get("trained_only"):
+        return True
+    learner = f.metadata.get("initial_of")
+    if learner not in declared:
+        return False
+    name, learned_field, default = declared[learner]
+    learned = saved(name)
+    return not _is_on(learned_field, default if learned is None else learned)
 
 
 def trained_change(given: Dict[str, object], saved: Callable[[str], object],
                    model_name: str) -> Optional[Tuple[str, str, object, object]]:
-    """``(flag, name, saved value, given value)`` of the first option declared
-    ``trained_only`` that ``given`` sets to another value than the checkpoint's (``saved``;
-    ``None``: saved before the option existed, i.e. its default), or None."""
+    """``(flag, name, saved value, given value)`` of the first option the weights were
+    trained with (:func:`_trained_as_is`) that ``given`` sets to another value than the
+    checkpoint's (``saved``; ``None``: saved before the option existed, i.e. its default), or
+    None."""
     for cls, sides in _FAMILY_DECLARATIONS.get(model_name, ()):
         for side in sides:
-            for name, f, kind, default in _fields(cls, side):
-                if name not in given or not f.metadata.get("trained_only"):
+            fields = list(_fields(cls, side))
+            declared = {f.name: (name, f, default) for name, f, _, default in fields}
+            for name, f, kind, default in fields:
+                if name not in given or not _trained_as_is(f, declared, saved):
                     continue
                 value = saved(name)
                 was = default if value is None else value
@@ -857,9 +876,13 @@ def trained_over(given: Dict[str, object], saved: Callable[[str], object], model
     change = trained_change(given, saved, model_name)
     if change is not None:
         flag, name, was, wanted = change
+        fixed = name not in {n for cls, sides in _FAMILY_DECLARATIONS.get(model_name, ())
+                             for side in sides for n, f, _, _ in _fields(cls, side)
+                             if f.metadata.get("trained_only")}
         raise OptionError(
             f"this checkpoint was trained with {flag} {was}; {name} in {where} builds {flag} "
-            f"{wanted}: drop it from {where} (the weights learned what it was trained with)")
+            f"{wanted}: drop it from {where} (the weights learned what it was trained with"
+            + ("; alibi_slope_scale scales every slope at load time)" if fixed else ")"))
 
 
 def needs_undone(given: Dict[str, object], saved: Callable[[str], object],

@@ -149,8 +149,15 @@ def test_an_override_of_what_the_checkpoint_learned_is_refused():
     scales = FIXTURES / "lm_learned_per_layer_head" / "checkpoint.pt"
     assert refusal(scales, alibi_scale_init=0.5).startswith(
         "alibi_scale_init=0.5 in --model-overrides changes nothing")
-    _, cfg = load(LM, alibi_scale_init=0.5)  # fixed slopes: the documented multiplier
-    assert cfg.alibi_scale_init == 0.5
+    # fixed slopes: scale_init is the multiplier the weights were trained with (it was taken,
+    # changing the model silently); alibi_slope_scale is the load-time knob
+    assert refusal(LM, alibi_scale_init=0.5) == (
+        "this checkpoint was trained with --alibi-scale-init 1.0; alibi_scale_init in "
+        "--model-overrides builds --alibi-scale-init 0.5: drop it from --model-overrides (the "
+        "weights learned what it was trained with; alibi_slope_scale scales every slope at "
+        "load time)")
+    _, cfg = load(LM, alibi_scale_init=1.0, alibi_slope_scale=0.5)
+    assert (cfg.alibi_scale_init, cfg.alibi_slope_scale) == (1.0, 0.5)
 
 
 def test_an_override_the_checkpoints_weights_contradict_is_named_to_drop():
