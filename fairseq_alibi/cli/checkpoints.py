@@ -312,7 +312,11 @@ def set_world_size(save_dir, world_size: int, suffix: str = "") -> str:
         raise CheckpointError(f"{last.name} is one part of a model-parallel run "
                               f"(--model-parallel-size {model_parallel}); this only moves "
                               "data-parallel checkpoints")
-    position = state["extra_state"]["train_iterator"]
+    position = (state.get("extra_state") or {}).get("train_iterator")
+    if position is None:  # a converted or imported model: fairseq-train starts its epoch anew
+        return (f"nothing to do: {last.name} holds no position in an epoch (not saved by "
+                "fairseq-train's training loop): any number of workers starts it at the "
+                "first batch")
     used = int(position.get("iterations_in_epoch", 0)) * old
     if old == world_size:
         return f"nothing to do: {last.name} was saved by {old} worker(s)"

@@ -173,3 +173,16 @@ def test_set_world_size_refuses_a_position_the_workers_cannot_split(single_lm, t
         set_world_size(tmp_path, 3)
     assert (tmp_path / "checkpoint_last.pt").read_bytes() == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint_last.pt"]
+
+
+def test_set_world_size_of_a_model_with_no_training_position(tmp_path):
+    """A converted or imported model (no ``train_iterator`` in its extra state) was a
+    ``KeyError`` traceback; nothing to do: any number of workers starts it anew."""
+    from tests.helpers.cli import REPO
+
+    saved = REPO / "tests" / "fixtures" / "saved_models" / "lm_fixed_slopes" / "checkpoint.pt"
+    shutil.copy(saved, tmp_path / "checkpoint_last.pt")
+    assert set_world_size(tmp_path, 2) == (
+        "nothing to do: checkpoint_last.pt holds no position in an epoch (not saved by "
+        "fairseq-train's training loop): any number of workers starts it at the first batch")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint_last.pt"]
