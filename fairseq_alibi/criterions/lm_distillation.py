@@ -36,6 +36,8 @@ from fairseq.dataclass import FairseqDataclass
 from fairseq.logging import metrics
 from omegaconf import II
 
+from fairseq_alibi.config_access import cfg_get
+
 
 def distillation_terms(student_logits, teacher_logits, target, temperature, ignore_index):
     """Per-token ``(ce, kl)``, each ``(N,)`` float32 and 0 at ignored targets.
@@ -116,6 +118,19 @@ def load_teacher(path: str, task):
     return teacher
 
 
+def check_teacher_length(teacher, length: int):
+    """Refuse samples of ``length`` tokens that a teacher with learned position embeddings
+    cannot read (past its table); sinusoidal and ALiBi teachers read any length."""
+    positions = getattr(getattr(teacher, "decoder", None), "embed_positions", None)
+    if not isinstance(positions, torch.nn.Embedding):  # fairseq's learned ones are Embeddings
+        return
+    max_len = teacher.max_positions()
+    if isinstance(max_len, int) and length > max_len:
+        raise ValueError(
+            f"the teacher reads at most {max_len} tokens (learned position embeddings), and "
+            f"the samples have {length}: distil with --tokens-per-sample {max_len} or less")
+
+
 @register_criterion("lm_distillation", dataclass=LmDistillationConfig)
 class LmDistillationCriterion(FairseqCriterion):
     """``α · cross-entropy + (1-α) · T² · KL(teacher ‖ student)``; see the module docstring."""
@@ -135,6 +150,9 @@ class LmDistillationCriterion(FairseqCriterion):
                 raise ValueError("lm_distillation needs --teacher-path TEACHER.pt (or "
                                  "--distill-alpha 1.0 for plain cross-entropy)")
             teacher = load_teacher(teacher_path, task)
+            block = cfg_get(getattr(task, "args", None), "tokens_per_sample", None)
+            if isinstance(block, int):  # refused before training, not at its first batch
+                check_teacher_length(teacher, block)
         # a plain attribute, not a submodule: never optimised, moved, cast or saved
         object.__setattr__(self, "teacher", teacher)
 
@@ -143,13 +161,7 @@ class LmDistillationCriterion(FairseqCriterion):
         param = next(teacher.parameters())
         if param.device != like.device or (like.is_floating_point() and param.dtype != like.dtype):
             teacher.to(device=like.device, dtype=like.dtype)
-        max_len = teacher.max_positions()
-        length = sample["net_input"]["src_tokens"].size(1)
-        if isinstance(max_len, int) and length > max_len:
-            raise ValueError(
-                f"the teacher reads at most {max_len} tokens (learned position embeddings), "
-                f"this batch has {length}: distil with --tokens-per-sample {max_len} or less"
-            )
+        check_teacher_length(teacher, sample["net_input"]["src_tokens"].size(1))
         with torch.no_grad():
             return teacher(**sample["net_input"])[0]
 

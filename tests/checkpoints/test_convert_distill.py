@@ -399,3 +399,28 @@ def test_distillation_refuses_a_teacher_with_another_dictionary(written, tmp_pat
             data, "--task", "language_modeling", "--arch", "alibi_transformer_lm",
             "--criterion", "lm_distillation", "--teacher-path", written["learned"])
         task.build_criterion(cfg.criterion)
+
+
+def test_distillation_past_a_teachers_length_is_refused_only_for_learned_positions(
+        written, lm_dictionary):
+    """A learned-position teacher cannot read past its table: refused when the criterion is
+    built, before training (it was a traceback at the first batch). A sinusoidal teacher
+    reads any length: it distils past its training length (it was refused, blaming learned
+    positions)."""
+    def criterion(kind, length):
+        cfg, task = setup_from_command_line(
+            lm_dictionary, "--task", "language_modeling", "--arch", "alibi_transformer_lm",
+            *DIMS, "--tokens-per-sample", length, "--criterion", "lm_distillation",
+            "--teacher-path", written[kind])
+        return task.build_criterion(cfg.criterion), task
+
+    most = criterion("learned", L)[0].teacher.max_positions()  # its --tokens-per-sample
+    long = most + 16
+    with pytest.raises(ValueError, match=rf"the teacher reads at most {most} tokens \(learned "
+                       rf"position embeddings\), and the samples have {long}: distil with "
+                       rf"--tokens-per-sample {most} or less"):
+        criterion("learned", long)
+    built, task = criterion("sinusoidal", long)
+    tokens = torch.randint(4, len(task.dictionary), (2, long))
+    logits = built._teacher_logits({"net_input": {"src_tokens": tokens}}, torch.zeros(1))
+    assert logits.shape == (2, long, len(task.dictionary)) and torch.isfinite(logits).all()
