@@ -228,10 +228,14 @@ def export_family(model_cfg, weights) -> str:
         if not nonzero:
             return "mpt"
         mpt = [f"non-zero biases ({nonzero[0]}, ...)"]
+    if str(architecture_of(model_cfg) or "").startswith("alibi_bloom"):
+        fix = "train it with --arch alibi_bloom without them (at --alibi-slope-scale 1)"
+    else:
+        fix = ("distil it into --arch alibi_bloom with --criterion lm_distillation "
+               "(docs/huggingface.md), then export the student")
     raise ConversionError(
         "this model is not BLOOM (" + "; ".join(bloom) + ") nor MPT (" + "; ".join(mpt) + "): "
-        "distil it into --arch alibi_bloom with --criterion lm_distillation "
-        "(docs/huggingface.md), then export the student")
+        + fix)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -233,6 +233,10 @@ def alibi_bloom_architecture(args, embed_dim=512, layers=6, heads=8):
         if given != value and str(given) != str(value):
             logger.warning(f"alibi_bloom: {key}={given!r} replaced by BLOOM's {value!r}")
         setattr(args, key, value)
+    scale = getattr(args, "alibi_slope_scale", 1.0)
+    if scale is not None and float(scale) != 1.0:  # kept: a load-time slope scale is valid
+        logger.warning(f"alibi_bloom: alibi_slope_scale={scale!r} is not BLOOM's (Press's "
+                       "slopes, 1.0): export-hf refuses a model trained with it")
     base_lm_architecture(args)
 
 
