@@ -50,11 +50,15 @@ def prune_scales(state_dict, model_cfg, scales_keys: Dict[str, str]):
         rows = saved.size(0)
         outside = [layer for layer in kept if not 0 <= layer < rows]
         if outside:
+            flag = f"--{side}-layers-to-keep {getattr(model_cfg, f'{side}_layers_to_keep')}"
+            fix = f"keep layers among 0 to {rows - 1}"
+            if rows == len(kept):  # a run trained with the flag, resumed with it: pruned twice
+                fix = (f"it holds {rows} layers, as many as the flag keeps: a checkpoint of a "
+                       f"run trained with it (fairseq would prune it again); resume it without "
+                       f"the flag, with --{side}-layers {rows}")
             raise CheckpointMismatchError(
-                f"--{side}-layers-to-keep {getattr(model_cfg, f'{side}_layers_to_keep')} names "
-                f"layer {outside[0]}, but this checkpoint's per-layer ALiBi slope scales ({key}) "
-                f"are those of {rows} layers: keep layers among 0 to {rows - 1}"
-            )
+                f"{flag} names layer {outside[0]}, but this checkpoint's per-layer ALiBi slope "
+                f"scales ({key}) are those of {rows} layers: {fix}")
         if pruned is None:
             pruned = OrderedDict(state_dict)
             metadata = getattr(state_dict, "_metadata", None)

@@ -146,6 +146,14 @@ def test_keeping_a_layer_the_scales_do_not_have_is_a_clear_error(data):
                        r"per-layer ALiBi slope scales \(decoder\.alibi\.scales\) are those of 3 "
                        r"layers"):
         pruned.load_state_dict(full.state_dict(), model_cfg=model_cfg(data["lm"], *flags, *keep))
+    # a run trained with the flag, resumed with it: its checkpoint holds the kept layers only
+    keep = ["--decoder-layers-to-keep", "0,2"]
+    pruned, _ = build_from_command_line(data["lm"], "--cpu", *flags, *keep)
+    with pytest.raises(CheckpointMismatchError, match=r"names layer 2, .* those of 2 layers: it "
+                       r"holds 2 layers, as many as the flag keeps: .* resume it without the "
+                       r"flag, with --decoder-layers 2"):
+        pruned.load_state_dict(pruned.state_dict(),
+                               model_cfg=model_cfg(data["lm"], *flags, *keep))
 
 
 @pytest.mark.parametrize("as_namespace", [False, True], ids=["DictConfig", "Namespace"])
