@@ -270,6 +270,22 @@ def test_compact_lm_trains_resumes_and_evaluates(tiny_lm_data, alibi_user_dir, t
 
 
 @pytest.mark.slow
+def test_a_shared_run_resumed_without_sharing_names_the_optimizer_state(
+        tiny_lm_data, alibi_user_dir, tmp_path):
+    """A shared checkpoint loads into an unshared model (its layers are equal), but the saved
+    optimizer state is one layer's: fairseq's bare ValueError gets the line naming the fix."""
+    save = tmp_path / "ck"
+    run_cli("fairseq-train", tiny_lm_data, "--user-dir", alibi_user_dir, *LM_DIMS,
+            "--share-decoder-layers", *TRAIN, "--max-update", 2, "--save-dir", save)
+    out = run_cli("fairseq-train", tiny_lm_data, "--user-dir", alibi_user_dir, *LM_DIMS,
+                  *TRAIN, "--max-update", 4, "--save-dir", save, expect_ok=False)
+    assert "doesn't match the size of optimizer's group" in out
+    assert re.search(r"fairseq_alibi: the checkpoint's optimizer state holds \d+ parameters and "
+                     r"the model being built has \d+: resume with the options the run was "
+                     r"trained with, or .*--reset-optimizer", out.strip().splitlines()[-1])
+
+
+@pytest.mark.slow
 def test_compact_encoder_trains_resumes_and_evaluates(tiny_lm_data, alibi_user_dir, tmp_path):
     flags = ["--task", "masked_lm", "--criterion", "masked_lm", "--arch", "alibi_roberta",
              "--encoder-layers", N, "--encoder-embed-dim", H, "--encoder-ffn-embed-dim", F,
