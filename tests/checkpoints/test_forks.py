@@ -256,6 +256,21 @@ def test_translation_teacher_forced_log_probs_and_encoder_equal_the_forks(conver
     assert not any(k in cfg for k in ("encoder_alibi", "decoder_alibi"))
 
 
+def test_convert_reports_a_translation_checkpoint_of_the_fork(tmp_path, capsys):
+    """The command's report of an EIFY translation checkpoint: what was kept and added, the
+    options, and what generation will differ in."""
+    from fairseq_alibi.cli.convert_checkpoints import main
+
+    assert main(["--input", str(fixture(TRANSLATION) / "checkpoint_last.pt"), "--output",
+                 str(tmp_path / "model.pt")]) in (0, None)
+    out = capsys.readouterr().out
+    assert f"converted EIFY-fork transformer -> alibi_transformer: {tmp_path / 'model.pt'}" in out
+    assert "added decoder.alibi.slopes, encoder.alibi.slopes" in out
+    assert "options  --encoder-alibi-variant offset --decoder-alibi-variant causal" in out
+    assert "the decoder keeps its ALiBi bias in incremental decoding" in out
+    assert "optimizer state kept: fairseq-train --restore-file resumes" in out
+
+
 def test_the_slopes_and_biases_are_the_forks(converted):
     from fairseq_alibi.alibi import alibi_bias
 
