@@ -170,6 +170,29 @@ def test_export_then_import_gives_back_every_weight_bit_for_bit(exported, tmp_pa
 
 
 @needs_shared
+def test_a_folder_of_pytorch_model_bin_imports_as_its_safetensors(exported, tmp_path):
+    """Older Hugging Face folders hold ``pytorch_model.bin`` (read with torch's safe loader):
+    the import equals the one of the same weights as safetensors."""
+    import shutil
+
+    from safetensors.torch import load_file
+
+    _, folder = exported
+    old = tmp_path / "old"
+    shutil.copytree(folder, old)
+    weights = {}
+    for f in sorted(old.glob("*.safetensors")):
+        weights.update(load_file(str(f)))
+        f.unlink()
+    torch.save(weights, old / "pytorch_model.bin")
+    for source, out in ((folder, "new_back"), (old, "old_back")):
+        assert hf.import_main([str(source), "--out", str(tmp_path / out)]) == 0
+    new, back = (torch.load(tmp_path / out / "checkpoint.pt", weights_only=False)["model"]
+                 for out in ("new_back", "old_back"))
+    assert new.keys() == back.keys() and all(torch.equal(new[k], back[k]) for k in new)
+
+
+@needs_shared
 def test_a_sentencepiece_export_imports_back_bit_for_bit(tmp_path):
     """A Unigram tokenizer names its unknown piece by id (``unk_id``), not by token: the
     import finds fairseq's <unk> there, and every row stays where it was."""
