@@ -297,6 +297,33 @@ def test_sinks_read_apart_give_sdpas_result_on_the_joined_keys(backend, dtype, t
         torch.testing.assert_close(apart[:2].double(), joined[:2].double(), atol=tol, rtol=tol)
 
 
+def test_a_step_without_gradients_reads_each_window_as_a_view(monkeypatch):
+    """Without gradients ``windowed`` reads each group's window as a view of the cache (the
+    kernel's log-sum-exp, the sinks merged in after): joining the sinks copied the window at
+    every step. The same as the joining path, which autograd takes, in float64."""
+    from fairseq_alibi.modules.attention import fold, windowed
+    from fairseq_alibi.modules.bias import SinkCacheBias
+
+    call = SinkCacheBias(AlibiBias(8, window_cutoff=0.5, window_sinks=4).layer(0), 10)
+    torch.manual_seed(5)
+    q = torch.randn(3, 8, 1, 16, dtype=torch.float64)
+    sink_k, sink_v, k, v = (torch.randn(3, 8, n, 16, dtype=torch.float64)
+                            for n in (4, 4, 130, 130))
+    padding = torch.zeros(3, 134, dtype=torch.bool)
+    padding[0, 5] = True
+    read = []
+    kernel = fold.kernel_forward
+    monkeypatch.setattr(fold, "kernel_forward", lambda q_, k_, *a, **kw: read.append(
+        k_.untyped_storage().data_ptr() == k.untyped_storage().data_ptr()) or kernel(
+        q_, k_, *a, **kw))
+    with torch.no_grad():
+        viewed = windowed.sinks_apart(q, (sink_k, sink_v), k, v, call, padding, 0.25)
+    assert read and all(read)  # every group's keys: the cache's own storage, no copy
+    joined = windowed.sinks_apart(q, (sink_k, sink_v), k.requires_grad_(), v, call, padding,
+                                  0.25)
+    torch.testing.assert_close(viewed, joined.detach(), atol=1e-12, rtol=1e-12)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
 def test_a_decoding_steps_row_with_sinks_is_the_definition_bit_for_bit(dtype):
     """The row of one query against a KV cache (a view of one table, the sinks' true bias put

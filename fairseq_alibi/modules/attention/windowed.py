@@ -412,6 +412,24 @@ def _cat(parts: List[Tensor], dim: int = 1) -> Tensor:
     return torch.cat(parts, dim) if len(parts) > 1 else parts[0]
 
 
+def _merge_prefix(out: Tensor, lse: Tensor, logits: Tensor, values: Tensor):
+    """``(out, lse, probs)``: the softmax over the windows' keys (their output ``out`` and
+    log-sum-exp ``lse``, ``(B, H, T)``) and ``P`` prefix keys besides (``logits`` ``(B, H, P,
+    T)``, their values ``values[:, :, :P]``) as one. With ``M = max(lse, max_p logits_p)``,
+    ``share = e^(lse - M)`` and ``Z = share + Σ_p e^(logits_p - M)``::
+
+        out' = (share·out + Σ_p e^(logits_p - M)·v_p) / Z,    lse' = M + log Z
+
+    ``probs``: the prefix keys' probabilities of the merged softmax. ``out`` (the caller's
+    own) is scaled in place; no autograd (run inside one's forward, or without gradients)."""
+    top = torch.maximum(lse, logits.amax(-2))
+    probs, share = _exp(logits - top[..., None, :]), _exp(lse - top)
+    total = probs.sum(-2) + share
+    probs /= total[..., None, :]  # of the merged softmax, as the window's share
+    out = _plus(out.contiguous().mul_((share / total)[..., None]), probs, values)
+    return out, top + torch.log(total), probs
+
+
 class _Merged(torch.autograd.Function):
     """Chunk groups (``windows``: each its heads' rows of ``q``, ``k``, ``v``, ``m``, ``f`` and
     its :class:`_Chunks`) and, unless ``prefix`` is ``None``, the prefix's keys beyond them
@@ -426,13 +444,7 @@ class _Merged(torch.autograd.Function):
         probs = rel = None
         if prefix is not None:
             logits, rel = prefix(q, k, m)
-            top = torch.maximum(lse, logits.amax(-2))
-            probs, share = _exp(logits - top[..., None, :]), _exp(lse - top)
-            total = probs.sum(-2) + share
-            probs /= total[..., None, :]  # of the merged softmax, as the window's share
-            # out is this call's own (the chunks' output): scaled in place, one pass
-            out = _plus(out.contiguous().mul_((share / total)[..., None]), probs, v)
-            lse = top + torch.log(total)
+            out, lse, probs = _merge_prefix(out, lse, logits, v)
         # the prefix's probabilities are kept, (B, H, P, T): recomputing them reads all of q
         ctx.save_for_backward(q, k, v, m, f, out, lse, probs, rel)
         ctx.windows, ctx.scale = windows, scale
@@ -593,9 +605,10 @@ def few_queries(q, k, v, alibi, windows, key_padding_mask, scale, apart=None) ->
     by the stack, the same tensor for every step of a cache trimmed to its bound), and the
     cache's attention sinks (``alibi.sinks``, its first keys: the dense bias holds their
     positions). One fused kernel call per group. ``apart``: ``(sink_k, sink_v)``, the sinks of
-    a cache that keeps them apart from its window (``k``, ``v``): each group joins them to the
-    keys of its window only, never the whole cache. Not with global tokens (the first keys are
-    in every window)."""
+    a cache that keeps them apart from its window (``k``, ``v``): without gradients each group
+    reads its window as a view and the sinks are merged in after
+    (:func:`_window_then_sinks`); else each group joins them to the keys of its window only,
+    never the whole cache. Not with global tokens (the first keys are in every window)."""
     B, H, T, D = q.shape
     held = 0 if apart is None else apart[0].size(2)  # the sinks' keys, before k's
     S = held + k.size(2)
@@ -604,6 +617,9 @@ def few_queries(q, k, v, alibi, windows, key_padding_mask, scale, apart=None) ->
     sinks = min(getattr(alibi, "sinks", 0), S)
     outs: List[Tensor] = []
     order: List[int] = []
+    if held and q.dtype in fold.FOLD_DTYPES and not (
+            torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v))):
+        return _window_then_sinks(q, k, v, apart, mask, windows, first, scale)
     for (back, _), heads in _groups(windows).items():
         lo = 0 if back is None else first - min(back, first)
         idx = _heads_index(heads, q.device)
@@ -628,10 +644,36 @@ def few_queries(q, k, v, alibi, windows, key_padding_mask, scale, apart=None) ->
     return out
 
 
+def _window_then_sinks(q, k, v, apart, mask, windows, first, scale) -> Tensor:
+    """:func:`few_queries` of a cache that keeps its sinks apart, without gradients: each
+    head group reads its window as a view of the cache (the fused kernel, with its
+    log-sum-exp), and the sinks of every head are merged in after (:func:`_merge_prefix`):
+    joining them to each window copied the window's keys and values at every step."""
+    held = apart[0].size(2)
+    outs, lses, order = [], [], []
+    for (back, _), heads in _groups(windows).items():
+        start = max(0 if back is None else first - min(back, first), held)
+        idx = _heads_index(heads, q.device)
+        out, lse = fold.kernel_forward(q[:, idx], k[:, idx, start - held:],
+                                       v[:, idx, start - held:], False,
+                                       attn_mask=mask[:, idx, :, start:], scale=scale)
+        outs.append(out)
+        lses.append(lse)
+        order += heads
+    out, lse = _cat(outs), _cat(lses)
+    if order != list(range(q.size(1))):
+        back_order = torch.as_tensor(order).argsort()
+        out, lse = out[:, back_order], lse[:, back_order]
+    logits = torch.matmul(apart[0], q.transpose(-1, -2)).mul_(scale)  # (B, H, held, T)
+    logits += mask[..., :held].transpose(-1, -2)
+    return _merge_prefix(out, lse, logits, apart[1])[0]
+
+
 def sinks_apart(q, sinks, k, v, alibi, key_padding_mask, scale) -> Tensor:
     """The ``windowed`` backend for a call against a KV cache that keeps its attention sinks
     apart from its rolling window (``sinks``: ``(sink_k, sink_v)``; ``k``, ``v``: the window):
-    :func:`few_queries`, each head group joining the sinks to its own window's keys only."""
+    :func:`few_queries`, each head group reading its window as a view and the sinks merged in
+    after (with gradients: joined to its own window's keys only)."""
     return few_queries(q, k, v, alibi, alibi.windows(), key_padding_mask, scale, apart=sinks)
 
 
