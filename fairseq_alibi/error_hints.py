@@ -231,14 +231,16 @@ def _option_of_another_task(exc: BaseException) -> Optional[str]:
     ``InterpolationKeyError`` under a 30-frame traceback, before any model code runs."""
     found = re.match(r"Interpolation key 'task\.(\w+)' not found", str(exc))
     key = getattr(exc, "full_key", None)
-    if type(exc).__name__ != "InterpolationKeyError" or found is None or not key:
+    if type(exc).__name__ != "InterpolationKeyError" or found is None or \
+            not str(key or "").startswith("model."):
         return None
     line = (f"the model's option {key} is the task's {found.group(1)}, which this --task does "
             "not declare: the architecture belongs with another task")
     if found.group(1) == "tokens_per_sample":
-        line += ("; it is a language model (--task language_modeling); to fine-tune a "
-                 "classifier with --task sentence_prediction, take an encoder (--arch "
-                 "alibi_roberta_base, or fairseq's roberta_*)")
+        line += ("; it is a language model (--task language_modeling); a classifier "
+                 "(--task sentence_prediction) is fine-tuned from an encoder (--arch "
+                 "alibi_roberta_base, or fairseq's roberta_*), a translation model is --arch "
+                 "alibi_transformer")
     return line
 
 
@@ -261,7 +263,8 @@ def _padded_batch_in_eval_lm(exc: BaseException) -> Optional[str]:
         return None
     for frame in _frames(exc):
         cfg = frame.f_locals.get("cfg") if frame.f_code.co_name == "main" else None
-        if cfg is not None and frame.f_code.co_filename.endswith("eval_lm.py"):
+        if cfg is not None and frame.f_code.co_filename.endswith(
+                os.path.join("fairseq_cli", "eval_lm.py")):
             task = getattr(cfg, "task", None)  # a language_modeling task option
             if task is not None and getattr(task, "pad_to_fixed_bsz", False):
                 return ("--pad-to-fixed-bsz fills the last batch with dummy rows, which "

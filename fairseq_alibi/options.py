@@ -876,13 +876,11 @@ def trained_over(given: Dict[str, object], saved: Callable[[str], object], model
     change = trained_change(given, saved, model_name)
     if change is not None:
         flag, name, was, wanted = change
-        fixed = name not in {n for cls, sides in _FAMILY_DECLARATIONS.get(model_name, ())
-                             for side in sides for n, f, _, _ in _fields(cls, side)
-                             if f.metadata.get("trained_only")}
         raise OptionError(
             f"this checkpoint was trained with {flag} {was}; {name} in {where} builds {flag} "
             f"{wanted}: drop it from {where} (the weights learned what it was trained with"
-            + ("; alibi_slope_scale scales every slope at load time)" if fixed else ")"))
+            + ("; alibi_slope_scale scales every slope at load time)"
+               if name.endswith("scale_init") else ")"))
 
 
 def needs_undone(given: Dict[str, object], saved: Callable[[str], object],

@@ -81,14 +81,19 @@ def _no_such_file(given: str, read: str = "") -> str:
 
 
 def kept_best_refusal(cfg, suffix: str) -> Optional[str]:
-    """Why ``--keep-best-checkpoints`` cannot work with the run's ``suffix``, or None."""
+    """Why ``--keep-best-checkpoints`` cannot work with the run's ``suffix`` (the user's
+    ``--checkpoint-suffix`` and what fairseq adds: ``-model_part-N`` of model parallelism),
+    or None."""
     kept = getattr(cfg, "keep_best_checkpoints", 0) or 0
-    if kept <= 0 or "_" not in suffix:
+    if kept <= 0 or "_" not in suffix or getattr(cfg, "no_save", False):
         return None
-    return (f"--keep-best-checkpoints {kept} with{suffix_flag(suffix)}: fairseq reads each kept "
-            "checkpoint's score after the last '_' of its file name, so its second save would "
-            f"fail; give a suffix without '_' (e.g. --checkpoint-suffix={suffix.replace('_', '-')})"
-            " or drop --keep-best-checkpoints")
+    given = getattr(cfg, "checkpoint_suffix", "") or ""
+    fix = (f"give a suffix without '_' (e.g. --checkpoint-suffix={given.replace('_', '-')}) or "
+           "drop --keep-best-checkpoints" if "_" in given else
+           "fairseq's model-parallel suffix holds one: drop --keep-best-checkpoints")
+    return (f"--keep-best-checkpoints {kept} with the checkpoint suffix {suffix}: fairseq reads "
+            "each kept checkpoint's score after the last '_' of its file name, so its second "
+            f"save would fail; {fix}")
 
 
 def _continued_once(cfg, suffix: str) -> Optional[str]:
@@ -208,7 +213,8 @@ def resumed_options_refusal(cfg, trainer, suffix: str, restored=None) -> Optiona
     name = model_name_of_config(trainer.cfg.model)
     if saved is None or model_name_of_config(saved) != name:  # fairseq's own error, if any
         return None
-    change = options.trained_change(package_options(trainer), lambda key: cfg_get(saved, key, None), name)
+    change = options.trained_change(package_options(trainer),
+                                    lambda key: cfg_get(saved, key, None), name)
     if change is None:
         return None
     flag, _, was, wanted = change

@@ -128,7 +128,7 @@ def check_teacher_length(teacher, length: int):
     if isinstance(max_len, int) and length > max_len:
         raise ValueError(
             f"the teacher reads at most {max_len} tokens (learned position embeddings), and "
-            f"the samples have {length}: distil with --tokens-per-sample {max_len} or less")
+            f"samples have up to {length}: distil with --tokens-per-sample {max_len} or less")
 
 
 @register_criterion("lm_distillation", dataclass=LmDistillationConfig)
@@ -150,9 +150,11 @@ class LmDistillationCriterion(FairseqCriterion):
                 raise ValueError("lm_distillation needs --teacher-path TEACHER.pt (or "
                                  "--distill-alpha 1.0 for plain cross-entropy)")
             teacher = load_teacher(teacher_path, task)
-            block = cfg_get(getattr(task, "args", None), "tokens_per_sample", None)
-            if isinstance(block, int):  # refused before training, not at its first batch
-                check_teacher_length(teacher, block)
+            args = getattr(task, "args", None)
+            block = cfg_get(args, "tokens_per_sample", None)
+            # every sample is a whole block with break mode none: refused before training
+            if isinstance(block, int) and cfg_get(args, "sample_break_mode", None) == "none":
+                check_teacher_length(teacher, block + bool(cfg_get(args, "add_bos_token", False)))
         # a plain attribute, not a submodule: never optimised, moved, cast or saved
         object.__setattr__(self, "teacher", teacher)
 

@@ -417,7 +417,7 @@ def test_distillation_past_a_teachers_length_is_refused_only_for_learned_positio
     most = criterion("learned", L)[0].teacher.max_positions()  # its --tokens-per-sample
     long = most + 16
     with pytest.raises(ValueError, match=rf"the teacher reads at most {most} tokens \(learned "
-                       rf"position embeddings\), and the samples have {long}: distil with "
+                       rf"position embeddings\), and samples have up to {long}: distil with "
                        rf"--tokens-per-sample {most} or less"):
         criterion("learned", long)
     built, task = criterion("sinusoidal", long)

@@ -192,10 +192,19 @@ def test_kept_best_checkpoints_with_an_underscore_suffix_stops_before_training(
     out = train("lm", tiny_lm_data, alibi_user_dir, tmp_path / "save", *flags,
                 "--checkpoint-suffix", "_x", expect_ok=False)
     assert last_line(out) == (
-        "OneLineError: --keep-best-checkpoints 1 with --checkpoint-suffix=_x: fairseq reads "
+        "OneLineError: --keep-best-checkpoints 1 with the checkpoint suffix _x: fairseq reads "
         "each kept checkpoint's score after the last '_' of its file name, so its second save "
         "would fail; give a suffix without '_' (e.g. --checkpoint-suffix=-x) or drop "
         "--keep-best-checkpoints")
+    from types import SimpleNamespace
+
+    from fairseq_alibi.train_guards import kept_best_refusal
+
+    parallel = SimpleNamespace(keep_best_checkpoints=1, checkpoint_suffix="", no_save=False)
+    assert kept_best_refusal(parallel, "-model_part-0").endswith(
+        "fairseq's model-parallel suffix holds one: drop --keep-best-checkpoints")
+    parallel.no_save = True  # nothing is saved
+    assert kept_best_refusal(parallel, "-model_part-0") is None
     train("lm", tiny_lm_data, alibi_user_dir, tmp_path / "save", *flags,
           "--checkpoint-suffix=-x")
     assert (tmp_path / "save" / "checkpoint2-x.pt").is_file()

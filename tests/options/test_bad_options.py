@@ -300,9 +300,9 @@ def test_a_language_model_under_sentence_prediction_is_named(tiny_lm_data):
     assert hint_for(failed.value) == (
         "the model's option model.tokens_per_sample is the task's tokens_per_sample, which this "
         "--task does not declare: the architecture belongs with another task; it is a language "
-        "model (--task language_modeling); to fine-tune a classifier with --task "
-        "sentence_prediction, take an encoder (--arch alibi_roberta_base, or fairseq's "
-        "roberta_*)")
+        "model (--task language_modeling); a classifier (--task sentence_prediction) is "
+        "fine-tuned from an encoder (--arch alibi_roberta_base, or fairseq's roberta_*), a "
+        "translation model is --arch alibi_transformer")
 
 
 def test_a_command_without_its_task_is_named(tiny_lm_data):
