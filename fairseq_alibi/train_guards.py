@@ -88,7 +88,7 @@ def kept_best_refusal(cfg, suffix: str) -> Optional[str]:
     if kept <= 0 or "_" not in suffix or getattr(cfg, "no_save", False):
         return None
     given = getattr(cfg, "checkpoint_suffix", "") or ""
-    fix = (f"give a suffix without '_' (e.g. --checkpoint-suffix={given.replace('_', '-')}) or "
+    fix = (f"give a suffix without '_' (e.g.{suffix_flag(given.replace('_', '-'))}) or "
            "drop --keep-best-checkpoints" if "_" in given else
            "fairseq's model-parallel suffix holds one: drop --keep-best-checkpoints")
     return (f"--keep-best-checkpoints {kept} with the checkpoint suffix {suffix}: fairseq reads "

@@ -598,6 +598,18 @@ def _heads_index(heads: List[int], device):
     return torch.as_tensor(heads, device=device)
 
 
+def _step_groups(windows, first: int, device):
+    """``(lo, index, heads)`` per head group of a call of a few queries: the first key its
+    first query's window reaches (``first``: that query's position), its heads as an index."""
+    for (back, _), heads in _groups(windows).items():
+        yield 0 if back is None else first - min(back, first), _heads_index(heads, device), heads
+
+
+def _in_head_order(x: Tensor, order: List[int]) -> Tensor:
+    """``x`` ``(B, H, ...)`` whose heads are in ``order`` (the groups'), back in head order."""
+    return x if order == list(range(x.size(1))) else x[:, torch.as_tensor(order).argsort()]
+
+
 def few_queries(q, k, v, alibi, windows, key_padding_mask, scale, apart=None) -> Tensor:
     """A call of a few queries against a KV cache (a decoding step, ``T = 1``; a short chunk),
     ``(B, H, T, D)``: each head group reads only the keys from its first query's reach on,
@@ -620,9 +632,7 @@ def few_queries(q, k, v, alibi, windows, key_padding_mask, scale, apart=None) ->
     if held and q.dtype in fold.FOLD_DTYPES and not (
             torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v))):
         return _window_then_sinks(q, k, v, apart, mask, windows, first, scale)
-    for (back, _), heads in _groups(windows).items():
-        lo = 0 if back is None else first - min(back, first)
-        idx = _heads_index(heads, q.device)
+    for lo, idx, heads in _step_groups(windows, first, q.device):
         if held:  # the sinks apart: joined to the group's window only, the keys it reads
             start = max(lo, held)
             rows = mask[:, idx]
@@ -638,10 +648,7 @@ def few_queries(q, k, v, alibi, windows, key_padding_mask, scale, apart=None) ->
         outs.append(F.scaled_dot_product_attention(q[:, idx], parts[0], parts[1],
                                                    attn_mask=parts[2], scale=scale))
         order += heads
-    out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)
-    if order != list(range(H)):
-        out = out[:, torch.as_tensor(order).argsort()]
-    return out
+    return _in_head_order(_cat(outs), order)
 
 
 def _window_then_sinks(q, k, v, apart, mask, windows, first, scale) -> Tensor:
@@ -651,19 +658,15 @@ def _window_then_sinks(q, k, v, apart, mask, windows, first, scale) -> Tensor:
     joining them to each window copied the window's keys and values at every step."""
     held = apart[0].size(2)
     outs, lses, order = [], [], []
-    for (back, _), heads in _groups(windows).items():
-        start = max(0 if back is None else first - min(back, first), held)
-        idx = _heads_index(heads, q.device)
+    for lo, idx, heads in _step_groups(windows, first, q.device):
+        start = max(lo, held)
         out, lse = fold.kernel_forward(q[:, idx], k[:, idx, start - held:],
                                        v[:, idx, start - held:], False,
                                        attn_mask=mask[:, idx, :, start:], scale=scale)
         outs.append(out)
         lses.append(lse)
         order += heads
-    out, lse = _cat(outs), _cat(lses)
-    if order != list(range(q.size(1))):
-        back_order = torch.as_tensor(order).argsort()
-        out, lse = out[:, back_order], lse[:, back_order]
+    out, lse = _in_head_order(_cat(outs), order), _in_head_order(_cat(lses), order)
     logits = torch.matmul(apart[0], q.transpose(-1, -2)).mul_(scale)  # (B, H, held, T)
     logits += mask[..., :held].transpose(-1, -2)
     return _merge_prefix(out, lse, logits, apart[1])[0]
