@@ -39,6 +39,12 @@ once. Each side effect, and why:
    end, exit status 0), a checkpoint saved mid-epoch by another number of workers, and workers
    given different ALiBi options each stop the run with one line.
 
+9. **fairseq's EMA of shared parameters**
+   (:func:`~fairseq_alibi.modules.compact.let_ema_follow_shared_parameters`): fairseq's
+   ``EMA.__init__`` (``--store-ema``) is wrapped so that its copy of one of the package's
+   models gives each shared layer (``--share-decoder-layers``) and tied embedding a tensor of
+   its own: fairseq's update, once per state-dict key, decayed a shared tensor once per key.
+
 Not here: the hydra resolver ``fairseq_alibi.user_dir``, registered when hydra imports
 :mod:`fairseq_alibi.hydra_support` (the shipped configs' callback), never by ``import
 fairseq_alibi``.
@@ -55,6 +61,7 @@ def register():
     from fairseq_alibi import criterions, error_hints, exit_cleanup, hf_tokenizer, models  # noqa: F401
     from fairseq_alibi.models.override_keys import guard_override_keys
     from fairseq_alibi.models.stock_guards import guard_stock_architectures
+    from fairseq_alibi.modules.compact import let_ema_follow_shared_parameters
     from fairseq_alibi.modules.cross_position import let_sampling_end_at_the_floor
     from fairseq_alibi.train_guards import guard_training_start
     from fairseq_alibi.safe_loading import allow_fairseq_checkpoints
@@ -66,4 +73,5 @@ def register():
     exit_cleanup.install()
     let_sampling_end_at_the_floor()
     guard_training_start()
+    let_ema_follow_shared_parameters()
     _registered = True

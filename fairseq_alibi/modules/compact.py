@@ -15,6 +15,7 @@ With the GPT-2 vocabulary (V = 50,264), H = 768 and 12 layers, sharing and E = 1
 ~124 M parameters of a GPT-2-small-sized model to ~13.6 M.
 """
 
+import functools
 from typing import Optional
 
 import torch
@@ -60,6 +61,53 @@ def share_layer_parameters(layers) -> int:
                     raise ValueError(f"layer {index} differs from layer 0 at {name}.{key}")
                 module._parameters[key] = shared
     return len(layers)
+
+
+def own_parameters(module: nn.Module) -> int:
+    """Give every submodule of ``module`` that holds a parameter another one holds too (the
+    layers of :func:`share_layer_parameters`, a tied output embedding) its own copy, with the
+    same values; returns how many were copied. For fairseq's EMA copy of a model
+    (:func:`let_ema_follow_shared_parameters`), never for the model that trains."""
+    seen, copied = set(), 0
+    for sub in module.modules():
+        for key, param in list(sub._parameters.items()):
+            if param is None:
+                continue
+            if id(param) in seen:
+                sub._parameters[key] = nn.Parameter(param.detach().clone(),
+                                                    requires_grad=param.requires_grad)
+                copied += 1
+            else:
+                seen.add(id(param))
+    return copied
+
+
+def let_ema_follow_shared_parameters():
+    """Wrap fairseq's ``EMA.__init__`` (``--store-ema``) so that its copy of one of the
+    package's models holds a tensor of its own for every state-dict key (:func:`own_parameters`).
+
+    fairseq's EMA step walks the model's state dict and updates each key's EMA tensor in place:
+    a tensor that ``N`` keys share (``N`` layers with ``--share-decoder-layers``, or a tied
+    output embedding) got its decay ``N`` times per update, ``d^N`` instead of ``d``, without a
+    word. Each copy now gets the one update, so the copies stay equal, and the saved ``ema``
+    state loads into the shared model as before; the EMA holds ``N`` copies of a shared
+    layer. Stock models keep fairseq's behaviour. Idempotent."""
+    from fairseq.models.ema.ema import EMA
+
+    stock = EMA.__init__
+    if getattr(stock, "_own_parameters", False):
+        return
+
+    @functools.wraps(stock)
+    def __init__(self, model, config, *args, **kwargs):
+        stock(self, model, config, *args, **kwargs)
+        ours = type(model).__module__.startswith("fairseq_alibi.")
+        if ours and own_parameters(self.model) and self.config.ema_fp32:
+            self.fp32_params = {}  # built from the shared tensors: rebuilt from the copies
+            self.build_fp32_params()
+
+    __init__._own_parameters = True
+    EMA.__init__ = __init__
 
 
 def parameter_count(module: nn.Module) -> int:

@@ -305,3 +305,24 @@ def test_compact_encoder_trains_resumes_and_evaluates(tiny_lm_data, alibi_user_d
     # measured 2026-11-26: 6.003 at --seed 1 (6.025, 6.016 at seeds 2, 3; the same on 2 threads),
     # near the uniform guess log2(65) after 4 updates; the bounds add the seeds' spread
     assert 5.98 < loss < 6.05
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fp32", [False, True])
+def test_ema_of_shared_layers_decays_each_tensor_once(tiny_lm_data, alibi_user_dir, tmp_path,
+                                                      fp32):
+    """fairseq's EMA (--store-ema) updates once per state-dict key: a tensor that the shared
+    layers' keys and the tied embedding's share was decayed once per key (d^N). With the EMA
+    starting at update 2, the saved EMA is exactly d·p1 + (1 - d)·p2 for every key."""
+    save, d = tmp_path / "ck", 0.5
+    run_cli("fairseq-train", tiny_lm_data, "--user-dir", alibi_user_dir, *LM_DIMS,
+            "--share-decoder-layers", *TRAIN, "--max-update", 2, "--save-dir", save,
+            "--save-interval-updates", 1, "--store-ema", "--ema-decay", d,
+            "--ema-start-update", 2, *(["--ema-fp32"] if fp32 else []))
+    p1 = torch.load(save / "checkpoint_1_1.pt", map_location="cpu")["model"]
+    last = torch.load(save / "checkpoint_1_2.pt", map_location="cpu")
+    p2, ema = last["model"], last["extra_state"]["ema"]
+    assert not torch.equal(p1["decoder.layers.1.fc1.weight"], p2["decoder.layers.1.fc1.weight"])
+    for key in ("decoder.layers.0.fc1.weight", "decoder.layers.2.fc1.weight",
+                "decoder.embed_tokens.weight", "decoder.output_projection.weight"):
+        torch.testing.assert_close(ema[key], d * p1[key] + (1 - d) * p2[key], msg=key)
