@@ -11,14 +11,12 @@ prices the same plan for ``auto``):
 * ``fold``: a window that drops no key of a whole sequence runs as the fold backend
   (:func:`.fold.folded_attention`, no bias tensor);
 * ``chunks`` (``whole``: one chunk of every query): chunk ``k`` of ``c`` queries, ``s … s+c-1``,
-  reads the ``R = back + c + ahead`` keys ``s-back … s+c-1+ahead``. The keys and values are
-  laid out once per group and pass, ``(B, back + n·c + ahead, H_g, D')``, with one more column that
-  hides a key (``1`` on every query, :func:`~fairseq_alibi.alibi.mask_value` on a key out of
-  the sequence, padding, or a global token); every chunk's keys are a strided view of that
-  copy, the batch of one fused kernel call (:func:`.fold.kernel_forward`) per sequence with
-  one ``(H_g, c, R)`` bias shared by every chunk (it depends on ``i - j`` only; kept between
-  calls while the slopes need no gradient: :func:`_chunk_bias`). The work is ``T·R`` per head
-  instead of ``T·S`` and no ``(H, T, S)`` tensor exists.
+  reads the ``R = back + c + ahead`` keys ``s-back … s+c-1+ahead``, a strided view of the keys
+  laid out once per group and pass with a column that hides a key (out of the sequence,
+  padding, a global token: :class:`_Chunks`); one fused kernel call per sequence
+  (:func:`.fold.kernel_forward`) with one ``(H_g, c, R)`` bias shared by every chunk (only
+  ``i - j`` counts: :func:`_chunk_bias`). The work is ``T·R`` per head instead of ``T·S`` and
+  no ``(H, T, S)`` tensor exists.
 
 The *prefix*, the first ``max(N, S)`` keys of ``N`` global tokens (bias 0, for every query)
 and ``S`` attention sinks (``--alibi-window-sinks``: their true bias ``-m·(i - j)``, for the
@@ -26,10 +24,9 @@ queries whose window they are beyond), is one small pass of every head, merged w
 windows by the log-sum-exps (:class:`_Merged`). The queries among the first ``max(N, S)``
 positions are one dense call of their own where they need it (:func:`dense_queries`).
 
-Backward, one for every group: the kernel's own from the merged output and log-sum-exp, one
-key block of every chunk at a time (:meth:`_Chunks.backward`: the blocks' rows do not overlap),
-the prefix's by hand; learned slopes get their gradient from the shared bias's (``Σ dS`` over
-the chunks, their logits recomputed a few chunks at a time) and the prefix's.
+Backward: the kernel's own from the merged output and log-sum-exp, a key block of every chunk
+at a time (:meth:`_Chunks.backward`), the prefix's by hand; learned slopes get theirs from the
+shared bias's (``Σ dS`` over the chunks) and the prefix's.
 
 Queries are aligned to the end of the keys (a KV cache), as everywhere. An all-padding row
 stays finite (an output nothing reads), as with the other backends. Float32 and float64.
@@ -492,11 +489,10 @@ def _folded(q, k, v, slopes, future_slopes, variant, group: Group, scale, key_pa
 def dense_queries(variant: str, query_len: int, key_len: int, global_tokens: int = 0,
                   sinks: int = 0) -> int:
     """How many of a call's first queries :func:`attention` computes as one dense call
-    (:func:`_prefix_queries`): those among the first ``max(global_tokens, sinks)`` positions
-    (queries aligned to the end of the keys), where a global token reads every key and a sink
-    may lie *ahead* of a query, beyond its look-ahead window, which the prefix pass (sinks
-    behind a query only) does not merge. 0 for ``causal`` without global tokens: the
-    variant hides every key ahead, so those queries' sinks are the prefix pass's."""
+    (:func:`_prefix_queries`): those among the first ``max(global_tokens, sinks)`` positions,
+    where a global token reads every key and a sink may lie *ahead* of a query, beyond its
+    look-ahead window (the prefix pass merges sinks behind a query only). 0 for ``causal``
+    without global tokens: the variant hides every key ahead."""
     if not global_tokens and variant == "causal":
         return 0
     return max(0, min(max(global_tokens, sinks), key_len) - (key_len - query_len))
@@ -576,9 +572,7 @@ def attention(q: Tensor, k: Tensor, v: Tensor, slopes: Tensor, future_slopes: Op
                                        visible=visible, scale=scale)
         outs.append(_Merged.apply(qs, ks, vs, ms, fs, windows_run, prefix, scale))
         order += heads
-    out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)
-    if order != list(range(H)):
-        out = out[:, torch.as_tensor(order).argsort()]
+    out = _in_head_order(_cat(outs), order)
     g = dense_queries(variant, T, S, global_tokens, sinks)
     if g:
         exempt = _prefix_queries(q, k, v, visible, slopes, future_slopes, variant, windows,
@@ -592,7 +586,6 @@ def attention(q: Tensor, k: Tensor, v: Tensor, slopes: Tensor, future_slopes: Op
 
 def _heads_index(heads: List[int], device):
     """``heads`` as an index of the head axis: a slice (a view) when they are contiguous."""
-    heads = list(heads)
     if heads == list(range(heads[0], heads[0] + len(heads))):
         return slice(heads[0], heads[0] + len(heads))
     return torch.as_tensor(heads, device=device)
@@ -611,16 +604,13 @@ def _in_head_order(x: Tensor, order: List[int]) -> Tensor:
 
 
 def few_queries(q, k, v, alibi, windows, key_padding_mask, scale, apart=None) -> Tensor:
-    """A call of a few queries against a KV cache (a decoding step, ``T = 1``; a short chunk),
-    ``(B, H, T, D)``: each head group reads only the keys from its first query's reach on,
-    ``S - T - back … S - 1``, with its rows of the call's dense bias (``alibi.dense``: memoised
-    by the stack, the same tensor for every step of a cache trimmed to its bound), and the
-    cache's attention sinks (``alibi.sinks``, its first keys: the dense bias holds their
-    positions). One fused kernel call per group. ``apart``: ``(sink_k, sink_v)``, the sinks of
-    a cache that keeps them apart from its window (``k``, ``v``): without gradients each group
-    reads its window as a view and the sinks are merged in after
-    (:func:`_window_then_sinks`); else each group joins them to the keys of its window only,
-    never the whole cache. Not with global tokens (the first keys are in every window)."""
+    """A call of a few queries against a KV cache (a decoding step; a short chunk), ``(B, H, T,
+    D)``: each head group reads the keys from its first query's reach on, ``S - T - back …
+    S - 1``, and the cache's attention sinks (``alibi.sinks``, its first keys), with its rows of
+    the call's dense bias (``alibi.dense``, memoised by the stack). ``apart``: ``(sink_k,
+    sink_v)``, the sinks of a cache that keeps them apart from its window (``k``, ``v``),
+    merged in after the windows without gradients (:func:`_window_then_sinks`), else joined to
+    each group's window. Not with global tokens (the first keys are in every window)."""
     B, H, T, D = q.shape
     held = 0 if apart is None else apart[0].size(2)  # the sinks' keys, before k's
     S = held + k.size(2)
