@@ -320,7 +320,7 @@ class AlibiRobertaEncoder(RobertaEncoder):
         check_saved_sizes(state_dict, self.state_dict(),
                           {encoder: ("sentence_encoder", "encoder")}, hydra)
         check_shared_layers(state_dict, encoder, self.sentence_encoder.layers,
-                            "--share-encoder-layers")
+                            "share_encoder_layers", hydra)
         if kind_key in state_dict:
             saved_kind = decode_kind(state_dict[kind_key])
             where = ""

@@ -185,7 +185,7 @@ class AlibiTransformerLanguageModel(ScalesFollowPrunedLayers, TransformerLanguag
         check_saved_sizes(state_dict, self.state_dict(), {decoder: ("decoder", "decoder")})
         check_saved_stacks(state_dict, {decoder: (self.decoder.alibi, options.LM.flag,
                                                   "--decoder-attention-heads")}, MODEL_NAME)
-        check_shared_layers(state_dict, decoder, self.decoder.layers, "--share-decoder-layers")
+        check_shared_layers(state_dict, decoder, self.decoder.layers, "share_decoder_layers")
         return super().upgrade_state_dict_named(state_dict, name)
 
 

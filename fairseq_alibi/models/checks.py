@@ -151,34 +151,59 @@ def _stack_sizes(state, prefix: str) -> dict:
     return sizes
 
 
-def check_shared_layers(state_dict, stack: str, layers, flag: str):
-    """A model whose ``layers`` share the first one's parameters (``flag``, e.g.
-    ``--share-decoder-layers``) loading a checkpoint whose layers have their own: each layer's
+def started_by_hydra() -> bool:
+    """Whether this run was started by ``fairseq-hydra-train``, whose options are overrides
+    (``++model.decoder_layers=2``), not flags: hydra's record of its job, which
+    ``fairseq-train``'s conversion of its flags to a config does not make (both build the
+    models of dataclass-registered families from an OmegaConf config)."""
+    try:
+        from hydra.core.hydra_config import HydraConfig
+    except ImportError:
+        return False
+    return HydraConfig.initialized()
+
+
+def _spelled(key: str, value, hydra: bool) -> str:
+    """Option ``key`` set to ``value`` as the run was started: ``++model.key=value`` or the
+    flag (``--key value``; a switch alone: ``--key``, or ``no --key``)."""
+    if hydra:
+        return f"++model.{key}={str(value).lower() if isinstance(value, bool) else value}"
+    if isinstance(value, bool):
+        return flag_of_key(key) if value else f"no {flag_of_key(key)}"
+    return f"{flag_of_key(key)} {value}"
+
+
+def check_shared_layers(state_dict, stack: str, layers, key: str, hydra: bool = None):
+    """A model whose ``layers`` share the first one's parameters (option ``key``, e.g.
+    ``share_decoder_layers``) loading a checkpoint whose layers have their own: each layer's
     copy would land in the one shared tensor, the last one kept, silently. One line instead
-    (a shared checkpoint loads into an unshared model as it is: its layers are equal)."""
+    (a shared checkpoint loads into an unshared model as it is: its layers are equal).
+    ``hydra``: named as overrides (default: :func:`started_by_hydra`)."""
     if len(layers) < 2 or next(layers[1].parameters(), None) is not next(
             layers[0].parameters(), None):
         return
+    hydra = started_by_hydra() if hydra is None else hydra
     first = f"{stack}.layers.0."
-    for key, value in state_dict.items():
-        layer, _, rest = key[len(f"{stack}.layers."):].partition(".")
-        if not key.startswith(f"{stack}.layers.") or layer == "0":
+    for name, value in state_dict.items():
+        layer, _, rest = name[len(f"{stack}.layers."):].partition(".")
+        if not name.startswith(f"{stack}.layers.") or layer == "0":
             continue
         twin = state_dict.get(first + rest)
         if twin is not None and twin.shape == value.shape and not torch.equal(twin, value):
             raise mismatch(
-                f"layers of their own ({key} differs from layer 0's)",
-                f"{flag} (one layer's parameters for every layer: only the last layer's would "
-                "be kept)", f"no {flag}")
+                f"layers of their own ({name} differs from layer 0's)",
+                f"{_spelled(key, True, hydra)} (one layer's parameters for every layer: only "
+                "the last layer's would be kept)", _spelled(key, False, hydra))
 
 
-def check_saved_sizes(state_dict, built_state, stacks, hydra: bool = False):
+def check_saved_sizes(state_dict, built_state, stacks, hydra: bool = None):
     """:func:`~fairseq_alibi.modules.checkpoint_match.mismatch` naming every size option
     (layers, widths, heads) in which the checkpoint's stacks differ from the model being
     built, read from their tensors: ``stacks`` maps a saved prefix (``decoder``) to ``(the
     built model's prefix, side)`` (``side``: ``encoder`` or ``decoder``, the options' first
     word). Otherwise the first differing tensor alone would be named, one size per retry.
-    ``hydra``: named as ``fairseq-hydra-train`` overrides (``++model.encoder_layers=2``)."""
+    ``hydra``: named as ``fairseq-hydra-train`` overrides (``++model.encoder_layers=2``;
+    default: :func:`started_by_hydra`)."""
     differ = []
     for saved_prefix, (built_prefix, side) in stacks.items():
         saved, built = _stack_sizes(state_dict, saved_prefix), _stack_sizes(built_state,
@@ -191,13 +216,10 @@ def check_saved_sizes(state_dict, built_state, stacks, hydra: bool = False):
                    if name in built and built[name] != value]
     if not differ:
         return
-
-    def named(key, value):
-        return f"++model.{key}={value}" if hydra else f"{flag_of_key(key)} {value}"
-
-    raise mismatch(", ".join(named(k, s) for k, s, _ in differ),
-                   ", ".join(named(k, b) for k, _, b in differ),
-                   " ".join(named(k, s) for k, s, _ in differ))
+    hydra = started_by_hydra() if hydra is None else hydra
+    raise mismatch(", ".join(_spelled(k, s, hydra) for k, s, _ in differ),
+                   ", ".join(_spelled(k, b, hydra) for k, _, b in differ),
+                   " ".join(_spelled(k, s, hydra) for k, s, _ in differ))
 
 
 def vocabulary_size(weights: dict) -> int:

@@ -198,11 +198,34 @@ def test_glue_fine_tunes_every_study_variant(data, runs_root):
             *DEVICE, *STEPS,
             f"checkpoint.restore_file={train('mlm', 'wikitext103_zero_clap', data, runs_root)}",
         ])
-    causes, error = [], failure.value
-    while error is not None:  # fairseq's trainer re-raises the model's error as its context
+    assert any("this checkpoint was trained with `" in c for c in causes_of(failure.value))
+
+
+def causes_of(error):
+    """The messages of ``error`` and its causes: fairseq's trainer re-raises the model's error
+    as its context."""
+    causes = []
+    while error is not None:
         causes.append(str(error))
         error = error.__cause__ or error.__context__
-    assert any("this checkpoint was trained with `" in c for c in causes), causes
+    return causes
+
+
+def test_a_restored_lm_of_other_sizes_is_named_by_overrides(data, runs_root):
+    """Under fairseq-hydra-train a checkpoint of other sizes names the overrides that build it
+    (``++model.decoder_layers=1``), not flags (an LM's options are an OmegaConf config under
+    fairseq-train's flags too)."""
+    restore = train("lm", "wikitext103_alibi", data, runs_root)
+    with pytest.raises(Exception) as failure:
+        in_process_hydra_train([
+            "--config-dir", CONFIG / "lm", "--config-name", "wikitext103_alibi",
+            f"hydra.run.dir={runs_root / 'sizes'}", *DEVICE, *STEPS, "model.decoder_layers=2",
+            *[o for o in tiny_overrides("lm", "wikitext103_alibi", data)
+              if not o.startswith("model.decoder_layers=")],
+            f"checkpoint.restore_file={restore}"])
+    assert any(c.startswith("this checkpoint was trained with ++model.decoder_layers=1; ")
+               and c.endswith("build it with ++model.decoder_layers=1")
+               for c in causes_of(failure.value)), causes_of(failure.value)
 
 
 def test_train_length_family_as_one_multirun(data, runs_root):

@@ -121,6 +121,7 @@ def test_unshared_layers_are_not_loaded_into_shared_ones(family, dict_dir):
     (``--model-overrides "{'share_decoder_layers': True}"``, ``--finetune-from-model`` with
     the flag): one line instead. A shared checkpoint loads into either model as it is."""
     from fairseq_alibi.error_hints import CheckpointMismatchError
+    from fairseq_alibi.models.checks import check_shared_layers
 
     flags, flag = (LM_DIMS, "--share-decoder-layers") if family == "lm" else (
         ["--task", "masked_lm", "--arch", "alibi_roberta", "--encoder-layers", N,
@@ -131,6 +132,13 @@ def test_unshared_layers_are_not_loaded_into_shared_ones(family, dict_dir):
     with pytest.raises(CheckpointMismatchError, match=rf"trained with layers of their own .*; "
                        rf"the model being built has {flag} .*: build it with no {flag}"):
         shared.load_state_dict(own.state_dict())
+    # under fairseq-hydra-train: named as its overrides
+    stack, layers = (("decoder", shared.decoder.layers) if family == "lm" else
+                     ("encoder.sentence_encoder", shared.encoder.sentence_encoder.layers))
+    key = flag[2:].replace("-", "_")
+    with pytest.raises(CheckpointMismatchError, match=rf"; the model being built has "
+                       rf"\+\+model.{key}=true .*: build it with \+\+model.{key}=false$"):
+        check_shared_layers(own.state_dict(), stack, layers, key, hydra=True)
     own.load_state_dict(shared.state_dict())
     shared.load_state_dict(shared.state_dict())
 
