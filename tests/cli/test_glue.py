@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -338,11 +339,15 @@ def test_grid_end_to_end_resumed_and_from_mnli(tmp_path, alibi_user_dir):
                         "--max-length", 16, expect_ok=False)
     assert "holds runs made with other settings (lr, fairseq_args)" in changed.splitlines()[-1]
 
-    # RTE starts from the best MNLI run, whose 3-class head fairseq drops
+    # RTE starts from the best MNLI run, whose 3-class head fairseq drops; with
+    # --delete-checkpoints every run's checkpoints go once scored, but the MNLI runs' it reads
     mnli = glue_tool(*common, "--out", tmp_path / "mnli", "--tasks", "MNLI,RTE", "--seeds", 1,
-                     "--from-mnli")
-    rte = json.loads((tmp_path / "mnli" / "runs" / "RTE" / "seed1" / "result.json").read_text())
+                     "--from-mnli", "--delete-checkpoints")
+    runs = tmp_path / "mnli" / "runs"
+    rte = json.loads((runs / "RTE" / "seed1" / "result.json").read_text())
     assert rte["restored_from"].endswith("runs/MNLI/seed1/checkpoints/checkpoint_best.pt")
+    assert Path(rte["restored_from"]).is_file()
+    assert not (runs / "RTE" / "seed1" / "checkpoints").exists()
     assert "RTE, MRPC and STS-B start from MNLI seed 1" in mnli
     missing = glue_tool(*common, "--out", tmp_path / "x", "--tasks", "RTE", "--from-mnli",
                         expect_ok=False)
