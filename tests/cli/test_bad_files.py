@@ -283,6 +283,50 @@ def test_a_resume_with_another_trained_option_is_refused(tmp_path):
     assert resumed_options_refusal(cfg, run("per_head"), "") is None
 
 
+def test_a_resume_whose_weights_the_new_options_refuse_names_only_the_way_back(tmp_path):
+    """Learned scales resumed without them: the model refuses the checkpoint's scales at load,
+    so a new phase cannot start from them either, and the refusal does not send the user
+    there (the other way, fixed slopes to learned scales, a new phase loads)."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from omegaconf import OmegaConf
+
+    from fairseq_alibi.train_guards import resumed_options_refusal
+    from tests.helpers.building import setup_from_command_line, write_dictionary
+
+    data = write_dictionary(tmp_path / "data", 20)
+
+    def trainer(scales):
+        cfg, task = setup_from_command_line(
+            data, "--task", "language_modeling", "--arch", "alibi_transformer_lm",
+            "--decoder-layers", 1, "--decoder-embed-dim", 16, "--decoder-ffn-embed-dim", 32,
+            "--decoder-attention-heads", 2, "--alibi-learned-scales", scales)
+        model = task.build_model(cfg.model)
+        return SimpleNamespace(cfg=cfg, get_model=lambda: model)
+
+    def save(run):
+        torch.save({"cfg": {"model": OmegaConf.to_container(run.cfg.model)},
+                    "model": run.get_model().state_dict()}, last)
+
+    learned, fixed = trainer("per_head"), trainer("none")
+    last = tmp_path / "checkpoint_last.pt"
+    cfg = SimpleNamespace(restore_file="checkpoint_last.pt", save_dir=str(tmp_path),
+                          reset_optimizer=False)
+    save(learned)
+    assert resumed_options_refusal(cfg, fixed, "") == (
+        f"{last} was trained with --alibi-learned-scales per_head, and this run has "
+        "--alibi-learned-scales none: it would go on training that model as another one; give "
+        "--alibi-learned-scales per_head (the checkpoint's weights do not fit "
+        "--alibi-learned-scales none, so a new phase, --reset-optimizer or "
+        "--finetune-from-model, cannot start from them either)")
+    save(fixed)
+    assert resumed_options_refusal(cfg, learned, "").endswith(
+        "or start a new phase with --reset-optimizer (or --finetune-from-model, in another "
+        "--save-dir), where the checkpoint's weights fit the new options")
+
+
 # row 10: a 0-byte checkpoint
 
 
