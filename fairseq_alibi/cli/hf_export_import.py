@@ -4,7 +4,8 @@
 
     fairseq-alibi export-hf CKPT --dict D [--bpe gpt2 --gpt2-encoder-json J --gpt2-vocab-bpe B
                                            | --bpe sentencepiece --sentencepiece-model M
-                                           | --bpe hf_tokenizer [--hf-tokenizer T]] --out DIR
+                                           | --bpe hf_tokenizer [--hf-tokenizer T]
+                                           | --bpe none] --out DIR
     fairseq-alibi import-hf DIR --out CKPT_DIR
 
 ``BloomForCausalLM`` is ``alibi_transformer_lm`` with the options of :func:`bloom_options` (the
@@ -457,19 +458,24 @@ def export_tokenizer(bpe, files, dictionary, ckpt_dir):
         path = Path(files.get("hf_tokenizer") or ckpt_dir / "tokenizer.json")
         return {"copy": require_file(path, "--hf-tokenizer")}
     if bpe == "gpt2":
-        return gpt2_tokenizer(require_file(files.get("gpt2_encoder_json"), "--gpt2-encoder-json"),
-                              require_file(files.get("gpt2_vocab_bpe"), "--gpt2-vocab-bpe"),
-                              dictionary)
+        word_level = "; a word-level model, trained on text without BPE: --bpe none"
+        return gpt2_tokenizer(
+            require_file(files.get("gpt2_encoder_json"), "--gpt2-encoder-json", word_level),
+            require_file(files.get("gpt2_vocab_bpe"), "--gpt2-vocab-bpe", word_level),
+            dictionary)
     if bpe == "sentencepiece":
         return sentencepiece_tokenizer(
             require_file(files.get("sentencepiece_model"), "--sentencepiece-model"), dictionary)
-    raise ConversionError(f"unknown --bpe {bpe!r}; choose gpt2, sentencepiece or hf_tokenizer")
+    if bpe == "none":
+        return word_tokenizer(dictionary)
+    raise ConversionError(f"unknown --bpe {bpe!r}; choose gpt2, sentencepiece, hf_tokenizer or "
+                          "none")
 
 
-def require_file(path, flag):
+def require_file(path, flag, other=""):
     if not path or not Path(path).is_file():
         raise ConversionError(f"tokenizer file missing: {flag} {path or ''}".rstrip()
-                              + " (give the file the model was trained with)")
+                              + f" (give the file the model was trained with{other})")
     return Path(path)
 
 
@@ -490,6 +496,17 @@ def gpt2_tokenizer(encoder_json, vocab_bpe, dictionary):
     tokenizer = Tokenizer(models.BPE(vocab, merges, unk_token="<unk>"))
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     tokenizer.decoder = decoders.ByteLevel()
+    return tokenizer
+
+
+def word_tokenizer(dictionary):
+    """fairseq's tokenization without BPE (``fairseq-preprocess`` of whitespace-split text, as
+    WikiText-103's word-level models): each word's dictionary index, ``<unk>`` for the others;
+    decoded by joining the words with spaces (the default of a tokenizer without a decoder)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    tokenizer = Tokenizer(models.WordLevel(dict(dictionary.indices), unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     return tokenizer
 
 
@@ -891,7 +908,11 @@ def export_main(argv=None):
         "that AutoModelForCausalLM and AutoTokenizer load offline.")
     parser.add_argument("checkpoint")
     parser.add_argument("--dict", required=True, help="the model's dict.txt")
-    parser.add_argument("--bpe", default="gpt2", choices=("gpt2", "sentencepiece", "hf_tokenizer"))
+    parser.add_argument("--bpe", default="gpt2",
+                        choices=("gpt2", "sentencepiece", "hf_tokenizer", "none"),
+                        help="how the text was split before the dictionary: gpt2 (default), "
+                        "sentencepiece, an imported model's hf_tokenizer, or none (a word-level "
+                        "model: fairseq-preprocess of whitespace-split text)")
     parser.add_argument("--gpt2-encoder-json")
     parser.add_argument("--gpt2-vocab-bpe")
     parser.add_argument("--sentencepiece-model")

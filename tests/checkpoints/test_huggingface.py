@@ -214,6 +214,43 @@ def test_a_sentencepiece_export_imports_back_bit_for_bit(tmp_path):
 
 
 @needs_shared
+def test_a_word_level_model_exports_with_bpe_none(tmp_path, capsys):
+    """A model of fairseq-preprocess'd whitespace-split text (WikiText-103's word-level kind):
+    the exported tokenizer gives fairseq's ids (an unknown word and a literal ``<unk>`` both
+    ``<unk>``), the log-probabilities are fairseq's, and it imports back bit for bit."""
+    from fairseq.data import Dictionary
+
+    dictionary = Dictionary()
+    for line in wikitext_lines(300):
+        dictionary.encode_line(line, add_if_not_exist=True, append_eos=False)
+    dictionary.finalize(threshold=2)
+    dictionary.save(str(tmp_path / "words.txt"))
+    ckpt = write_fairseq_checkpoint(tmp_path / "fs", 4, dictionary=tmp_path / "words.txt")
+    common = [str(ckpt), "--dict", str(ckpt.parent / "dict.txt"), "--out"]
+    assert hf.export_main([*common, str(tmp_path / "no")]) == 1  # --bpe gpt2, the default
+    assert capsys.readouterr().err.strip().splitlines()[-1].endswith(
+        "(give the file the model was trained with; a word-level model, trained on text "
+        "without BPE: --bpe none)")
+    assert hf.export_main([*common, str(tmp_path / "hf"), "--bpe", "none"]) == 0
+    lm, model = fairseq_lm(ckpt.parent), hf_model(tmp_path / "hf")
+    tokenizer = transformers().AutoTokenizer.from_pretrained(str(tmp_path / "hf"))
+    text = " ".join(wikitext_lines(3, skip=300)) + "  zyxwvut <unk>\tend"
+    ids = [lm.task.dictionary.eos()] + lm.task.dictionary.encode_line(
+        text, append_eos=False, add_if_not_exist=False).tolist()
+    assert tokenizer(text)["input_ids"] == ids and ids[-3:-1] == [lm.task.dictionary.unk()] * 2
+    tokens = torch.tensor([ids])
+    with torch.no_grad():
+        ours = token_log_probs(lm.models[0](tokens)[0], tokens)
+        theirs = token_log_probs(model(tokens).logits, tokens)
+    assert (ours - theirs).abs().max().item() < 1e-5
+    assert tokenizer.decode(ids[1:5]) == " ".join(lm.task.dictionary[i] for i in ids[1:5])
+    assert hf.import_main([str(tmp_path / "hf"), "--out", str(tmp_path / "back")]) == 0
+    original = torch.load(ckpt, weights_only=False)["model"]
+    back = torch.load(tmp_path / "back" / "checkpoint.pt", weights_only=False)["model"]
+    assert all(torch.equal(original[k], back[k]) for k in original)
+
+
+@needs_shared
 def test_a_checkpoint_saved_before_an_option_existed_exports(tmp_path):
     """A checkpoint without the learned scales' keys (saved before them, or converted from a
     fork) loads with their defaults, and exports as such, not refused for a value ``None``."""
