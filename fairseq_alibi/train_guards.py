@@ -220,16 +220,17 @@ def resumed_options_refusal(cfg, trainer, suffix: str, restored=None) -> Optiona
     flag, _, was, wanted = change
     said = (f"{path} was trained with {flag} {was}, and this run has {flag} {wanted}: it would "
             f"go on training that model as another one; give {flag} {was}")
-    if _weights_refused(trainer, state):
+    if _weights_refused(trainer, state, flag):
         return (f"{said} (the checkpoint's weights do not fit {flag} {wanted}, so a new phase, "
                 "--reset-optimizer or --finetune-from-model, cannot start from them either)")
     return (f"{said}, or start a new phase with --reset-optimizer (or --finetune-from-model, "
             "in another --save-dir), where the checkpoint's weights fit the new options")
 
 
-def _weights_refused(trainer, state) -> bool:
-    """Whether the model being trained refuses the checkpoint's weights by its own load-time
-    checks (a new phase could not start from them either), run on a copy of their key table."""
+def _weights_refused(trainer, state, flag: str) -> bool:
+    """Whether the model being trained refuses the checkpoint's weights for option ``flag`` by
+    its own load-time checks (a new phase could not start from them either), run on a copy of
+    their key table (a refusal for another reason is the load's own to say)."""
     from fairseq_alibi.error_hints import CheckpointMismatchError
 
     model = trainer.get_model() if hasattr(trainer, "get_model") else None
@@ -238,8 +239,8 @@ def _weights_refused(trainer, state) -> bool:
         return False
     try:
         model.upgrade_state_dict(dict(weights))
-    except CheckpointMismatchError:
-        return True
+    except CheckpointMismatchError as e:
+        return flag in str(e)
     except Exception:  # noqa: BLE001 - a guard never replaces fairseq's own error
         return False
     return False

@@ -503,9 +503,11 @@ def word_tokenizer(dictionary):
     """fairseq's tokenization without BPE (``fairseq-preprocess`` of whitespace-split text, as
     WikiText-103's word-level models): each word's dictionary index, ``<unk>`` for the others;
     decoded by joining the words with spaces (the default of a tokenizer without a decoder)."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
+    from tokenizers import Regex, Tokenizer, models, normalizers, pre_tokenizers
 
     tokenizer = Tokenizer(models.WordLevel(dict(dictionary.indices), unk_token="<unk>"))
+    # fairseq splits on Python's whitespace, which holds U+001C-U+001F too; Unicode's does not
+    tokenizer.normalizer = normalizers.Replace(Regex("[\\x1c-\\x1f]"), " ")
     tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     return tokenizer
 

@@ -316,11 +316,10 @@ class AlibiRobertaEncoder(RobertaEncoder):
         kind_key = f"{name}.model_kind"
         encoder = f"{name}.sentence_encoder"
         built_kind = decode_kind(self.model_kind)
-        hydra = OmegaConf.is_config(self.args)  # started by fairseq-hydra-train, not flags
         check_saved_sizes(state_dict, self.state_dict(),
-                          {encoder: ("sentence_encoder", "encoder")}, hydra)
+                          {encoder: ("sentence_encoder", "encoder")})
         check_shared_layers(state_dict, encoder, self.sentence_encoder.layers,
-                            "share_encoder_layers", hydra)
+                            "share_encoder_layers")
         if kind_key in state_dict:
             saved_kind = decode_kind(state_dict[kind_key])
             where = ""
@@ -346,7 +345,9 @@ class AlibiRobertaEncoder(RobertaEncoder):
             )
         saved, built = _kind_flags(saved_kind), _kind_flags(built_kind)
         if saved != built:
-            raise mismatch(f"`{saved}`{where}", f"`{built}`", _how_to_build(saved_kind, hydra))
+            # a model built from a config (fairseq-hydra-train's GLUE configs): their variant=
+            raise mismatch(f"`{saved}`{where}", f"`{built}`",
+                           _how_to_build(saved_kind, OmegaConf.is_config(self.args)))
         state_dict[kind_key] = self.model_kind.clone()  # older checkpoints: integer form
         if self.uses_alibi:
             check_saved_stacks(state_dict, {encoder: (self.sentence_encoder.alibi,

@@ -126,6 +126,17 @@ def test_kind_mismatch_message_fits_how_the_run_was_started(started, expected, t
     assert str(error.value).endswith(expected)
 
 
+def test_sizes_outside_a_hydra_job_are_flags_whatever_the_config(tiny_lm_data):
+    """A model whose options are an OmegaConf config (a checkpoint fairseq-hydra-train wrote,
+    loaded by the hub or eval-lm) outside a hydra job: the sizes are flags, as the fix is given
+    there (and --model-overrides' hint finds its key in them)."""
+    trained, _ = build_model("encoder", tiny_lm_data, "--encoder-layers", 1)
+    fresh = _as_hydra_built([], tiny_lm_data)
+    with pytest.raises(ValueError, match=r"trained with --encoder-layers 1; .*: build it with "
+                                         r"--encoder-layers 1$"):
+        fresh.load_state_dict(trained.state_dict())
+
+
 @pytest.mark.slow
 def test_hydra_glue_config_without_variant_names_the_override(alibi_user_dir, tmp_path):
     """The shipped GLUE config (default variant=alibi) on a zero-clap checkpoint, through the

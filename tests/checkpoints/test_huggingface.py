@@ -234,10 +234,10 @@ def test_a_word_level_model_exports_with_bpe_none(tmp_path, capsys):
     assert hf.export_main([*common, str(tmp_path / "hf"), "--bpe", "none"]) == 0
     lm, model = fairseq_lm(ckpt.parent), hf_model(tmp_path / "hf")
     tokenizer = transformers().AutoTokenizer.from_pretrained(str(tmp_path / "hf"))
-    text = " ".join(wikitext_lines(3, skip=300)) + "  zyxwvut <unk>\tend"
+    text = " ".join(wikitext_lines(3, skip=300)) + "  zyxwvut <unk>\tthe\x1fend"
     ids = [lm.task.dictionary.eos()] + lm.task.dictionary.encode_line(
         text, append_eos=False, add_if_not_exist=False).tolist()
-    assert tokenizer(text)["input_ids"] == ids and ids[-3:-1] == [lm.task.dictionary.unk()] * 2
+    assert tokenizer(text)["input_ids"] == ids and ids[-4:-2] == [lm.task.dictionary.unk()] * 2
     tokens = torch.tensor([ids])
     with torch.no_grad():
         ours = token_log_probs(lm.models[0](tokens)[0], tokens)

@@ -204,11 +204,9 @@ def test_glue_fine_tunes_every_study_variant(data, runs_root):
 def causes_of(error):
     """The messages of ``error`` and its causes: fairseq's trainer re-raises the model's error
     as its context."""
-    causes = []
-    while error is not None:
-        causes.append(str(error))
-        error = error.__cause__ or error.__context__
-    return causes
+    from fairseq_alibi.error_hints import _chain
+
+    return [str(e) for e in _chain(error)]
 
 
 def test_a_restored_lm_of_other_sizes_is_named_by_overrides(data, runs_root):
