@@ -505,6 +505,14 @@ def word_tokenizer(dictionary):
     decoded by joining the words with spaces (the default of a tokenizer without a decoder)."""
     from tokenizers import Regex, Tokenizer, models, normalizers, pre_tokenizers
 
+    words = [dictionary[i] for i in range(dictionary.nspecial, len(dictionary))]
+    # a BPE model's dictionary under --bpe none would give <unk> for every word, silently
+    for looks, bpe in ((str.isdigit, "gpt2 (its symbols are GPT-2 BPE ids)"),
+                       (lambda w: w.startswith("\u2581"), "sentencepiece (its symbols are "
+                                                           "sentencepiece pieces)")):
+        if words and sum(map(looks, words)) > len(words) / 2:
+            raise ConversionError(f"--bpe none exports a word-level model, and this dictionary "
+                                  f"is a BPE one: give --bpe {bpe}")
     tokenizer = Tokenizer(models.WordLevel(dict(dictionary.indices), unk_token="<unk>"))
     # fairseq splits on Python's whitespace, which holds U+001C-U+001F too; Unicode's does not
     tokenizer.normalizer = normalizers.Replace(Regex("[\\x1c-\\x1f]"), " ")

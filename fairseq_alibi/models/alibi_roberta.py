@@ -56,6 +56,7 @@ from fairseq_alibi.models.checks import (
     check_document_mask,
     refuse_fork_flags,
     reject_other_dictionary,
+    started_by_hydra,
 )
 from fairseq_alibi.models.architectures_and_limits import lift_task_length_limit
 from fairseq_alibi.models.layer_pruning import ScalesFollowPrunedLayers
@@ -345,9 +346,8 @@ class AlibiRobertaEncoder(RobertaEncoder):
             )
         saved, built = _kind_flags(saved_kind), _kind_flags(built_kind)
         if saved != built:
-            # a model built from a config (fairseq-hydra-train's GLUE configs): their variant=
             raise mismatch(f"`{saved}`{where}", f"`{built}`",
-                           _how_to_build(saved_kind, OmegaConf.is_config(self.args)))
+                           _how_to_build(saved_kind, started_by_hydra()))
         state_dict[kind_key] = self.model_kind.clone()  # older checkpoints: integer form
         if self.uses_alibi:
             check_saved_stacks(state_dict, {encoder: (self.sentence_encoder.alibi,

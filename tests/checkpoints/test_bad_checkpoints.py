@@ -113,13 +113,16 @@ def _as_hydra_built(model_flags, data):
     ("cli", "the flags `--alibi-variant offset --mlm-head clap --zero-mask-embedding`"),
     ("hydra", "the override `variant=zero_clap`"),
 ])
-def test_kind_mismatch_message_fits_how_the_run_was_started(started, expected, tiny_lm_data):
+def test_kind_mismatch_message_fits_how_the_run_was_started(started, expected, tiny_lm_data,
+                                                            monkeypatch):
     zero_clap = ["--alibi-variant", "offset", "--mlm-head", "clap", "--zero-mask-embedding"]
     trained, _ = build_model("encoder", tiny_lm_data, *zero_clap)
     if started == "cli":
         fresh, _ = build_model("encoder", tiny_lm_data)  # the default: offset, roberta head
     else:
         fresh = _as_hydra_built([], tiny_lm_data)  # a GLUE config without variant=
+        # inside fairseq-hydra-train's job (hydra's record, which only a real job sets)
+        monkeypatch.setattr("fairseq_alibi.models.alibi_roberta.started_by_hydra", lambda: True)
     with pytest.raises(ValueError, match="trained with `--alibi-variant offset --mlm-head clap"
                                          " --zero-mask-embedding`") as error:
         fresh.load_state_dict(trained.state_dict())

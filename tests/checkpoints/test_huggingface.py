@@ -248,6 +248,14 @@ def test_a_word_level_model_exports_with_bpe_none(tmp_path, capsys):
     original = torch.load(ckpt, weights_only=False)["model"]
     back = torch.load(tmp_path / "back" / "checkpoint.pt", weights_only=False)["model"]
     assert all(torch.equal(original[k], back[k]) for k in original)
+    # a GPT-2 BPE model's dictionary under --bpe none: every word would be <unk>
+    bpe = write_fairseq_checkpoint(tmp_path / "bpe", 4)
+    assert hf.export_main([str(bpe), "--dict", str(bpe.parent / "dict.txt"), "--bpe", "none",
+                           "--out", str(tmp_path / "bpe_hf")]) == 1
+    assert capsys.readouterr().err.strip().splitlines()[-1].endswith(
+        "--bpe none exports a word-level model, and this dictionary is a BPE one: give --bpe "
+        "gpt2 (its symbols are GPT-2 BPE ids)")
+    assert not (tmp_path / "bpe_hf").exists()
 
 
 @needs_shared
