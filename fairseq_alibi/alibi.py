@@ -253,6 +253,14 @@ def kept_positions(key_len: int, sinks: int = 0, dropped: int = 0) -> torch.Tens
     return positions
 
 
+def sinks_to_end(keys: torch.Tensor, sinks: int) -> torch.Tensor:
+    """``keys`` (the last dim: a cache's keys, its ``sinks`` attention sinks first) with the
+    sinks moved after the others: the order in which a decoding step reads a cache that keeps
+    its sinks after its window in one buffer (a padding mask, a bias). Attention does not
+    depend on the order of its keys, only on each key's own bias."""
+    return torch.cat([keys[..., sinks:], keys[..., :sinks]], dim=-1)
+
+
 def alibi_bias_between(slopes, query_positions, key_positions, variant="causal",
                        future_slopes=None, dtype=torch.float32, global_tokens: int = 0,
                        heads=None, windows=None, sinks: int = 0) -> torch.Tensor:

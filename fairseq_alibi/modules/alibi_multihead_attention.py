@@ -89,7 +89,7 @@ class AlibiMultiheadAttention(MultiheadAttention):
 
         q, k, v = heads(self.q_proj(query)), heads(self.k_proj(query)), heads(self.v_proj(query))
 
-        reach, keys, values, sinks = None, k, v, None
+        reach, keys, values, sinks, sinks_last = None, k, v, None, None
         if incremental_state is not None:
             saved = self._get_input_buffer(incremental_state)
             # attention sinks kept apart from the rolling window once keys between were dropped
@@ -118,12 +118,15 @@ class AlibiMultiheadAttention(MultiheadAttention):
                 **({} if documents is None else {"cached_documents": documents}),
                 **({"dropped": dropped} if dropped else {}))
             reach = decoding_reach(call_bias)
+            # room for the sinks after the window (sinks_after_window); not a document's
+            after = sink_keys.size(2) if dropped and saved.get("sink_dropped") is not None else 0
             if saved.get("prev_key") is not None:
-                k = append_to_cache(saved, "key", k, reach)
-                v = append_to_cache(saved, "value", v, reach)
+                k = append_to_cache(saved, "key", k, reach, after)
+                v = append_to_cache(saved, "value", v, reach, after)
             saved["prev_key"], saved["prev_value"] = keys, values = k, v
             if sink_keys is not None:
                 sinks = (sink_keys, saved["sink_value"])
+                sinks_last = sinks_after_window(saved, sinks) if after else None
             saved["prev_key_padding_mask"] = key_padding_mask
             documents = getattr(call_bias, "documents", None)
             if documents is not None:  # trimmed with the keys below
@@ -136,7 +139,7 @@ class AlibiMultiheadAttention(MultiheadAttention):
                 key_padding_mask = None
             call_bias = self.alibi.for_call(key_padding_mask, bsz, tgt_len, tgt_len, False)
         out = self._attend(q, keys, values, sinks, call_bias, key_padding_mask, attn_mask,
-                           need_weights, need_head_weights, before_softmax)
+                           need_weights, need_head_weights, before_softmax, sinks_last)
         if incremental_state is not None:
             if reach is not None:  # keep only the keys a later query can reach
                 keep_reachable(saved, reach, getattr(call_bias, "sinks", 0), key_padding_mask)
@@ -144,15 +147,16 @@ class AlibiMultiheadAttention(MultiheadAttention):
         return out
 
     def _attend(self, q, k, v, sinks, call_bias, key_padding_mask, attn_mask, need_weights,
-                need_head_weights, before_softmax):
+                need_head_weights, before_softmax, sinks_last=None):
         """:func:`attend_call_and_project` of this call; with a cache's attention sinks kept
-        apart (``sinks``: their keys and values, ``k``/``v`` the window's), read apart where
-        the backend can (:func:`.dispatch.attend_sinks_apart`: ``sdpa``, ``windowed``), else
-        joined (:meth:`_joined`)."""
+        apart (``sinks``: their keys and values, ``k``/``v`` the window's; ``sinks_last``: the
+        window with the sinks after it in one buffer, :func:`sinks_after_window`), read apart
+        where the backend can (:func:`.dispatch.attend_sinks_apart`: ``sdpa``, ``windowed``),
+        else joined (:meth:`_joined`)."""
         if (sinks is not None and not (need_weights or before_softmax) and attn_mask is None
                 and not dropout_of(self)):
             out = attend_sinks_apart(self.attention_backend, q, sinks, k, v, call_bias,
-                                     key_padding_mask, self.scaling)
+                                     key_padding_mask, self.scaling, sinks_last)
             if out is not None:
                 B, H, T, D = q.shape
                 return self.out_proj(out.permute(2, 0, 1, 3).reshape(T, B, H * D)), None
@@ -375,7 +379,7 @@ def _fresh_room(saved, name, kept: Tensor, spare: int) -> Tensor:
 
 
 def append_to_cache(saved: Dict[str, Optional[Tensor]], name: str, new: Tensor,
-                    reach: Optional[int] = None) -> Tensor:
+                    reach: Optional[int] = None, after: int = 0) -> Tensor:
     """``saved["prev_<name>"]`` with ``new`` appended along the time axis (dim 2).
 
     fairseq's attention concatenates the whole cache with each step's key and value, copying
@@ -394,22 +398,43 @@ def append_to_cache(saved: Dict[str, Optional[Tensor]], name: str, new: Tensor,
     (a view). A cache that is not such a view (filled by someone else, reordered by code that
     does not know the buffer, or sharing it with another continuation: :func:`_own_room`) is
     copied into a new buffer first. While autograd records, the plain concatenation is used:
-    writing in place would overwrite what backward needs.
+    writing in place would overwrite what backward needs. ``after``: positions to leave free
+    after the new end (a cache's attention sinks, :func:`sinks_after_window`).
     """
     prev = saved[f"prev_{name}"]
     if torch.is_grad_enabled() and (prev.requires_grad or new.requires_grad):
         return torch.cat([prev, new], dim=2)
     room = _own_room(saved, name)
     length = prev.size(2) + new.size(2)
-    if room is None or room._alibi_filled + new.size(2) > room.size(2):
+    if room is None or room._alibi_filled + new.size(2) + after > room.size(2):
         # a bound the cache has not reached grows it as without one: a window of more
         # positions than the generation (a large cutoff, a slope near 0) allocates no more
         spare = max(16, length // 4 if reach is None or length < reach else reach)
-        _fresh_room(saved, name, prev, spare + new.size(2))
+        _fresh_room(saved, name, prev, spare + new.size(2) + after)
         room = saved[f"{name}_room"]
     end = room._alibi_filled + new.size(2)
     room[:, :, end - new.size(2):end] = new
     return _set_room(saved, name, room, end - length, end)
+
+
+def sinks_after_window(saved: Dict[str, Optional[Tensor]],
+                       sinks: Tuple[Tensor, Tensor]) -> Optional[Tuple[Tensor, Tensor]]:
+    """The keys and values of a cache's window (``prev_key``/``prev_value``) with its
+    attention sinks (``sinks``: kept apart, :func:`keep_reachable`) written after it into the
+    free positions of the window's buffer (:func:`append_to_cache`'s ``after``): one tensor
+    each, which a fused kernel reads in one call without a copy of the window (the keys'
+    order is :func:`~fairseq_alibi.alibi.sinks_to_end`'s). Written at every step, above the
+    buffer's fill mark, which no other copy of the cache reads (:func:`_own_room`); ``None``
+    where the window is not such a view (while autograd records)."""
+    joined = []
+    for name, sink in zip(("key", "value"), sinks):
+        room, held = _own_room(saved, name), sink.size(2)
+        if room is None or room._alibi_filled + held > room.size(2):
+            return None
+        window = saved[f"prev_{name}"].size(2)
+        room.narrow(2, room._alibi_filled, held).copy_(sink)
+        joined.append(room.narrow(2, room._alibi_filled - window, window + held))
+    return joined[0], joined[1]
 
 
 def trim_cache(saved: Dict[str, Optional[Tensor]], name: str, reach: int) -> None:

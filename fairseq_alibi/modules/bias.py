@@ -17,8 +17,8 @@ from torch import Tensor
 
 from fairseq_alibi.alibi import (VARIANTS, alibi_bias, distance_bias, document_alibi_bias,
                                  document_ids, document_offsets, document_starts,
-                                 length_factors, variant_slopes, variant_windows,
-                                 windowed_alibi_bias)
+                                 length_factors, sinks_to_end, variant_slopes,
+                                 variant_windows, windowed_alibi_bias)
 from fairseq_alibi.modules.attention import documents as documents_split
 from fairseq_alibi.modules.attention.dispatch import CachedDocuments
 from fairseq_alibi.modules.checkpoint_match import check_stack
@@ -44,6 +44,7 @@ class BiasCache:
 
     def clear(self):
         self.key, self.bias, self.rows, self.rows_key = None, None, None, None
+        self.row_slopes = None  # the table's float32 slopes, as Python numbers
         self.lengths_key, self.factors = None, None
         self.windows_key, self.windows = None, {}
         self.eos, self.documents_key, self.documents = None, None, None
@@ -97,7 +98,7 @@ class BiasCache:
             size = 1 << max(10, (key_len - 1).bit_length())
             distances = torch.arange(size - 1, -1, -1, device=m.device)
             rows = distance_bias(m, distances, dtype, back)
-            self.rows, self.rows_key = rows, key
+            self.rows, self.rows_key, self.row_slopes = rows, key, m.tolist()
         return rows[:, None, rows.size(1) - key_len:]
 
 
@@ -262,40 +263,61 @@ class AlibiBias(torch.nn.Module):
         return slopes, None if ratio is None else slopes * ratio.float()
 
     def bias(self, query_len: int, key_len: int, dtype=torch.float32,
-             layer: Optional[int] = None, dropped: int = 0) -> Tensor:
+             layer: Optional[int] = None, dropped: int = 0, sinks_last: bool = False) -> Tensor:
         """The ``(H, query_len, key_len)`` bias of layer ``layer`` (queries aligned to the end of
-        the keys; ``dropped``: the positions a KV cache dropped after its sinks), memoised: the
-        layers that share a scale row share one tensor. A bias that carries a gradient is built
-        per call and never kept (a kept one would hold a graph that a backward frees)."""
+        the keys; ``dropped``: the positions a KV cache dropped after its sinks; ``sinks_last``:
+        its keys in the order the cache reads them in one buffer, the window's, then the
+        sinks', :func:`~fairseq_alibi.alibi.sinks_to_end`), memoised: the layers that share a
+        scale row share one tensor. A bias that carries a gradient is built per call and never
+        kept (a kept one would hold a graph that a backward frees)."""
         if query_len == 1 and self._steps_from_rows:  # hot path: a view of one table
             back = tuple(self.windows_of()[0]) if self.window_cutoff else None
             row = self.cache.last_query_row(key_len, dtype, self.slope_scale,
                                             lambda: self.slopes_of()[0], back)
             if not self.sinks:
                 return row
-            # the sinks' copy once per step, shared by the layers (no scale rows here)
-            return self.memoised(("sinks", dropped), 1, key_len, dtype, layer,
-                                 lambda: self._sinks_kept(row, dropped))
-        return self.memoised(("dropped", dropped) if dropped else None, query_len, key_len,
-                             dtype, layer,
-                             lambda: self._build(query_len, key_len, dtype, layer, dropped))
+            # the sinks' copy once per step, shared by the layers; no learned parameters
+            # here, so the table's own key says what the slopes are
+            key = ("sinks", dropped, sinks_last, key_len, self.cache.rows_key, self.sinks)
+            return self.cache.get(key, lambda: self._sinks_kept(row, dropped, sinks_last))
 
-    def _sinks_kept(self, row: Tensor, dropped: int) -> Tensor:
+        def build():
+            built = self._build(query_len, key_len, dtype, layer, dropped)
+            return sinks_to_end(built, self.sinks) if sinks_last else built
+
+        return self.memoised(("dropped", dropped, sinks_last) if dropped else None, query_len,
+                             key_len, dtype, layer, build)
+
+    def _sinks_kept(self, row: Tensor, dropped: int, last: bool = False) -> Tensor:
         """A decoding step's ``row`` ``(H, 1, k)`` (every key beyond its head's window masked)
         with its first :attr:`sinks` keys at their true bias ``-m·(k - 1 + dropped - j)``
         (:func:`~fairseq_alibi.alibi.kept_positions`: the keys after them lie ``dropped``
         positions further on), as :func:`~fairseq_alibi.alibi.windowed_alibi_bias` gives them:
-        a copy, unless no key was dropped and every sink is within every window."""
+        a copy, unless no key was dropped and every sink is within every window. ``last``: the
+        sinks' bias after the window's (:func:`~fairseq_alibi.alibi.sinks_to_end`), in one
+        copy."""
         key_len = row.size(-1)
         sinks = min(self.sinks, key_len)
-        bounded = [w for w in self.windows_of()[0] if w is not None]  # None: an unbiased head
-        if not dropped and (not bounded or key_len - 1 <= min(bounded)):
-            return row
-        m = self.slopes_of()[0]
-        distances = torch.arange(key_len - 1 + dropped, key_len - 1 + dropped - sinks, -1,
-                                 device=m.device)
+        if not last and not dropped:
+            bounded = [w for w in self.windows_of()[0] if w is not None]  # None: unbiased
+            if not bounded or key_len - 1 <= min(bounded):
+                return row
+        top = key_len - 1 + dropped
+        if row.device.type == "cpu":
+            # distance_bias's float32 -m·d in Python, a few numbers, where a step's torch calls
+            # cost more than its extra keys: m·d is exact in a double, so its rounding to
+            # float32 is the float32 product's for every d that float32 holds (d <= 2^24)
+            held = torch.tensor([[m * (j - top) for j in range(sinks)]
+                                 for m in self.cache.row_slopes], dtype=torch.float32)
+        else:  # on the device: a tensor of host numbers would wait for the queued work
+            m = self.slopes_of()[0]
+            held = m[:, None] * torch.arange(-top, sinks - top, device=m.device,
+                                             dtype=torch.float32)
+        held = held.to(row.dtype)[:, None]
+        if last:
+            return torch.cat([row[..., sinks:], held], dim=-1)
         row = row.clone()
-        row[:, 0, :sinks] = distance_bias(m, distances, row.dtype)
+        row[..., :sinks] = held
         return row
 
     def memoised(self, tag, query_len: int, key_len: int, dtype, layer: Optional[int], build):
@@ -544,18 +566,24 @@ class DocumentBias:
                               index, build)
 
 
-class SinkCacheBias:
+class SinkCacheBias(LayerBias):
     """A layer's bias for a call against a KV cache that kept its attention sinks
     (``--alibi-window-sinks``) and dropped ``dropped`` positions after them: the keys are at
-    :func:`~fairseq_alibi.alibi.kept_positions`, not ``0 … S-1``. The ``DistanceBias``
-    ``base`` (every attribute read through) with that bias as its dense tensor, which
-    ``sdpa``, ``naive`` and ``windowed`` read (``Capabilities.sink_cache``)."""
+    :func:`~fairseq_alibi.alibi.kept_positions`, not ``0 … S-1``. The :class:`LayerBias`
+    ``base`` (its state copied: a decoding step reads it per layer, where reading it through
+    cost a step several percent) with that bias as its dense tensor, which ``sdpa``, ``naive``
+    and ``windowed`` read (``Capabilities.sink_cache``)."""
 
-    def __init__(self, base: LayerBias, dropped: int):
-        self.base, self.dropped = base, dropped
-
-    def __getattr__(self, name):
-        return getattr(self.base, name)
+    def __init__(self, base: LayerBias, dropped: int, sinks_last: bool = False):
+        self.__dict__.update(base.__dict__)
+        self.base, self.dropped, self.sinks_last = base, dropped, sinks_last
 
     def dense(self, query_len: int, key_len: int, dtype=torch.float32) -> Tensor:
-        return self.base.stack.bias(query_len, key_len, dtype, self.base.index, self.dropped)
+        return self.base.stack.bias(query_len, key_len, dtype, self.base.index, self.dropped,
+                                    self.sinks_last)
+
+    def with_sinks_last(self) -> "SinkCacheBias":
+        """This bias for the cache's keys read as one buffer, the window's before the sinks'
+        (:func:`~fairseq_alibi.alibi.sinks_to_end`)."""
+        return SinkCacheBias(self.base, self.dropped, True)
+

@@ -107,9 +107,11 @@ def test_left_padded_prompts_equal_the_full_forward(backend):
     assert saved["prev_key_padding_mask"].shape == (3, bound(alibi))
 
 
-def test_two_continuations_of_a_shared_prefix_do_not_overwrite_each_other():
-    """A shallow copy of the state shares the prefix's buffers; both roll independently."""
-    attn, alibi = attention("auto")
+@pytest.mark.parametrize("backend,sinks", [("auto", 0), ("sdpa", 4)])
+def test_two_continuations_of_a_shared_prefix_do_not_overwrite_each_other(backend, sinks):
+    """A shallow copy of the state shares the prefix's buffers; both roll independently, with
+    attention sinks too (written after the window in the shared buffer at every step)."""
+    attn, alibi = attention(backend, window_sinks=sinks)
     torch.manual_seed(5)
     x = torch.randn(LENGTH, 2, DIM, dtype=torch.float64)
     other = x.clone()
@@ -117,6 +119,7 @@ def test_two_continuations_of_a_shared_prefix_do_not_overwrite_each_other():
     first = Decoder(attn)
     with torch.no_grad():
         first.run(x, 0, 100)
+        assert (attn._get_input_buffer(first.state).get("sink_key") is None) == (not sinks)
         second = Decoder(attn)
         second.state = {key: dict(value) for key, value in first.state.items()}
         outs, others = [], []
@@ -127,8 +130,11 @@ def test_two_continuations_of_a_shared_prefix_do_not_overwrite_each_other():
     torch.testing.assert_close(torch.cat(others), full(attn, alibi, other)[100:], **TOL)
 
 
-def test_cached_decoding_while_autograd_records_is_bounded_and_exact():
-    attn, alibi = attention("auto")
+@pytest.mark.parametrize("backend,sinks", [("auto", 0), ("sdpa", 4), ("windowed", 4)])
+def test_cached_decoding_while_autograd_records_is_bounded_and_exact(backend, sinks):
+    """With attention sinks too: a step that autograd records reads them apart from the
+    window (the buffer is not written in place)."""
+    attn, alibi = attention(backend, window_sinks=sinks)
     torch.manual_seed(6)
     x = torch.randn(150, 2, DIM, dtype=torch.float64)
     decoder = Decoder(attn)
@@ -136,7 +142,7 @@ def test_cached_decoding_while_autograd_records_is_bounded_and_exact():
     steps.sum().backward()
     with torch.no_grad():
         torch.testing.assert_close(steps, full(attn, alibi, x), **TOL)
-    assert max(decoder.lengths) == bound(alibi)
+    assert max(decoder.lengths) == bound(alibi) + sinks
 
 
 def test_without_a_cutoff_the_cache_keeps_every_key_from_the_front_of_its_buffer():

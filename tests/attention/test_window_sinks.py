@@ -270,6 +270,35 @@ def test_the_sinks_stay_apart_from_the_window_where_the_backend_can(backend, apa
                                         DIM // attn.num_heads)
 
 
+def test_an_sdpa_step_reads_its_window_and_sinks_in_one_call_on_the_cache(monkeypatch):
+    """Once the sinks are apart, an ``sdpa`` step writes them after the window in the window's
+    own buffer and reads both in one fused call: its keys are the cache's storage (no copy of
+    the window), the window's and the 4 sinks', and every step equals the full forward."""
+    from fairseq_alibi.modules import alibi_multihead_attention as layer
+    from fairseq_alibi.modules.attention import dense
+
+    read, viewed = [], []
+    fused = dense.F.scaled_dot_product_attention
+    monkeypatch.setattr(dense.F, "scaled_dot_product_attention",
+                        lambda q, k, *a, **kw: read.append(k) or fused(q, k, *a, **kw))
+    joins = layer.sinks_after_window
+    monkeypatch.setattr(layer, "sinks_after_window",
+                        lambda *a: viewed.append(joins(*a)) or viewed[-1])
+    attn, alibi = attention("sdpa", window_sinks=4)
+    torch.manual_seed(6)
+    x = torch.randn(STREAM, 2, DIM, dtype=torch.float64)
+    decoder = Decoder(attn)
+    with torch.no_grad():
+        steps = decoder.run(x, 0, STREAM)
+    torch.testing.assert_close(steps, full_with_sinks(attn, alibi, x, 4), **TOL)
+    room = attn._get_input_buffer(decoder.state)["key_room"]
+    last = read[-1]
+    assert last.size(2) == 4 + bound(alibi) + 1  # the step's window, then the sinks
+    assert last.untyped_storage().data_ptr() == room.untyped_storage().data_ptr()
+    # every step since the sinks went apart (past 4 + 64 keys) read them so
+    assert len(viewed) >= STREAM - 80 and all(x is not None for x in viewed)
+
+
 @pytest.mark.parametrize("backend", ["sdpa", "windowed"])
 @pytest.mark.parametrize("dtype,tol", [(torch.float64, 1e-12), (torch.float32, 1e-5),
                                        (torch.bfloat16, 2e-2), (torch.float16, 2e-3)])
@@ -297,31 +326,45 @@ def test_sinks_read_apart_give_sdpas_result_on_the_joined_keys(backend, dtype, t
         torch.testing.assert_close(apart[:2].double(), joined[:2].double(), atol=tol, rtol=tol)
 
 
-def test_a_step_without_gradients_reads_each_window_as_a_view(monkeypatch):
-    """Without gradients ``windowed`` reads each group's window as a view of the cache (the
-    kernel's log-sum-exp, the sinks merged in after): joining the sinks copied the window at
-    every step. The same as the joining path, which autograd takes, in float64."""
-    from fairseq_alibi.modules.attention import fold, windowed
+@pytest.mark.parametrize("dtype,tol", [(torch.float64, 1e-12), (torch.float32, 1e-5)])
+@pytest.mark.parametrize("length,biased", [(130, 8), (20, 6)])
+def test_windowed_reads_each_groups_window_and_the_sinks_after_it_as_one_view(
+        monkeypatch, dtype, tol, length, biased):
+    """Where the cache holds its sinks after its window in one buffer (a step without
+    gradients), ``windowed`` reads each head group's keys as one view of it, the window's
+    tail the group reaches and the sinks (joining them copied the window at every step):
+    the result of ``sdpa`` on ``cat([sinks, window])``, with a padded key and a row of
+    padding only. Windows of 1 … 64 keys: past 130 keys every head skips some; in 20, most
+    read them all, as do 2 unbiased heads (unbounded)."""
+    from fairseq_alibi.alibi import sinks_to_end
+    from fairseq_alibi.modules.attention import dense
     from fairseq_alibi.modules.bias import SinkCacheBias
 
-    call = SinkCacheBias(AlibiBias(8, window_cutoff=0.5, window_sinks=4).layer(0), 10)
+    stack = AlibiBias(8, window_cutoff=0.5, window_sinks=4, heads=biased)
+    call = SinkCacheBias(stack.layer(0), 10)
     torch.manual_seed(5)
-    q = torch.randn(3, 8, 1, 16, dtype=torch.float64)
-    sink_k, sink_v, k, v = (torch.randn(3, 8, n, 16, dtype=torch.float64)
-                            for n in (4, 4, 130, 130))
-    padding = torch.zeros(3, 134, dtype=torch.bool)
-    padding[0, 5] = True
+    q = torch.randn(3, 8, 1, 16, dtype=dtype)
+    room_k, room_v = (torch.randn(3, 8, 200, 16, dtype=dtype) for _ in range(2))
+    end = 30 + length + 4
+    k, v = room_k[:, :, 30:end], room_v[:, :, 30:end]  # the window's keys, then the 4 sinks
+    padding = torch.zeros(3, 4 + length, dtype=torch.bool)
+    padding[0, 5], padding[2] = True, True
     read = []
-    kernel = fold.kernel_forward
-    monkeypatch.setattr(fold, "kernel_forward", lambda q_, k_, *a, **kw: read.append(
-        k_.untyped_storage().data_ptr() == k.untyped_storage().data_ptr()) or kernel(
-        q_, k_, *a, **kw))
+    fused = windowed.F.scaled_dot_product_attention
+    monkeypatch.setattr(windowed.F, "scaled_dot_product_attention", lambda q_, k_, *a, **kw: (
+        read.append((k_.data_ptr() - room_k.data_ptr()) // k_.element_size() % room_k.stride(1)
+                    // room_k.stride(2) + k_.size(2)  # where the view ends in the buffer
+                    if k_.untyped_storage().data_ptr() == room_k.untyped_storage().data_ptr()
+                    else None) or fused(q_, k_, *a, **kw)))
     with torch.no_grad():
-        viewed = windowed.sinks_apart(q, (sink_k, sink_v), k, v, call, padding, 0.25)
-    assert read and all(read)  # every group's keys: the cache's own storage, no copy
-    joined = windowed.sinks_apart(q, (sink_k, sink_v), k.requires_grad_(), v, call, padding,
-                                  0.25)
-    torch.testing.assert_close(viewed, joined.detach(), atol=1e-12, rtol=1e-12)
+        found = windowed.sinks_last(q, k, v, call.with_sinks_last(), sinks_to_end(padding, 4),
+                                    0.25, 4)
+    assert len(read) > 1 and set(read) == {end}  # every group: a view ending with the sinks
+    joined = dense.sdpa(q, torch.cat([k[:, :, length:], k[:, :, :length]], 2),
+                        torch.cat([v[:, :, length:], v[:, :, :length]], 2), call, padding,
+                        None, 0.0, 0.25)
+    torch.testing.assert_close(found[:2], joined[:2], atol=tol, rtol=tol)
+    assert bool(torch.isfinite(found).all())
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
@@ -329,8 +372,9 @@ def test_a_decoding_steps_row_with_sinks_is_the_definition_bit_for_bit(dtype):
     """The row of one query against a KV cache (a view of one table, the sinks' true bias put
     back in a copy) equals :func:`windowed_alibi_bias` of the cache's kept positions, exactly:
     with unbiased heads too, before the cache drops a key and after it dropped ``d`` (the
-    sinks then lie ``d`` positions further back than the table's distance)."""
-    from fairseq_alibi.alibi import windowed_alibi_bias
+    sinks then lie ``d`` positions further back than the table's distance); the same with the
+    sinks after the window, as an ``sdpa`` step reads the cache (``sinks_last``)."""
+    from fairseq_alibi.alibi import sinks_to_end, windowed_alibi_bias
 
     for heads, partial, sinks in ((8, None, 4), (6, 2, 1)):
         alibi = AlibiBias(heads, window_cutoff=0.25, window_sinks=sinks, heads=partial)
@@ -341,6 +385,9 @@ def test_a_decoding_steps_row_with_sinks_is_the_definition_bit_for_bit(dtype):
                                                0.25, sinks, dropped)
                 found = alibi.bias(1, key_len, dtype, dropped=dropped)
                 assert torch.equal(found, expected), (heads, key_len, dropped)
+                if dropped:
+                    last = alibi.bias(1, key_len, dtype, dropped=dropped, sinks_last=True)
+                    assert torch.equal(last, sinks_to_end(expected, sinks)), (heads, dropped)
 
 
 @pytest.mark.parametrize("backend", ["auto", "windowed"])
@@ -356,7 +403,7 @@ def test_a_prompt_then_chunks_keep_the_sinks(backend, step):
     assert held(attn, decoder.state) == (bound(alibi), 4)
 
 
-@pytest.mark.parametrize("backend", ["auto", "windowed"])
+@pytest.mark.parametrize("backend", ["auto", "sdpa", "windowed"])
 def test_a_beam_reorder_and_left_padding_keep_each_rows_sinks(backend):
     attn, alibi = attention(backend, window_sinks=4)
     torch.manual_seed(3)

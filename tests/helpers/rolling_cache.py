@@ -35,10 +35,10 @@ def attention(backend, cutoff=CUTOFF, variant="causal", **options):
 
 
 def full(attn, alibi, x, kpm=None, cutoff=CUTOFF):
-    """The float64 reference of the whole sequence with the same cutoff."""
+    """The float64 reference of the whole sequence with the same cutoff (and sinks)."""
     slopes, _ = alibi.slopes_of(1)
     bias = reference_windowed_bias(alibi.variant, slopes.detach().tolist(), None, x.size(0),
-                                   cutoff, alibi.global_tokens)
+                                   cutoff, alibi.global_tokens, alibi.sinks)
     return reference_module_attention(attn, x, bias, kpm)
 
 

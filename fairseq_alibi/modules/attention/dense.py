@@ -105,6 +105,13 @@ def sinks_apart(q, sinks, k, v, alibi, key_padding_mask, scale):
     return torch.matmul(probs[..., S:], v) + torch.matmul(probs[..., :S], sink_v)
 
 
+def sinks_last(q, k, v, alibi, key_padding_mask, scale, held):
+    """:func:`sdpa` for a call against a KV cache that holds its window with its ``held``
+    attention sinks after it in one buffer (``k``, ``v``: a view of it; ``alibi`` and the
+    padding in that order): one fused call, no copy of the window."""
+    return sdpa(q, k, v, alibi, key_padding_mask, None, 0.0, scale)
+
+
 #: the start of a bias that CUDA's fused attention kernels read, in bytes
 CUDA_BIAS_ALIGNMENT = 16
 

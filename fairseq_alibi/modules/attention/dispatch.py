@@ -34,7 +34,7 @@ from typing import Callable, NamedTuple, Optional, Protocol, Tuple
 import torch
 from torch import Tensor
 
-from fairseq_alibi.alibi import ONE_WAY_VARIANTS
+from fairseq_alibi.alibi import ONE_WAY_VARIANTS, sinks_to_end
 from fairseq_alibi.error_hints import OneLineError
 from fairseq_alibi.modules.attention import (dense, documents, flash, flex, fold, tuning,
                                              windowed)
@@ -455,17 +455,31 @@ def check_training(name: str, bias: CallBias, dropout_p: float, device: Optional
 #: the backends that read a KV cache's attention sinks apart from its rolling window, two key
 #: parts (:func:`attend_sinks_apart`); the others read them joined, which copies the cache
 SINKS_APART = {"sdpa": dense.sinks_apart, "windowed": windowed.sinks_apart}
+#: the same backends for a cache that holds its window with its sinks after it in one buffer
+#: (without gradients): each reads views of the cache, ``(q, k, v, alibi, padding, scale,
+#: held)`` with the bias and padding in that order
+SINKS_LAST = {"sdpa": dense.sinks_last, "windowed": windowed.sinks_last}
 
 
-def attend_sinks_apart(name, q, sinks, k, v, alibi, key_padding_mask, scale) -> Optional[Tensor]:
+def attend_sinks_apart(name, q, sinks, k, v, alibi, key_padding_mask, scale,
+                       sinks_last=None) -> Optional[Tensor]:
     """The attention of a call against a KV cache that keeps its attention sinks apart
     (``sinks``: ``(sink_k, sink_v)``; ``k``, ``v``: its window), no dropout or extra mask,
     where the backend ``name`` (or ``auto``'s choice for the joined keys) reads the two parts
-    as they are (:data:`SINKS_APART`); ``None`` where it reads them joined."""
+    as they are (:data:`SINKS_APART`); ``None`` where it reads them joined. ``sinks_last``:
+    the keys and values of the window with the sinks after it in one buffer, where the cache
+    holds them so (``alibi``: a ``SinkCacheBias``), read as they are (:data:`SINKS_LAST`),
+    with the bias and padding in that order (:func:`~fairseq_alibi.alibi.sinks_to_end`)."""
     if name != "auto" and name not in SINKS_APART:
         return None
-    call = call_of(q, k, v, alibi, key_padding_mask, key_len=sinks[0].size(2) + k.size(2))
-    run = SINKS_APART.get(resolve(name, call))
+    held = sinks[0].size(2)
+    call = call_of(q, k, v, alibi, key_padding_mask, key_len=held + k.size(2))
+    chosen = resolve(name, call)
+    if sinks_last is not None and chosen in SINKS_LAST:
+        padding = None if key_padding_mask is None else sinks_to_end(key_padding_mask, held)
+        return SINKS_LAST[chosen](q, *sinks_last, alibi.with_sinks_last(), padding, scale,
+                                  held)
+    run = SINKS_APART.get(chosen)
     return None if run is None else run(q, sinks, k, v, alibi, key_padding_mask, scale)
 
 

@@ -603,14 +603,17 @@ def _in_head_order(x: Tensor, order: List[int]) -> Tensor:
     return x if order == list(range(x.size(1))) else x[:, torch.as_tensor(order).argsort()]
 
 
-def few_queries(q, k, v, alibi, windows, key_padding_mask, scale, apart=None) -> Tensor:
+def few_queries(q, k, v, alibi, windows, key_padding_mask, scale, apart=None,
+                last: int = 0) -> Tensor:
     """A call of a few queries against a KV cache (a decoding step; a short chunk), ``(B, H, T,
     D)``: each head group reads the keys from its first query's reach on, ``S - T - back …
     S - 1``, and the cache's attention sinks (``alibi.sinks``, its first keys), with its rows of
     the call's dense bias (``alibi.dense``, memoised by the stack). ``apart``: ``(sink_k,
     sink_v)``, the sinks of a cache that keeps them apart from its window (``k``, ``v``),
-    merged in after the windows without gradients (:func:`_window_then_sinks`), else joined to
-    each group's window. Not with global tokens (the first keys are in every window)."""
+    joined to each group's window (while autograd records). ``last``: ``k``, ``v`` hold the
+    window with its ``last`` sinks after it in one buffer (the bias and padding in that order,
+    :func:`~fairseq_alibi.alibi.sinks_to_end`): each group reads the window's tail it reaches
+    and the sinks as one view. Not with global tokens (the first keys are in every window)."""
     B, H, T, D = q.shape
     held = 0 if apart is None else apart[0].size(2)  # the sinks' keys, before k's
     S = held + k.size(2)
@@ -619,9 +622,6 @@ def few_queries(q, k, v, alibi, windows, key_padding_mask, scale, apart=None) ->
     sinks = min(getattr(alibi, "sinks", 0), S)
     outs: List[Tensor] = []
     order: List[int] = []
-    if held and q.dtype in fold.FOLD_DTYPES and not (
-            torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v))):
-        return _window_then_sinks(q, k, v, apart, mask, windows, first, scale)
     for lo, idx, heads in _step_groups(windows, first, q.device):
         if held:  # the sinks apart: joined to the group's window only, the keys it reads
             start = max(lo, held)
@@ -629,11 +629,12 @@ def few_queries(q, k, v, alibi, windows, key_padding_mask, scale, apart=None) ->
             rows = torch.cat([rows[..., :held], rows[..., start:]], -1) if start > held else rows
             parts = tuple(torch.cat([sink[:, idx], window[:, idx, start - held:]], 2)
                           for sink, window in zip(apart, (k, v))) + (rows,)
-        elif sinks and lo > 0:  # the sinks before the window, then the window
+        elif sinks and lo > 0 and not last:  # the sinks before the window, then the window
             kept = torch.cat([torch.arange(min(sinks, lo)), torch.arange(lo, S)]).to(q.device)
             parts = (k[:, idx].index_select(2, kept), v[:, idx].index_select(2, kept),
                      mask[:, idx].index_select(3, kept))
-        else:
+        else:  # (key lo of the sinks-first order is lo - last of the sinks-last one)
+            lo = max(lo - last, 0)
             parts = (k[:, idx, lo:], v[:, idx, lo:], mask[:, idx, :, lo:])
         outs.append(F.scaled_dot_product_attention(q[:, idx], parts[0], parts[1],
                                                    attn_mask=parts[2], scale=scale))
@@ -641,33 +642,18 @@ def few_queries(q, k, v, alibi, windows, key_padding_mask, scale, apart=None) ->
     return _in_head_order(_cat(outs), order)
 
 
-def _window_then_sinks(q, k, v, apart, mask, windows, first, scale) -> Tensor:
-    """:func:`few_queries` of a cache that keeps its sinks apart, without gradients: each
-    head group reads its window as a view of the cache (the fused kernel, with its
-    log-sum-exp), and the sinks of every head are merged in after (:func:`_merge_prefix`):
-    joining them to each window copied the window's keys and values at every step."""
-    held = apart[0].size(2)
-    outs, lses, order = [], [], []
-    for lo, idx, heads in _step_groups(windows, first, q.device):
-        start = max(lo, held)
-        out, lse = fold.kernel_forward(q[:, idx], k[:, idx, start - held:],
-                                       v[:, idx, start - held:], False,
-                                       attn_mask=mask[:, idx, :, start:], scale=scale)
-        outs.append(out)
-        lses.append(lse)
-        order += heads
-    out, lse = _in_head_order(_cat(outs), order), _in_head_order(_cat(lses), order)
-    logits = torch.matmul(apart[0], q.transpose(-1, -2)).mul_(scale)  # (B, H, held, T)
-    logits += mask[..., :held].transpose(-1, -2)
-    return _merge_prefix(out, lse, logits, apart[1])[0]
-
-
 def sinks_apart(q, sinks, k, v, alibi, key_padding_mask, scale) -> Tensor:
     """The ``windowed`` backend for a call against a KV cache that keeps its attention sinks
     apart from its rolling window (``sinks``: ``(sink_k, sink_v)``; ``k``, ``v``: the window):
-    :func:`few_queries`, each head group reading its window as a view and the sinks merged in
-    after (with gradients: joined to its own window's keys only)."""
+    :func:`few_queries`, each head group joining the sinks to its own window's keys only."""
     return few_queries(q, k, v, alibi, alibi.windows(), key_padding_mask, scale, apart=sinks)
+
+
+def sinks_last(q, k, v, alibi, key_padding_mask, scale, held: int) -> Tensor:
+    """The ``windowed`` backend for a step against a KV cache that holds its window with its
+    ``held`` attention sinks after it in one buffer (``k``, ``v``; ``alibi`` and the padding
+    in that order): :func:`few_queries`, each head group reading one view of the cache."""
+    return few_queries(q, k, v, alibi, alibi.windows(), key_padding_mask, scale, last=held)
 
 
 def run(q, k, v, alibi, key_padding_mask, attn_mask, dropout_p, scale):
