@@ -311,8 +311,7 @@ class AlibiBias(torch.nn.Module):
                                  for m in self.cache.row_slopes], dtype=torch.float32)
         else:  # on the device: a tensor of host numbers would wait for the queued work
             m = self.slopes_of()[0]
-            held = m[:, None] * torch.arange(-top, sinks - top, device=m.device,
-                                             dtype=torch.float32)
+            held = distance_bias(m, torch.arange(top, top - sinks, -1, device=m.device))
         held = held.to(row.dtype)[:, None]
         if last:
             return torch.cat([row[..., sinks:], held], dim=-1)
@@ -570,9 +569,9 @@ class SinkCacheBias(LayerBias):
     """A layer's bias for a call against a KV cache that kept its attention sinks
     (``--alibi-window-sinks``) and dropped ``dropped`` positions after them: the keys are at
     :func:`~fairseq_alibi.alibi.kept_positions`, not ``0 … S-1``. The :class:`LayerBias`
-    ``base`` (its state copied: a decoding step reads it per layer, where reading it through
-    cost a step several percent) with that bias as its dense tensor, which ``sdpa``, ``naive``
-    and ``windowed`` read (``Capabilities.sink_cache``)."""
+    ``base`` (its state copied, not read through ``__getattr__``: every layer of a decoding
+    step reads a dozen of its attributes) with that bias as its dense tensor, which ``sdpa``,
+    ``naive`` and ``windowed`` read (``Capabilities.sink_cache``)."""
 
     def __init__(self, base: LayerBias, dropped: int, sinks_last: bool = False):
         self.__dict__.update(base.__dict__)
