@@ -270,23 +270,32 @@ def test_the_sinks_stay_apart_from_the_window_where_the_backend_can(backend, apa
                                         DIM // attn.num_heads)
 
 
-def test_an_sdpa_step_reads_its_window_and_sinks_in_one_call_on_the_cache(monkeypatch):
-    """Once the sinks are apart, an ``sdpa`` step writes them after the window in the window's
-    own buffer and reads both in one fused call: its keys are the cache's storage (no copy of
-    the window), the window's and the 4 sinks', and every step equals the full forward."""
+def sinks_last_steps(monkeypatch):
+    """``(viewed, attn, alibi, x)``: an ``sdpa`` layer with 4 sinks and its float64 inputs, and
+    the list that records what each step's :func:`sinks_after_window` gives (``None``: the
+    window and sinks not in one buffer)."""
     from fairseq_alibi.modules import alibi_multihead_attention as layer
-    from fairseq_alibi.modules.attention import dense
 
-    read, viewed = [], []
-    fused = dense.F.scaled_dot_product_attention
-    monkeypatch.setattr(dense.F, "scaled_dot_product_attention",
-                        lambda q, k, *a, **kw: read.append(k) or fused(q, k, *a, **kw))
+    viewed = []
     joins = layer.sinks_after_window
     monkeypatch.setattr(layer, "sinks_after_window",
                         lambda *a: viewed.append(joins(*a)) or viewed[-1])
     attn, alibi = attention("sdpa", window_sinks=4)
     torch.manual_seed(6)
-    x = torch.randn(STREAM, 2, DIM, dtype=torch.float64)
+    return viewed, attn, alibi, torch.randn(STREAM, 2, DIM, dtype=torch.float64)
+
+
+def test_an_sdpa_step_reads_its_window_and_sinks_in_one_call_on_the_cache(monkeypatch):
+    """Once the sinks are apart, an ``sdpa`` step writes them after the window in the window's
+    own buffer and reads both in one fused call: its keys are the cache's storage (no copy of
+    the window), the window's and the 4 sinks', and every step equals the full forward."""
+    from fairseq_alibi.modules.attention import dense
+
+    read = []
+    fused = dense.F.scaled_dot_product_attention
+    monkeypatch.setattr(dense.F, "scaled_dot_product_attention",
+                        lambda q, k, *a, **kw: read.append(k) or fused(q, k, *a, **kw))
+    viewed, attn, alibi, x = sinks_last_steps(monkeypatch)
     decoder = Decoder(attn)
     with torch.no_grad():
         steps = decoder.run(x, 0, STREAM)
@@ -296,6 +305,24 @@ def test_an_sdpa_step_reads_its_window_and_sinks_in_one_call_on_the_cache(monkey
     assert last.size(2) == 4 + bound(alibi) + 1  # the step's window, then the sinks
     assert last.untyped_storage().data_ptr() == room.untyped_storage().data_ptr()
     # every step since the sinks went apart (past 4 + 64 keys) read them so
+    assert len(viewed) >= STREAM - 80 and all(x is not None for x in viewed)
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.bfloat16, 6e-2), (torch.float16, 2e-2)])
+def test_a_half_precision_step_reads_the_sinks_after_the_window(monkeypatch, dtype, tol):
+    """In half precision too, a step against a cache that dropped keys reads its window and its
+    sinks as one view of the buffer (``dense.sinks_last``, the bias and padding reordered) and
+    stays within half precision's rounding of the float64 full forward, finite, with the
+    sinks' true bias: the model without sinks lies further off than that."""
+    viewed, attn, alibi, x = sinks_last_steps(monkeypatch)
+    expected = full_with_sinks(attn, alibi, x, 4)
+    plain, _ = attention("sdpa")
+    with torch.no_grad():
+        steps = Decoder(attn.to(dtype)).run(x.to(dtype), 0, STREAM).double()
+        without = Decoder(plain.to(dtype)).run(x.to(dtype), 0, STREAM).double()
+    assert bool(torch.isfinite(steps).all())
+    torch.testing.assert_close(steps, expected, atol=tol, rtol=tol)
+    assert (without - expected).abs().max() > 5 * (steps - expected).abs().max()
     assert len(viewed) >= STREAM - 80 and all(x is not None for x in viewed)
 
 

@@ -34,3 +34,29 @@ def test_windowed_decoding_keeps_each_documents_sinks_on_cuda(backend, step, dev
     assert most <= bound(alibi) + SINKS + step - 1
     # the sinks count: row 0's document of positions 20 … 119 reads its first keys at the end
     assert not torch.allclose(without[119, 0], got[119, 0], **TOL)
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-4), (torch.bfloat16, 6e-2)])
+@pytest.mark.parametrize("backend", ["auto", "sdpa"])
+def test_windowed_decoding_reads_the_sinks_after_the_window_on_cuda(backend, dtype, tol,
+                                                                    device="cuda"):
+    """Sinks without documents: once the cache drops keys, each step writes its 4 sinks after
+    the window in the window's buffer and reads both as one view (``dense.sinks_last``); every
+    step equals the float64 full forward, the cache stays at ``max_h W_h + 4`` keys."""
+    from tests.helpers.references import reference_module_attention, reference_windowed_bias
+    from tests.helpers.rolling_cache import Decoder, attention
+
+    attn, alibi = attention(backend, window_sinks=4)
+    x = torch.randn(STREAM, 2, attn.embed_dim, dtype=torch.float64,
+                    generator=torch.Generator().manual_seed(6))
+    slopes, _ = alibi.slopes_of(1)
+    bias = reference_windowed_bias("causal", slopes.detach().tolist(), None, STREAM,
+                                   alibi.window_cutoff, sinks=4)
+    want = reference_module_attention(attn, x, bias)
+    attn, alibi = attn.to(device, dtype), alibi.to(device)
+    decoder = Decoder(attn)
+    with torch.no_grad():
+        got = decoder.run(x.to(device, dtype), 0, STREAM).double().cpu()
+    torch.testing.assert_close(got, want, atol=tol, rtol=tol)
+    saved = attn._get_input_buffer(decoder.state)
+    assert (saved["prev_key"].size(2), saved["sink_key"].size(2)) == (bound(alibi), 4)
