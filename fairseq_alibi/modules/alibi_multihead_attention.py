@@ -12,7 +12,7 @@ Projections, parameter names, the incremental-state layout (``prev_key``/``prev_
 generators work unchanged.
 """
 
-from typing import Dict, Optional, Tuple
+from typing import Callable, Dict, Optional, Tuple
 
 import torch
 from fairseq.modules import MultiheadAttention
@@ -20,7 +20,8 @@ from torch import Tensor
 
 from fairseq_alibi.modules.attention import attend, check_attention_backend, dense
 from fairseq_alibi.modules.attention.dispatch import (AttentionBias, CachedDocuments, CallBias,
-                                                      attend_sinks_apart, check_training)
+                                                      attend_sinks_apart, attend_sinks_first,
+                                                      check_training)
 from fairseq_alibi.modules.attention.windowed import decoding_reach
 
 
@@ -118,15 +119,14 @@ class AlibiMultiheadAttention(MultiheadAttention):
                 **({} if documents is None else {"cached_documents": documents}),
                 **({"dropped": dropped} if dropped else {}))
             reach = decoding_reach(call_bias)
-            # room for the sinks after the window (sinks_after_window); not a document's
-            after = sink_keys.size(2) if dropped and saved.get("sink_dropped") is not None else 0
+            after = sinks_room(saved, call_bias, reach, cached + tgt_len)
             if saved.get("prev_key") is not None:
                 k = append_to_cache(saved, "key", k, reach, after)
                 v = append_to_cache(saved, "value", v, reach, after)
             saved["prev_key"], saved["prev_value"] = keys, values = k, v
             if sink_keys is not None:
                 sinks = (sink_keys, saved["sink_value"])
-                sinks_last = sinks_after_window(saved, sinks) if after else None
+            sinks_last = sinks_reader(saved, sinks, after) if after else None
             saved["prev_key_padding_mask"] = key_padding_mask
             documents = getattr(call_bias, "documents", None)
             if documents is not None:  # trimmed with the keys below
@@ -149,17 +149,23 @@ class AlibiMultiheadAttention(MultiheadAttention):
     def _attend(self, q, k, v, sinks, call_bias, key_padding_mask, attn_mask, need_weights,
                 need_head_weights, before_softmax, sinks_last=None):
         """:func:`attend_call_and_project` of this call; with a cache's attention sinks kept
-        apart (``sinks``: their keys and values, ``k``/``v`` the window's; ``sinks_last``: the
-        window with the sinks after it in one buffer, :func:`sinks_after_window`), read apart
-        where the backend can (:func:`.dispatch.attend_sinks_apart`: ``sdpa``, ``windowed``),
-        else joined (:meth:`_joined`)."""
-        if (sinks is not None and not (need_weights or before_softmax) and attn_mask is None
-                and not dropout_of(self)):
-            out = attend_sinks_apart(self.attention_backend, q, sinks, k, v, call_bias,
-                                     key_padding_mask, self.scaling, sinks_last)
-            if out is not None:
-                B, H, T, D = q.shape
-                return self.out_proj(out.permute(2, 0, 1, 3).reshape(T, B, H * D)), None
+        apart (``sinks``: their keys and values, ``k``/``v`` the window's), read apart where
+        the backend can (:func:`.dispatch.attend_sinks_apart`: ``sdpa``, ``windowed``), else
+        joined (:meth:`_joined`). ``sinks_last()``: the window with the sinks after it in one
+        buffer (:func:`sinks_reader`), which those backends read as one view; before the cache
+        drops a key, the backends that would copy the sinks to each head group's window read
+        that instead (:func:`.dispatch.attend_sinks_first`)."""
+        out = None
+        if not (need_weights or before_softmax) and attn_mask is None and not dropout_of(self):
+            if sinks is not None:
+                out = attend_sinks_apart(self.attention_backend, q, sinks, k, v, call_bias,
+                                         key_padding_mask, self.scaling, sinks_last)
+            elif sinks_last is not None:
+                out = attend_sinks_first(self.attention_backend, q, k, v, call_bias,
+                                         key_padding_mask, self.scaling, sinks_last)
+        if out is not None:
+            B, H, T, D = q.shape
+            return self.out_proj(out.permute(2, 0, 1, 3).reshape(T, B, H * D)), None
         if sinks is not None:
             k, v = self._joined("key", sinks[0], k), self._joined("value", sinks[1], v)
         return attend_call_and_project(self, self.attention_backend, q, k, v, call_bias,
@@ -417,21 +423,52 @@ def append_to_cache(saved: Dict[str, Optional[Tensor]], name: str, new: Tensor,
     return _set_room(saved, name, room, end - length, end)
 
 
-def sinks_after_window(saved: Dict[str, Optional[Tensor]],
-                       sinks: Tuple[Tensor, Tensor]) -> Optional[Tuple[Tensor, Tensor]]:
-    """The keys and values of a cache's window (``prev_key``/``prev_value``) with its
-    attention sinks (``sinks``: kept apart, :func:`keep_reachable`) written after it into the
-    free positions of the window's buffer (:func:`append_to_cache`'s ``after``): one tensor
-    each, which a fused kernel reads in one call without a copy of the window (the keys'
-    order is :func:`~fairseq_alibi.alibi.sinks_to_end`'s). Written at every step, above the
-    buffer's fill mark, which no other copy of the cache reads (:func:`_own_room`); ``None``
-    where the window is not such a view (while autograd records)."""
+def sinks_room(saved: Dict[str, Optional[Tensor]], call_bias, reach: Optional[int],
+               length: int) -> int:
+    """The positions a KV cache of ``length`` keys leaves free after its end for its attention
+    sinks (:func:`sinks_after_window`): ``S`` where the cache keeps them apart from its rolling
+    window (:func:`keep_reachable`), or has not dropped a key yet and holds more than them;
+    0 without slope windows, sinks or room to save, and for a document's sinks (kept per
+    row, :func:`keep_document_sinks`)."""
+    held = getattr(call_bias, "sinks", 0)
+    if not held or reach is None or getattr(call_bias, "documents", None) is not None:
+        return 0
+    if saved.get("sink_key") is not None:
+        return saved["sink_key"].size(2) if saved.get("sink_dropped") is not None else 0
+    return held if length > held else 0
+
+
+def sinks_reader(saved: Dict[str, Optional[Tensor]], sinks: Optional[Tuple[Tensor, Tensor]],
+                 held: int) -> Callable[[], Optional[Tuple[Tensor, Tensor]]]:
+    """A function giving the cache's window with its ``held`` attention sinks after it in one
+    buffer (:func:`sinks_after_window`), called only where a backend reads them so: the sinks
+    kept apart (``sinks``), or, before the cache drops a key, its first ``held`` keys (the
+    window then its keys after them)."""
+    if sinks is not None:
+        return lambda: sinks_after_window(saved, sinks, saved["prev_key"].size(2))
+
+    def first() -> Optional[Tuple[Tensor, Tensor]]:
+        key, value = saved["prev_key"], saved["prev_value"]
+        return sinks_after_window(saved, (key[:, :, :held], value[:, :, :held]),
+                                  key.size(2) - held)
+    return first
+
+
+def sinks_after_window(saved: Dict[str, Optional[Tensor]], sinks: Tuple[Tensor, Tensor],
+                       window: int) -> Optional[Tuple[Tensor, Tensor]]:
+    """The keys and values of a cache's window (the last ``window`` positions of
+    ``prev_key``/``prev_value``) with its attention sinks (``sinks``: kept apart,
+    :func:`keep_reachable`, or the cache's first keys) written after it into the free
+    positions of the window's buffer (:func:`append_to_cache`'s ``after``): one tensor each,
+    which a fused kernel reads in one call without a copy of the window (the keys' order is
+    :func:`~fairseq_alibi.alibi.sinks_to_end`'s). Written at every step, above the buffer's
+    fill mark, which no other copy of the cache reads (:func:`_own_room`); ``None`` where the
+    window is not such a view (while autograd records)."""
     joined = []
     for name, sink in zip(("key", "value"), sinks):
         room, held = _own_room(saved, name), sink.size(2)
         if room is None or room._alibi_filled + held > room.size(2):
             return None
-        window = saved[f"prev_{name}"].size(2)
         room.narrow(2, room._alibi_filled, held).copy_(sink)
         joined.append(room.narrow(2, room._alibi_filled - window, window + held))
     return joined[0], joined[1]

@@ -285,8 +285,8 @@ class AlibiBias(torch.nn.Module):
             built = self._build(query_len, key_len, dtype, layer, dropped)
             return sinks_to_end(built, self.sinks) if sinks_last else built
 
-        return self.memoised(("dropped", dropped, sinks_last) if dropped else None, query_len,
-                             key_len, dtype, layer, build)
+        tag = ("dropped", dropped, sinks_last) if dropped or sinks_last else None
+        return self.memoised(tag, query_len, key_len, dtype, layer, build)
 
     def _sinks_kept(self, row: Tensor, dropped: int, last: bool = False) -> Tensor:
         """A decoding step's ``row`` ``(H, 1, k)`` (every key beyond its head's window masked)
@@ -424,6 +424,12 @@ class LayerBias:
 
     def dense(self, query_len: int, key_len: int, dtype=torch.float32) -> Tensor:
         return self.stack.bias(query_len, key_len, dtype, self.index)
+
+    def with_sinks_last(self) -> "SinkCacheBias":
+        """This bias for a KV cache's keys read as one buffer, the keys after the attention
+        sinks before the sinks' (:func:`~fairseq_alibi.alibi.sinks_to_end`), before the cache
+        drops any key."""
+        return SinkCacheBias(self, 0, True)
 
     def for_call(self, key_padding_mask: Optional[Tensor], batch: int, query_len: int,
                  key_len: int, incremental: bool,
@@ -568,10 +574,11 @@ class DocumentBias:
 class SinkCacheBias(LayerBias):
     """A layer's bias for a call against a KV cache that kept its attention sinks
     (``--alibi-window-sinks``) and dropped ``dropped`` positions after them: the keys are at
-    :func:`~fairseq_alibi.alibi.kept_positions`, not ``0 … S-1``. The :class:`LayerBias`
-    ``base`` (its state copied, not read through ``__getattr__``: every layer of a decoding
-    step reads a dozen of its attributes) with that bias as its dense tensor, which ``sdpa``,
-    ``naive`` and ``windowed`` read (``Capabilities.sink_cache``)."""
+    :func:`~fairseq_alibi.alibi.kept_positions`, not ``0 … S-1`` (``sinks_last``: read in
+    :func:`~fairseq_alibi.alibi.sinks_to_end`'s order, with ``dropped`` 0 too). The
+    :class:`LayerBias` ``base`` (its state copied, not read through ``__getattr__``: every
+    layer of a decoding step reads a dozen of its attributes) with that bias as its dense
+    tensor, which ``sdpa``, ``naive`` and ``windowed`` read (``Capabilities.sink_cache``)."""
 
     def __init__(self, base: LayerBias, dropped: int, sinks_last: bool = False):
         self.__dict__.update(base.__dict__)

@@ -353,6 +353,30 @@ def test_sinks_read_apart_give_sdpas_result_on_the_joined_keys(backend, dtype, t
         torch.testing.assert_close(apart[:2].double(), joined[:2].double(), atol=tol, rtol=tol)
 
 
+def test_windowed_steps_read_the_sinks_after_the_window_before_the_cache_drops_keys(
+        monkeypatch):
+    """Before the cache drops a key its sinks are its first keys, and a head group whose
+    window starts after them read them with its window as a copy (``index_select``); now every
+    ``windowed`` step past the sinks writes them after the window in the buffer and reads one
+    view (``last``), before the split as after it (the bias a ``SinkCacheBias`` of 0 dropped
+    keys, then of those dropped), and every step equals the float64 full forward."""
+    calls = []
+    few = windowed.few_queries
+    monkeypatch.setattr(windowed, "few_queries", lambda q, k, v, alibi, *a, **kw: calls.append(
+        (k.size(2), getattr(alibi, "dropped", 0), kw.get("last", 0))) or few(q, k, v, alibi,
+                                                                            *a, **kw))
+    attn, alibi = attention("windowed", window_sinks=4)
+    torch.manual_seed(3)
+    x = torch.randn(STREAM, 2, DIM, dtype=torch.float64)
+    with torch.no_grad():
+        steps = Decoder(attn).run(x, 0, STREAM)
+    torch.testing.assert_close(steps, full_with_sinks(attn, alibi, x, 4), **TOL)
+    past_the_sinks = [call for call in calls if call[0] > 4]
+    assert past_the_sinks and all(last == 4 for _, _, last in past_the_sinks)
+    before = [keys for keys, dropped, _ in past_the_sinks if not dropped]
+    assert before and max(before) == bound(alibi) + 1 + 4  # the step's window, the sinks
+
+
 @pytest.mark.parametrize("dtype,tol", [(torch.float64, 1e-12), (torch.float32, 1e-5)])
 @pytest.mark.parametrize("length,biased", [(130, 8), (20, 6)])
 def test_windowed_reads_each_groups_window_and_the_sinks_after_it_as_one_view(
@@ -415,6 +439,17 @@ def test_a_decoding_steps_row_with_sinks_is_the_definition_bit_for_bit(dtype):
                 if dropped:
                     last = alibi.bias(1, key_len, dtype, dropped=dropped, sinks_last=True)
                     assert torch.equal(last, sinks_to_end(expected, sinks)), (heads, dropped)
+
+
+def test_a_chunks_bias_with_the_sinks_last_is_kept_apart_from_its_plain_bias():
+    """The bias of a few queries against a cache that has dropped no key, in the order
+    ``windowed`` reads it (``sinks_last``), is memoised beside the plain one, not for it."""
+    from fairseq_alibi.alibi import sinks_to_end
+
+    stack = AlibiBias(8, window_cutoff=0.5, window_sinks=4)
+    plain = stack.bias(5, 40)
+    assert torch.equal(stack.bias(5, 40, sinks_last=True), sinks_to_end(plain, 4))
+    assert torch.equal(stack.bias(5, 40), plain)
 
 
 @pytest.mark.parametrize("backend", ["auto", "windowed"])

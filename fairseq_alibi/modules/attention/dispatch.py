@@ -459,6 +459,10 @@ SINKS_APART = {"sdpa": dense.sinks_apart, "windowed": windowed.sinks_apart}
 #: (without gradients): each reads views of the cache, ``(q, k, v, alibi, padding, scale,
 #: held)`` with the bias and padding in that order
 SINKS_LAST = {"sdpa": dense.sinks_last, "windowed": windowed.sinks_last}
+#: the backends that, before a cache drops keys (its sinks its first keys), would join the
+#: sinks to each head group's window as a copy (:func:`.windowed.few_queries`); ``sdpa``
+#: reads the cache as it is
+SINKS_LAST_BEFORE_DROPPING = ("windowed",)
 
 
 def attend_sinks_apart(name, q, sinks, k, v, alibi, key_padding_mask, scale,
@@ -466,21 +470,43 @@ def attend_sinks_apart(name, q, sinks, k, v, alibi, key_padding_mask, scale,
     """The attention of a call against a KV cache that keeps its attention sinks apart
     (``sinks``: ``(sink_k, sink_v)``; ``k``, ``v``: its window), no dropout or extra mask,
     where the backend ``name`` (or ``auto``'s choice for the joined keys) reads the two parts
-    as they are (:data:`SINKS_APART`); ``None`` where it reads them joined. ``sinks_last``:
+    as they are (:data:`SINKS_APART`); ``None`` where it reads them joined. ``sinks_last()``:
     the keys and values of the window with the sinks after it in one buffer, where the cache
-    holds them so (``alibi``: a ``SinkCacheBias``), read as they are (:data:`SINKS_LAST`),
-    with the bias and padding in that order (:func:`~fairseq_alibi.alibi.sinks_to_end`)."""
+    can hold them so (else ``None``; ``alibi``: a ``SinkCacheBias``), read as they are
+    (:data:`SINKS_LAST`), with the bias and padding in that order
+    (:func:`~fairseq_alibi.alibi.sinks_to_end`)."""
     if name != "auto" and name not in SINKS_APART:
         return None
     held = sinks[0].size(2)
     call = call_of(q, k, v, alibi, key_padding_mask, key_len=held + k.size(2))
     chosen = resolve(name, call)
-    if sinks_last is not None and chosen in SINKS_LAST:
-        padding = None if key_padding_mask is None else sinks_to_end(key_padding_mask, held)
-        return SINKS_LAST[chosen](q, *sinks_last, alibi.with_sinks_last(), padding, scale,
-                                  held)
+    joined = sinks_last() if sinks_last is not None and chosen in SINKS_LAST else None
+    if joined is not None:
+        return _sinks_last(chosen, q, joined, alibi, key_padding_mask, scale, held)
     run = SINKS_APART.get(chosen)
     return None if run is None else run(q, sinks, k, v, alibi, key_padding_mask, scale)
+
+
+def attend_sinks_first(name, q, k, v, alibi, key_padding_mask, scale,
+                       sinks_last: Callable) -> Tensor:
+    """:func:`attend` of a call against a KV cache that has not dropped a key yet, its first
+    ``alibi.sinks`` keys its attention sinks, no dropout, extra mask or documents: where the
+    backend (or ``auto``'s choice) would join the sinks to each head group's window as a copy
+    (:data:`SINKS_LAST_BEFORE_DROPPING`), the cache's keys and values read from
+    ``sinks_last()`` instead, the window with the sinks after it in one buffer, the bias and
+    padding in that order; elsewhere the cache as it is."""
+    chosen = resolve(name, call_of(q, k, v, alibi, key_padding_mask))
+    joined = sinks_last() if chosen in SINKS_LAST_BEFORE_DROPPING else None
+    if joined is not None:
+        return _sinks_last(chosen, q, joined, alibi, key_padding_mask, scale, alibi.sinks)
+    return REGISTRY[chosen].run(q, k, v, alibi, key_padding_mask, None, 0.0, scale)
+
+
+def _sinks_last(chosen, q, joined, alibi, key_padding_mask, scale, held):
+    """:data:`SINKS_LAST`'s ``chosen`` on ``joined`` (the window's keys and values, then the
+    ``held`` sinks'), the bias and padding in that order."""
+    padding = None if key_padding_mask is None else sinks_to_end(key_padding_mask, held)
+    return SINKS_LAST[chosen](q, *joined, alibi.with_sinks_last(), padding, scale, held)
 
 
 def splits_documents(name: str, call: Call) -> bool:
