@@ -494,9 +494,11 @@ def attend_sinks_first(name, q, k, v, alibi, key_padding_mask, scale,
     backend (or ``auto``'s choice) would join the sinks to each head group's window as a copy
     (:data:`SINKS_LAST_BEFORE_DROPPING`), the cache's keys and values read from
     ``sinks_last()`` instead, the window with the sinks after it in one buffer, the bias and
-    padding in that order; elsewhere the cache as it is."""
+    padding in that order, for a few queries (at most :data:`.tuning.FEW_QUERIES`, as
+    :func:`.windowed.run` takes them); elsewhere the cache as it is."""
     chosen = resolve(name, call_of(q, k, v, alibi, key_padding_mask))
-    joined = sinks_last() if chosen in SINKS_LAST_BEFORE_DROPPING else None
+    few = chosen in SINKS_LAST_BEFORE_DROPPING and q.size(2) <= tuning.FEW_QUERIES
+    joined = sinks_last() if few else None
     if joined is not None:
         return _sinks_last(chosen, q, joined, alibi, key_padding_mask, scale, alibi.sinks)
     return REGISTRY[chosen].run(q, k, v, alibi, key_padding_mask, None, 0.0, scale)
