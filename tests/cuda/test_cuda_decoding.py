@@ -38,14 +38,19 @@ def test_windowed_decoding_keeps_each_documents_sinks_on_cuda(backend, step, dev
 
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-4), (torch.bfloat16, 6e-2)])
 @pytest.mark.parametrize("backend", ["auto", "sdpa"])
-def test_windowed_decoding_reads_the_sinks_after_the_window_on_cuda(backend, dtype, tol,
-                                                                    device="cuda"):
+def test_windowed_decoding_reads_the_sinks_after_the_window_on_cuda(monkeypatch, backend,
+                                                                    dtype, tol, device="cuda"):
     """Sinks without documents: once the cache drops keys, each step writes its 4 sinks after
-    the window in the window's buffer and reads both as one view (``dense.sinks_last``); every
-    step equals the float64 full forward, the cache stays at ``max_h W_h + 4`` keys."""
+    the window in the window's buffer and reads both as one view (``dense.sinks_last``, every
+    step past the drop); every step equals the float64 full forward, the cache stays at
+    ``max_h W_h + 4`` keys."""
+    from fairseq_alibi.modules.attention import dense, dispatch
     from tests.helpers.references import reference_module_attention, reference_windowed_bias
     from tests.helpers.rolling_cache import Decoder, attention
 
+    viewed = []
+    monkeypatch.setitem(dispatch.SINKS_LAST, "sdpa",
+                        lambda q, k, *a: viewed.append(k.size(2)) or dense.sinks_last(q, k, *a))
     attn, alibi = attention(backend, window_sinks=4)
     x = torch.randn(STREAM, 2, attn.embed_dim, dtype=torch.float64,
                     generator=torch.Generator().manual_seed(6))
@@ -60,3 +65,5 @@ def test_windowed_decoding_reads_the_sinks_after_the_window_on_cuda(backend, dty
     torch.testing.assert_close(got, want, atol=tol, rtol=tol)
     saved = attn._get_input_buffer(decoder.state)
     assert (saved["prev_key"].size(2), saved["sink_key"].size(2)) == (bound(alibi), 4)
+    # every step from the drop (past 4 + max_h W_h keys) read one view: window, then sinks
+    assert len(viewed) >= STREAM - bound(alibi) - 5 and set(viewed) == {bound(alibi) + 1 + 4}
