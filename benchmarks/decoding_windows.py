@@ -62,6 +62,8 @@ its paired steps ÷ ``sdpa``'s.
 ``--sinks S`` and the same weights without sinks generate ``--tokens`` tokens greedily side by
 side (steps alternating); per segment, the median of the paired step times with ÷ without.
 From ``max_h W_h`` tokens on, the cache keeps its sinks apart from its window.
+``--document-mask eos`` gives both models a document mask (the generation one document, the
+sinks its first positions: ``keep_document_sinks``).
 """
 
 import argparse
@@ -345,10 +347,11 @@ def beam_search(cutoff: float, smoke: bool, sinks: int = 0, log=print, tokens=No
                    f"{held['bounded']:,}", f"{held['dense']:,}"]])
 
 
-def sinks_cost(cutoff: float, sinks: int, tokens: int, segment: int, dims=DIMS) -> str:
+def sinks_cost(cutoff: float, sinks: int, tokens: int, segment: int, dims=DIMS,
+               document_mask: str = "none") -> str:
     """The table of ``--sinks-cost`` (see the module)."""
     torch.manual_seed(0)
-    flags = ["--alibi-window-cutoff", str(cutoff)]
+    flags = ["--alibi-window-cutoff", str(cutoff), "--alibi-document-mask", document_mask]
     built = twins(dims, **{"with": flags + ["--alibi-window-sinks", str(sinks)],
                            "without": flags})
     prompt = torch.randint(4, VOCAB, (PROMPT,))
@@ -432,6 +435,9 @@ def arguments() -> argparse.ArgumentParser:
     parser.add_argument("--sinks-cost", action="store_true",
                         help="time a long generation with --sinks S against the same model "
                              "without sinks, instead")
+    parser.add_argument("--document-mask", choices=("none", "eos", "doc"), default="none",
+                        help="--sinks-cost: both models' --alibi-document-mask (default none; "
+                             "with a mask the sinks are each document's first positions)")
     parser.add_argument("--step-backends", action="store_true",
                         help="time the bounded model's generation step per attention backend "
                              "(sdpa, windowed, auto), instead")
@@ -526,7 +532,8 @@ def main(argv=None):
             return None
         if args.sinks_cost:
             shape = f"{sizes}, greedy, batch 1, {threads}"
-            body = sinks_cost(cutoff, args.sinks, tokens, segment, dims)
+            shape += f", --alibi-document-mask {args.document_mask}"
+            body = sinks_cost(cutoff, args.sinks, tokens, segment, dims, args.document_mask)
         else:
             shape, body = long_generation(args, cutoff, tokens, segment, dims, log)
     print(f"{command_line('benchmarks.decoding_windows', argv)}\nMachine: {machine()}  \n"

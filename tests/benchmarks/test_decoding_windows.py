@@ -62,13 +62,18 @@ def test_the_beam_search_smoke_run_holds_the_dense_models_cache():
 
 def test_the_sinks_cost_smoke_run_writes_a_ratio_per_segment():
     """A long generation with sinks against the same model without, side by side: a paired
-    ratio per segment, past the point where the cache keeps its sinks apart; --sinks needed."""
+    ratio per segment, past the point where the cache keeps its sinks apart; --sinks needed;
+    with a document mask too (the sinks each document's first positions)."""
     proc, rows = run("--sinks-cost", "--smoke", "--sinks", "2")
     assert proc.returncode == 0, proc.stderr[-6000:]
     assert [r[0] for r in rows] == ["64", "128", "256", "512"] and all(
         float(r[1]) > 0 for r in rows), rows
     refused, _ = run("--sinks-cost", "--smoke")
     assert refused.returncode == 2 and "--sinks-cost needs --sinks S" in refused.stderr
+    documents, rows = run("--sinks-cost", "--smoke", "--sinks", "2", "--document-mask", "eos")
+    assert documents.returncode == 0 and "--alibi-document-mask eos" in documents.stdout, (
+        documents.stderr[-6000:])
+    assert len(rows) == 4 and all(float(r[1]) > 0 for r in rows), rows
 
 
 def test_the_step_backends_smoke_run_times_each_backend_against_sdpa():
