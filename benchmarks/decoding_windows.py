@@ -494,6 +494,8 @@ def main(argv=None):
         parser.error("--tokens must be 1 or more")
     if args.cutoff is not None and not 0 < args.cutoff < float("inf"):
         parser.error("--cutoff must be a positive finite number of nats")
+    if args.document_mask != "none" and not args.sinks_cost:
+        parser.error("--document-mask is read by --sinks-cost only: add --sinks-cost --sinks S")
     torch.set_num_threads(args.threads)
     log = lambda line: print(line, file=sys.stderr)  # noqa: E731
     dims = dims_of(parser, args)

@@ -74,6 +74,8 @@ def test_the_sinks_cost_smoke_run_writes_a_ratio_per_segment():
     assert documents.returncode == 0 and "--alibi-document-mask eos" in documents.stdout, (
         documents.stderr[-6000:])
     assert len(rows) == 4 and all(float(r[1]) > 0 for r in rows), rows
+    ignored, _ = run("--smoke", "--document-mask", "eos")
+    assert ignored.returncode == 2 and "--document-mask is read by --sinks-cost" in ignored.stderr
 
 
 def test_the_step_backends_smoke_run_times_each_backend_against_sdpa():
