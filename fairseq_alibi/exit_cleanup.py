@@ -1,4 +1,5 @@
-"""Stop fairseq's batch-prefetch threads cleanly when the interpreter exits (:func:`install`)."""
+"""Stop fairseq's batch-prefetch threads and release a distributed worker's process group
+cleanly when the interpreter exits (:func:`install`)."""
 
 import atexit
 
@@ -34,7 +35,25 @@ def _stop_background_batch_threads():
             thread.join(timeout=0.01)
 
 
+def release_process_group() -> None:
+    """Destroy this worker's process group, if it has one. Left to the interpreter's exit,
+    gloo's worker threads can outlive Python and abort the process the same way (status -6)
+    after the run's last line; destroyed while Python runs, they end normally. Called at exit
+    and by a refusal before training, which every worker reaches after the same collective
+    call, so no worker is left waiting on another."""
+    import sys
+
+    dist = sys.modules.get("torch.distributed")  # never import torch at exit for this
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def _at_exit():
+    _stop_background_batch_threads()
+    release_process_group()
+
+
 def install():
-    """Run the stop at exit (idempotent: ``atexit.unregister`` first)."""
-    atexit.unregister(_stop_background_batch_threads)
-    atexit.register(_stop_background_batch_threads)
+    """Run the stop and the release at exit (idempotent: ``atexit.unregister`` first)."""
+    atexit.unregister(_at_exit)
+    atexit.register(_at_exit)

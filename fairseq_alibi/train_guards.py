@@ -288,6 +288,7 @@ def guard_training_start():
     from fairseq import checkpoint_utils
 
     from fairseq_alibi.error_hints import OneLineError
+    from fairseq_alibi.exit_cleanup import release_process_group
 
     stock = checkpoint_utils.load_checkpoint
     if getattr(stock, "_guards_training_start", False):
@@ -305,6 +306,7 @@ def guard_training_start():
             refusal = (resumed_options_refusal(cfg, trainer, suffix, restored)
                        or world_size_refusal(cfg, trainer, suffix, restored))
         if refusal is not None:
+            release_process_group()  # before the exception: gloo's threads, see there
             raise OneLineError(refusal)
         return stock(cfg, trainer, **kwargs)
 

@@ -113,11 +113,13 @@ def test_lm_single_process_checkpoint_resumes_under_torchrun(single_lm, tmp_path
 def test_workers_given_different_alibi_options_are_refused(tmp_path, tiny_lm_data,
                                                          alibi_user_dir):
     """Hand-started workers with different ALiBi flags trained one model averaged from
-    different computations, silently; now each worker stops before training, in one line."""
+    different computations, silently; now each worker stops before training, in one line,
+    with status 1 (not gloo's abort at the interpreter's exit: status -6 and a last line of
+    "terminate called without an active exception", seen once in a loaded run)."""
     results = train_distributed("lm", tiny_lm_data, alibi_user_dir, tmp_path, "--max-update", 2,
                                 rank_extra={1: ["--alibi-window-cutoff", 8]}, expect_ok=False)
     for status, out in results:
-        assert status != 0 and last_line(out).endswith(  # torch prefixes "[rankN]: "
+        assert status == 1 and last_line(out).endswith(  # torch prefixes "[rankN]: "
             "OneLineError: worker 1 has --alibi-window-cutoff 8.0, worker 0 0.0: the workers "
             "would train one model that none of them describes; give every worker the same "
             "options"), out[-3000:]
