@@ -418,6 +418,8 @@ def document_offsets(starts: torch.Tensor, previous: Optional[torch.Tensor] = No
     (``starts``, :func:`document_starts`), one more than the position before otherwise
     (``previous`` ``(B, 1)``: the offset of the position before the first, e.g. a KV cache's
     last key; default: the first position is a document's first)."""
+    if starts.size(1) == 1 and previous is not None:  # a decoding step: the same, in one op
+        return torch.where(starts, 0, previous.to(starts.device).view(-1, 1) + 1)
     steps = torch.arange(starts.size(1), device=starts.device).expand_as(starts)
     before = (torch.zeros_like(steps[:, :1]) if previous is None
               else -1 - previous.to(starts.device).view(-1, 1))
@@ -436,7 +438,27 @@ def document_alibi_bias(slopes, documents: torch.Tensor, offsets: torch.Tensor, 
     places in their documents (:func:`document_offsets`); the queries are the last ``T``
     keys. A key of another document holds :func:`mask_value` of ``dtype`` (an id no query
     has, e.g. ``-1``, hides a key)."""
+    if query_len == 1 and variant == "causal":
+        return _document_step_bias(slopes, documents, offsets, dtype, windows, sinks)
     queries = offsets[:, offsets.size(1) - query_len:]
     bias = alibi_bias_between(slopes, queries, offsets, variant, future_slopes, dtype,
                               windows=windows, sinks=sinks)
     return masked_with(bias, document_mask(documents, query_len), dtype)
+
+
+def _document_step_bias(slopes, documents, offsets, dtype, windows, sinks) -> torch.Tensor:
+    """:func:`document_alibi_bias` of one causal query (a decoding step), the same numbers in
+    a few operations on ``(B, H, S)``: with ``d = o(i) - o(j)``, ``-m_h·d``, masked where the
+    key's document is not the query's, ``d < 0`` (causal), or ``d > back_h`` for a key that is
+    not a sink (``o(j) >= S``)."""
+    d = (offsets[:, -1:] - offsets).float()[:, None, :]  # (B, 1, S), exact up to 2^24
+    masked = (documents != documents[:, -1:])[:, None, :] | (d < 0)
+    if windows is not None:
+        back = torch.tensor([math.inf if w is None else w for w in windows[0]],
+                            dtype=torch.float32, device=d.device)[None, :, None]
+        beyond = d > back
+        if sinks > 0:
+            beyond = beyond & (offsets >= sinks)[:, None, :]
+        masked = masked | beyond
+    bias = (-slopes.float()[None, :, None] * d).to(dtype)
+    return masked_with(bias, masked, dtype)[:, :, None, :]

@@ -313,40 +313,56 @@ def keep_document_sinks(saved: Dict[str, Optional[Tensor]], reach: int, sinks: i
     query's). At most ``sinks + reach`` keys."""
     apart = saved.get("sink_key")
     held = 0 if apart is None else apart.size(2)
-    window = saved["prev_key"].size(2)
-    excess = window - reach
+    excess = saved["prev_key"].size(2) - reach
     if excess <= 0:
         return
     ids, offsets = saved["prev_document_ids"], saved["prev_document_offsets"]
-    B = ids.size(0)
-    if apart is None:  # empty slots: of no document, at the offsets they will hold
+    rows, keys, slots, saved["prev_document_ids"], saved["prev_document_offsets"] = \
+        document_slots(ids, offsets, held, excess, reach, sinks)
+    if apart is None:  # empty slots: of no document (document_slots), at their offsets
         for name in ("key", "value"):
             prev = saved[f"prev_{name}"]
             saved[f"sink_{name}"] = prev.new_zeros(prev.shape[:2] + (sinks, prev.size(3)))
-        slot_ids = ids.new_full((B, sinks), -1)
-        slot_offsets = torch.arange(sinks, device=ids.device).expand(B, -1)
-        slot_padding = None
-    else:
-        slot_ids, slot_offsets = ids[:, :held].clone(), offsets[:, :held]
-        slot_padding = None if key_padding_mask is None else key_padding_mask[:, :held].clone()
-    gone = slice(held, held + excess)
-    rows, keys = ((ids[:, gone] == ids[:, -1:]) & (offsets[:, gone] < sinks)).nonzero(
-        as_tuple=True)
-    slots = offsets[:, gone][rows, keys]
     for name in ("key", "value"):
         if len(rows):  # a copy: another continuation of the cache may hold these slots
             saved[f"sink_{name}"] = saved[f"sink_{name}"].clone()
             saved[f"sink_{name}"][rows, :, slots] = saved[f"prev_{name}"][rows, :, keys]
         trim_cache(saved, name, reach)
-    slot_ids[rows, slots] = ids[:, gone][rows, keys]
-    saved["prev_document_ids"] = torch.cat([slot_ids, ids[:, -reach:]], dim=1)
-    saved["prev_document_offsets"] = torch.cat([slot_offsets, offsets[:, -reach:]], dim=1)
     if key_padding_mask is not None:  # (fairseq's may be float: its dtype kept)
-        if slot_padding is None:
-            slot_padding = key_padding_mask.new_zeros(B, sinks)
-        slot_padding[rows, slots] = key_padding_mask[:, gone][rows, keys]
+        slot_padding = (key_padding_mask.new_zeros(ids.size(0), sinks) if apart is None
+                        else key_padding_mask[:, :held].clone())
+        slot_padding[rows, slots] = key_padding_mask[:, held:held + excess][rows, keys]
         saved["prev_key_padding_mask"] = torch.cat([slot_padding, key_padding_mask[:, -reach:]],
                                                    dim=1)
+
+
+def document_slots(ids: Tensor, offsets: Tensor, held: int, excess: int, reach: int,
+                   sinks: int) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """``(rows, keys, slots, ids, offsets)`` of :func:`keep_document_sinks` dropping the
+    ``excess`` keys after ``held`` slots (0: none yet, ``sinks`` made, of no document): the
+    dropped keys that are their row's current document's sinks (``keys``, counted from the
+    first dropped) and the slots they go to, and the documents and offsets of the slots and
+    the last ``reach`` keys. Every layer of a step trims the same tensors (one for all,
+    :meth:`~fairseq_alibi.modules.bias.AlibiBias.documents_of`): the answer is kept on ``ids``
+    for the layers after the first (``_alibi_slots``, read while ``offsets`` is the same)."""
+    memo = getattr(ids, "_alibi_slots", None)
+    if memo is not None and memo[0] is offsets and memo[1] == (held, excess, reach, sinks):
+        return memo[2]
+    if held:
+        slot_ids, slot_offsets = ids[:, :held].clone(), offsets[:, :held]
+    else:
+        slot_ids = ids.new_full((ids.size(0), sinks), -1)
+        slot_offsets = torch.arange(sinks, device=ids.device).expand(ids.size(0), -1)
+    gone = slice(held, held + excess)
+    rows, keys = ((ids[:, gone] == ids[:, -1:]) & (offsets[:, gone] < sinks)).nonzero(
+        as_tuple=True)
+    slots = offsets[:, gone][rows, keys]
+    if len(rows):
+        slot_ids[rows, slots] = ids[:, gone][rows, keys]
+    found = (rows, keys, slots, torch.cat([slot_ids, ids[:, -reach:]], dim=1),
+             torch.cat([slot_offsets, offsets[:, -reach:]], dim=1))
+    ids._alibi_slots = (offsets, (held, excess, reach, sinks), found)
+    return found
 
 
 def _own_room(saved: Dict[str, Optional[Tensor]], name: str) -> Optional[Tensor]:

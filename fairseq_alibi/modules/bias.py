@@ -555,6 +555,12 @@ class DocumentBias:
     def __getattr__(self, name):
         return getattr(self.base, name)
 
+    @property
+    def dense_masks_documents(self) -> bool:
+        """Whether :meth:`dense` holds the documents' mask already (with attention sinks, the
+        bias of the offsets), which a backend then need not apply again."""
+        return self.documents.offsets is not None and self.documents.crossing
+
     def dense(self, query_len: int, key_len: int, dtype=torch.float32) -> Tensor:
         documents = self.documents
         if documents.offsets is None or not documents.crossing:

@@ -10,8 +10,9 @@ forward."""
 import pytest
 import torch
 
-from fairseq_alibi.alibi import (VARIANTS, document_alibi_bias, document_ids, document_offsets,
-                                 document_starts, variant_windows)
+from fairseq_alibi.alibi import (VARIANTS, alibi_bias_between, document_alibi_bias, document_ids,
+                                 document_mask, document_offsets, document_starts, masked_with,
+                                 variant_windows)
 from fairseq_alibi.modules.attention import dispatch
 from fairseq_alibi.modules.attention.dispatch import CachedDocuments
 from tests.helpers.document_sinks import SINKS, STREAM, decode, full, layer, stream
@@ -28,6 +29,10 @@ def test_offsets_count_from_each_documents_first_position_and_go_on_from_a_cache
     head = document_offsets(starts[:, :4])
     tail = document_offsets(starts[:, 4:], head[:, -1:])
     assert torch.cat([head, tail], 1).tolist() == document_offsets(starts).tolist()
+    steps = [document_offsets(starts[:, :1])]  # a position at a time, as decoding steps
+    for t in range(1, starts.size(1)):
+        steps.append(document_offsets(starts[:, t:t + 1], steps[-1]))
+    assert torch.cat(steps, 1).tolist() == document_offsets(starts).tolist()
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
@@ -47,6 +52,32 @@ def test_the_definition_keeps_each_documents_first_keys(variant):
         start = sum(LENGTHS[0][:3])
         assert (got[0, 0, -1, start:start + SINKS] > MASKED).all()
         assert (got[0, 0, -1, start + SINKS:start + 12] == got.min()).all()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("windowed", [True, False])
+def test_a_decoding_steps_bias_is_the_general_builders_bit_for_bit(dtype, windowed):
+    """One causal query (a decoding step) takes a shorter way to the same numbers: keys of a
+    cache's sink slots (of no document, ``-1``, or of an earlier one) before its window,
+    offsets out of order, keys beyond a window or after the query, every bit equal to the
+    general builder's."""
+    slopes, _ = head_slopes("causal")
+    windows = variant_windows(slopes, CUTOFF, "causal") if windowed else None
+    generator = torch.Generator().manual_seed(0)
+    window = torch.randint(0, 3, (3, 300), generator=generator).sort(dim=1).values + 1
+    offsets = torch.randint(0, 400, (3, 300), generator=generator).sort(dim=1).values
+    slots = torch.tensor([[-1, 3, 3, 3], [1, 1, 1, 1], [3, -1, 3, -1]])[:, :SINKS]
+    ids = torch.cat([slots, window], 1)
+    offsets = torch.cat([torch.arange(SINKS).expand(3, -1), offsets], 1)
+    ids[:, -2], offsets[:, -2] = ids[:, -1], offsets[:, -1] + 5  # after the query: causal
+    got = document_alibi_bias(slopes, ids, offsets, 1, "causal", None, dtype, windows, SINKS)
+    general = alibi_bias_between(slopes, offsets[:, -1:], offsets, "causal", None, dtype,
+                                 windows=windows, sinks=SINKS)
+    want = masked_with(general, document_mask(ids, 1), dtype)
+    assert got.shape == want.shape == (3, 4, 1, SINKS + 300) and got.dtype == dtype
+    assert torch.equal(got, want)
+    kept = got > MASKED
+    assert kept[:, :, :, :SINKS].any() and kept[:, :, :, SINKS:].any() and not kept.all()
 
 
 # ------------------------------------------------------------------ the KV cache

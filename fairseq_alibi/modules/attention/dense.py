@@ -29,12 +29,13 @@ def dense_mask(alibi, bsz, tgt_len, src_len, dtype, key_padding_mask, attn_mask)
     ``alibi.dense(tgt_len, src_len, dtype)`` is the ``(H, tgt, src)`` bias shared by the batch
     (kind ``distance``), or a 4-D one of its own per row (kind ``rows``: the cross-attention's
     position bias); with documents that cross (``alibi.documents``), the keys of other
-    documents masked (:func:`~fairseq_alibi.alibi.document_mask`, ``(B, H, tgt, src)``)."""
+    documents masked (:func:`~fairseq_alibi.alibi.document_mask`, ``(B, H, tgt, src)``)
+    unless the bias holds that mask (``dense_masks_documents``)."""
     mask = alibi.dense(tgt_len, src_len, dtype)
     if mask.dim() == 3:
         mask = mask.unsqueeze(0)
     documents = getattr(alibi, "documents", None)
-    if documents is not None and documents.crossing:
+    if documents is not None and documents.crossing and not alibi.dense_masks_documents:
         mask = masked_with(mask, document_mask(documents.ids, tgt_len), dtype)
     if attn_mask is not None:  # fairseq's (tgt, src) mask: bool (True = masked) or float
         if attn_mask.dtype == torch.bool:
