@@ -419,7 +419,7 @@ def document_offsets(starts: torch.Tensor, previous: Optional[torch.Tensor] = No
     (``previous`` ``(B, 1)``: the offset of the position before the first, e.g. a KV cache's
     last key; default: the first position is a document's first)."""
     if starts.size(1) == 1 and previous is not None:  # a decoding step: the same, in one op
-        return torch.where(starts, 0, previous.to(starts.device).view(-1, 1) + 1)
+        return torch.where(starts, 0, previous.to(starts.device, torch.long).view(-1, 1) + 1)
     steps = torch.arange(starts.size(1), device=starts.device).expand_as(starts)
     before = (torch.zeros_like(steps[:, :1]) if previous is None
               else -1 - previous.to(starts.device).view(-1, 1))

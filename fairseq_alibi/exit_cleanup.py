@@ -1,7 +1,11 @@
-"""Stop fairseq's batch-prefetch threads and release a distributed worker's process group
-cleanly when the interpreter exits (:func:`install`)."""
+"""Stop fairseq's batch-prefetch threads cleanly when the interpreter exits (:func:`install`);
+end a distributed worker that refuses to start without the interpreter's exit
+(:func:`exit_refusing_worker`)."""
 
 import atexit
+import logging
+import os
+import sys
 
 
 def _stop_background_batch_threads():
@@ -35,25 +39,28 @@ def _stop_background_batch_threads():
             thread.join(timeout=0.01)
 
 
-def release_process_group() -> None:
-    """Destroy this worker's process group, if it has one. Left to the interpreter's exit,
-    gloo's worker threads can outlive Python and abort the process the same way (status -6)
-    after the run's last line; destroyed while Python runs, they end normally. Called at exit
-    and by a refusal before training, which every worker reaches after the same collective
-    call, so no worker is left waiting on another."""
-    import sys
-
-    dist = sys.modules.get("torch.distributed")  # never import torch at exit for this
-    if dist is not None and dist.is_available() and dist.is_initialized():
-        dist.destroy_process_group()
-
-
-def _at_exit():
-    _stop_background_batch_threads()
-    release_process_group()
-
-
 def install():
-    """Run the stop and the release at exit (idempotent: ``atexit.unregister`` first)."""
-    atexit.unregister(_at_exit)
-    atexit.register(_at_exit)
+    """Run the stop at exit (idempotent: ``atexit.unregister`` first)."""
+    atexit.unregister(_stop_background_batch_threads)
+    atexit.register(_stop_background_batch_threads)
+
+
+def exit_refusing_worker(error: BaseException) -> None:
+    """In a distributed worker (a ``torch.distributed`` process group is up), report
+    ``error`` as an uncaught exception is reported (the whole ``sys.excepthook`` chain:
+    torch's ``[rankN]:`` prefix, the package's one line), flush the output and end the process
+    with status 1 at once; elsewhere return (the caller raises ``error``).
+
+    Left to the interpreter's exit, the gloo threads of the process groups that fairseq and
+    torch keep referenced (fairseq's ``get_global_group``) can outlive Python and abort the
+    worker after that line (``terminate called without an active exception``, status -6);
+    ``destroy_process_group`` does not stop them while a reference is held. For a refusal
+    before training only: nothing is written yet, so no exit handler has work to do."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is None or not dist.is_available() or not dist.is_initialized():
+        return
+    sys.excepthook(type(error), error, error.__traceback__)
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    os._exit(1)

@@ -24,8 +24,7 @@ once. Each side effect, and why:
    options but names none of the checkpoint model's is a one-line error instead of being
    silently dropped; other keys and stock models load as stock.
 6. **A clean exit** (:func:`~fairseq_alibi.exit_cleanup.install`): an ``atexit`` handler that
-   stops fairseq's batch-prefetch threads and destroys a distributed worker's process group
-   (either can abort a finished run at the interpreter's exit otherwise).
+   stops fairseq's batch-prefetch threads (Python 3.11 aborts a finished run otherwise).
 
 7. **Sampling that ends at the EOS guard's floor**
    (:func:`~fairseq_alibi.modules.cross_position.let_sampling_end_at_the_floor`): fairseq's

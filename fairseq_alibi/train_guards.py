@@ -282,13 +282,30 @@ def backend_refusal(trainer) -> None:
             check(device)
 
 
+def refuse_training_start(cfg, trainer) -> None:
+    """Raise the first refusal of the module doc's list for this run, if any."""
+    from fairseq_alibi.error_hints import OneLineError
+
+    suffix = getattr(trainer, "checkpoint_suffix", "") or ""
+    backend_refusal(trainer)
+    refusal = (rank_options_refusal(trainer)
+               or restore_file_refusal(getattr(cfg, "restore_file", None), suffix)
+               or continue_once_refusal(cfg, suffix) or kept_best_refusal(cfg, suffix))
+    if refusal is None:  # the file fairseq restores, read once for both
+        restored = _restored(cfg, suffix)
+        refusal = (resumed_options_refusal(cfg, trainer, suffix, restored)
+                   or world_size_refusal(cfg, trainer, suffix, restored))
+    if refusal is not None:
+        raise OneLineError(refusal)
+
+
 def guard_training_start():
     """Wrap ``fairseq.checkpoint_utils.load_checkpoint`` (what ``fairseq-train`` calls to
     resume or start from ``--restore-file``) to refuse what the module doc lists (idempotent)."""
     from fairseq import checkpoint_utils
 
     from fairseq_alibi.error_hints import OneLineError
-    from fairseq_alibi.exit_cleanup import release_process_group
+    from fairseq_alibi.exit_cleanup import exit_refusing_worker
 
     stock = checkpoint_utils.load_checkpoint
     if getattr(stock, "_guards_training_start", False):
@@ -296,18 +313,11 @@ def guard_training_start():
 
     @functools.wraps(stock)
     def load_checkpoint(cfg, trainer, **kwargs):
-        suffix = getattr(trainer, "checkpoint_suffix", "") or ""
-        backend_refusal(trainer)
-        refusal = (rank_options_refusal(trainer)
-                   or restore_file_refusal(getattr(cfg, "restore_file", None), suffix)
-                   or continue_once_refusal(cfg, suffix) or kept_best_refusal(cfg, suffix))
-        if refusal is None:  # the file fairseq restores, read once for both
-            restored = _restored(cfg, suffix)
-            refusal = (resumed_options_refusal(cfg, trainer, suffix, restored)
-                       or world_size_refusal(cfg, trainer, suffix, restored))
-        if refusal is not None:
-            release_process_group()  # before the exception: gloo's threads, see there
-            raise OneLineError(refusal)
+        try:
+            refuse_training_start(cfg, trainer)
+        except OneLineError as error:
+            exit_refusing_worker(error)  # a distributed worker ends here, cleanly
+            raise
         return stock(cfg, trainer, **kwargs)
 
     load_checkpoint._guards_training_start = True

@@ -344,7 +344,8 @@ def document_slots(ids: Tensor, offsets: Tensor, held: int, excess: int, reach: 
     first dropped) and the slots they go to, and the documents and offsets of the slots and
     the last ``reach`` keys. Every layer of a step trims the same tensors (one for all,
     :meth:`~fairseq_alibi.modules.bias.AlibiBias.documents_of`): the answer is kept on ``ids``
-    for the layers after the first (``_alibi_slots``, read while ``offsets`` is the same)."""
+    for the layers after the first (``_alibi_slots``, read while ``offsets`` is the same; the
+    cache's document tensors are never written in place, only replaced)."""
     memo = getattr(ids, "_alibi_slots", None)
     if memo is not None and memo[0] is offsets and memo[1] == (held, excess, reach, sinks):
         return memo[2]
