@@ -45,19 +45,30 @@ def install():
     atexit.register(_stop_background_batch_threads)
 
 
-def exit_refusing_worker(error: BaseException) -> None:
-    """In a distributed worker (a ``torch.distributed`` process group is up), report
-    ``error`` as an uncaught exception is reported (the whole ``sys.excepthook`` chain:
+def exit_refusing_worker(error: BaseException, trainer) -> None:
+    """In a distributed worker that ``fairseq-train`` runs itself (hand-started ranks,
+    ``torchrun``: ``--distributed-no-spawn`` with a ``torch.distributed`` process group up),
+    report ``error`` as an uncaught exception is reported (the whole ``sys.excepthook`` chain:
     torch's ``[rankN]:`` prefix, the package's one line), flush the output and end the process
-    with status 1 at once; elsewhere return (the caller raises ``error``).
+    with status 1 at once; anywhere else return, and the caller raises ``error``: fairseq's own
+    spawned workers (their parent reports the exception), ``fairseq-hydra-train`` (hydra's
+    job callbacks and sweeps go on), Python callers (they may catch it).
 
     Left to the interpreter's exit, the gloo threads of the process groups that fairseq and
     torch keep referenced (fairseq's ``get_global_group``) can outlive Python and abort the
     worker after that line (``terminate called without an active exception``, status -6);
     ``destroy_process_group`` does not stop them while a reference is held. For a refusal
     before training only: nothing is written yet, so no exit handler has work to do."""
+    from fairseq_alibi.config_access import cfg_get
+
     dist = sys.modules.get("torch.distributed")
     if dist is None or not dist.is_available() or not dist.is_initialized():
+        return
+    distributed = cfg_get(getattr(trainer, "cfg", None), "distributed_training")
+    command = sys.argv[0] if sys.argv else ""
+    if not cfg_get(distributed, "distributed_no_spawn", False) or not (
+            os.path.basename(command) == "fairseq-train"
+            or command.endswith(os.path.join("fairseq_cli", "train.py"))):
         return
     sys.excepthook(type(error), error, error.__traceback__)
     logging.shutdown()

@@ -283,7 +283,8 @@ def backend_refusal(trainer) -> None:
 
 
 def refuse_training_start(cfg, trainer) -> None:
-    """Raise the first refusal of the module doc's list for this run, if any."""
+    """Raise a refusal of the module doc's list for this run, if any (the backend's first,
+    then the workers' options, then those of the files it would restore)."""
     from fairseq_alibi.error_hints import OneLineError
 
     suffix = getattr(trainer, "checkpoint_suffix", "") or ""
@@ -316,7 +317,7 @@ def guard_training_start():
         try:
             refuse_training_start(cfg, trainer)
         except OneLineError as error:
-            exit_refusing_worker(error)  # a distributed worker ends here, cleanly
+            exit_refusing_worker(error, trainer)  # a CLI worker ends here, cleanly
             raise
         return stock(cfg, trainer, **kwargs)
 

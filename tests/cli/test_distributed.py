@@ -126,6 +126,31 @@ def test_workers_given_different_alibi_options_are_refused(tmp_path, tiny_lm_dat
     assert not list(tmp_path.glob("checkpoint*.pt"))
 
 
+def test_only_a_fairseq_train_worker_ends_the_process_on_a_refusal(tmp_path, monkeypatch):
+    """A refusal ends the process itself only in a worker that fairseq-train runs with
+    --distributed-no-spawn; a Python caller with a process group of its own, or fairseq's
+    spawned workers (their parent reports the exception), get the exception back."""
+    import sys
+    from types import SimpleNamespace
+
+    import torch.distributed as dist
+
+    from fairseq_alibi.error_hints import OneLineError
+    from fairseq_alibi.exit_cleanup import exit_refusing_worker
+
+    def trainer(no_spawn):
+        return SimpleNamespace(cfg={"distributed_training": {"distributed_no_spawn": no_spawn}})
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'rendezvous'}", rank=0,
+                            world_size=1)
+    try:
+        assert exit_refusing_worker(OneLineError("refused"), trainer(True)) is None  # pytest
+        monkeypatch.setattr(sys, "argv", ["/venv/bin/fairseq-train", "data"])
+        assert exit_refusing_worker(OneLineError("refused"), trainer(False)) is None  # spawned
+    finally:
+        dist.destroy_process_group()
+
+
 def test_encoder_two_workers_train_like_one_process(tmp_path, tiny_lm_data, alibi_user_dir):
     from fairseq import checkpoint_utils
 
