@@ -130,6 +130,13 @@ def masked_with(bias: torch.Tensor, masked: torch.Tensor, dtype: torch.dtype) ->
     return torch.where(masked, mask_value(dtype), bias)
 
 
+def window_limits(side, device) -> torch.Tensor:
+    """``(H,)`` float32: one side of :func:`variant_windows` (per head, ``None`` = unbounded)
+    as numbers, ``inf`` for an unbounded head, to compare distances with."""
+    return torch.tensor([math.inf if w is None else w for w in side], dtype=torch.float32,
+                        device=device)
+
+
 def distance_bias(slopes, distances, dtype=torch.float32, back=None) -> torch.Tensor:
     """``(H, len(distances))``: the look-back bias ``-m_h·d`` of keys at distances ``d >= 0``
     behind the query (the row of :func:`alibi_bias` for a query and the keys before it, every
@@ -141,7 +148,7 @@ def distance_bias(slopes, distances, dtype=torch.float32, back=None) -> torch.Te
     d = torch.as_tensor(distances, dtype=torch.float32, device=m.device)
     bias = ((-m)[:, None] * d).to(dtype)
     if back is not None:  # masked after the cast, as windowed_alibi_bias does
-        reach = torch.tensor([math.inf if w is None else w for w in back], device=m.device)
+        reach = window_limits(back, m.device)
         bias = masked_with(bias, d[None, :] > reach[:, None], dtype)
     return bias
 
@@ -314,9 +321,7 @@ def alibi_bias_between(slopes, query_positions, key_positions, variant="causal",
         if masked is not None and variant != "causal":  # causality is not a distance bias
             masked = masked & ~exempt
     if windows is not None:
-        back, ahead = (torch.tensor([math.inf if w is None else w for w in side],
-                                    dtype=torch.float32, device=device)[heads][:, None, None]
-                       for side in windows)
+        back, ahead = (window_limits(side, device)[heads][:, None, None] for side in windows)
         beyond = ((rel > back) | (-rel > ahead)) & ~exempt
         if sinks > 0:
             beyond = beyond & (pos_k >= sinks)[..., None, :].view(rel.shape[:-2] + (1, -1))
@@ -454,8 +459,7 @@ def _document_step_bias(slopes, documents, offsets, dtype, windows, sinks) -> to
     d = (offsets[:, -1:] - offsets).float()[:, None, :]  # (B, 1, S), exact up to 2^24
     masked = (documents != documents[:, -1:])[:, None, :] | (d < 0)
     if windows is not None:
-        back = torch.tensor([math.inf if w is None else w for w in windows[0]],
-                            dtype=torch.float32, device=d.device)[None, :, None]
+        back = window_limits(windows[0], d.device)[None, :, None]
         beyond = d > back
         if sinks > 0:
             beyond = beyond & (offsets >= sinks)[:, None, :]
