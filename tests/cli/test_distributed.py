@@ -141,6 +141,8 @@ def test_only_a_fairseq_train_worker_ends_the_process_on_a_refusal(tmp_path, mon
     def trainer(no_spawn):
         return SimpleNamespace(cfg={"distributed_training": {"distributed_no_spawn": no_spawn}})
 
+    # init_process_group wraps sys.excepthook for good ([rankN]: prefixes): restored after
+    monkeypatch.setattr(sys, "excepthook", sys.excepthook)
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'rendezvous'}", rank=0,
                             world_size=1)
     try:
